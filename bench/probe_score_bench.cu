@@ -1,0 +1,543 @@
+// probe-score-bench: times every probe-scoring path under CUDA-graph replay and eagerly, on
+// activations far larger than L2 (a 2 GiB pool, random rows, rotating among 8 request slots),
+// measures the two ceilings (device-to-device copy, large cuBLAS bf16 GEMM) in the same run,
+// and writes bench/results/<name>.json in the format of DESIGN.md ("Benchmark results format").
+//
+//   probe-score-bench --out FILE.json [--sweep full|quick|targets] [--variants] [--git SHA]
+//
+// Plain CUDA + events (no Google Benchmark: it is a shared library the GPU machine lacks).
+// Times are device time: a spin kernel holds the stream while all timed work is queued, so that
+// host launch overhead does not leak into the events; each repetition is bracketed by its own
+// pair of events and the median is reported.
+#include <cublas_v2.h>
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <ctime>
+#include <map>
+#include <random>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "kernels/common/dtype.h"
+#include "kernels/probe_score/probe_score.h"
+#include "kernels/probe_score/probe_score_internal.h"
+
+#ifndef PROBESIDECAR_GIT_COMMIT
+#define PROBESIDECAR_GIT_COMMIT "unknown"
+#endif
+
+namespace ps = probesidecar::kernels;
+
+namespace {
+
+#define CHECK_CUDA(expr)                                                                     \
+  do {                                                                                       \
+    const cudaError_t err_ = (expr);                                                         \
+    if (err_ != cudaSuccess) {                                                               \
+      std::fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #expr,                     \
+                   cudaGetErrorString(err_));                                                \
+      return false;                                                                          \
+    }                                                                                        \
+  } while (0)
+
+constexpr int kSlots = 8;                       // request slots the timed replays rotate over
+constexpr size_t kPoolBytes = size_t{2} << 30;  // activation pool, 33x the H200's L2
+
+__device__ uint64_t Mix(uint64_t x) {
+  x += 0x9e3779b97f4a7c15ull;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+  return x ^ (x >> 31);
+}
+
+// Random values in [-1, 1) of the given dtype (never zeros: zeros run faster than real data).
+__global__ void FillRandom(void* buf, int dtype, int64_t n, uint64_t seed) {
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const float v =
+        static_cast<float>((Mix(seed ^ static_cast<uint64_t>(i)) >> 40) * (2.0 / 16777216.0) - 1.0);
+    if (dtype == 0) {
+      static_cast<float*>(buf)[i] = v;
+    } else if (dtype == 1) {
+      static_cast<__half*>(buf)[i] = __float2half_rn(v);
+    } else {
+      static_cast<__nv_bfloat16*>(buf)[i] = __float2bfloat16_rn(v);
+    }
+  }
+}
+
+// Holds the stream for `ns` nanoseconds so that the work queued behind it runs back to back.
+__global__ void Spin(int64_t ns) {
+  int64_t start, now;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(start));
+  do {
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(now));
+  } while (now - start < ns);
+}
+
+double Median(std::vector<double> v) {
+  if (v.empty()) return NAN;
+  std::sort(v.begin(), v.end());
+  const size_t n = v.size();
+  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+// Times `fn` (which enqueues one repetition on `stream`) `reps` times; returns the median in µs.
+template <typename Fn>
+bool TimeMedianUs(cudaStream_t stream, int reps, int warmup, Fn fn, double* median_us,
+                  double spin_us_per_rep = 8.0) {
+  for (int i = 0; i < warmup; ++i) {
+    if (!fn(i)) return false;
+  }
+  CHECK_CUDA(cudaStreamSynchronize(stream));
+  std::vector<cudaEvent_t> ev(2 * reps);
+  for (auto& e : ev) CHECK_CUDA(cudaEventCreate(&e));
+  Spin<<<1, 1, 0, stream>>>(static_cast<int64_t>((1000.0 + spin_us_per_rep * reps) * 1000.0));
+  CHECK_CUDA(cudaGetLastError());
+  for (int i = 0; i < reps; ++i) {
+    CHECK_CUDA(cudaEventRecord(ev[2 * i], stream));
+    if (!fn(i)) return false;
+    CHECK_CUDA(cudaEventRecord(ev[2 * i + 1], stream));
+  }
+  CHECK_CUDA(cudaStreamSynchronize(stream));
+  std::vector<double> us(reps);
+  for (int i = 0; i < reps; ++i) {
+    float ms = 0.0f;
+    CHECK_CUDA(cudaEventElapsedTime(&ms, ev[2 * i], ev[2 * i + 1]));
+    us[i] = ms * 1000.0;
+  }
+  for (auto& e : ev) cudaEventDestroy(e);
+  *median_us = Median(us);
+  return true;
+}
+
+struct Ceilings {
+  double copy_gbps = 0.0;
+  double bf16_tflops = 0.0;
+};
+
+bool MeasureCeilings(cudaStream_t stream, void* pool, Ceilings* c) {
+  // Device-to-device copy: 1 GiB -> 1 GiB within the pool, bytes read + written.
+  const size_t bytes = kPoolBytes / 2;
+  double us = 0.0;
+  auto copy = [&](int) {
+    return cudaMemcpyAsync(static_cast<char*>(pool) + bytes, pool, bytes,
+                           cudaMemcpyDeviceToDevice, stream) == cudaSuccess;
+  };
+  if (!TimeMedianUs(stream, 20, 3, copy, &us, 0.0)) return false;
+  c->copy_gbps = 2.0 * bytes / (us * 1e-6) / 1e9;
+
+  // cuBLAS bf16 GEMM 8192^3 on random data (bf16 out, fp32 compute), like torch.matmul.
+  const int n = 8192;
+  void* abc = nullptr;
+  CHECK_CUDA(cudaMalloc(&abc, size_t{3} * n * n * 2));
+  FillRandom<<<4096, 256, 0, stream>>>(abc, 2, int64_t{3} * n * n, 12345);
+  CHECK_CUDA(cudaGetLastError());
+  cublasHandle_t h = nullptr;
+  if (cublasCreate(&h) != CUBLAS_STATUS_SUCCESS) return false;
+  cublasSetStream(h, stream);
+  const float one = 1.0f, zero = 0.0f;
+  char* a = static_cast<char*>(abc);
+  char* b = a + size_t{2} * n * n;
+  char* cc = b + size_t{2} * n * n;
+  auto gemm = [&](int) {
+    return cublasGemmEx(h, CUBLAS_OP_N, CUBLAS_OP_N, n, n, n, &one, a, CUDA_R_16BF, n, b,
+                        CUDA_R_16BF, n, &zero, cc, CUDA_R_16BF, n, CUBLAS_COMPUTE_32F,
+                        CUBLAS_GEMM_DEFAULT) == CUBLAS_STATUS_SUCCESS;
+  };
+  const bool ok = TimeMedianUs(stream, 10, 3, gemm, &us, 0.0);
+  cublasDestroy(h);
+  cudaFree(abc);
+  if (!ok) return false;
+  c->bf16_tflops = 2.0 * n * n * double(n) / (us * 1e-6) / 1e12;
+  return true;
+}
+
+struct Shape {
+  ps::DType dtype;
+  int32_t R, H, P;
+};
+
+std::vector<Shape> Sweep(const std::string& name) {
+  std::vector<Shape> s;
+  using D = ps::DType;
+  if (name == "quick") {
+    for (int R : {1, 64, 8192}) {
+      for (int P : {1, 16, 1024}) s.push_back({D::kBFloat16, R, 4096, P});
+    }
+    s.push_back({D::kFloat32, 8192, 4096, 16});
+    return s;
+  }
+  if (name == "targets") {
+    for (int R : {1, 8, 64}) {
+      for (int P : {1, 16, 128, 1024}) s.push_back({D::kBFloat16, R, 4096, P});
+    }
+    for (int H : {4096, 8192}) {
+      for (int P : {1, 16}) s.push_back({D::kBFloat16, 8192, H, P});
+    }
+    s.push_back({D::kBFloat16, 8192, 4096, 1024});
+    return s;
+  }
+  // full
+  for (int R : {1, 8, 64, 256, 1024, 4096, 8192}) {
+    for (int P : {1, 4, 16, 64, 128, 256, 1024}) s.push_back({D::kBFloat16, R, 4096, P});
+  }
+  for (int R : {1, 64, 1024, 8192}) {
+    for (int P : {1, 16, 128, 1024}) s.push_back({D::kBFloat16, R, 8192, P});
+  }
+  for (int R : {1, 64, 8192}) {
+    for (int P : {1, 16, 1024}) s.push_back({D::kFloat16, R, 4096, P});
+  }
+  for (int R : {1, 64, 1024, 8192}) {
+    for (int P : {1, 4, 16, 64, 128, 1024}) s.push_back({D::kFloat32, R, 4096, P});
+  }
+  return s;
+}
+
+struct Record {
+  std::string impl;
+  std::string variant;
+  std::string path;  // for impl "dispatch": the path it took
+  Shape shape;
+  double graph_us = NAN, eager_us = NAN;
+};
+
+std::string JsonNum(double v, int prec = 4) {
+  if (!std::isfinite(v)) return "null";
+  char buf[64];
+  std::snprintf(buf, sizeof(buf), "%.*g", prec + 2, v);
+  return buf;
+}
+
+std::string JsonStr(const std::string& s) {
+  std::string o = "\"";
+  for (char c : s) {
+    if (c == '"' || c == '\\') {
+      o += '\\';
+      o += c;
+    } else if (static_cast<unsigned char>(c) < 0x20) {
+      o += ' ';
+    } else {
+      o += c;
+    }
+  }
+  return o + "\"";
+}
+
+double MinBytes(const Shape& s) {
+  const double e = ps::DTypeSize(s.dtype);
+  return double(s.R) * s.H * e + double(s.P) * s.H * e + double(s.R) * s.P * 4 + double(s.R) * 4;
+}
+double Flops(const Shape& s) { return 2.0 * s.R * double(s.H) * s.P; }
+
+class Bench {
+ public:
+  bool Init() {
+    CHECK_CUDA(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+    CHECK_CUDA(cudaMalloc(&pool_, kPoolBytes));
+    ps::ProbeScoreWorkspaceConfig cfg;
+    cfg.max_rows = 8192;
+    cfg.max_hidden = 8192;
+    cfg.max_probes = 1024;
+    CHECK_CUDA(ps::CreateProbeScoreWorkspace(cfg, &ws_));
+    CHECK_CUDA(cudaMalloc(&out_, size_t{8192} * 1024 * 4));
+    CHECK_CUDA(cudaMalloc(&args_d_, kSlots * sizeof(ps::ProbeScoreDeviceArgs)));
+    CHECK_CUDA(cudaMalloc(&rows_d_, size_t{kSlots} * 8192 * 4));
+    return true;
+  }
+
+  bool FillPool(ps::DType dtype) {
+    if (pool_dtype_ == static_cast<int>(dtype)) return true;
+    const int64_t n = static_cast<int64_t>(kPoolBytes / ps::DTypeSize(dtype));
+    FillRandom<<<8192, 256, 0, stream_>>>(pool_, static_cast<int>(dtype), n, 777);
+    CHECK_CUDA(cudaGetLastError());
+    CHECK_CUDA(cudaStreamSynchronize(stream_));
+    pool_dtype_ = static_cast<int>(dtype);
+    return true;
+  }
+
+  const ps::ProbeWeights* Weights(int32_t P, int32_t H) {
+    const auto key = std::make_pair(P, H);
+    auto it = weights_.find(key);
+    if (it != weights_.end()) return &it->second;
+    for (auto& [k, w] : weights_) ps::DestroyProbeWeights(&w);
+    weights_.clear();  // one set at a time: the sweep is ordered by (P, H) within a dtype
+    std::mt19937_64 rng(P * 131 + H);
+    std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+    std::vector<float> w(static_cast<size_t>(P) * H), b(P);
+    const float scale = 1.0f / std::sqrt(static_cast<float>(H));
+    for (auto& v : w) v = u(rng) * scale;
+    for (auto& v : b) v = u(rng);
+    ps::ProbeWeights pw;
+    if (ps::CreateProbeWeights(w.data(), b.data(), P, H, &pw) != cudaSuccess) return nullptr;
+    return &weights_.emplace(key, pw).first->second;
+  }
+
+  // Random rows over the whole pool for each slot; args point into the pool.
+  bool SetupSlots(const Shape& s) {
+    const int64_t T = static_cast<int64_t>(kPoolBytes / (size_t(s.H) * ps::DTypeSize(s.dtype)));
+    std::mt19937_64 rng(s.R * 7 + s.H * 3 + s.P);
+    std::vector<int32_t> rows(size_t{kSlots} * 8192);
+    for (auto& r : rows) r = static_cast<int32_t>(rng() % T);
+    CHECK_CUDA(cudaMemcpy(rows_d_, rows.data(), rows.size() * 4, cudaMemcpyHostToDevice));
+    std::vector<ps::ProbeScoreDeviceArgs> args(kSlots);
+    for (auto& a : args) {
+      a.x = pool_;
+      a.x_row_stride = s.H;
+      a.out = out_;
+      a.out_row_stride = s.P;
+      a.num_rows = s.R;
+    }
+    CHECK_CUDA(cudaMemcpy(args_d_, args.data(), args.size() * sizeof(args[0]),
+                          cudaMemcpyHostToDevice));
+    return true;
+  }
+
+  ps::ProbeScoreParams Params(const Shape& s, const ps::ProbeWeights* w, int slot) const {
+    ps::ProbeScoreParams p;
+    p.x_dtype = s.dtype;
+    p.args = args_d_ + slot;
+    p.rows = rows_d_ + size_t{8192} * slot;
+    p.max_rows = s.R;
+    p.weights = w;
+    p.activation = ps::Activation::kNone;
+    return p;
+  }
+
+  // Graph replay and eager medians of one path (with the workspace's current tuning).
+  bool Measure(const Shape& s, const ps::ProbeWeights* w, ps::ProbeScorePath path, Record* rec) {
+    // Rough single-run time decides the repetitions (~40 ms of work per mode, 10..200).
+    double once = 0.0;
+    auto eager = [&](int i) {
+      return ps::LaunchProbeScore(Params(s, w, i % kSlots), path, ws_, stream_) == cudaSuccess;
+    };
+    if (!TimeMedianUs(stream_, 3, 1, eager, &once)) return false;
+    const int reps = std::clamp(static_cast<int>(40000.0 / std::max(once, 1.0)), 10, 200);
+    if (!TimeMedianUs(stream_, reps, 3, eager, &rec->eager_us)) return false;
+
+    cudaGraphExec_t exec[kSlots] = {};
+    for (int k = 0; k < kSlots; ++k) {
+      cudaGraph_t g = nullptr;
+      CHECK_CUDA(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal));
+      const cudaError_t le = ps::LaunchProbeScore(Params(s, w, k), path, ws_, stream_);
+      CHECK_CUDA(cudaStreamEndCapture(stream_, &g));
+      CHECK_CUDA(le);
+      CHECK_CUDA(cudaGraphInstantiate(&exec[k], g, 0));
+      cudaGraphDestroy(g);
+    }
+    auto replay = [&](int i) {
+      return cudaGraphLaunch(exec[i % kSlots], stream_) == cudaSuccess;
+    };
+    const bool ok = TimeMedianUs(stream_, reps, 3, replay, &rec->graph_us);
+    for (auto& e : exec) cudaGraphExecDestroy(e);
+    return ok;
+  }
+
+  std::string PlanString(const Shape& s, const ps::ProbeWeights* w, ps::ProbeScorePath path) {
+    ps::ProbeScorePlan plan;
+    if (ps::PlanProbeScore(Params(s, w, 0), path, ws_, &plan) != cudaSuccess) return "?";
+    char buf[160];
+    switch (path) {
+      case ps::ProbeScorePath::kFusedCuda:
+        std::snprintf(buf, sizeof(buf), "pt=%d splits=%d grid=%dx%dx%d smem=%d", plan.config,
+                      plan.splits, plan.grid_x, plan.grid_y, plan.grid_z, plan.smem_bytes);
+        break;
+      case ps::ProbeScorePath::kFusedTensorCore:
+        std::snprintf(buf, sizeof(buf), "tile=%s splits=%d grid=%dx%dx%d",
+                      ps::probe_score_detail::GetTcConfig(plan.config).name, plan.splits,
+                      plan.grid_x, plan.grid_y, plan.grid_z);
+        break;
+      case ps::ProbeScorePath::kGatherGemm:
+        std::snprintf(buf, sizeof(buf), "chunk_rows=%d chunks=%d", plan.chunk_rows,
+                      plan.num_chunks);
+        break;
+    }
+    return buf;
+  }
+
+  bool Run(const std::vector<Shape>& shapes, bool variants, std::vector<Record>* records) {
+    std::printf("%-5s %5s %5s %5s  %-22s %10s %10s %8s  %s\n", "dtype", "R", "H", "P", "impl",
+                "graph_us", "eager_us", "frac_cp", "plan");
+    // Grouped by (dtype, H, P) so that the pool is filled once per dtype and each weight set is
+    // created once.
+    std::vector<Shape> order = shapes;
+    std::stable_sort(order.begin(), order.end(), [](const Shape& a, const Shape& b) {
+      return std::make_tuple(static_cast<int>(a.dtype), a.H, a.P, a.R) <
+             std::make_tuple(static_cast<int>(b.dtype), b.H, b.P, b.R);
+    });
+    for (const Shape& s : order) {
+      if (!FillPool(s.dtype)) return false;
+      const ps::ProbeWeights* w = Weights(s.P, s.H);
+      if (w == nullptr || !SetupSlots(s)) return false;
+      const ps::ProbeScorePath chosen = ps::ChooseProbeScorePath(s.R, s.P, s.H, s.dtype);
+      std::vector<std::tuple<std::string, ps::ProbeScorePath, ps::ProbeScoreTuning>> runs;
+      for (int pi = 0; pi < ps::kNumProbeScorePaths; ++pi) {
+        const auto path = static_cast<ps::ProbeScorePath>(pi);
+        if (!ps::ProbeScorePathSupports(path, s.dtype, s.P, s.H)) continue;
+        runs.emplace_back(ps::ProbeScorePathName(path), path, ps::ProbeScoreTuning{});
+      }
+      if (variants && s.dtype != ps::DType::kFloat32) {
+        for (int cfg = 0; cfg < ps::probe_score_detail::kNumTcConfigs; ++cfg) {
+          if (cfg == 2 && s.R < 128) continue;
+          ps::ProbeScoreTuning t;
+          t.tc_config = cfg;
+          runs.emplace_back(std::string("fused_tc[") +
+                                ps::probe_score_detail::GetTcConfig(cfg).name + "]",
+                            ps::ProbeScorePath::kFusedTensorCore, t);
+          if (s.R <= 64 || s.R >= 4096) {
+            for (int sp : {1, 4}) {
+              t.splits = sp;
+              runs.emplace_back(std::string("fused_tc[") +
+                                    ps::probe_score_detail::GetTcConfig(cfg).name + ",s" +
+                                    std::to_string(sp) + "]",
+                                ps::ProbeScorePath::kFusedTensorCore, t);
+            }
+          }
+        }
+      }
+      if (variants && s.P >= 128 && s.R >= 1024) {
+        ps::ProbeScoreTuning t;
+        t.gather_chunk_rows = s.R;
+        runs.emplace_back("gather_gemm[1chunk]", ps::ProbeScorePath::kGatherGemm, t);
+      }
+      for (auto& [impl, path, tuning] : runs) {
+        ps::SetProbeScoreTuning(ws_, tuning);
+        Record rec;
+        rec.impl = impl;
+        rec.shape = s;
+        rec.variant = PlanString(s, w, path);
+        if (!Measure(s, w, path, &rec)) {
+          std::fprintf(stderr, "measure failed: %s\n", impl.c_str());
+          return false;
+        }
+        ps::SetProbeScoreTuning(ws_, ps::ProbeScoreTuning{});
+        Print(rec);
+        records->push_back(rec);
+        if (impl == ps::ProbeScorePathName(chosen)) {
+          Record d = rec;
+          d.impl = "dispatch";
+          d.path = impl;
+          records->push_back(d);
+        }
+      }
+    }
+    return true;
+  }
+
+  void Print(const Record& r) const {
+    const double gbps = MinBytes(r.shape) / (r.graph_us * 1e-6) / 1e9;
+    std::printf("%-5s %5d %5d %5d  %-22s %10.2f %10.2f %8.3f  %s\n",
+                ps::DTypeName(r.shape.dtype), r.shape.R, r.shape.H, r.shape.P, r.impl.c_str(),
+                r.graph_us, r.eager_us, gbps / ceilings.copy_gbps, r.variant.c_str());
+    std::fflush(stdout);
+  }
+
+  Ceilings ceilings;
+  cudaStream_t stream_ = nullptr;
+  void* pool_ = nullptr;
+
+ private:
+  int pool_dtype_ = -1;
+  ps::ProbeScoreWorkspace* ws_ = nullptr;
+  float* out_ = nullptr;
+  ps::ProbeScoreDeviceArgs* args_d_ = nullptr;
+  int32_t* rows_d_ = nullptr;
+  std::map<std::pair<int32_t, int32_t>, ps::ProbeWeights> weights_;
+};
+
+bool WriteJson(const std::string& path, const std::string& device, const std::string& git,
+               const std::string& command, const Ceilings& c, const std::vector<Record>& recs) {
+  FILE* f = std::fopen(path.c_str(), "w");
+  if (f == nullptr) {
+    std::fprintf(stderr, "cannot write %s\n", path.c_str());
+    return false;
+  }
+  char date[64];
+  const std::time_t now = std::time(nullptr);
+  std::strftime(date, sizeof(date), "%Y-%m-%dT%H:%M:%SZ", std::gmtime(&now));
+  std::fprintf(f, "{\n  \"device\": %s,\n  \"git\": %s,\n  \"date\": %s,\n  \"command\": %s,\n",
+               JsonStr(device).c_str(), JsonStr(git).c_str(), JsonStr(date).c_str(),
+               JsonStr(command).c_str());
+  std::fprintf(f, "  \"ceilings\": {\"copy_gbps\": %s, \"bf16_tflops\": %s},\n  \"records\": [\n",
+               JsonNum(c.copy_gbps).c_str(), JsonNum(c.bf16_tflops).c_str());
+  for (size_t i = 0; i < recs.size(); ++i) {
+    const Record& r = recs[i];
+    const double gbps = MinBytes(r.shape) / (r.graph_us * 1e-6) / 1e9;
+    const double tflops = Flops(r.shape) / (r.graph_us * 1e-6) / 1e12;
+    std::fprintf(f,
+                 "    {\"bench\": \"probe_score\", \"impl\": %s, \"dtype\": \"%s\", "
+                 "\"shape\": {\"R\": %d, \"H\": %d, \"P\": %d}, \"graph_us_p50\": %s, "
+                 "\"eager_us_p50\": %s, \"gbps\": %s, \"tflops\": %s, \"frac_copy\": %s, "
+                 "\"frac_tflops\": %s, \"variant\": %s%s%s}%s\n",
+                 JsonStr(r.impl).c_str(), ps::DTypeName(r.shape.dtype), r.shape.R, r.shape.H,
+                 r.shape.P, JsonNum(r.graph_us).c_str(), JsonNum(r.eager_us).c_str(),
+                 JsonNum(gbps).c_str(), JsonNum(tflops).c_str(),
+                 JsonNum(gbps / c.copy_gbps).c_str(), JsonNum(tflops / c.bf16_tflops).c_str(),
+                 JsonStr(r.variant).c_str(), r.path.empty() ? "" : ", \"path\": ",
+                 r.path.empty() ? "" : JsonStr(r.path).c_str(), i + 1 < recs.size() ? "," : "");
+  }
+  std::fprintf(f, "  ]\n}\n");
+  std::fclose(f);
+  return true;
+}
+
+int Main(int argc, char** argv) {
+  std::string out_path, sweep = "full", git = PROBESIDECAR_GIT_COMMIT;
+  bool variants = false;
+  std::string command;
+  for (int i = 0; i < argc; ++i) command += (i ? " " : "") + std::string(argv[i]);
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (a == "--out" && i + 1 < argc) {
+      out_path = argv[++i];
+    } else if (a == "--sweep" && i + 1 < argc) {
+      sweep = argv[++i];
+    } else if (a == "--git" && i + 1 < argc) {
+      git = argv[++i];
+    } else if (a == "--variants") {
+      variants = true;
+    } else {
+      std::fprintf(stderr,
+                   "usage: %s --out FILE.json [--sweep full|quick|targets] [--variants] "
+                   "[--git SHA]\n",
+                   argv[0]);
+      return 2;
+    }
+  }
+  if (out_path.empty()) {
+    std::fprintf(stderr, "--out is required\n");
+    return 2;
+  }
+  int count = 0;
+  if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0) {
+    std::printf("SKIPPED: no CUDA device\n");
+    return 77;
+  }
+  cudaDeviceProp prop{};
+  if (cudaGetDeviceProperties(&prop, 0) != cudaSuccess) return 1;
+  Bench bench;
+  if (!bench.Init()) return 1;
+  if (!MeasureCeilings(bench.stream_, bench.pool_, &bench.ceilings)) return 1;
+  std::printf("device %s: copy ceiling %.0f GB/s, bf16 GEMM ceiling %.0f TFLOP/s\n", prop.name,
+              bench.ceilings.copy_gbps, bench.ceilings.bf16_tflops);
+  std::vector<Record> records;
+  const auto t0 = std::chrono::steady_clock::now();
+  const bool ok = bench.Run(Sweep(sweep), variants, &records);
+  std::printf("sweep took %.1f s\n",
+              std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+  if (!WriteJson(out_path, prop.name, git, command, bench.ceilings, records)) return 1;
+  return ok ? 0 : 1;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) { return Main(argc, argv); }

@@ -1,0 +1,212 @@
+#!/usr/bin/env python3
+"""Joins probe-score results JSON files into one markdown report.
+
+  python3 bench/report.py bench/results/probe_score_cuda.json \
+      bench/results/probe_score_peers.json --out bench/results/probe_score.md \
+      --command "bench/run_probe_score.sh build-kernels bench/results"
+
+Plain Python 3 (no numpy): runs here and on the GPU machine.
+"""
+import argparse
+import json
+import os
+
+OURS = ["fused_cuda", "fused_tc", "gather_gemm"]
+PEERS = ["triton", "torch_two_op", "torch_addmm"]
+
+
+def fmt(v, nd=1):
+    return "—" if v is None else f"{v:.{nd}f}"
+
+
+def load(paths):
+    docs, recs = [], {}
+    for p in paths:
+        with open(p) as f:
+            d = json.load(f)
+        d["_path"] = p
+        docs.append(d)
+        for r in d["records"]:
+            key = (r["dtype"], r["shape"]["R"], r["shape"]["H"], r["shape"]["P"])
+            recs.setdefault(key, {})[r["impl"]] = r
+    return docs, recs
+
+
+def g(recs, key, impl):
+    r = recs.get(key, {}).get(impl)
+    return None if r is None else r.get("graph_us_p50")
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("files", nargs="+")
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--command", default=None, help="the command that produced the results")
+    args = ap.parse_args()
+    docs, recs = load(args.files)
+    ours_doc = next((d for d in docs if any(r["impl"] == "dispatch" for r in d["records"])),
+                    docs[0])
+    ceil = ours_doc["ceilings"]
+    L = []
+    L.append("# Probe scoring: fused gather + linear probes on the GPU\n")
+    L.append(f"Device: **{ours_doc['device']}**, git `{ours_doc['git']}`, {ours_doc['date']}.  ")
+    L.append(f"Ceilings measured in the same run: copy **{ceil['copy_gbps']:.0f} GB/s** "
+             f"(cudaMemcpy D2D, read + write), bf16 GEMM **{ceil['bf16_tflops']:.0f} TFLOP/s** "
+             f"(cuBLAS 8192³).")
+    for d in docs:
+        if d is not ours_doc:
+            c = d["ceilings"]
+            L.append(f"Peer run ceilings ({os.path.basename(d['_path'])}): copy "
+                     f"{c['copy_gbps']:.0f} GB/s, bf16 GEMM {c['bf16_tflops']:.0f} TFLOP/s.")
+    L.append("")
+    L.append("## Commands\n")
+    if args.command:
+        L.append(f"- `{args.command}`")
+    for d in docs:
+        L.append(f"- `{d['command']}` → `{os.path.basename(d['_path'])}`")
+    L.append("")
+    L.append("Times are device time in µs, median of graph replays (each replay between its own "
+             "pair of events, the stream held by a spin kernel while the replays are queued), "
+             "rotating over 8 request slots whose random rows come from a 2 GiB activation pool. "
+             "Minimum bytes = R·H·e + P·H·e + 4·R·P + 4·R; FLOPs = 2·R·H·P. The torch peers "
+             "produce a bf16/fp16 [R, P] (what `torch.addmm` returns); ours write fp32.\n")
+
+    L.append("## All sizes (graph replay p50, µs)\n")
+    L.append("| dtype | R | H | P | Triton | fused_cuda | fused_tc | gather_gemm | dispatch "
+             "(path) | torch two-op | torch addmm | dispatch GB/s | frac copy | frac TFLOP/s "
+             "| two-op / dispatch |")
+    L.append("|---|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|")
+    keys = sorted(recs, key=lambda k: (["bf16", "fp16", "fp32"].index(k[0]), k[2], k[3], k[1]))
+    for key in keys:
+        dtype, R, H, P = key
+        d = recs[key].get("dispatch")
+        cells = [dtype, str(R), str(H), str(P), fmt(g(recs, key, "triton"))]
+        cells += [fmt(g(recs, key, i)) for i in OURS]
+        cells.append(f"{fmt(d and d['graph_us_p50'])} ({d['path'] if d else '—'})")
+        cells += [fmt(g(recs, key, "torch_two_op")), fmt(g(recs, key, "torch_addmm"))]
+        if d:
+            cells += [f"{d['gbps']:.0f}", f"{d['frac_copy']:.2f}", f"{d['frac_tflops']:.3f}"]
+            two = g(recs, key, "torch_two_op")
+            cells.append(f"{two / d['graph_us_p50']:.2f}x" if two else "—")
+        else:
+            cells += ["—"] * 4
+        L.append("| " + " | ".join(cells) + " |")
+    L.append("")
+
+    L.append("## Eager (no graph) p50, µs\n")
+    L.append("| dtype | R | H | P | Triton | fused_cuda | fused_tc | gather_gemm | torch two-op "
+             "| torch addmm |")
+    L.append("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    for key in keys:
+        row = [key[0], str(key[1]), str(key[2]), str(key[3])]
+        for impl in ["triton"] + OURS + ["torch_two_op", "torch_addmm"]:
+            r = recs[key].get(impl)
+            row.append(fmt(r and r.get("eager_us_p50")))
+        L.append("| " + " | ".join(row) + " |")
+    L.append("")
+
+    # Targets.
+    L.append("## Targets\n")
+    L.append("| target | shape | measured | verdict |")
+    L.append("|---|---|---|---|")
+
+    def verdict(ok):
+        return "met" if ok else "**missed**"
+
+    for H in (4096, 8192):
+        for P in (1, 16):
+            key = ("bf16", 8192, H, P)
+            d = recs.get(key, {}).get("dispatch")
+            tri = g(recs, key, "triton")
+            if d:
+                ok = d["frac_copy"] >= 0.9 and (tri is None or d["graph_us_p50"] < tri)
+                L.append(f"| ≥90% of copy ceiling and faster than Triton | bf16 R=8192 H={H} P={P} "
+                         f"| {d['graph_us_p50']:.1f} µs = {d['frac_copy']:.2f} of copy; Triton "
+                         f"{fmt(tri)} µs | {verdict(ok)} |")
+    for key in keys:
+        dtype, R, H, P = key
+        if dtype != "bf16" or R > 64 or H != 4096:
+            continue
+        d = recs[key].get("dispatch")
+        two = g(recs, key, "torch_two_op")
+        if d and two:
+            ok = d["graph_us_p50"] <= two + 1.0
+            L.append(f"| ≤ torch two-op + 1 µs | bf16 R={R} H={H} P={P} | {d['graph_us_p50']:.1f} "
+                     f"vs {two:.1f} µs | {verdict(ok)} |")
+    key = ("bf16", 64, 4096, 1024)
+    d = recs.get(key, {}).get("dispatch")
+    adm = g(recs, key, "torch_addmm")
+    if d and adm:
+        L.append(f"| within 10% of cuBLAS on pre-gathered rows | bf16 R=64 H=4096 P=1024 | "
+                 f"{d['graph_us_p50']:.1f} vs {adm:.1f} µs ({d['graph_us_p50'] / adm:.2f}x) | "
+                 f"{verdict(d['graph_us_p50'] <= 1.1 * adm)} |")
+    key = ("bf16", 8192, 4096, 1024)
+    d = recs.get(key, {}).get("dispatch")
+    two = g(recs, key, "torch_two_op")
+    if d and two:
+        L.append(f"| ≥1.3x faster than torch two-op | bf16 R=8192 H=4096 P=1024 | "
+                 f"{d['graph_us_p50']:.1f} vs {two:.1f} µs ({two / d['graph_us_p50']:.2f}x) | "
+                 f"{verdict(two / d['graph_us_p50'] >= 1.3)} |")
+    L.append("")
+
+    # Crossovers.
+    L.append("## Crossovers: fastest of our paths per shape (graph replay) vs the dispatcher\n")
+    L.append("| dtype | H | R \\ P | " + " | ".join(
+        str(p) for p in sorted({k[3] for k in keys})) + " |")
+    Ps = sorted({k[3] for k in keys})
+    L.append("|---|---|---|" + "---|" * len(Ps))
+    for dtype in ("bf16", "fp16", "fp32"):
+        for H in sorted({k[2] for k in keys if k[0] == dtype}):
+            for R in sorted({k[1] for k in keys if k[0] == dtype and k[2] == H}):
+                cells = []
+                for P in Ps:
+                    key = (dtype, R, H, P)
+                    if key not in recs:
+                        cells.append("")
+                        continue
+                    times = {i: g(recs, key, i) for i in OURS if g(recs, key, i)}
+                    if not times:
+                        cells.append("")
+                        continue
+                    best = min(times, key=times.get)
+                    d = recs[key].get("dispatch")
+                    pick = d["path"] if d else "?"
+                    short = {"fused_cuda": "cuda", "fused_tc": "tc", "gather_gemm": "gemm"}
+                    if pick == best:
+                        cells.append(short[best])
+                    else:
+                        loss = times.get(pick, float("nan")) / times[best]
+                        cells.append(f"{short[best]} (picked {short.get(pick, pick)}, "
+                                     f"{loss:.2f}x)")
+                L.append(f"| {dtype} | {H} | {R} | " + " | ".join(cells) + " |")
+    L.append("")
+
+    # Variants (tile configurations, splits, chunking).
+    var = [(k, i, r) for k in keys for i, r in recs[k].items() if "[" in i]
+    if var:
+        L.append("## Variants (tuning overrides, graph replay µs)\n")
+        L.append("| dtype | R | H | P | impl | µs | plan |")
+        L.append("|---|---:|---:|---:|---|---:|---|")
+        for k, i, r in var:
+            L.append(f"| {k[0]} | {k[1]} | {k[2]} | {k[3]} | {i} | {fmt(r['graph_us_p50'])} | "
+                     f"{r.get('variant', '')} |")
+        L.append("")
+    L.append("## Launch plans of the default paths\n")
+    L.append("| dtype | R | H | P | impl | plan |")
+    L.append("|---|---:|---:|---:|---|---|")
+    for k in keys:
+        for i in OURS:
+            r = recs[k].get(i)
+            if r and r.get("variant"):
+                L.append(f"| {k[0]} | {k[1]} | {k[2]} | {k[3]} | {i} | {r['variant']} |")
+    errors = [(k, i, r["error"]) for k in keys for i, r in recs[k].items() if r.get("error")]
+    if errors:
+        L.append("\n## Errors\n")
+        for k, i, e in errors:
+            L.append(f"- {k} {i}: {e}")
+    with open(args.out, "w") as f:
+        f.write("\n".join(L) + "\n")
+
+
+if __name__ == "__main__":
+    main()

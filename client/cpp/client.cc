@@ -1,0 +1,188 @@
+#include "client/cpp/client.h"
+
+#include <chrono>
+#include <cstring>
+
+#include "grpc/health/v1/health.grpc.pb.h"
+
+namespace probesidecar::client {
+
+v1::TensorRef InlineTensor(v1::DType dtype, int64_t rows, int64_t cols, std::string bytes,
+                           int64_t row_stride) {
+  v1::TensorRef ref;
+  ref.set_dtype(dtype);
+  ref.add_shape(rows);
+  ref.add_shape(cols);
+  ref.set_row_stride(row_stride);
+  ref.set_data(std::move(bytes));
+  return ref;
+}
+
+absl::Status FromGrpc(const grpc::Status& status) {
+  if (status.ok()) return absl::OkStatus();
+  return absl::Status(static_cast<absl::StatusCode>(status.error_code()), status.error_message());
+}
+
+namespace {
+
+std::shared_ptr<grpc::Channel> MakeChannel(const std::string& target,
+                                           const ClientOptions& options) {
+  grpc::ChannelArguments args;
+  args.SetMaxReceiveMessageSize(options.max_message_bytes);
+  args.SetMaxSendMessageSize(options.max_message_bytes);
+  return grpc::CreateCustomChannel(target, grpc::InsecureChannelCredentials(), args);
+}
+
+}  // namespace
+
+Client::Client(const std::string& target, ClientOptions options)
+    : Client(MakeChannel(target, options), options) {}
+
+Client::Client(std::shared_ptr<grpc::Channel> channel, ClientOptions options)
+    : options_(options),
+      channel_(std::move(channel)),
+      stub_(v1::ProbeSidecar::NewStub(channel_)) {}
+
+void Client::Prepare(grpc::ClientContext& context) const {
+  if (options_.timeout_seconds > 0) {
+    context.set_deadline(std::chrono::system_clock::now() +
+                         std::chrono::microseconds(
+                             static_cast<int64_t>(options_.timeout_seconds * 1e6)));
+  }
+}
+
+absl::StatusOr<std::string> Client::Health(const std::string& service) {
+  auto stub = grpc::health::v1::Health::NewStub(channel_);
+  grpc::ClientContext context;
+  Prepare(context);
+  grpc::health::v1::HealthCheckRequest request;
+  request.set_service(service);
+  grpc::health::v1::HealthCheckResponse response;
+  const grpc::Status status = stub->Check(&context, request, &response);
+  if (!status.ok()) return FromGrpc(status);
+  return grpc::health::v1::HealthCheckResponse::ServingStatus_Name(response.status());
+}
+
+absl::StatusOr<v1::ServerInfoResponse> Client::ServerInfo() {
+  grpc::ClientContext context;
+  Prepare(context);
+  v1::ServerInfoResponse response;
+  const grpc::Status status = stub_->ServerInfo(&context, v1::ServerInfoRequest(), &response);
+  if (!status.ok()) return FromGrpc(status);
+  return response;
+}
+
+absl::StatusOr<std::vector<v1::ProbeSetInfo>> Client::ListProbeSets() {
+  grpc::ClientContext context;
+  Prepare(context);
+  v1::ListProbeSetsResponse response;
+  const grpc::Status status =
+      stub_->ListProbeSets(&context, v1::ListProbeSetsRequest(), &response);
+  if (!status.ok()) return FromGrpc(status);
+  return std::vector<v1::ProbeSetInfo>(response.probe_sets().begin(),
+                                       response.probe_sets().end());
+}
+
+absl::StatusOr<v1::ProbeSetInfo> Client::LoadProbeSetFromPath(const std::string& name,
+                                                              const std::string& path,
+                                                              bool replace) {
+  grpc::ClientContext context;
+  Prepare(context);
+  v1::LoadProbeSetRequest request;
+  request.set_name(name);
+  request.set_path(path);
+  request.set_replace(replace);
+  v1::LoadProbeSetResponse response;
+  const grpc::Status status = stub_->LoadProbeSet(&context, request, &response);
+  if (!status.ok()) return FromGrpc(status);
+  return response.probe_set();
+}
+
+absl::StatusOr<v1::ProbeSetInfo> Client::LoadProbeSetFromBytes(const std::string& name,
+                                                               std::string safetensors,
+                                                               bool replace) {
+  grpc::ClientContext context;
+  Prepare(context);
+  v1::LoadProbeSetRequest request;
+  request.set_name(name);
+  request.set_safetensors(std::move(safetensors));
+  request.set_replace(replace);
+  v1::LoadProbeSetResponse response;
+  const grpc::Status status = stub_->LoadProbeSet(&context, request, &response);
+  if (!status.ok()) return FromGrpc(status);
+  return response.probe_set();
+}
+
+absl::Status Client::UnloadProbeSet(const std::string& name) {
+  grpc::ClientContext context;
+  Prepare(context);
+  v1::UnloadProbeSetRequest request;
+  request.set_name(name);
+  v1::UnloadProbeSetResponse response;
+  return FromGrpc(stub_->UnloadProbeSet(&context, request, &response));
+}
+
+ScoreResult ToScoreResult(const v1::ScoreResponse& response) {
+  ScoreResult result;
+  result.num_rows = response.num_rows();
+  result.num_probes = response.num_probes();
+  result.scores.resize(response.scores().size() / sizeof(float));
+  std::memcpy(result.scores.data(), response.scores().data(),
+              result.scores.size() * sizeof(float));
+  result.fired.assign(response.fired().begin(), response.fired().end());
+  result.kernel_path = response.kernel_path();
+  return result;
+}
+
+absl::StatusOr<v1::ScoreResponse> Client::Score(const v1::ScoreRequest& request) {
+  grpc::ClientContext context;
+  Prepare(context);
+  v1::ScoreResponse response;
+  const grpc::Status status = stub_->Score(&context, request, &response);
+  if (!status.ok()) return FromGrpc(status);
+  return response;
+}
+
+absl::StatusOr<ScoreResult> Client::Score(const v1::TensorRef& activations,
+                                          absl::Span<const int32_t> rows,
+                                          const std::string& probe_set) {
+  v1::ScoreRequest request;
+  *request.mutable_activations() = activations;
+  request.mutable_rows()->Add(rows.begin(), rows.end());
+  request.set_probe_set(probe_set);
+  absl::StatusOr<v1::ScoreResponse> response = Score(request);
+  if (!response.ok()) return response.status();
+  return ToScoreResult(*response);
+}
+
+absl::StatusOr<v1::RegisterBufferResponse> Client::RegisterBuffer(
+    const v1::RegisterBufferRequest& request) {
+  grpc::ClientContext context;
+  Prepare(context);
+  v1::RegisterBufferResponse response;
+  const grpc::Status status = stub_->RegisterBuffer(&context, request, &response);
+  if (!status.ok()) return FromGrpc(status);
+  return response;
+}
+
+absl::StatusOr<bool> Client::UnregisterBuffer(uint64_t buffer_id) {
+  grpc::ClientContext context;
+  Prepare(context);
+  v1::UnregisterBufferRequest request;
+  request.set_buffer_id(buffer_id);
+  v1::UnregisterBufferResponse response;
+  const grpc::Status status = stub_->UnregisterBuffer(&context, request, &response);
+  if (!status.ok()) return FromGrpc(status);
+  return response.deferred();
+}
+
+absl::StatusOr<std::vector<v1::BufferInfo>> Client::ListBuffers() {
+  grpc::ClientContext context;
+  Prepare(context);
+  v1::ListBuffersResponse response;
+  const grpc::Status status = stub_->ListBuffers(&context, v1::ListBuffersRequest(), &response);
+  if (!status.ok()) return FromGrpc(status);
+  return std::vector<v1::BufferInfo>(response.buffers().begin(), response.buffers().end());
+}
+
+}  // namespace probesidecar::client

@@ -1,0 +1,82 @@
+// C++ client library for Probe Sidecar.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <grpcpp/grpcpp.h>
+
+#include "absl/status/statusor.h"
+#include "absl/types/span.h"
+#include "probesidecar/v1/sidecar.grpc.pb.h"
+
+namespace probesidecar::client {
+
+struct ClientOptions {
+  double timeout_seconds = 30.0;  // per call; <= 0: none
+  int max_message_bytes = 64 << 20;
+};
+
+struct ScoreResult {
+  int32_t num_rows = 0;           // R
+  int32_t num_probes = 0;         // P
+  std::vector<float> scores;      // [R, P]
+  std::vector<int32_t> fired;     // flat indices r * P + p at or above the probe's threshold
+  std::string kernel_path;
+};
+
+// An inline activation tensor [rows, cols] (row_stride in elements, 0 = contiguous).
+v1::TensorRef InlineTensor(v1::DType dtype, int64_t rows, int64_t cols, std::string bytes,
+                           int64_t row_stride = 0);
+
+// grpc::Status -> absl::Status, keeping code and message.
+absl::Status FromGrpc(const grpc::Status& status);
+
+class Client {
+ public:
+  // target: "unix:/path", "unix:///path" or "host:port". The channel connects lazily.
+  explicit Client(const std::string& target, ClientOptions options = {});
+  // On an existing channel (tests, custom credentials).
+  Client(std::shared_ptr<grpc::Channel> channel, ClientOptions options);
+
+  // The grpc.health.v1 status name: "SERVING", "NOT_SERVING", ...
+  absl::StatusOr<std::string> Health(const std::string& service = "");
+  absl::StatusOr<v1::ServerInfoResponse> ServerInfo();
+  absl::StatusOr<std::vector<v1::ProbeSetInfo>> ListProbeSets();
+  // path: on the server, inside its --probes directory.
+  absl::StatusOr<v1::ProbeSetInfo> LoadProbeSetFromPath(const std::string& name,
+                                                        const std::string& path,
+                                                        bool replace = false);
+  absl::StatusOr<v1::ProbeSetInfo> LoadProbeSetFromBytes(const std::string& name,
+                                                         std::string safetensors,
+                                                         bool replace = false);
+  absl::Status UnloadProbeSet(const std::string& name);
+
+  absl::StatusOr<ScoreResult> Score(const v1::TensorRef& activations,
+                                    absl::Span<const int32_t> rows, const std::string& probe_set);
+  // The raw call, for callers that build requests themselves (and benchmarks).
+  absl::StatusOr<v1::ScoreResponse> Score(const v1::ScoreRequest& request);
+
+  // CUDA IPC buffers (CUDA backend).
+  absl::StatusOr<v1::RegisterBufferResponse> RegisterBuffer(
+      const v1::RegisterBufferRequest& request);
+  absl::StatusOr<bool> UnregisterBuffer(uint64_t buffer_id);  // true: deferred
+  absl::StatusOr<std::vector<v1::BufferInfo>> ListBuffers();
+
+  v1::ProbeSidecar::Stub& stub() { return *stub_; }
+  const std::shared_ptr<grpc::Channel>& channel() const { return channel_; }
+
+ private:
+  void Prepare(grpc::ClientContext& context) const;
+
+  ClientOptions options_;
+  std::shared_ptr<grpc::Channel> channel_;
+  std::unique_ptr<v1::ProbeSidecar::Stub> stub_;
+};
+
+// Converts a response into a ScoreResult.
+ScoreResult ToScoreResult(const v1::ScoreResponse& response);
+
+}  // namespace probesidecar::client

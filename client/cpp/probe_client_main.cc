@@ -1,0 +1,348 @@
+// probe-client: a command-line client for probe-sidecar.
+//
+//   probe-client [--target ADDR] [--timeout S] COMMAND [ARGS]
+//
+// Commands: health [SERVICE] | info | list | load NAME (--path P | --file F) [--replace] |
+//           unload NAME | score --probe-set NAME (--file F [--tensor T] | --random T,H
+//           [--dtype bf16|fp16|fp32] [--seed N]) [--rows I,J,...] [--json]
+#include <cstdio>
+#include <fstream>
+#include <iostream>
+#include <map>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "client/cpp/client.h"
+#include "kernels/common/dtype.h"
+#include "server/safetensors.h"
+
+namespace probesidecar::client {
+namespace {
+
+constexpr char kUsage[] =
+    "usage: probe-client [--target ADDR] [--timeout SECONDS] COMMAND [ARGS]\n"
+    "\n"
+    "  --target ADDR      unix:/path or host:port (default unix:/tmp/probe-sidecar.sock)\n"
+    "  --timeout SECONDS  per call (default 30)\n"
+    "\n"
+    "commands:\n"
+    "  health [SERVICE]                     grpc.health.v1 Check\n"
+    "  info                                 ServerInfo\n"
+    "  list                                 loaded probe sets\n"
+    "  load NAME --path P [--replace]       load a probe set from a path on the server\n"
+    "  load NAME --file F [--replace]       upload a local safetensors probe set\n"
+    "  unload NAME\n"
+    "  score --probe-set NAME SOURCE [--rows I,J,...] [--json]\n"
+    "      SOURCE: --file F.safetensors [--tensor NAME]   a 2-D activation tensor (default\n"
+    "                                                    the file's only tensor)\n"
+    "              --random T,H [--dtype bf16|fp16|fp32] [--seed N]\n"
+    "      rows default to every row of the activations\n";
+
+struct Args {
+  std::vector<std::string> positional;
+  std::map<std::string, std::string> options;  // --name value / --name=value
+  std::map<std::string, bool> switches;
+};
+
+// Switches take no value; everything else starting with -- takes one.
+Args ParseArgs(int argc, char** argv, int first) {
+  static const char* kSwitches[] = {"replace", "json", "help"};
+  Args args;
+  for (int i = first; i < argc; ++i) {
+    std::string arg = argv[i];
+    if (arg.rfind("--", 0) != 0) {
+      args.positional.push_back(arg);
+      continue;
+    }
+    std::string name = arg.substr(2);
+    std::string value;
+    const size_t eq = name.find('=');
+    bool has_value = eq != std::string::npos;
+    if (has_value) {
+      value = name.substr(eq + 1);
+      name = name.substr(0, eq);
+    }
+    bool is_switch = false;
+    for (const char* s : kSwitches) is_switch |= name == s;
+    if (is_switch) {
+      args.switches[name] = true;
+    } else {
+      if (!has_value && i + 1 < argc) value = argv[++i];
+      args.options[name] = value;
+    }
+  }
+  return args;
+}
+
+int Fail(const absl::Status& status) {
+  std::fprintf(stderr, "probe-client: %s\n", status.ToString().c_str());
+  return 1;
+}
+
+int Fail(const std::string& message) {
+  std::fprintf(stderr, "probe-client: %s\n%s", message.c_str(), kUsage);
+  return 2;
+}
+
+absl::StatusOr<std::string> ReadFile(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return absl::NotFoundError(absl::StrCat("cannot open ", path));
+  std::ostringstream bytes;
+  bytes << in.rdbuf();
+  return bytes.str();
+}
+
+// splitmix64: the same numbers on every platform.
+uint64_t NextRandom(uint64_t& state) {
+  uint64_t z = (state += 0x9e3779b97f4a7c15ull);
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  return z ^ (z >> 31);
+}
+
+absl::StatusOr<v1::TensorRef> RandomActivations(const std::string& spec, const std::string& dtype,
+                                                uint64_t seed) {
+  std::vector<std::string> parts = absl::StrSplit(spec, ',');
+  int64_t rows = 0, cols = 0;
+  if (parts.size() != 2 || !absl::SimpleAtoi(parts[0], &rows) ||
+      !absl::SimpleAtoi(parts[1], &cols) || rows <= 0 || cols <= 0 || rows * cols > (1 << 28)) {
+    return absl::InvalidArgumentError("--random wants T,H (positive, T*H <= 2^28)");
+  }
+  v1::DType proto_dtype;
+  int size = 2;
+  if (dtype == "bf16") {
+    proto_dtype = v1::DTYPE_BFLOAT16;
+  } else if (dtype == "fp16") {
+    proto_dtype = v1::DTYPE_FLOAT16;
+  } else if (dtype == "fp32") {
+    proto_dtype = v1::DTYPE_FLOAT32;
+    size = 4;
+  } else {
+    return absl::InvalidArgumentError("--dtype must be bf16, fp16 or fp32");
+  }
+  std::string bytes(static_cast<size_t>(rows * cols * size), '\0');
+  uint64_t state = seed;
+  for (int64_t i = 0; i < rows * cols; ++i) {
+    // Uniform in [-2, 2): the scale of post-norm hidden states.
+    const float v = static_cast<float>(NextRandom(state) >> 40) / (1 << 24) * 4.0f - 2.0f;
+    if (size == 4) {
+      std::memcpy(&bytes[i * 4], &v, 4);
+    } else {
+      const uint16_t h = dtype == "bf16" ? kernels::FloatToBf16(v) : kernels::FloatToHalf(v);
+      std::memcpy(&bytes[i * 2], &h, 2);
+    }
+  }
+  return InlineTensor(proto_dtype, rows, cols, std::move(bytes));
+}
+
+absl::StatusOr<v1::TensorRef> FileActivations(const std::string& path, const std::string& tensor) {
+  absl::StatusOr<server::SafetensorsFile> file =
+      server::SafetensorsFile::Read(path, server::SafetensorsLimits{});
+  if (!file.ok()) return file.status();
+  const server::SafetensorsTensor* t = nullptr;
+  if (!tensor.empty()) {
+    t = file->Find(tensor);
+    if (t == nullptr) return absl::NotFoundError(absl::StrCat("no tensor '", tensor, "' in ", path));
+  } else if (file->tensors().size() == 1) {
+    t = &file->tensors()[0];
+  } else {
+    return absl::InvalidArgumentError(
+        absl::StrCat(path, " holds several tensors; pick one with --tensor"));
+  }
+  v1::DType dtype;
+  if (t->dtype == "BF16") {
+    dtype = v1::DTYPE_BFLOAT16;
+  } else if (t->dtype == "F16") {
+    dtype = v1::DTYPE_FLOAT16;
+  } else if (t->dtype == "F32") {
+    dtype = v1::DTYPE_FLOAT32;
+  } else {
+    return absl::InvalidArgumentError(absl::StrCat("tensor '", t->name, "' is ", t->dtype,
+                                                   "; activations must be BF16, F16 or F32"));
+  }
+  if (t->shape.size() != 2) {
+    return absl::InvalidArgumentError(absl::StrCat("tensor '", t->name, "' is not 2-D"));
+  }
+  absl::Span<const uint8_t> data = file->Data(*t);
+  return InlineTensor(dtype, t->shape[0], t->shape[1],
+                      std::string(reinterpret_cast<const char*>(data.data()), data.size()));
+}
+
+int Score(Client& client, const Args& args) {
+  auto option = [&](const std::string& name) {
+    auto it = args.options.find(name);
+    return it == args.options.end() ? std::string() : it->second;
+  };
+  const std::string probe_set = option("probe-set");
+  if (probe_set.empty()) return Fail("score needs --probe-set NAME");
+  absl::StatusOr<v1::TensorRef> activations;
+  if (!option("file").empty()) {
+    activations = FileActivations(option("file"), option("tensor"));
+  } else if (!option("random").empty()) {
+    uint64_t seed = 1;
+    if (!option("seed").empty() && !absl::SimpleAtoi(option("seed"), &seed)) {
+      return Fail("--seed wants an integer");
+    }
+    activations = RandomActivations(option("random"),
+                                    option("dtype").empty() ? "bf16" : option("dtype"), seed);
+  } else {
+    return Fail("score needs --file F or --random T,H");
+  }
+  if (!activations.ok()) return Fail(activations.status());
+
+  std::vector<int32_t> rows;
+  if (!option("rows").empty()) {
+    for (absl::string_view part : absl::StrSplit(option("rows"), ',')) {
+      int32_t row = 0;
+      if (!absl::SimpleAtoi(part, &row)) return Fail("--rows wants integers like 0,5,7");
+      rows.push_back(row);
+    }
+  } else {
+    for (int32_t r = 0; r < activations->shape(0); ++r) rows.push_back(r);
+  }
+
+  absl::StatusOr<ScoreResult> result = client.Score(*activations, rows, probe_set);
+  if (!result.ok()) return Fail(result.status());
+
+  // Probe names for the header.
+  std::vector<std::string> names;
+  if (absl::StatusOr<std::vector<v1::ProbeSetInfo>> sets = client.ListProbeSets(); sets.ok()) {
+    for (const v1::ProbeSetInfo& info : *sets) {
+      if (info.name() != probe_set) continue;
+      for (const v1::Probe& probe : info.probes()) names.push_back(probe.name());
+    }
+  }
+  if (static_cast<int32_t>(names.size()) != result->num_probes) {
+    names.clear();
+    for (int32_t p = 0; p < result->num_probes; ++p) names.push_back(absl::StrCat("probe_", p));
+  }
+  std::vector<bool> fired(result->scores.size(), false);
+  for (int32_t index : result->fired) fired[index] = true;
+
+  if (args.switches.count("json")) {
+    std::string out = absl::StrCat("{\"probe_set\": \"", probe_set, "\", \"kernel_path\": \"",
+                                   result->kernel_path, "\", \"probes\": [\"",
+                                   absl::StrJoin(names, "\", \""), "\"], \"rows\": [");
+    for (int32_t r = 0; r < result->num_rows; ++r) {
+      absl::StrAppend(&out, r ? ", " : "", "{\"row\": ", rows[r], ", \"scores\": [");
+      for (int32_t p = 0; p < result->num_probes; ++p) {
+        absl::StrAppendFormat(&out, "%s%.9g", p ? ", " : "",
+                              result->scores[static_cast<size_t>(r) * result->num_probes + p]);
+      }
+      absl::StrAppend(&out, "]}");
+    }
+    absl::StrAppend(&out, "], \"fired\": [", absl::StrJoin(result->fired, ", "), "]}\n");
+    std::fputs(out.c_str(), stdout);
+    return 0;
+  }
+  std::printf("probe set %s: %d rows x %d probes (kernel path %s; * = at or above threshold)\n",
+              probe_set.c_str(), result->num_rows, result->num_probes,
+              result->kernel_path.c_str());
+  std::printf("%8s", "row");
+  for (const std::string& name : names) std::printf(" %14s", name.c_str());
+  std::printf("\n");
+  for (int32_t r = 0; r < result->num_rows; ++r) {
+    std::printf("%8d", rows[r]);
+    for (int32_t p = 0; p < result->num_probes; ++p) {
+      const size_t i = static_cast<size_t>(r) * result->num_probes + p;
+      std::printf(" %13.6g%s", result->scores[i], fired[i] ? "*" : " ");
+    }
+    std::printf("\n");
+  }
+  return 0;
+}
+
+int Run(int argc, char** argv) {
+  std::string target = "unix:/tmp/probe-sidecar.sock";
+  ClientOptions options;
+  int i = 1;
+  for (; i < argc; ++i) {
+    std::string arg = argv[i];
+    if (arg == "--help" || arg == "-h") {
+      std::fputs(kUsage, stdout);
+      return 0;
+    }
+    if (arg == "--target" && i + 1 < argc) {
+      target = argv[++i];
+    } else if (arg.rfind("--target=", 0) == 0) {
+      target = arg.substr(9);
+    } else if ((arg == "--timeout" && i + 1 < argc) || arg.rfind("--timeout=", 0) == 0) {
+      const std::string value = arg == "--timeout" ? argv[++i] : arg.substr(10);
+      if (!absl::SimpleAtod(value, &options.timeout_seconds)) return Fail("--timeout wants seconds");
+    } else {
+      break;
+    }
+  }
+  if (i >= argc) return Fail("no command");
+  const std::string command = argv[i];
+  const Args args = ParseArgs(argc, argv, i + 1);
+  Client client(target, options);
+
+  if (command == "health") {
+    absl::StatusOr<std::string> status =
+        client.Health(args.positional.empty() ? "" : args.positional[0]);
+    if (!status.ok()) return Fail(status.status());
+    std::printf("%s\n", status->c_str());
+    return *status == "SERVING" ? 0 : 1;
+  }
+  if (command == "info") {
+    absl::StatusOr<v1::ServerInfoResponse> info = client.ServerInfo();
+    if (!info.ok()) return Fail(info.status());
+    std::printf("%s", info->DebugString().c_str());
+    return 0;
+  }
+  if (command == "list") {
+    absl::StatusOr<std::vector<v1::ProbeSetInfo>> sets = client.ListProbeSets();
+    if (!sets.ok()) return Fail(sets.status());
+    for (const v1::ProbeSetInfo& set : *sets) {
+      std::vector<std::string> probes;
+      for (const v1::Probe& p : set.probes()) {
+        probes.push_back(p.has_threshold() ? absl::StrCat(p.name(), ">=", p.threshold())
+                                           : p.name());
+      }
+      std::printf("%s: P=%d H=%d %s %s [%s] (%s)\n", set.name().c_str(), set.num_probes(),
+                  set.hidden_size(), v1::DType_Name(set.weight_dtype()).c_str(),
+                  v1::Activation_Name(set.activation()).c_str(),
+                  absl::StrJoin(probes, ", ").c_str(), set.source().c_str());
+    }
+    return 0;
+  }
+  if (command == "load") {
+    if (args.positional.size() != 1) return Fail("load NAME (--path P | --file F)");
+    const bool replace = args.switches.count("replace") > 0;
+    absl::StatusOr<v1::ProbeSetInfo> info;
+    if (auto it = args.options.find("path"); it != args.options.end()) {
+      info = client.LoadProbeSetFromPath(args.positional[0], it->second, replace);
+    } else if (auto file = args.options.find("file"); file != args.options.end()) {
+      absl::StatusOr<std::string> bytes = ReadFile(file->second);
+      if (!bytes.ok()) return Fail(bytes.status());
+      info = client.LoadProbeSetFromBytes(args.positional[0], std::move(*bytes), replace);
+    } else {
+      return Fail("load needs --path P (on the server) or --file F (local)");
+    }
+    if (!info.ok()) return Fail(info.status());
+    std::printf("loaded %s: P=%d H=%d\n", info->name().c_str(), info->num_probes(),
+                info->hidden_size());
+    return 0;
+  }
+  if (command == "unload") {
+    if (args.positional.size() != 1) return Fail("unload NAME");
+    absl::Status status = client.UnloadProbeSet(args.positional[0]);
+    if (!status.ok()) return Fail(status);
+    std::printf("unloaded %s\n", args.positional[0].c_str());
+    return 0;
+  }
+  if (command == "score") return Score(client, args);
+  return Fail(absl::StrCat("unknown command '", command, "'"));
+}
+
+}  // namespace
+}  // namespace probesidecar::client
+
+int main(int argc, char** argv) { return probesidecar::client::Run(argc, argv); }

@@ -1,0 +1,189 @@
+"""A small, typed client for Probe Sidecar over gRPC."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterable, Iterator, Sequence
+
+import grpc
+import numpy as np
+
+from probesidecar.v1 import probes_pb2, score_pb2, sidecar_pb2, sidecar_pb2_grpc
+
+from ._tensors import rows_array, tensor_ref
+
+DEFAULT_TARGET = "unix:///tmp/probe-sidecar.sock"
+
+
+class ProbeSidecarError(Exception):
+    """A failed call: ``code`` is the gRPC status code, ``message`` the server's explanation."""
+
+    def __init__(self, code: grpc.StatusCode, message: str):
+        super().__init__(f"{code.name}: {message}")
+        self.code = code
+        self.message = message
+
+
+@dataclasses.dataclass(frozen=True)
+class ScoreResult:
+    scores: np.ndarray  # float32 [R, P], after bias and activation
+    fired: np.ndarray  # bool [R, P]: score >= the probe's threshold
+    kernel_path: str  # "cpu", "fused_cuda", ...
+    request_id: int = 0
+
+
+def _result(response: score_pb2.ScoreResponse) -> ScoreResult:
+    rows, probes = response.num_rows, response.num_probes
+    scores = np.frombuffer(response.scores, dtype="<f4")
+    scores = scores.reshape(rows, probes) if scores.size else np.empty((0, probes), np.float32)
+    fired = np.zeros(rows * probes, dtype=bool)
+    fired[np.asarray(response.fired, dtype=np.int64)] = True
+    return ScoreResult(scores, fired.reshape(rows, probes), response.kernel_path, response.request_id)
+
+
+def _raise(error: grpc.RpcError) -> ProbeSidecarError:
+    return ProbeSidecarError(error.code(), error.details() or "")
+
+
+def score_request(
+    activations: np.ndarray,
+    rows: Sequence[int] | np.ndarray,
+    probe_set: str,
+    *,
+    dtype: str | None = None,
+    request_id: int = 0,
+) -> score_pb2.ScoreRequest:
+    """The ScoreRequest for inline numpy activations [T, H]."""
+    request = score_pb2.ScoreRequest(probe_set=probe_set, request_id=request_id)
+    request.activations.CopyFrom(tensor_ref(np.asarray(activations), dtype))
+    request.rows.extend(rows_array(rows).tolist())
+    return request
+
+
+class Client:
+    """Talks to one probe-sidecar.
+
+    ``target`` is a gRPC target: ``unix:///tmp/probe-sidecar.sock`` or ``127.0.0.1:50551``.
+    Every call raises ProbeSidecarError on failure.
+    """
+
+    def __init__(
+        self,
+        target: str = DEFAULT_TARGET,
+        *,
+        timeout: float | None = 30.0,
+        max_message_bytes: int = 64 << 20,
+        channel: grpc.Channel | None = None,
+    ):
+        self.target = target
+        self.timeout = timeout
+        self._channel = channel or grpc.insecure_channel(
+            target,
+            options=[
+                ("grpc.max_receive_message_length", max_message_bytes),
+                ("grpc.max_send_message_length", max_message_bytes),
+            ],
+        )
+        self._stub = sidecar_pb2_grpc.ProbeSidecarStub(self._channel)
+
+    @property
+    def channel(self) -> grpc.Channel:
+        return self._channel
+
+    @property
+    def stub(self) -> sidecar_pb2_grpc.ProbeSidecarStub:
+        return self._stub
+
+    def close(self) -> None:
+        self._channel.close()
+
+    def __enter__(self) -> "Client":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def _call(self, method, request):
+        try:
+            return method(request, timeout=self.timeout)
+        except grpc.RpcError as error:
+            raise _raise(error) from None
+
+    def health(self, service: str = "") -> str:
+        """The grpc.health.v1 status name ("SERVING", "NOT_SERVING", ...).
+
+        Needs the ``health`` extra (grpcio-health-checking).
+        """
+        from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+        stub = health_pb2_grpc.HealthStub(self._channel)
+        response = self._call(stub.Check, health_pb2.HealthCheckRequest(service=service))
+        return health_pb2.HealthCheckResponse.ServingStatus.Name(response.status)
+
+    def server_info(self) -> sidecar_pb2.ServerInfoResponse:
+        return self._call(self._stub.ServerInfo, sidecar_pb2.ServerInfoRequest())
+
+    def list_probe_sets(self) -> list[probes_pb2.ProbeSetInfo]:
+        return list(self._call(self._stub.ListProbeSets, probes_pb2.ListProbeSetsRequest()).probe_sets)
+
+    def load_probe_set(
+        self,
+        name: str,
+        *,
+        path: str | None = None,
+        data: bytes | None = None,
+        replace: bool = False,
+    ) -> probes_pb2.ProbeSetInfo:
+        """Loads a safetensors probe set from a server-side ``path`` or from its bytes."""
+        if (path is None) == (data is None):
+            raise ValueError("give exactly one of path= (on the server) or data= (file bytes)")
+        request = probes_pb2.LoadProbeSetRequest(name=name, replace=replace)
+        if path is not None:
+            request.path = path
+        else:
+            request.safetensors = data
+        return self._call(self._stub.LoadProbeSet, request).probe_set
+
+    def unload_probe_set(self, name: str) -> None:
+        self._call(self._stub.UnloadProbeSet, probes_pb2.UnloadProbeSetRequest(name=name))
+
+    def score(
+        self,
+        activations: np.ndarray,
+        rows: Sequence[int] | np.ndarray,
+        probe_set: str,
+        *,
+        dtype: str | None = None,
+        request_id: int = 0,
+    ) -> ScoreResult:
+        """Scores ``activations[rows]`` [R, H] with a loaded probe set; returns [R, P] scores.
+
+        ``activations`` is a float32, float16 or bfloat16 (ml_dtypes) array [T, H]; raw bfloat16
+        bits may be given as uint16 with ``dtype='bf16'``.
+        """
+        request = score_request(activations, rows, probe_set, dtype=dtype, request_id=request_id)
+        return _result(self._call(self._stub.Score, request))
+
+    def score_stream(
+        self, requests: Iterable[score_pb2.ScoreRequest]
+    ) -> Iterator[ScoreResult | ProbeSidecarError]:
+        """Scores a stream of requests (see score_request) on one ScoreStream call, in order.
+
+        A message the server refuses yields a ProbeSidecarError in its place and the stream goes
+        on; a failure of the stream itself raises ProbeSidecarError.
+        """
+        try:
+            for response in self._stub.ScoreStream(iter(requests), timeout=self.timeout):
+                if response.HasField("error"):
+                    yield ProbeSidecarError(_status_code(response.error.code), response.error.message)
+                else:
+                    yield _result(response)
+        except grpc.RpcError as error:
+            raise _raise(error) from None
+
+
+def _status_code(value: int) -> grpc.StatusCode:
+    for code in grpc.StatusCode:
+        if code.value[0] == value:
+            return code
+    return grpc.StatusCode.UNKNOWN

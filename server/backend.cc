@@ -1,0 +1,23 @@
+#include "server/backend.h"
+
+#include "absl/strings/str_cat.h"
+#include "server/cpu_executor.h"
+#include "server/cuda_executor.h"
+#include "server/log.h"
+
+namespace probesidecar::server {
+
+absl::StatusOr<std::unique_ptr<Executor>> MakeExecutor(const Config& config) {
+  if (config.backend != Backend::kCpu) {
+    absl::StatusOr<std::unique_ptr<Executor>> cuda = CreateCudaExecutor(config);
+    if (cuda.ok()) return cuda;
+    if (config.backend == Backend::kCuda) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("--backend cuda: ", cuda.status().message()));
+    }
+    LogInfo("backend auto: using the CPU backend (%s)", cuda.status().message());
+  }
+  return std::unique_ptr<Executor>(std::make_unique<CpuExecutor>(config.cpu_threads));
+}
+
+}  // namespace probesidecar::server

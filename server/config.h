@@ -1,0 +1,57 @@
+// probe-sidecar's command line: every flag, its default, and its --help text.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+
+namespace probesidecar::server {
+
+enum class Backend { kAuto, kCpu, kCuda };
+
+struct Config {
+  // gRPC listeners: "unix:/path" (or "unix:///path") and "host:port" (port 0 picks a free one).
+  std::vector<std::string> listen = {"unix:/tmp/probe-sidecar.sock", "127.0.0.1:50551"};
+  // Prometheus /metrics endpoint, "host:port"; "none" turns it off.
+  std::string metrics_listen = "127.0.0.1:9464";
+  // Directory of *.safetensors probe sets loaded at start; LoadProbeSet paths stay inside it.
+  // Empty: the bundled demo directory next to the binary.
+  std::string probes_dir;
+  Backend backend = Backend::kAuto;
+  int device = 0;
+  uint64_t max_message_bytes = uint64_t{64} << 20;
+  uint32_t max_concurrent_requests = 256;
+  uint32_t max_rows = 65536;
+  uint32_t max_probes = 65536;
+  uint64_t max_probe_file_bytes = uint64_t{1} << 30;
+  // CPU backend threads; 0 = one per core.
+  uint32_t cpu_threads = 0;
+  // CUDA backend: workers (each a stream with its own staging and graphs) and graph cache size.
+  uint32_t cuda_workers = 4;
+  uint32_t graph_cache_entries = 256;
+  // Row buckets whose graphs are captured at start for every loaded probe set.
+  std::vector<uint32_t> warmup_rows = {1, 64};
+  // Time in-flight RPCs get to finish after SIGINT/SIGTERM before they are cancelled.
+  double shutdown_grace_seconds = 10.0;
+  std::string log_level = "info";
+};
+
+// What ParseFlags found: a config to run, or a request for help/version text.
+struct ParsedFlags {
+  Config config;
+  bool show_help = false;
+  bool show_version = false;
+};
+
+// Parses argv (argv[0] is skipped). Accepts --flag=value and --flag value; --listen may repeat
+// (the first occurrence replaces the defaults). Unknown flags and bad values are
+// INVALID_ARGUMENT with a message naming the flag.
+absl::StatusOr<ParsedFlags> ParseFlags(int argc, const char* const* argv);
+
+std::string HelpText();
+
+const char* BackendName(Backend backend);
+
+}  // namespace probesidecar::server

@@ -1,0 +1,15 @@
+// The one place where absl::Status becomes grpc::Status.
+#pragma once
+
+#include <grpcpp/support/status.h>
+
+#include "absl/status/status.h"
+
+namespace probesidecar::server {
+
+grpc::Status ToGrpcStatus(const absl::Status& status);
+
+// "OK", "INVALID_ARGUMENT", ... (the label used in metrics).
+const char* GrpcCodeName(grpc::StatusCode code);
+
+}  // namespace probesidecar::server

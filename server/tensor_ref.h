@@ -1,0 +1,58 @@
+// Validation of the TensorRefs in requests: dtype, shape, stride and extent, before anything
+// reads a byte.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "kernels/common/dtype.h"
+#include "probesidecar/v1/tensor.pb.h"
+
+namespace probesidecar::server {
+
+// Keeps a window of a registered IPC buffer open while a request uses it (releasing the last
+// reference ends the use, and may complete a deferred unregister).
+struct BufferLease {
+  void* device_ptr = nullptr;  // the tensor's first byte on the device
+  int device = 0;
+  std::shared_ptr<void> hold;
+};
+
+// Resolves a BufferLocation for `extent_bytes` bytes; implemented by the buffer registry.
+class BufferResolver {
+ public:
+  virtual ~BufferResolver() = default;
+  // NOT_FOUND for unknown (or closing) buffers; INVALID_ARGUMENT when offset + extent leaves
+  // the registered window.
+  virtual absl::StatusOr<BufferLease> Acquire(uint64_t buffer_id, uint64_t offset_bytes,
+                                              uint64_t extent_bytes) = 0;
+};
+
+// A validated 2-D tensor: either host bytes (inline) or a leased device window.
+struct Tensor2D {
+  kernels::DType dtype = kernels::DType::kFloat32;
+  int64_t rows = 0;
+  int64_t cols = 0;
+  int64_t row_stride = 0;  // elements
+  const void* host = nullptr;
+  BufferLease device;  // device.device_ptr != nullptr for buffer tensors
+  bool on_device() const { return device.device_ptr != nullptr; }
+};
+
+// bf16/fp16/fp32, else INVALID_ARGUMENT naming `what`.
+absl::StatusOr<kernels::DType> FloatDType(v1::DType dtype, absl::string_view what);
+
+// Bytes from the first element to one past the last: ((rows - 1) * row_stride + cols) * size.
+// INVALID_ARGUMENT on overflow.
+absl::StatusOr<uint64_t> ExtentBytes(int64_t rows, int64_t cols, int64_t row_stride,
+                                     int element_size, absl::string_view what);
+
+// Validates a 2-D floating-point TensorRef. Inline data must hold between the extent and
+// rows * row_stride elements; a buffer location is resolved through `buffers` (nullptr: the
+// backend has no IPC, FAILED_PRECONDITION). `what` names the field in messages.
+absl::StatusOr<Tensor2D> ResolveTensor2D(const v1::TensorRef& ref, absl::string_view what,
+                                         BufferResolver* buffers);
+
+}  // namespace probesidecar::server

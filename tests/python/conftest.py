@@ -1,0 +1,122 @@
+"""Fixtures that start the real probe-sidecar binary on a temporary Unix socket and a free
+loopback port, and clients that talk to it."""
+
+from __future__ import annotations
+
+import os
+import pathlib
+import re
+import signal
+import subprocess
+import tempfile
+import time
+
+import pytest
+
+from probe_sidecar import Client
+
+BIN = pathlib.Path(os.environ.get("PROBE_SIDECAR_BIN", "build/bin/probe-sidecar")).resolve()
+CLIENT_BIN = pathlib.Path(os.environ.get("PROBE_CLIENT_BIN", "build/bin/probe-client")).resolve()
+DEMO_DIR = BIN.parent.parent / "share" / "probe-sidecar" / "probes"
+
+_READY = re.compile(r"serving on (?P<listen>.*?); metrics on (?P<metrics>\S+);")
+
+
+class Sidecar:
+    """One probe-sidecar process. ``args`` are extra flags; listeners are chosen here."""
+
+    def __init__(self, args: list[str] | None = None, *, workdir: pathlib.Path | None = None,
+                 probes_dir: pathlib.Path | None = None, metrics: bool = True):
+        self._tmp = tempfile.TemporaryDirectory(prefix="probe-sidecar-test-")
+        self.workdir = pathlib.Path(workdir or self._tmp.name)
+        self.socket = self.workdir / "sidecar.sock"
+        self.log_path = self.workdir / "sidecar.log"
+        self.probes_dir = probes_dir
+        flags = [f"--listen=unix:{self.socket}", "--listen=127.0.0.1:0"]
+        flags.append("--metrics-listen=127.0.0.1:0" if metrics else "--metrics-listen=none")
+        if probes_dir is not None:
+            flags.append(f"--probes={probes_dir}")
+        self.argv = [str(BIN), *flags, *(args or [])]
+        self.process: subprocess.Popen | None = None
+        self.tcp_target = ""
+        self.metrics_address = ""
+
+    @property
+    def uds_target(self) -> str:
+        return f"unix://{self.socket}"
+
+    def start(self, timeout: float = 30.0) -> "Sidecar":
+        self._log = open(self.log_path, "wb")
+        self.process = subprocess.Popen(self.argv, stdout=self._log, stderr=subprocess.STDOUT)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            match = _READY.search(self.log())
+            if match:
+                for address in match.group("listen").split(", "):
+                    if not address.startswith("unix:"):
+                        self.tcp_target = address
+                self.metrics_address = match.group("metrics")
+                return self
+            if self.process.poll() is not None:
+                raise RuntimeError(f"probe-sidecar exited with {self.process.returncode}:\n{self.log()}")
+            time.sleep(0.02)
+        self.stop()
+        raise RuntimeError(f"probe-sidecar did not start in {timeout} s:\n{self.log()}")
+
+    def log(self) -> str:
+        try:
+            return self.log_path.read_text(errors="replace")
+        except FileNotFoundError:
+            return ""
+
+    def client(self, transport: str = "uds", **kwargs) -> Client:
+        return Client(self.uds_target if transport == "uds" else self.tcp_target, **kwargs)
+
+    def signal(self, sig: int = signal.SIGTERM) -> None:
+        assert self.process is not None
+        self.process.send_signal(sig)
+
+    def wait(self, timeout: float = 30.0) -> int:
+        assert self.process is not None
+        return self.process.wait(timeout=timeout)
+
+    def stop(self) -> int | None:
+        if self.process is None:
+            return None
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                self.process.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+        self._log.close()
+        return self.process.returncode
+
+    def close(self) -> None:
+        self.stop()
+        self._tmp.cleanup()
+
+    def __enter__(self) -> "Sidecar":
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+@pytest.fixture(scope="module")
+def sidecar():
+    """A CPU-backend sidecar with the bundled demo probe set, shared by a test module."""
+    with Sidecar(["--backend=cpu"]) as s:
+        yield s
+        assert s.process.poll() is None, "the server died during the tests:\n" + s.log()
+
+
+@pytest.fixture
+def client(sidecar):
+    with sidecar.client() as c:
+        yield c
+
+
+def pytest_report_header(config):
+    return f"probe-sidecar binary: {BIN}"

@@ -1,0 +1,89 @@
+"""Probe-set files written by the real `safetensors` package, and a float64 reference."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import safetensors
+
+
+def bf16_bits(x: np.ndarray) -> np.ndarray:
+    """float32 -> bfloat16 bits (uint16), round to nearest even."""
+    bits = np.ascontiguousarray(x, dtype=np.float32).view(np.uint32).astype(np.uint64)
+    rounded = (bits + 0x7FFF + ((bits >> 16) & 1)) >> 16
+    return rounded.astype(np.uint16)
+
+
+def bf16_to_f32(bits: np.ndarray) -> np.ndarray:
+    return (bits.astype(np.uint32) << 16).view(np.float32)
+
+
+def as_dtype(x: np.ndarray, dtype: str) -> tuple[np.ndarray, np.ndarray]:
+    """(the array to send or store, its exact float32 value) for 'fp32', 'fp16' or 'bf16'."""
+    x = np.asarray(x, dtype=np.float32)
+    if dtype == "fp32":
+        return x, x
+    if dtype == "fp16":
+        h = x.astype(np.float16)
+        return h, h.astype(np.float32)
+    if dtype == "bf16":
+        b = bf16_bits(x)
+        return b, bf16_to_f32(b)
+    raise ValueError(dtype)
+
+
+_SPEC_DTYPE = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16"}
+
+
+def safetensors_bytes(tensors: dict[str, tuple[np.ndarray, str]], metadata: dict | None = None) -> bytes:
+    """Serialises {name: (array, dtype)} with the safetensors package (bf16 as uint16 bits)."""
+    keep = []
+    specs = {}
+    for name, (array, dtype) in tensors.items():
+        array = np.ascontiguousarray(array)
+        keep.append(array)
+        specs[name] = safetensors.TensorSpec(
+            dtype=_SPEC_DTYPE[dtype], shape=list(array.shape), data_ptr=array.ctypes.data, data_len=array.nbytes
+        )
+    return bytes(safetensors.serialize(specs, metadata=metadata))
+
+
+class ProbeFile:
+    """A random probe set: its file bytes and the exact float32 weights the server will hold."""
+
+    def __init__(self, num_probes: int, hidden: int, *, dtype: str = "fp32", seed: int = 0,
+                 activation: str | None = None, thresholds: list | None = None,
+                 names: list[str] | None = None, extra_metadata: dict | None = None):
+        rng = np.random.default_rng(seed)
+        w, self.weight = as_dtype(rng.standard_normal((num_probes, hidden)) / np.sqrt(hidden), dtype)
+        b, self.bias = as_dtype(rng.standard_normal(num_probes) * 0.1, dtype)
+        self.activation = activation or "none"
+        self.thresholds = thresholds
+        self.names = names or [f"probe_{i}" for i in range(num_probes)]
+        metadata = dict(extra_metadata or {})
+        if names is not None:
+            metadata["probe_names"] = json.dumps(names)
+        if activation is not None:
+            metadata["activation"] = activation
+        if thresholds is not None:
+            metadata["thresholds"] = json.dumps(thresholds)
+        self.data = safetensors_bytes({"weight": (w, dtype), "bias": (b, dtype)}, metadata or None)
+
+    def reference(self, x: np.ndarray, rows) -> np.ndarray:
+        """float64 scores of float32 activations x (exact values) at rows."""
+        scores = x[np.asarray(rows)].astype(np.float64) @ self.weight.astype(np.float64).T + self.bias
+        if self.activation == "sigmoid":
+            scores = 1.0 / (1.0 + np.exp(-scores))
+        return scores
+
+    def fired(self, scores: np.ndarray) -> np.ndarray:
+        mask = np.zeros(scores.shape, dtype=bool)
+        for p, threshold in enumerate(self.thresholds or []):
+            if threshold is not None:
+                mask[:, p] = scores[:, p] >= threshold
+        return mask
+
+
+def rel_error(out: np.ndarray, ref: np.ndarray) -> float:
+    return float(np.linalg.norm(out.astype(np.float64) - ref) / max(np.linalg.norm(ref), 1e-300))
