@@ -23,7 +23,7 @@ class CpuExecutor final : public Executor {
   const char* backend() const override { return "cpu"; }
   std::string device_name() const override;
   absl::Status PrepareProbeSet(ProbeSet&) override { return absl::OkStatus(); }
-  BufferResolver* buffers() override { return nullptr; }
+  BufferRegistry* buffers() override { return nullptr; }
   void Score(const ScoreJob* job, ScoreDone done) override;
   void Shutdown() override;
 

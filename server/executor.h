@@ -2,6 +2,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <string>
 
 #include "absl/functional/any_invocable.h"
@@ -10,6 +11,8 @@
 #include "server/score_job.h"
 
 namespace probesidecar::server {
+
+class BufferRegistry;
 
 // Where a request's time went, in seconds (0 where a stage does not apply).
 struct ScoreTimings {
@@ -42,8 +45,11 @@ class Executor {
   // Called once per probe set before it is published (e.g. to upload device weights).
   virtual absl::Status PrepareProbeSet(ProbeSet& set) = 0;
 
-  // Resolves registered buffers; nullptr when the backend has none.
-  virtual BufferResolver* buffers() = 0;
+  // The registered IPC buffers; nullptr when the backend has none.
+  virtual BufferRegistry* buffers() = 0;
+
+  // Called once a probe set is published: captures its graphs for the configured row buckets.
+  virtual void Warmup(const std::shared_ptr<const ProbeSet>& set) {}
 
   // Runs `job` and calls `done` exactly once, from any thread. `job` stays valid until then.
   virtual void Score(const ScoreJob* job, ScoreDone done) = 0;

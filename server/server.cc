@@ -22,6 +22,7 @@
 #include "absl/time/time.h"
 #include "prometheus/exposer.h"
 #include "server/backend.h"
+#include "server/buffer_registry.h"
 #include "server/log.h"
 #include "server/metrics.h"
 #include "server/probe_registry.h"
@@ -91,7 +92,10 @@ int RunServer(const Config& config) {
     LogWarning("bundled probe sets not loaded from %s: %s", probes_dir, s.message());
   }
   std::vector<std::string> loaded;
-  for (const auto& set : probes.List()) loaded.push_back(set->name);
+  for (const auto& set : probes.List()) {
+    executor->Warmup(set);
+    loaded.push_back(set->name);
+  }
   LogInfo("probe sets from %s: [%s]", probes_dir, absl::StrJoin(loaded, ", "));
 
   BuildInfo build{kVersion, kGitCommit, kCudaRuntime, executor->device_name(),
@@ -101,6 +105,12 @@ int RunServer(const Config& config) {
     state.probe_sets = probes.size();
     state.graph_cache = executor->graph_cache();
     state.device_memory_bytes = executor->device_memory_bytes();
+    if (const BufferRegistry* buffers = executor->buffers(); buffers != nullptr) {
+      const BufferCounters counters = buffers->counters();
+      state.registered_buffers = counters.registrations;
+      state.registered_buffer_bytes = counters.registered_bytes;
+      state.open_ipc_handles = counters.open_handles;
+    }
     return state;
   });
 

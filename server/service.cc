@@ -4,6 +4,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "server/buffer_registry.h"
 #include "server/grpc_status.h"
 #include "server/log.h"
 #include "server/score_job.h"
@@ -216,44 +217,121 @@ grpc::ServerUnaryReactor* ProbeSidecarService::Answer(grpc::CallbackServerContex
 }
 
 grpc::ServerUnaryReactor* ProbeSidecarService::RegisterBuffer(
-    grpc::CallbackServerContext* context, const v1::RegisterBufferRequest* /*request*/,
-    v1::RegisterBufferResponse* /*response*/) {
+    grpc::CallbackServerContext* context, const v1::RegisterBufferRequest* request,
+    v1::RegisterBufferResponse* response) {
   const Clock::time_point start = Clock::now();
   env_.metrics->RpcStarted(Rpc::kRegisterBuffer);
-  return Answer(context, Rpc::kRegisterBuffer, start,
-                NoBuffersOnThisBackend(env_.executor->backend()));
+  BufferRegistry* buffers = env_.executor->buffers();
+  if (buffers == nullptr) {
+    return Answer(context, Rpc::kRegisterBuffer, start,
+                  NoBuffersOnThisBackend(env_.executor->backend()));
+  }
+  if (absl::Status draining = Draining(); !draining.ok()) {
+    return Answer(context, Rpc::kRegisterBuffer, start, draining);
+  }
+  absl::StatusOr<v1::RegisterBufferResponse> registered = buffers->Register(*request);
+  if (registered.ok()) {
+    *response = std::move(*registered);
+    LogInfo("registered buffer %d '%s': %d bytes at offset %d of a %d-byte allocation%s (pid %d)",
+            response->buffer_id(), request->name(), request->byte_size(), request->offset_bytes(),
+            response->allocation_bytes(), response->shared_mapping() ? " (shared mapping)" : "",
+            request->client_pid());
+  }
+  return Answer(context, Rpc::kRegisterBuffer, start, registered.status());
 }
 
 grpc::ServerUnaryReactor* ProbeSidecarService::UnregisterBuffer(
-    grpc::CallbackServerContext* context, const v1::UnregisterBufferRequest* /*request*/,
-    v1::UnregisterBufferResponse* /*response*/) {
+    grpc::CallbackServerContext* context, const v1::UnregisterBufferRequest* request,
+    v1::UnregisterBufferResponse* response) {
   const Clock::time_point start = Clock::now();
   env_.metrics->RpcStarted(Rpc::kUnregisterBuffer);
-  return Answer(context, Rpc::kUnregisterBuffer, start,
-                NoBuffersOnThisBackend(env_.executor->backend()));
+  BufferRegistry* buffers = env_.executor->buffers();
+  if (buffers == nullptr) {
+    return Answer(context, Rpc::kUnregisterBuffer, start,
+                  NoBuffersOnThisBackend(env_.executor->backend()));
+  }
+  absl::StatusOr<bool> deferred = buffers->Unregister(request->buffer_id());
+  if (deferred.ok()) {
+    response->set_deferred(*deferred);
+    LogInfo("unregistered buffer %d%s", request->buffer_id(),
+            *deferred ? " (closes when its requests finish)" : "");
+  }
+  return Answer(context, Rpc::kUnregisterBuffer, start, deferred.status());
 }
 
 grpc::ServerUnaryReactor* ProbeSidecarService::ListBuffers(
     grpc::CallbackServerContext* context, const v1::ListBuffersRequest* /*request*/,
-    v1::ListBuffersResponse* /*response*/) {
+    v1::ListBuffersResponse* response) {
   const Clock::time_point start = Clock::now();
   env_.metrics->RpcStarted(Rpc::kListBuffers);
-  // No buffers can exist on a backend without IPC: the list is empty.
+  // A backend without IPC has no buffers: the list is empty.
+  if (BufferRegistry* buffers = env_.executor->buffers(); buffers != nullptr) {
+    for (v1::BufferInfo& info : buffers->List()) *response->add_buffers() = std::move(info);
+  }
   return Answer(context, Rpc::kListBuffers, start, absl::OkStatus());
 }
 
+namespace {
+
+// OpenSession: sends the session id, then holds the call open. When it ends — the client
+// cancels, its process exits (its connection breaks), or the server drains — the session's
+// buffers are released.
+class SessionReactor final : public grpc::ServerWriteReactor<v1::SessionEvent>,
+                             public DrainableStream {
+ public:
+  SessionReactor(ProbeSidecarService* service, BufferRegistry* buffers, int64_t client_pid)
+      : service_(service), buffers_(buffers), id_(buffers->OpenSession(client_pid)) {
+    LogInfo("session %d opened (pid %d)", id_, client_pid);
+    event_.set_session_id(id_);
+    StartWrite(&event_);
+    service_->AddStream(this);
+  }
+
+  void Drain() override {
+    End(grpc::Status(grpc::StatusCode::UNAVAILABLE, "the server is shutting down"));
+  }
+  void OnWriteDone(bool /*ok*/) override {}  // nothing more to send; OnCancel ends the call
+  void OnCancel() override { End(grpc::Status(grpc::StatusCode::CANCELLED, "session ended")); }
+  void OnDone() override {
+    buffers_->CloseSession(id_);
+    LogInfo("session %d closed: its buffers are released", id_);
+    service_->RemoveStream(this);
+    delete this;
+  }
+
+ private:
+  // Drain and OnCancel can race; the call is finished once.
+  void End(grpc::Status status) {
+    if (!ended_.exchange(true)) Finish(std::move(status));
+  }
+
+  ProbeSidecarService* const service_;
+  BufferRegistry* const buffers_;
+  const uint64_t id_;
+  v1::SessionEvent event_;
+  std::atomic<bool> ended_{false};
+};
+
+}  // namespace
+
 grpc::ServerWriteReactor<v1::SessionEvent>* ProbeSidecarService::OpenSession(
-    grpc::CallbackServerContext* /*context*/, const v1::OpenSessionRequest* /*request*/) {
+    grpc::CallbackServerContext* /*context*/, const v1::OpenSessionRequest* request) {
   const Clock::time_point start = Clock::now();
   env_.metrics->RpcStarted(Rpc::kOpenSession);
-  class Refuse final : public grpc::ServerWriteReactor<v1::SessionEvent> {
-   public:
-    explicit Refuse(grpc::Status status) { Finish(std::move(status)); }
-    void OnDone() override { delete this; }
-  };
-  grpc::Status status = ToGrpcStatus(NoBuffersOnThisBackend(env_.executor->backend()));
+  BufferRegistry* buffers = env_.executor->buffers();
+  absl::Status refused = buffers == nullptr ? NoBuffersOnThisBackend(env_.executor->backend())
+                                            : Draining();
+  const grpc::Status status = ToGrpcStatus(refused);
   env_.metrics->RpcFinished(Rpc::kOpenSession, status.error_code(), SecondsSince(start), "", "");
-  return new Refuse(std::move(status));
+  if (!refused.ok()) {
+    class Refuse final : public grpc::ServerWriteReactor<v1::SessionEvent> {
+     public:
+      explicit Refuse(grpc::Status status) { Finish(std::move(status)); }
+      void OnDone() override { delete this; }
+    };
+    return new Refuse(status);
+  }
+  return new SessionReactor(this, buffers, request->client_pid());
 }
 
 grpc::ServerUnaryReactor* ProbeSidecarService::LoadProbeSet(
@@ -279,6 +357,7 @@ grpc::ServerUnaryReactor* ProbeSidecarService::LoadProbeSet(
       break;
   }
   if (loaded.ok()) {
+    env_.executor->Warmup(*loaded);
     FillProbeSetInfo(**loaded, response->mutable_probe_set());
     LogInfo("loaded probe set '%s': P=%d H=%d from %s", (*loaded)->name, (*loaded)->num_probes,
             (*loaded)->hidden, (*loaded)->source);
@@ -421,6 +500,9 @@ grpc::ServerUnaryReactor* ProbeSidecarService::ServerInfo(grpc::CallbackServerCo
   stats->set_captures(graphs.captures);
   stats->set_evictions(graphs.evictions);
   response->set_uptime_seconds(SecondsSince(started_));
+  if (BufferRegistry* buffers = env_.executor->buffers(); buffers != nullptr) {
+    response->set_registered_buffers(static_cast<uint32_t>(buffers->counters().registrations));
+  }
   {
     absl::MutexLock lock(&listening_mu_);
     for (const std::string& address : listening_) response->add_listen(address);

@@ -20,15 +20,12 @@
 
 namespace probesidecar::server {
 
-class BufferRegistry;
-
 struct ServiceEnv {
   Config config;
   std::string metrics_listening;  // the bound metrics address, "" when off
   ProbeRegistry* probes = nullptr;
   Executor* executor = nullptr;
   Metrics* metrics = nullptr;
-  BufferRegistry* buffers = nullptr;  // nullptr on the CPU backend
 };
 
 // A long-lived stream that must end when the server drains.
