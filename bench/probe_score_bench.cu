@@ -4,6 +4,8 @@
 // and writes bench/results/<name>.json in the format of DESIGN.md ("Benchmark results format").
 //
 //   probe-score-bench --out FILE.json [--sweep full|quick|targets] [--variants] [--git SHA]
+//   probe-score-bench --dispatch-table FILE.txt [--sms 132]   (the dispatcher's path, and the
+//                      fused_tc plan, per sweep shape; host only, no GPU)
 //
 // Plain CUDA + events (no Google Benchmark: it is a shared library the GPU machine lacks).
 // Times are device time: a spin kernel holds the stream while all timed work is queued, so that
@@ -39,14 +41,14 @@ namespace ps = probesidecar::kernels;
 
 namespace {
 
-#define CHECK_CUDA(expr)                                                                     \
-  do {                                                                                       \
-    const cudaError_t err_ = (expr);                                                         \
-    if (err_ != cudaSuccess) {                                                               \
-      std::fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #expr,                     \
-                   cudaGetErrorString(err_));                                                \
-      return false;                                                                          \
-    }                                                                                        \
+#define CHECK_CUDA(expr)                                                 \
+  do {                                                                   \
+    const cudaError_t err_ = (expr);                                     \
+    if (err_ != cudaSuccess) {                                           \
+      std::fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #expr, \
+                   cudaGetErrorString(err_));                            \
+      return false;                                                      \
+    }                                                                    \
   } while (0)
 
 constexpr int kSlots = 8;                       // request slots the timed replays rotate over
@@ -130,8 +132,8 @@ bool MeasureCeilings(cudaStream_t stream, void* pool, Ceilings* c) {
   const size_t bytes = kPoolBytes / 2;
   double us = 0.0;
   auto copy = [&](int) {
-    return cudaMemcpyAsync(static_cast<char*>(pool) + bytes, pool, bytes,
-                           cudaMemcpyDeviceToDevice, stream) == cudaSuccess;
+    return cudaMemcpyAsync(static_cast<char*>(pool) + bytes, pool, bytes, cudaMemcpyDeviceToDevice,
+                           stream) == cudaSuccess;
   };
   if (!TimeMedianUs(stream, 20, 3, copy, &us, 0.0)) return false;
   c->copy_gbps = 2.0 * bytes / (us * 1e-6) / 1e9;
@@ -297,8 +299,8 @@ class Bench {
       a.out_row_stride = s.P;
       a.num_rows = s.R;
     }
-    CHECK_CUDA(cudaMemcpy(args_d_, args.data(), args.size() * sizeof(args[0]),
-                          cudaMemcpyHostToDevice));
+    CHECK_CUDA(
+        cudaMemcpy(args_d_, args.data(), args.size() * sizeof(args[0]), cudaMemcpyHostToDevice));
     return true;
   }
 
@@ -334,9 +336,7 @@ class Bench {
       CHECK_CUDA(cudaGraphInstantiate(&exec[k], g, 0));
       cudaGraphDestroy(g);
     }
-    auto replay = [&](int i) {
-      return cudaGraphLaunch(exec[i % kSlots], stream_) == cudaSuccess;
-    };
+    auto replay = [&](int i) { return cudaGraphLaunch(exec[i % kSlots], stream_) == cudaSuccess; };
     const bool ok = TimeMedianUs(stream_, reps, 3, replay, &rec->graph_us);
     for (auto& e : exec) cudaGraphExecDestroy(e);
     return ok;
@@ -386,28 +386,32 @@ class Bench {
         runs.emplace_back(ps::ProbeScorePathName(path), path, ps::ProbeScoreTuning{});
       }
       if (variants && s.dtype != ps::DType::kFloat32) {
-        for (int cfg = 0; cfg < ps::probe_score_detail::kNumTcConfigs; ++cfg) {
-          if (cfg == 2 && s.R < 128) continue;
+        // Tile configurations and split counts of fused_tc where the choice is open.
+        auto add = [&](int cfg, int splits) {
           ps::ProbeScoreTuning t;
           t.tc_config = cfg;
-          runs.emplace_back(std::string("fused_tc[") +
-                                ps::probe_score_detail::GetTcConfig(cfg).name + "]",
-                            ps::ProbeScorePath::kFusedTensorCore, t);
-          if (s.R <= 64 || s.R >= 4096) {
-            for (int sp : {1, 4}) {
-              t.splits = sp;
-              runs.emplace_back(std::string("fused_tc[") +
-                                    ps::probe_score_detail::GetTcConfig(cfg).name + ",s" +
-                                    std::to_string(sp) + "]",
-                                ps::ProbeScorePath::kFusedTensorCore, t);
-            }
-          }
+          t.splits = splits;
+          std::string name =
+              std::string("fused_tc[") + ps::probe_score_detail::GetTcConfig(cfg).name;
+          if (splits > 0) name += ",s" + std::to_string(splits);
+          runs.emplace_back(name + "]", ps::ProbeScorePath::kFusedTensorCore, t);
+        };
+        if (s.P <= 16 && s.R >= 1024) {
+          for (int cfg : {0, 3, 4}) add(cfg, 0);
+        }
+        if (s.R <= 64 && s.P >= 64) {
+          for (int sp : {4, 8, 16}) add(1, sp);
+          add(0, 8);
+        }
+        if (s.P == 64 && s.R >= 4096) {
+          add(1, 1);
+          add(2, 0);
         }
       }
-      if (variants && s.P >= 128 && s.R >= 1024) {
+      if (variants && s.P >= 128 && s.R >= 4096) {
         ps::ProbeScoreTuning t;
-        t.gather_chunk_rows = s.R;
-        runs.emplace_back("gather_gemm[1chunk]", ps::ProbeScorePath::kGatherGemm, t);
+        t.gather_chunk_rows = 2048;
+        runs.emplace_back("gather_gemm[2048]", ps::ProbeScorePath::kGatherGemm, t);
       }
       for (auto& [impl, path, tuning] : runs) {
         ps::SetProbeScoreTuning(ws_, tuning);
@@ -435,9 +439,9 @@ class Bench {
 
   void Print(const Record& r) const {
     const double gbps = MinBytes(r.shape) / (r.graph_us * 1e-6) / 1e9;
-    std::printf("%-5s %5d %5d %5d  %-22s %10.2f %10.2f %8.3f  %s\n",
-                ps::DTypeName(r.shape.dtype), r.shape.R, r.shape.H, r.shape.P, r.impl.c_str(),
-                r.graph_us, r.eager_us, gbps / ceilings.copy_gbps, r.variant.c_str());
+    std::printf("%-5s %5d %5d %5d  %-22s %10.2f %10.2f %8.3f  %s\n", ps::DTypeName(r.shape.dtype),
+                r.shape.R, r.shape.H, r.shape.P, r.impl.c_str(), r.graph_us, r.eager_us,
+                gbps / ceilings.copy_gbps, r.variant.c_str());
     std::fflush(stdout);
   }
 
@@ -493,7 +497,8 @@ bool WriteJson(const std::string& path, const std::string& device, const std::st
 int Main(int argc, char** argv) {
   std::string out_path, sweep = "full", git = PROBESIDECAR_GIT_COMMIT;
   bool variants = false;
-  std::string command;
+  int num_sms = 132;  // H200, for --dispatch-table
+  std::string command, dispatch_table;
   for (int i = 0; i < argc; ++i) command += (i ? " " : "") + std::string(argv[i]);
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
@@ -505,13 +510,39 @@ int Main(int argc, char** argv) {
       git = argv[++i];
     } else if (a == "--variants") {
       variants = true;
+    } else if (a == "--dispatch-table" && i + 1 < argc) {
+      dispatch_table = argv[++i];
+    } else if (a == "--sms" && i + 1 < argc) {
+      num_sms = std::atoi(argv[++i]);
     } else {
       std::fprintf(stderr,
                    "usage: %s --out FILE.json [--sweep full|quick|targets] [--variants] "
-                   "[--git SHA]\n",
+                   "[--git SHA] | --dispatch-table FILE.txt\n",
                    argv[0]);
       return 2;
     }
+  }
+  if (!dispatch_table.empty()) {
+    // The dispatcher's choice for every shape of the sweep (host only, no GPU): lets the report
+    // label the "dispatch" column with the code as it is now.
+    FILE* f = std::fopen(dispatch_table.c_str(), "w");
+    if (f == nullptr) return 1;
+    for (const std::string sw : {"full", "quick", "targets"}) {
+      for (const Shape& s : Sweep(sw)) {
+        const ps::ProbeScorePath path = ps::ChooseProbeScorePath(s.R, s.P, s.H, s.dtype);
+        std::fprintf(f, "%s %d %d %d %s", ps::DTypeName(s.dtype), s.R, s.H, s.P,
+                     ps::ProbeScorePathName(path));
+        int32_t cfg = 0, splits = 0;
+        if (path == ps::ProbeScorePath::kFusedTensorCore &&
+            ps::PlanFusedTcOnHost(s.R, s.P, s.H, num_sms, &cfg, &splits) == cudaSuccess) {
+          std::fprintf(f, " tile=%s splits=%d", ps::probe_score_detail::GetTcConfig(cfg).name,
+                       splits);
+        }
+        std::fprintf(f, "\n");
+      }
+    }
+    std::fclose(f);
+    return 0;
   }
   if (out_path.empty()) {
     std::fprintf(stderr, "--out is required\n");

@@ -17,7 +17,7 @@ mkdir -p "$OUT_DIR"
 LOG="$OUT_DIR/probe_score_run.log"
 export LD_LIBRARY_PATH=/usr/local/cuda/lib64${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 export PYTHONUNBUFFERED=1
-GIT=$(git rev-parse --short=12 HEAD 2>/dev/null || echo unknown)
+GIT=${GIT:-$(git rev-parse --short=12 HEAD 2>/dev/null || echo unknown)}
 status=0
 {
   echo "== probe_score run: git $GIT, $(date -u +%Y-%m-%dT%H:%M:%SZ)"
@@ -49,9 +49,12 @@ fi
 echo "== report" | tee -a "$LOG"
 FILES=("$OUT_DIR/probe_score_cuda.json")
 [[ -f "$OUT_DIR/probe_score_peers.json" ]] && FILES+=("$OUT_DIR/probe_score_peers.json")
-python3 bench/report.py "${FILES[@]}" --out "$OUT_DIR/probe_score.md" \
+TABLE=$(mktemp)
+"$BUILD/bin/probe-score-bench" --dispatch-table "$TABLE" >>"$LOG" 2>&1 || status=1
+python3 bench/report.py "${FILES[@]}" --out "$OUT_DIR/probe_score.md" --dispatch-table "$TABLE" \
   --command "SWEEP=$SWEEP VARIANTS=${VARIANTS:-0} bench/run_probe_score.sh $BUILD $OUT_DIR" \
   >>"$LOG" 2>&1 || status=1
+rm -f "$TABLE"
 # Compact summary last (what a caller sees at the end of its output).
 sed -n '/^## Targets/,/^## Crossovers/p' "$OUT_DIR/probe_score.md" 2>/dev/null | head -30
 exit $status

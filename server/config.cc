@@ -158,6 +158,10 @@ const std::vector<Flag>& Flags() {
        Count(&Config::cuda_workers, "cuda-workers", 1, 64)},
       {"graph-cache-entries", "N", "Captured CUDA graphs kept per worker (default 256).",
        Count(&Config::graph_cache_entries, "graph-cache-entries", 1, 1 << 16)},
+      {"gpu-timing-every", "N",
+       "Time the GPU stages (h2d, kernel, d2h) with CUDA events on one request in N (default "
+       "1: every request; 0: never). Timed requests replay a graph with event nodes.",
+       Count(&Config::gpu_timing_every, "gpu-timing-every", 0, 1 << 20)},
       {"warmup-rows", "R[,R...]",
        "Row buckets whose graphs are captured at start for each loaded probe set (default 1,64; "
        "'none' for none).",

@@ -31,6 +31,9 @@ struct Config {
   // CUDA backend: workers (each a stream with its own staging and graphs) and graph cache size.
   uint32_t cuda_workers = 4;
   uint32_t graph_cache_entries = 256;
+  // CUDA events around the stages (h2d, kernel, d2h) of one request in N: 1 = every request,
+  // 0 = none. Timed requests replay a graph variant with event nodes, which costs a few µs.
+  uint32_t gpu_timing_every = 1;
   // Row buckets whose graphs are captured at start for every loaded probe set.
   std::vector<uint32_t> warmup_rows = {1, 64};
   // Time in-flight RPCs get to finish after SIGINT/SIGTERM before they are cancelled.

@@ -46,7 +46,10 @@ struct GraphKey {
   int32_t bucket;
   bool inline_x;    // activations staged from the request (else read from an IPC buffer)
   bool host_out;    // scores copied back to the host (else written to an IPC buffer)
-  auto Tie() const { return std::tie(probe_set_id, path, dtype, bucket, inline_x, host_out); }
+  bool timed;       // with CUDA event nodes around the stages
+  auto Tie() const {
+    return std::tie(probe_set_id, path, dtype, bucket, inline_x, host_out, timed);
+  }
   bool operator<(const GraphKey& other) const { return Tie() < other.Tie(); }
 };
 
@@ -78,6 +81,7 @@ class CudaWorker {
   CudaWorker(int device, const Config& config, std::atomic<int64_t>* device_bytes)
       : device_(device),
         max_bucket_(RowBucket(static_cast<int32_t>(config.max_rows))),
+        timing_every_(config.gpu_timing_every),
         device_bytes_(device_bytes),
         graphs_(config.graph_cache_entries, [](GraphEntry& entry) {
           if (entry.exec != nullptr) cudaGraphExecDestroy(entry.exec);
@@ -138,7 +142,8 @@ class CudaWorker {
                  dtype,
                  bucket,
                  !job.activations.on_device(),
-                 job.host_out != nullptr};
+                 job.host_out != nullptr,
+                 timing_every_ > 0 && requests_++ % timing_every_ == 0};
     timings->kernel_path = kernels::ProbeScorePathName(key.path);
 
     if (key.inline_x) {
@@ -186,14 +191,18 @@ class CudaWorker {
       entry = &graphs_.Insert(key, GraphEntry{*exec, set});
     }
     PS_RETURN_IF_CUDA(cudaGraphLaunch(entry->exec, stream_));
-    PS_RETURN_IF_CUDA(cudaEventSynchronize(events_[3]));
-    float h2d_ms = 0, kernel_ms = 0, d2h_ms = 0;
-    PS_RETURN_IF_CUDA(cudaEventElapsedTime(&h2d_ms, events_[0], events_[1]));
-    PS_RETURN_IF_CUDA(cudaEventElapsedTime(&kernel_ms, events_[1], events_[2]));
-    PS_RETURN_IF_CUDA(cudaEventElapsedTime(&d2h_ms, events_[2], events_[3]));
-    timings->h2d = h2d_ms * 1e-3;
-    timings->kernel = kernel_ms * 1e-3;
-    timings->d2h = key.host_out ? d2h_ms * 1e-3 : 0.0;
+    if (key.timed) {
+      PS_RETURN_IF_CUDA(cudaEventSynchronize(events_[3]));
+      float h2d_ms = 0, kernel_ms = 0, d2h_ms = 0;
+      PS_RETURN_IF_CUDA(cudaEventElapsedTime(&h2d_ms, events_[0], events_[1]));
+      PS_RETURN_IF_CUDA(cudaEventElapsedTime(&kernel_ms, events_[1], events_[2]));
+      PS_RETURN_IF_CUDA(cudaEventElapsedTime(&d2h_ms, events_[2], events_[3]));
+      timings->h2d = h2d_ms * 1e-3;
+      timings->kernel = kernel_ms * 1e-3;
+      timings->d2h = key.host_out ? d2h_ms * 1e-3 : 0.0;
+    } else {
+      PS_RETURN_IF_CUDA(cudaStreamSynchronize(stream_));
+    }
     if (key.host_out) {
       std::memcpy(job.host_out, h_out_.ptr, sizeof(float) * rows * probes);
     }
@@ -213,7 +222,8 @@ class CudaWorker {
                      dtype,
                      bucket,
                      inline_x,
-                     true};
+                     true,
+                     timing_every_ > 0};
         if (inline_x) {
           PS_RETURN_IF_CUDA(Reserve(h_x_, d_x_, size_t{1} * bucket * set->hidden * 2));
         }
@@ -293,8 +303,13 @@ class CudaWorker {
         sizeof(ProbeScoreDeviceArgs) + (key.inline_x ? 0 : sizeof(int32_t) * key.bucket);
     const int element = kernels::DTypeSize(key.dtype);
 
+    // Event nodes mark the stage boundaries of timed graphs.
+    auto mark = [&](int i) {
+      return key.timed ? cudaEventRecordWithFlags(events_[i], stream_, cudaEventRecordExternal)
+                       : cudaSuccess;
+    };
     PS_RETURN_IF_CUDA(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal));
-    cudaError_t error = cudaEventRecordWithFlags(events_[0], stream_, cudaEventRecordExternal);
+    cudaError_t error = mark(0);
     if (error == cudaSuccess) {
       error = cudaMemcpyAsync(d_upload_, h_upload_, upload, cudaMemcpyHostToDevice, stream_);
     }
@@ -303,21 +318,15 @@ class CudaWorker {
                               size_t{1} * key.bucket * weights.hidden * element,
                               cudaMemcpyHostToDevice, stream_);
     }
-    if (error == cudaSuccess) {
-      error = cudaEventRecordWithFlags(events_[1], stream_, cudaEventRecordExternal);
-    }
+    if (error == cudaSuccess) error = mark(1);
     if (error == cudaSuccess) error = kernels::LaunchProbeScore(params, key.path, workspace_, stream_);
-    if (error == cudaSuccess) {
-      error = cudaEventRecordWithFlags(events_[2], stream_, cudaEventRecordExternal);
-    }
+    if (error == cudaSuccess) error = mark(2);
     if (error == cudaSuccess && key.host_out) {
       error = cudaMemcpyAsync(h_out_.ptr, d_out_.ptr,
                               size_t{1} * key.bucket * weights.num_probes * sizeof(float),
                               cudaMemcpyDeviceToHost, stream_);
     }
-    if (error == cudaSuccess) {
-      error = cudaEventRecordWithFlags(events_[3], stream_, cudaEventRecordExternal);
-    }
+    if (error == cudaSuccess) error = mark(3);
     cudaGraph_t graph = nullptr;
     const cudaError_t end = cudaStreamEndCapture(stream_, &graph);
     if (error == cudaSuccess) error = end;
@@ -335,6 +344,8 @@ class CudaWorker {
 
   const int device_;
   const int32_t max_bucket_;
+  const uint32_t timing_every_;
+  uint64_t requests_ = 0;
   std::atomic<int64_t>* const device_bytes_;
   cudaStream_t stream_ = nullptr;
   cudaEvent_t events_[4] = {nullptr, nullptr, nullptr, nullptr};  // start, h2d, kernel, d2h

@@ -22,7 +22,7 @@ using probe_score_detail::kHiddenPad;
 using probe_score_detail::kNumFusedPT;
 using probe_score_detail::kNumTcConfigs;
 using probe_score_detail::kProbePad;
-using probe_score_detail::kTcBK;
+using probe_score_detail::SplitKReduceParams;
 using probe_score_detail::TcConfigInfo;
 using probe_score_detail::TcParams;
 
@@ -33,9 +33,9 @@ constexpr int64_t RoundUp(int64_t a, int64_t b) { return CeilDiv(a, b) * b; }
 
 constexpr size_t kCublasWorkspaceBytes = size_t{32} << 20;  // cuBLAS's advice for Hopper
 constexpr size_t kPartialBytes = size_t{32} << 20;          // split-K partial sums
-constexpr int32_t kNumCounters = 65536;                      // split-K tile counters
-constexpr size_t kStagingCapBytes = size_t{64} << 20;       // each gather_gemm staging buffer
-constexpr int kFusedSmemLimit = 64 << 10;                    // W slice of fused_cuda, bytes
+constexpr int32_t kNumCounters = 65536;                     // split-K tile counters
+constexpr size_t kStagingCapBytes = size_t{128} << 20;      // each gather_gemm staging buffer
+constexpr int kFusedSmemLimit = 64 << 10;                   // W slice of fused_cuda, bytes
 
 int64_t PaddedProbes(int32_t num_probes) { return RoundUp(num_probes, kProbePad); }
 int64_t PaddedHidden(int32_t hidden) { return RoundUp(hidden, kHiddenPad); }
@@ -78,7 +78,6 @@ struct ProbeScoreWorkspace {
   int max_threads_per_sm = 2048;
   int regs_per_sm = 65536;
   int fused_regs[kNumDTypes][kNumFusedPT] = {};
-  int tc_occupancy[kNumDTypes][kNumTcConfigs] = {};
 
   cublasHandle_t cublas = nullptr;
   void* storage = nullptr;  // the one allocation behind the buffers below
@@ -190,8 +189,8 @@ cudaError_t CreateProbeScoreWorkspace(const ProbeScoreWorkspaceConfig& config,
     return fail(err);
   }
   ws->l2_bytes = v;
-  if ((err = cudaDeviceGetAttribute(&v, cudaDevAttrMaxSharedMemoryPerMultiprocessor,
-                                    ws->device)) != cudaSuccess) {
+  if ((err = cudaDeviceGetAttribute(&v, cudaDevAttrMaxSharedMemoryPerMultiprocessor, ws->device)) !=
+      cudaSuccess) {
     return fail(err);
   }
   ws->smem_per_sm = v;
@@ -200,9 +199,8 @@ cudaError_t CreateProbeScoreWorkspace(const ProbeScoreWorkspaceConfig& config,
     return fail(err);
   }
   ws->reserved_smem_per_block = v;
-  if ((err = cudaDeviceGetAttribute(&ws->max_threads_per_sm,
-                                    cudaDevAttrMaxThreadsPerMultiProcessor, ws->device)) !=
-      cudaSuccess) {
+  if ((err = cudaDeviceGetAttribute(&ws->max_threads_per_sm, cudaDevAttrMaxThreadsPerMultiProcessor,
+                                    ws->device)) != cudaSuccess) {
     return fail(err);
   }
   if ((err = cudaDeviceGetAttribute(&ws->regs_per_sm, cudaDevAttrMaxRegistersPerMultiprocessor,
@@ -232,12 +230,6 @@ cudaError_t CreateProbeScoreWorkspace(const ProbeScoreWorkspaceConfig& config,
                                       info.smem_bytes)) != cudaSuccess) {
         return fail(err);
       }
-      int blocks = 0;
-      if ((err = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, fn, info.threads,
-                                                               info.smem_bytes)) != cudaSuccess) {
-        return fail(err);
-      }
-      ws->tc_occupancy[d][c] = std::max(blocks, 1);
     }
   }
 
@@ -249,10 +241,10 @@ cudaError_t CreateProbeScoreWorkspace(const ProbeScoreWorkspaceConfig& config,
           static_cast<size_t>(config.max_rows) * config.max_hidden * 4,
           std::max(kStagingCapBytes, min_rows * static_cast<size_t>(config.max_hidden) * 4))),
       256);
-  ws->staging_c_bytes = RoundUp(
-      static_cast<int64_t>(std::min(static_cast<size_t>(config.max_rows) * p_pad * 4,
-                                    std::max(kStagingCapBytes, min_rows * p_pad * 4))),
-      256);
+  ws->staging_c_bytes =
+      RoundUp(static_cast<int64_t>(std::min(static_cast<size_t>(config.max_rows) * p_pad * 4,
+                                            std::max(kStagingCapBytes, min_rows * p_pad * 4))),
+              256);
   ws->partial_floats = kPartialBytes / 4;
   const size_t counters_bytes = kNumCounters * sizeof(int32_t);
   const size_t total = kCublasWorkspaceBytes + kPartialBytes + counters_bytes +
@@ -325,8 +317,7 @@ struct FusedPlan {
   int smem_bytes = 0;
 };
 
-cudaError_t PlanFused(const ProbeScoreParams& in, const ProbeScoreWorkspace& ws,
-                      FusedPlan* plan) {
+cudaError_t PlanFused(const ProbeScoreParams& in, const ProbeScoreWorkspace& ws, FusedPlan* plan) {
   const ProbeWeights& w = *in.weights;
   const int32_t P = w.num_probes, H = w.hidden;
   const int pt_index = FusedPtIndex(P);
@@ -343,9 +334,10 @@ cudaError_t PlanFused(const ProbeScoreParams& in, const ProbeScoreWorkspace& ws,
   const int occ = FusedOccupancy(ws, in.x_dtype, pt_index, static_cast<int>(smem_bytes_full));
   const int64_t target_blocks = static_cast<int64_t>(ws.num_sms) * occ;
 
-  // K splits only when rows x probe tiles cannot fill the machine (few rows).
+  // K splits only when rows x probe tiles fill less than half the machine (few rows): the
+  // fix-up costs a few dependent memory round trips at the tail (bench/NOTES.md, run 1).
   int64_t splits = 1;
-  if (row_blocks * probe_tiles < target_blocks) {
+  if (2 * row_blocks * probe_tiles <= target_blocks) {
     splits = std::min(k_chunks, CeilDiv(target_blocks, row_blocks * probe_tiles));
   }
   if (ws.tuning.splits > 0) splits = std::min<int64_t>(ws.tuning.splits, k_chunks);
@@ -394,17 +386,34 @@ struct TcPlan {
   TcParams params;
   int config = 0;
   dim3 grid;
+  SplitKReduceParams reduce;
+  int64_t reduce_blocks = 0;
 };
 
-// Tile configuration for fused_tc (see probe_score_tc.cu).
+// Tile configuration for fused_tc (see probe_score_tc.cu), from the variants measured in run 2
+// (bench/results/probe_score.md, "Variants"; graph replay µs, bf16, H = 4096):
+//  - P <= 16: 64x16 below 768 rows; 64x16k128 up to 6K rows (R=1024 P=16: 10.0 vs 10.6 / 12.3;
+//    R=4096: 16.6 vs 17.5 / 16.9); 32x16k256 beyond (R=8192: 23.7 vs 25.9 / 25.3).
+//  - R <= 64, P <= 256: 64x16 with 8 splits (R=64 P=128: 8.8 vs 64x64 s16 9.8).
+//  - otherwise 64x64, or 128x128 once its tiles cover the SMs.
 int ChooseTcConfig(int32_t max_rows, int32_t num_probes, int num_sms) {
-  if (num_probes <= 16) return 0;
+  if (num_probes <= 16) return max_rows >= 6144 ? 3 : (max_rows >= 768 ? 4 : 0);
+  if (max_rows <= 64 && num_probes <= 256) return 0;
   if (num_probes <= 64) return 1;
   const int64_t big_tiles = CeilDiv(max_rows, 128) * CeilDiv(num_probes, 128);
   return big_tiles >= num_sms ? 2 : 1;
 }
 
-cudaError_t PlanTc(const ProbeScoreParams& in, const ProbeScoreWorkspace& ws, TcPlan* plan) {
+// The fused_tc plan depends on the device only through its SM count (and the fixed partial
+// buffer size): PlanTcFor is host arithmetic, also used to label benchmark reports.
+struct TcPlanInputs {
+  int num_sms = 0;
+  size_t partial_floats = 0;
+  float* partial = nullptr;
+  ProbeScoreTuning tuning;
+};
+
+cudaError_t PlanTcFor(const ProbeScoreParams& in, const TcPlanInputs& ws, TcPlan* plan) {
   const ProbeWeights& w = *in.weights;
   const int32_t P = w.num_probes, H = w.hidden;
   int config = ws.tuning.tc_config >= 0 && ws.tuning.tc_config < kNumTcConfigs
@@ -414,17 +423,27 @@ cudaError_t PlanTc(const ProbeScoreParams& in, const ProbeScoreWorkspace& ws, Tc
   const int64_t m_tiles = CeilDiv(in.max_rows, info.bm);
   const int64_t n_tiles = CeilDiv(P, info.bn);
   const int64_t tiles = m_tiles * n_tiles;
-  const int64_t k_tiles = CeilDiv(H, kTcBK);
-  const int64_t slots =
-      static_cast<int64_t>(ws.num_sms) * ws.tc_occupancy[static_cast<int>(in.x_dtype)][config];
+  const int64_t k_tiles = CeilDiv(H, info.bk);
+  // Split K only when the tiles cannot cover the SMs (few rows), each split at least 4 K tiles
+  // long; the partials go through a second (reduction) kernel. About one CTA per SM in general;
+  // for a single row tile with few probe tiles (R <= 64 with P up to a few hundred) about two,
+  // at most 16 splits: R=64 P=1024 64x64 took 15.3 / 12.1 / 11.7 µs with 4 / 8 / 16 splits
+  // (run 2, 16 is the most measured), and 64x16 beyond 16 probes 8 splits, as measured.
   int64_t splits = 1;
-  if (tiles < slots) splits = std::max<int64_t>(1, std::min(k_tiles / 2, slots / tiles));
-  if (ws.tuning.splits > 0) splits = std::min<int64_t>(ws.tuning.splits, k_tiles);
-  const int64_t tile_floats = static_cast<int64_t>(info.bm) * info.bn;
-  if (splits > 1 && splits * tiles * tile_floats > static_cast<int64_t>(ws.partial_floats)) {
-    splits = std::max<int64_t>(1, static_cast<int64_t>(ws.partial_floats) / (tiles * tile_floats));
+  const int64_t max_splits = std::max<int64_t>(1, k_tiles / 4);
+  if (m_tiles == 1 && tiles * 4 <= ws.num_sms) {
+    splits = std::min(max_splits, CeilDiv(2 * ws.num_sms, tiles));
+    if (config != 0) splits = std::min<int64_t>(splits, 16);
+    if (config == 0 && P > 16) splits = std::min<int64_t>(splits, 8);
+  } else if (tiles < ws.num_sms) {
+    splits = std::min(max_splits, CeilDiv(ws.num_sms, tiles));
   }
-  if (splits > 1 && tiles > kNumCounters) splits = 1;
+  if (ws.tuning.splits > 0) splits = std::min<int64_t>(ws.tuning.splits, k_tiles);
+  const int64_t partial_rows = m_tiles * info.bm, partial_ld = n_tiles * info.bn;
+  if (splits > 1 && splits * partial_rows * partial_ld > static_cast<int64_t>(ws.partial_floats)) {
+    splits =
+        std::max<int64_t>(1, static_cast<int64_t>(ws.partial_floats) / (partial_rows * partial_ld));
+  }
   if (n_tiles > 2147483647 || m_tiles > 65535 || splits > 65535) return cudaErrorInvalidValue;
 
   TcParams& p = plan->params;
@@ -434,7 +453,8 @@ cudaError_t PlanTc(const ProbeScoreParams& in, const ProbeScoreWorkspace& ws, Tc
   p.weight = w.weight[static_cast<int>(in.x_dtype)];
   p.bias = w.bias;
   p.partial = ws.partial;
-  p.counters = ws.counters;
+  p.partial_rows = static_cast<int32_t>(partial_rows);
+  p.partial_ld = static_cast<int32_t>(partial_ld);
   p.max_rows = in.max_rows;
   p.hidden = H;
   p.num_probes = P;
@@ -445,7 +465,27 @@ cudaError_t PlanTc(const ProbeScoreParams& in, const ProbeScoreWorkspace& ws, Tc
   plan->config = config;
   plan->grid = dim3(static_cast<unsigned>(n_tiles), static_cast<unsigned>(m_tiles),
                     static_cast<unsigned>(splits));
+  SplitKReduceParams& r = plan->reduce;
+  r.args = in.args;
+  r.partial = ws.partial;
+  r.bias = w.bias;
+  r.splits = p.splits;
+  r.partial_rows = p.partial_rows;
+  r.partial_ld = p.partial_ld;
+  r.max_rows = in.max_rows;
+  r.num_probes = P;
+  r.activation = p.activation;
+  plan->reduce_blocks = CeilDiv(static_cast<int64_t>(in.max_rows) * P, 256);
   return cudaSuccess;
+}
+
+cudaError_t PlanTc(const ProbeScoreParams& in, const ProbeScoreWorkspace& ws, TcPlan* plan) {
+  TcPlanInputs inputs;
+  inputs.num_sms = ws.num_sms;
+  inputs.partial_floats = ws.partial_floats;
+  inputs.partial = ws.partial;
+  inputs.tuning = ws.tuning;
+  return PlanTcFor(in, inputs, plan);
 }
 
 struct GatherPlan {
@@ -454,8 +494,9 @@ struct GatherPlan {
   int64_t ldc = 0;
 };
 
-// gather_gemm works in row chunks whose gathered rows and fp32 results fit in half of L2, so
-// that the staging round trip stays on chip; each chunk is gather -> cuBLAS -> epilogue.
+// gather_gemm: gather -> cuBLAS -> epilogue, in as few row chunks as the staging buffers
+// allow. (Chunks sized to stay in L2 were measured slower: cuBLAS loses more at small M than
+// the staging round trip costs, bench/NOTES.md run 1.)
 cudaError_t PlanGather(const ProbeScoreParams& in, const ProbeScoreWorkspace& ws,
                        GatherPlan* plan) {
   const ProbeWeights& w = *in.weights;
@@ -468,11 +509,14 @@ cudaError_t PlanGather(const ProbeScoreParams& in, const ProbeScoreWorkspace& ws
   int64_t chunk = in.max_rows;
   if (ws.tuning.gather_chunk_rows > 0) {
     chunk = std::min<int64_t>(chunk, ws.tuning.gather_chunk_rows);
-  } else {
-    const int64_t budget = ws.l2_bytes / 2;
-    while (chunk > 256 && chunk * (x_row + c_row) > budget) chunk = RoundUp(CeilDiv(chunk, 2), 64);
   }
-  chunk = std::max<int64_t>(1, std::min(chunk, cap_rows));
+  if (chunk > cap_rows) {
+    // Equal chunks rather than a full one and a small tail.
+    const int64_t n = CeilDiv(chunk, cap_rows);
+    chunk = RoundUp(CeilDiv(chunk, n), 64);
+    if (chunk > cap_rows) chunk = cap_rows;
+  }
+  chunk = std::max<int64_t>(1, chunk);
   plan->chunk_rows = chunk;
   plan->num_chunks = CeilDiv(in.max_rows, chunk);
   plan->ldc = ldc;
@@ -535,8 +579,8 @@ cudaError_t LaunchGatherGemm(const ProbeScoreParams& in, ProbeScoreWorkspace& ws
   const cudaDataType_t type = CudaType(in.x_dtype);
   for (int64_t c = 0; c < plan.num_chunks; ++c) {
     const int32_t row_begin = static_cast<int32_t>(c * plan.chunk_rows);
-    const int32_t n = static_cast<int32_t>(std::min<int64_t>(plan.chunk_rows,
-                                                             in.max_rows - row_begin));
+    const int32_t n =
+        static_cast<int32_t>(std::min<int64_t>(plan.chunk_rows, in.max_rows - row_begin));
     GatherParams gp;
     gp.args = in.args;
     gp.rows = in.rows;
@@ -558,11 +602,10 @@ cudaError_t LaunchGatherGemm(const ProbeScoreParams& in, ProbeScoreWorkspace& ws
     if ((err = cudaGetLastError()) != cudaSuccess) return err;
     // Column-major view: C^T [P, n] = W [P, H] (row-major = col-major H x P, transposed) times
     // staging^T [H, n] (row-major [n, H] = col-major H x n).
-    st = cublasGemmEx(ws.cublas, CUBLAS_OP_T, CUBLAS_OP_N, P, n, H, &one,
-                      w.weight[static_cast<int>(in.x_dtype)], type,
-                      static_cast<int>(PaddedHidden(H)), ws.staging_x, type, H, &zero,
-                      ws.staging_c, CUDA_R_32F, static_cast<int>(plan.ldc), CUBLAS_COMPUTE_32F,
-                      CUBLAS_GEMM_DEFAULT);
+    st = cublasGemmEx(
+        ws.cublas, CUBLAS_OP_T, CUBLAS_OP_N, P, n, H, &one, w.weight[static_cast<int>(in.x_dtype)],
+        type, static_cast<int>(PaddedHidden(H)), ws.staging_x, type, H, &zero, ws.staging_c,
+        CUDA_R_32F, static_cast<int>(plan.ldc), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
     if (st != CUBLAS_STATUS_SUCCESS) return FromCublas(st);
     EpilogueParams ep;
     ep.args = in.args;
@@ -573,9 +616,8 @@ cudaError_t LaunchGatherGemm(const ProbeScoreParams& in, ProbeScoreWorkspace& ws
     ep.row_begin = row_begin;
     ep.chunk_rows = n;
     ep.activation = static_cast<int32_t>(in.activation);
-    probe_score_detail::GemmEpilogueKernel<256><<<static_cast<unsigned>(
-                                                 CeilDiv(static_cast<int64_t>(n) * P, 256)),
-                                             256, 0, stream>>>(ep);
+    probe_score_detail::GemmEpilogueKernel<256>
+        <<<static_cast<unsigned>(CeilDiv(static_cast<int64_t>(n) * P, 256)), 256, 0, stream>>>(ep);
     if ((err = cudaGetLastError()) != cudaSuccess) return err;
   }
   return cudaSuccess;
@@ -625,6 +667,29 @@ cudaError_t PlanProbeScore(const ProbeScoreParams& params, ProbeScorePath path,
   return cudaErrorInvalidValue;
 }
 
+cudaError_t PlanFusedTcOnHost(int32_t max_rows, int32_t num_probes, int32_t hidden, int32_t num_sms,
+                              int32_t* config, int32_t* splits) {
+  if (config == nullptr || splits == nullptr || max_rows < 1 || num_probes < 1 || hidden < 1 ||
+      num_sms < 1) {
+    return cudaErrorInvalidValue;
+  }
+  ProbeWeights w;
+  w.num_probes = num_probes;
+  w.hidden = hidden;
+  ProbeScoreParams params;
+  params.max_rows = max_rows;
+  params.weights = &w;
+  TcPlanInputs inputs;
+  inputs.num_sms = num_sms;
+  inputs.partial_floats = kPartialBytes / 4;
+  TcPlan plan;
+  const cudaError_t err = PlanTcFor(params, inputs, &plan);
+  if (err != cudaSuccess) return err;
+  *config = plan.config;
+  *splits = plan.params.splits;
+  return cudaSuccess;
+}
+
 cudaError_t LaunchProbeScore(const ProbeScoreParams& params, ProbeScorePath path,
                              ProbeScoreWorkspace* workspace, cudaStream_t stream) {
   cudaError_t err = Validate(params, path, workspace);
@@ -640,8 +705,12 @@ cudaError_t LaunchProbeScore(const ProbeScoreParams& params, ProbeScorePath path
     case ProbeScorePath::kFusedTensorCore: {
       TcPlan tp;
       if ((err = PlanTc(params, *workspace, &tp)) != cudaSuccess) return err;
-      return probe_score_detail::LaunchFusedTcKernel(params.x_dtype, tp.config, tp.params,
-                                                     tp.grid, stream);
+      err = probe_score_detail::LaunchFusedTcKernel(params.x_dtype, tp.config, tp.params, tp.grid,
+                                                    stream);
+      if (err != cudaSuccess || tp.params.splits == 1) return err;
+      probe_score_detail::SplitKReduceKernel<256>
+          <<<static_cast<unsigned>(tp.reduce_blocks), 256, 0, stream>>>(tp.reduce);
+      return cudaGetLastError();
     }
     case ProbeScorePath::kGatherGemm:
       if ((err = LaunchGatherGemm(params, *workspace, stream)) != cudaSuccess) return err;

@@ -24,10 +24,10 @@ cudaError_t LaunchFusedCudaKernel(DType dtype, int pt_index, const FusedCudaPara
 
 // fused_tc tile configurations.
 struct TcConfigInfo {
-  int bm, bn, threads, stages, smem_bytes;
+  int bm, bn, bk, threads, stages, smem_bytes;
   const char* name;
 };
-inline constexpr int kNumTcConfigs = 3;
+inline constexpr int kNumTcConfigs = 5;
 TcConfigInfo GetTcConfig(int config);
 const void* FusedTcKernelFn(DType dtype, int config);  // nullptr for fp32
 cudaError_t LaunchFusedTcKernel(DType dtype, int config, const TcParams& params, dim3 grid,
@@ -45,8 +45,8 @@ void SetProbeScoreTuning(ProbeScoreWorkspace* workspace, const ProbeScoreTuning&
 // What LaunchProbeScore would launch (host arithmetic only).
 struct ProbeScorePlan {
   ProbeScorePath path = ProbeScorePath::kFusedCuda;
-  int32_t config = 0;      // fused_cuda: probes per pass; fused_tc: tile config index
-  int32_t splits = 1;      // K splits
+  int32_t config = 0;  // fused_cuda: probes per pass; fused_tc: tile config index
+  int32_t splits = 1;  // K splits
   int32_t grid_x = 0, grid_y = 0, grid_z = 0;
   int32_t smem_bytes = 0;
   int32_t chunk_rows = 0;  // gather_gemm
@@ -54,6 +54,11 @@ struct ProbeScorePlan {
 };
 cudaError_t PlanProbeScore(const ProbeScoreParams& params, ProbeScorePath path,
                            const ProbeScoreWorkspace* workspace, ProbeScorePlan* plan);
+
+// The fused_tc tile configuration and split count for a device with num_sms SMs: host
+// arithmetic only (no GPU needed), what LaunchProbeScore would pick with default tuning.
+cudaError_t PlanFusedTcOnHost(int32_t max_rows, int32_t num_probes, int32_t hidden, int32_t num_sms,
+                              int32_t* config, int32_t* splits);
 
 // Device properties the workspace read at creation.
 int32_t ProbeScoreWorkspaceNumSms(const ProbeScoreWorkspace* workspace);

@@ -32,18 +32,18 @@ struct FusedCudaParams {
   const int32_t* rows = nullptr;               // [max_rows]
   const float* weight = nullptr;               // [p_pad, w_row_stride] fp32, zero padded
   const float* bias = nullptr;                 // [P]
-  float* partial = nullptr;    // [splits, max_rows, probe_tiles * kPT] fp32 (splits > 1 only)
+  float* partial = nullptr;     // [splits, max_rows, probe_tiles * kPT] fp32 (splits > 1 only)
   int32_t* counters = nullptr;  // [probe_tiles * row_groups], zero between launches
   int32_t max_rows = 0;
-  int32_t hidden = 0;           // H
-  int32_t num_probes = 0;       // P
-  int32_t w_row_stride = 0;     // elements, multiple of kHiddenPad
-  int32_t splits = 1;           // K splits (gridDim.y)
-  int32_t k_per_split = 0;      // elements, a multiple of the chunk granularity (32 * vector)
-  int32_t k_per_smem = 0;       // elements of W held in shared memory at once (same multiple)
-  int32_t row_groups = 0;       // gridDim.x; block g handles row blocks g, g + row_groups, ...
-  int32_t probe_tiles = 0;      // gridDim.z
-  int32_t activation = 0;       // Activation
+  int32_t hidden = 0;        // H
+  int32_t num_probes = 0;    // P
+  int32_t w_row_stride = 0;  // elements, multiple of kHiddenPad
+  int32_t splits = 1;        // K splits (gridDim.y)
+  int32_t k_per_split = 0;   // elements, a multiple of the chunk granularity (32 * vector)
+  int32_t k_per_smem = 0;    // elements of W held in shared memory at once (same multiple)
+  int32_t row_groups = 0;    // gridDim.x; block g handles row blocks g, g + row_groups, ...
+  int32_t probe_tiles = 0;   // gridDim.z
+  int32_t activation = 0;    // Activation
 };
 
 struct TcParams {
@@ -51,30 +51,45 @@ struct TcParams {
   const int32_t* rows = nullptr;               // [max_rows]
   const void* weight = nullptr;  // [p_pad, w_row_stride] bf16/fp16 (the activation dtype)
   const float* bias = nullptr;   // [P]
-  float* partial = nullptr;      // [tiles, splits, BM * BN] fp32, fragment order (splits > 1)
-  int32_t* counters = nullptr;   // [tiles], zero between launches
+  float* partial = nullptr;      // [splits, partial_rows, partial_ld] fp32 (splits > 1 only)
+  int32_t partial_rows = 0;      // m_tiles * BM
+  int32_t partial_ld = 0;        // n_tiles * BN, elements
   int32_t max_rows = 0;
-  int32_t hidden = 0;            // H, a multiple of 8
-  int32_t num_probes = 0;        // P
-  int32_t w_row_stride = 0;      // elements, multiple of kHiddenPad
-  int32_t k_tiles = 0;           // ceil(H / 64)
-  int32_t splits = 1;            // gridDim.z
+  int32_t hidden = 0;        // H, a multiple of 8
+  int32_t num_probes = 0;    // P
+  int32_t w_row_stride = 0;  // elements, multiple of kHiddenPad
+  int32_t k_tiles = 0;       // ceil(H / BK)
+  int32_t splits = 1;        // gridDim.z
+  int32_t activation = 0;
+};
+
+// The split-K reduction of fused_tc: a second kernel, so the sum runs in split order on every
+// SM at once (deterministic, no counters) instead of in one last-arriving CTA.
+struct SplitKReduceParams {
+  const ProbeScoreDeviceArgs* args = nullptr;  // device
+  const float* partial = nullptr;              // [splits, partial_rows, partial_ld]
+  const float* bias = nullptr;                 // [P]
+  int32_t splits = 0;
+  int32_t partial_rows = 0;
+  int32_t partial_ld = 0;
+  int32_t max_rows = 0;
+  int32_t num_probes = 0;
   int32_t activation = 0;
 };
 
 struct GatherParams {
   const ProbeScoreDeviceArgs* args = nullptr;  // device
   const int32_t* rows = nullptr;               // [max_rows]
-  void* staging = nullptr;  // [chunk_rows, hidden] x dtype, contiguous
+  void* staging = nullptr;                     // [chunk_rows, hidden] x dtype, contiguous
   int32_t hidden = 0;
-  int32_t row_begin = 0;    // first output row of this chunk
+  int32_t row_begin = 0;  // first output row of this chunk
   int32_t chunk_rows = 0;
 };
 
 struct EpilogueParams {
   const ProbeScoreDeviceArgs* args = nullptr;  // device
-  const float* c = nullptr;  // [chunk_rows, ldc] fp32, the GEMM result for rows row_begin..
-  int32_t ldc = 0;           // elements
+  const float* c = nullptr;     // [chunk_rows, ldc] fp32, the GEMM result for rows row_begin..
+  int32_t ldc = 0;              // elements
   const float* bias = nullptr;  // [P]
   int32_t num_probes = 0;
   int32_t row_begin = 0;
@@ -167,6 +182,29 @@ __device__ __forceinline__ uint4 LdStream16(const void* p) {
   return v;
 }
 
+// cp.async (16 bytes, zero-filled when !valid), its groups, and ldmatrix.
+__device__ __forceinline__ uint32_t SmemAddr(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+__device__ __forceinline__ void CpAsync16(uint32_t dst, const void* src, bool valid) {
+  const int src_size = valid ? 16 : 0;
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(src_size)
+               : "memory");
+}
+__device__ __forceinline__ void CpAsyncCommit() {
+  asm volatile("cp.async.commit_group;\n" ::: "memory");
+}
+template <int N>
+__device__ __forceinline__ void CpAsyncWait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+}
+__device__ __forceinline__ void LdMatrixX4(uint32_t (&r)[4], uint32_t addr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr)
+               : "memory");
+}
+
 // Whether 16-byte vector loads of every row are legal: base pointer and row pitch 16-byte
 // aligned. Rows of an odd stride or at an odd offset are only 2-byte aligned.
 template <typename T>
@@ -241,57 +279,82 @@ template <typename T, int kPT>
 __global__ void __launch_bounds__(kFusedThreads, 2)
     FusedCudaKernel(const __grid_constant__ FusedCudaParams p) {
   constexpr int kVec = Elem<T>::kVec;
-  // Chunk steps per loop iteration: 2, so 8 independent 16-byte loads are in flight per lane;
-  // 1 for 16-bit inputs with 16 probes, where 64 accumulators leave no room for 32 raw words.
-  constexpr int kUnroll = (kPT >= 16 && sizeof(T) == 2) ? 1 : 2;
+  // Chunk steps per loop iteration: 4 for 1-2 probes (16 independent 16-byte loads in flight
+  // per lane: this case is purely memory-bound), 2 otherwise, 1 for 16-bit inputs with 16 probes
+  // where 64 accumulators leave no room for more raw words.
+  constexpr int kUnroll = kPT <= 2 ? 4 : ((kPT >= 16 && sizeof(T) == 2) ? 1 : 2);
   constexpr int kGran = 32 * kVec;  // elements one warp covers per chunk step
   constexpr int kN = kFusedRowsPerWarp * kPT;
   extern __shared__ float4 fused_smem[];
   float* w_s = reinterpret_cast<float*>(fused_smem);  // [kPT, k_per_smem]
 
   __shared__ int s_is_last;
-  const ProbeScoreDeviceArgs a = *p.args;
-  const int num_rows = min(a.num_rows, p.max_rows);
-  const int row_blocks = (num_rows + kFusedRowsPerBlock - 1) / kFusedRowsPerBlock;
   const int g = blockIdx.x, split = blockIdx.y, pt = blockIdx.z;
-  if (g >= row_blocks) return;  // every split of this row group leaves too: counter untouched
-
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int k_begin = split * p.k_per_split;
   const int k_len = min(p.k_per_split, p.hidden - k_begin);
   const int num_sub = (k_len + p.k_per_smem - 1) / p.k_per_smem;
   const int probe0 = pt * kPT;
   const int ldp = p.probe_tiles * kPT;  // partial row pitch
-  const bool vec_ok = RowsAre16ByteAligned<T>(a);
-  const T* x = static_cast<const T*>(a.x);
 
-  // W[probe0 .. +kPT, kb .. kb + k_per_smem) -> w_s, zero past the padded width.
+  // W[probe0 .. +kPT, kb .. kb + k_per_smem) -> w_s with cp.async, zero past the padded width.
   auto load_w = [&](int kb) {
     const int quads = p.k_per_smem / 4;
     for (int i = threadIdx.x; i < kPT * quads; i += kFusedThreads) {
       const int pp = i / quads, kk = (i % quads) * 4;
-      float4 v = make_float4(0.f, 0.f, 0.f, 0.f);
-      if (kb + kk < p.w_row_stride) {
-        v = __ldg(reinterpret_cast<const float4*>(
-            p.weight + static_cast<int64_t>(probe0 + pp) * p.w_row_stride + kb + kk));
-      }
-      reinterpret_cast<float4*>(w_s)[i] = v;
+      const bool in = kb + kk < p.w_row_stride;
+      CpAsync16(SmemAddr(w_s + 4 * i),
+                in ? static_cast<const void*>(
+                         p.weight + static_cast<int64_t>(probe0 + pp) * p.w_row_stride + kb + kk)
+                   : static_cast<const void*>(p.weight),
+                in);
     }
+    CpAsyncCommit();
   };
 
+  // What does not depend on the request goes first, so that its latency overlaps the read of
+  // the arguments: the W slice and the row indices of the first row block (read speculatively
+  // up to max_rows; indices past num_rows are never dereferenced).
+  if (num_sub == 1) load_w(k_begin);
+  int32_t row_idx[kFusedRowsPerWarp];
+  {
+    const int r0 = g * kFusedRowsPerBlock + warp * kFusedRowsPerWarp;
+#pragma unroll
+    for (int i = 0; i < kFusedRowsPerWarp; ++i) {
+      row_idx[i] = __ldg(p.rows + min(r0 + i, p.max_rows - 1));
+    }
+  }
+  const ProbeScoreDeviceArgs a = *p.args;
+  const int num_rows = min(a.num_rows, p.max_rows);
+  const int row_blocks = (num_rows + kFusedRowsPerBlock - 1) / kFusedRowsPerBlock;
+  if (g >= row_blocks) {  // every split of this row group leaves too: counter untouched
+    CpAsyncWait<0>();
+    return;
+  }
+  const bool vec_ok = RowsAre16ByteAligned<T>(a);
+  const T* x = static_cast<const T*>(a.x);
   if (num_sub == 1) {
-    load_w(k_begin);
+    CpAsyncWait<0>();
     __syncthreads();
   }
 
   for (int rb = g; rb < row_blocks; rb += p.row_groups) {
     const int r0 = rb * kFusedRowsPerBlock + warp * kFusedRowsPerWarp;
     const bool warp_active = r0 < num_rows;  // warp-uniform
+    // Rows past num_rows read row 0 (valid memory); their sums are never written.
     const T* xr[kFusedRowsPerWarp];
 #pragma unroll
     for (int i = 0; i < kFusedRowsPerWarp; ++i) {
-      const int r = min(r0 + i, num_rows - 1);
-      xr[i] = x + static_cast<int64_t>(__ldg(p.rows + r)) * a.x_row_stride + k_begin;
+      xr[i] =
+          x + (r0 + i < num_rows ? static_cast<int64_t>(row_idx[i]) * a.x_row_stride : 0) + k_begin;
+    }
+    // Prefetch the next row block's indices.
+    if (rb + p.row_groups < row_blocks) {
+      const int rn = (rb + p.row_groups) * kFusedRowsPerBlock + warp * kFusedRowsPerWarp;
+#pragma unroll
+      for (int i = 0; i < kFusedRowsPerWarp; ++i) {
+        row_idx[i] = __ldg(p.rows + min(rn + i, p.max_rows - 1));
+      }
     }
     float acc[kN];
 #pragma unroll
@@ -303,6 +366,7 @@ __global__ void __launch_bounds__(kFusedThreads, 2)
       if (num_sub > 1) {
         __syncthreads();  // the previous slice is no longer read
         load_w(k_begin + sub_begin);
+        CpAsyncWait<0>();
         __syncthreads();
       }
       if (!warp_active) continue;
@@ -313,8 +377,9 @@ __global__ void __launch_bounds__(kFusedThreads, 2)
           const int cu = c + u * kGran;
 #pragma unroll
           for (int i = 0; i < kFusedRowsPerWarp; ++i) {
-            xraw[u][i] = cu < sub_len ? LoadChunkRaw<T>(xr[i] + sub_begin + cu, sub_len - cu, vec_ok)
-                                      : make_uint4(0u, 0u, 0u, 0u);
+            xraw[u][i] = cu < sub_len
+                             ? LoadChunkRaw<T>(xr[i] + sub_begin + cu, sub_len - cu, vec_ok)
+                             : make_uint4(0u, 0u, 0u, 0u);
           }
         }
 #pragma unroll
@@ -400,36 +465,13 @@ __global__ void __launch_bounds__(kFusedThreads, 2)
 //
 // Grid (n_tiles, m_tiles, splits): n fastest, so the CTAs that share a gathered A tile run
 // together and the rows come from HBM once. Block kWM x kWN warps, each computing a
-// (kBM / kWM) x (kBN / kWN) tile. A [kBM rows of x, 64 k] is gathered row by row with
+// (kBM / kWM) x (kBN / kWN) tile. A [kBM rows of x, kBK k] is gathered row by row with
 // cp.async (16 bytes, zero-filled past num_rows and H) or, when rows are not 16-byte aligned,
-// with 2-byte loads stored synchronously; B [kBN probes, 64 k] is W, already padded. kStages
-// shared-memory stages; 128-byte smem rows with the 16-byte chunk index XOR (row % 8), so
-// ldmatrix reads 8 rows without bank conflicts. Split-K as in fused_cuda: partial tiles in
-// fragment order (float4 per thread per mma tile, coalesced), last CTA sums in split order.
-inline constexpr int kTcBK = 64;
-
-__device__ __forceinline__ uint32_t SmemAddr(const void* p) {
-  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
-__device__ __forceinline__ void CpAsync16(uint32_t dst, const void* src, bool valid) {
-  const int src_size = valid ? 16 : 0;
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src),
-               "r"(src_size)
-               : "memory");
-}
-__device__ __forceinline__ void CpAsyncCommit() {
-  asm volatile("cp.async.commit_group;\n" ::: "memory");
-}
-template <int N>
-__device__ __forceinline__ void CpAsyncWait() {
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
-}
-__device__ __forceinline__ void LdMatrixX4(uint32_t (&r)[4], uint32_t addr) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(addr)
-               : "memory");
-}
+// with 2-byte loads stored synchronously; B [kBN probes, kBK k] is W, already padded. kStages
+// shared-memory stages; smem rows of kBK elements with the 16-byte chunk index XOR (row % 8), so
+// that ldmatrix reads 8 rows without bank conflicts. A long kBK (256) makes each row's request
+// 512 contiguous bytes, which HBM serves far better than 128-byte pieces of random rows.
+// Split-K (splits > 1): each split writes its fp32 partial tile; SplitKReduceKernel sums them.
 
 template <typename T>
 __device__ __forceinline__ void Mma16816(float (&d)[4], const uint32_t (&a)[4],
@@ -449,70 +491,97 @@ __device__ __forceinline__ void Mma16816(float (&d)[4], const uint32_t (&a)[4],
   }
 }
 
-template <int kBM, int kBN, int kWM, int kWN, int kStages>
+template <int kBM, int kBN, int kBK, int kWM, int kWN, int kStages>
 struct TcShape {
   static constexpr int kThreads = kWM * kWN * 32;
   static constexpr int kWarpM = kBM / kWM;  // rows per warp
   static constexpr int kWarpN = kBN / kWN;  // probes per warp
   static constexpr int kMT = kWarpM / 16;
   static constexpr int kNT = kWarpN / 8;
-  static constexpr int kAStage = kBM * kTcBK;  // elements
-  static constexpr int kBStage = kBN * kTcBK;
+  static constexpr int kChunks = kBK / 8;    // 16-byte chunks per smem row
+  static constexpr int kAStage = kBM * kBK;  // elements
+  static constexpr int kBStage = kBN * kBK;
   static constexpr int kSmemBytes = kStages * (kAStage + kBStage) * 2;
-  static constexpr int kRowsPerPass = kThreads / 8;  // rows one pass of 16-byte chunks covers
+  static constexpr int kRowsPerPass = kThreads / kChunks;  // rows one pass of chunks covers
   static constexpr int kAIters = kBM / kRowsPerPass;
   static constexpr int kBIters = kBN / kRowsPerPass;
   static_assert(kWarpM % 16 == 0 && kWarpN % 16 == 0, "warp tile must be 16 x 16 multiples");
+  static_assert(kChunks >= 8 && kThreads % kChunks == 0, "the swizzle needs >= 8 chunks a row");
   static_assert(kBM % kRowsPerPass == 0 && kBN % kRowsPerPass == 0, "tile rows per pass");
 };
 
-template <typename T, int kBM, int kBN, int kWM, int kWN, int kStages>
-__global__ void __launch_bounds__(kWM* kWN * 32)
-    FusedTcKernel(const __grid_constant__ TcParams p) {
-  using S = TcShape<kBM, kBN, kWM, kWN, kStages>;
+template <typename T, int kBM, int kBN, int kBK, int kWM, int kWN, int kStages>
+__global__ void __launch_bounds__(kWM* kWN * 32) FusedTcKernel(const __grid_constant__ TcParams p) {
+  using S = TcShape<kBM, kBN, kBK, kWM, kWN, kStages>;
   extern __shared__ uint4 tc_smem[];
-  T* sa = reinterpret_cast<T*>(tc_smem);  // [kStages, kBM, 64] swizzled
-  T* sb = sa + kStages * S::kAStage;      // [kStages, kBN, 64] swizzled
-  __shared__ int s_is_last;
+  T* sa = reinterpret_cast<T*>(tc_smem);  // [kStages, kBM, kBK] swizzled
+  T* sb = sa + kStages * S::kAStage;      // [kStages, kBN, kBK] swizzled
 
-  const ProbeScoreDeviceArgs a = *p.args;
-  const int num_rows = min(a.num_rows, p.max_rows);
   const int n_tile = blockIdx.x, m_tile = blockIdx.y, split = blockIdx.z;
   const int m0 = m_tile * kBM, n0 = n_tile * kBN;
-  if (m0 >= num_rows) return;  // all splits of this tile leave: counter untouched
-
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
   const int warp_m = warp / kWN, warp_n = warp % kWN;
-  const bool vec_ok = RowsAre16ByteAligned<T>(a);
-  const T* x = static_cast<const T*>(a.x);
   const T* w = static_cast<const T*>(p.weight);
-
-  // This thread's 16-byte chunk column and its gathered rows (fixed for the whole K loop).
-  const int chunk = tid % 8;
-  const T* a_row[S::kAIters];
-  bool a_valid[S::kAIters];
-#pragma unroll
-  for (int i = 0; i < S::kAIters; ++i) {
-    const int m = m0 + tid / 8 + i * S::kRowsPerPass;
-    a_valid[i] = m < num_rows;
-    a_row[i] = a_valid[i] ? x + static_cast<int64_t>(__ldg(p.rows + m)) * a.x_row_stride : x;
-  }
-
+  const int chunk = tid % S::kChunks;  // this thread's 16-byte chunk column
+  const int row0 = tid / S::kChunks;   // and its first tile row
   const int kt_begin = (split * p.k_tiles) / p.splits;
   const int kt_end = ((split + 1) * p.k_tiles) / p.splits;
   const int nkt = kt_end - kt_begin;
 
-  auto load_tile = [&](int stage, int kt) {
-    const int k = kt * kTcBK + chunk * 8;
+  auto load_b = [&](int stage, int kt) {
+    const int k = kt * kBK + chunk * 8;
+    const bool w_in = k < p.w_row_stride;  // W is zero-padded to w_row_stride columns
+#pragma unroll
+    for (int i = 0; i < S::kBIters; ++i) {
+      const int r = row0 + i * S::kRowsPerPass;
+      T* dst = sb + stage * S::kBStage + r * kBK + ((chunk ^ (r & 7)) * 8);
+      CpAsync16(
+          SmemAddr(dst),
+          w_in ? static_cast<const void*>(w + static_cast<int64_t>(n0 + r) * p.w_row_stride + k)
+               : p.weight,
+          w_in);
+    }
+  };
+
+  // Request-independent work first, overlapping the read of the arguments: the W tiles of the
+  // prologue stages (they join the first cp.async group) and the row indices of this tile, read
+  // speculatively up to max_rows (indices past num_rows are never dereferenced).
+#pragma unroll
+  for (int st = 0; st < kStages - 1; ++st) {
+    if (st < nkt) load_b(st, kt_begin + st);
+  }
+  int32_t row_idx[S::kAIters];
+#pragma unroll
+  for (int i = 0; i < S::kAIters; ++i) {
+    row_idx[i] = __ldg(p.rows + min(m0 + row0 + i * S::kRowsPerPass, p.max_rows - 1));
+  }
+
+  const ProbeScoreDeviceArgs a = *p.args;
+  const int num_rows = min(a.num_rows, p.max_rows);
+  if (m0 >= num_rows) {
+    CpAsyncWait<0>();
+    return;
+  }
+  const bool vec_ok = RowsAre16ByteAligned<T>(a);
+  const T* x = static_cast<const T*>(a.x);
+  const T* a_row[S::kAIters];
+  bool a_valid[S::kAIters];
+#pragma unroll
+  for (int i = 0; i < S::kAIters; ++i) {
+    a_valid[i] = m0 + row0 + i * S::kRowsPerPass < num_rows;
+    a_row[i] = a_valid[i] ? x + static_cast<int64_t>(row_idx[i]) * a.x_row_stride : x;
+  }
+
+  auto load_a = [&](int stage, int kt) {
+    const int k = kt * kBK + chunk * 8;
     const bool k_in = k < p.hidden;  // H % 8 == 0: a chunk is wholly in or out
 #pragma unroll
     for (int i = 0; i < S::kAIters; ++i) {
-      const int r = tid / 8 + i * S::kRowsPerPass;
-      T* dst = sa + stage * S::kAStage + r * kTcBK + ((chunk ^ (r & 7)) * 8);
+      const int r = row0 + i * S::kRowsPerPass;
+      T* dst = sa + stage * S::kAStage + r * kBK + ((chunk ^ (r & 7)) * 8);
       const bool valid = a_valid[i] && k_in;
       if (vec_ok) {
-        CpAsync16(SmemAddr(dst), valid ? static_cast<const void*>(a_row[i] + k) : p.weight,
-                  valid);
+        CpAsync16(SmemAddr(dst), valid ? static_cast<const void*>(a_row[i] + k) : p.weight, valid);
       } else {
         uint32_t h[8];
         const uint16_t* src = reinterpret_cast<const uint16_t*>(a_row[i] + k);
@@ -521,14 +590,6 @@ __global__ void __launch_bounds__(kWM* kWN * 32)
         *reinterpret_cast<uint4*>(dst) = make_uint4(h[0] | (h[1] << 16), h[2] | (h[3] << 16),
                                                     h[4] | (h[5] << 16), h[6] | (h[7] << 16));
       }
-    }
-#pragma unroll
-    for (int i = 0; i < S::kBIters; ++i) {
-      const int r = tid / 8 + i * S::kRowsPerPass;
-      T* dst = sb + stage * S::kBStage + r * kTcBK + ((chunk ^ (r & 7)) * 8);
-      CpAsync16(SmemAddr(dst), w + static_cast<int64_t>(n0 + r) * p.w_row_stride + kt * kTcBK +
-                                   chunk * 8,
-                true);
     }
   };
 
@@ -542,7 +603,7 @@ __global__ void __launch_bounds__(kWM* kWN * 32)
 
 #pragma unroll
   for (int st = 0; st < kStages - 1; ++st) {
-    if (st < nkt) load_tile(st, kt_begin + st);
+    if (st < nkt) load_a(st, kt_begin + st);
     CpAsyncCommit();
   }
 
@@ -550,28 +611,31 @@ __global__ void __launch_bounds__(kWM* kWN * 32)
     CpAsyncWait<kStages - 2>();
     __syncthreads();
     const int next = it + kStages - 1;
-    if (next < nkt) load_tile(next % kStages, kt_begin + next);
+    if (next < nkt) {
+      load_a(next % kStages, kt_begin + next);
+      load_b(next % kStages, kt_begin + next);
+    }
     CpAsyncCommit();
 
     const int stage = it % kStages;
     const T* sa_st = sa + stage * S::kAStage;
     const T* sb_st = sb + stage * S::kBStage;
 #pragma unroll
-    for (int kk = 0; kk < kTcBK / 16; ++kk) {
+    for (int kk = 0; kk < kBK / 16; ++kk) {
       uint32_t af[S::kMT][4];
       uint32_t bf[S::kNT][2];
 #pragma unroll
       for (int mt = 0; mt < S::kMT; ++mt) {
         const int r = warp_m * S::kWarpM + mt * 16 + (lane % 16);
         const int c = kk * 2 + lane / 16;
-        LdMatrixX4(af[mt], SmemAddr(sa_st + r * kTcBK + ((c ^ (r & 7)) * 8)));
+        LdMatrixX4(af[mt], SmemAddr(sa_st + r * kBK + ((c ^ (r & 7)) * 8)));
       }
 #pragma unroll
       for (int np = 0; np < S::kNT / 2; ++np) {
         const int r = warp_n * S::kWarpN + np * 16 + (lane / 16) * 8 + (lane % 8);
         const int c = kk * 2 + (lane / 8) % 2;
         uint32_t t[4];
-        LdMatrixX4(t, SmemAddr(sb_st + r * kTcBK + ((c ^ (r & 7)) * 8)));
+        LdMatrixX4(t, SmemAddr(sb_st + r * kBK + ((c ^ (r & 7)) * 8)));
         bf[2 * np][0] = t[0];
         bf[2 * np][1] = t[1];
         bf[2 * np + 1][0] = t[2];
@@ -585,17 +649,18 @@ __global__ void __launch_bounds__(kWM* kWN * 32)
   }
   CpAsyncWait<0>();
 
+  // Fragment (mt, nt): c0, c1 at (row g, cols 2t, 2t+1), c2, c3 at (row g + 8, same cols).
   const int g = lane / 4, t4 = lane % 4;
-  auto store_out = [&]() {
 #pragma unroll
-    for (int mt = 0; mt < S::kMT; ++mt) {
+  for (int mt = 0; mt < S::kMT; ++mt) {
 #pragma unroll
-      for (int nt = 0; nt < S::kNT; ++nt) {
-        const int col = n0 + warp_n * S::kWarpN + nt * 8 + 2 * t4;
+    for (int nt = 0; nt < S::kNT; ++nt) {
+      const int col = n0 + warp_n * S::kWarpN + nt * 8 + 2 * t4;
 #pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          const int row = m0 + warp_m * S::kWarpM + mt * 16 + g + 8 * h;
-          if (row >= num_rows) continue;
+      for (int h = 0; h < 2; ++h) {
+        const int row = m0 + warp_m * S::kWarpM + mt * 16 + g + 8 * h;
+        if (row >= num_rows) continue;
+        if (p.splits == 1) {
           float* o = a.out + static_cast<int64_t>(row) * a.out_row_stride;
 #pragma unroll
           for (int e = 0; e < 2; ++e) {
@@ -603,62 +668,34 @@ __global__ void __launch_bounds__(kWM* kWN * 32)
               o[col + e] = Activate(p.activation, acc[mt][nt][2 * h + e] + __ldg(p.bias + col + e));
             }
           }
+        } else {
+          float* o =
+              p.partial + (static_cast<int64_t>(split) * p.partial_rows + row) * p.partial_ld + col;
+          __stcg(reinterpret_cast<float2*>(o),
+                 make_float2(acc[mt][nt][2 * h], acc[mt][nt][2 * h + 1]));
         }
       }
     }
-  };
+  }
+}
 
-  if (p.splits == 1) {
-    store_out();
-    return;
-  }
-
-  // Split-K: partial tile of this split, in fragment order.
-  const int tile = m_tile * gridDim.x + n_tile;
-  constexpr int kFragFloats = S::kMT * S::kNT * 4;
-  auto frag_ptr = [&](int s, int mt, int nt) {
-    return p.partial +
-           ((static_cast<int64_t>(tile) * p.splits + s) * (S::kMT * S::kNT) + mt * S::kNT + nt) *
-               (S::kThreads * 4) +
-           tid * 4;
-  };
-  static_assert(kFragFloats > 0, "");
-#pragma unroll
-  for (int mt = 0; mt < S::kMT; ++mt) {
-    if (m0 + warp_m * S::kWarpM + mt * 16 >= num_rows) continue;
-#pragma unroll
-    for (int nt = 0; nt < S::kNT; ++nt) {
-      __stcg(reinterpret_cast<float4*>(frag_ptr(split, mt, nt)),
-             make_float4(acc[mt][nt][0], acc[mt][nt][1], acc[mt][nt][2], acc[mt][nt][3]));
-    }
-  }
-  __threadfence();
-  __syncthreads();
-  if (tid == 0) s_is_last = atomicAdd(p.counters + tile, 1) == p.splits - 1;
-  __syncthreads();
-  if (!s_is_last) return;
-  __threadfence();
-#pragma unroll
-  for (int mt = 0; mt < S::kMT; ++mt) {
-    if (m0 + warp_m * S::kWarpM + mt * 16 >= num_rows) continue;
-#pragma unroll
-    for (int nt = 0; nt < S::kNT; ++nt) {
-      float4 sum = make_float4(0.f, 0.f, 0.f, 0.f);
-      for (int s = 0; s < p.splits; ++s) {
-        const float4 v = __ldcg(reinterpret_cast<const float4*>(frag_ptr(s, mt, nt)));
-        sum.x += v.x;
-        sum.y += v.y;
-        sum.z += v.z;
-        sum.w += v.w;
-      }
-      acc[mt][nt][0] = sum.x;
-      acc[mt][nt][1] = sum.y;
-      acc[mt][nt][2] = sum.z;
-      acc[mt][nt][3] = sum.w;
-    }
-  }
-  store_out();
-  if (tid == 0) p.counters[tile] = 0;
+// Grid ceil(max_rows * P / kThreads), block kThreads: out[r, p] = act(sum over splits, in
+// order, of the partials + bias) for the rows below num_rows.
+template <int kThreads>
+__global__ void __launch_bounds__(kThreads)
+    SplitKReduceKernel(const __grid_constant__ SplitKReduceParams p) {
+  const ProbeScoreDeviceArgs a = *p.args;
+  const int num_rows = min(a.num_rows, p.max_rows);
+  const int64_t idx = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x;
+  const int row = static_cast<int>(idx / p.num_probes);
+  const int probe = static_cast<int>(idx % p.num_probes);
+  if (row >= num_rows) return;
+  const float* src = p.partial + static_cast<int64_t>(row) * p.partial_ld + probe;
+  const int64_t split_stride = static_cast<int64_t>(p.partial_rows) * p.partial_ld;
+  float sum = 0.0f;
+  for (int s = 0; s < p.splits; ++s) sum += __ldcg(src + s * split_stride);
+  a.out[static_cast<int64_t>(row) * a.out_row_stride + probe] =
+      Activate(p.activation, sum + __ldg(p.bias + probe));
 }
 
 // ------------------------------------------------------------------------------------------
@@ -674,7 +711,8 @@ __global__ void __launch_bounds__(256) GatherRowsKernel(const __grid_constant__ 
   const int row = p.row_begin + local;
   const int lane = threadIdx.x % 32;
   if (local >= p.chunk_rows || row >= a.num_rows) return;
-  const T* src = static_cast<const T*>(a.x) + static_cast<int64_t>(__ldg(p.rows + row)) * a.x_row_stride;
+  const T* src =
+      static_cast<const T*>(a.x) + static_cast<int64_t>(__ldg(p.rows + row)) * a.x_row_stride;
   T* dst = static_cast<T*>(p.staging) + static_cast<int64_t>(local) * p.hidden;
   const bool vec_ok = RowsAre16ByteAligned<T>(a) && p.hidden % kVec == 0;
   if (vec_ok) {
@@ -705,8 +743,8 @@ __global__ void __launch_bounds__(kThreads)
   const int row = p.row_begin + local;
   if (local >= p.chunk_rows || row >= a.num_rows) return;
   a.out[static_cast<int64_t>(row) * a.out_row_stride + probe] =
-      Activate(p.activation, __ldcg(p.c + static_cast<int64_t>(local) * p.ldc + probe) +
-                                 __ldg(p.bias + probe));
+      Activate(p.activation,
+               __ldcg(p.c + static_cast<int64_t>(local) * p.ldc + probe) + __ldg(p.bias + probe));
 }
 
 }  // namespace probesidecar::kernels::probe_score_detail

@@ -184,10 +184,10 @@ TEST(DTypeTest, HalfSubnormalsTiesAndOverflow) {
   EXPECT_EQ(HalfToFloat(0x03ff), std::ldexp(1023.0f, -24));
   EXPECT_EQ(HalfToFloat(0x0400), std::ldexp(1.0f, -14));
   EXPECT_EQ(FloatToHalf(tiny), 0x0001);
-  EXPECT_EQ(FloatToHalf(std::ldexp(1.0f, -25)), 0x0000);        // tie -> even (0)
-  EXPECT_EQ(FloatToHalf(std::ldexp(3.0f, -25)), 0x0002);        // 1.5 units -> 2
-  EXPECT_EQ(FloatToHalf(std::ldexp(2047.0f, -25)), 0x0400);     // 1023.5 units -> normal
-  EXPECT_EQ(FloatToHalf(-std::ldexp(1.0f, -26)), 0x8000);       // underflow keeps the sign
+  EXPECT_EQ(FloatToHalf(std::ldexp(1.0f, -25)), 0x0000);         // tie -> even (0)
+  EXPECT_EQ(FloatToHalf(std::ldexp(3.0f, -25)), 0x0002);         // 1.5 units -> 2
+  EXPECT_EQ(FloatToHalf(std::ldexp(2047.0f, -25)), 0x0400);      // 1023.5 units -> normal
+  EXPECT_EQ(FloatToHalf(-std::ldexp(1.0f, -26)), 0x8000);        // underflow keeps the sign
   EXPECT_EQ(FloatToHalf(1.0f + std::ldexp(1.0f, -11)), 0x3c00);  // tie -> even
   EXPECT_EQ(FloatToHalf(1.0f + std::ldexp(3.0f, -11)), 0x3c02);  // tie -> even (up)
   EXPECT_EQ(FloatToHalf(65504.0f), 0x7bff);
@@ -238,7 +238,8 @@ TEST(ProbeScoreDispatchTest, ChoosesASupportedPathEverywhere) {
 
 TEST(ProbeScoreDispatchTest, SupportRules) {
   EXPECT_FALSE(ProbeScorePathSupports(ProbeScorePath::kFusedTensorCore, DType::kFloat32, 16, 4096));
-  EXPECT_FALSE(ProbeScorePathSupports(ProbeScorePath::kFusedTensorCore, DType::kBFloat16, 16, 4100));
+  EXPECT_FALSE(
+      ProbeScorePathSupports(ProbeScorePath::kFusedTensorCore, DType::kBFloat16, 16, 4100));
   EXPECT_TRUE(ProbeScorePathSupports(ProbeScorePath::kFusedTensorCore, DType::kFloat16, 1, 4104));
   EXPECT_TRUE(ProbeScorePathSupports(ProbeScorePath::kFusedCuda, DType::kFloat32, 4096, 7));
   EXPECT_TRUE(ProbeScorePathSupports(ProbeScorePath::kGatherGemm, DType::kBFloat16, 1, 1));

@@ -27,10 +27,10 @@
 namespace probesidecar::kernels {
 namespace {
 
-#define CUDA_ASSERT(expr)                                                        \
-  do {                                                                           \
-    const cudaError_t err_ = (expr);                                             \
-    ASSERT_EQ(err_, cudaSuccess) << #expr << ": " << cudaGetErrorString(err_);   \
+#define CUDA_ASSERT(expr)                                                      \
+  do {                                                                         \
+    const cudaError_t err_ = (expr);                                           \
+    ASSERT_EQ(err_, cudaSuccess) << #expr << ": " << cudaGetErrorString(err_); \
   } while (0)
 
 constexpr uint32_t kPoisonBits = 0x7fc0dead;  // a quiet NaN with a payload no kernel produces
@@ -49,16 +49,16 @@ __device__ uint64_t Mix(uint64_t x) {
 // x buffer of `total` elements: element i belongs to row (i - offset) / stride, column
 // (i - offset) % stride; columns >= H and elements before `offset` are NaN, so that any read
 // outside the rows' [0, H) shows up in the result.
-__global__ void FillActivations(void* buf, int dtype, int64_t total, int64_t offset,
-                                int64_t stride, int32_t hidden, uint64_t seed) {
+__global__ void FillActivations(void* buf, int dtype, int64_t total, int64_t offset, int64_t stride,
+                                int32_t hidden, uint64_t seed) {
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < total;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     const int64_t j = i - offset;
     const bool inside = j >= 0 && (j % stride) < hidden;
-    const float v = inside ? static_cast<float>((Mix(seed ^ static_cast<uint64_t>(i)) >> 40) *
-                                                    (1.0 / 16777216.0) * 2.0 -
-                                                1.0)
-                           : __int_as_float(0x7fc00001);
+    const float v =
+        inside ? static_cast<float>(
+                     (Mix(seed ^ static_cast<uint64_t>(i)) >> 40) * (1.0 / 16777216.0) * 2.0 - 1.0)
+               : __int_as_float(0x7fc00001);
     if (dtype == static_cast<int>(DType::kFloat32)) {
       static_cast<float*>(buf)[i] = v;
     } else if (dtype == static_cast<int>(DType::kFloat16)) {
@@ -100,8 +100,8 @@ __global__ void RefF64Kernel(const void* x, int dtype, int64_t stride, const int
   double acc = 0.0;
   for (int h0 = 0; h0 < H; h0 += 32) {
     xs[ty][tx] = (load_row && h0 + tx < H) ? LoadF(x, dtype, xbase + h0 + tx) : 0.0f;
-    ws[ty][tx] = (p0 + ty < P && h0 + tx < H) ? w[static_cast<int64_t>(p0 + ty) * H + h0 + tx]
-                                              : 0.0f;
+    ws[ty][tx] =
+        (p0 + ty < P && h0 + tx < H) ? w[static_cast<int64_t>(p0 + ty) * H + h0 + tx] : 0.0f;
     __syncthreads();
 #pragma unroll 8
     for (int k = 0; k < 32; ++k) acc += static_cast<double>(xs[ty][k]) * ws[tx][k];
@@ -158,10 +158,8 @@ struct Layout {
   const char* name;
 };
 constexpr Layout kLayouts[] = {
-    {0, 0, "contiguous"},
-    {64, 0, "padded"},
-    {1, 1, "odd stride+offset 1"},
-    {8, 3, "offset 3 (2-byte aligned)"},
+    {0, 0, "contiguous"},          {64, 0, "padded"},
+    {1, 1, "odd stride+offset 1"}, {8, 3, "offset 3 (2-byte aligned)"},
     {8, 8, "stride+8 offset 8"},
 };
 constexpr int kNumLayouts = sizeof(kLayouts) / sizeof(kLayouts[0]);
@@ -191,10 +189,10 @@ class Problem {
   ~Problem() { Free(); }
 
   void Free() {
-    for (void* p : {static_cast<void*>(x_), static_cast<void*>(rows_d_),
-                    static_cast<void*>(args_d_), static_cast<void*>(out_),
-                    static_cast<void*>(w_ref_d_), static_cast<void*>(b_ref_d_),
-                    static_cast<void*>(ref_d_)}) {
+    for (void* p :
+         {static_cast<void*>(x_), static_cast<void*>(rows_d_), static_cast<void*>(args_d_),
+          static_cast<void*>(out_), static_cast<void*>(w_ref_d_), static_cast<void*>(b_ref_d_),
+          static_cast<void*>(ref_d_)}) {
       if (p != nullptr) cudaFree(p);
     }
     x_ = nullptr;
@@ -215,8 +213,8 @@ class Problem {
     total_ = l.offset + T_ * stride_ + 16;
     const int64_t elem = DTypeSize(c.dtype);
     CUDA_ASSERT(cudaMalloc(&x_, total_ * elem));
-    FillActivations<<<2048, 256>>>(x_, static_cast<int>(c.dtype), total_, l.offset, stride_,
-                                   c.H, c.seed);
+    FillActivations<<<2048, 256>>>(x_, static_cast<int>(c.dtype), total_, l.offset, stride_, c.H,
+                                   c.seed);
     CUDA_ASSERT(cudaGetLastError());
     x_rows_ = static_cast<char*>(x_) + l.offset * elem;
 
@@ -228,8 +226,8 @@ class Problem {
     if (c.R >= 3) rows_[c.R / 2] = 0;
     if (c.R >= 1) rows_[c.R - 1] = static_cast<int32_t>(T_ - 1);
     CUDA_ASSERT(cudaMalloc(&rows_d_, rows_.size() * sizeof(int32_t)));
-    CUDA_ASSERT(cudaMemcpy(rows_d_, rows_.data(), rows_.size() * sizeof(int32_t),
-                           cudaMemcpyHostToDevice));
+    CUDA_ASSERT(
+        cudaMemcpy(rows_d_, rows_.data(), rows_.size() * sizeof(int32_t), cudaMemcpyHostToDevice));
 
     out_stride_ = c.P + c.out_extra;
     out_elems_ = static_cast<int64_t>(c.max_rows) * out_stride_;
@@ -245,10 +243,10 @@ class Problem {
     // Reference: float64 on the device, spot-checked against ProbeScoreRefF64 below.
     CUDA_ASSERT(cudaMalloc(&w_ref_d_, hw.w.size() * sizeof(float)));
     CUDA_ASSERT(cudaMalloc(&b_ref_d_, hw.b.size() * sizeof(float)));
-    CUDA_ASSERT(cudaMemcpy(w_ref_d_, hw.w.data(), hw.w.size() * sizeof(float),
-                           cudaMemcpyHostToDevice));
-    CUDA_ASSERT(cudaMemcpy(b_ref_d_, hw.b.data(), hw.b.size() * sizeof(float),
-                           cudaMemcpyHostToDevice));
+    CUDA_ASSERT(
+        cudaMemcpy(w_ref_d_, hw.w.data(), hw.w.size() * sizeof(float), cudaMemcpyHostToDevice));
+    CUDA_ASSERT(
+        cudaMemcpy(b_ref_d_, hw.b.data(), hw.b.size() * sizeof(float), cudaMemcpyHostToDevice));
     ref_.assign(static_cast<size_t>(c.R) * c.P, 0.0);
     if (c.R > 0) {
       CUDA_ASSERT(cudaMalloc(&ref_d_, ref_.size() * sizeof(double)));
@@ -257,8 +255,8 @@ class Problem {
                                            c.R, w_ref_d_, b_ref_d_, c.P, c.H,
                                            static_cast<int>(c.act), ref_d_);
       CUDA_ASSERT(cudaGetLastError());
-      CUDA_ASSERT(cudaMemcpy(ref_.data(), ref_d_, ref_.size() * sizeof(double),
-                             cudaMemcpyDeviceToHost));
+      CUDA_ASSERT(
+          cudaMemcpy(ref_.data(), ref_d_, ref_.size() * sizeof(double), cudaMemcpyDeviceToHost));
       CheckDeviceRefAgainstCpu(hw);
     }
   }
@@ -423,8 +421,7 @@ class ProbeScoreGpuTest : public ::testing::Test {
 
   static ProbeScoreWorkspace* ws_;
   static cudaError_t ws_status_;
-  static std::map<std::tuple<int, int32_t, int32_t>, std::pair<HostWeights, ProbeWeights>>
-      weights_;
+  static std::map<std::tuple<int, int32_t, int32_t>, std::pair<HostWeights, ProbeWeights>> weights_;
   cudaStream_t stream_ = nullptr;
 };
 
@@ -547,6 +544,9 @@ TEST_F(ProbeScoreGpuTest, ForcedConfigsAndSplits) {
       {DType::kFloat16, 1000, 2048, 16, 1000, 0, 1, Activation::kSigmoid, 12},
       {DType::kBFloat16, 7, 5120, 1024, 64, 3, 0, Activation::kNone, 13},
       {DType::kFloat32, 129, 4096, 40, 130, 1, 0, Activation::kNone, 14},
+      // K tails inside a 256-wide tile (configs with BK 128 / 256) and a single short K tile.
+      {DType::kBFloat16, 50, 1000, 16, 64, 3, 0, Activation::kNone, 15},
+      {DType::kFloat16, 33, 40, 3, 40, 0, 1, Activation::kSigmoid, 16},
   };
   for (int config = 0; config < probe_score_detail::kNumTcConfigs; ++config) {
     for (int splits : {1, 3, 16}) {
@@ -592,12 +592,10 @@ TEST_F(ProbeScoreGpuTest, RejectsUnsupported) {
   EXPECT_EQ(LaunchProbeScore(p, ProbeScorePath::kFusedTensorCore, ws_, stream_),
             cudaErrorInvalidValue);
   p.max_rows = kWsMaxRows + 1;
-  EXPECT_EQ(LaunchProbeScore(p, ProbeScorePath::kFusedCuda, ws_, stream_),
-            cudaErrorInvalidValue);
+  EXPECT_EQ(LaunchProbeScore(p, ProbeScorePath::kFusedCuda, ws_, stream_), cudaErrorInvalidValue);
   p.max_rows = 64;
   p.weights = nullptr;
-  EXPECT_EQ(LaunchProbeScore(p, ProbeScorePath::kFusedCuda, ws_, stream_),
-            cudaErrorInvalidValue);
+  EXPECT_EQ(LaunchProbeScore(p, ProbeScorePath::kFusedCuda, ws_, stream_), cudaErrorInvalidValue);
   EXPECT_EQ(cudaGetLastError(), cudaSuccess);
 }
 

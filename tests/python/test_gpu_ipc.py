@@ -1,0 +1,245 @@
+"""Zero-copy serving on a real GPU: a torch process owns bf16 hidden states, registers them over
+CUDA IPC, and scores them through the CUDA backend; float64 torch is the reference.
+
+Runs on the GPU machine (tests/gpu/run.sh); skipped where torch or a CUDA device is missing.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+
+import grpc
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch", reason="no CUDA device: torch is not installed")
+if not torch.cuda.is_available():
+    pytest.skip("no CUDA device: torch.cuda.is_available() is False", allow_module_level=True)
+
+from conftest import Sidecar  # noqa: E402
+from probe_files import safetensors_bytes  # noqa: E402
+from probe_sidecar import ProbeSidecarError  # noqa: E402
+from probe_sidecar.torch import TorchClient  # noqa: E402
+from probesidecar.v1 import buffers_pb2  # noqa: E402
+
+H = 4096
+
+
+def bf16_probe_file(weight: torch.Tensor, bias: torch.Tensor, activation: str = "none") -> bytes:
+    """A probe set whose bf16 weights are exactly the torch tensors' (raw bits)."""
+    w = weight.to(torch.bfloat16).cpu().view(torch.int16).numpy().view(np.uint16)
+    b = bias.to(torch.bfloat16).cpu().view(torch.int16).numpy().view(np.uint16)
+    return safetensors_bytes({"weight": (w, "bf16"), "bias": (b, "bf16")}, {"activation": activation})
+
+
+def reference(x: torch.Tensor, rows, weight, bias, activation="none") -> torch.Tensor:
+    """torch's own index_select + addmm, in float64."""
+    idx = torch.as_tensor(rows, device=x.device, dtype=torch.long)
+    scores = torch.addmm(bias.to(torch.bfloat16).double(), x.index_select(0, idx).double(),
+                         weight.to(torch.bfloat16).double().t())
+    return torch.sigmoid(scores) if activation == "sigmoid" else scores
+
+
+def rel_error(out, ref) -> float:
+    out = torch.as_tensor(out, dtype=torch.float64, device=ref.device)
+    return float(torch.linalg.norm(out - ref) / torch.linalg.norm(ref))
+
+
+@pytest.fixture(scope="module")
+def sidecar():
+    with Sidecar(["--backend=cuda", "--warmup-rows=1,64"]) as s:
+        yield s
+        assert s.process.poll() is None, s.log()
+
+
+@pytest.fixture(scope="module")
+def probe_sets(sidecar):
+    torch.manual_seed(0)
+    sets = {}
+    with sidecar.client() as c:
+        for name, p, activation in [("p1", 1, "none"), ("p16", 16, "sigmoid"), ("p128", 128, "none"),
+                                    ("p1024", 1024, "none")]:
+            weight = torch.randn(p, H, device="cuda") / H**0.5
+            bias = torch.randn(p, device="cuda") * 0.1
+            c.load_probe_set(name, data=bf16_probe_file(weight, bias, activation))
+            sets[name] = (weight, bias, activation)
+    return sets
+
+
+@pytest.fixture
+def tclient(sidecar):
+    with TorchClient(sidecar.uds_target) as c:
+        yield c
+
+
+def test_server_runs_the_cuda_backend(sidecar):
+    with sidecar.client() as c:
+        info = c.server_info()
+    assert info.backend == "cuda"
+    assert info.device_name
+
+
+@pytest.mark.parametrize("name", ["p1", "p16", "p128", "p1024"])
+@pytest.mark.parametrize("num_rows", [1, 7, 64, 1000, 8192])
+def test_ipc_scores_match_torch_float64(tclient, probe_sets, name, num_rows):
+    weight, bias, activation = probe_sets[name]
+    x = torch.randn(16384, H, device="cuda", dtype=torch.bfloat16)
+    rows = torch.randint(0, 16384, (num_rows,)).tolist()
+    rows[0] = 16383  # boundary row
+    if num_rows > 2:
+        rows[1] = rows[2]  # duplicate
+    result = tclient.score(x, rows, name)
+    assert result.scores.shape == (num_rows, weight.shape[0])
+    assert result.kernel_path in {"fused_cuda", "fused_tc", "gather_gemm"}
+    assert rel_error(result.scores, reference(x, rows, weight, bias, activation)) <= 1e-3
+
+
+def test_sub_views_at_nonzero_offsets_and_strided_rows(tclient, probe_sets):
+    weight, bias, activation = probe_sets["p16"]
+    big = torch.randn(3000, H + 320, device="cuda", dtype=torch.bfloat16)
+    view = big[1000:2500, 64:64 + H]  # storage offset 1000 rows + 64 elements; row stride H + 320
+    assert view.storage_offset() > 0 and view.stride(0) == H + 320
+    rows = list(range(0, 1500, 7))
+    result = tclient.score(view, rows, "p16")
+    assert rel_error(result.scores, reference(view, rows, weight, bias, activation)) <= 1e-3
+    # A second view of the same storage reuses the registration.
+    other = big[5:9, 100:100 + H]
+    result = tclient.score(other, [3, 0], "p16")
+    assert rel_error(result.scores, reference(other, [3, 0], weight, bias, activation)) <= 1e-3
+    assert len(tclient._registered) == 1
+
+
+def test_two_tensors_in_one_allocation_share_a_mapping(sidecar, tclient, probe_sets):
+    weight, bias, activation = probe_sets["p1"]
+    # Small tensors come out of one 2 MB cudaMalloc segment of torch's caching allocator: two
+    # storages, one allocation, one IPC handle.
+    tensors = [torch.randn(8, H, device="cuda", dtype=torch.bfloat16) for _ in range(16)]
+    by_handle = {}
+    for t in tensors:
+        by_handle.setdefault(bytes(t.untyped_storage()._share_cuda_()[1]), []).append(t)
+    t1, t2 = next(group for group in by_handle.values() if len(group) >= 2)[:2]
+    assert t1.untyped_storage().data_ptr() != t2.untyped_storage().data_ptr()
+    r1, r2 = tclient.register(t1), tclient.register(t2)
+    assert r1.buffer_id != r2.buffer_id
+    assert r2.shared_mapping  # the second registration reuses the first one's mapping
+    for t in (t1, t2):
+        result = tclient.score(t, [0, 7], "p1")
+        assert rel_error(result.scores, reference(t, [0, 7], weight, bias, activation)) <= 1e-3
+
+
+def test_output_buffer(tclient, probe_sets):
+    weight, bias, activation = probe_sets["p128"]
+    x = torch.randn(512, H, device="cuda", dtype=torch.bfloat16)
+    rows = list(range(0, 512, 3))
+    out = torch.full((len(rows), 128), float("nan"), device="cuda")
+    result = tclient.score(x, rows, "p128", out=out)
+    assert result.scores.size == 0
+    torch.cuda.synchronize()
+    assert not torch.isnan(out).any()
+    assert rel_error(out, reference(x, rows, weight, bias, activation)) <= 1e-3
+
+
+def test_bad_references_are_refused(tclient, probe_sets):
+    x = torch.randn(8, H, device="cuda", dtype=torch.bfloat16)
+    with pytest.raises(ProbeSidecarError) as error:
+        tclient.score(x, [8], "p1")
+    assert error.value.code == grpc.StatusCode.INVALID_ARGUMENT
+    ref = tclient.tensor_ref(x)
+    ref.shape[0] = 10**6  # extent past the registered window
+    from probesidecar.v1 import score_pb2
+    request = score_pb2.ScoreRequest(probe_set="p1", rows=[0], activations=ref)
+    with pytest.raises(ProbeSidecarError) as error:
+        tclient.client._call(tclient.client.stub.Score, request)
+    assert error.value.code == grpc.StatusCode.INVALID_ARGUMENT and "past the end" in error.value.message
+    ref.shape[0] = 4  # leaves room in the window, so the offset's alignment is what is wrong
+    ref.buffer.offset_bytes = 1  # misaligned
+    request = score_pb2.ScoreRequest(probe_set="p1", rows=[0], activations=ref)
+    with pytest.raises(ProbeSidecarError) as error:
+        tclient.client._call(tclient.client.stub.Score, request)
+    assert "misaligned" in error.value.message
+    bogus = buffers_pb2.RegisterBufferRequest(handle=b"\x07" * 64, byte_size=16)
+    with pytest.raises(ProbeSidecarError) as error:
+        tclient.client._call(tclient.client.stub.RegisterBuffer, bogus)
+    assert error.value.code == grpc.StatusCode.INVALID_ARGUMENT and "cudaIpcOpenMemHandle" in error.value.message
+
+
+def test_unregister_while_in_flight_is_deferred(sidecar, tclient, probe_sets):
+    weight, bias, activation = probe_sets["p1024"]
+    x = torch.randn(16384, H, device="cuda", dtype=torch.bfloat16)
+    rows = torch.randint(0, 16384, (8192,)).tolist()
+    tclient.register(x)
+    results, deferred = [], []
+
+    def score_many():
+        for _ in range(20):
+            results.append(tclient.score(x, rows, "p1024"))
+
+    thread = threading.Thread(target=score_many)
+    thread.start()
+    time.sleep(0.05)
+    deferred.append(tclient.unregister(x))
+    thread.join(timeout=60)
+    # Requests admitted before the unregister finished correctly; later ones were refused.
+    ref = reference(x, rows, weight, bias, activation)
+    assert results and all(rel_error(r.scores, ref) <= 1e-3 for r in results)
+
+
+def test_client_that_dies_without_unregistering_is_released(sidecar, probe_sets):
+    child = textwrap.dedent(f"""
+        import os, torch
+        from probe_sidecar.torch import TorchClient
+        c = TorchClient({sidecar.uds_target!r})
+        x = torch.randn(1024, {H}, device="cuda", dtype=torch.bfloat16)
+        c.score(x, [0, 1], "p1")
+        print("buffer", c.register(x).buffer_id, flush=True)
+        os._exit(0)  # no unregister, no close
+    """)
+    out = subprocess.run([sys.executable, "-c", child], capture_output=True, text=True, timeout=120)
+    assert "buffer" in out.stdout, out.stderr
+    buffer_id = int(out.stdout.split()[-1])
+    with sidecar.client() as c:
+        deadline = time.monotonic() + 10
+        listed = True
+        while listed and time.monotonic() < deadline:
+            buffers = c.stub.ListBuffers(buffers_pb2.ListBuffersRequest(), timeout=10).buffers
+            listed = any(b.buffer_id == buffer_id for b in buffers)
+            time.sleep(0.02)
+        assert not listed, "the dead client's buffer is still registered"
+        assert "closed: its buffers are released" in sidecar.log()
+        # and the server keeps serving
+        x = np.random.default_rng(0).standard_normal((2, H)).astype(np.float32)
+        assert c.score(x, [1], "p1").scores.shape == (1, 1)
+
+
+def test_expandable_segments_are_refused_with_the_fix(sidecar):
+    child = textwrap.dedent(f"""
+        import torch
+        from probe_sidecar.torch import TorchClient
+        from probe_sidecar import ProbeSidecarError
+        c = TorchClient({sidecar.uds_target!r})
+        x = torch.randn(64, {H}, device="cuda", dtype=torch.bfloat16)
+        try:
+            c.register(x)
+            print("accepted")
+        except ProbeSidecarError as e:
+            print(e.code.name, e.message)
+    """)
+    env = dict(os.environ, PYTORCH_CUDA_ALLOC_CONF="expandable_segments:True")
+    out = subprocess.run([sys.executable, "-c", child], capture_output=True, text=True, timeout=120, env=env)
+    assert "UNIMPLEMENTED" in out.stdout and "expandable_segments" in out.stdout, out.stdout + out.stderr
+
+
+def test_graph_cache_replays(sidecar, tclient, probe_sets):
+    x = torch.randn(256, H, device="cuda", dtype=torch.bfloat16)
+    with sidecar.client() as c:
+        before = c.server_info().graph_cache
+        for _ in range(20):
+            tclient.score(x, [1, 2, 3], "p16")
+        after = c.server_info().graph_cache
+    assert after.hits - before.hits >= 19
+    assert after.captures - before.captures <= 1

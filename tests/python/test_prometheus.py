@@ -1,0 +1,481 @@
+"""A real Prometheus (Debian's `prometheus` package) scrapes a real probe-sidecar while a client
+drives traffic, failures included; then every query of dashboards/probe-sidecar.json and every
+rule of dashboards/prometheus/alerts.yml is evaluated through Prometheus' HTTP API.
+
+Also: promtool checks the scrape configs and the rules, runs the rules' unit tests, and the
+dashboard and the Grafana provisioning files have the structure Grafana needs."""
+
+from __future__ import annotations
+
+import json
+import math
+import pathlib
+import re
+import shutil
+import socket
+import subprocess
+import tempfile
+import threading
+import time
+
+import numpy as np
+import pytest
+import requests
+import yaml
+
+from conftest import Sidecar
+from probe_files import ProbeFile
+from probe_sidecar import ProbeSidecarError, score_request
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+DASHBOARDS = ROOT / "dashboards"
+DASHBOARD = DASHBOARDS / "probe-sidecar.json"
+ALERTS = DASHBOARDS / "prometheus" / "alerts.yml"
+ALERTS_TEST = DASHBOARDS / "prometheus" / "alerts_test.yml"
+SCRAPE_CONFIG = DASHBOARDS / "prometheus" / "prometheus.yml"
+JOB = "probe-sidecar"  # the job name alerts.yml's ProbeSidecarDown selects
+RATE_INTERVAL = "30s"  # what $__rate_interval becomes (Grafana: >= 4 scrape intervals)
+TRAFFIC_SECONDS = 6.0
+H = 64
+LARGEST_FINITE_BUCKET = 1.0  # seconds: histogram_quantile never returns more
+
+# Queries that legitimately have no data on the CPU backend: (panel title, refId) -> why. They
+# must still be valid PromQL (status success) and must return an empty vector here.
+NO_DATA_ON_CPU = {
+    ("Device copies (h2d, d2h)", "A"): "the h2d/d2h stages exist only on the CUDA backend",
+    ("Device copies (h2d, d2h)", "B"): "the h2d/d2h stages exist only on the CUDA backend",
+}
+# Queries whose series exist but whose value is undefined (NaN) on the CPU backend.
+NAN_ON_CPU = {
+    ("Graph cache activity", "E"): "hit ratio = hits / (hits + misses) = 0/0: no CUDA graphs",
+}
+
+
+def binary(name: str) -> str:
+    path = shutil.which(name) or f"/usr/bin/{name}"
+    if not pathlib.Path(path).exists():
+        pytest.fail(f"{name} is not installed: this test needs a real Prometheus. Install Debian's "
+                    f"'prometheus' package (apt-get install prometheus; deploy/setup-debian.sh "
+                    f"test does it)", pytrace=False)
+    return path
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def promtool(*args: str) -> str:
+    result = subprocess.run([binary("promtool"), *args], capture_output=True, text=True,
+                            timeout=60)
+    assert result.returncode == 0, f"promtool {' '.join(args)}:\n{result.stdout}{result.stderr}"
+    return result.stdout + result.stderr
+
+
+# --- the dashboard -------------------------------------------------------------------------
+
+
+def dashboard() -> dict:
+    return json.loads(DASHBOARD.read_text())
+
+
+def all_panels(panels: list) -> list:
+    out = []
+    for panel in panels:
+        out.append(panel)
+        out.extend(all_panels(panel.get("panels", [])))  # collapsed rows hold their panels
+    return out
+
+
+def dashboard_queries() -> list[tuple[str, str, str, str]]:
+    """(panel title, refId, expr, unit) of every query of every panel."""
+    queries = []
+    for panel in all_panels(dashboard()["panels"]):
+        unit = panel.get("fieldConfig", {}).get("defaults", {}).get("unit", "")
+        for target in panel.get("targets", []):
+            queries.append((panel["title"], target["refId"], target["expr"], unit))
+    return queries
+
+
+def render(expr: str, instance: str) -> str:
+    """What Grafana sends: $__rate_interval and the (regex-escaped) instance substituted."""
+    instance_regex = re.escape(instance).replace("\\", "\\\\")  # inside a PromQL "string"
+    return (expr.replace("$__rate_interval", RATE_INTERVAL)
+            .replace("${instance}", instance_regex).replace("$instance", instance_regex))
+
+
+def test_dashboard_structure():
+    d = dashboard()
+    assert d["schemaVersion"] >= 36
+    variables = {v["name"]: v for v in d["templating"]["list"]}
+    assert variables["datasource"]["type"] == "datasource"
+    assert variables["datasource"]["query"] == "prometheus"
+    instance = variables["instance"]
+    assert instance["type"] == "query" and instance["multi"] is True
+    assert instance["datasource"] == {"type": "prometheus", "uid": "${datasource}"}
+    query = instance["query"]["query"] if isinstance(instance["query"], dict) else instance["query"]
+    assert query == "label_values(probesidecar_build_info, instance)"
+
+    panels = all_panels(d["panels"])
+    ids = [p["id"] for p in panels]
+    assert len(ids) == len(set(ids)), "panel ids must be unique"
+    for panel in panels:
+        grid = panel["gridPos"]
+        assert 0 <= grid["x"] and grid["x"] + grid["w"] <= 24, panel["title"]
+        if panel["type"] == "row":
+            continue
+        assert panel["datasource"] == {"type": "prometheus", "uid": "${datasource}"}, panel["title"]
+        assert panel["targets"], panel["title"]
+        for target in panel["targets"]:
+            assert target["datasource"]["uid"] == "${datasource}"
+    exprs = [q[2] for q in dashboard_queries()]
+    assert len(exprs) >= 30
+    for expr in exprs:
+        # Every selector honours the instance selector; every window is $__rate_interval.
+        for selector in re.findall(r"\{([^}]*)\}", expr):
+            assert 'instance=~"$instance"' in selector, expr
+        assert re.findall(r"\[([^\]]*)\]", expr) in ([], ["$__rate_interval"] * expr.count("[")), expr
+        if "histogram_quantile" in expr:
+            assert re.search(r"histogram_quantile\(0\.\d+, sum by \(le[,)]", expr), expr
+    titles = {q[0] for q in dashboard_queries()}
+    for needed in ("RPC rate by RPC", "Error ratio", "RPC latency p50", "RPC latency p90",
+                   "RPC latency p99", "Stage latency p99", "Kernel GPU time by kernel path",
+                   "In flight", "Registered buffers", "Graph cache activity"):
+        assert needed in titles, needed
+    assert set(NO_DATA_ON_CPU) | set(NAN_ON_CPU) <= {(q[0], q[1]) for q in dashboard_queries()}
+
+
+def test_grafana_provisioning_files():
+    ds = yaml.safe_load((DASHBOARDS / "provisioning/datasources/prometheus.yaml").read_text())
+    assert ds["apiVersion"] == 1
+    assert [d["type"] for d in ds["datasources"]] == ["prometheus"]
+    assert ds["datasources"][0]["url"].startswith("http")
+    prov = yaml.safe_load((DASHBOARDS / "provisioning/dashboards/probe-sidecar.yaml").read_text())
+    assert prov["apiVersion"] == 1
+    (provider,) = prov["providers"]
+    assert provider["type"] == "file" and provider["options"]["path"]
+
+
+def test_promtool_checks_the_shipped_config_and_rules():
+    assert "SUCCESS" in promtool("check", "config", str(SCRAPE_CONFIG))
+    assert "SUCCESS: 4 rules found" in promtool("check", "rules", str(ALERTS))
+    assert "SUCCESS" in promtool("test", "rules", str(ALERTS_TEST))
+    scrape = yaml.safe_load(SCRAPE_CONFIG.read_text())
+    (job,) = scrape["scrape_configs"]
+    assert job["job_name"] == JOB
+    assert job["static_configs"][0]["targets"] == ["127.0.0.1:9464"]
+
+
+# --- the live stack ------------------------------------------------------------------------
+
+
+class Prometheus:
+    def __init__(self, target: str, workdir: pathlib.Path):
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.config = workdir / "prometheus.yml"
+        self.config.write_text(yaml.safe_dump({
+            "global": {"scrape_interval": "1s", "scrape_timeout": "1s",
+                       "evaluation_interval": "1s"},
+            "rule_files": [str(ALERTS)],
+            "scrape_configs": [{"job_name": JOB, "static_configs": [{"targets": [target]}]}],
+        }))
+        self.log_path = workdir / "prometheus.log"
+        self._log = open(self.log_path, "wb")
+        self.process = subprocess.Popen(
+            [binary("prometheus"), f"--config.file={self.config}",
+             f"--storage.tsdb.path={workdir / 'data'}",
+             f"--web.listen-address=127.0.0.1:{self.port}", "--log.level=warn"],
+            stdout=self._log, stderr=subprocess.STDOUT)
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                if requests.get(f"{self.url}/-/ready", timeout=1).status_code == 200:
+                    break
+            except requests.ConnectionError:
+                pass
+            if self.process.poll() is not None or time.monotonic() > deadline:
+                self.stop()
+                raise RuntimeError(f"prometheus did not start:\n{self.log_path.read_text()}")
+            time.sleep(0.1)
+
+    def api(self, path: str, **params):
+        response = requests.get(f"{self.url}/api/v1/{path}", params=params, timeout=10)
+        body = response.json()
+        assert response.status_code == 200 and body["status"] == "success", (path, params, body)
+        return body["data"]
+
+    def query(self, expr: str, at: float | None = None) -> list[dict]:
+        params = {"query": expr}
+        if at is not None:
+            params["time"] = f"{at:.3f}"
+        data = self.api("query", **params)
+        assert data["resultType"] == "vector", (expr, data)
+        return data["result"]
+
+    def wait_for(self, what: str, condition, timeout: float = 20.0):
+        deadline = time.monotonic() + timeout
+        while True:
+            result = condition()
+            if result:
+                return result
+            if time.monotonic() > deadline:
+                raise AssertionError(f"timed out waiting for {what}\n{self.log_path.read_text()}")
+            time.sleep(0.2)
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+        self._log.close()
+
+
+def drive_traffic(sidecar: Sidecar, seconds: float) -> dict:
+    """Good Scores on two probe sets, failing ones (NOT_FOUND, INVALID_ARGUMENT), a few other RPCs
+    and ScoreStream messages. Returns how many of each the client saw."""
+    seen = {"ok": 0, "not_found": 0, "invalid": 0}
+    x = np.random.default_rng(0).standard_normal((8, H)).astype(np.float32)
+    demo_x = np.random.default_rng(1).standard_normal((2, 4096)).astype(np.float32)
+    with sidecar.client() as c:
+        deadline = time.monotonic() + seconds
+        i = 0
+        while time.monotonic() < deadline:
+            c.score(x, [0, 3, 7], "prom_p3")
+            c.score(demo_x, [1], "demo")
+            seen["ok"] += 2
+            try:
+                c.score(x, [0], "no_such_probe_set")
+            except ProbeSidecarError as e:
+                assert e.code.name == "NOT_FOUND"
+                seen["not_found"] += 1
+            try:
+                c.score(x, [0, 8], "prom_p3")  # row 8 of 8 rows
+            except ProbeSidecarError as e:
+                assert e.code.name == "INVALID_ARGUMENT"
+                seen["invalid"] += 1
+            if i % 20 == 0:
+                c.server_info()
+                c.list_probe_sets()
+                stream = [score_request(x, [1, 2], "prom_p3") for _ in range(5)]
+                assert all(not isinstance(r, ProbeSidecarError) for r in c.score_stream(stream))
+            i += 1
+    return seen
+
+
+@pytest.fixture(scope="module")
+def stack():
+    """A sidecar, a Prometheus scraping it every second, and TRAFFIC_SECONDS of traffic."""
+    binary("prometheus")
+    workdir = pathlib.Path(tempfile.mkdtemp(prefix="probe-sidecar-prometheus-"))
+    sidecar = Sidecar(["--backend=cpu"]).start()
+    prometheus = None
+    try:
+        with sidecar.client() as c:
+            c.load_probe_set("prom_p3", data=ProbeFile(3, H, seed=5).data)
+        prometheus = Prometheus(sidecar.metrics_address, workdir)
+        instance = sidecar.metrics_address
+
+        def target_up():
+            targets = prometheus.api("targets")["activeTargets"]
+            return [t for t in targets if t["labels"]["instance"] == instance
+                    and t["health"] == "up"]
+
+        prometheus.wait_for("the sidecar's first scrape", target_up)
+        seen = drive_traffic(sidecar, TRAFFIC_SECONDS)
+        time.sleep(2.5)  # two more scrapes after the last request: the final counts are in
+        at = time.time()
+        stack = {"sidecar": sidecar, "prometheus": prometheus, "instance": instance, "at": at,
+                 "seen": seen}
+        # At least two scrapes saw the counters change while the traffic ran.
+        changes = prometheus.query(
+            f'changes(probesidecar_rpc_requests_total{{rpc="Score", code="OK"}}[{RATE_INTERVAL}])',
+            at)
+        assert changes and float(changes[0]["value"][1]) >= 2, changes
+        yield stack
+    finally:
+        if prometheus is not None:
+            prometheus.stop()
+        sidecar.close()
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
+def values(result: list[dict]) -> list[float]:
+    return [float(r["value"][1]) for r in result]
+
+
+def finite(result: list[dict]) -> list[float]:
+    return [v for v in values(result) if not math.isnan(v)]
+
+
+def series(result: list[dict], **labels) -> list[float]:
+    return [float(r["value"][1]) for r in result
+            if all(r["metric"].get(k) == v for k, v in labels.items())]
+
+
+# Expectations beyond "non-empty, sane" for some panels: title -> check(result by refId, stack).
+def _check_up(r, s):
+    assert values(r["A"]) == [1.0]
+
+
+def _check_rates(r, s):
+    assert series(r["A"], rpc="Score")[0] > 0
+    assert series(r["A"], rpc="ScoreStream")[0] > 0
+    assert series(r["A"], rpc="ServerInfo")[0] > 0
+
+
+def _check_errors(r, s):
+    assert series(r["A"], rpc="Score", code="NOT_FOUND")[0] > 0
+    assert series(r["A"], rpc="Score", code="INVALID_ARGUMENT")[0] > 0
+    assert not series(r["A"], code="OK")
+
+
+def _check_error_ratio(r, s):
+    seen = s["seen"]
+    expected = (seen["not_found"] + seen["invalid"]) / (
+        seen["ok"] + seen["not_found"] + seen["invalid"])
+    (score_ratio,) = series(r["A"], rpc="Score")
+    assert abs(score_ratio - expected) < 0.1, (score_ratio, expected)
+    (overall,) = values(r["B"])
+    assert 0 < overall < score_ratio
+
+
+def _check_score_by_set(r, s):
+    assert series(r["A"], probe_set="prom_p3", kernel_path="cpu")[0] > 0
+    assert series(r["A"], probe_set="demo", kernel_path="cpu")[0] > 0
+    assert not series(r["A"], probe_set="no_such_probe_set")
+
+
+def _check_stages(r, s):
+    assert {x["metric"]["stage"] for x in r["A"]} == {"queue", "kernel", "total"}
+    assert all(not math.isnan(v) for v in values(r["A"]))
+
+
+def _check_kernel_paths(r, s):
+    for ref in "ABC":
+        assert [x["metric"]["kernel_path"] for x in r[ref]] == ["cpu"]
+
+
+def _check_build(r, s):
+    (build,) = r["A"]
+    assert build["metric"]["backend"] == "cpu" and build["metric"]["version"]
+
+
+def _check_probe_sets(r, s):
+    assert values(r["A"]) == [2.0]  # demo + prom_p3
+
+
+PANEL_CHECKS = {
+    "Up": _check_up,
+    "RPC rate by RPC": _check_rates,
+    "Errors by RPC and code": _check_errors,
+    "Error ratio": _check_error_ratio,
+    "Score rate by probe set and kernel path": _check_score_by_set,
+    "Stage latency p50": _check_stages,
+    "Stage latency p99": _check_stages,
+    "Kernel GPU time by kernel path": _check_kernel_paths,
+    "Build": _check_build,
+    "Probe sets loaded": _check_probe_sets,
+}
+
+
+def test_every_dashboard_query_returns_data(stack):
+    prometheus, instance, at = stack["prometheus"], stack["instance"], stack["at"]
+    queries = dashboard_queries()
+    by_panel: dict[str, dict[str, list]] = {}
+    for title, ref, expr, unit in queries:
+        promql = render(expr, instance)
+        assert "$" not in promql, promql
+        result = prometheus.query(promql, at)
+        by_panel.setdefault(title, {})[ref] = result
+        where = f"{title} [{ref}]: {promql} -> {result}"
+        if (title, ref) in NO_DATA_ON_CPU:
+            assert result == [], where
+            continue
+        assert result, f"no data: {where}"
+        for r in result:
+            assert r["metric"].get("instance", instance) == instance, where
+        if (title, ref) in NAN_ON_CPU:
+            assert all(math.isnan(v) for v in values(result)), where
+            continue
+        good = finite(result)
+        # NaN only where a quantile/ratio has no traffic in the window for some series.
+        if "histogram_quantile" in expr or " / " in expr:
+            assert good, f"only NaN: {where}"
+        else:
+            assert len(good) == len(result), where
+        assert all(v >= 0 and not math.isinf(v) for v in good), where
+        if "histogram_quantile" in expr:
+            assert all(v <= LARGEST_FINITE_BUCKET for v in good), where
+        if unit == "percentunit":
+            assert all(v <= 1 for v in good), where
+    assert sum(len(refs) for refs in by_panel.values()) == len(queries)
+    for title, check in PANEL_CHECKS.items():
+        check(by_panel[title], stack)
+
+
+def test_instance_variable_lists_the_sidecar(stack):
+    prometheus = stack["prometheus"]
+    # label_values(probesidecar_build_info, instance), as Grafana asks for it.
+    names = prometheus.api("label/instance/values", **{"match[]": "probesidecar_build_info"})
+    assert names == [stack["instance"]]
+
+
+def alert_rules(prometheus: Prometheus) -> list[dict]:
+    return [rule for group in prometheus.api("rules")["groups"] for rule in group["rules"]]
+
+
+def test_alert_rules_load_and_evaluate(stack):
+    prometheus, at = stack["prometheus"], stack["at"]
+    shipped = yaml.safe_load(ALERTS.read_text())
+    names = [r["alert"] for g in shipped["groups"] for r in g["rules"]]
+    for rule in (r for g in shipped["groups"] for r in g["rules"]):
+        assert rule.get("for") is not None, rule["alert"]
+        assert rule["labels"]["severity"] in ("warning", "critical"), rule["alert"]
+        assert rule["annotations"]["summary"] and rule["annotations"]["description"]
+
+    def evaluated():
+        rules = alert_rules(prometheus)
+        done = all(r.get("lastEvaluation", "0001").startswith("20") for r in rules)
+        return rules if done and len(rules) == len(names) else None
+
+    rules = prometheus.wait_for("every rule to be evaluated", evaluated)
+    assert sorted(r["name"] for r in rules) == sorted(names)
+    by_name = {}
+    for rule in rules:
+        assert rule["type"] == "alerting"
+        assert rule["health"] in ("ok", "unknown") and not rule.get("lastError"), rule
+        by_name[rule["name"]] = prometheus.query(rule["query"], at)
+    # The sidecar is up and had no CUDA errors; half of its Scores failed on purpose.
+    assert by_name["ProbeSidecarDown"] == []
+    assert by_name["ProbeSidecarCudaErrors"] == []
+    (ratio,) = by_name["ProbeSidecarHighErrorRatio"]
+    assert ratio["metric"]["instance"] == stack["instance"] and 0.05 < float(ratio["value"][1]) < 1
+    assert all(v <= LARGEST_FINITE_BUCKET for v in values(by_name["ProbeSidecarScoreLatencyHigh"]))
+    # And the error-ratio alert is pending (its `for` has not elapsed).
+    states = {r["name"]: r["state"] for r in alert_rules(prometheus)}
+    assert states["ProbeSidecarHighErrorRatio"] in ("pending", "firing"), states
+    assert states["ProbeSidecarDown"] == "inactive", states
+
+
+def test_promtool_checks_the_generated_config(stack):
+    assert "SUCCESS" in promtool("check", "config", str(stack["prometheus"].config))
+
+
+def test_down_alert_when_the_sidecar_stops(stack):
+    """Last: stops the sidecar; `up` drops to 0 and ProbeSidecarDown goes pending."""
+    prometheus, sidecar = stack["prometheus"], stack["sidecar"]
+    sidecar.stop()
+    down = prometheus.wait_for(
+        "up == 0", lambda: prometheus.query(f'up{{job="{JOB}"}} == 0'), timeout=15)
+    assert down[0]["metric"]["instance"] == stack["instance"]
+
+    def pending():
+        states = {r["name"]: r["state"] for r in alert_rules(prometheus)}
+        return states["ProbeSidecarDown"] in ("pending", "firing")
+
+    prometheus.wait_for("ProbeSidecarDown to be pending", pending, timeout=15)
