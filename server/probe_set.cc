@@ -26,34 +26,6 @@ constexpr size_t kMaxNameLength = 128;
 
 absl::Status Invalid(absl::string_view message) { return absl::InvalidArgumentError(message); }
 
-// Quotes a string from the file for a message: control characters escaped, long ones cut.
-std::string Quote(absl::string_view text) {
-  constexpr size_t kMaxBytes = 96;
-  std::string out = "\"";
-  size_t i = 0;
-  for (; i < text.size() && i < kMaxBytes; ++i) {
-    const unsigned char c = static_cast<unsigned char>(text[i]);
-    if (c == '"' || c == '\\') {
-      out.push_back('\\');
-      out.push_back(static_cast<char>(c));
-    } else if (c < 0x20 || c == 0x7f) {
-      constexpr char kHex[] = "0123456789abcdef";
-      out += "\\x";
-      out.push_back(kHex[c >> 4]);
-      out.push_back(kHex[c & 0xf]);
-    } else {
-      out.push_back(static_cast<char>(c));
-    }
-  }
-  if (i < text.size()) {
-    while (!out.empty() && (static_cast<unsigned char>(out.back()) & 0xc0) == 0x80) out.pop_back();
-    if (!out.empty() && static_cast<unsigned char>(out.back()) >= 0xc0) out.pop_back();
-    absl::StrAppend(&out, "...(", text.size(), " bytes)");
-  }
-  out.push_back('"');
-  return out;
-}
-
 struct NestedValue {};
 
 // Parses a metadata value that must be a flat JSON array (no nested arrays or objects: no
@@ -148,7 +120,7 @@ absl::Status ParseProbeNames(const std::map<std::string, std::string>& metadata,
     if (probes[i].name.empty()) return Invalid(absl::StrCat("probe_names[", i, "] is empty"));
     auto [prev, inserted] = seen.emplace(probes[i].name, i);
     if (!inserted) {
-      return Invalid(absl::StrCat("probe_names[", i, "] ", Quote(probes[i].name),
+      return Invalid(absl::StrCat("probe_names[", i, "] ", QuoteForMessage(probes[i].name),
                                   " duplicates probe_names[", prev->second, "]"));
     }
   }
@@ -187,7 +159,7 @@ absl::StatusOr<kernels::Activation> ParseActivation(
   auto it = metadata.find("activation");
   if (it == metadata.end() || it->second == "none") return kernels::Activation::kNone;
   if (it->second == "sigmoid") return kernels::Activation::kSigmoid;
-  return Invalid(absl::StrCat("metadata \"activation\" is ", Quote(it->second),
+  return Invalid(absl::StrCat("metadata \"activation\" is ", QuoteForMessage(it->second),
                               "; expected \"none\" or \"sigmoid\""));
 }
 
@@ -209,8 +181,9 @@ absl::Status ValidateProbeSetName(absl::string_view name) {
     const bool ok = (c >= 'A' && c <= 'Z') || (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') ||
                     c == '_' || c == '.' || c == '-';
     if (!ok) {
-      return Invalid(absl::StrCat("probe set name ", Quote(name), " has an invalid character at ",
-                                  i, " (allowed: A-Z a-z 0-9 _ . -)"));
+      return Invalid(absl::StrCat("probe set name ", QuoteForMessage(name),
+                                  " has an invalid character at ", i,
+                                  " (allowed: A-Z a-z 0-9 _ . -)"));
     }
   }
   return absl::OkStatus();
@@ -223,7 +196,7 @@ absl::StatusOr<std::shared_ptr<ProbeSet>> ProbeSetFromSafetensors(absl::string_v
   if (absl::Status status = ValidateProbeSetName(name); !status.ok()) return status;
   for (const SafetensorsTensor& tensor : file.tensors()) {
     if (tensor.name != "weight" && tensor.name != "bias") {
-      return Invalid(absl::StrCat("unexpected tensor ", Quote(tensor.name),
+      return Invalid(absl::StrCat("unexpected tensor ", QuoteForMessage(tensor.name),
                                   " (a probe set has exactly \"weight\" and \"bias\")"));
     }
   }

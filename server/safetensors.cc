@@ -47,36 +47,6 @@ int DTypeRank(absl::string_view dtype) {
   return -1;
 }
 
-// Names come from the (untrusted) file: quote them, escape control characters and cut long ones
-// so that messages stay one readable line.
-std::string Quote(absl::string_view text) {
-  constexpr size_t kMaxBytes = 96;
-  std::string out = "\"";
-  size_t i = 0;
-  for (; i < text.size() && i < kMaxBytes; ++i) {
-    const unsigned char c = static_cast<unsigned char>(text[i]);
-    if (c == '"' || c == '\\') {
-      out.push_back('\\');
-      out.push_back(static_cast<char>(c));
-    } else if (c < 0x20 || c == 0x7f) {
-      constexpr char kHex[] = "0123456789abcdef";
-      out += "\\x";
-      out.push_back(kHex[c >> 4]);
-      out.push_back(kHex[c & 0xf]);
-    } else {
-      out.push_back(static_cast<char>(c));
-    }
-  }
-  if (i < text.size()) {
-    // Do not end inside a UTF-8 sequence.
-    while (!out.empty() && (static_cast<unsigned char>(out.back()) & 0xc0) == 0x80) out.pop_back();
-    if (!out.empty() && static_cast<unsigned char>(out.back()) >= 0xc0) out.pop_back();
-    absl::StrAppend(&out, "...(", text.size(), " bytes)");
-  }
-  out.push_back('"');
-  return out;
-}
-
 std::string ShapeString(const std::vector<int64_t>& shape) {
   return absl::StrCat("[", absl::StrJoin(shape, ", "), "]");
 }
@@ -153,7 +123,7 @@ class HeaderGuard {
         Level& level = levels_.back();
         if (!level.keys.insert(*key).second) {
           throw HeaderRefusal{
-              Invalid(absl::StrCat("header has a duplicate key ", Quote(*key), Where()))};
+              Invalid(absl::StrCat("header has a duplicate key ", QuoteForMessage(*key), Where()))};
         }
         level.current_key = *key;
         if (levels_.size() == 1 && *key != kMetadataKey) {
@@ -182,8 +152,8 @@ class HeaderGuard {
   std::string Where() const {
     if (levels_.size() < 2 || !levels_.front().is_object) return "";
     const std::string& outer = levels_.front().current_key;
-    if (outer == kMetadataKey) return absl::StrCat(" in ", Quote(outer));
-    return absl::StrCat(" in tensor ", Quote(outer));
+    if (outer == kMetadataKey) return absl::StrCat(" in ", QuoteForMessage(outer));
+    return absl::StrCat(" in tensor ", QuoteForMessage(outer));
   }
 
   const SafetensorsLimits& limits_;
@@ -233,13 +203,13 @@ absl::StatusOr<uint64_t> NonNegativeInteger(const Json& value, const std::string
 absl::StatusOr<SafetensorsTensor> ParseTensorEntry(const std::string& name, const Json& entry,
                                                    uint64_t data_bytes,
                                                    const SafetensorsLimits& limits) {
-  const std::string tensor = absl::StrCat("tensor ", Quote(name));
+  const std::string tensor = absl::StrCat("tensor ", QuoteForMessage(name));
   if (!entry.is_object()) {
     return Invalid(absl::StrCat(tensor, " is not an object (", entry.type_name(), ")"));
   }
   for (const auto& [key, value] : entry.items()) {
     if (key != "dtype" && key != "shape" && key != "data_offsets") {
-      return Invalid(absl::StrCat(tensor, " has an unexpected field ", Quote(key),
+      return Invalid(absl::StrCat(tensor, " has an unexpected field ", QuoteForMessage(key),
                                   " (expected only \"dtype\", \"shape\", \"data_offsets\")"));
     }
   }
@@ -259,7 +229,7 @@ absl::StatusOr<SafetensorsTensor> ParseTensorEntry(const std::string& name, cons
   out.dtype = dtype.get<std::string>();
   const int elem_size = SafetensorsDTypeSize(out.dtype);
   if (elem_size == 0) {
-    return Invalid(absl::StrCat(tensor, " has an unknown dtype ", Quote(out.dtype)));
+    return Invalid(absl::StrCat(tensor, " has an unknown dtype ", QuoteForMessage(out.dtype)));
   }
 
   const Json& shape = entry["shape"];
@@ -325,8 +295,8 @@ absl::Status ParseMetadata(const Json& value, std::map<std::string, std::string>
   }
   for (const auto& [key, v] : value.items()) {
     if (!v.is_string()) {
-      return Invalid(absl::StrCat("\"__metadata__\" value of ", Quote(key), " is not a string (",
-                                  v.type_name(), ")"));
+      return Invalid(absl::StrCat("\"__metadata__\" value of ", QuoteForMessage(key),
+                                  " is not a string (", v.type_name(), ")"));
     }
     metadata.emplace(key, v.get<std::string>());
   }
@@ -347,13 +317,13 @@ absl::Status CheckCoverage(const std::vector<SafetensorsTensor>& tensors, uint64
   const SafetensorsTensor* previous = nullptr;
   for (const SafetensorsTensor* t : order) {
     if (t->data_begin < covered) {
-      return Invalid(absl::StrCat("tensors ", Quote(previous->name), " and ", Quote(t->name),
-                                  " overlap in the data section (bytes ", t->data_begin, " to ",
-                                  std::min(covered, t->data_end), ")"));
+      return Invalid(absl::StrCat("tensors ", QuoteForMessage(previous->name), " and ",
+                                  QuoteForMessage(t->name), " overlap in the data section (bytes ",
+                                  t->data_begin, " to ", std::min(covered, t->data_end), ")"));
     }
     if (t->data_begin > covered) {
       return Invalid(absl::StrCat("the data section has a hole: bytes ", covered, " to ",
-                                  t->data_begin, " (before tensor ", Quote(t->name),
+                                  t->data_begin, " (before tensor ", QuoteForMessage(t->name),
                                   ") belong to no tensor"));
     }
     if (t->data_end > covered || previous == nullptr) previous = t;
@@ -368,7 +338,8 @@ absl::Status CheckCoverage(const std::vector<SafetensorsTensor>& tensors, uint64
 }
 
 absl::Status ErrnoStatus(int error, const std::string& path, absl::string_view action) {
-  const std::string message = absl::StrCat(Quote(path), ": cannot ", action, ": ", strerror(error));
+  const std::string message =
+      absl::StrCat(QuoteForMessage(path), ": cannot ", action, ": ", strerror(error));
   switch (error) {
     case ENOENT:
     case ENOTDIR:
@@ -403,6 +374,36 @@ class FdCloser {
 };
 
 }  // namespace
+
+// Names come from the (untrusted) file: quote them, escape control characters and cut long ones
+// so that messages stay one readable line.
+std::string QuoteForMessage(absl::string_view text) {
+  constexpr size_t kMaxBytes = 96;
+  std::string out = "\"";
+  size_t i = 0;
+  for (; i < text.size() && i < kMaxBytes; ++i) {
+    const unsigned char c = static_cast<unsigned char>(text[i]);
+    if (c == '"' || c == '\\') {
+      out.push_back('\\');
+      out.push_back(static_cast<char>(c));
+    } else if (c < 0x20 || c == 0x7f) {
+      constexpr char kHex[] = "0123456789abcdef";
+      out += "\\x";
+      out.push_back(kHex[c >> 4]);
+      out.push_back(kHex[c & 0xf]);
+    } else {
+      out.push_back(static_cast<char>(c));
+    }
+  }
+  if (i < text.size()) {
+    // Do not end inside a UTF-8 sequence.
+    while (!out.empty() && (static_cast<unsigned char>(out.back()) & 0xc0) == 0x80) out.pop_back();
+    if (!out.empty() && static_cast<unsigned char>(out.back()) >= 0xc0) out.pop_back();
+    absl::StrAppend(&out, "...(", text.size(), " bytes)");
+  }
+  out.push_back('"');
+  return out;
+}
 
 int SafetensorsDTypeSize(absl::string_view dtype) {
   const int rank = DTypeRank(dtype);
@@ -485,18 +486,20 @@ absl::StatusOr<SafetensorsFile> SafetensorsFile::Read(const std::string& path,
   FdCloser closer(fd);
   struct stat st;
   if (fstat(fd, &st) != 0) return ErrnoStatus(errno, path, "stat");
-  if (!S_ISREG(st.st_mode)) return Invalid(absl::StrCat(Quote(path), " is not a regular file"));
+  if (!S_ISREG(st.st_mode))
+    return Invalid(absl::StrCat(QuoteForMessage(path), " is not a regular file"));
   const uint64_t size = static_cast<uint64_t>(st.st_size);
   if (size > limits.max_file_bytes) {
-    return absl::ResourceExhaustedError(absl::StrCat(
-        Quote(path), ": file is ", size, " bytes, over the limit of ", limits.max_file_bytes));
+    return absl::ResourceExhaustedError(absl::StrCat(QuoteForMessage(path), ": file is ", size,
+                                                     " bytes, over the limit of ",
+                                                     limits.max_file_bytes));
   }
   std::string bytes;
   try {
     bytes.resize(size);
   } catch (const std::bad_alloc&) {
     return absl::ResourceExhaustedError(
-        absl::StrCat(Quote(path), ": cannot allocate ", size, " bytes"));
+        absl::StrCat(QuoteForMessage(path), ": cannot allocate ", size, " bytes"));
   }
   uint64_t done = 0;
   while (done < size) {
@@ -514,12 +517,13 @@ absl::StatusOr<SafetensorsFile> SafetensorsFile::Read(const std::string& path,
     more = read(fd, &extra, 1);
   } while (more < 0 && errno == EINTR);
   if (done != size || more > 0) {
-    return absl::AbortedError(absl::StrCat(Quote(path), " changed size while being read"));
+    return absl::AbortedError(
+        absl::StrCat(QuoteForMessage(path), " changed size while being read"));
   }
   absl::StatusOr<SafetensorsFile> file = Parse(std::move(bytes), limits);
   if (!file.ok()) {
     return absl::Status(file.status().code(),
-                        absl::StrCat(Quote(path), ": ", file.status().message()));
+                        absl::StrCat(QuoteForMessage(path), ": ", file.status().message()));
   }
   return file;
 }

@@ -57,6 +57,10 @@ class SafetensorsFile {
   std::map<std::string, std::string> metadata_;
 };
 
+// A string from a file, quoted for an error message: control characters escaped, long ones cut
+// at 96 bytes (on a UTF-8 boundary) with the full length noted.
+std::string QuoteForMessage(absl::string_view text);
+
 // Bytes per element of a safetensors dtype name, 0 when unknown.
 int SafetensorsDTypeSize(absl::string_view dtype);
 
