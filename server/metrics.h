@@ -122,8 +122,10 @@ class Metrics {
                    absl::string_view kernel_path);
 
   // The stage breakdown of one successful Score (or ScoreStream message): each stage of
-  // `timings` that is > 0 (0 means "does not apply", e.g. h2d on the CPU backend, or a kernel
-  // time that is reported later through ObserveStage), and `total_seconds` as stage "total".
+  // `timings` that is > 0 (0 means "does not apply" or "not measured": h2d on the CPU backend,
+  // d2h when the scores went to a device buffer, GPU times of a request that --gpu-timing-every
+  // did not time, or a kernel time reported later through ObserveStage), and `total_seconds` as
+  // stage "total".
   void ScoreStages(absl::string_view probe_set, const ScoreTimings& timings, double total_seconds);
 
   // One stage of one Score, recorded on its own: for what is measured apart from ScoreTimings,

@@ -66,7 +66,7 @@ fi
 
 if [[ " $steps " == *" ipc "* ]]; then
   echo "== ipc: two-process tests (torch client, real server)"
-  python3 -m pytest -q -rs -p no:cacheprovider tests/python/test_gpu_ipc.py \
+  python3 -m pytest -q -rs -p no:cacheprovider tests/python/test_gpu_ipc.py tests/python/test_gpu_metrics.py \
     >"$out/ipc_tests.log" 2>&1
   rc=$?
   ((rc)) && status=1
