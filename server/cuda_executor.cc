@@ -519,7 +519,9 @@ absl::StatusOr<std::unique_ptr<Executor>> CreateCudaExecutor(const Config& confi
   if (cudaError_t e = cudaGetDeviceCount(&count); e != cudaSuccess || count == 0) {
     cudaGetLastError();
     return absl::UnavailableError(absl::StrCat(
-        "no CUDA device (", e == cudaSuccess ? "none found" : cudaGetErrorString(e), ")"));
+        "no usable CUDA device (cudaGetDeviceCount: ",
+        e == cudaSuccess ? "0 devices" : absl::StrCat(cudaGetErrorName(e), ": ", cudaGetErrorString(e)),
+        ")"));
   }
   if (config.device >= count) {
     return absl::UnavailableError(
