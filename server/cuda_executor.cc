@@ -32,9 +32,9 @@ absl::Status CudaStatus(cudaError_t error, absl::string_view what) {
       absl::StrCat(what, ": ", cudaGetErrorName(error), ": ", cudaGetErrorString(error)));
 }
 
-#define PS_RETURN_IF_CUDA(call)                                                       \
-  do {                                                                                \
-    if (absl::Status _s = CudaStatus((call), #call); !_s.ok()) return _s;             \
+#define PS_RETURN_IF_CUDA(call)                                           \
+  do {                                                                    \
+    if (absl::Status _s = CudaStatus((call), #call); !_s.ok()) return _s; \
   } while (0)
 
 // A graph is specific to a probe set instance, a kernel path, a dtype, a row bucket and where the
@@ -44,9 +44,9 @@ struct GraphKey {
   ProbeScorePath path;
   kernels::DType dtype;
   int32_t bucket;
-  bool inline_x;    // activations staged from the request (else read from an IPC buffer)
-  bool host_out;    // scores copied back to the host (else written to an IPC buffer)
-  bool timed;       // with CUDA event nodes around the stages
+  bool inline_x;  // activations staged from the request (else read from an IPC buffer)
+  bool host_out;  // scores copied back to the host (else written to an IPC buffer)
+  bool timed;     // with CUDA event nodes around the stages
   auto Tie() const {
     return std::tie(probe_set_id, path, dtype, bucket, inline_x, host_out, timed);
   }
@@ -109,13 +109,15 @@ class CudaWorker {
     PS_RETURN_IF_CUDA(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
     for (cudaEvent_t& e : events_) PS_RETURN_IF_CUDA(cudaEventCreate(&e));
     upload_bytes_ = sizeof(ProbeScoreDeviceArgs) + sizeof(int32_t) * max_bucket_;
-    PS_RETURN_IF_CUDA(cudaHostAlloc(reinterpret_cast<void**>(&h_upload_), upload_bytes_, cudaHostAllocDefault));
+    PS_RETURN_IF_CUDA(
+        cudaHostAlloc(reinterpret_cast<void**>(&h_upload_), upload_bytes_, cudaHostAllocDefault));
     PS_RETURN_IF_CUDA(cudaMalloc(reinterpret_cast<void**>(&d_upload_), upload_bytes_));
-    PS_RETURN_IF_CUDA(cudaMalloc(reinterpret_cast<void**>(&d_identity_rows_), sizeof(int32_t) * max_bucket_));
+    PS_RETURN_IF_CUDA(
+        cudaMalloc(reinterpret_cast<void**>(&d_identity_rows_), sizeof(int32_t) * max_bucket_));
     std::vector<int32_t> identity(max_bucket_);
     for (int32_t i = 0; i < max_bucket_; ++i) identity[i] = i;
-    PS_RETURN_IF_CUDA(cudaMemcpy(d_identity_rows_, identity.data(),
-                                 sizeof(int32_t) * max_bucket_, cudaMemcpyHostToDevice));
+    PS_RETURN_IF_CUDA(cudaMemcpy(d_identity_rows_, identity.data(), sizeof(int32_t) * max_bucket_,
+                                 cudaMemcpyHostToDevice));
     std::memset(h_upload_, 0, upload_bytes_);
     kernels::ProbeScoreWorkspaceConfig ws;
     ws.max_rows = max_bucket_;
@@ -130,28 +132,17 @@ class CudaWorker {
   absl::Status Run(const ScoreJob& job, const std::shared_ptr<const ProbeSet>& set,
                    ScoreTimings* timings) {
     PS_RETURN_IF_CUDA(cudaSetDevice(device_));
-    const auto* weights = static_cast<const kernels::ProbeWeights*>(set->backend_state.get());
     const int32_t rows = job.num_rows;
     const int32_t bucket = RowBucket(rows);
     const int32_t hidden = set->hidden;
     const int32_t probes = set->num_probes;
     const kernels::DType dtype = job.activations.dtype;
     const int element = kernels::DTypeSize(dtype);
-    GraphKey key{set->id,
-                 kernels::ChooseProbeScorePath(bucket, probes, hidden, dtype),
-                 dtype,
-                 bucket,
-                 !job.activations.on_device(),
-                 job.host_out != nullptr,
-                 timing_every_ > 0 && requests_++ % timing_every_ == 0};
+    const GraphKey key =
+        KeyFor(*set, dtype, bucket, !job.activations.on_device(), job.host_out != nullptr,
+               timing_every_ > 0 && requests_++ % timing_every_ == 0);
     timings->kernel_path = kernels::ProbeScorePathName(key.path);
-
-    if (key.inline_x) {
-      PS_RETURN_IF_CUDA(Reserve(h_x_, d_x_, size_t{1} * bucket * hidden * element));
-    }
-    if (key.host_out) {
-      PS_RETURN_IF_CUDA(Reserve(h_out_, d_out_, size_t{1} * bucket * probes * sizeof(float)));
-    }
+    PS_RETURN_IF_CUDA(ReserveFor(key, hidden, probes));
 
     // The per-request data, in the pinned upload block the graph copies from.
     auto* args = reinterpret_cast<ProbeScoreDeviceArgs*>(h_upload_);
@@ -184,13 +175,9 @@ class CudaWorker {
       args->out_row_stride = job.device_out.row_stride;
     }
 
-    GraphEntry* entry = graphs_.Find(key);
-    if (entry == nullptr) {
-      absl::StatusOr<cudaGraphExec_t> exec = Capture(key, *weights, set->activation);
-      if (!exec.ok()) return exec.status();
-      entry = &graphs_.Insert(key, GraphEntry{*exec, set});
-    }
-    PS_RETURN_IF_CUDA(cudaGraphLaunch(entry->exec, stream_));
+    absl::StatusOr<GraphEntry*> entry = GraphFor(key, set);
+    if (!entry.ok()) return entry.status();
+    PS_RETURN_IF_CUDA(cudaGraphLaunch((*entry)->exec, stream_));
     if (key.timed) {
       PS_RETURN_IF_CUDA(cudaEventSynchronize(events_[3]));
       float h2d_ms = 0, kernel_ms = 0, d2h_ms = 0;
@@ -214,26 +201,12 @@ class CudaWorker {
   absl::Status Warmup(const std::shared_ptr<const ProbeSet>& set, int32_t bucket) {
     PS_RETURN_IF_CUDA(cudaSetDevice(device_));
     bucket = RowBucket(std::min(bucket, max_bucket_));
-    const auto* weights = static_cast<const kernels::ProbeWeights*>(set->backend_state.get());
-    for (kernels::DType dtype : {kernels::DType::kBFloat16}) {
-      for (bool inline_x : {true, false}) {
-        GraphKey key{set->id,
-                     kernels::ChooseProbeScorePath(bucket, set->num_probes, set->hidden, dtype),
-                     dtype,
-                     bucket,
-                     inline_x,
-                     true,
-                     timing_every_ > 0};
-        if (inline_x) {
-          PS_RETURN_IF_CUDA(Reserve(h_x_, d_x_, size_t{1} * bucket * set->hidden * 2));
-        }
-        PS_RETURN_IF_CUDA(
-            Reserve(h_out_, d_out_, size_t{1} * bucket * set->num_probes * sizeof(float)));
-        if (graphs_.Find(key) != nullptr) continue;
-        absl::StatusOr<cudaGraphExec_t> exec = Capture(key, *weights, set->activation);
-        if (!exec.ok()) return exec.status();
-        graphs_.Insert(key, GraphEntry{*exec, set});
-      }
+    for (bool inline_x : {true, false}) {
+      const GraphKey key = KeyFor(*set, kernels::DType::kBFloat16, bucket, inline_x,
+                                  /*host_out=*/true, timing_every_ > 0);
+      PS_RETURN_IF_CUDA(ReserveFor(key, set->hidden, set->num_probes));
+      absl::StatusOr<GraphEntry*> entry = GraphFor(key, set);
+      if (!entry.ok()) return entry.status();
     }
     return absl::OkStatus();
   }
@@ -264,6 +237,38 @@ class CudaWorker {
   }
 
  private:
+  GraphKey KeyFor(const ProbeSet& set, kernels::DType dtype, int32_t bucket, bool inline_x,
+                  bool host_out, bool timed) const {
+    return GraphKey{
+        set.id,   kernels::ChooseProbeScorePath(bucket, set.num_probes, set.hidden, dtype),
+        dtype,    bucket,
+        inline_x, host_out,
+        timed};
+  }
+
+  // Grows the staging that a graph of `key` copies through. Growing drops the cached graphs, so
+  // this comes before GraphFor.
+  cudaError_t ReserveFor(const GraphKey& key, int32_t hidden, int32_t probes) {
+    cudaError_t error = cudaSuccess;
+    if (key.inline_x) {
+      error = Reserve(h_x_, d_x_, size_t{1} * key.bucket * hidden * kernels::DTypeSize(key.dtype));
+    }
+    if (error == cudaSuccess && key.host_out) {
+      error = Reserve(h_out_, d_out_, size_t{1} * key.bucket * probes * sizeof(float));
+    }
+    return error;
+  }
+
+  // The cached graph of `key`, captured on a miss.
+  absl::StatusOr<GraphEntry*> GraphFor(const GraphKey& key,
+                                       const std::shared_ptr<const ProbeSet>& set) {
+    if (GraphEntry* entry = graphs_.Find(key); entry != nullptr) return entry;
+    const auto* weights = static_cast<const kernels::ProbeWeights*>(set->backend_state.get());
+    absl::StatusOr<cudaGraphExec_t> exec = Capture(key, *weights, set->activation);
+    if (!exec.ok()) return exec.status();
+    return &graphs_.Insert(key, GraphEntry{*exec, set});
+  }
+
   // Grows a pinned + device staging pair to at least `bytes`.
   cudaError_t Reserve(Staging& host, Staging& device, size_t bytes) {
     if (bytes <= device.bytes) return cudaSuccess;
@@ -286,16 +291,15 @@ class CudaWorker {
     return cudaSuccess;
   }
 
-  absl::StatusOr<cudaGraphExec_t> Capture(const GraphKey& key,
-                                          const kernels::ProbeWeights& weights,
+  absl::StatusOr<cudaGraphExec_t> Capture(const GraphKey& key, const kernels::ProbeWeights& weights,
                                           kernels::Activation activation) {
     DropStaleGraphs();
     kernels::ProbeScoreParams params;
     params.x_dtype = key.dtype;
     params.args = reinterpret_cast<const ProbeScoreDeviceArgs*>(d_upload_);
-    params.rows = key.inline_x ? d_identity_rows_
-                               : reinterpret_cast<const int32_t*>(d_upload_ +
-                                                                  sizeof(ProbeScoreDeviceArgs));
+    params.rows = key.inline_x
+                      ? d_identity_rows_
+                      : reinterpret_cast<const int32_t*>(d_upload_ + sizeof(ProbeScoreDeviceArgs));
     params.max_rows = key.bucket;
     params.weights = &weights;
     params.activation = activation;
@@ -314,12 +318,12 @@ class CudaWorker {
       error = cudaMemcpyAsync(d_upload_, h_upload_, upload, cudaMemcpyHostToDevice, stream_);
     }
     if (error == cudaSuccess && key.inline_x) {
-      error = cudaMemcpyAsync(d_x_.ptr, h_x_.ptr,
-                              size_t{1} * key.bucket * weights.hidden * element,
+      error = cudaMemcpyAsync(d_x_.ptr, h_x_.ptr, size_t{1} * key.bucket * weights.hidden * element,
                               cudaMemcpyHostToDevice, stream_);
     }
     if (error == cudaSuccess) error = mark(1);
-    if (error == cudaSuccess) error = kernels::LaunchProbeScore(params, key.path, workspace_, stream_);
+    if (error == cudaSuccess)
+      error = kernels::LaunchProbeScore(params, key.path, workspace_, stream_);
     if (error == cudaSuccess) error = mark(2);
     if (error == cudaSuccess && key.host_out) {
       error = cudaMemcpyAsync(h_out_.ptr, d_out_.ptr,
@@ -335,8 +339,8 @@ class CudaWorker {
     if (graph != nullptr) cudaGraphDestroy(graph);
     if (error != cudaSuccess) {
       cudaGetLastError();
-      return CudaStatus(error, absl::StrCat("capturing the ",
-                                            kernels::ProbeScorePathName(key.path), " graph"));
+      return CudaStatus(
+          error, absl::StrCat("capturing the ", kernels::ProbeScorePathName(key.path), " graph"));
     }
     ++captures_;
     return exec;
@@ -401,9 +405,10 @@ class CudaExecutor final : public Executor {
     device_bytes_ += bytes;
     const int device = config_.device;
     std::atomic<int64_t>* counter = &device_bytes_;
-    set.backend_state = std::shared_ptr<const void>(
-        weights.release(), [device, counter, bytes](const void* p) {
-          auto* w = const_cast<kernels::ProbeWeights*>(static_cast<const kernels::ProbeWeights*>(p));
+    set.backend_state =
+        std::shared_ptr<const void>(weights.release(), [device, counter, bytes](const void* p) {
+          auto* w =
+              const_cast<kernels::ProbeWeights*>(static_cast<const kernels::ProbeWeights*>(p));
           cudaSetDevice(device);
           kernels::DestroyProbeWeights(w);
           delete w;
@@ -520,7 +525,8 @@ absl::StatusOr<std::unique_ptr<Executor>> CreateCudaExecutor(const Config& confi
     cudaGetLastError();
     return absl::UnavailableError(absl::StrCat(
         "no usable CUDA device (cudaGetDeviceCount: ",
-        e == cudaSuccess ? "0 devices" : absl::StrCat(cudaGetErrorName(e), ": ", cudaGetErrorString(e)),
+        e == cudaSuccess ? "0 devices"
+                         : absl::StrCat(cudaGetErrorName(e), ": ", cudaGetErrorString(e)),
         ")"));
   }
   if (config.device >= count) {
