@@ -29,7 +29,7 @@
 #include <tuple>
 #include <vector>
 
-#include "kernels/common/dtype.h"
+#include "common/dtype.h"
 #include "kernels/probe_score/probe_score.h"
 #include "kernels/probe_score/probe_score_internal.h"
 
@@ -38,6 +38,7 @@
 #endif
 
 namespace ps = probesidecar::kernels;
+namespace pc = probesidecar::common;
 
 namespace {
 
@@ -165,13 +166,13 @@ bool MeasureCeilings(cudaStream_t stream, void* pool, Ceilings* c) {
 }
 
 struct Shape {
-  ps::DType dtype;
+  pc::DType dtype;
   int32_t R, H, P;
 };
 
 std::vector<Shape> Sweep(const std::string& name) {
   std::vector<Shape> s;
-  using D = ps::DType;
+  using D = pc::DType;
   if (name == "quick") {
     for (int R : {1, 64, 8192}) {
       for (int P : {1, 16, 1024}) s.push_back({D::kBFloat16, R, 4096, P});
@@ -236,7 +237,7 @@ std::string JsonStr(const std::string& s) {
 }
 
 double MinBytes(const Shape& s) {
-  const double e = ps::DTypeSize(s.dtype);
+  const double e = pc::DTypeSize(s.dtype);
   return double(s.R) * s.H * e + double(s.P) * s.H * e + double(s.R) * s.P * 4 + double(s.R) * 4;
 }
 double Flops(const Shape& s) { return 2.0 * s.R * double(s.H) * s.P; }
@@ -257,9 +258,9 @@ class Bench {
     return true;
   }
 
-  bool FillPool(ps::DType dtype) {
+  bool FillPool(pc::DType dtype) {
     if (pool_dtype_ == static_cast<int>(dtype)) return true;
-    const int64_t n = static_cast<int64_t>(kPoolBytes / ps::DTypeSize(dtype));
+    const int64_t n = static_cast<int64_t>(kPoolBytes / pc::DTypeSize(dtype));
     FillRandom<<<8192, 256, 0, stream_>>>(pool_, static_cast<int>(dtype), n, 777);
     CHECK_CUDA(cudaGetLastError());
     CHECK_CUDA(cudaStreamSynchronize(stream_));
@@ -286,7 +287,7 @@ class Bench {
 
   // Random rows over the whole pool for each slot; args point into the pool.
   bool SetupSlots(const Shape& s) {
-    const int64_t T = static_cast<int64_t>(kPoolBytes / (size_t(s.H) * ps::DTypeSize(s.dtype)));
+    const int64_t T = static_cast<int64_t>(kPoolBytes / (size_t(s.H) * pc::DTypeSize(s.dtype)));
     std::mt19937_64 rng(s.R * 7 + s.H * 3 + s.P);
     std::vector<int32_t> rows(size_t{kSlots} * 8192);
     for (auto& r : rows) r = static_cast<int32_t>(rng() % T);
@@ -385,7 +386,7 @@ class Bench {
         if (!ps::ProbeScorePathSupports(path, s.dtype, s.P, s.H)) continue;
         runs.emplace_back(ps::ProbeScorePathName(path), path, ps::ProbeScoreTuning{});
       }
-      if (variants && s.dtype != ps::DType::kFloat32) {
+      if (variants && s.dtype != pc::DType::kFloat32) {
         // Tile configurations and split counts of fused_tc where the choice is open.
         auto add = [&](int cfg, int splits) {
           ps::ProbeScoreTuning t;
@@ -439,7 +440,7 @@ class Bench {
 
   void Print(const Record& r) const {
     const double gbps = MinBytes(r.shape) / (r.graph_us * 1e-6) / 1e9;
-    std::printf("%-5s %5d %5d %5d  %-22s %10.2f %10.2f %8.3f  %s\n", ps::DTypeName(r.shape.dtype),
+    std::printf("%-5s %5d %5d %5d  %-22s %10.2f %10.2f %8.3f  %s\n", pc::DTypeName(r.shape.dtype),
                 r.shape.R, r.shape.H, r.shape.P, r.impl.c_str(), r.graph_us, r.eager_us,
                 gbps / ceilings.copy_gbps, r.variant.c_str());
     std::fflush(stdout);
@@ -482,7 +483,7 @@ bool WriteJson(const std::string& path, const std::string& device, const std::st
                  "\"shape\": {\"R\": %d, \"H\": %d, \"P\": %d}, \"graph_us_p50\": %s, "
                  "\"eager_us_p50\": %s, \"gbps\": %s, \"tflops\": %s, \"frac_copy\": %s, "
                  "\"frac_tflops\": %s, \"variant\": %s%s%s}%s\n",
-                 JsonStr(r.impl).c_str(), ps::DTypeName(r.shape.dtype), r.shape.R, r.shape.H,
+                 JsonStr(r.impl).c_str(), pc::DTypeName(r.shape.dtype), r.shape.R, r.shape.H,
                  r.shape.P, JsonNum(r.graph_us).c_str(), JsonNum(r.eager_us).c_str(),
                  JsonNum(gbps).c_str(), JsonNum(tflops).c_str(),
                  JsonNum(gbps / c.copy_gbps).c_str(), JsonNum(tflops / c.bf16_tflops).c_str(),
@@ -530,7 +531,7 @@ int Main(int argc, char** argv) {
     for (const std::string sw : {"full", "quick", "targets"}) {
       for (const Shape& s : Sweep(sw)) {
         const ps::ProbeScorePath path = ps::ChooseProbeScorePath(s.R, s.P, s.H, s.dtype);
-        std::fprintf(f, "%s %d %d %d %s", ps::DTypeName(s.dtype), s.R, s.H, s.P,
+        std::fprintf(f, "%s %d %d %d %s", pc::DTypeName(s.dtype), s.R, s.H, s.P,
                      ps::ProbeScorePathName(path));
         int32_t cfg = 0, splits = 0;
         if (path == ps::ProbeScorePath::kFusedTensorCore &&

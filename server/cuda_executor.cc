@@ -42,7 +42,7 @@ absl::Status CudaStatus(cudaError_t error, absl::string_view what) {
 struct GraphKey {
   uint64_t probe_set_id;
   ProbeScorePath path;
-  kernels::DType dtype;
+  common::DType dtype;
   int32_t bucket;
   bool inline_x;  // activations staged from the request (else read from an IPC buffer)
   bool host_out;  // scores copied back to the host (else written to an IPC buffer)
@@ -136,8 +136,8 @@ class CudaWorker {
     const int32_t bucket = RowBucket(rows);
     const int32_t hidden = set->hidden;
     const int32_t probes = set->num_probes;
-    const kernels::DType dtype = job.activations.dtype;
-    const int element = kernels::DTypeSize(dtype);
+    const common::DType dtype = job.activations.dtype;
+    const int element = common::DTypeSize(dtype);
     const GraphKey key =
         KeyFor(*set, dtype, bucket, !job.activations.on_device(), job.host_out != nullptr,
                timing_every_ > 0 && requests_++ % timing_every_ == 0);
@@ -202,7 +202,7 @@ class CudaWorker {
     PS_RETURN_IF_CUDA(cudaSetDevice(device_));
     bucket = RowBucket(std::min(bucket, max_bucket_));
     for (bool inline_x : {true, false}) {
-      const GraphKey key = KeyFor(*set, kernels::DType::kBFloat16, bucket, inline_x,
+      const GraphKey key = KeyFor(*set, common::DType::kBFloat16, bucket, inline_x,
                                   /*host_out=*/true, timing_every_ > 0);
       PS_RETURN_IF_CUDA(ReserveFor(key, set->hidden, set->num_probes));
       absl::StatusOr<GraphEntry*> entry = GraphFor(key, set);
@@ -237,7 +237,7 @@ class CudaWorker {
   }
 
  private:
-  GraphKey KeyFor(const ProbeSet& set, kernels::DType dtype, int32_t bucket, bool inline_x,
+  GraphKey KeyFor(const ProbeSet& set, common::DType dtype, int32_t bucket, bool inline_x,
                   bool host_out, bool timed) const {
     return GraphKey{
         set.id,   kernels::ChooseProbeScorePath(bucket, set.num_probes, set.hidden, dtype),
@@ -251,7 +251,7 @@ class CudaWorker {
   cudaError_t ReserveFor(const GraphKey& key, int32_t hidden, int32_t probes) {
     cudaError_t error = cudaSuccess;
     if (key.inline_x) {
-      error = Reserve(h_x_, d_x_, size_t{1} * key.bucket * hidden * kernels::DTypeSize(key.dtype));
+      error = Reserve(h_x_, d_x_, size_t{1} * key.bucket * hidden * common::DTypeSize(key.dtype));
     }
     if (error == cudaSuccess && key.host_out) {
       error = Reserve(h_out_, d_out_, size_t{1} * key.bucket * probes * sizeof(float));
@@ -305,7 +305,7 @@ class CudaWorker {
     params.activation = activation;
     const size_t upload =
         sizeof(ProbeScoreDeviceArgs) + (key.inline_x ? 0 : sizeof(int32_t) * key.bucket);
-    const int element = kernels::DTypeSize(key.dtype);
+    const int element = common::DTypeSize(key.dtype);
 
     // Event nodes mark the stage boundaries of timed graphs.
     auto mark = [&](int i) {

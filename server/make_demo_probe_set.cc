@@ -17,8 +17,8 @@
 #include <string>
 #include <vector>
 
-#include "kernels/common/dtype.h"
-#include "server/safetensors.h"
+#include "common/dtype.h"
+#include "common/safetensors.h"
 
 namespace probesidecar::server {
 namespace {
@@ -60,7 +60,7 @@ class SplitMix64 {
 std::string Bf16Bytes(const std::vector<double>& values) {
   std::string out(values.size() * 2, '\0');
   for (size_t i = 0; i < values.size(); ++i) {
-    const uint16_t bits = kernels::FloatToBf16(static_cast<float>(values[i]));
+    const uint16_t bits = common::FloatToBf16(static_cast<float>(values[i]));
     out[2 * i] = static_cast<char>(bits & 0xff);
     out[2 * i + 1] = static_cast<char>(bits >> 8);
   }
@@ -74,7 +74,7 @@ std::string DemoProbeSetBytes() {
   std::vector<double> bias(kProbes);
   for (double& b : bias) b = rng.Normal() * kBiasScale;
 
-  std::vector<SafetensorsTensorToWrite> tensors;
+  std::vector<common::SafetensorsTensorToWrite> tensors;
   tensors.push_back({"weight", "BF16", {kProbes, kHidden}, Bf16Bytes(weight)});
   tensors.push_back({"bias", "BF16", {kProbes}, Bf16Bytes(bias)});
   const std::map<std::string, std::string> metadata = {
@@ -82,7 +82,7 @@ std::string DemoProbeSetBytes() {
       {"activation", "sigmoid"},
       {"thresholds", "[0.5,0.5,0.9,null]"},
   };
-  return WriteSafetensors(tensors, metadata);
+  return common::WriteSafetensors(tensors, metadata);
 }
 
 int Main(int argc, char** argv) {

@@ -107,7 +107,7 @@ absl::StatusOr<std::shared_ptr<const ProbeSet>> ProbeRegistry::LoadFromPath(absl
   }
   absl::StatusOr<std::string> resolved = ResolveInside(probes_dir_, path);
   if (!resolved.ok()) return WithContext(resolved.status(), SetContext(name));
-  absl::StatusOr<SafetensorsFile> file = SafetensorsFile::Read(*resolved, limits_.file);
+  absl::StatusOr<common::SafetensorsFile> file = common::SafetensorsFile::Read(*resolved, limits_.file);
   return Publish(name, std::move(file), *resolved, replace);
 }
 
@@ -119,17 +119,17 @@ absl::StatusOr<std::shared_ptr<const ProbeSet>> ProbeRegistry::LoadFromBytes(abs
     return absl::AlreadyExistsError(
         absl::StrCat(SetContext(name), " is already loaded (set replace to swap it)"));
   }
-  return Publish(name, SafetensorsFile::Parse(std::move(bytes), limits_.file), "inline", replace);
+  return Publish(name, common::SafetensorsFile::Parse(std::move(bytes), limits_.file), "inline", replace);
 }
 
 absl::StatusOr<std::shared_ptr<const ProbeSet>> ProbeRegistry::Publish(
-    absl::string_view name, absl::StatusOr<SafetensorsFile> file, std::string source,
+    absl::string_view name, absl::StatusOr<common::SafetensorsFile> file, std::string source,
     bool replace) {
   if (!file.ok()) return WithContext(file.status(), SetContext(name));
   absl::StatusOr<std::shared_ptr<ProbeSet>> set;
   {
     // The file's bytes are freed here, before the prepare hook allocates device memory.
-    const SafetensorsFile parsed = *std::move(file);
+    const common::SafetensorsFile parsed = *std::move(file);
     set = ProbeSetFromSafetensors(name, parsed, std::move(source), limits_);
   }
   if (!set.ok()) return WithContext(set.status(), SetContext(name));

@@ -50,7 +50,7 @@ class ProbeRegistry {
 
  private:
   absl::StatusOr<std::shared_ptr<const ProbeSet>> Publish(absl::string_view name,
-                                                          absl::StatusOr<SafetensorsFile> file,
+                                                          absl::StatusOr<common::SafetensorsFile> file,
                                                           std::string source, bool replace);
 
   const std::string probes_dir_;

@@ -67,10 +67,10 @@ absl::StatusOr<Json> ParseFlatArray(absl::string_view key, const std::string& te
   return parsed;
 }
 
-absl::StatusOr<kernels::DType> ProbeDType(const SafetensorsTensor& tensor) {
-  if (tensor.dtype == "F32") return kernels::DType::kFloat32;
-  if (tensor.dtype == "F16") return kernels::DType::kFloat16;
-  if (tensor.dtype == "BF16") return kernels::DType::kBFloat16;
+absl::StatusOr<common::DType> ProbeDType(const common::SafetensorsTensor& tensor) {
+  if (tensor.dtype == "F32") return common::DType::kFloat32;
+  if (tensor.dtype == "F16") return common::DType::kFloat16;
+  if (tensor.dtype == "BF16") return common::DType::kBFloat16;
   return Invalid(absl::StrCat("tensor \"", tensor.name, "\" has dtype ", tensor.dtype,
                               "; expected F32, F16 or BF16"));
 }
@@ -81,10 +81,10 @@ std::string ShapeString(const std::vector<int64_t>& shape) {
 
 // Converts little-endian elements to float32. `count` elements are present (checked by the
 // caller against the shape; the reader checked the shape against the bytes).
-void ConvertToFloat(absl::Span<const uint8_t> data, kernels::DType dtype, size_t count,
+void ConvertToFloat(absl::Span<const uint8_t> data, common::DType dtype, size_t count,
                     std::vector<float>& out) {
   out.resize(count);
-  if (dtype == kernels::DType::kFloat32) {
+  if (dtype == common::DType::kFloat32) {
     std::memcpy(out.data(), data.data(), count * sizeof(float));
     return;
   }
@@ -92,7 +92,7 @@ void ConvertToFloat(absl::Span<const uint8_t> data, kernels::DType dtype, size_t
     uint16_t bits;
     std::memcpy(&bits, data.data() + 2 * i, sizeof(bits));
     out[i] =
-        dtype == kernels::DType::kFloat16 ? kernels::HalfToFloat(bits) : kernels::Bf16ToFloat(bits);
+        dtype == common::DType::kFloat16 ? common::HalfToFloat(bits) : common::Bf16ToFloat(bits);
   }
 }
 
@@ -120,7 +120,7 @@ absl::Status ParseProbeNames(const std::map<std::string, std::string>& metadata,
     if (probes[i].name.empty()) return Invalid(absl::StrCat("probe_names[", i, "] is empty"));
     auto [prev, inserted] = seen.emplace(probes[i].name, i);
     if (!inserted) {
-      return Invalid(absl::StrCat("probe_names[", i, "] ", QuoteForMessage(probes[i].name),
+      return Invalid(absl::StrCat("probe_names[", i, "] ", common::QuoteForMessage(probes[i].name),
                                   " duplicates probe_names[", prev->second, "]"));
     }
   }
@@ -159,7 +159,7 @@ absl::StatusOr<kernels::Activation> ParseActivation(
   auto it = metadata.find("activation");
   if (it == metadata.end() || it->second == "none") return kernels::Activation::kNone;
   if (it->second == "sigmoid") return kernels::Activation::kSigmoid;
-  return Invalid(absl::StrCat("metadata \"activation\" is ", QuoteForMessage(it->second),
+  return Invalid(absl::StrCat("metadata \"activation\" is ", common::QuoteForMessage(it->second),
                               "; expected \"none\" or \"sigmoid\""));
 }
 
@@ -181,7 +181,7 @@ absl::Status ValidateProbeSetName(absl::string_view name) {
     const bool ok = (c >= 'A' && c <= 'Z') || (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') ||
                     c == '_' || c == '.' || c == '-';
     if (!ok) {
-      return Invalid(absl::StrCat("probe set name ", QuoteForMessage(name),
+      return Invalid(absl::StrCat("probe set name ", common::QuoteForMessage(name),
                                   " has an invalid character at ", i,
                                   " (allowed: A-Z a-z 0-9 _ . -)"));
     }
@@ -190,23 +190,23 @@ absl::Status ValidateProbeSetName(absl::string_view name) {
 }
 
 absl::StatusOr<std::shared_ptr<ProbeSet>> ProbeSetFromSafetensors(absl::string_view name,
-                                                                  const SafetensorsFile& file,
+                                                                  const common::SafetensorsFile& file,
                                                                   std::string source,
                                                                   const ProbeSetLimits& limits) {
   if (absl::Status status = ValidateProbeSetName(name); !status.ok()) return status;
-  for (const SafetensorsTensor& tensor : file.tensors()) {
+  for (const common::SafetensorsTensor& tensor : file.tensors()) {
     if (tensor.name != "weight" && tensor.name != "bias") {
-      return Invalid(absl::StrCat("unexpected tensor ", QuoteForMessage(tensor.name),
+      return Invalid(absl::StrCat("unexpected tensor ", common::QuoteForMessage(tensor.name),
                                   " (a probe set has exactly \"weight\" and \"bias\")"));
     }
   }
-  const SafetensorsTensor* weight = file.Find("weight");
+  const common::SafetensorsTensor* weight = file.Find("weight");
   if (weight == nullptr) return Invalid("missing tensor \"weight\" [P, H]");
-  const SafetensorsTensor* bias = file.Find("bias");
+  const common::SafetensorsTensor* bias = file.Find("bias");
   if (bias == nullptr) return Invalid("missing tensor \"bias\" [P]");
-  absl::StatusOr<kernels::DType> weight_dtype = ProbeDType(*weight);
+  absl::StatusOr<common::DType> weight_dtype = ProbeDType(*weight);
   if (!weight_dtype.ok()) return weight_dtype.status();
-  absl::StatusOr<kernels::DType> bias_dtype = ProbeDType(*bias);
+  absl::StatusOr<common::DType> bias_dtype = ProbeDType(*bias);
   if (!bias_dtype.ok()) return bias_dtype.status();
 
   if (weight->shape.size() != 2) {
@@ -257,8 +257,8 @@ absl::StatusOr<std::shared_ptr<ProbeSet>> ProbeSetFromSafetensors(absl::string_v
   // P <= max_probes and H <= max_hidden (int32), so P * H fits in size_t; the reader already
   // checked that the bytes match the shape.
   const size_t weight_count = static_cast<size_t>(p) * static_cast<size_t>(h);
-  if (file.Data(*weight).size() != weight_count * kernels::DTypeSize(*weight_dtype) ||
-      file.Data(*bias).size() != static_cast<size_t>(p) * kernels::DTypeSize(*bias_dtype)) {
+  if (file.Data(*weight).size() != weight_count * common::DTypeSize(*weight_dtype) ||
+      file.Data(*bias).size() != static_cast<size_t>(p) * common::DTypeSize(*bias_dtype)) {
     return absl::InternalError("tensor bytes do not match their shapes");  // the reader checks
   }
   try {

@@ -18,9 +18,9 @@
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
-#include "kernels/common/dtype.h"
+#include "common/dtype.h"
 #include "kernels/probe_score/probe_score_ref.h"
-#include "server/safetensors.h"
+#include "common/safetensors.h"
 
 namespace probesidecar::server {
 
@@ -32,7 +32,7 @@ struct ProbeSpec {
 struct ProbeSetLimits {
   int32_t max_probes = 65536;
   int32_t max_hidden = 65536;
-  SafetensorsLimits file;
+  common::SafetensorsLimits file;
 };
 
 struct ProbeSet {
@@ -40,7 +40,7 @@ struct ProbeSet {
   uint64_t id = 0;  // unique per loaded instance (a reload gets a new id)
   int32_t num_probes = 0;  // P
   int32_t hidden = 0;      // H
-  kernels::DType weight_dtype = kernels::DType::kFloat32;  // as stored in the file
+  common::DType weight_dtype = common::DType::kFloat32;  // as stored in the file
   kernels::Activation activation = kernels::Activation::kNone;
   std::vector<ProbeSpec> probes;  // [P]
   std::vector<float> weight;      // [P, H] float32
@@ -57,7 +57,7 @@ absl::Status ValidateProbeSetName(absl::string_view name);
 
 // Builds a probe set from a parsed file. `source` is kept for ListProbeSets.
 absl::StatusOr<std::shared_ptr<ProbeSet>> ProbeSetFromSafetensors(
-    absl::string_view name, const SafetensorsFile& file, std::string source,
+    absl::string_view name, const common::SafetensorsFile& file, std::string source,
     const ProbeSetLimits& limits);
 
 }  // namespace probesidecar::server

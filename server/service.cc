@@ -19,13 +19,13 @@ double SecondsSince(Clock::time_point start) {
   return std::chrono::duration<double>(Clock::now() - start).count();
 }
 
-v1::DType ToProtoDType(kernels::DType dtype) {
+v1::DType ToProtoDType(common::DType dtype) {
   switch (dtype) {
-    case kernels::DType::kFloat32:
+    case common::DType::kFloat32:
       return v1::DTYPE_FLOAT32;
-    case kernels::DType::kFloat16:
+    case common::DType::kFloat16:
       return v1::DTYPE_FLOAT16;
-    case kernels::DType::kBFloat16:
+    case common::DType::kBFloat16:
       return v1::DTYPE_BFLOAT16;
   }
   return v1::DTYPE_UNSPECIFIED;

@@ -7,14 +7,14 @@
 
 namespace probesidecar::server {
 
-absl::StatusOr<kernels::DType> FloatDType(v1::DType dtype, absl::string_view what) {
+absl::StatusOr<common::DType> FloatDType(v1::DType dtype, absl::string_view what) {
   switch (dtype) {
     case v1::DTYPE_FLOAT32:
-      return kernels::DType::kFloat32;
+      return common::DType::kFloat32;
     case v1::DTYPE_FLOAT16:
-      return kernels::DType::kFloat16;
+      return common::DType::kFloat16;
     case v1::DTYPE_BFLOAT16:
-      return kernels::DType::kBFloat16;
+      return common::DType::kBFloat16;
     default:
       return absl::InvalidArgumentError(absl::StrCat(
           what, ": dtype ", v1::DType_Name(dtype).empty() ? std::to_string(dtype) : v1::DType_Name(dtype),
@@ -42,7 +42,7 @@ absl::StatusOr<uint64_t> ExtentBytes(int64_t rows, int64_t cols, int64_t row_str
 absl::StatusOr<Tensor2D> ResolveTensor2D(const v1::TensorRef& ref, absl::string_view what,
                                          BufferResolver* buffers) {
   Tensor2D t;
-  absl::StatusOr<kernels::DType> dtype = FloatDType(ref.dtype(), what);
+  absl::StatusOr<common::DType> dtype = FloatDType(ref.dtype(), what);
   if (!dtype.ok()) return dtype.status();
   t.dtype = *dtype;
   if (ref.shape_size() != 2) {
@@ -60,7 +60,7 @@ absl::StatusOr<Tensor2D> ResolveTensor2D(const v1::TensorRef& ref, absl::string_
     return absl::InvalidArgumentError(absl::StrCat(what, ": row_stride ", ref.row_stride(),
                                                    " is smaller than the row length ", t.cols));
   }
-  const int size = kernels::DTypeSize(t.dtype);
+  const int size = common::DTypeSize(t.dtype);
   absl::StatusOr<uint64_t> extent = ExtentBytes(t.rows, t.cols, t.row_stride, size, what);
   if (!extent.ok()) return extent.status();
 
@@ -75,7 +75,7 @@ absl::StatusOr<Tensor2D> ResolveTensor2D(const v1::TensorRef& ref, absl::string_
       if (data.size() < *extent || data.size() > full || data.size() % size != 0) {
         return absl::InvalidArgumentError(absl::StrCat(
             what, ": inline data holds ", data.size(), " bytes; shape [", t.rows, ", ", t.cols,
-            "] ", kernels::DTypeName(t.dtype), " with row stride ", t.row_stride, " needs ",
+            "] ", common::DTypeName(t.dtype), " with row stride ", t.row_stride, " needs ",
             *extent == full ? absl::StrCat(*extent)
                             : absl::StrCat("between ", *extent, " and ", full),
             " bytes"));
@@ -98,7 +98,7 @@ absl::StatusOr<Tensor2D> ResolveTensor2D(const v1::TensorRef& ref, absl::string_
       if (reinterpret_cast<uintptr_t>(lease->device_ptr) % size != 0) {
         return absl::InvalidArgumentError(absl::StrCat(
             what, ": offset ", ref.buffer().offset_bytes(), " leaves the tensor misaligned for ",
-            kernels::DTypeName(t.dtype), " (", size, "-byte elements)"));
+            common::DTypeName(t.dtype), " (", size, "-byte elements)"));
       }
       t.device = std::move(*lease);
       return t;

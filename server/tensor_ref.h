@@ -7,7 +7,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
-#include "kernels/common/dtype.h"
+#include "common/dtype.h"
 #include "probesidecar/v1/tensor.pb.h"
 
 namespace probesidecar::server {
@@ -32,7 +32,7 @@ class BufferResolver {
 
 // A validated 2-D tensor: either host bytes (inline) or a leased device window.
 struct Tensor2D {
-  kernels::DType dtype = kernels::DType::kFloat32;
+  common::DType dtype = common::DType::kFloat32;
   int64_t rows = 0;
   int64_t cols = 0;
   int64_t row_stride = 0;  // elements
@@ -42,7 +42,7 @@ struct Tensor2D {
 };
 
 // bf16/fp16/fp32, else INVALID_ARGUMENT naming `what`.
-absl::StatusOr<kernels::DType> FloatDType(v1::DType dtype, absl::string_view what);
+absl::StatusOr<common::DType> FloatDType(v1::DType dtype, absl::string_view what);
 
 // Bytes from the first element to one past the last: ((rows - 1) * row_stride + cols) * size.
 // INVALID_ARGUMENT on overflow.

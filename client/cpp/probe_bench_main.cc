@@ -29,9 +29,9 @@
 #include "client/cpp/client.h"
 #include "client/cpp/cuda_buffer.h"
 #include "client/cpp/session.h"
-#include "kernels/common/dtype.h"
+#include "common/dtype.h"
 #include "nlohmann/json.hpp"
-#include "server/safetensors.h"
+#include "common/safetensors.h"
 
 namespace probesidecar::client {
 namespace {
@@ -101,7 +101,7 @@ std::string RandomBf16(size_t elements, uint32_t seed) {
   std::normal_distribution<float> normal(0.0f, 1.0f);
   std::string bytes(elements * 2, '\0');
   for (size_t i = 0; i < elements; ++i) {
-    const uint16_t v = kernels::FloatToBf16(normal(rng));
+    const uint16_t v = common::FloatToBf16(normal(rng));
     std::memcpy(&bytes[i * 2], &v, 2);
   }
   return bytes;
@@ -217,7 +217,7 @@ int Run(const Options& o) {
   for (int p : o.probes) {
     const std::string w = RandomBf16(static_cast<size_t>(p) * o.hidden, 2 + p);
     const std::string b = RandomBf16(p, 3 + p);
-    const std::string file = server::WriteSafetensors(
+    const std::string file = common::WriteSafetensors(
         {{"weight", "BF16", {p, o.hidden}, w}, {"bias", "BF16", {p}, b}}, {});
     absl::StatusOr<v1::ProbeSetInfo> loaded =
         client.LoadProbeSetFromBytes(absl::StrCat("bench_p", p), file, /*replace=*/true);

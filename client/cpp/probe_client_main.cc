@@ -19,8 +19,8 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "client/cpp/client.h"
-#include "kernels/common/dtype.h"
-#include "server/safetensors.h"
+#include "common/dtype.h"
+#include "common/safetensors.h"
 
 namespace probesidecar::client {
 namespace {
@@ -134,7 +134,7 @@ absl::StatusOr<v1::TensorRef> RandomActivations(const std::string& spec, const s
     if (size == 4) {
       std::memcpy(&bytes[i * 4], &v, 4);
     } else {
-      const uint16_t h = dtype == "bf16" ? kernels::FloatToBf16(v) : kernels::FloatToHalf(v);
+      const uint16_t h = dtype == "bf16" ? common::FloatToBf16(v) : common::FloatToHalf(v);
       std::memcpy(&bytes[i * 2], &h, 2);
     }
   }
@@ -142,10 +142,10 @@ absl::StatusOr<v1::TensorRef> RandomActivations(const std::string& spec, const s
 }
 
 absl::StatusOr<v1::TensorRef> FileActivations(const std::string& path, const std::string& tensor) {
-  absl::StatusOr<server::SafetensorsFile> file =
-      server::SafetensorsFile::Read(path, server::SafetensorsLimits{});
+  absl::StatusOr<common::SafetensorsFile> file =
+      common::SafetensorsFile::Read(path, common::SafetensorsLimits{});
   if (!file.ok()) return file.status();
-  const server::SafetensorsTensor* t = nullptr;
+  const common::SafetensorsTensor* t = nullptr;
   if (!tensor.empty()) {
     t = file->Find(tensor);
     if (t == nullptr) return absl::NotFoundError(absl::StrCat("no tensor '", tensor, "' in ", path));

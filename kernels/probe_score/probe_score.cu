@@ -77,7 +77,7 @@ struct ProbeScoreWorkspace {
   int64_t reserved_smem_per_block = 0;
   int max_threads_per_sm = 2048;
   int regs_per_sm = 65536;
-  int fused_regs[kNumDTypes][kNumFusedPT] = {};
+  int fused_regs[common::kNumDTypes][kNumFusedPT] = {};
 
   cublasHandle_t cublas = nullptr;
   void* storage = nullptr;  // the one allocation behind the buffers below
@@ -121,8 +121,8 @@ cudaError_t CreateProbeWeights(const float* weight, const float* bias, int32_t n
     for (int64_t h = 0; h < hidden; ++h) {
       const float v = weight[p * hidden + h];
       w32[p * h_pad + h] = v;
-      w16[p * h_pad + h] = FloatToHalf(v);
-      wb16[p * h_pad + h] = FloatToBf16(v);
+      w16[p * h_pad + h] = common::FloatToHalf(v);
+      wb16[p * h_pad + h] = common::FloatToBf16(v);
     }
   }
   char* storage = nullptr;
@@ -145,9 +145,9 @@ cudaError_t CreateProbeWeights(const float* weight, const float* bias, int32_t n
   out->num_probes = num_probes;
   out->hidden = hidden;
   out->bias = reinterpret_cast<const float*>(bias_d);
-  out->weight[static_cast<int>(DType::kFloat32)] = w32_d;
-  out->weight[static_cast<int>(DType::kFloat16)] = w16_d;
-  out->weight[static_cast<int>(DType::kBFloat16)] = wb16_d;
+  out->weight[static_cast<int>(common::DType::kFloat32)] = w32_d;
+  out->weight[static_cast<int>(common::DType::kFloat16)] = w16_d;
+  out->weight[static_cast<int>(common::DType::kBFloat16)] = wb16_d;
   out->storage = storage;
   out->storage_bytes = total;
   return cudaSuccess;
@@ -210,8 +210,8 @@ cudaError_t CreateProbeScoreWorkspace(const ProbeScoreWorkspaceConfig& config,
 
   // Kernel attributes: raised shared-memory limits, registers and occupancy, read once here so
   // that launches only do arithmetic.
-  for (int d = 0; d < kNumDTypes; ++d) {
-    const DType dtype = static_cast<DType>(d);
+  for (int d = 0; d < common::kNumDTypes; ++d) {
+    const common::DType dtype = static_cast<common::DType>(d);
     for (int i = 0; i < kNumFusedPT; ++i) {
       const void* fn = probe_score_detail::FusedCudaKernelFn(dtype, i);
       if ((err = cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize,
@@ -299,7 +299,7 @@ int32_t ProbeScoreWorkspaceNumSms(const ProbeScoreWorkspace* workspace) {
 
 namespace {
 
-int FusedOccupancy(const ProbeScoreWorkspace& ws, DType dtype, int pt_index, int smem_bytes) {
+int FusedOccupancy(const ProbeScoreWorkspace& ws, common::DType dtype, int pt_index, int smem_bytes) {
   const int regs = std::max(ws.fused_regs[static_cast<int>(dtype)][pt_index], 1);
   const int regs_per_warp = static_cast<int>(RoundUp(regs * 32, 256));
   const int warps = kFusedThreads / 32;
@@ -322,7 +322,7 @@ cudaError_t PlanFused(const ProbeScoreParams& in, const ProbeScoreWorkspace& ws,
   const int32_t P = w.num_probes, H = w.hidden;
   const int pt_index = FusedPtIndex(P);
   const int pt = probe_score_detail::kFusedPTValues[pt_index];
-  const int vec = in.x_dtype == DType::kFloat32 ? 4 : 8;
+  const int vec = in.x_dtype == common::DType::kFloat32 ? 4 : 8;
   const int gran = 32 * vec;
   const int64_t k_chunks = CeilDiv(H, gran);
   const int64_t smem_chunks = std::max<int64_t>(1, (kFusedSmemLimit / (pt * 4)) / gran);
@@ -361,7 +361,7 @@ cudaError_t PlanFused(const ProbeScoreParams& in, const ProbeScoreWorkspace& ws,
   p = FusedCudaParams{};
   p.args = in.args;
   p.rows = in.rows;
-  p.weight = static_cast<const float*>(w.weight[static_cast<int>(DType::kFloat32)]);
+  p.weight = static_cast<const float*>(w.weight[static_cast<int>(common::DType::kFloat32)]);
   p.bias = w.bias;
   p.partial = ws.partial;
   p.counters = ws.counters;
@@ -500,7 +500,7 @@ struct GatherPlan {
 cudaError_t PlanGather(const ProbeScoreParams& in, const ProbeScoreWorkspace& ws,
                        GatherPlan* plan) {
   const ProbeWeights& w = *in.weights;
-  const int64_t elem = DTypeSize(in.x_dtype);
+  const int64_t elem = common::DTypeSize(in.x_dtype);
   const int64_t ldc = RoundUp(w.num_probes, 4);
   const int64_t x_row = w.hidden * elem, c_row = ldc * 4;
   const int64_t cap_rows = std::min<int64_t>(static_cast<int64_t>(ws.staging_x_bytes) / x_row,
@@ -534,7 +534,7 @@ cudaError_t Validate(const ProbeScoreParams& params, ProbeScorePath path,
       w.num_probes > ws->config.max_probes) {
     return cudaErrorInvalidValue;
   }
-  if (static_cast<int>(params.x_dtype) < 0 || static_cast<int>(params.x_dtype) >= kNumDTypes) {
+  if (static_cast<int>(params.x_dtype) < 0 || static_cast<int>(params.x_dtype) >= common::kNumDTypes) {
     return cudaErrorInvalidValue;
   }
   if (!ProbeScorePathSupports(path, params.x_dtype, w.num_probes, w.hidden)) {
@@ -543,13 +543,13 @@ cudaError_t Validate(const ProbeScoreParams& params, ProbeScorePath path,
   return cudaSuccess;
 }
 
-cudaDataType_t CudaType(DType dtype) {
+cudaDataType_t CudaType(common::DType dtype) {
   switch (dtype) {
-    case DType::kFloat32:
+    case common::DType::kFloat32:
       return CUDA_R_32F;
-    case DType::kFloat16:
+    case common::DType::kFloat16:
       return CUDA_R_16F;
-    case DType::kBFloat16:
+    case common::DType::kBFloat16:
       return CUDA_R_16BF;
   }
   return CUDA_R_32F;
@@ -589,13 +589,13 @@ cudaError_t LaunchGatherGemm(const ProbeScoreParams& in, ProbeScoreWorkspace& ws
     gp.row_begin = row_begin;
     gp.chunk_rows = n;
     switch (in.x_dtype) {
-      case DType::kFloat32:
+      case common::DType::kFloat32:
         LaunchGather<float>(gp, stream);
         break;
-      case DType::kFloat16:
+      case common::DType::kFloat16:
         LaunchGather<__half>(gp, stream);
         break;
-      case DType::kBFloat16:
+      case common::DType::kBFloat16:
         LaunchGather<__nv_bfloat16>(gp, stream);
         break;
     }

@@ -15,7 +15,7 @@
 #include <cstddef>
 #include <cstdint>
 
-#include "kernels/common/dtype.h"
+#include "common/dtype.h"
 #include "kernels/probe_score/probe_score_ref.h"
 
 namespace probesidecar::kernels {
@@ -37,7 +37,7 @@ struct ProbeWeights {
   const float* bias = nullptr;  // [P]
   // One copy per activation dtype, in whatever layout that dtype's kernels read (indexed by
   // static_cast<int>(DType)). Opaque to callers.
-  const void* weight[kNumDTypes] = {nullptr, nullptr, nullptr};
+  const void* weight[common::kNumDTypes] = {nullptr, nullptr, nullptr};
   void* storage = nullptr;  // the single device allocation behind the pointers above
   size_t storage_bytes = 0;
 };
@@ -74,7 +74,7 @@ cudaError_t CreateProbeScoreWorkspace(const ProbeScoreWorkspaceConfig& config,
 void DestroyProbeScoreWorkspace(ProbeScoreWorkspace* workspace);
 
 struct ProbeScoreParams {
-  DType x_dtype = DType::kBFloat16;
+  common::DType x_dtype = common::DType::kBFloat16;
   const ProbeScoreDeviceArgs* args = nullptr;  // device pointer
   const int32_t* rows = nullptr;  // [max_rows] device; the first args->num_rows are used
   int32_t max_rows = 0;           // launch shape: grids are sized for this many rows
@@ -84,10 +84,10 @@ struct ProbeScoreParams {
 
 // The path for a shape, from crossovers measured on the H200 (bench/results/probe_score.md).
 ProbeScorePath ChooseProbeScorePath(int32_t num_rows, int32_t num_probes, int32_t hidden,
-                                    DType dtype);
+                                    common::DType dtype);
 
 // Whether `path` can run this dtype and shape (fused_tc needs bf16/fp16).
-bool ProbeScorePathSupports(ProbeScorePath path, DType dtype, int32_t num_probes, int32_t hidden);
+bool ProbeScorePathSupports(ProbeScorePath path, common::DType dtype, int32_t num_probes, int32_t hidden);
 
 // Enqueues the scoring on `stream`. Requires params.max_rows <= the workspace's max_rows.
 // Returns cudaErrorInvalidValue for unsupported combinations, else the launch status

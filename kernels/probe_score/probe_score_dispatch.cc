@@ -16,7 +16,7 @@ const char* ProbeScorePathName(ProbeScorePath path) {
   return "unknown";
 }
 
-bool ProbeScorePathSupports(ProbeScorePath path, DType dtype, int32_t num_probes, int32_t hidden) {
+bool ProbeScorePathSupports(ProbeScorePath path, common::DType dtype, int32_t num_probes, int32_t hidden) {
   if (num_probes < 1 || hidden < 1) return false;
   switch (path) {
     case ProbeScorePath::kFusedCuda:
@@ -25,7 +25,7 @@ bool ProbeScorePathSupports(ProbeScorePath path, DType dtype, int32_t num_probes
     case ProbeScorePath::kFusedTensorCore:
       // mma.sync takes bf16/fp16 only (fp32 would need TF32: above the 1e-5 budget), and the
       // gathered A tiles move in 16-byte chunks of 8 elements.
-      return dtype != DType::kFloat32 && hidden % 8 == 0;
+      return dtype != common::DType::kFloat32 && hidden % 8 == 0;
   }
   return false;
 }
@@ -51,10 +51,10 @@ bool ProbeScorePathSupports(ProbeScorePath path, DType dtype, int32_t num_probes
 //    gather_gemm otherwise (not measured separately: the fp32 rules, which are CUDA-core vs
 //    cuBLAS too).
 ProbeScorePath ChooseProbeScorePath(int32_t num_rows, int32_t num_probes, int32_t hidden,
-                                    DType dtype) {
+                                    common::DType dtype) {
   const int32_t R = num_rows, P = num_probes;
   if (P <= 2) return ProbeScorePath::kFusedCuda;
-  if (dtype == DType::kFloat32) {
+  if (dtype == common::DType::kFloat32) {
     if (P <= 16) return ProbeScorePath::kFusedCuda;
     if (P <= 128 && R <= 64) return ProbeScorePath::kFusedCuda;
     return ProbeScorePath::kGatherGemm;

@@ -49,26 +49,26 @@ cudaError_t LaunchFor(int pt_index, const FusedCudaParams& params, dim3 grid, si
 
 }  // namespace
 
-const void* FusedCudaKernelFn(DType dtype, int pt_index) {
+const void* FusedCudaKernelFn(common::DType dtype, int pt_index) {
   switch (dtype) {
-    case DType::kFloat32:
+    case common::DType::kFloat32:
       return FusedFnFor<float>(pt_index);
-    case DType::kFloat16:
+    case common::DType::kFloat16:
       return FusedFnFor<__half>(pt_index);
-    case DType::kBFloat16:
+    case common::DType::kBFloat16:
       return FusedFnFor<__nv_bfloat16>(pt_index);
   }
   return nullptr;
 }
 
-cudaError_t LaunchFusedCudaKernel(DType dtype, int pt_index, const FusedCudaParams& params,
+cudaError_t LaunchFusedCudaKernel(common::DType dtype, int pt_index, const FusedCudaParams& params,
                                   dim3 grid, size_t smem_bytes, cudaStream_t stream) {
   switch (dtype) {
-    case DType::kFloat32:
+    case common::DType::kFloat32:
       return LaunchFor<float>(pt_index, params, grid, smem_bytes, stream);
-    case DType::kFloat16:
+    case common::DType::kFloat16:
       return LaunchFor<__half>(pt_index, params, grid, smem_bytes, stream);
-    case DType::kBFloat16:
+    case common::DType::kBFloat16:
       return LaunchFor<__nv_bfloat16>(pt_index, params, grid, smem_bytes, stream);
   }
   return cudaErrorInvalidValue;

@@ -18,8 +18,8 @@ struct TcParams;
 // fused_cuda instantiations: probes per block pass kPT in {1, 2, 4, 8, 16}, index 0..4.
 inline constexpr int kNumFusedPT = 5;
 inline constexpr int kFusedPTValues[kNumFusedPT] = {1, 2, 4, 8, 16};
-const void* FusedCudaKernelFn(DType dtype, int pt_index);
-cudaError_t LaunchFusedCudaKernel(DType dtype, int pt_index, const FusedCudaParams& params,
+const void* FusedCudaKernelFn(common::DType dtype, int pt_index);
+cudaError_t LaunchFusedCudaKernel(common::DType dtype, int pt_index, const FusedCudaParams& params,
                                   dim3 grid, size_t smem_bytes, cudaStream_t stream);
 
 // fused_tc tile configurations.
@@ -29,8 +29,8 @@ struct TcConfigInfo {
 };
 inline constexpr int kNumTcConfigs = 5;
 TcConfigInfo GetTcConfig(int config);
-const void* FusedTcKernelFn(DType dtype, int config);  // nullptr for fp32
-cudaError_t LaunchFusedTcKernel(DType dtype, int config, const TcParams& params, dim3 grid,
+const void* FusedTcKernelFn(common::DType dtype, int config);  // nullptr for fp32
+cudaError_t LaunchFusedTcKernel(common::DType dtype, int config, const TcParams& params, dim3 grid,
                                 cudaStream_t stream);
 }  // namespace probe_score_detail
 

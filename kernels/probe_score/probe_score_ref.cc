@@ -10,19 +10,19 @@ namespace {
 void RowToFloat(const ProbeScoreRefParams& p, int32_t row, float* dst) {
   const int64_t base = static_cast<int64_t>(row) * p.x_row_stride;
   switch (p.x_dtype) {
-    case DType::kFloat32: {
+    case common::DType::kFloat32: {
       const float* src = static_cast<const float*>(p.x) + base;
       for (int32_t h = 0; h < p.hidden; ++h) dst[h] = src[h];
       break;
     }
-    case DType::kFloat16: {
+    case common::DType::kFloat16: {
       const uint16_t* src = static_cast<const uint16_t*>(p.x) + base;
-      for (int32_t h = 0; h < p.hidden; ++h) dst[h] = HalfToFloat(src[h]);
+      for (int32_t h = 0; h < p.hidden; ++h) dst[h] = common::HalfToFloat(src[h]);
       break;
     }
-    case DType::kBFloat16: {
+    case common::DType::kBFloat16: {
       const uint16_t* src = static_cast<const uint16_t*>(p.x) + base;
-      for (int32_t h = 0; h < p.hidden; ++h) dst[h] = Bf16ToFloat(src[h]);
+      for (int32_t h = 0; h < p.hidden; ++h) dst[h] = common::Bf16ToFloat(src[h]);
       break;
     }
   }
@@ -65,7 +65,7 @@ void ProbeScoreRefF64(const ProbeScoreRefParams& p, double* out) {
       const float* w = p.weight + static_cast<int64_t>(j) * p.hidden;
       double acc = 0.0;
       for (int32_t h = 0; h < p.hidden; ++h) {
-        acc += static_cast<double>(LoadAsFloat(p.x, p.x_dtype, base + h)) * w[h];
+        acc += static_cast<double>(common::LoadAsFloat(p.x, p.x_dtype, base + h)) * w[h];
       }
       acc += p.bias[j];
       if (p.activation == Activation::kSigmoid) acc = 1.0 / (1.0 + std::exp(-acc));

@@ -4,7 +4,7 @@
 
 #include <cstdint>
 
-#include "kernels/common/dtype.h"
+#include "common/dtype.h"
 
 namespace probesidecar::kernels {
 
@@ -12,7 +12,7 @@ enum class Activation : int32_t { kNone = 0, kSigmoid = 1 };
 
 struct ProbeScoreRefParams {
   const void* x = nullptr;      // [T, H] x_dtype; row t starts at element t * x_row_stride
-  DType x_dtype = DType::kFloat32;
+  common::DType x_dtype = common::DType::kFloat32;
   int64_t x_row_stride = 0;     // elements, >= hidden
   const int32_t* rows = nullptr;  // [R], each in [0, T) (checked by the caller)
   int32_t num_rows = 0;         // R

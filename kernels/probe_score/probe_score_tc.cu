@@ -108,26 +108,26 @@ TcConfigInfo GetTcConfig(int config) {
   return TcConfigInfo{0, 0, 0, 0, 0, 0, "invalid"};
 }
 
-const void* FusedTcKernelFn(DType dtype, int config) {
+const void* FusedTcKernelFn(common::DType dtype, int config) {
   switch (dtype) {
-    case DType::kFloat16:
+    case common::DType::kFloat16:
       return FnFor<__half>(config);
-    case DType::kBFloat16:
+    case common::DType::kBFloat16:
       return FnFor<__nv_bfloat16>(config);
-    case DType::kFloat32:
+    case common::DType::kFloat32:
       return nullptr;
   }
   return nullptr;
 }
 
-cudaError_t LaunchFusedTcKernel(DType dtype, int config, const TcParams& params, dim3 grid,
+cudaError_t LaunchFusedTcKernel(common::DType dtype, int config, const TcParams& params, dim3 grid,
                                 cudaStream_t stream) {
   switch (dtype) {
-    case DType::kFloat16:
+    case common::DType::kFloat16:
       return LaunchFor<__half>(config, params, grid, stream);
-    case DType::kBFloat16:
+    case common::DType::kBFloat16:
       return LaunchFor<__nv_bfloat16>(config, params, grid, stream);
-    case DType::kFloat32:
+    case common::DType::kFloat32:
       return cudaErrorInvalidValue;
   }
   return cudaErrorInvalidValue;

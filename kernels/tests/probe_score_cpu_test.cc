@@ -9,7 +9,7 @@
 #include <random>
 #include <vector>
 
-#include "kernels/common/dtype.h"
+#include "common/dtype.h"
 #include "kernels/probe_score/probe_score.h"
 #include "kernels/probe_score/probe_score_ref.h"
 
@@ -20,21 +20,21 @@ namespace {
 // Reference vs float64.
 
 struct RefCase {
-  DType dtype;
+  common::DType dtype;
   int32_t T, R, H, P;
   int64_t stride;
   Activation act;
 };
 
-void FillRow(std::vector<uint8_t>* buf, DType dtype, int64_t n, std::mt19937_64* rng) {
+void FillRow(std::vector<uint8_t>* buf, common::DType dtype, int64_t n, std::mt19937_64* rng) {
   std::uniform_real_distribution<float> u(-1.0f, 1.0f);
-  buf->resize(n * DTypeSize(dtype));
+  buf->resize(n * common::DTypeSize(dtype));
   for (int64_t i = 0; i < n; ++i) {
     const float v = u(*rng);
-    if (dtype == DType::kFloat32) {
+    if (dtype == common::DType::kFloat32) {
       std::memcpy(buf->data() + 4 * i, &v, 4);
     } else {
-      const uint16_t h = dtype == DType::kFloat16 ? FloatToHalf(v) : FloatToBf16(v);
+      const uint16_t h = dtype == common::DType::kFloat16 ? common::FloatToHalf(v) : common::FloatToBf16(v);
       std::memcpy(buf->data() + 2 * i, &h, 2);
     }
   }
@@ -42,16 +42,16 @@ void FillRow(std::vector<uint8_t>* buf, DType dtype, int64_t n, std::mt19937_64*
 
 TEST(ProbeScoreRefTest, MatchesFloat64OnRandomData) {
   const RefCase cases[] = {
-      {DType::kFloat32, 50, 20, 257, 5, 257, Activation::kNone},
-      {DType::kFloat32, 40, 33, 1024, 3, 1031, Activation::kSigmoid},
-      {DType::kFloat16, 30, 17, 999, 7, 1001, Activation::kNone},
-      {DType::kFloat16, 64, 64, 2048, 2, 2048, Activation::kSigmoid},
-      {DType::kBFloat16, 25, 40, 513, 9, 520, Activation::kNone},
-      {DType::kBFloat16, 9, 12, 4096, 1, 4097, Activation::kSigmoid},
+      {common::DType::kFloat32, 50, 20, 257, 5, 257, Activation::kNone},
+      {common::DType::kFloat32, 40, 33, 1024, 3, 1031, Activation::kSigmoid},
+      {common::DType::kFloat16, 30, 17, 999, 7, 1001, Activation::kNone},
+      {common::DType::kFloat16, 64, 64, 2048, 2, 2048, Activation::kSigmoid},
+      {common::DType::kBFloat16, 25, 40, 513, 9, 520, Activation::kNone},
+      {common::DType::kBFloat16, 9, 12, 4096, 1, 4097, Activation::kSigmoid},
   };
   uint64_t seed = 1;
   for (const RefCase& c : cases) {
-    SCOPED_TRACE(std::string(DTypeName(c.dtype)) + " H=" + std::to_string(c.H));
+    SCOPED_TRACE(std::string(common::DTypeName(c.dtype)) + " H=" + std::to_string(c.H));
     std::mt19937_64 rng(seed++);
     std::vector<uint8_t> x;
     FillRow(&x, c.dtype, c.T * c.stride, &rng);
@@ -107,13 +107,13 @@ TEST(ProbeScoreRefTest, MatchesFloat64OnRandomData) {
 TEST(ProbeScoreRefTest, DuplicateRowsGiveIdenticalScores) {
   std::mt19937_64 rng(9);
   std::vector<uint8_t> x;
-  FillRow(&x, DType::kBFloat16, 8 * 300, &rng);
+  FillRow(&x, common::DType::kBFloat16, 8 * 300, &rng);
   std::vector<float> w(4 * 300, 0.25f), b(4, 0.5f);
   const std::vector<int32_t> rows = {3, 3, 7, 3};
   std::vector<float> out(4 * 4);
   ProbeScoreRefParams p;
   p.x = x.data();
-  p.x_dtype = DType::kBFloat16;
+  p.x_dtype = common::DType::kBFloat16;
   p.x_row_stride = 300;
   p.rows = rows.data();
   p.num_rows = 4;
@@ -133,14 +133,14 @@ TEST(ProbeScoreRefTest, DuplicateRowsGiveIdenticalScores) {
 // ---------------------------------------------------------------------------------------------
 // dtype conversions.
 
-uint32_t Bits(float f) { return FloatToBits(f); }
+uint32_t Bits(float f) { return common::FloatToBits(f); }
 
 TEST(DTypeTest, Bf16RoundTripsEveryPattern) {
   for (uint32_t b = 0; b < 65536; ++b) {
-    const float f = Bf16ToFloat(static_cast<uint16_t>(b));
-    const uint16_t back = FloatToBf16(f);
+    const float f = common::Bf16ToFloat(static_cast<uint16_t>(b));
+    const uint16_t back = common::FloatToBf16(f);
     if (std::isnan(f)) {
-      EXPECT_TRUE(std::isnan(Bf16ToFloat(back))) << b;
+      EXPECT_TRUE(std::isnan(common::Bf16ToFloat(back))) << b;
     } else {
       EXPECT_EQ(back, b) << b;
     }
@@ -149,29 +149,29 @@ TEST(DTypeTest, Bf16RoundTripsEveryPattern) {
 
 TEST(DTypeTest, Bf16RoundsToNearestEven) {
   // 1.0 = 0x3f80; halfway to 0x3f81 rounds down (even), halfway 0x3f81 -> 0x3f82 rounds up.
-  EXPECT_EQ(FloatToBf16(BitsToFloat(0x3f808000u)), 0x3f80);
-  EXPECT_EQ(FloatToBf16(BitsToFloat(0x3f818000u)), 0x3f82);
-  EXPECT_EQ(FloatToBf16(BitsToFloat(0x3f808001u)), 0x3f81);
-  EXPECT_EQ(FloatToBf16(BitsToFloat(0x3f807fffu)), 0x3f80);
+  EXPECT_EQ(common::FloatToBf16(common::BitsToFloat(0x3f808000u)), 0x3f80);
+  EXPECT_EQ(common::FloatToBf16(common::BitsToFloat(0x3f818000u)), 0x3f82);
+  EXPECT_EQ(common::FloatToBf16(common::BitsToFloat(0x3f808001u)), 0x3f81);
+  EXPECT_EQ(common::FloatToBf16(common::BitsToFloat(0x3f807fffu)), 0x3f80);
   // Overflow to infinity, infinities and NaN.
-  EXPECT_EQ(FloatToBf16(BitsToFloat(0x7f7fffffu)), 0x7f80);
-  EXPECT_EQ(FloatToBf16(std::numeric_limits<float>::infinity()), 0x7f80);
-  EXPECT_EQ(FloatToBf16(-std::numeric_limits<float>::infinity()), 0xff80);
-  EXPECT_TRUE(std::isnan(Bf16ToFloat(FloatToBf16(std::numeric_limits<float>::quiet_NaN()))));
+  EXPECT_EQ(common::FloatToBf16(common::BitsToFloat(0x7f7fffffu)), 0x7f80);
+  EXPECT_EQ(common::FloatToBf16(std::numeric_limits<float>::infinity()), 0x7f80);
+  EXPECT_EQ(common::FloatToBf16(-std::numeric_limits<float>::infinity()), 0xff80);
+  EXPECT_TRUE(std::isnan(common::Bf16ToFloat(common::FloatToBf16(std::numeric_limits<float>::quiet_NaN()))));
   // A NaN whose payload sits only in the low 16 bits stays NaN (not infinity).
-  EXPECT_TRUE(std::isnan(Bf16ToFloat(FloatToBf16(BitsToFloat(0x7f800001u)))));
+  EXPECT_TRUE(std::isnan(common::Bf16ToFloat(common::FloatToBf16(common::BitsToFloat(0x7f800001u)))));
   // Subnormals.
-  EXPECT_EQ(Bits(Bf16ToFloat(0x0001)), 0x00010000u);
-  EXPECT_EQ(FloatToBf16(BitsToFloat(0x00010000u)), 0x0001);
-  EXPECT_EQ(FloatToBf16(-0.0f), 0x8000);
+  EXPECT_EQ(Bits(common::Bf16ToFloat(0x0001)), 0x00010000u);
+  EXPECT_EQ(common::FloatToBf16(common::BitsToFloat(0x00010000u)), 0x0001);
+  EXPECT_EQ(common::FloatToBf16(-0.0f), 0x8000);
 }
 
 TEST(DTypeTest, HalfRoundTripsEveryPattern) {
   for (uint32_t b = 0; b < 65536; ++b) {
-    const float f = HalfToFloat(static_cast<uint16_t>(b));
-    const uint16_t back = FloatToHalf(f);
+    const float f = common::HalfToFloat(static_cast<uint16_t>(b));
+    const uint16_t back = common::FloatToHalf(f);
     if (std::isnan(f)) {
-      EXPECT_TRUE(std::isnan(HalfToFloat(back))) << b;
+      EXPECT_TRUE(std::isnan(common::HalfToFloat(back))) << b;
     } else {
       EXPECT_EQ(back, b) << b;
     }
@@ -180,35 +180,35 @@ TEST(DTypeTest, HalfRoundTripsEveryPattern) {
 
 TEST(DTypeTest, HalfSubnormalsTiesAndOverflow) {
   const float tiny = std::ldexp(1.0f, -24);  // smallest subnormal
-  EXPECT_EQ(HalfToFloat(0x0001), tiny);
-  EXPECT_EQ(HalfToFloat(0x03ff), std::ldexp(1023.0f, -24));
-  EXPECT_EQ(HalfToFloat(0x0400), std::ldexp(1.0f, -14));
-  EXPECT_EQ(FloatToHalf(tiny), 0x0001);
-  EXPECT_EQ(FloatToHalf(std::ldexp(1.0f, -25)), 0x0000);         // tie -> even (0)
-  EXPECT_EQ(FloatToHalf(std::ldexp(3.0f, -25)), 0x0002);         // 1.5 units -> 2
-  EXPECT_EQ(FloatToHalf(std::ldexp(2047.0f, -25)), 0x0400);      // 1023.5 units -> normal
-  EXPECT_EQ(FloatToHalf(-std::ldexp(1.0f, -26)), 0x8000);        // underflow keeps the sign
-  EXPECT_EQ(FloatToHalf(1.0f + std::ldexp(1.0f, -11)), 0x3c00);  // tie -> even
-  EXPECT_EQ(FloatToHalf(1.0f + std::ldexp(3.0f, -11)), 0x3c02);  // tie -> even (up)
-  EXPECT_EQ(FloatToHalf(65504.0f), 0x7bff);
-  EXPECT_EQ(FloatToHalf(65519.0f), 0x7bff);
-  EXPECT_EQ(FloatToHalf(65520.0f), 0x7c00);
-  EXPECT_EQ(FloatToHalf(std::numeric_limits<float>::infinity()), 0x7c00);
-  EXPECT_EQ(FloatToHalf(-std::numeric_limits<float>::infinity()), 0xfc00);
-  EXPECT_TRUE(std::isnan(HalfToFloat(FloatToHalf(std::numeric_limits<float>::quiet_NaN()))));
-  EXPECT_TRUE(std::isinf(HalfToFloat(0x7c00)));
+  EXPECT_EQ(common::HalfToFloat(0x0001), tiny);
+  EXPECT_EQ(common::HalfToFloat(0x03ff), std::ldexp(1023.0f, -24));
+  EXPECT_EQ(common::HalfToFloat(0x0400), std::ldexp(1.0f, -14));
+  EXPECT_EQ(common::FloatToHalf(tiny), 0x0001);
+  EXPECT_EQ(common::FloatToHalf(std::ldexp(1.0f, -25)), 0x0000);         // tie -> even (0)
+  EXPECT_EQ(common::FloatToHalf(std::ldexp(3.0f, -25)), 0x0002);         // 1.5 units -> 2
+  EXPECT_EQ(common::FloatToHalf(std::ldexp(2047.0f, -25)), 0x0400);      // 1023.5 units -> normal
+  EXPECT_EQ(common::FloatToHalf(-std::ldexp(1.0f, -26)), 0x8000);        // underflow keeps the sign
+  EXPECT_EQ(common::FloatToHalf(1.0f + std::ldexp(1.0f, -11)), 0x3c00);  // tie -> even
+  EXPECT_EQ(common::FloatToHalf(1.0f + std::ldexp(3.0f, -11)), 0x3c02);  // tie -> even (up)
+  EXPECT_EQ(common::FloatToHalf(65504.0f), 0x7bff);
+  EXPECT_EQ(common::FloatToHalf(65519.0f), 0x7bff);
+  EXPECT_EQ(common::FloatToHalf(65520.0f), 0x7c00);
+  EXPECT_EQ(common::FloatToHalf(std::numeric_limits<float>::infinity()), 0x7c00);
+  EXPECT_EQ(common::FloatToHalf(-std::numeric_limits<float>::infinity()), 0xfc00);
+  EXPECT_TRUE(std::isnan(common::HalfToFloat(common::FloatToHalf(std::numeric_limits<float>::quiet_NaN()))));
+  EXPECT_TRUE(std::isinf(common::HalfToFloat(0x7c00)));
 }
 
 TEST(DTypeTest, LoadAsFloatReadsEachDtype) {
   const float f[2] = {1.5f, -2.25f};
-  const uint16_t h[2] = {FloatToHalf(1.5f), FloatToHalf(-2.25f)};
-  const uint16_t b[2] = {FloatToBf16(1.5f), FloatToBf16(-2.25f)};
-  EXPECT_EQ(LoadAsFloat(f, DType::kFloat32, 1), -2.25f);
-  EXPECT_EQ(LoadAsFloat(h, DType::kFloat16, 1), -2.25f);
-  EXPECT_EQ(LoadAsFloat(b, DType::kBFloat16, 1), -2.25f);
-  EXPECT_STREQ(DTypeName(DType::kBFloat16), "bf16");
-  EXPECT_EQ(DTypeSize(DType::kFloat32), 4);
-  EXPECT_EQ(DTypeSize(DType::kFloat16), 2);
+  const uint16_t h[2] = {common::FloatToHalf(1.5f), common::FloatToHalf(-2.25f)};
+  const uint16_t b[2] = {common::FloatToBf16(1.5f), common::FloatToBf16(-2.25f)};
+  EXPECT_EQ(common::LoadAsFloat(f, common::DType::kFloat32, 1), -2.25f);
+  EXPECT_EQ(common::LoadAsFloat(h, common::DType::kFloat16, 1), -2.25f);
+  EXPECT_EQ(common::LoadAsFloat(b, common::DType::kBFloat16, 1), -2.25f);
+  EXPECT_STREQ(common::DTypeName(common::DType::kBFloat16), "bf16");
+  EXPECT_EQ(common::DTypeSize(common::DType::kFloat32), 4);
+  EXPECT_EQ(common::DTypeSize(common::DType::kFloat16), 2);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -221,15 +221,15 @@ TEST(ProbeScoreDispatchTest, NamesAreStable) {
 }
 
 TEST(ProbeScoreDispatchTest, ChoosesASupportedPathEverywhere) {
-  for (DType dtype : {DType::kFloat32, DType::kFloat16, DType::kBFloat16}) {
+  for (common::DType dtype : {common::DType::kFloat32, common::DType::kFloat16, common::DType::kBFloat16}) {
     for (int32_t R : {1, 7, 64, 256, 1000, 4096, 8192, 65536}) {
       for (int32_t P : {1, 2, 3, 16, 17, 64, 128, 512, 1024, 4096}) {
         for (int32_t H : {1, 7, 896, 2048, 4096, 5120, 8192, 12288}) {
           const ProbeScorePath path = ChooseProbeScorePath(R, P, H, dtype);
           EXPECT_TRUE(ProbeScorePathSupports(path, dtype, P, H))
-              << DTypeName(dtype) << " R=" << R << " P=" << P << " H=" << H << " -> "
+              << common::DTypeName(dtype) << " R=" << R << " P=" << P << " H=" << H << " -> "
               << ProbeScorePathName(path);
-          if (dtype == DType::kFloat32) EXPECT_NE(path, ProbeScorePath::kFusedTensorCore);
+          if (dtype == common::DType::kFloat32) EXPECT_NE(path, ProbeScorePath::kFusedTensorCore);
         }
       }
     }
@@ -237,25 +237,25 @@ TEST(ProbeScoreDispatchTest, ChoosesASupportedPathEverywhere) {
 }
 
 TEST(ProbeScoreDispatchTest, SupportRules) {
-  EXPECT_FALSE(ProbeScorePathSupports(ProbeScorePath::kFusedTensorCore, DType::kFloat32, 16, 4096));
+  EXPECT_FALSE(ProbeScorePathSupports(ProbeScorePath::kFusedTensorCore, common::DType::kFloat32, 16, 4096));
   EXPECT_FALSE(
-      ProbeScorePathSupports(ProbeScorePath::kFusedTensorCore, DType::kBFloat16, 16, 4100));
-  EXPECT_TRUE(ProbeScorePathSupports(ProbeScorePath::kFusedTensorCore, DType::kFloat16, 1, 4104));
-  EXPECT_TRUE(ProbeScorePathSupports(ProbeScorePath::kFusedCuda, DType::kFloat32, 4096, 7));
-  EXPECT_TRUE(ProbeScorePathSupports(ProbeScorePath::kGatherGemm, DType::kBFloat16, 1, 1));
-  EXPECT_FALSE(ProbeScorePathSupports(ProbeScorePath::kFusedCuda, DType::kFloat32, 0, 4096));
+      ProbeScorePathSupports(ProbeScorePath::kFusedTensorCore, common::DType::kBFloat16, 16, 4100));
+  EXPECT_TRUE(ProbeScorePathSupports(ProbeScorePath::kFusedTensorCore, common::DType::kFloat16, 1, 4104));
+  EXPECT_TRUE(ProbeScorePathSupports(ProbeScorePath::kFusedCuda, common::DType::kFloat32, 4096, 7));
+  EXPECT_TRUE(ProbeScorePathSupports(ProbeScorePath::kGatherGemm, common::DType::kBFloat16, 1, 1));
+  EXPECT_FALSE(ProbeScorePathSupports(ProbeScorePath::kFusedCuda, common::DType::kFloat32, 0, 4096));
 }
 
 // The measured shape of the decision (bench/results/probe_score.md): many probes over many
 // rows never run on CUDA cores, and one probe never goes through a GEMM library call.
 TEST(ProbeScoreDispatchTest, FollowsMeasuredCrossovers) {
-  for (DType dtype : {DType::kFloat16, DType::kBFloat16}) {
+  for (common::DType dtype : {common::DType::kFloat16, common::DType::kBFloat16}) {
     EXPECT_NE(ChooseProbeScorePath(8192, 1024, 4096, dtype), ProbeScorePath::kFusedCuda);
     EXPECT_NE(ChooseProbeScorePath(8192, 1, 4096, dtype), ProbeScorePath::kGatherGemm);
     EXPECT_NE(ChooseProbeScorePath(1, 1, 4096, dtype), ProbeScorePath::kGatherGemm);
   }
-  EXPECT_EQ(ChooseProbeScorePath(8192, 1, 4096, DType::kFloat32), ProbeScorePath::kFusedCuda);
-  EXPECT_EQ(ChooseProbeScorePath(8192, 1024, 4096, DType::kFloat32), ProbeScorePath::kGatherGemm);
+  EXPECT_EQ(ChooseProbeScorePath(8192, 1, 4096, common::DType::kFloat32), ProbeScorePath::kFusedCuda);
+  EXPECT_EQ(ChooseProbeScorePath(8192, 1024, 4096, common::DType::kFloat32), ProbeScorePath::kGatherGemm);
 }
 
 }  // namespace

@@ -19,7 +19,7 @@
 #include <tuple>
 #include <vector>
 
-#include "kernels/common/dtype.h"
+#include "common/dtype.h"
 #include "kernels/probe_score/probe_score.h"
 #include "kernels/probe_score/probe_score_internal.h"
 #include "kernels/probe_score/probe_score_ref.h"
@@ -59,9 +59,9 @@ __global__ void FillActivations(void* buf, int dtype, int64_t total, int64_t off
         inside ? static_cast<float>(
                      (Mix(seed ^ static_cast<uint64_t>(i)) >> 40) * (1.0 / 16777216.0) * 2.0 - 1.0)
                : __int_as_float(0x7fc00001);
-    if (dtype == static_cast<int>(DType::kFloat32)) {
+    if (dtype == static_cast<int>(common::DType::kFloat32)) {
       static_cast<float*>(buf)[i] = v;
-    } else if (dtype == static_cast<int>(DType::kFloat16)) {
+    } else if (dtype == static_cast<int>(common::DType::kFloat16)) {
       static_cast<__half*>(buf)[i] = __float2half_rn(v);
     } else {
       static_cast<__nv_bfloat16*>(buf)[i] = __float2bfloat16_rn(v);
@@ -77,8 +77,8 @@ __global__ void FillBits(uint32_t* p, int64_t n, uint32_t bits) {
 }
 
 __device__ float LoadF(const void* x, int dtype, int64_t i) {
-  if (dtype == static_cast<int>(DType::kFloat32)) return static_cast<const float*>(x)[i];
-  if (dtype == static_cast<int>(DType::kFloat16)) {
+  if (dtype == static_cast<int>(common::DType::kFloat32)) return static_cast<const float*>(x)[i];
+  if (dtype == static_cast<int>(common::DType::kFloat16)) {
     return __half2float(static_cast<const __half*>(x)[i]);
   }
   return __bfloat162float(static_cast<const __nv_bfloat16*>(x)[i]);
@@ -122,14 +122,14 @@ void Poison(float* p, int64_t n, cudaStream_t stream) {
 // ---------------------------------------------------------------------------------------------
 // Host helpers.
 
-float RoundTo(DType dtype, float v) {
+float RoundTo(common::DType dtype, float v) {
   switch (dtype) {
-    case DType::kFloat32:
+    case common::DType::kFloat32:
       return v;
-    case DType::kFloat16:
-      return HalfToFloat(FloatToHalf(v));
-    case DType::kBFloat16:
-      return Bf16ToFloat(FloatToBf16(v));
+    case common::DType::kFloat16:
+      return common::HalfToFloat(common::FloatToHalf(v));
+    case common::DType::kBFloat16:
+      return common::Bf16ToFloat(common::FloatToBf16(v));
   }
   return v;
 }
@@ -140,7 +140,7 @@ struct HostWeights {
 
 // Weights drawn in the activation dtype's precision, so that every path and the reference see
 // the same numbers.
-HostWeights MakeWeights(int32_t P, int32_t H, DType dtype, uint64_t seed) {
+HostWeights MakeWeights(int32_t P, int32_t H, common::DType dtype, uint64_t seed) {
   std::mt19937_64 rng(seed);
   std::uniform_real_distribution<float> u(-1.0f, 1.0f);
   HostWeights hw;
@@ -165,7 +165,7 @@ constexpr Layout kLayouts[] = {
 constexpr int kNumLayouts = sizeof(kLayouts) / sizeof(kLayouts[0]);
 
 struct Case {
-  DType dtype;
+  common::DType dtype;
   int32_t R, H, P;
   int32_t max_rows;
   int layout;
@@ -177,7 +177,7 @@ struct Case {
 std::string CaseName(const Case& c) {
   char buf[200];
   std::snprintf(buf, sizeof(buf), "%s R=%d (max %d) H=%d P=%d layout=%s out+%lld %s",
-                DTypeName(c.dtype), c.R, c.max_rows, c.H, c.P, kLayouts[c.layout].name,
+                common::DTypeName(c.dtype), c.R, c.max_rows, c.H, c.P, kLayouts[c.layout].name,
                 static_cast<long long>(c.out_extra),
                 c.act == Activation::kSigmoid ? "sigmoid" : "none");
   return buf;
@@ -211,7 +211,7 @@ class Problem {
     stride_ = c.H + l.stride_extra;
     T_ = std::max<int64_t>(c.R + 17, 64);
     total_ = l.offset + T_ * stride_ + 16;
-    const int64_t elem = DTypeSize(c.dtype);
+    const int64_t elem = common::DTypeSize(c.dtype);
     CUDA_ASSERT(cudaMalloc(&x_, total_ * elem));
     FillActivations<<<2048, 256>>>(x_, static_cast<int>(c.dtype), total_, l.offset, stride_, c.H,
                                    c.seed);
@@ -267,7 +267,7 @@ class Problem {
     std::vector<int32_t> sample = {0, c_.R - 1, c_.R / 2, c_.R / 3};
     std::sort(sample.begin(), sample.end());
     sample.erase(std::unique(sample.begin(), sample.end()), sample.end());
-    const int64_t elem = DTypeSize(c_.dtype);
+    const int64_t elem = common::DTypeSize(c_.dtype);
     std::vector<char> xs(sample.size() * c_.H * elem);
     for (size_t i = 0; i < sample.size(); ++i) {
       CUDA_ASSERT(cudaMemcpy(xs.data() + i * c_.H * elem,
@@ -401,7 +401,7 @@ class ProbeScoreGpuTest : public ::testing::Test {
   }
 
   // Weights for (dtype precision, P, H), created once.
-  static const std::pair<HostWeights, ProbeWeights>* Weights(DType dtype, int32_t P, int32_t H) {
+  static const std::pair<HostWeights, ProbeWeights>* Weights(common::DType dtype, int32_t P, int32_t H) {
     const auto key = std::make_tuple(static_cast<int>(dtype), P, H);
     auto it = weights_.find(key);
     if (it != weights_.end()) return &it->second;
@@ -430,8 +430,8 @@ cudaError_t ProbeScoreGpuTest::ws_status_ = cudaErrorUnknown;
 std::map<std::tuple<int, int32_t, int32_t>, std::pair<HostWeights, ProbeWeights>>
     ProbeScoreGpuTest::weights_;
 
-double Tolerance(DType dtype, ProbeScorePath path) {
-  if (dtype == DType::kFloat32) return 1e-5;  // no tensor-core path runs fp32
+double Tolerance(common::DType dtype, ProbeScorePath path) {
+  if (dtype == common::DType::kFloat32) return 1e-5;  // no tensor-core path runs fp32
   (void)path;
   return 1e-3;
 }
@@ -444,7 +444,7 @@ struct Worst {
 // Runs every supported path on every case; prints the worst error per (dtype, path).
 void RunCases(ProbeScoreWorkspace* ws, cudaStream_t stream, const std::vector<Case>& cases,
               std::map<std::string, Worst>* worst,
-              const std::pair<HostWeights, ProbeWeights>* (*weights)(DType, int32_t, int32_t)) {
+              const std::pair<HostWeights, ProbeWeights>* (*weights)(common::DType, int32_t, int32_t)) {
   for (const Case& c : cases) {
     SCOPED_TRACE(CaseName(c));
     const auto* w = weights(c.dtype, c.P, c.H);
@@ -464,7 +464,7 @@ void RunCases(ProbeScoreWorkspace* ws, cudaStream_t stream, const std::vector<Ca
       EXPECT_EQ(ck.nan_or_unwritten, 0);
       EXPECT_EQ(ck.tail_touched, 0);
       EXPECT_LE(ck.rel_err, Tolerance(c.dtype, path));
-      const std::string key = std::string(DTypeName(c.dtype)) + " " + ProbeScorePathName(path);
+      const std::string key = std::string(common::DTypeName(c.dtype)) + " " + ProbeScorePathName(path);
       Worst& wst = (*worst)[key];
       if (ck.rel_err >= wst.err) {
         wst.err = ck.rel_err;
@@ -481,7 +481,7 @@ void PrintWorst(const std::map<std::string, Worst>& worst) {
 }
 
 // Every value of every axis for bf16 (the full cross product), the big corners for all dtypes.
-std::vector<Case> SweepCases(DType dtype) {
+std::vector<Case> SweepCases(common::DType dtype) {
   const int32_t Rs[] = {1, 7, 64, 1000, 8192};
   const int32_t Hs[] = {2048, 4096, 5120, 8192};
   const int32_t Ps[] = {1, 3, 16, 128, 1024};
@@ -491,7 +491,7 @@ std::vector<Case> SweepCases(DType dtype) {
     for (int32_t P : Ps) {
       for (int32_t R : Rs) {
         ++n;
-        const bool full = dtype == DType::kBFloat16;
+        const bool full = dtype == common::DType::kBFloat16;
         // fp16 / fp32: every R for P in {1, 16, 1024} at H 4096 / 8192, and one R per other pair.
         const bool corner = (H == 4096 || H == 8192) && (P == 1 || P == 16 || P == 1024);
         const bool diagonal = (R == Rs[(n / 7) % 5]);
@@ -519,7 +519,7 @@ std::vector<Case> SweepCases(DType dtype) {
 TEST_F(ProbeScoreGpuTest, OddHiddenSizes) {
   std::vector<Case> cases;
   uint64_t n = 900;
-  for (DType dtype : {DType::kBFloat16, DType::kFloat16, DType::kFloat32}) {
+  for (common::DType dtype : {common::DType::kBFloat16, common::DType::kFloat16, common::DType::kFloat32}) {
     for (int32_t H : {1, 5, 40, 1000, 1029}) {
       for (int32_t P : {1, 16, 130}) {
         ++n;
@@ -540,13 +540,13 @@ TEST_F(ProbeScoreGpuTest, OddHiddenSizes) {
 TEST_F(ProbeScoreGpuTest, ForcedConfigsAndSplits) {
   std::map<std::string, Worst> worst;
   const std::vector<Case> cases = {
-      {DType::kBFloat16, 300, 4096, 200, 320, 2, 0, Activation::kNone, 11},
-      {DType::kFloat16, 1000, 2048, 16, 1000, 0, 1, Activation::kSigmoid, 12},
-      {DType::kBFloat16, 7, 5120, 1024, 64, 3, 0, Activation::kNone, 13},
-      {DType::kFloat32, 129, 4096, 40, 130, 1, 0, Activation::kNone, 14},
+      {common::DType::kBFloat16, 300, 4096, 200, 320, 2, 0, Activation::kNone, 11},
+      {common::DType::kFloat16, 1000, 2048, 16, 1000, 0, 1, Activation::kSigmoid, 12},
+      {common::DType::kBFloat16, 7, 5120, 1024, 64, 3, 0, Activation::kNone, 13},
+      {common::DType::kFloat32, 129, 4096, 40, 130, 1, 0, Activation::kNone, 14},
       // K tails inside a 256-wide tile (configs with BK 128 / 256) and a single short K tile.
-      {DType::kBFloat16, 50, 1000, 16, 64, 3, 0, Activation::kNone, 15},
-      {DType::kFloat16, 33, 40, 3, 40, 0, 1, Activation::kSigmoid, 16},
+      {common::DType::kBFloat16, 50, 1000, 16, 64, 3, 0, Activation::kNone, 15},
+      {common::DType::kFloat16, 33, 40, 3, 40, 0, 1, Activation::kSigmoid, 16},
   };
   for (int config = 0; config < probe_score_detail::kNumTcConfigs; ++config) {
     for (int splits : {1, 3, 16}) {
@@ -564,7 +564,7 @@ TEST_F(ProbeScoreGpuTest, ForcedConfigsAndSplits) {
 
 // num_rows == 0: nothing is written.
 TEST_F(ProbeScoreGpuTest, ZeroRowsWritesNothing) {
-  const Case c{DType::kBFloat16, 0, 4096, 16, 64, 0, 0, Activation::kNone, 5};
+  const Case c{common::DType::kBFloat16, 0, 4096, 16, 64, 0, 0, Activation::kNone, 5};
   const auto* w = Weights(c.dtype, c.P, c.H);
   ASSERT_NE(w, nullptr);
   Problem prob;
@@ -581,10 +581,10 @@ TEST_F(ProbeScoreGpuTest, ZeroRowsWritesNothing) {
 }
 
 TEST_F(ProbeScoreGpuTest, RejectsUnsupported) {
-  const auto* w = Weights(DType::kFloat32, 16, 4096);
+  const auto* w = Weights(common::DType::kFloat32, 16, 4096);
   ASSERT_NE(w, nullptr);
   ProbeScoreParams p;
-  p.x_dtype = DType::kFloat32;
+  p.x_dtype = common::DType::kFloat32;
   p.args = reinterpret_cast<const ProbeScoreDeviceArgs*>(16);  // never dereferenced
   p.rows = reinterpret_cast<const int32_t*>(16);
   p.max_rows = 64;
@@ -603,12 +603,12 @@ TEST_F(ProbeScoreGpuTest, RejectsUnsupported) {
 // equals eager bit for bit; after rewriting the pinned args (another activation buffer, fewer
 // rows, other row indices) a replay gives the new correct answer and leaves the tail poisoned.
 TEST_F(ProbeScoreGpuTest, GraphCaptureAndReplayWithNewArgs) {
-  for (DType dtype : {DType::kBFloat16, DType::kFloat32}) {
+  for (common::DType dtype : {common::DType::kBFloat16, common::DType::kFloat32}) {
     for (int32_t P : {16, 128}) {
       for (int pi = 0; pi < kNumProbeScorePaths; ++pi) {
         const auto path = static_cast<ProbeScorePath>(pi);
         if (!ProbeScorePathSupports(path, dtype, P, 4096)) continue;
-        SCOPED_TRACE(std::string(DTypeName(dtype)) + " P=" + std::to_string(P) + " " +
+        SCOPED_TRACE(std::string(common::DTypeName(dtype)) + " P=" + std::to_string(P) + " " +
                      ProbeScorePathName(path));
         const int32_t max_rows = 1024;
         const Case a{dtype, 1000, 4096, P, max_rows, 0, 0, Activation::kSigmoid, 77};
@@ -698,19 +698,19 @@ TEST_F(ProbeScoreGpuTest, GraphCaptureAndReplayWithNewArgs) {
 // The sweeps last: they take most of the time.
 TEST_F(ProbeScoreGpuTest, AllPathsBf16FullSweep) {
   std::map<std::string, Worst> worst;
-  RunCases(ws_, stream_, SweepCases(DType::kBFloat16), &worst, &Weights);
+  RunCases(ws_, stream_, SweepCases(common::DType::kBFloat16), &worst, &Weights);
   PrintWorst(worst);
 }
 
 TEST_F(ProbeScoreGpuTest, AllPathsFp16Sweep) {
   std::map<std::string, Worst> worst;
-  RunCases(ws_, stream_, SweepCases(DType::kFloat16), &worst, &Weights);
+  RunCases(ws_, stream_, SweepCases(common::DType::kFloat16), &worst, &Weights);
   PrintWorst(worst);
 }
 
 TEST_F(ProbeScoreGpuTest, AllPathsFp32Sweep) {
   std::map<std::string, Worst> worst;
-  RunCases(ws_, stream_, SweepCases(DType::kFloat32), &worst, &Weights);
+  RunCases(ws_, stream_, SweepCases(common::DType::kFloat32), &worst, &Weights);
   PrintWorst(worst);
 }
 

@@ -30,7 +30,7 @@ std::string ProbeBytes(float marker, int64_t p = 2) {
   std::string weight, bias;
   for (int64_t i = 0; i < p * 4; ++i) weight.append(reinterpret_cast<const char*>(&marker), 4);
   for (int64_t i = 0; i < p; ++i) bias.append(reinterpret_cast<const char*>(&marker), 4);
-  return WriteSafetensors({{"weight", "F32", {p, 4}, weight}, {"bias", "F32", {p}, bias}},
+  return common::WriteSafetensors({{"weight", "F32", {p, 4}, weight}, {"bias", "F32", {p}, bias}},
                           {{"activation", "sigmoid"}});
 }
 

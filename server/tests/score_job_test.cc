@@ -9,7 +9,7 @@
 #include <vector>
 
 #include "gtest/gtest.h"
-#include "server/safetensors.h"
+#include "common/safetensors.h"
 
 namespace probesidecar::server {
 namespace {
@@ -36,7 +36,7 @@ class ScoreJobTest : public ::testing::Test {
   void SetUp() override {
     const std::string weight = Floats(kProbes * kHidden);
     const std::string bias = Floats(kProbes);
-    std::string file = WriteSafetensors(
+    std::string file = common::WriteSafetensors(
         {{"weight", "F32", {kProbes, kHidden}, weight}, {"bias", "F32", {kProbes}, bias}}, {});
     ASSERT_TRUE(registry_.LoadFromBytes("p", file, false).ok());
   }

@@ -10,9 +10,9 @@
 
 #include "client/cpp/client.h"
 #include "gtest/gtest.h"
-#include "kernels/common/dtype.h"
+#include "common/dtype.h"
 #include "kernels/probe_score/probe_score_ref.h"
-#include "server/safetensors.h"
+#include "common/safetensors.h"
 #include "tests/cpp/sidecar_process.h"
 
 namespace probesidecar {
@@ -40,7 +40,7 @@ ProbeFile MakeProbeFile(int32_t num_probes, int32_t hidden, uint32_t seed, bool 
   for (int32_t p = 0; p < num_probes; ++p) f.bias.push_back(0.1f * normal(rng));
   std::map<std::string, std::string> metadata;
   if (sigmoid) metadata["activation"] = "sigmoid";
-  f.bytes = server::WriteSafetensors(
+  f.bytes = common::WriteSafetensors(
       {{"weight", "F32", {num_probes, hidden},
         std::string(reinterpret_cast<const char*>(f.weight.data()), f.weight.size() * 4)},
        {"bias", "F32", {num_probes},
@@ -50,7 +50,7 @@ ProbeFile MakeProbeFile(int32_t num_probes, int32_t hidden, uint32_t seed, bool 
 }
 
 std::vector<double> Reference(const ProbeFile& f, const std::vector<uint16_t>& x_bits,
-                              kernels::DType dtype, int64_t row_stride,
+                              common::DType dtype, int64_t row_stride,
                               const std::vector<int32_t>& rows, bool sigmoid) {
   kernels::ProbeScoreRefParams p;
   p.x = x_bits.data();
@@ -106,21 +106,21 @@ TEST_F(IntegrationTest, ScoresMatchFloat64ReferenceInEveryDtype) {
   ASSERT_TRUE(c.LoadProbeSetFromBytes("p7", f.bytes).ok());
   std::mt19937 rng(2);
   std::normal_distribution<float> normal(0.0f, 1.0f);
-  for (kernels::DType dtype :
-       {kernels::DType::kFloat32, kernels::DType::kFloat16, kernels::DType::kBFloat16}) {
+  for (common::DType dtype :
+       {common::DType::kFloat32, common::DType::kFloat16, common::DType::kBFloat16}) {
     const int64_t rows = 30, stride = 211;  // strided rows
     std::vector<uint16_t> halves((rows - 1) * stride + f.hidden + 1);
     std::vector<float> floats(halves.size());
     for (size_t i = 0; i < halves.size(); ++i) {
       floats[i] = normal(rng);
-      halves[i] = dtype == kernels::DType::kFloat16 ? kernels::FloatToHalf(floats[i])
-                                                     : kernels::FloatToBf16(floats[i]);
+      halves[i] = dtype == common::DType::kFloat16 ? common::FloatToHalf(floats[i])
+                                                     : common::FloatToBf16(floats[i]);
     }
     const size_t extent = (rows - 1) * stride + f.hidden;
     std::string bytes;
     v1::DType proto;
     std::vector<uint16_t> ref_input;  // float32 data travels as pairs of uint16 for the reference
-    if (dtype == kernels::DType::kFloat32) {
+    if (dtype == common::DType::kFloat32) {
       bytes.assign(reinterpret_cast<const char*>(floats.data()), extent * 4);
       ref_input.resize(extent * 2);
       std::memcpy(ref_input.data(), floats.data(), extent * 4);
@@ -128,7 +128,7 @@ TEST_F(IntegrationTest, ScoresMatchFloat64ReferenceInEveryDtype) {
     } else {
       bytes.assign(reinterpret_cast<const char*>(halves.data()), extent * 2);
       ref_input.assign(halves.begin(), halves.begin() + extent);
-      proto = dtype == kernels::DType::kFloat16 ? v1::DTYPE_FLOAT16 : v1::DTYPE_BFLOAT16;
+      proto = dtype == common::DType::kFloat16 ? v1::DTYPE_FLOAT16 : v1::DTYPE_BFLOAT16;
     }
     const std::vector<int32_t> row_ids = {0, 29, 29, 5, 17};
     absl::StatusOr<client::ScoreResult> result =
@@ -137,7 +137,7 @@ TEST_F(IntegrationTest, ScoresMatchFloat64ReferenceInEveryDtype) {
     EXPECT_EQ(result->kernel_path, "cpu");
     ASSERT_EQ(result->scores.size(), row_ids.size() * 7);
     const std::vector<double> ref = Reference(f, ref_input, dtype, stride, row_ids, false);
-    EXPECT_LE(RelError(result->scores, ref), 1e-5) << kernels::DTypeName(dtype);
+    EXPECT_LE(RelError(result->scores, ref), 1e-5) << common::DTypeName(dtype);
   }
 }
 

@@ -16,7 +16,7 @@
 #include "absl/strings/string_view.h"
 #include "absl/types/span.h"
 
-namespace probesidecar::server {
+namespace probesidecar::common {
 
 struct SafetensorsLimits {
   uint64_t max_file_bytes = uint64_t{1} << 30;
@@ -76,4 +76,4 @@ struct SafetensorsTensorToWrite {
 std::string WriteSafetensors(const std::vector<SafetensorsTensorToWrite>& tensors,
                              const std::map<std::string, std::string>& metadata);
 
-}  // namespace probesidecar::server
+}  // namespace probesidecar::common

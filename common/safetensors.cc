@@ -1,4 +1,4 @@
-#include "server/safetensors.h"
+#include "common/safetensors.h"
 
 #include <fcntl.h>
 #include <sys/stat.h>
@@ -18,7 +18,7 @@
 #include "absl/strings/str_join.h"
 #include "nlohmann/json.hpp"
 
-namespace probesidecar::server {
+namespace probesidecar::common {
 namespace {
 
 using Json = nlohmann::json;
@@ -594,4 +594,4 @@ std::string WriteSafetensors(const std::vector<SafetensorsTensorToWrite>& tensor
   return out;
 }
 
-}  // namespace probesidecar::server
+}  // namespace probesidecar::common

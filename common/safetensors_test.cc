@@ -1,4 +1,4 @@
-#include "server/safetensors.h"
+#include "common/safetensors.h"
 
 #include <sys/stat.h>
 #include <unistd.h>
@@ -16,10 +16,10 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
-#include "kernels/common/dtype.h"
+#include "common/dtype.h"
 #include "nlohmann/json.hpp"
 
-namespace probesidecar::server {
+namespace probesidecar::common {
 namespace {
 
 using ::absl::StatusCode;
@@ -651,7 +651,7 @@ double FloatAt(absl::Span<const uint8_t> data, const std::string& dtype, size_t 
   }
   uint16_t bits;
   std::memcpy(&bits, data.data() + 2 * index, 2);
-  return dtype == "F16" ? kernels::HalfToFloat(bits) : kernels::Bf16ToFloat(bits);
+  return dtype == "F16" ? common::HalfToFloat(bits) : common::Bf16ToFloat(bits);
 }
 
 class PythonFixturesTest : public ::testing::Test {
@@ -732,4 +732,4 @@ TEST_F(PythonFixturesTest, WriterReproducesPythonFiles) {
 }
 
 }  // namespace
-}  // namespace probesidecar::server
+}  // namespace probesidecar::common

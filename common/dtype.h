@@ -11,7 +11,7 @@
 #define PS_HOST_DEVICE
 #endif
 
-namespace probesidecar::kernels {
+namespace probesidecar::common {
 
 enum class DType : int32_t { kFloat32 = 0, kFloat16 = 1, kBFloat16 = 2 };
 
@@ -102,4 +102,4 @@ inline float LoadAsFloat(const void* base, DType dtype, int64_t index) {
   return 0.0f;
 }
 
-}  // namespace probesidecar::kernels
+}  // namespace probesidecar::common
