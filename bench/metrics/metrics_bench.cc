@@ -24,7 +24,7 @@
 #include "prometheus/gauge.h"
 #include "prometheus/histogram.h"
 #include "prometheus/registry.h"
-#include "server/metrics.h"
+#include "server/observability/metrics.h"
 
 namespace probesidecar::server {
 namespace {
@@ -124,7 +124,7 @@ void BM_ScoreRpc_Sharded(benchmark::State& state) {
     m.RpcStarted(Rpc::kScore);
     const ScoreTimings t = CudaLikeTimings(i);
     m.ScoreStages(kProbeSet, t, Duration(i + 1));
-    m.RpcFinished(Rpc::kScore, grpc::StatusCode::OK, Duration(i + 1), kProbeSet, kKernelPath);
+    m.RpcFinished(Rpc::kScore, absl::StatusCode::kOk, Duration(i + 1), kProbeSet, kKernelPath);
     ++i;
   }
   state.SetItemsProcessed(state.iterations());
@@ -181,7 +181,7 @@ void BM_Scrape(benchmark::State& state) {
         const std::string set = "set" + std::to_string(s);
         metrics->RpcStarted(Rpc::kScore);
         metrics->ScoreStages(set, CudaLikeTimings(s), 1e-4);
-        metrics->RpcFinished(Rpc::kScore, grpc::StatusCode::OK, 1e-4, set, path);
+        metrics->RpcFinished(Rpc::kScore, absl::StatusCode::kOk, 1e-4, set, path);
       }
     }
     return metrics;

@@ -1,0 +1,239 @@
+#include "server/buffers/buffer_registry.h"
+
+#include <atomic>
+#include <chrono>
+#include <map>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "gtest/gtest.h"
+
+namespace probesidecar::server {
+namespace {
+
+// Stands in for CUDA: each distinct handle is an "allocation" of a fixed size; it fails the way
+// cudaIpcOpenMemHandle does when a handle is opened twice without a close in between.
+class FakeOpener final : public IpcOpener {
+ public:
+  absl::StatusOr<Mapping> Open(const IpcHandleBytes& handle) override {
+    const std::string key(handle.data(), handle.size());
+    if (open_.count(key)) return absl::InternalError("already mapped (opened twice)");
+    if (key[1] == 'X') return absl::InvalidArgumentError("handle: cannot open");
+    ++opens;
+    Mapping m;
+    m.base = reinterpret_cast<void*>(0x100000 * (opens + 1));
+    m.size = kAllocationBytes;
+    open_[key] = m.base;
+    return m;
+  }
+  void Close(void* base) override {
+    for (auto it = open_.begin(); it != open_.end(); ++it) {
+      if (it->second == base) {
+        open_.erase(it);
+        ++closes;
+        return;
+      }
+    }
+    ADD_FAILURE() << "closing an allocation that is not open";
+  }
+  size_t open_count() const { return open_.size(); }
+
+  static constexpr uint64_t kAllocationBytes = 1 << 20;
+  int opens = 0;
+  int closes = 0;
+
+ private:
+  std::map<std::string, void*> open_;
+};
+
+std::string Handle(char id) {
+  std::string h(64, 'h');
+  h[0] = id;
+  return h;
+}
+
+v1::RegisterBufferRequest Request(char id, uint64_t offset, uint64_t size, uint64_t session = 0) {
+  v1::RegisterBufferRequest r;
+  r.set_name(std::string("buf-") + id);
+  r.set_handle(Handle(id));
+  r.set_offset_bytes(offset);
+  r.set_byte_size(size);
+  r.set_client_pid(4242);
+  r.set_session_id(session);
+  return r;
+}
+
+class BufferRegistryTest : public ::testing::Test {
+ protected:
+  FakeOpener opener_;
+  BufferRegistry registry_{0, &opener_, 8};
+};
+
+TEST_F(BufferRegistryTest, RegistrationsOfOneAllocationShareOneMapping) {
+  auto a = registry_.Register(Request('a', 0, 4096));
+  auto b = registry_.Register(Request('a', 8192, 4096));
+  ASSERT_TRUE(a.ok() && b.ok()) << a.status() << b.status();
+  EXPECT_FALSE(a->shared_mapping());
+  EXPECT_TRUE(b->shared_mapping());
+  EXPECT_NE(a->buffer_id(), b->buffer_id());
+  EXPECT_EQ(a->allocation_bytes(), FakeOpener::kAllocationBytes);
+  EXPECT_EQ(opener_.opens, 1);
+  EXPECT_EQ(registry_.counters().open_handles, 1u);
+  EXPECT_EQ(registry_.counters().registrations, 2u);
+  EXPECT_EQ(registry_.counters().registered_bytes, 8192u);
+
+  // Each window maps at its own offset.
+  auto la = registry_.Acquire(a->buffer_id(), 16, 32);
+  auto lb = registry_.Acquire(b->buffer_id(), 16, 32);
+  ASSERT_TRUE(la.ok() && lb.ok());
+  EXPECT_EQ(static_cast<char*>(lb->device_ptr) - static_cast<char*>(la->device_ptr), 8192);
+
+  absl::StatusOr<bool> deferred = registry_.Unregister(a->buffer_id());
+  ASSERT_TRUE(deferred.ok());
+  EXPECT_TRUE(*deferred);  // la is in flight
+  la->hold.reset();
+  lb->hold.reset();
+  EXPECT_EQ(opener_.closes, 0);  // b still uses the mapping
+  ASSERT_TRUE(registry_.Unregister(b->buffer_id()).ok());
+  EXPECT_EQ(opener_.closes, 1);
+  EXPECT_EQ(opener_.open_count(), 0u);
+  // The allocation can be registered again: it is opened anew.
+  ASSERT_TRUE(registry_.Register(Request('a', 0, 16)).ok());
+  EXPECT_EQ(opener_.opens, 2);
+}
+
+TEST_F(BufferRegistryTest, UnregisterWhileInUseIsDeferredUntilTheLastLease) {
+  auto a = registry_.Register(Request('a', 0, 4096));
+  ASSERT_TRUE(a.ok());
+  auto lease1 = registry_.Acquire(a->buffer_id(), 0, 4096);
+  auto lease2 = registry_.Acquire(a->buffer_id(), 100, 10);
+  ASSERT_TRUE(lease1.ok() && lease2.ok());
+  absl::StatusOr<bool> deferred = registry_.Unregister(a->buffer_id());
+  ASSERT_TRUE(deferred.ok());
+  EXPECT_TRUE(*deferred);
+  // Closing: no new request can use it, a second unregister is NOT_FOUND, it is still listed.
+  EXPECT_EQ(registry_.Acquire(a->buffer_id(), 0, 1).status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(registry_.Unregister(a->buffer_id()).status().code(), absl::StatusCode::kNotFound);
+  std::vector<v1::BufferInfo> listed = registry_.List();
+  ASSERT_EQ(listed.size(), 1u);
+  EXPECT_TRUE(listed[0].closing());
+  EXPECT_EQ(listed[0].in_flight(), 2u);
+  lease1->hold.reset();
+  EXPECT_EQ(opener_.closes, 0);
+  lease2->hold.reset();
+  EXPECT_EQ(opener_.closes, 1);
+  EXPECT_TRUE(registry_.List().empty());
+}
+
+TEST_F(BufferRegistryTest, UnregisterWhenIdleClosesAtOnce) {
+  auto a = registry_.Register(Request('a', 0, 64));
+  ASSERT_TRUE(a.ok());
+  absl::StatusOr<bool> deferred = registry_.Unregister(a->buffer_id());
+  ASSERT_TRUE(deferred.ok());
+  EXPECT_FALSE(*deferred);
+  EXPECT_EQ(opener_.closes, 1);
+  EXPECT_EQ(registry_.Unregister(a->buffer_id()).status().code(), absl::StatusCode::kNotFound);
+}
+
+TEST_F(BufferRegistryTest, AcquireChecksTheWindowOverflowSafely) {
+  auto a = registry_.Register(Request('a', 4096, 1000));
+  ASSERT_TRUE(a.ok());
+  EXPECT_TRUE(registry_.Acquire(a->buffer_id(), 0, 1000).ok());
+  EXPECT_TRUE(registry_.Acquire(a->buffer_id(), 999, 1).ok());
+  for (auto [offset, extent] : std::vector<std::pair<uint64_t, uint64_t>>{
+           {0, 1001}, {1000, 1}, {1, 1000}, {UINT64_MAX, 2}, {2, UINT64_MAX}}) {
+    absl::StatusOr<BufferLease> lease = registry_.Acquire(a->buffer_id(), offset, extent);
+    ASSERT_FALSE(lease.ok()) << offset << " " << extent;
+    EXPECT_EQ(lease.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_NE(lease.status().message().find("past the end"), absl::string_view::npos);
+  }
+  EXPECT_EQ(registry_.Acquire(999, 0, 1).status().code(), absl::StatusCode::kNotFound);
+  // Refused acquisitions took no lease: the buffer closes at once.
+  EXPECT_FALSE(*registry_.Unregister(a->buffer_id()));
+}
+
+TEST_F(BufferRegistryTest, BadRegistrationsChangeNothing) {
+  struct Case {
+    v1::RegisterBufferRequest request;
+    absl::StatusCode code;
+    const char* fragment;
+  };
+  v1::RegisterBufferRequest other_device = Request('a', 0, 16);
+  other_device.set_device_id(1);
+  v1::RegisterBufferRequest short_handle = Request('a', 0, 16);
+  short_handle.set_handle("abc");
+  v1::RegisterBufferRequest unopenable = Request('a', 0, 16);
+  unopenable.set_handle(std::string(1, 'z') + "X" + std::string(62, 'q'));
+  for (const Case& c : std::vector<Case>{
+           {Request('a', 0, 0), absl::StatusCode::kInvalidArgument, "byte_size"},
+           {Request('a', FakeOpener::kAllocationBytes, 1), absl::StatusCode::kInvalidArgument,
+            "past the end of the allocation"},
+           {Request('a', 1, FakeOpener::kAllocationBytes), absl::StatusCode::kInvalidArgument,
+            "past the end of the allocation"},
+           {Request('a', UINT64_MAX, 2), absl::StatusCode::kInvalidArgument, "overflows"},
+           {other_device, absl::StatusCode::kInvalidArgument, "serves CUDA device 0"},
+           {short_handle, absl::StatusCode::kInvalidArgument, "3 bytes"},
+           {unopenable, absl::StatusCode::kInvalidArgument, "cannot open"},
+           {Request('a', 0, 16, /*session=*/77), absl::StatusCode::kNotFound, "session 77"},
+       }) {
+    auto r = registry_.Register(c.request);
+    ASSERT_FALSE(r.ok()) << c.fragment;
+    EXPECT_EQ(r.status().code(), c.code) << r.status();
+    EXPECT_NE(r.status().message().find(c.fragment), absl::string_view::npos) << r.status();
+  }
+  EXPECT_TRUE(registry_.List().empty());
+  EXPECT_EQ(opener_.open_count(), 0u);  // a window past the end closed what it opened
+}
+
+TEST_F(BufferRegistryTest, RegistrationLimit) {
+  for (int i = 0; i < 8; ++i) ASSERT_TRUE(registry_.Register(Request('a', i, 1)).ok());
+  auto r = registry_.Register(Request('b', 0, 1));
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_EQ(opener_.opens, 1);
+}
+
+TEST_F(BufferRegistryTest, EndingASessionReleasesItsBuffers) {
+  const uint64_t session = registry_.OpenSession(4242);
+  const uint64_t other = registry_.OpenSession(777);
+  auto a = registry_.Register(Request('a', 0, 64, session));
+  auto b = registry_.Register(Request('b', 0, 64, session));
+  auto c = registry_.Register(Request('c', 0, 64, other));
+  auto d = registry_.Register(Request('d', 0, 64));  // no session: lives until unregistered
+  ASSERT_TRUE(a.ok() && b.ok() && c.ok() && d.ok());
+  auto lease = registry_.Acquire(b->buffer_id(), 0, 64);
+  ASSERT_TRUE(lease.ok());
+  registry_.CloseSession(session);
+  EXPECT_EQ(registry_.Acquire(a->buffer_id(), 0, 1).status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(opener_.closes, 1);  // a closed; b waits for its request
+  lease->hold.reset();
+  EXPECT_EQ(opener_.closes, 2);
+  EXPECT_EQ(registry_.List().size(), 2u);
+  EXPECT_EQ(registry_.Register(Request('e', 0, 1, session)).status().code(),
+            absl::StatusCode::kNotFound);
+  EXPECT_EQ(registry_.counters().sessions, 1u);
+}
+
+TEST_F(BufferRegistryTest, ConcurrentLeasesAndUnregister) {
+  auto a = registry_.Register(Request('a', 0, 4096));
+  ASSERT_TRUE(a.ok());
+  std::vector<std::thread> threads;
+  std::atomic<int> ok{0};
+  for (int t = 0; t < 4; ++t) {
+    threads.emplace_back([&] {
+      for (int i = 0; i < 2000; ++i) {
+        absl::StatusOr<BufferLease> lease = registry_.Acquire(a->buffer_id(), 0, 64);
+        if (lease.ok()) ++ok;
+      }
+    });
+  }
+  std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  ASSERT_TRUE(registry_.Unregister(a->buffer_id()).ok());
+  for (std::thread& t : threads) t.join();
+  EXPECT_GT(ok.load(), 0);
+  EXPECT_EQ(opener_.closes, 1);
+  EXPECT_TRUE(registry_.List().empty());
+}
+
+}  // namespace
+}  // namespace probesidecar::server

@@ -1,0 +1,287 @@
+#include "server/config/config.h"
+
+#include <cmath>
+#include <functional>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/string_view.h"
+#include "absl/strings/strip.h"
+
+namespace probesidecar::server {
+namespace {
+
+using Setter = std::function<absl::Status(absl::string_view value, Config& config)>;
+
+struct Flag {
+  const char* name;
+  const char* value_name;  // nullptr for switches
+  const char* help;
+  Setter set;
+};
+
+absl::Status BadValue(absl::string_view flag, absl::string_view value, absl::string_view why) {
+  return absl::InvalidArgumentError(absl::StrCat("--", flag, "=", value, ": ", why));
+}
+
+// Integers with an optional binary suffix: 64Mi, 1Gi, 512Ki.
+absl::StatusOr<uint64_t> ParseSize(absl::string_view flag, absl::string_view value) {
+  absl::string_view digits = value;
+  uint64_t scale = 1;
+  if (absl::ConsumeSuffix(&digits, "Ki")) {
+    scale = uint64_t{1} << 10;
+  } else if (absl::ConsumeSuffix(&digits, "Mi")) {
+    scale = uint64_t{1} << 20;
+  } else if (absl::ConsumeSuffix(&digits, "Gi")) {
+    scale = uint64_t{1} << 30;
+  }
+  uint64_t n = 0;
+  if (!absl::SimpleAtoi(digits, &n)) return BadValue(flag, value, "not a non-negative integer");
+  uint64_t out = 0;
+  if (__builtin_mul_overflow(n, scale, &out)) return BadValue(flag, value, "too large");
+  return out;
+}
+
+absl::StatusOr<uint32_t> ParseCount(absl::string_view flag, absl::string_view value, uint32_t min,
+                                    uint32_t max) {
+  uint32_t n = 0;
+  if (!absl::SimpleAtoi(value, &n) || n < min || n > max) {
+    return BadValue(flag, value, absl::StrCat("expected an integer in [", min, ", ", max, "]"));
+  }
+  return n;
+}
+
+template <typename T>
+Setter Count(T Config::*field, const char* flag, uint32_t min, uint32_t max) {
+  return [=](absl::string_view value, Config& config) -> absl::Status {
+    absl::StatusOr<uint32_t> n = ParseCount(flag, value, min, max);
+    if (!n.ok()) return n.status();
+    config.*field = static_cast<T>(*n);
+    return absl::OkStatus();
+  };
+}
+
+Setter Size(uint64_t Config::*field, const char* flag, uint64_t min, uint64_t max) {
+  return [=](absl::string_view value, Config& config) -> absl::Status {
+    absl::StatusOr<uint64_t> n = ParseSize(flag, value);
+    if (!n.ok()) return n.status();
+    if (*n < min || *n > max) {
+      return BadValue(flag, value, absl::StrCat("expected a size in [", min, ", ", max, "]"));
+    }
+    config.*field = *n;
+    return absl::OkStatus();
+  };
+}
+
+absl::Status CheckListenAddress(absl::string_view flag, absl::string_view value) {
+  if (absl::StartsWith(value, "unix:")) {
+    absl::string_view path = value.substr(5);
+    absl::ConsumePrefix(&path, "//");
+    if (path.empty() || path[0] != '/') {
+      return BadValue(flag, value, "a Unix socket address is unix:/absolute/path");
+    }
+    // sun_path holds 108 bytes including the terminating NUL.
+    if (path.size() > 107)
+      return BadValue(flag, value, "Unix socket path is longer than 107 bytes");
+    return absl::OkStatus();
+  }
+  const size_t colon = value.rfind(':');
+  uint32_t port = 0;
+  if (colon == absl::string_view::npos || colon == 0 ||
+      !absl::SimpleAtoi(value.substr(colon + 1), &port) || port > 65535) {
+    return BadValue(flag, value, "expected host:port (port 0-65535) or unix:/path");
+  }
+  return absl::OkStatus();
+}
+
+const std::vector<Flag>& Flags() {
+  static const auto* flags = new std::vector<Flag>{
+      {"listen", "ADDR",
+       "gRPC listener, unix:/path or host:port (port 0: any free port). Repeatable; the first "
+       "use replaces the defaults unix:/tmp/probe-sidecar.sock and 127.0.0.1:50551.",
+       nullptr},  // handled in ParseFlags: it accumulates
+      {"metrics-listen", "HOST:PORT",
+       "Prometheus /metrics endpoint (default 127.0.0.1:9464); 'none' turns it off.",
+       [](absl::string_view v, Config& c) -> absl::Status {
+         if (v != "none") {
+           absl::Status s = CheckListenAddress("metrics-listen", v);
+           if (!s.ok()) return s;
+           if (absl::StartsWith(v, "unix:")) {
+             return BadValue("metrics-listen", v, "the metrics endpoint listens on TCP only");
+           }
+         }
+         c.metrics_listen = std::string(v);
+         return absl::OkStatus();
+       }},
+      {"probes", "DIR",
+       "Directory of probe sets (*.safetensors, each named by its file stem) loaded at start; "
+       "LoadProbeSet paths must stay inside it. Default: the bundled demo set, "
+       "<binary>/../share/probe-sidecar/probes.",
+       [](absl::string_view v, Config& c) -> absl::Status {
+         if (v.empty()) return BadValue("probes", v, "empty directory");
+         c.probes_dir = std::string(v);
+         return absl::OkStatus();
+       }},
+      {"backend", "auto|cpu|cuda",
+       "auto (default) uses the GPU when one is present, else the CPU backend (inline tensors "
+       "only); cuda fails to start without a GPU.",
+       [](absl::string_view v, Config& c) -> absl::Status {
+         if (v == "auto") {
+           c.backend = Backend::kAuto;
+         } else if (v == "cpu") {
+           c.backend = Backend::kCpu;
+         } else if (v == "cuda") {
+           c.backend = Backend::kCuda;
+         } else {
+           return BadValue("backend", v, "expected auto, cpu or cuda");
+         }
+         return absl::OkStatus();
+       }},
+      {"device", "N", "CUDA device ordinal (default 0).",
+       Count(&Config::device, "device", 0, 1023)},
+      {"max-message-bytes", "BYTES",
+       "Largest gRPC message received or sent (default 64Mi; suffixes Ki, Mi, Gi).",
+       Size(&Config::max_message_bytes, "max-message-bytes", 4096, uint64_t{2047} << 20)},
+      {"max-concurrent-requests", "N",
+       "Score/Verify requests in progress at once; more are refused with RESOURCE_EXHAUSTED "
+       "(default 256).",
+       Count(&Config::max_concurrent_requests, "max-concurrent-requests", 1, 1 << 20)},
+      {"max-rows", "N", "Largest number of rows in one Score request (default 65536).",
+       Count(&Config::max_rows, "max-rows", 1, 1 << 24)},
+      {"max-probes", "N", "Largest number of probes in one probe set (default 65536).",
+       Count(&Config::max_probes, "max-probes", 1, 1 << 24)},
+      {"max-probe-file-bytes", "BYTES", "Largest probe set file (default 1Gi).",
+       Size(&Config::max_probe_file_bytes, "max-probe-file-bytes", 64, uint64_t{16} << 30)},
+      {"cpu-threads", "N", "CPU backend worker threads; 0 = one per core (default).",
+       Count(&Config::cpu_threads, "cpu-threads", 0, 4096)},
+      {"cuda-workers", "N",
+       "CUDA backend workers, each with its own stream, staging buffers and graphs (default 4).",
+       Count(&Config::cuda_workers, "cuda-workers", 1, 64)},
+      {"graph-cache-entries", "N", "Captured CUDA graphs kept per worker (default 256).",
+       Count(&Config::graph_cache_entries, "graph-cache-entries", 1, 1 << 16)},
+      {"gpu-timing-every", "N",
+       "Time the GPU stages (h2d, kernel, d2h) with CUDA events on one request in N (default "
+       "1: every request; 0: never). Timed requests replay a graph with event nodes.",
+       Count(&Config::gpu_timing_every, "gpu-timing-every", 0, 1 << 20)},
+      {"warmup-rows", "R[,R...]",
+       "Row buckets whose graphs are captured at start for each loaded probe set (default 1,64; "
+       "'none' for none).",
+       [](absl::string_view v, Config& c) -> absl::Status {
+         c.warmup_rows.clear();
+         if (v == "none") return absl::OkStatus();
+         for (absl::string_view part : absl::StrSplit(v, ',')) {
+           absl::StatusOr<uint32_t> n = ParseCount("warmup-rows", part, 1, 1 << 24);
+           if (!n.ok()) return n.status();
+           c.warmup_rows.push_back(*n);
+         }
+         return absl::OkStatus();
+       }},
+      {"shutdown-grace-seconds", "S",
+       "On SIGINT/SIGTERM, time in-flight RPCs get to finish before they are cancelled "
+       "(default 10).",
+       [](absl::string_view v, Config& c) -> absl::Status {
+         double s = 0;
+         if (!absl::SimpleAtod(v, &s) || !std::isfinite(s) || s < 0 || s > 3600) {
+           return BadValue("shutdown-grace-seconds", v, "expected seconds in [0, 3600]");
+         }
+         c.shutdown_grace_seconds = s;
+         return absl::OkStatus();
+       }},
+      {"log-level", "debug|info|warning|error",
+       "Least severe level logged to stderr (default info).",
+       [](absl::string_view v, Config& c) -> absl::Status {
+         if (v != "debug" && v != "info" && v != "warning" && v != "error") {
+           return BadValue("log-level", v, "expected debug, info, warning or error");
+         }
+         c.log_level = std::string(v);
+         return absl::OkStatus();
+       }},
+      {"help", nullptr, "Print this help and exit.", nullptr},
+      {"version", nullptr, "Print the version and exit.", nullptr},
+  };
+  return *flags;
+}
+
+}  // namespace
+
+const char* BackendName(Backend backend) {
+  switch (backend) {
+    case Backend::kAuto:
+      return "auto";
+    case Backend::kCpu:
+      return "cpu";
+    case Backend::kCuda:
+      return "cuda";
+  }
+  return "unknown";
+}
+
+absl::StatusOr<ParsedFlags> ParseFlags(int argc, const char* const* argv) {
+  ParsedFlags parsed;
+  bool listen_given = false;
+  for (int i = 1; i < argc; ++i) {
+    absl::string_view arg = argv[i];
+    if (!absl::ConsumePrefix(&arg, "--")) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("unexpected argument '", arg, "' (flags start with --; see --help)"));
+    }
+    absl::string_view name = arg;
+    absl::string_view value;
+    bool has_value = false;
+    if (const size_t eq = arg.find('='); eq != absl::string_view::npos) {
+      name = arg.substr(0, eq);
+      value = arg.substr(eq + 1);
+      has_value = true;
+    }
+    const Flag* flag = nullptr;
+    for (const Flag& f : Flags()) {
+      if (name == f.name) flag = &f;
+    }
+    if (flag == nullptr) {
+      return absl::InvalidArgumentError(absl::StrCat("unknown flag --", name, " (see --help)"));
+    }
+    if (flag->value_name == nullptr) {
+      if (has_value) return BadValue(name, value, "this flag takes no value");
+      if (name == "help") parsed.show_help = true;
+      if (name == "version") parsed.show_version = true;
+      continue;
+    }
+    if (!has_value) {
+      if (i + 1 >= argc) {
+        return absl::InvalidArgumentError(absl::StrCat("--", name, " needs a value"));
+      }
+      value = argv[++i];
+    }
+    if (name == "listen") {
+      absl::Status s = CheckListenAddress(name, value);
+      if (!s.ok()) return s;
+      if (!listen_given) parsed.config.listen.clear();
+      listen_given = true;
+      parsed.config.listen.emplace_back(value);
+      continue;
+    }
+    absl::Status s = flag->set(value, parsed.config);
+    if (!s.ok()) return s;
+  }
+  return parsed;
+}
+
+std::string HelpText() {
+  std::string text =
+      "probe-sidecar: scores LLM hidden states with linear probes over gRPC, next to an "
+      "inference server.\n\nUsage: probe-sidecar [flags]\n\nWith no flags it listens on "
+      "unix:/tmp/probe-sidecar.sock and 127.0.0.1:50551, serves /metrics on 127.0.0.1:9464, "
+      "loads the bundled demo probe set and picks the GPU if there is one.\n\nFlags:\n";
+  for (const Flag& f : Flags()) {
+    std::string head = absl::StrCat("  --", f.name);
+    if (f.value_name != nullptr) absl::StrAppend(&head, "=", f.value_name);
+    absl::StrAppend(&text, head, "\n      ", f.help, "\n");
+  }
+  absl::StrAppend(&text,
+                  "\nSIGINT/SIGTERM: stop accepting, let in-flight RPCs finish (up to "
+                  "--shutdown-grace-seconds), exit 0.\n");
+  return text;
+}
+
+}  // namespace probesidecar::server

@@ -1,0 +1,116 @@
+#include "server/executors/cpu/cpu_executor.h"
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <memory>
+#include <thread>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "kernels/probe_score/probe_score_ref.h"
+
+namespace probesidecar::server {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double Seconds(Clock::time_point from, Clock::time_point to) {
+  return std::chrono::duration<double>(to - from).count();
+}
+
+// Work per task, in multiply-adds: big requests split across threads, small ones stay whole.
+constexpr int64_t kTaskMacs = int64_t{1} << 21;
+
+int ThreadCount(uint32_t threads) {
+  return static_cast<int>(threads != 0 ? threads
+                                       : std::max(1u, std::thread::hardware_concurrency()));
+}
+
+}  // namespace
+
+CpuExecutor::CpuExecutor(uint32_t threads, size_t max_queued_tasks)
+    : pool_(ThreadCount(threads), max_queued_tasks) {}
+
+CpuExecutor::~CpuExecutor() { Shutdown(); }
+
+std::string CpuExecutor::device_name() const {
+  return absl::StrCat("cpu (", pool_.workers(), " threads)");
+}
+
+void CpuExecutor::Score(const ScoreJob* job, ScoreDone done) {
+  const ProbeSet& set = *job->probe_set;
+  kernels::ProbeScoreRefParams params;
+  params.x = job->activations.host;
+  params.x_dtype = job->activations.dtype;
+  params.x_row_stride = job->activations.row_stride;
+  params.rows = job->rows;
+  params.num_rows = job->num_rows;
+  params.weight = set.weight.data();
+  params.bias = set.bias.data();
+  params.hidden = set.hidden;
+  params.num_probes = set.num_probes;
+  params.activation = set.activation;
+  params.out = job->host_out;
+  params.out_row_stride = set.num_probes;
+
+  const int64_t macs_per_row = std::max<int64_t>(1, int64_t{set.hidden} * set.num_probes);
+  const int32_t rows_per_task =
+      static_cast<int32_t>(std::clamp<int64_t>(kTaskMacs / macs_per_row, 1, job->num_rows));
+  const int32_t num_tasks = (job->num_rows + rows_per_task - 1) / rows_per_task;
+
+  // Shared by the tasks; the last one to finish reports (a refused task reports the refusal).
+  struct Shared {
+    ScoreDone done;
+    std::atomic<int32_t> remaining;
+    Clock::time_point submitted;
+    std::atomic<int64_t> first_start_ns{INT64_MAX};
+    absl::Mutex mu;
+    absl::Status status ABSL_GUARDED_BY(mu);
+  };
+  auto shared = std::make_shared<Shared>();
+  shared->done = std::move(done);
+  shared->remaining.store(num_tasks);
+  shared->submitted = Clock::now();
+
+  for (int32_t t = 0; t < num_tasks; ++t) {
+    const int32_t begin = t * rows_per_task;
+    const int32_t end = std::min(job->num_rows, begin + rows_per_task);
+    pool_.Submit([params, begin, end, shared](int worker) {
+      if (worker == WorkerPool::kRefused) {
+        absl::MutexLock lock(&shared->mu);
+        if (shared->status.ok()) {
+          shared->status = absl::ResourceExhaustedError(
+              "the CPU executor's queue is full (or it is shutting down); retry later");
+        }
+      } else {
+        const Clock::time_point start = Clock::now();
+        const int64_t start_ns =
+            std::chrono::duration_cast<std::chrono::nanoseconds>(start - shared->submitted).count();
+        int64_t seen = shared->first_start_ns.load();
+        while (start_ns < seen && !shared->first_start_ns.compare_exchange_weak(seen, start_ns)) {
+        }
+        kernels::ProbeScoreRef(params, begin, end);
+      }
+      if (shared->remaining.fetch_sub(1) == 1) {
+        ScoreTimings timings;
+        const double total = Seconds(shared->submitted, Clock::now());
+        const int64_t first = shared->first_start_ns.load();
+        timings.queue = first == INT64_MAX ? total : static_cast<double>(first) * 1e-9;
+        timings.kernel = std::max(0.0, total - timings.queue);
+        timings.kernel_path = "cpu";
+        absl::Status status;
+        {
+          absl::MutexLock lock(&shared->mu);
+          status = shared->status;
+        }
+        std::move(shared->done)(status, timings);
+      }
+    });
+  }
+}
+
+void CpuExecutor::Shutdown() { pool_.Shutdown(); }
+
+}  // namespace probesidecar::server

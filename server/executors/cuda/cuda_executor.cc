@@ -1,0 +1,232 @@
+#include "server/executors/cuda/cuda_executor.h"
+
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <utility>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "kernels/probe_score/probe_score.h"
+#include "server/buffers/buffer_registry.h"
+#include "server/buffers/cuda_ipc.h"
+#include "server/executors/cuda/cuda_status.h"
+#include "server/executors/cuda/stream_slot.h"
+#include "server/executors/worker_pool.h"
+#include "server/observability/log.h"
+
+namespace probesidecar::server {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double SecondsSince(Clock::time_point start) {
+  return std::chrono::duration<double>(Clock::now() - start).count();
+}
+
+// What outlives the executor: the device-memory count, and the way back to a worker thread for
+// freeing a probe set's weights. cudaFree waits for the device, and the last reference to a probe
+// set can drop anywhere (a gRPC thread that listed the sets, say), so the free is handed to a
+// worker thread while the executor runs; once it has stopped, whoever drops the reference frees.
+struct SharedState {
+  std::atomic<int64_t> device_bytes{0};
+  absl::Mutex mu;
+  WorkerPool* pool ABSL_GUARDED_BY(mu) = nullptr;
+
+  void Free(absl::AnyInvocable<void() &&> free) {
+    absl::MutexLock lock(&mu);
+    if (pool == nullptr) {
+      std::move(free)();
+      return;
+    }
+    // Worker 0 runs it before its next request; refused (shutting down): runs here, now.
+    pool->SubmitTo(0, [free = std::move(free)](int) mutable { std::move(free)(); });
+  }
+};
+
+class CudaExecutor final : public Executor {
+ public:
+  CudaExecutor(const Config& config, std::string device_name)
+      : config_(config),
+        device_name_(std::move(device_name)),
+        opener_(config.device),
+        buffers_(config.device, &opener_),
+        state_(std::make_shared<SharedState>()) {}
+
+  ~CudaExecutor() override { Shutdown(); }
+
+  absl::Status Init() {
+    for (uint32_t i = 0; i < config_.cuda_workers; ++i) {
+      auto slot = std::make_unique<StreamSlot>(config_.device, config_, &state_->device_bytes);
+      if (absl::Status s = slot->Init(config_); !s.ok()) return s;
+      slots_.push_back(std::move(slot));
+    }
+    // One worker thread per stream slot. The queue bounds what waits for a slot; the service
+    // admits at most --max-concurrent-requests at once, so it holds that many.
+    pool_ = std::make_unique<WorkerPool>(static_cast<int>(slots_.size()),
+                                         config_.max_concurrent_requests);
+    absl::MutexLock lock(&state_->mu);
+    state_->pool = pool_.get();
+    return absl::OkStatus();
+  }
+
+  const char* backend() const override { return "cuda"; }
+  std::string device_name() const override { return device_name_; }
+  BufferRegistry* buffers() override { return &buffers_; }
+
+  absl::Status PrepareProbeSet(ProbeSet& set) override {
+    PS_RETURN_IF_CUDA(cudaSetDevice(config_.device));
+    auto weights = std::make_unique<kernels::ProbeWeights>();
+    if (cudaError_t e = kernels::CreateProbeWeights(set.weight.data(), set.bias.data(),
+                                                    set.num_probes, set.hidden, weights.get());
+        e != cudaSuccess) {
+      return CudaStatus(e, absl::StrCat("uploading the weights of probe set '", set.name, "'"));
+    }
+    const int64_t bytes = static_cast<int64_t>(weights->storage_bytes);
+    state_->device_bytes += bytes;
+    const int device = config_.device;
+    set.backend_state = std::shared_ptr<const void>(
+        weights.release(), [device, bytes, state = state_](const void* p) {
+          auto* w =
+              const_cast<kernels::ProbeWeights*>(static_cast<const kernels::ProbeWeights*>(p));
+          state->Free([device, bytes, w, state] {
+            cudaSetDevice(device);
+            kernels::DestroyProbeWeights(w);
+            delete w;
+            state->device_bytes -= bytes;
+          });
+        });
+    return absl::OkStatus();
+  }
+
+  // Every stream slot captures the set's graphs for the configured row buckets, on its own
+  // worker thread (ahead of its next request), so that the first requests replay.
+  void Warmup(const std::shared_ptr<const ProbeSet>& set, WarmupDone done) override {
+    struct Countdown {
+      absl::Mutex mu;
+      int remaining;
+      absl::Status status;
+      WarmupDone done;
+    };
+    if (slots_.empty()) {
+      std::move(done)(absl::OkStatus());
+      return;
+    }
+    auto countdown = std::make_shared<Countdown>();
+    countdown->remaining = static_cast<int>(slots_.size());
+    countdown->done = std::move(done);
+    for (int i = 0; i < static_cast<int>(slots_.size()); ++i) {
+      pool_->SubmitTo(i, [this, set, countdown](int worker) {
+        absl::Status status = worker == WorkerPool::kRefused
+                                  ? absl::UnavailableError("the CUDA executor is shutting down")
+                                  : WarmupSlot(*slots_[worker], set);
+        WarmupDone finished;
+        {
+          absl::MutexLock lock(&countdown->mu);
+          if (countdown->status.ok()) countdown->status = status;
+          if (--countdown->remaining == 0) finished = std::move(countdown->done);
+        }
+        if (finished) std::move(finished)(countdown->status);
+      });
+    }
+  }
+
+  void Score(const ScoreJob* job, ScoreDone done) override {
+    const Clock::time_point submitted = Clock::now();
+    pool_->Submit([this, job, submitted, done = std::move(done)](int worker) mutable {
+      ScoreTimings timings;
+      if (worker == WorkerPool::kRefused) {
+        std::move(done)(Refused(), timings);
+        return;
+      }
+      timings.queue = SecondsSince(submitted);
+      absl::Status status = slots_[worker]->Run(*job, &timings);
+      if (!status.ok()) LogError("CUDA Score failed: %s", status.message());
+      std::move(done)(status, timings);
+    });
+  }
+
+  GraphCacheCounters graph_cache() const override {
+    GraphCacheCounters total;
+    for (const auto& slot : slots_) {
+      const GraphCacheCounters c = slot->counters();
+      total.entries += c.entries;
+      total.capacity += c.capacity;
+      total.hits += c.hits;
+      total.misses += c.misses;
+      total.captures += c.captures;
+      total.evictions += c.evictions;
+    }
+    return total;
+  }
+
+  uint64_t device_memory_bytes() const override {
+    return static_cast<uint64_t>(std::max<int64_t>(0, state_->device_bytes.load()));
+  }
+
+  uint64_t queued() const override { return pool_ != nullptr ? pool_->queued() : 0; }
+
+  void Shutdown() override {
+    if (pool_ == nullptr) return;
+    {
+      absl::MutexLock lock(&state_->mu);
+      state_->pool = nullptr;
+    }
+    pool_->Shutdown();  // queued requests finish first
+    pool_.reset();
+    slots_.clear();
+  }
+
+ private:
+  absl::Status WarmupSlot(StreamSlot& slot, const std::shared_ptr<const ProbeSet>& set) {
+    for (uint32_t rows : config_.warmup_rows) {
+      if (absl::Status s = slot.Warmup(set, static_cast<int32_t>(rows)); !s.ok()) return s;
+    }
+    return absl::OkStatus();
+  }
+
+  absl::Status Refused() const {
+    if (pool_ == nullptr) return absl::UnavailableError("the CUDA executor has stopped");
+    return absl::ResourceExhaustedError(absl::StrCat("the CUDA executor's queue is full (",
+                                                     pool_->capacity(), " requests wait for ",
+                                                     slots_.size(), " stream slots); retry later"));
+  }
+
+  const Config config_;
+  const std::string device_name_;
+  CudaIpcOpener opener_;
+  BufferRegistry buffers_;
+  const std::shared_ptr<SharedState> state_;
+  // Fixed after Init (read without a lock by counters and workers).
+  std::vector<std::unique_ptr<StreamSlot>> slots_;
+  std::unique_ptr<WorkerPool> pool_;
+};
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<Executor>> CreateCudaExecutor(const Config& config) {
+  int count = 0;
+  if (cudaError_t e = cudaGetDeviceCount(&count); e != cudaSuccess || count == 0) {
+    cudaGetLastError();
+    return absl::UnavailableError(absl::StrCat(
+        "no usable CUDA device (cudaGetDeviceCount: ",
+        e == cudaSuccess ? "0 devices"
+                         : absl::StrCat(cudaGetErrorName(e), ": ", cudaGetErrorString(e)),
+        ")"));
+  }
+  if (config.device >= count) {
+    return absl::UnavailableError(
+        absl::StrCat("--device ", config.device, " but only ", count, " CUDA devices"));
+  }
+  cudaDeviceProp prop{};
+  PS_RETURN_IF_CUDA(cudaGetDeviceProperties(&prop, config.device));
+  auto executor = std::make_unique<CudaExecutor>(config, prop.name);
+  if (absl::Status s = executor->Init(); !s.ok()) return s;
+  return std::unique_ptr<Executor>(std::move(executor));
+}
+
+}  // namespace probesidecar::server

@@ -1,0 +1,63 @@
+// The executor interface: where Score requests run (the CPU's threads, or a GPU's stream slots).
+//
+// Threading contract: Score and Warmup never block the caller — they queue the work and return;
+// the completion callback runs exactly once, on one of the executor's own threads (or on the
+// caller's thread when the work is refused at once). PrepareProbeSet may wait for the device
+// (it uploads weights): callers run it on a thread of their own, never on a gRPC thread.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "absl/functional/any_invocable.h"
+#include "absl/status/status.h"
+#include "server/observability/stage_timings.h"
+#include "server/probes/probe_set.h"
+#include "server/requests/score_job.h"
+
+namespace probesidecar::server {
+
+class BufferRegistry;
+
+using ScoreDone = absl::AnyInvocable<void(absl::Status status, const ScoreTimings& timings) &&>;
+using WarmupDone = absl::AnyInvocable<void(absl::Status status) &&>;
+
+class Executor {
+ public:
+  virtual ~Executor() = default;
+
+  // "cpu" or "cuda".
+  virtual const char* backend() const = 0;
+  virtual std::string device_name() const = 0;
+
+  // Called once per probe set before it is published (e.g. to upload device weights). May wait
+  // for the device.
+  virtual absl::Status PrepareProbeSet(ProbeSet& set) = 0;
+
+  // The registered IPC buffers; nullptr when the backend has none.
+  virtual BufferRegistry* buffers() = 0;
+
+  // Called once a probe set is published: captures its graphs for the configured row buckets on
+  // every stream slot, then calls `done` (from any thread). Does not wait.
+  virtual void Warmup(const std::shared_ptr<const ProbeSet>& set, WarmupDone done) {
+    std::move(done)(absl::OkStatus());
+  }
+
+  // Queues `job` and returns; calls `done` exactly once, from one of the executor's threads —
+  // or at once, with RESOURCE_EXHAUSTED (the queue is full) or UNAVAILABLE (shut down). `job`
+  // stays valid until then.
+  virtual void Score(const ScoreJob* job, ScoreDone done) = 0;
+
+  // Readable from any thread at any time without waiting (ServerInfo, metrics scrapes).
+  virtual GraphCacheCounters graph_cache() const { return {}; }
+  // Bytes of device memory the service holds (0 on the CPU backend).
+  virtual uint64_t device_memory_bytes() const { return 0; }
+  // Requests waiting for a worker.
+  virtual uint64_t queued() const { return 0; }
+
+  // Finishes queued work and stops the threads. No Score after this.
+  virtual void Shutdown() = 0;
+};
+
+}  // namespace probesidecar::server

@@ -1,0 +1,150 @@
+#include "server/executors/worker_pool.h"
+
+#include <atomic>
+#include <thread>
+#include <vector>
+
+#include "absl/synchronization/mutex.h"
+#include "absl/synchronization/notification.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+#include "gtest/gtest.h"
+
+namespace probesidecar::server {
+namespace {
+
+// Holds every worker of `pool` inside a task until Release().
+class Blocker {
+ public:
+  void Occupy(WorkerPool& pool, int workers) {
+    for (int i = 0; i < workers; ++i) {
+      pool.Submit([this](int worker) {
+        ASSERT_NE(worker, WorkerPool::kRefused);
+        entered_.fetch_add(1);
+        release_.WaitForNotification();
+      });
+    }
+    while (entered_.load() < workers) absl::SleepFor(absl::Milliseconds(1));
+  }
+  void Release() { release_.Notify(); }
+
+ private:
+  std::atomic<int> entered_{0};
+  absl::Notification release_;
+};
+
+TEST(WorkerPoolTest, SubmitNeverWaitsWhileEveryWorkerIsBusy) {
+  WorkerPool pool(2, 64);
+  Blocker blocker;
+  blocker.Occupy(pool, 2);
+  std::atomic<int> ran{0};
+  const absl::Time start = absl::Now();
+  for (int i = 0; i < 64; ++i) {
+    pool.Submit([&ran](int worker) {
+      EXPECT_NE(worker, WorkerPool::kRefused);
+      ran.fetch_add(1);
+    });
+  }
+  // 64 submissions while both workers are held: each only queues.
+  EXPECT_LT(absl::Now() - start, absl::Milliseconds(100));
+  EXPECT_EQ(pool.queued(), 64u);
+  EXPECT_EQ(ran.load(), 0);
+  blocker.Release();
+  pool.Shutdown();
+  EXPECT_EQ(ran.load(), 64);
+}
+
+TEST(WorkerPoolTest, AFullQueueRefusesOnTheCallingThreadAndRunsEveryTaskOnce) {
+  WorkerPool pool(1, 3);
+  Blocker blocker;
+  blocker.Occupy(pool, 1);
+  std::atomic<int> ran{0}, refused{0};
+  const std::thread::id caller = std::this_thread::get_id();
+  for (int i = 0; i < 5; ++i) {
+    pool.Submit([&, caller](int worker) {
+      if (worker == WorkerPool::kRefused) {
+        EXPECT_EQ(std::this_thread::get_id(), caller);
+        refused.fetch_add(1);
+      } else {
+        ran.fetch_add(1);
+      }
+    });
+  }
+  EXPECT_EQ(refused.load(), 2);  // capacity 3: the 4th and 5th
+  blocker.Release();
+  pool.Shutdown();
+  EXPECT_EQ(ran.load(), 3);
+}
+
+TEST(WorkerPoolTest, SharedTasksRunInSubmissionOrderOnOneWorker) {
+  WorkerPool pool(1, 100);
+  Blocker blocker;
+  blocker.Occupy(pool, 1);
+  std::vector<int> order;
+  absl::Mutex mu;
+  for (int i = 0; i < 20; ++i) {
+    pool.Submit([&, i](int) {
+      absl::MutexLock lock(&mu);
+      order.push_back(i);
+    });
+  }
+  blocker.Release();
+  pool.Shutdown();
+  ASSERT_EQ(order.size(), 20u);
+  for (int i = 0; i < 20; ++i) EXPECT_EQ(order[i], i);
+}
+
+TEST(WorkerPoolTest, SubmitToRunsOnThatWorkerBeforeItsNextSharedTask) {
+  WorkerPool pool(3, 100);
+  Blocker blocker;
+  blocker.Occupy(pool, 3);
+  std::vector<std::pair<int, int>> log;  // (task, worker)
+  absl::Mutex mu;
+  auto record = [&](int task) {
+    return [&, task](int worker) {
+      absl::MutexLock lock(&mu);
+      log.emplace_back(task, worker);
+    };
+  };
+  for (int i = 0; i < 6; ++i) pool.Submit(record(100 + i));
+  pool.SubmitTo(1, record(1));
+  pool.SubmitTo(2, record(2));
+  blocker.Release();
+  pool.Shutdown();
+  ASSERT_EQ(log.size(), 8u);
+  for (int target : {1, 2}) {
+    int position = -1;
+    for (int i = 0; i < static_cast<int>(log.size()); ++i) {
+      if (log[i].first == target) position = i;
+    }
+    ASSERT_GE(position, 0);
+    EXPECT_EQ(log[position].second, target) << "task for worker " << target;
+    // No shared task ran on that worker before it.
+    for (int i = 0; i < position; ++i) EXPECT_NE(log[i].second, target);
+  }
+}
+
+TEST(WorkerPoolTest, AfterShutdownEveryTaskIsRefusedAndStillRuns) {
+  WorkerPool pool(2, 10);
+  pool.Shutdown();
+  int refused = 0;
+  pool.Submit([&](int worker) { refused += worker == WorkerPool::kRefused; });
+  pool.SubmitTo(0, [&](int worker) { refused += worker == WorkerPool::kRefused; });
+  pool.SubmitTo(7, [&](int worker) { refused += worker == WorkerPool::kRefused; });
+  EXPECT_EQ(refused, 3);
+  pool.Shutdown();  // idempotent
+}
+
+TEST(WorkerPoolTest, ShutdownFinishesQueuedWork) {
+  std::atomic<int> ran{0};
+  {
+    WorkerPool pool(2, 1000);
+    for (int i = 0; i < 500; ++i) {
+      pool.Submit([&ran](int worker) { ran.fetch_add(worker != WorkerPool::kRefused); });
+    }
+  }  // destructor: Shutdown
+  EXPECT_EQ(ran.load(), 500);
+}
+
+}  // namespace
+}  // namespace probesidecar::server

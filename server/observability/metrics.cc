@@ -1,0 +1,495 @@
+#include "server/observability/metrics.h"
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cmath>
+#include <limits>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/hash/hash.h"
+#include "absl/synchronization/mutex.h"
+#include "prometheus/client_metric.h"
+#include "prometheus/metric_family.h"
+#include "prometheus/text_serializer.h"
+
+namespace probesidecar::server {
+namespace {
+
+using prometheus::ClientMetric;
+using prometheus::MetricFamily;
+using prometheus::MetricType;
+
+// Shards per metric. Each thread records into one shard, the one with the fewest live threads
+// when it first records, so up to kShards threads record at once without sharing a cache line; a
+// scrape sums the shards. More threads than shards share shards: still correct (atomics), only
+// slower.
+constexpr int kShards = 16;
+// Shards are aligned and padded to 128 bytes, not 64: x86's adjacent-line prefetcher pairs 64-byte
+// lines, so two threads writing neighbouring lines would still slow each other down.
+constexpr size_t kShardAlign = 128;
+constexpr int kNumBuckets = static_cast<int>(kLatencyBucketBounds.size()) + 1;  // + the +Inf one
+constexpr int kNumCodes = 17;  // absl::StatusCode kOk (0) .. kUnauthenticated (16)
+constexpr char kOtherProbeSet[] = "_other";
+// Lock-free lookup table of (probe_set, kernel_path) series: a power of two, at most half full.
+constexpr size_t kTableSlots = 1024;
+constexpr size_t kMaxTableGroups = kTableSlots / 2;
+static_assert(kMaxLabelledSeries < static_cast<int>(kMaxTableGroups));
+
+// Which shard each live thread records into (gRPC's threads come and go: a round-robin choice
+// would soon put two busy threads on one shard).
+class ShardAssignment {
+ public:
+  int Acquire() {
+    absl::MutexLock lock(&mu_);
+    const int shard =
+        static_cast<int>(std::min_element(users_.begin(), users_.end()) - users_.begin());
+    ++users_[shard];
+    return shard;
+  }
+  void Release(int shard) {
+    absl::MutexLock lock(&mu_);
+    --users_[shard];
+  }
+
+ private:
+  absl::Mutex mu_;
+  std::array<int, kShards> users_ ABSL_GUARDED_BY(mu_){};
+};
+
+ShardAssignment& Assignment() {
+  static ShardAssignment* assignment = new ShardAssignment();  // outlives every thread
+  return *assignment;
+}
+
+struct ThreadShardHolder {
+  ThreadShardHolder() : index(Assignment().Acquire()) {}
+  ~ThreadShardHolder() { Assignment().Release(index); }
+  const int index;
+};
+
+// The calling thread's shard, shared by every Metrics object.
+int ThreadShard() {
+  thread_local const ThreadShardHolder holder;
+  return holder.index;
+}
+
+int CodeIndex(absl::StatusCode code) {
+  const int index = static_cast<int>(code);
+  return index >= 0 && index < kNumCodes ? index : static_cast<int>(absl::StatusCode::kUnknown);
+}
+
+// A histogram of durations with the fixed buckets kLatencyBucketBounds, sharded per thread.
+// Observe costs a branchless binary search and two uncontended relaxed atomic adds. The count is
+// the sum of the buckets, so a scrape always sees cumulative buckets whose +Inf equals the count
+// (the sum may be a few observations ahead or behind while requests record).
+class DurationHistogram {
+ public:
+  // `shard` is ThreadShard() (the caller looks it up once for several observations).
+  void Observe(double seconds, int shard) {
+    // NaN and negatives count as 0; the clamp keeps the nanosecond sum in range.
+    seconds = seconds > 0 ? std::min(seconds, 1e9) : 0.0;
+    Shard& s = shards_[shard];
+    s.buckets[BucketIndex(seconds)].fetch_add(1, std::memory_order_relaxed);
+    s.sum_ns.fetch_add(static_cast<uint64_t>(std::llround(seconds * 1e9)),
+                       std::memory_order_relaxed);
+  }
+
+  // The first bucket whose bound is >= seconds (Prometheus' le), kNumBuckets - 1 for +Inf. A
+  // branchless binary search (conditional moves): request durations are unpredictable, and
+  // mispredicted branches would cost more than the rest of an observation.
+  static int BucketIndex(double seconds) {
+    const double* base = kLatencyBucketBounds.data();
+    size_t n = kLatencyBucketBounds.size();
+    while (n > 1) {
+      const size_t half = n / 2;
+      base = base[half - 1] < seconds ? base + half : base;
+      n -= half;
+    }
+    return static_cast<int>(base - kLatencyBucketBounds.data()) + (*base < seconds ? 1 : 0);
+  }
+
+  ClientMetric::Histogram Snapshot() const {
+    std::array<uint64_t, kNumBuckets> counts{};
+    uint64_t sum_ns = 0;
+    for (const Shard& shard : shards_) {
+      for (int b = 0; b < kNumBuckets; ++b) {
+        counts[b] += shard.buckets[b].load(std::memory_order_relaxed);
+      }
+      sum_ns += shard.sum_ns.load(std::memory_order_relaxed);
+    }
+    ClientMetric::Histogram h;
+    h.bucket.resize(kNumBuckets);
+    uint64_t cumulative = 0;
+    for (int b = 0; b < kNumBuckets; ++b) {
+      cumulative += counts[b];
+      h.bucket[b].cumulative_count = cumulative;
+      h.bucket[b].upper_bound =
+          b + 1 < kNumBuckets ? kLatencyBucketBounds[b] : std::numeric_limits<double>::infinity();
+    }
+    h.sample_count = cumulative;
+    h.sample_sum = static_cast<double>(sum_ns) * 1e-9;
+    return h;
+  }
+
+ private:
+  struct alignas(kShardAlign) Shard {
+    std::array<std::atomic<uint64_t>, kNumBuckets> buckets{};
+    std::atomic<uint64_t> sum_ns{0};
+  };
+  std::array<Shard, kShards> shards_;
+};
+
+// The histograms of one (probe_set, kernel_path) pair, each created when first recorded (so
+// that, e.g., the GPU-only stages do not appear as empty series on the CPU backend).
+class SeriesGroup {
+ public:
+  SeriesGroup(std::string probe_set, std::string kernel_path, size_t hash)
+      : probe_set_(std::move(probe_set)), kernel_path_(std::move(kernel_path)), hash_(hash) {}
+  ~SeriesGroup() {
+    for (auto& h : rpc_) delete h.load();
+    for (auto& h : stage_) delete h.load();
+  }
+  SeriesGroup(const SeriesGroup&) = delete;
+  SeriesGroup& operator=(const SeriesGroup&) = delete;
+
+  bool Is(absl::string_view probe_set, absl::string_view kernel_path, size_t hash) const {
+    return hash_ == hash && probe_set_ == probe_set && kernel_path_ == kernel_path;
+  }
+  DurationHistogram& ForRpc(Rpc rpc) { return GetOrCreate(rpc_[static_cast<int>(rpc)]); }
+  DurationHistogram& ForStage(Stage stage) { return GetOrCreate(stage_[static_cast<int>(stage)]); }
+  // nullptr until recorded.
+  const DurationHistogram* FindRpc(int rpc) const {
+    return rpc_[rpc].load(std::memory_order_acquire);
+  }
+  const DurationHistogram* FindStage(int stage) const {
+    return stage_[stage].load(std::memory_order_acquire);
+  }
+  const std::string& probe_set() const { return probe_set_; }
+  const std::string& kernel_path() const { return kernel_path_; }
+
+ private:
+  static DurationHistogram& GetOrCreate(std::atomic<DurationHistogram*>& slot) {
+    DurationHistogram* h = slot.load(std::memory_order_acquire);
+    if (h != nullptr) return *h;
+    auto fresh = std::make_unique<DurationHistogram>();
+    if (slot.compare_exchange_strong(h, fresh.get(), std::memory_order_acq_rel,
+                                     std::memory_order_acquire)) {
+      return *fresh.release();
+    }
+    return *h;  // another thread created it first
+  }
+
+  const std::string probe_set_;
+  const std::string kernel_path_;
+  const size_t hash_;
+  std::array<std::atomic<DurationHistogram*>, kNumRpcs> rpc_{};
+  std::array<std::atomic<DurationHistogram*>, kNumStages> stage_{};
+};
+
+// (probe_set, kernel_path) -> SeriesGroup. Lookups take no lock: an open-addressing table whose
+// slots are written once (under mu_) and never cleared, so a reader either finds a published
+// group or an empty slot, and on an empty slot takes the lock and looks again.
+class SeriesTable {
+ public:
+  SeriesTable()
+      : unlabelled_(std::make_unique<SeriesGroup>("", "", 0)),
+        overflow_(std::make_unique<SeriesGroup>(kOtherProbeSet, kOtherProbeSet, 0)) {}
+
+  SeriesGroup& Get(absl::string_view probe_set, absl::string_view kernel_path) {
+    if (probe_set.empty() && kernel_path.empty()) return *unlabelled_;
+    size_t hash = Hash(probe_set, kernel_path);
+    if (SeriesGroup* group = Find(probe_set, kernel_path, hash)) return *group;
+    absl::MutexLock lock(&mu_);
+    if (SeriesGroup* group = Find(probe_set, kernel_path, hash)) return *group;
+    if (groups_.size() >= static_cast<size_t>(kMaxLabelledSeries)) {
+      // Fold new probe-set names; kernel paths are the executor's few constants.
+      probe_set = kOtherProbeSet;
+      hash = Hash(probe_set, kernel_path);
+      if (SeriesGroup* group = Find(probe_set, kernel_path, hash)) return *group;
+      if (groups_.size() >= kMaxTableGroups) return *overflow_;
+    }
+    auto group =
+        std::make_unique<SeriesGroup>(std::string(probe_set), std::string(kernel_path), hash);
+    for (size_t i = hash & (kTableSlots - 1);; i = (i + 1) & (kTableSlots - 1)) {
+      if (slots_[i].load(std::memory_order_relaxed) == nullptr) {
+        slots_[i].store(group.get(), std::memory_order_release);
+        break;
+      }
+    }
+    groups_.push_back(std::move(group));
+    return *groups_.back();
+  }
+
+  // Every group, in the order they appeared.
+  std::vector<const SeriesGroup*> All() const {
+    std::vector<const SeriesGroup*> all = {unlabelled_.get()};
+    {
+      absl::MutexLock lock(&mu_);
+      for (const auto& group : groups_) all.push_back(group.get());
+    }
+    all.push_back(overflow_.get());
+    return all;
+  }
+
+ private:
+  static size_t Hash(absl::string_view probe_set, absl::string_view kernel_path) {
+    return absl::Hash<std::pair<absl::string_view, absl::string_view>>()(
+        std::make_pair(probe_set, kernel_path));
+  }
+
+  SeriesGroup* Find(absl::string_view probe_set, absl::string_view kernel_path, size_t hash) const {
+    for (size_t i = hash & (kTableSlots - 1);; i = (i + 1) & (kTableSlots - 1)) {
+      SeriesGroup* group = slots_[i].load(std::memory_order_acquire);
+      if (group == nullptr) return nullptr;
+      if (group->Is(probe_set, kernel_path, hash)) return group;
+    }
+  }
+
+  const std::unique_ptr<SeriesGroup> unlabelled_;
+  const std::unique_ptr<SeriesGroup> overflow_;
+  std::array<std::atomic<SeriesGroup*>, kTableSlots> slots_{};
+  mutable absl::Mutex mu_;
+  std::vector<std::unique_ptr<SeriesGroup>> groups_ ABSL_GUARDED_BY(mu_);
+};
+
+// Per-thread shard of the unlabelled-by-name counters and gauges.
+struct alignas(kShardAlign) CounterShard {
+  std::array<std::array<std::atomic<uint64_t>, kNumCodes>, kNumRpcs> requests{};
+  std::array<std::atomic<int64_t>, kNumRpcs> in_flight{};
+  std::atomic<uint64_t> cuda_errors{0};
+};
+
+ClientMetric::Label L(std::string name, std::string value) {
+  return ClientMetric::Label{std::move(name), std::move(value)};
+}
+
+MetricFamily Family(const char* name, const char* help, MetricType type) {
+  MetricFamily family;
+  family.name = name;
+  family.help = help;
+  family.type = type;
+  return family;
+}
+
+void AddValue(MetricFamily& family, double value, std::vector<ClientMetric::Label> labels = {}) {
+  ClientMetric metric;
+  metric.label = std::move(labels);
+  if (family.type == MetricType::Counter) {
+    metric.counter.value = value;
+  } else {
+    metric.gauge.value = value;
+  }
+  family.metric.push_back(std::move(metric));
+}
+
+void AddHistogram(MetricFamily& family, const DurationHistogram& histogram,
+                  std::vector<ClientMetric::Label> labels) {
+  ClientMetric metric;
+  metric.label = std::move(labels);
+  metric.histogram = histogram.Snapshot();
+  family.metric.push_back(std::move(metric));
+}
+
+}  // namespace
+
+const char* RpcName(Rpc rpc) {
+  static constexpr std::array<const char*, kNumRpcs> kNames = {
+      "RegisterBuffer", "UnregisterBuffer", "ListBuffers",   "OpenSession",
+      "LoadProbeSet",   "UnloadProbeSet",   "ListProbeSets", "Score",
+      "ScoreStream",    "Verify",           "ServerInfo"};
+  return kNames[static_cast<int>(rpc)];
+}
+
+const char* StageName(Stage stage) {
+  static constexpr std::array<const char*, kNumStages> kNames = {"queue", "h2d", "kernel", "d2h",
+                                                                 "total"};
+  return kNames[static_cast<int>(stage)];
+}
+
+class Metrics::Impl final : public prometheus::Collectable {
+ public:
+  Impl(BuildInfo build, std::function<MetricsState()> state)
+      : build_(std::move(build)),
+        state_(std::move(state)),
+        start_time_seconds_(
+            std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch())
+                .count()) {}
+
+  CounterShard& shard(int index) { return shards_[index]; }
+  SeriesTable& series() { return series_; }
+
+  std::vector<MetricFamily> Collect() const override {
+    std::vector<MetricFamily> out;
+    out.reserve(20);
+
+    // Requests by RPC and code; in flight by RPC.
+    std::array<std::array<uint64_t, kNumCodes>, kNumRpcs> requests{};
+    std::array<int64_t, kNumRpcs> in_flight{};
+    uint64_t cuda_errors = 0;
+    for (const CounterShard& shard : shards_) {
+      for (int r = 0; r < kNumRpcs; ++r) {
+        for (int c = 0; c < kNumCodes; ++c) {
+          requests[r][c] += shard.requests[r][c].load(std::memory_order_relaxed);
+        }
+        in_flight[r] += shard.in_flight[r].load(std::memory_order_relaxed);
+      }
+      cuda_errors += shard.cuda_errors.load(std::memory_order_relaxed);
+    }
+    MetricFamily& total = out.emplace_back(Family(
+        "probesidecar_rpc_requests_total",
+        "RPCs (and ScoreStream messages) answered, by gRPC status code.", MetricType::Counter));
+    for (int r = 0; r < kNumRpcs; ++r) {
+      for (int c = 0; c < kNumCodes; ++c) {
+        // OK exists from the start for every RPC (so rate() sees the first requests); error
+        // codes appear when they first happen.
+        if (c != 0 && requests[r][c] == 0) continue;
+        AddValue(total, static_cast<double>(requests[r][c]),
+                 {L("rpc", RpcName(static_cast<Rpc>(r))),
+                  L("code", absl::StatusCodeToString(static_cast<absl::StatusCode>(c)))});
+      }
+    }
+    MetricFamily& flight =
+        out.emplace_back(Family("probesidecar_rpc_in_flight",
+                                "RPCs (and ScoreStream messages) in progress.", MetricType::Gauge));
+    for (int r = 0; r < kNumRpcs; ++r) {
+      AddValue(flight, static_cast<double>(std::max<int64_t>(0, in_flight[r])),
+               {L("rpc", RpcName(static_cast<Rpc>(r)))});
+    }
+
+    // Latency histograms.
+    MetricFamily& duration = out.emplace_back(
+        Family("probesidecar_rpc_duration_seconds",
+               "Server-side latency of an RPC (or ScoreStream message), from receipt to the "
+               "answer.",
+               MetricType::Histogram));
+    MetricFamily& stages = out.emplace_back(
+        Family("probesidecar_score_stage_duration_seconds",
+               "Time per stage of a successful Score: queue wait, h2d (host-to-device staging), "
+               "kernel (GPU time from CUDA events on the CUDA backend), d2h, total.",
+               MetricType::Histogram));
+    for (const SeriesGroup* group : series_.All()) {
+      for (int r = 0; r < kNumRpcs; ++r) {
+        if (const DurationHistogram* h = group->FindRpc(r)) {
+          AddHistogram(duration, *h,
+                       {L("rpc", RpcName(static_cast<Rpc>(r))), L("probe_set", group->probe_set()),
+                        L("kernel_path", group->kernel_path())});
+        }
+      }
+      for (int s = 0; s < kNumStages; ++s) {
+        if (const DurationHistogram* h = group->FindStage(s)) {
+          AddHistogram(
+              stages, *h,
+              {L("stage", StageName(static_cast<Stage>(s))), L("probe_set", group->probe_set()),
+               L("kernel_path", group->kernel_path())});
+        }
+      }
+    }
+
+    AddValue(out.emplace_back(Family("probesidecar_cuda_errors_total",
+                                     "CUDA calls that failed while serving a request.",
+                                     MetricType::Counter)),
+             static_cast<double>(cuda_errors));
+
+    // Sampled state.
+    const MetricsState s = state_ ? state_() : MetricsState{};
+    auto add = [&out](const char* name, const char* help, MetricType type, uint64_t value) {
+      AddValue(out.emplace_back(Family(name, help, type)), static_cast<double>(value));
+    };
+    add("probesidecar_registered_buffers", "CUDA IPC buffer windows registered.", MetricType::Gauge,
+        s.registered_buffers);
+    add("probesidecar_registered_buffer_bytes", "Bytes of the registered buffer windows.",
+        MetricType::Gauge, s.registered_buffer_bytes);
+    add("probesidecar_ipc_handles_open", "CUDA IPC allocations the server has open.",
+        MetricType::Gauge, s.open_ipc_handles);
+    add("probesidecar_probe_sets_loaded", "Probe sets loaded.", MetricType::Gauge, s.probe_sets);
+    add("probesidecar_device_memory_bytes", "GPU memory allocated by the service.",
+        MetricType::Gauge, s.device_memory_bytes);
+    add("probesidecar_graph_cache_entries", "Captured CUDA graphs held.", MetricType::Gauge,
+        s.graph_cache.entries);
+    add("probesidecar_graph_cache_capacity", "Captured CUDA graphs the cache may hold.",
+        MetricType::Gauge, s.graph_cache.capacity);
+    add("probesidecar_graph_cache_hits_total", "Requests that replayed a cached CUDA graph.",
+        MetricType::Counter, s.graph_cache.hits);
+    add("probesidecar_graph_cache_misses_total", "Requests that found no cached CUDA graph.",
+        MetricType::Counter, s.graph_cache.misses);
+    add("probesidecar_graph_cache_captures_total", "CUDA graphs captured.", MetricType::Counter,
+        s.graph_cache.captures);
+    add("probesidecar_graph_cache_evictions_total", "CUDA graphs evicted from the cache.",
+        MetricType::Counter, s.graph_cache.evictions);
+
+    AddValue(
+        out.emplace_back(Family("probesidecar_build_info",
+                                "Build and runtime of this server (value 1).", MetricType::Gauge)),
+        1.0,
+        {L("version", build_.version), L("git_commit", build_.git_commit),
+         L("cuda_runtime", build_.cuda_runtime), L("device", build_.device),
+         L("backend", build_.backend)});
+    AddValue(out.emplace_back(Family("probesidecar_start_time_seconds",
+                                     "When this server started, Unix time.", MetricType::Gauge)),
+             start_time_seconds_);
+    return out;
+  }
+
+ private:
+  const BuildInfo build_;
+  const std::function<MetricsState()> state_;
+  const double start_time_seconds_;
+  SeriesTable series_;
+  std::array<CounterShard, kShards> shards_;
+};
+
+Metrics::Metrics(BuildInfo build, std::function<MetricsState()> state)
+    // Not make_shared: Impl is over-aligned (its shards are cache-line aligned).
+    : impl_(new Impl(std::move(build), std::move(state))) {}
+
+Metrics::~Metrics() = default;
+
+std::shared_ptr<prometheus::Collectable> Metrics::collectable() const { return impl_; }
+
+void Metrics::RpcStarted(Rpc rpc) {
+  impl_->shard(ThreadShard())
+      .in_flight[static_cast<int>(rpc)]
+      .fetch_add(1, std::memory_order_relaxed);
+}
+
+void Metrics::RpcFinished(Rpc rpc, absl::StatusCode code, double seconds,
+                          absl::string_view probe_set, absl::string_view kernel_path) {
+  const int shard_index = ThreadShard();
+  CounterShard& shard = impl_->shard(shard_index);
+  const int r = static_cast<int>(rpc);
+  shard.in_flight[r].fetch_sub(1, std::memory_order_relaxed);
+  shard.requests[r][CodeIndex(code)].fetch_add(1, std::memory_order_relaxed);
+  impl_->series().Get(probe_set, kernel_path).ForRpc(rpc).Observe(seconds, shard_index);
+}
+
+void Metrics::ScoreStages(absl::string_view probe_set, const ScoreTimings& timings,
+                          double total_seconds) {
+  const int shard = ThreadShard();
+  SeriesGroup& group =
+      impl_->series().Get(probe_set, timings.kernel_path != nullptr ? timings.kernel_path : "");
+  if (timings.queue > 0) group.ForStage(Stage::kQueue).Observe(timings.queue, shard);
+  if (timings.h2d > 0) group.ForStage(Stage::kH2d).Observe(timings.h2d, shard);
+  if (timings.kernel > 0) group.ForStage(Stage::kKernel).Observe(timings.kernel, shard);
+  if (timings.d2h > 0) group.ForStage(Stage::kD2h).Observe(timings.d2h, shard);
+  group.ForStage(Stage::kTotal).Observe(total_seconds, shard);
+}
+
+void Metrics::ObserveStage(absl::string_view probe_set, absl::string_view kernel_path, Stage stage,
+                           double seconds) {
+  impl_->series().Get(probe_set, kernel_path).ForStage(stage).Observe(seconds, ThreadShard());
+}
+
+void Metrics::CudaError() {
+  impl_->shard(ThreadShard()).cuda_errors.fetch_add(1, std::memory_order_relaxed);
+}
+
+std::string Metrics::Serialize() const {
+  return prometheus::TextSerializer().Serialize(impl_->Collect());
+}
+
+}  // namespace probesidecar::server

@@ -1,0 +1,146 @@
+// Prometheus metrics of the service (names follow Prometheus conventions: base units, _total
+// counters, probesidecar_ prefix). Exposed on --metrics-listen at /metrics.
+//
+// Recording is on every request's path, so it is built for it: counters, gauges and histograms
+// are striped over per-thread shards of relaxed atomics (no lock, no shared cache line between
+// threads that record at the same time) and summed at scrape time. Labelled series are found
+// without a lock, through a table that only ever grows. Everything one Score records costs
+// ~0.2 µs of CPU, also with 16 threads recording at once (bench/results/metrics_observe.md).
+//
+// The families (every one is present from the first scrape; labelled series appear when first
+// recorded, except rpc_requests_total{code="OK"} and rpc_in_flight, which exist for every RPC):
+//
+//   probesidecar_rpc_requests_total{rpc,code}                      counter
+//   probesidecar_rpc_in_flight{rpc}                                 gauge
+//   probesidecar_rpc_duration_seconds{rpc,probe_set,kernel_path}    histogram
+//   probesidecar_score_stage_duration_seconds{stage,probe_set,kernel_path}  histogram
+//       stage: queue, h2d, kernel (GPU time from CUDA events on the CUDA backend), d2h, total
+//   probesidecar_cuda_errors_total                                  counter
+//   probesidecar_registered_buffers, probesidecar_registered_buffer_bytes,
+//   probesidecar_ipc_handles_open, probesidecar_probe_sets_loaded,
+//   probesidecar_device_memory_bytes, probesidecar_graph_cache_entries,
+//   probesidecar_graph_cache_capacity                               gauges (MetricsState)
+//   probesidecar_graph_cache_{hits,misses,captures,evictions}_total counters (MetricsState)
+//   probesidecar_build_info{version,git_commit,cuda_runtime,device,backend}  gauge, value 1
+//   probesidecar_start_time_seconds                                 gauge (Unix time)
+//
+// Label cardinality is bounded: rpc, code and stage are fixed sets; probe_set must be "" or the
+// name of a loaded set (callers pass "" for names a client made up), kernel_path one of the
+// executor's constants; past kMaxLabelledSeries (probe_set, kernel_path) pairs, further pairs are
+// recorded as probe_set="_other".
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/strings/string_view.h"
+#include "prometheus/collectable.h"
+#include "server/observability/stage_timings.h"
+
+namespace probesidecar::server {
+
+// The RPCs of the service (labels rpc="Score", ...), fixed so that their series exist from the
+// first scrape.
+enum class Rpc {
+  kRegisterBuffer,
+  kUnregisterBuffer,
+  kListBuffers,
+  kOpenSession,
+  kLoadProbeSet,
+  kUnloadProbeSet,
+  kListProbeSets,
+  kScore,
+  kScoreStream,  // one observation per stream message
+  kVerify,
+  kServerInfo,
+};
+inline constexpr int kNumRpcs = 11;
+const char* RpcName(Rpc rpc);
+
+// The stages of a Score (label stage="queue", ...).
+enum class Stage {
+  kQueue,   // submitted until a worker took it
+  kH2d,     // host-to-device staging (CUDA backend)
+  kKernel,  // scoring itself: GPU time between CUDA events on the CUDA backend
+  kD2h,     // device-to-host copy of the scores (CUDA backend)
+  kTotal,   // the whole request, server side
+};
+inline constexpr int kNumStages = 5;
+const char* StageName(Stage stage);
+
+// Upper bounds (seconds) of the latency histograms' buckets, +Inf not included: 1 µs to 1 s,
+// dense where the stages of a Score fall (a few µs to a few ms). Each prints exactly in the
+// exposition's le="..." (prometheus-cpp writes 16 significant digits: 7.5e-05 would not).
+inline constexpr std::array<double, 33> kLatencyBucketBounds = {
+    1e-6, 2.5e-6, 5e-6, 7.5e-6,                              // µs
+    1e-5, 1.5e-5, 2e-5, 2.5e-5, 3e-5, 4e-5,   5e-5, 6e-5,    // tens of µs
+    1e-4, 1.5e-4, 2e-4, 2.5e-4, 3e-4, 4e-4,   5e-4, 7.5e-4,  // hundreds of µs
+    1e-3, 1.5e-3, 2e-3, 3e-3,   5e-3, 7.5e-3,                // ms
+    1e-2, 2.5e-2, 5e-2, 0.1,    0.25, 0.5,    1.0};
+
+// Distinct (probe_set, kernel_path) label pairs kept before new ones fold into "_other".
+inline constexpr int kMaxLabelledSeries = 256;
+
+struct BuildInfo {
+  std::string version;
+  std::string git_commit;
+  std::string cuda_runtime;
+  std::string device;
+  std::string backend;
+};
+
+// Sampled at scrape time (the callback runs on the exposer's thread, once per scrape).
+struct MetricsState {
+  uint64_t registered_buffers = 0;       // buffer windows (RegisterBuffer) currently registered
+  uint64_t registered_buffer_bytes = 0;  // their byte_size, summed
+  uint64_t open_ipc_handles = 0;         // distinct allocations opened with cudaIpcOpenMemHandle
+  uint64_t probe_sets = 0;
+  uint64_t device_memory_bytes = 0;  // device memory the service allocated itself
+  GraphCacheCounters graph_cache;
+};
+
+class Metrics {
+ public:
+  Metrics(BuildInfo build, std::function<MetricsState()> state);
+  ~Metrics();
+  Metrics(const Metrics&) = delete;
+  Metrics& operator=(const Metrics&) = delete;
+
+  // What the exposer serves (it shares the recorded values; the state callback must stay
+  // callable while the exposer can scrape).
+  std::shared_ptr<prometheus::Collectable> collectable() const;
+
+  // One RPC (or stream message) entered / left the server. `probe_set` and `kernel_path` are ""
+  // where they do not apply. Thread-safe, lock-free.
+  void RpcStarted(Rpc rpc);
+  void RpcFinished(Rpc rpc, absl::StatusCode code, double seconds, absl::string_view probe_set,
+                   absl::string_view kernel_path);
+
+  // The stage breakdown of one successful Score (or ScoreStream message): each stage of
+  // `timings` that is > 0 (0 means "does not apply" or "not measured": h2d on the CPU backend,
+  // d2h when the scores went to a device buffer, GPU times of a request that --gpu-timing-every
+  // did not time, or a kernel time reported later through ObserveStage), and `total_seconds` as
+  // stage "total".
+  void ScoreStages(absl::string_view probe_set, const ScoreTimings& timings, double total_seconds);
+
+  // One stage of one Score, recorded on its own: for what is measured apart from ScoreTimings,
+  // e.g. the kernel's GPU time read from CUDA events after the answer went out.
+  void ObserveStage(absl::string_view probe_set, absl::string_view kernel_path, Stage stage,
+                    double seconds);
+
+  // A CUDA call failed (the request got INTERNAL).
+  void CudaError();
+
+  // The text exposition of everything (what /metrics returns).
+  std::string Serialize() const;
+
+ private:
+  class Impl;
+  std::shared_ptr<Impl> impl_;
+};
+
+}  // namespace probesidecar::server

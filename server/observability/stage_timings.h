@@ -1,0 +1,27 @@
+// What executors report about their work and the metrics export: where one request's time went,
+// and the counters of the CUDA executor's graph cache.
+#pragma once
+
+#include <cstdint>
+
+namespace probesidecar::server {
+
+// Where a request's time went, in seconds (0 where a stage does not apply or was not measured).
+struct ScoreTimings {
+  double queue = 0;   // from submission to the executor until a worker thread took it
+  double h2d = 0;     // host-to-device staging
+  double kernel = 0;  // scoring itself (GPU time from CUDA events on the CUDA backend)
+  double d2h = 0;     // device-to-host copy of the scores
+  const char* kernel_path = "";
+};
+
+struct GraphCacheCounters {
+  uint64_t entries = 0;
+  uint64_t capacity = 0;
+  uint64_t hits = 0;
+  uint64_t misses = 0;
+  uint64_t captures = 0;
+  uint64_t evictions = 0;
+};
+
+}  // namespace probesidecar::server

@@ -1,0 +1,63 @@
+// The loaded probe sets, by name. Thread-safe; readers get shared_ptrs, so a set that is
+// unloaded or replaced while a request uses it stays alive until that request finishes.
+#pragma once
+
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "absl/synchronization/mutex.h"
+#include "server/probes/probe_set.h"
+
+namespace probesidecar::server {
+
+class ProbeRegistry {
+ public:
+  // Called on a fully parsed set before it is published (e.g. to upload device weights into
+  // set.backend_state). An error refuses the load and changes nothing.
+  using PrepareFn = std::function<absl::Status(ProbeSet& set)>;
+
+  // `probes_dir` bounds LoadFromPath: paths resolve relative to it and must stay inside it
+  // (after symlinks). Empty: path loading is refused.
+  ProbeRegistry(std::string probes_dir, ProbeSetLimits limits, PrepareFn prepare);
+
+  // ALREADY_EXISTS if loaded and !replace; INVALID_ARGUMENT for bad names or files; NOT_FOUND
+  // for missing files; PERMISSION_DENIED for paths outside probes_dir; RESOURCE_EXHAUSTED for
+  // files over the size limit.
+  absl::StatusOr<std::shared_ptr<const ProbeSet>> LoadFromPath(absl::string_view name,
+                                                               absl::string_view path,
+                                                               bool replace);
+  absl::StatusOr<std::shared_ptr<const ProbeSet>> LoadFromBytes(absl::string_view name,
+                                                                std::string bytes, bool replace);
+  // NOT_FOUND when not loaded.
+  absl::Status Unload(absl::string_view name);
+  // nullptr when not loaded.
+  std::shared_ptr<const ProbeSet> Find(absl::string_view name) const;
+  // Sorted by name.
+  std::vector<std::shared_ptr<const ProbeSet>> List() const;
+  size_t size() const;
+
+  // Loads every *.safetensors file of probes_dir, named by its stem; returns the first error
+  // after trying them all.
+  absl::Status LoadDirectory();
+
+  const std::string& probes_dir() const { return probes_dir_; }
+
+ private:
+  absl::StatusOr<std::shared_ptr<const ProbeSet>> Publish(
+      absl::string_view name, absl::StatusOr<common::SafetensorsFile> file, std::string source,
+      bool replace);
+
+  const std::string probes_dir_;
+  const ProbeSetLimits limits_;
+  const PrepareFn prepare_;
+  mutable absl::Mutex mu_;
+  std::map<std::string, std::shared_ptr<const ProbeSet>, std::less<>> sets_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace probesidecar::server

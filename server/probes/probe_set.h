@@ -1,0 +1,63 @@
+// A probe set: frozen linear probes W [P, H], b [P] with names, activation and thresholds,
+// parsed from one safetensors file.
+//
+// File contract: tensors "weight" [P, H] and "bias" [P] (F32, F16 or BF16; nothing else), and
+// in __metadata__ (all optional):
+//   "probe_names": JSON array of P distinct non-empty strings (default "probe_0".."probe_{P-1}")
+//   "activation":  "none" or "sigmoid" (default "none")
+//   "thresholds":  JSON array of P entries, each a finite number or null (default: all null)
+// Other metadata keys (e.g. "format": "pt" from torch) are kept and ignored. Weights must be
+// finite. Weights and bias are converted to float32 once, here.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "common/dtype.h"
+#include "common/safetensors.h"
+#include "kernels/probe_score/probe_score_ref.h"
+
+namespace probesidecar::server {
+
+struct ProbeSpec {
+  std::string name;
+  std::optional<float> threshold;
+};
+
+struct ProbeSetLimits {
+  int32_t max_probes = 65536;
+  int32_t max_hidden = 65536;
+  common::SafetensorsLimits file;
+};
+
+struct ProbeSet {
+  std::string name;
+  uint64_t id = 0;         // unique per loaded instance (a reload gets a new id)
+  int32_t num_probes = 0;  // P
+  int32_t hidden = 0;      // H
+  common::DType weight_dtype = common::DType::kFloat32;  // as stored in the file
+  kernels::Activation activation = kernels::Activation::kNone;
+  std::vector<ProbeSpec> probes;  // [P]
+  std::vector<float> weight;      // [P, H] float32
+  std::vector<float> bias;        // [P]
+  std::string source;             // path, or "inline"
+  uint64_t file_bytes = 0;
+  // Backend state (e.g. device weights), attached once before the set is published and freed
+  // with the last reference.
+  std::shared_ptr<const void> backend_state;
+};
+
+// Names: [A-Za-z0-9_.-], 1 to 128 characters.
+absl::Status ValidateProbeSetName(absl::string_view name);
+
+// Builds a probe set from a parsed file. `source` is kept for ListProbeSets.
+absl::StatusOr<std::shared_ptr<ProbeSet>> ProbeSetFromSafetensors(
+    absl::string_view name, const common::SafetensorsFile& file, std::string source,
+    const ProbeSetLimits& limits);
+
+}  // namespace probesidecar::server

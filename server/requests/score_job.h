@@ -1,0 +1,38 @@
+// A Score request after validation: everything an executor needs, nothing it must check again.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "probesidecar/v1/score.pb.h"
+#include "server/probes/probe_registry.h"
+#include "server/requests/tensor_ref.h"
+
+namespace probesidecar::server {
+
+struct ScoreLimits {
+  uint32_t max_rows = 65536;
+  uint64_t max_message_bytes = uint64_t{64} << 20;
+};
+
+struct ScoreJob {
+  std::shared_ptr<const ProbeSet> probe_set;
+  Tensor2D activations;           // [T, H]
+  const int32_t* rows = nullptr;  // [R], each in [0, T); points into the request
+  int32_t num_rows = 0;           // R
+  // Where the [R, P] float32 scores go: host memory (the response's bytes) or a device window.
+  float* host_out = nullptr;
+  Tensor2D device_out;  // set when the request names an output buffer
+};
+
+// Validates `request` against the loaded probe sets and the limits, and points the job's output
+// at `scores` (resized to R * P floats) unless the request names an output buffer. Every
+// refusal is a precise status: NOT_FOUND (probe set, buffer), INVALID_ARGUMENT (shapes, dtypes,
+// rows, extents), RESOURCE_EXHAUSTED (limits), FAILED_PRECONDITION (buffers on the CPU backend).
+absl::StatusOr<ScoreJob> PrepareScoreJob(const v1::ScoreRequest& request,
+                                         const ProbeRegistry& probes, BufferResolver* buffers,
+                                         const ScoreLimits& limits, std::string* scores);
+
+}  // namespace probesidecar::server

@@ -1,0 +1,181 @@
+// Request validation without a server: every refusal, and what a valid job points at.
+#include "server/requests/score_job.h"
+
+#include <cstring>
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "common/safetensors.h"
+#include "gtest/gtest.h"
+
+namespace probesidecar::server {
+namespace {
+
+constexpr int32_t kHidden = 8;
+constexpr int32_t kProbes = 3;
+
+std::string Floats(size_t n) { return std::string(n * sizeof(float), '\0'); }
+
+// A resolver that knows one buffer of 4096 bytes at a fake device address.
+class FakeBuffers final : public BufferResolver {
+ public:
+  absl::StatusOr<BufferLease> Acquire(uint64_t id, uint64_t offset, uint64_t extent) override {
+    if (id != 7) return absl::NotFoundError("buffer is not registered");
+    if (offset + extent > 4096) return absl::InvalidArgumentError("past the end");
+    ++acquired;
+    return BufferLease{reinterpret_cast<char*>(0x10000) + offset, 0, nullptr};
+  }
+  int acquired = 0;
+};
+
+class ScoreJobTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    const std::string weight = Floats(kProbes * kHidden);
+    const std::string bias = Floats(kProbes);
+    std::string file = common::WriteSafetensors(
+        {{"weight", "F32", {kProbes, kHidden}, weight}, {"bias", "F32", {kProbes}, bias}}, {});
+    ASSERT_TRUE(registry_.LoadFromBytes("p", file, false).ok());
+  }
+
+  v1::ScoreRequest Good() {
+    v1::ScoreRequest r;
+    r.set_probe_set("p");
+    r.mutable_activations()->set_dtype(v1::DTYPE_FLOAT32);
+    r.mutable_activations()->add_shape(4);
+    r.mutable_activations()->add_shape(kHidden);
+    r.mutable_activations()->set_data(Floats(4 * kHidden));
+    r.add_rows(3);
+    r.add_rows(0);
+    return r;
+  }
+
+  absl::StatusOr<ScoreJob> Prepare(const v1::ScoreRequest& r, BufferResolver* buffers = nullptr) {
+    return PrepareScoreJob(r, registry_, buffers, limits_, &scores_);
+  }
+
+  ProbeRegistry registry_{"", ProbeSetLimits{}, [](ProbeSet&) { return absl::OkStatus(); }};
+  ScoreLimits limits_{100, 1 << 20};
+  std::string scores_;
+};
+
+TEST_F(ScoreJobTest, ValidRequestPointsIntoTheRequestAndTheScores) {
+  const v1::ScoreRequest r = Good();
+  absl::StatusOr<ScoreJob> job = Prepare(r);
+  ASSERT_TRUE(job.ok()) << job.status();
+  EXPECT_EQ(job->num_rows, 2);
+  EXPECT_EQ(job->rows, r.rows().data());
+  EXPECT_EQ(job->activations.host, r.activations().data().data());
+  EXPECT_EQ(job->activations.row_stride, kHidden);
+  EXPECT_EQ(scores_.size(), 2u * kProbes * sizeof(float));
+  EXPECT_EQ(reinterpret_cast<char*>(job->host_out), scores_.data());
+}
+
+TEST_F(ScoreJobTest, StridedInlineDataBetweenExtentAndFullRows) {
+  v1::ScoreRequest r = Good();
+  r.mutable_activations()->set_row_stride(10);
+  r.mutable_activations()->set_data(Floats(3 * 10 + kHidden));  // the extent exactly
+  EXPECT_TRUE(Prepare(r).ok());
+  r.mutable_activations()->set_data(Floats(4 * 10));  // full last row
+  EXPECT_TRUE(Prepare(r).ok());
+  r.mutable_activations()->set_data(Floats(4 * 10 + 1));
+  EXPECT_EQ(Prepare(r).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+TEST_F(ScoreJobTest, EveryRefusal) {
+  struct Case {
+    std::function<void(v1::ScoreRequest&)> mutate;
+    absl::StatusCode code;
+    const char* fragment;
+  };
+  const std::vector<Case> cases = {
+      {[](auto& r) { r.set_probe_set(""); }, absl::StatusCode::kInvalidArgument, "probe_set"},
+      {[](auto& r) { r.set_probe_set("q"); }, absl::StatusCode::kNotFound, "'q' is not loaded"},
+      {[](auto& r) { r.clear_rows(); }, absl::StatusCode::kInvalidArgument, "rows: empty"},
+      {[](auto& r) { r.mutable_rows()->Resize(101, 0); }, absl::StatusCode::kResourceExhausted,
+       "--max-rows"},
+      {[](auto& r) { r.add_rows(4); }, absl::StatusCode::kInvalidArgument, "rows[2] = 4"},
+      {[](auto& r) { r.add_rows(-2); }, absl::StatusCode::kInvalidArgument, "rows[2] = -2"},
+      {[](auto& r) { r.clear_activations(); }, absl::StatusCode::kInvalidArgument, "missing"},
+      {[](auto& r) { r.mutable_activations()->set_dtype(v1::DTYPE_INT32); },
+       absl::StatusCode::kInvalidArgument, "DTYPE_INT32"},
+      {[](auto& r) { r.mutable_activations()->set_shape(1, kHidden + 1); },
+       absl::StatusCode::kInvalidArgument, "inline data holds"},
+      {[](auto& r) {
+         r.mutable_activations()->set_shape(1, 4);
+         r.mutable_activations()->set_shape(0, 8);
+       },
+       absl::StatusCode::kInvalidArgument, "hidden size 4 does not match"},
+      {[](auto& r) { r.mutable_activations()->set_row_stride(kHidden - 1); },
+       absl::StatusCode::kInvalidArgument, "smaller than the row length"},
+      {[](auto& r) { r.mutable_activations()->set_shape(0, INT64_MAX); },
+       absl::StatusCode::kInvalidArgument, "valid extent"},
+      {[](auto& r) { r.mutable_activations()->mutable_buffer()->set_buffer_id(7); },
+       absl::StatusCode::kFailedPrecondition, "CUDA backend"},
+      {[](auto& r) {
+         r.mutable_output()->set_dtype(v1::DTYPE_FLOAT32);
+         r.mutable_output()->set_data("x");
+       },
+       absl::StatusCode::kInvalidArgument, "output: must name a registered buffer"},
+  };
+  for (size_t i = 0; i < cases.size(); ++i) {
+    v1::ScoreRequest r = Good();
+    cases[i].mutate(r);
+    absl::StatusOr<ScoreJob> job = Prepare(r);
+    ASSERT_FALSE(job.ok()) << i;
+    EXPECT_EQ(job.status().code(), cases[i].code) << i << ": " << job.status();
+    EXPECT_NE(job.status().message().find(cases[i].fragment), absl::string_view::npos)
+        << i << ": " << job.status();
+  }
+}
+
+TEST_F(ScoreJobTest, ScoresLargerThanAMessageAreRefused) {
+  limits_.max_message_bytes = 2048;
+  v1::ScoreRequest r = Good();
+  r.mutable_rows()->Resize(80, 1);  // 80 x 3 floats = 960 bytes, + 1024 of headroom: fits
+  EXPECT_TRUE(Prepare(r).ok());
+  r.mutable_rows()->Resize(100, 1);  // 1200 + 1024 > 2048: refused
+  EXPECT_EQ(Prepare(r).status().code(), absl::StatusCode::kResourceExhausted);
+}
+
+TEST_F(ScoreJobTest, BufferActivationsAndOutputAreLeasedAndChecked) {
+  FakeBuffers buffers;
+  v1::ScoreRequest r = Good();
+  r.mutable_activations()->mutable_buffer()->set_buffer_id(7);
+  r.mutable_activations()->mutable_buffer()->set_offset_bytes(64);
+  v1::TensorRef* out = r.mutable_output();
+  out->set_dtype(v1::DTYPE_FLOAT32);
+  out->add_shape(2);
+  out->add_shape(kProbes);
+  out->mutable_buffer()->set_buffer_id(7);
+  out->mutable_buffer()->set_offset_bytes(1024);
+  absl::StatusOr<ScoreJob> job = Prepare(r, &buffers);
+  ASSERT_TRUE(job.ok()) << job.status();
+  EXPECT_EQ(buffers.acquired, 2);
+  EXPECT_TRUE(job->activations.on_device());
+  EXPECT_EQ(job->activations.device.device_ptr, reinterpret_cast<char*>(0x10000) + 64);
+  EXPECT_EQ(job->host_out, nullptr);
+  EXPECT_EQ(job->device_out.device.device_ptr, reinterpret_cast<char*>(0x10000) + 1024);
+  EXPECT_TRUE(scores_.empty());
+
+  r.mutable_activations()->mutable_buffer()->set_offset_bytes(4096 - 16);  // extent past the end
+  EXPECT_EQ(Prepare(r, &buffers).status().code(), absl::StatusCode::kInvalidArgument);
+  r.mutable_activations()->mutable_buffer()->set_offset_bytes(2);  // misaligned for fp32
+  EXPECT_NE(Prepare(r, &buffers).status().message().find("misaligned"), absl::string_view::npos);
+  r.mutable_activations()->mutable_buffer()->set_offset_bytes(0);
+  r.mutable_activations()->mutable_buffer()->set_buffer_id(8);
+  EXPECT_EQ(Prepare(r, &buffers).status().code(), absl::StatusCode::kNotFound);
+  r.mutable_activations()->mutable_buffer()->set_buffer_id(7);
+  out->set_shape(1, kProbes + 1);
+  EXPECT_NE(Prepare(r, &buffers).status().message().find("shape must be [R, P] = [2, 3]"),
+            absl::string_view::npos);
+  out->set_shape(1, kProbes);
+  out->set_dtype(v1::DTYPE_BFLOAT16);
+  EXPECT_NE(Prepare(r, &buffers).status().message().find("DTYPE_FLOAT32"), absl::string_view::npos);
+}
+
+}  // namespace
+}  // namespace probesidecar::server

@@ -1,0 +1,115 @@
+#include "server/requests/tensor_ref.h"
+
+#include <string>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+
+namespace probesidecar::server {
+
+absl::StatusOr<common::DType> FloatDType(v1::DType dtype, absl::string_view what) {
+  switch (dtype) {
+    case v1::DTYPE_FLOAT32:
+      return common::DType::kFloat32;
+    case v1::DTYPE_FLOAT16:
+      return common::DType::kFloat16;
+    case v1::DTYPE_BFLOAT16:
+      return common::DType::kBFloat16;
+    default:
+      return absl::InvalidArgumentError(absl::StrCat(
+          what, ": dtype ",
+          v1::DType_Name(dtype).empty() ? std::to_string(dtype) : v1::DType_Name(dtype),
+          " is not supported here; expected DTYPE_BFLOAT16, DTYPE_FLOAT16 or DTYPE_FLOAT32"));
+  }
+}
+
+absl::StatusOr<uint64_t> ExtentBytes(int64_t rows, int64_t cols, int64_t row_stride,
+                                     int element_size, absl::string_view what) {
+  uint64_t last_row_start = 0;
+  uint64_t elements = 0;
+  uint64_t bytes = 0;
+  if (rows <= 0 || cols <= 0 || row_stride < cols ||
+      __builtin_mul_overflow(static_cast<uint64_t>(rows - 1), static_cast<uint64_t>(row_stride),
+                             &last_row_start) ||
+      __builtin_add_overflow(last_row_start, static_cast<uint64_t>(cols), &elements) ||
+      __builtin_mul_overflow(elements, static_cast<uint64_t>(element_size), &bytes)) {
+    return absl::InvalidArgumentError(absl::StrCat(what, ": shape [", rows, ", ", cols,
+                                                   "] with row stride ", row_stride,
+                                                   " does not describe a valid extent"));
+  }
+  return bytes;
+}
+
+absl::StatusOr<Tensor2D> ResolveTensor2D(const v1::TensorRef& ref, absl::string_view what,
+                                         BufferResolver* buffers) {
+  Tensor2D t;
+  absl::StatusOr<common::DType> dtype = FloatDType(ref.dtype(), what);
+  if (!dtype.ok()) return dtype.status();
+  t.dtype = *dtype;
+  if (ref.shape_size() != 2) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, ": expected a 2-D shape, got [", absl::StrJoin(ref.shape(), ", "), "]"));
+  }
+  t.rows = ref.shape(0);
+  t.cols = ref.shape(1);
+  if (t.rows <= 0 || t.cols <= 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, ": dimensions must be positive, got [", t.rows, ", ", t.cols, "]"));
+  }
+  t.row_stride = ref.row_stride() == 0 ? t.cols : ref.row_stride();
+  if (t.row_stride < t.cols) {
+    return absl::InvalidArgumentError(absl::StrCat(what, ": row_stride ", ref.row_stride(),
+                                                   " is smaller than the row length ", t.cols));
+  }
+  const int size = common::DTypeSize(t.dtype);
+  absl::StatusOr<uint64_t> extent = ExtentBytes(t.rows, t.cols, t.row_stride, size, what);
+  if (!extent.ok()) return extent.status();
+
+  switch (ref.location_case()) {
+    case v1::TensorRef::kData: {
+      const std::string& data = ref.data();
+      uint64_t full = 0;  // rows * row_stride * size; may overflow only when extent nearly does
+      if (__builtin_mul_overflow(static_cast<uint64_t>(t.rows),
+                                 static_cast<uint64_t>(t.row_stride) * size, &full)) {
+        full = UINT64_MAX;
+      }
+      if (data.size() < *extent || data.size() > full || data.size() % size != 0) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            what, ": inline data holds ", data.size(), " bytes; shape [", t.rows, ", ", t.cols,
+            "] ", common::DTypeName(t.dtype), " with row stride ", t.row_stride, " needs ",
+            *extent == full ? absl::StrCat(*extent)
+                            : absl::StrCat("between ", *extent, " and ", full),
+            " bytes"));
+      }
+      t.host = data.data();
+      return t;
+    }
+    case v1::TensorRef::kBuffer: {
+      if (buffers == nullptr) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            what,
+            ": registered buffers need the CUDA backend; this server runs the CPU "
+            "backend (send inline data, or start it with --backend cuda on a GPU host)"));
+      }
+      absl::StatusOr<BufferLease> lease =
+          buffers->Acquire(ref.buffer().buffer_id(), ref.buffer().offset_bytes(), *extent);
+      if (!lease.ok()) {
+        return absl::Status(lease.status().code(),
+                            absl::StrCat(what, ": ", lease.status().message()));
+      }
+      if (reinterpret_cast<uintptr_t>(lease->device_ptr) % size != 0) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            what, ": offset ", ref.buffer().offset_bytes(), " leaves the tensor misaligned for ",
+            common::DTypeName(t.dtype), " (", size, "-byte elements)"));
+      }
+      t.device = std::move(*lease);
+      return t;
+    }
+    case v1::TensorRef::LOCATION_NOT_SET:
+      break;
+  }
+  return absl::InvalidArgumentError(
+      absl::StrCat(what, ": has neither inline data nor a buffer location"));
+}
+
+}  // namespace probesidecar::server

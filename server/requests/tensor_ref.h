@@ -1,0 +1,40 @@
+// Validation of the TensorRefs in requests: dtype, shape, stride and extent, before anything
+// reads a byte.
+#pragma once
+
+#include <cstdint>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "common/dtype.h"
+#include "probesidecar/v1/tensor.pb.h"
+#include "server/buffers/buffer_lease.h"
+
+namespace probesidecar::server {
+
+// A validated 2-D tensor: either host bytes (inline) or a leased device window.
+struct Tensor2D {
+  common::DType dtype = common::DType::kFloat32;
+  int64_t rows = 0;
+  int64_t cols = 0;
+  int64_t row_stride = 0;  // elements
+  const void* host = nullptr;
+  BufferLease device;  // device.device_ptr != nullptr for buffer tensors
+  bool on_device() const { return device.device_ptr != nullptr; }
+};
+
+// bf16/fp16/fp32, else INVALID_ARGUMENT naming `what`.
+absl::StatusOr<common::DType> FloatDType(v1::DType dtype, absl::string_view what);
+
+// Bytes from the first element to one past the last: ((rows - 1) * row_stride + cols) * size.
+// INVALID_ARGUMENT on overflow.
+absl::StatusOr<uint64_t> ExtentBytes(int64_t rows, int64_t cols, int64_t row_stride,
+                                     int element_size, absl::string_view what);
+
+// Validates a 2-D floating-point TensorRef. Inline data must hold between the extent and
+// rows * row_stride elements; a buffer location is resolved through `buffers` (nullptr: the
+// backend has no IPC, FAILED_PRECONDITION). `what` names the field in messages.
+absl::StatusOr<Tensor2D> ResolveTensor2D(const v1::TensorRef& ref, absl::string_view what,
+                                         BufferResolver* buffers);
+
+}  // namespace probesidecar::server

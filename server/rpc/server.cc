@@ -1,0 +1,218 @@
+#include "server/rpc/server.h"
+
+#include <grpcpp/ext/proto_server_reflection_plugin.h>
+#include <grpcpp/grpcpp.h>
+#include <grpcpp/health_check_service_interface.h>
+#include <signal.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <filesystem>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/strip.h"
+#include "absl/synchronization/notification.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+#include "prometheus/exposer.h"
+#include "server/buffers/buffer_registry.h"
+#include "server/config/version.h"
+#include "server/executors/make_executor.h"
+#include "server/observability/log.h"
+#include "server/observability/metrics.h"
+#include "server/probes/probe_registry.h"
+#include "server/rpc/service.h"
+
+namespace probesidecar::server {
+namespace {
+
+constexpr char kServiceName[] = "probesidecar.v1.ProbeSidecar";
+
+// <directory of this executable>/../share/probe-sidecar/probes
+std::string BundledProbesDir() {
+  std::error_code error;
+  const std::filesystem::path exe = std::filesystem::read_symlink("/proc/self/exe", error);
+  if (error) return "";
+  return (exe.parent_path().parent_path() / "share" / "probe-sidecar" / "probes").string();
+}
+
+LogLevel ParseLogLevel(const std::string& name) {
+  if (name == "debug") return LogLevel::kDebug;
+  if (name == "warning") return LogLevel::kWarning;
+  if (name == "error") return LogLevel::kError;
+  return LogLevel::kInfo;
+}
+
+std::string UnixPath(const std::string& address) {
+  absl::string_view path = address;
+  if (!absl::ConsumePrefix(&path, "unix:")) return "";
+  absl::ConsumePrefix(&path, "//");
+  return std::string(path);
+}
+
+}  // namespace
+
+int RunServer(const Config& config) {
+  SetLogLevel(ParseLogLevel(config.log_level));
+
+  // Every thread started from here on inherits this mask; main takes the signals with sigwait.
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGINT);
+  sigaddset(&signals, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+  signal(SIGPIPE, SIG_IGN);
+
+  absl::StatusOr<std::unique_ptr<Executor>> made = MakeExecutor(config);
+  if (!made.ok()) {
+    LogError("cannot start: %s", made.status().message());
+    return 1;
+  }
+  std::unique_ptr<Executor> executor = std::move(*made);
+
+  const bool bundled = config.probes_dir.empty();
+  const std::string probes_dir = bundled ? BundledProbesDir() : config.probes_dir;
+  ProbeSetLimits limits;
+  limits.max_probes = static_cast<int32_t>(config.max_probes);
+  limits.file.max_file_bytes = config.max_probe_file_bytes;
+  ProbeRegistry probes(probes_dir, limits,
+                       [&executor](ProbeSet& set) { return executor->PrepareProbeSet(set); });
+  if (absl::Status s = probes.LoadDirectory(); !s.ok()) {
+    if (!bundled) {
+      LogError("cannot start: loading probe sets from --probes %s: %s", probes_dir, s.message());
+      executor->Shutdown();
+      return 1;
+    }
+    LogWarning("bundled probe sets not loaded from %s: %s", probes_dir, s.message());
+  }
+  std::vector<std::string> loaded;
+  for (const auto& set : probes.List()) {
+    // Start-up captures every set's graphs before serving (on the executor's workers).
+    absl::Notification warm;
+    executor->Warmup(set, [&warm, name = set->name](absl::Status status) {
+      if (!status.ok()) LogWarning("warm-up of probe set '%s': %s", name, status.message());
+      warm.Notify();
+    });
+    warm.WaitForNotification();
+    loaded.push_back(set->name);
+  }
+  LogInfo("probe sets from %s: [%s]", probes_dir, absl::StrJoin(loaded, ", "));
+
+  BuildInfo build{kVersion, kGitCommit, kCudaRuntime, executor->device_name(), executor->backend()};
+  Metrics metrics(build, [&probes, &executor] {
+    MetricsState state;
+    state.probe_sets = probes.size();
+    state.graph_cache = executor->graph_cache();
+    state.device_memory_bytes = executor->device_memory_bytes();
+    if (const BufferRegistry* buffers = executor->buffers(); buffers != nullptr) {
+      const BufferCounters counters = buffers->counters();
+      state.registered_buffers = counters.registrations;
+      state.registered_buffer_bytes = counters.registered_bytes;
+      state.open_ipc_handles = counters.open_handles;
+    }
+    return state;
+  });
+
+  std::unique_ptr<prometheus::Exposer> exposer;
+  std::string metrics_listening;
+  if (config.metrics_listen != "none") {
+    try {
+      exposer = std::make_unique<prometheus::Exposer>(config.metrics_listen);
+      exposer->RegisterCollectable(metrics.collectable());
+      const std::vector<int> ports = exposer->GetListeningPorts();
+      const std::string host = config.metrics_listen.substr(0, config.metrics_listen.rfind(':'));
+      metrics_listening = absl::StrCat(host, ":", ports.empty() ? 0 : ports.front());
+    } catch (const std::exception& e) {
+      LogError("cannot start: metrics endpoint %s: %s", config.metrics_listen, e.what());
+      executor->Shutdown();
+      return 1;
+    }
+  }
+
+  grpc::EnableDefaultHealthCheckService(true);
+  grpc::reflection::InitProtoReflectionServerBuilderPlugin();
+  grpc::ServerBuilder builder;
+  builder.SetMaxReceiveMessageSize(static_cast<int>(config.max_message_bytes));
+  builder.SetMaxSendMessageSize(static_cast<int>(config.max_message_bytes));
+  // gRPC sets SO_REUSEPORT by default: a second sidecar would then share the port and silently
+  // take half the traffic. A port in use must fail the start instead.
+  builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
+  std::vector<int> ports(config.listen.size(), 0);
+  for (size_t i = 0; i < config.listen.size(); ++i) {
+    builder.AddListeningPort(config.listen[i], grpc::InsecureServerCredentials(), &ports[i]);
+  }
+
+  ServiceEnv env;
+  env.config = config;
+  env.metrics_listening = metrics_listening;
+  env.probes = &probes;
+  env.executor = executor.get();
+  env.metrics = &metrics;
+  ProbeSidecarService service(env);
+  builder.RegisterService(&service);
+  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
+  if (server == nullptr) {
+    LogError("cannot start: could not listen on %s", absl::StrJoin(config.listen, ", "));
+    executor->Shutdown();
+    return 1;
+  }
+  std::vector<std::string> listening;
+  for (size_t i = 0; i < config.listen.size(); ++i) {
+    const std::string& address = config.listen[i];
+    if (absl::StartsWith(address, "unix:")) {
+      listening.push_back(address);
+    } else if (ports[i] == 0) {
+      LogError("cannot start: could not listen on %s", address);
+      server->Shutdown();
+      executor->Shutdown();
+      return 1;
+    } else {
+      listening.push_back(absl::StrCat(address.substr(0, address.rfind(':')), ":", ports[i]));
+    }
+  }
+  service.SetListening(listening);
+
+  grpc::HealthCheckServiceInterface* health = server->GetHealthCheckService();
+  health->SetServingStatus(true);
+  health->SetServingStatus(kServiceName, true);
+  LogInfo("probe-sidecar %s (%s) serving on %s; metrics on %s; backend %s (%s)", kVersion,
+          kGitCommit, absl::StrJoin(listening, ", "),
+          metrics_listening.empty() ? "off" : metrics_listening, executor->backend(),
+          executor->device_name());
+
+  int signal_number = 0;
+  sigwait(&signals, &signal_number);
+  LogInfo("%s: draining in-flight requests (up to %.1f s)", strsignal(signal_number),
+          config.shutdown_grace_seconds);
+  health->SetServingStatus(false);
+  health->SetServingStatus(kServiceName, false);
+  // New work is refused with UNAVAILABLE (retryable) while the work in progress finishes; only
+  // then does gRPC shut down, so no admitted request is cut off before the grace period ends.
+  const absl::Time deadline =
+      absl::Now() + absl::Microseconds(static_cast<int64_t>(config.shutdown_grace_seconds * 1e6));
+  service.BeginDrain();
+  if (!service.WaitUntilIdle(deadline)) {
+    LogWarning("grace period over with requests still in progress: cancelling them");
+  }
+  // Requests already on the wire when gRPC shuts down are cancelled by it; a short window in
+  // which they are refused with UNAVAILABLE instead lets clients retry elsewhere cleanly.
+  absl::SleepFor(
+      std::min(absl::Milliseconds(200), std::max(absl::ZeroDuration(), deadline - absl::Now())));
+  server->Shutdown(absl::ToChronoTime(deadline));
+  server->Wait();
+  service.StopControlWorker();  // releases of ended sessions use the executor's buffers
+  executor->Shutdown();
+  for (const std::string& address : config.listen) {
+    if (const std::string path = UnixPath(address); !path.empty()) ::unlink(path.c_str());
+  }
+  LogInfo("stopped");
+  return 0;
+}
+
+}  // namespace probesidecar::server

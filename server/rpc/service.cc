@@ -1,0 +1,325 @@
+#include "server/rpc/service.h"
+
+#include <memory>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "server/buffers/buffer_registry.h"
+#include "server/config/version.h"
+#include "server/observability/log.h"
+#include "server/rpc/grpc_status.h"
+#include "server/rpc/rpc_helpers.h"
+
+namespace probesidecar::server {
+namespace {
+
+v1::DType ToProtoDType(common::DType dtype) {
+  switch (dtype) {
+    case common::DType::kFloat32:
+      return v1::DTYPE_FLOAT32;
+    case common::DType::kFloat16:
+      return v1::DTYPE_FLOAT16;
+    case common::DType::kBFloat16:
+      return v1::DTYPE_BFLOAT16;
+  }
+  return v1::DTYPE_UNSPECIFIED;
+}
+
+// Administrative work waiting for the control worker; past this, such RPCs are refused.
+constexpr size_t kControlQueue = 1024;
+
+}  // namespace
+
+void FillProbeSetInfo(const ProbeSet& set, v1::ProbeSetInfo* info) {
+  info->set_name(set.name);
+  info->set_num_probes(set.num_probes);
+  info->set_hidden_size(set.hidden);
+  info->set_weight_dtype(ToProtoDType(set.weight_dtype));
+  info->set_activation(set.activation == kernels::Activation::kSigmoid ? v1::ACTIVATION_SIGMOID
+                                                                       : v1::ACTIVATION_NONE);
+  for (const ProbeSpec& spec : set.probes) {
+    v1::Probe* probe = info->add_probes();
+    probe->set_name(spec.name);
+    if (spec.threshold.has_value()) probe->set_threshold(*spec.threshold);
+  }
+  info->set_source(set.source);
+  info->set_file_bytes(set.file_bytes);
+}
+
+ProbeSidecarService::ProbeSidecarService(ServiceEnv env)
+    : env_(std::move(env)), started_(Clock::now()), control_(1, kControlQueue) {}
+
+ProbeSidecarService::~ProbeSidecarService() { StopControlWorker(); }
+
+void ProbeSidecarService::AddStream(DrainableStream* stream) {
+  absl::MutexLock lock(&streams_mu_);
+  streams_.insert(stream);
+  if (draining_.load()) stream->Drain();
+}
+
+void ProbeSidecarService::RemoveStream(DrainableStream* stream) {
+  absl::MutexLock lock(&streams_mu_);
+  streams_.erase(stream);
+}
+
+void ProbeSidecarService::BeginDrain() {
+  draining_.store(true);
+  absl::MutexLock lock(&streams_mu_);
+  for (DrainableStream* stream : streams_) stream->Drain();
+}
+
+bool ProbeSidecarService::WaitUntilIdle(absl::Time deadline) {
+  while (absl::Now() < deadline) {
+    {
+      absl::MutexLock lock(&streams_mu_);
+      if (streams_.empty() && in_flight_.load() == 0) return true;
+    }
+    absl::SleepFor(absl::Milliseconds(1));
+  }
+  return false;
+}
+
+void ProbeSidecarService::StopControlWorker() { control_.Shutdown(); }
+
+absl::Status ProbeSidecarService::Draining() const {
+  if (!draining_.load()) return absl::OkStatus();
+  return absl::UnavailableError("the server is shutting down");
+}
+
+void ProbeSidecarService::SetListening(std::vector<std::string> listening) {
+  absl::MutexLock lock(&listening_mu_);
+  listening_ = std::move(listening);
+}
+
+grpc::ServerUnaryReactor* ProbeSidecarService::Answer(grpc::CallbackServerContext* context, Rpc rpc,
+                                                      Clock::time_point start,
+                                                      const absl::Status& status) {
+  env_.metrics->RpcFinished(rpc, status.code(), SecondsSince(start), "", "");
+  if (!status.ok() && status.code() != absl::StatusCode::kNotFound) {
+    LogDebug("%s: %s", RpcName(rpc), status.ToString());
+  }
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  reactor->Finish(ToGrpcStatus(status));
+  return reactor;
+}
+
+void ProbeSidecarService::RunOnControlWorker(absl::AnyInvocable<void() &&> work) {
+  control_.Submit([work = std::move(work)](int) mutable { std::move(work)(); });
+}
+
+void ProbeSidecarService::RunOnControlWorker(Rpc rpc, bool refuse_while_draining, Finish finish,
+                                             ControlWork work) {
+  const Clock::time_point start = Clock::now();
+  // Records the answer once, on whichever thread the work finishes.
+  Finish answer = [this, rpc, start,
+                   finish = std::move(finish)](const absl::Status& status) mutable {
+    env_.metrics->RpcFinished(rpc, status.code(), SecondsSince(start), "", "");
+    if (!status.ok() && status.code() != absl::StatusCode::kNotFound) {
+      LogDebug("%s: %s", RpcName(rpc), status.ToString());
+    }
+    std::move(finish)(status);
+    in_flight_.fetch_sub(1);
+  };
+  in_flight_.fetch_add(1);
+  if (absl::Status draining = Draining(); refuse_while_draining && !draining.ok()) {
+    std::move(answer)(draining);
+    return;
+  }
+  control_.Submit([answer = std::move(answer), work = std::move(work)](int worker) mutable {
+    if (worker == WorkerPool::kRefused) {
+      std::move(answer)(absl::ResourceExhaustedError(absl::StrCat(
+          "too many administrative requests are waiting (", kControlQueue, "); retry later")));
+      return;
+    }
+    std::move(work)(std::move(answer));
+  });
+}
+
+grpc::ServerUnaryReactor* ProbeSidecarService::AnswerFromControlWorker(
+    grpc::CallbackServerContext* context, Rpc rpc, bool refuse_while_draining, ControlWork work) {
+  env_.metrics->RpcStarted(rpc);
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  RunOnControlWorker(
+      rpc, refuse_while_draining,
+      [reactor](const absl::Status& status) { reactor->Finish(ToGrpcStatus(status)); },
+      std::move(work));
+  return reactor;
+}
+
+grpc::ServerUnaryReactor* ProbeSidecarService::RegisterBuffer(
+    grpc::CallbackServerContext* context, const v1::RegisterBufferRequest* request,
+    v1::RegisterBufferResponse* response) {
+  BufferRegistry* buffers = env_.executor->buffers();
+  if (buffers == nullptr) {
+    env_.metrics->RpcStarted(Rpc::kRegisterBuffer);
+    return Answer(context, Rpc::kRegisterBuffer, Clock::now(),
+                  NoBuffersOnThisBackend(env_.executor->backend()));
+  }
+  // Opening an allocation (cudaIpcOpenMemHandle, 60-150 µs) is driver work: not on a gRPC thread.
+  return AnswerFromControlWorker(
+      context, Rpc::kRegisterBuffer, /*refuse_while_draining=*/true,
+      [buffers, request, response](Finish finish) {
+        absl::StatusOr<v1::RegisterBufferResponse> registered = buffers->Register(*request);
+        if (registered.ok()) {
+          *response = std::move(*registered);
+          LogInfo(
+              "registered buffer %d '%s': %d bytes at offset %d of a %d-byte allocation%s (pid "
+              "%d)",
+              response->buffer_id(), request->name(), request->byte_size(), request->offset_bytes(),
+              response->allocation_bytes(), response->shared_mapping() ? " (shared mapping)" : "",
+              request->client_pid());
+        }
+        std::move(finish)(registered.status());
+      });
+}
+
+grpc::ServerUnaryReactor* ProbeSidecarService::UnregisterBuffer(
+    grpc::CallbackServerContext* context, const v1::UnregisterBufferRequest* request,
+    v1::UnregisterBufferResponse* response) {
+  BufferRegistry* buffers = env_.executor->buffers();
+  if (buffers == nullptr) {
+    env_.metrics->RpcStarted(Rpc::kUnregisterBuffer);
+    return Answer(context, Rpc::kUnregisterBuffer, Clock::now(),
+                  NoBuffersOnThisBackend(env_.executor->backend()));
+  }
+  // Closing an allocation (cudaIpcCloseMemHandle) is driver work: not on a gRPC thread.
+  return AnswerFromControlWorker(context, Rpc::kUnregisterBuffer, /*refuse_while_draining=*/false,
+                                 [buffers, request, response](Finish finish) {
+                                   absl::StatusOr<bool> deferred =
+                                       buffers->Unregister(request->buffer_id());
+                                   if (deferred.ok()) {
+                                     response->set_deferred(*deferred);
+                                     LogInfo("unregistered buffer %d%s", request->buffer_id(),
+                                             *deferred ? " (closes when its requests finish)" : "");
+                                   }
+                                   std::move(finish)(deferred.status());
+                                 });
+}
+
+grpc::ServerUnaryReactor* ProbeSidecarService::ListBuffers(
+    grpc::CallbackServerContext* context, const v1::ListBuffersRequest* /*request*/,
+    v1::ListBuffersResponse* response) {
+  const Clock::time_point start = Clock::now();
+  env_.metrics->RpcStarted(Rpc::kListBuffers);
+  // A backend without IPC has no buffers: the list is empty.
+  if (BufferRegistry* buffers = env_.executor->buffers(); buffers != nullptr) {
+    for (v1::BufferInfo& info : buffers->List()) *response->add_buffers() = std::move(info);
+  }
+  return Answer(context, Rpc::kListBuffers, start, absl::OkStatus());
+}
+
+grpc::ServerUnaryReactor* ProbeSidecarService::LoadProbeSet(grpc::CallbackServerContext* context,
+                                                            const v1::LoadProbeSetRequest* request,
+                                                            v1::LoadProbeSetResponse* response) {
+  // Reading the file, uploading the weights and capturing graphs all wait (disk, device): the
+  // control worker loads, the executor's workers capture, and the last of them answers.
+  return AnswerFromControlWorker(
+      context, Rpc::kLoadProbeSet, /*refuse_while_draining=*/true,
+      [this, request, response](Finish finish) {
+        absl::StatusOr<std::shared_ptr<const ProbeSet>> loaded;
+        switch (request->source_case()) {
+          case v1::LoadProbeSetRequest::kPath:
+            loaded =
+                env_.probes->LoadFromPath(request->name(), request->path(), request->replace());
+            break;
+          case v1::LoadProbeSetRequest::kSafetensors:
+            loaded = env_.probes->LoadFromBytes(request->name(), request->safetensors(),
+                                                request->replace());
+            break;
+          case v1::LoadProbeSetRequest::SOURCE_NOT_SET:
+            loaded = absl::InvalidArgumentError(
+                "LoadProbeSet needs a source: a server path or the safetensors bytes");
+            break;
+        }
+        if (!loaded.ok()) {
+          std::move(finish)(loaded.status());
+          return;
+        }
+        std::shared_ptr<const ProbeSet> set = std::move(*loaded);
+        FillProbeSetInfo(*set, response->mutable_probe_set());
+        LogInfo("loaded probe set '%s': P=%d H=%d from %s", set->name, set->num_probes, set->hidden,
+                set->source);
+        env_.executor->Warmup(
+            set, [name = set->name, finish = std::move(finish)](absl::Status status) mutable {
+              // The set is loaded either way: a failed warm-up only means first requests capture.
+              if (!status.ok()) LogWarning("warm-up of probe set '%s': %s", name, status.message());
+              std::move(finish)(absl::OkStatus());
+            });
+      });
+}
+
+grpc::ServerUnaryReactor* ProbeSidecarService::UnloadProbeSet(
+    grpc::CallbackServerContext* context, const v1::UnloadProbeSetRequest* request,
+    v1::UnloadProbeSetResponse* /*response*/) {
+  return AnswerFromControlWorker(context, Rpc::kUnloadProbeSet, /*refuse_while_draining=*/false,
+                                 [this, request](Finish finish) {
+                                   absl::Status status = env_.probes->Unload(request->name());
+                                   if (status.ok())
+                                     LogInfo("unloaded probe set '%s'", request->name());
+                                   std::move(finish)(status);
+                                 });
+}
+
+grpc::ServerUnaryReactor* ProbeSidecarService::ListProbeSets(
+    grpc::CallbackServerContext* context, const v1::ListProbeSetsRequest* /*request*/,
+    v1::ListProbeSetsResponse* response) {
+  const Clock::time_point start = Clock::now();
+  env_.metrics->RpcStarted(Rpc::kListProbeSets);
+  for (const std::shared_ptr<const ProbeSet>& set : env_.probes->List()) {
+    FillProbeSetInfo(*set, response->add_probe_sets());
+  }
+  return Answer(context, Rpc::kListProbeSets, start, absl::OkStatus());
+}
+
+grpc::ServerUnaryReactor* ProbeSidecarService::Verify(grpc::CallbackServerContext* context,
+                                                      const v1::VerifyRequest* /*request*/,
+                                                      v1::VerifyResponse* /*response*/) {
+  const Clock::time_point start = Clock::now();
+  env_.metrics->RpcStarted(Rpc::kVerify);
+  return Answer(context, Rpc::kVerify, start,
+                absl::UnimplementedError(
+                    "Verify (MLA verify attention) is declared in API v1 but its kernel is not "
+                    "part of this release; nothing was read or written"));
+}
+
+grpc::ServerUnaryReactor* ProbeSidecarService::ServerInfo(grpc::CallbackServerContext* context,
+                                                          const v1::ServerInfoRequest* /*request*/,
+                                                          v1::ServerInfoResponse* response) {
+  const Clock::time_point start = Clock::now();
+  env_.metrics->RpcStarted(Rpc::kServerInfo);
+  response->set_version(kVersion);
+  response->set_git_commit(kGitCommit);
+  response->set_backend(env_.executor->backend());
+  response->set_device_name(env_.executor->device_name());
+  response->set_device_id(env_.config.device);
+  v1::Limits* limits = response->mutable_limits();
+  limits->set_max_message_bytes(env_.config.max_message_bytes);
+  limits->set_max_concurrent_requests(env_.config.max_concurrent_requests);
+  limits->set_max_rows(env_.config.max_rows);
+  limits->set_max_probes(env_.config.max_probes);
+  limits->set_max_probe_file_bytes(env_.config.max_probe_file_bytes);
+  for (const std::shared_ptr<const ProbeSet>& set : env_.probes->List()) {
+    FillProbeSetInfo(*set, response->add_probe_sets());
+  }
+  const GraphCacheCounters graphs = env_.executor->graph_cache();
+  v1::GraphCacheStats* stats = response->mutable_graph_cache();
+  stats->set_entries(graphs.entries);
+  stats->set_capacity(graphs.capacity);
+  stats->set_hits(graphs.hits);
+  stats->set_misses(graphs.misses);
+  stats->set_captures(graphs.captures);
+  stats->set_evictions(graphs.evictions);
+  response->set_uptime_seconds(SecondsSince(started_));
+  if (BufferRegistry* buffers = env_.executor->buffers(); buffers != nullptr) {
+    response->set_registered_buffers(static_cast<uint32_t>(buffers->counters().registrations));
+  }
+  {
+    absl::MutexLock lock(&listening_mu_);
+    for (const std::string& address : listening_) response->add_listen(address);
+  }
+  response->set_metrics_listen(env_.metrics_listening);
+  response->set_cuda_runtime(kCudaRuntime);
+  return Answer(context, Rpc::kServerInfo, start, absl::OkStatus());
+}
+
+}  // namespace probesidecar::server

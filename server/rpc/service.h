@@ -1,0 +1,148 @@
+// The gRPC service (callback API): validates each request, hands the work to the executor or to
+// the control worker, and answers with a precise status. No exception crosses an RPC; no request
+// can crash the server.
+//
+// Threads: gRPC's callback threads only validate and hand off — they never wait for the GPU, for
+// a stream slot or for a file. Score work goes to the executor's workers, which finish the RPC.
+// Administrative work that may wait for the device or the disk (loading and unloading probe
+// sets, opening and closing IPC buffers, ending sessions) goes to the service's control worker,
+// one thread, which finishes those RPCs.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/functional/any_invocable.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "probesidecar/v1/sidecar.grpc.pb.h"
+#include "server/config/config.h"
+#include "server/executors/executor.h"
+#include "server/executors/worker_pool.h"
+#include "server/observability/metrics.h"
+#include "server/probes/probe_registry.h"
+
+namespace probesidecar::server {
+
+struct ServiceEnv {
+  Config config;
+  std::string metrics_listening;  // the bound metrics address, "" when off
+  ProbeRegistry* probes = nullptr;
+  Executor* executor = nullptr;
+  Metrics* metrics = nullptr;
+};
+
+// A long-lived stream that must end when the server drains.
+class DrainableStream {
+ public:
+  virtual ~DrainableStream() = default;
+  // Ends the stream as soon as it is idle (at once if it is), with UNAVAILABLE.
+  virtual void Drain() = 0;
+};
+
+class ProbeSidecarService final : public v1::ProbeSidecar::CallbackService {
+ public:
+  explicit ProbeSidecarService(ServiceEnv env);
+  ~ProbeSidecarService() override;
+
+  // The bound addresses (ports resolved), for ServerInfo; set once the server has started.
+  void SetListening(std::vector<std::string> listening);
+
+  grpc::ServerUnaryReactor* RegisterBuffer(grpc::CallbackServerContext* context,
+                                           const v1::RegisterBufferRequest* request,
+                                           v1::RegisterBufferResponse* response) override;
+  grpc::ServerUnaryReactor* UnregisterBuffer(grpc::CallbackServerContext* context,
+                                             const v1::UnregisterBufferRequest* request,
+                                             v1::UnregisterBufferResponse* response) override;
+  grpc::ServerUnaryReactor* ListBuffers(grpc::CallbackServerContext* context,
+                                        const v1::ListBuffersRequest* request,
+                                        v1::ListBuffersResponse* response) override;
+  grpc::ServerWriteReactor<v1::SessionEvent>* OpenSession(
+      grpc::CallbackServerContext* context, const v1::OpenSessionRequest* request) override;
+  grpc::ServerUnaryReactor* LoadProbeSet(grpc::CallbackServerContext* context,
+                                         const v1::LoadProbeSetRequest* request,
+                                         v1::LoadProbeSetResponse* response) override;
+  grpc::ServerUnaryReactor* UnloadProbeSet(grpc::CallbackServerContext* context,
+                                           const v1::UnloadProbeSetRequest* request,
+                                           v1::UnloadProbeSetResponse* response) override;
+  grpc::ServerUnaryReactor* ListProbeSets(grpc::CallbackServerContext* context,
+                                          const v1::ListProbeSetsRequest* request,
+                                          v1::ListProbeSetsResponse* response) override;
+  grpc::ServerUnaryReactor* Score(grpc::CallbackServerContext* context,
+                                  const v1::ScoreRequest* request,
+                                  v1::ScoreResponse* response) override;
+  grpc::ServerBidiReactor<v1::ScoreRequest, v1::ScoreResponse>* ScoreStream(
+      grpc::CallbackServerContext* context) override;
+  grpc::ServerUnaryReactor* Verify(grpc::CallbackServerContext* context,
+                                   const v1::VerifyRequest* request,
+                                   v1::VerifyResponse* response) override;
+  grpc::ServerUnaryReactor* ServerInfo(grpc::CallbackServerContext* context,
+                                       const v1::ServerInfoRequest* request,
+                                       v1::ServerInfoResponse* response) override;
+
+  // Shutdown, first step: new RPCs get UNAVAILABLE, open streams end once idle; in-flight work
+  // goes on. Then WaitUntilIdle, then grpc::Server::Shutdown, then StopControlWorker.
+  void BeginDrain();
+  // True once no request is in progress and no stream is open; false at the deadline.
+  bool WaitUntilIdle(absl::Time deadline);
+  // Finishes the queued administrative work and stops the control worker (after the gRPC
+  // server has stopped, before the executor does: the work uses the executor's buffers).
+  void StopControlWorker();
+
+  // Streams register so that BeginDrain can end them.
+  void AddStream(DrainableStream* stream);
+  void RemoveStream(DrainableStream* stream);
+
+  // Validates and runs one Score (unary or stream message); `finish` is called exactly once,
+  // possibly from an executor thread, after `response` is filled.
+  using Finish = absl::AnyInvocable<void(const absl::Status& status) &&>;
+  void RunScore(Rpc rpc, const v1::ScoreRequest* request, v1::ScoreResponse* response,
+                Finish finish);
+
+  // Runs `work` on the control worker; the RPC ends when `work` calls its Finish (on any thread).
+  // Refused at once with RESOURCE_EXHAUSTED when the control queue is full, and with UNAVAILABLE
+  // while draining when `refuse_while_draining` (new work; releasing work is let through).
+  using ControlWork = absl::AnyInvocable<void(Finish finish) &&>;
+  void RunOnControlWorker(Rpc rpc, bool refuse_while_draining, Finish finish, ControlWork work);
+
+  // Runs `work` on the control worker, not as an RPC (e.g. releasing a session's buffers); on the
+  // calling thread once the control worker has stopped.
+  void RunOnControlWorker(absl::AnyInvocable<void() &&> work);
+
+  Metrics* metrics() const { return env_.metrics; }
+  BufferRegistry* buffers() const { return env_.executor->buffers(); }
+
+ private:
+  // Answers a unary RPC whose work is done inline, recording its metrics.
+  grpc::ServerUnaryReactor* Answer(grpc::CallbackServerContext* context, Rpc rpc,
+                                   std::chrono::steady_clock::time_point start,
+                                   const absl::Status& status);
+  // A unary RPC answered from the control worker.
+  grpc::ServerUnaryReactor* AnswerFromControlWorker(grpc::CallbackServerContext* context, Rpc rpc,
+                                                    bool refuse_while_draining, ControlWork work);
+
+  // UNAVAILABLE once draining.
+  absl::Status Draining() const;
+
+  const ServiceEnv env_;
+  const std::chrono::steady_clock::time_point started_;
+  // RPCs handed to a worker (Score work, control work) and not yet answered.
+  std::atomic<uint32_t> in_flight_{0};
+  // Of those, Score requests (bounded by --max-concurrent-requests).
+  std::atomic<uint32_t> scores_in_flight_{0};
+  std::atomic<bool> draining_{false};
+  absl::Mutex streams_mu_;
+  std::set<DrainableStream*> streams_ ABSL_GUARDED_BY(streams_mu_);
+  mutable absl::Mutex listening_mu_;
+  std::vector<std::string> listening_ ABSL_GUARDED_BY(listening_mu_);
+  WorkerPool control_;  // one thread: administrative work that may wait for the device or disk
+};
+
+// Fills `info` from a loaded probe set.
+void FillProbeSetInfo(const ProbeSet& set, v1::ProbeSetInfo* info);
+
+}  // namespace probesidecar::server

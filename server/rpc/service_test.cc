@@ -1,0 +1,182 @@
+// The service with an executor that holds every Score: gRPC's callback threads must hand work
+// off and return, so ServerInfo and health answer at once while every request waits, and the
+// held requests still complete once the executor lets them go.
+#include "server/rpc/service.h"
+
+#include <grpcpp/grpcpp.h>
+#include <grpcpp/health_check_service_interface.h>
+
+#include <atomic>
+#include <cstdio>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+#include "common/safetensors.h"
+#include "grpc/health/v1/health.grpc.pb.h"
+#include "gtest/gtest.h"
+#include "probesidecar/v1/sidecar.grpc.pb.h"
+
+namespace probesidecar::server {
+namespace {
+
+constexpr int kHidden = 8;
+constexpr int kProbes = 2;
+
+// Queues every Score and completes none until Release(): the slowest possible executor that
+// still keeps the threading contract (Score returns at once).
+class HoldingExecutor final : public Executor {
+ public:
+  const char* backend() const override { return "cpu"; }
+  std::string device_name() const override { return "holding (test)"; }
+  absl::Status PrepareProbeSet(ProbeSet&) override { return absl::OkStatus(); }
+  BufferRegistry* buffers() override { return nullptr; }
+  void Score(const ScoreJob* job, ScoreDone done) override {
+    absl::MutexLock lock(&mu_);
+    held_.push_back(std::move(done));
+  }
+  int held() {
+    absl::MutexLock lock(&mu_);
+    return static_cast<int>(held_.size());
+  }
+  // Completes every held request, from a thread of its own (as an executor's worker would).
+  void Release() {
+    std::vector<ScoreDone> done;
+    {
+      absl::MutexLock lock(&mu_);
+      done.swap(held_);
+    }
+    std::thread([done = std::move(done)]() mutable {
+      for (ScoreDone& d : done) std::move(d)(absl::OkStatus(), ScoreTimings{});
+    }).join();
+  }
+  void Shutdown() override {}
+
+ private:
+  absl::Mutex mu_;
+  std::vector<ScoreDone> held_;
+};
+
+std::string ProbeFile() {
+  std::string weight(sizeof(float) * kProbes * kHidden, '\0');
+  std::string bias(sizeof(float) * kProbes, '\0');
+  for (int i = 0; i < kProbes * kHidden; ++i) {
+    const float v = 0.01f * static_cast<float>(i);
+    std::memcpy(weight.data() + sizeof(float) * i, &v, sizeof(v));
+  }
+  return common::WriteSafetensors(
+      {{"weight", "F32", {kProbes, kHidden}, weight}, {"bias", "F32", {kProbes}, bias}}, {});
+}
+
+v1::ScoreRequest ScoreRequest() {
+  v1::ScoreRequest request;
+  request.set_probe_set("p");
+  request.add_rows(0);
+  v1::TensorRef* x = request.mutable_activations();
+  x->set_dtype(v1::DTYPE_FLOAT32);
+  x->add_shape(1);
+  x->add_shape(kHidden);
+  x->set_data(std::string(sizeof(float) * kHidden, '\0'));
+  return request;
+}
+
+class ServiceTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    socket_ = absl::StrCat(::testing::TempDir(), "/service_test_", ::getpid(), ".sock");
+    std::remove(socket_.c_str());
+    probes_ = std::make_unique<ProbeRegistry>("", ProbeSetLimits{},
+                                              [](ProbeSet&) { return absl::OkStatus(); });
+    ASSERT_TRUE(probes_->LoadFromBytes("p", ProbeFile(), false).ok());
+    metrics_ = std::make_unique<Metrics>(BuildInfo{}, [] { return MetricsState{}; });
+    ServiceEnv env;
+    env.config.max_concurrent_requests = 1024;
+    env.probes = probes_.get();
+    env.executor = &executor_;
+    env.metrics = metrics_.get();
+    service_ = std::make_unique<ProbeSidecarService>(env);
+    grpc::EnableDefaultHealthCheckService(true);
+    grpc::ServerBuilder builder;
+    builder.AddListeningPort("unix:" + socket_, grpc::InsecureServerCredentials());
+    builder.RegisterService(service_.get());
+    server_ = builder.BuildAndStart();
+    ASSERT_NE(server_, nullptr);
+    channel_ = grpc::CreateChannel("unix:" + socket_, grpc::InsecureChannelCredentials());
+  }
+
+  void TearDown() override {
+    executor_.Release();
+    for (std::thread& t : clients_) t.join();
+    server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(5));
+    server_->Wait();
+    service_->StopControlWorker();
+    std::remove(socket_.c_str());
+  }
+
+  std::string socket_;
+  HoldingExecutor executor_;
+  std::unique_ptr<ProbeRegistry> probes_;
+  std::unique_ptr<Metrics> metrics_;
+  std::unique_ptr<ProbeSidecarService> service_;
+  std::unique_ptr<grpc::Server> server_;
+  std::shared_ptr<grpc::Channel> channel_;
+  std::unique_ptr<v1::ProbeSidecar::Stub> stub_;
+  std::vector<std::thread> clients_;  // joined in TearDown, also when a test stops early
+};
+
+TEST_F(ServiceTest, ServerInfoAndHealthStayFastWhileEveryScoreWaits) {
+  constexpr int kRequests = 64;
+  stub_ = v1::ProbeSidecar::NewStub(channel_);
+  auto* stub = stub_.get();
+  // Many concurrent Score calls, each on its own client thread; the executor holds them all.
+  auto ok = std::make_shared<std::atomic<int>>(0);
+  for (int i = 0; i < kRequests; ++i) {
+    clients_.emplace_back([stub, ok] {
+      grpc::ClientContext context;
+      context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(60));
+      v1::ScoreResponse response;
+      if (stub->Score(&context, ScoreRequest(), &response).ok()) ok->fetch_add(1);
+    });
+  }
+  const absl::Time deadline = absl::Now() + absl::Seconds(30);
+  while (executor_.held() < kRequests && absl::Now() < deadline) {
+    absl::SleepFor(absl::Milliseconds(2));
+  }
+  ASSERT_EQ(executor_.held(), kRequests) << "not every Score reached the executor";
+
+  // Every request is in progress; the server must still answer everything else at once.
+  auto health = grpc::health::v1::Health::NewStub(channel_);
+  absl::Duration slowest;
+  for (int i = 0; i < 20; ++i) {
+    const absl::Time start = absl::Now();
+    {
+      grpc::ClientContext context;
+      context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+      v1::ServerInfoResponse info;
+      ASSERT_TRUE(stub->ServerInfo(&context, v1::ServerInfoRequest(), &info).ok());
+      EXPECT_EQ(info.probe_sets_size(), 1);
+    }
+    {
+      grpc::ClientContext context;
+      context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+      grpc::health::v1::HealthCheckResponse reply;
+      ASSERT_TRUE(health->Check(&context, grpc::health::v1::HealthCheckRequest(), &reply).ok());
+    }
+    slowest = std::max(slowest, absl::Now() - start);
+  }
+  EXPECT_LT(slowest, absl::Milliseconds(250)) << "ServerInfo + health took " << slowest;
+  EXPECT_EQ(ok->load(), 0);
+
+  executor_.Release();
+  for (std::thread& t : clients_) t.join();
+  clients_.clear();
+  EXPECT_EQ(ok->load(), kRequests);
+}
+
+}  // namespace
+}  // namespace probesidecar::server
