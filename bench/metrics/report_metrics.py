@@ -11,30 +11,37 @@ import datetime
 import json
 import os
 import re
-import subprocess
+import sys
 
-# The floor of any Score RPC: bare gRPC unary echo p50 over a Unix socket (DESIGN.md, Debian
-# gRPC 1.51, callback server). 1% of it is the recording budget per RPC.
-SMALL_RPC_NS = 116_000
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+import receipt  # noqa: E402
+
+RPC_RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "results",
+                           "rpc_score.json")
 
 IMPL = {"Sharded": "sharded", "PrometheusCpp": "prometheus_cpp",
         "PrometheusCppCached": "prometheus_cpp_cached"}
 OP = {"ScoreRpc": "score_rpc", "Observe": "observe", "Scrape": "scrape"}
 
 
-def git_commit(root):
-    try:
-        return subprocess.run(["git", "-C", root, "rev-parse", "--short=12", "HEAD"],
-                              capture_output=True, text=True, check=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
+def small_rpc_ns(path):
+    """The floor of any Score RPC: the bare gRPC unary echo p50 over a Unix socket, one client,
+    from the committed RPC benchmark. 1% of it is the recording budget per RPC."""
+    with open(path) as f:
+        doc = json.load(f)
+    for r in doc["records"]:
+        s = r["shape"]
+        if (r["impl"] == "echo" and s.get("transport") == "uds" and s.get("concurrency") == 1
+                and s.get("R") == 1):
+            return r["latency_us"]["p50"] * 1e3, doc["git"]
+    raise SystemExit(f"{path}: no single-client UDS echo record")
 
 
 def to_ns(value, unit):
     return value * {"ns": 1, "us": 1e3, "ms": 1e6, "s": 1e9}[unit]
 
 
-def records_of(raw, label):
+def records_of(raw, label, floor_ns):
     out = []
     for b in raw["benchmarks"]:
         if b.get("aggregate_name", "median") != "median":
@@ -49,7 +56,7 @@ def records_of(raw, label):
                "cpu_ns_per_op": round(cpu_ns, 1), "wall_ns_per_op": round(wall_ns, 1),
                "ops_per_second": round(1e9 / wall_ns) if wall_ns else None}
         if op == "ScoreRpc":
-            rec["frac_small_rpc"] = round(cpu_ns / SMALL_RPC_NS, 5)
+            rec["frac_small_rpc"] = round(cpu_ns / floor_ns, 5)
         if "exposition_bytes" in b:
             rec["exposition_bytes"] = int(b["exposition_bytes"])
         out.append(rec)
@@ -63,7 +70,12 @@ def main():
     ap.add_argument("--command", required=True)
     ap.add_argument("--json", required=True)
     ap.add_argument("--md", required=True)
+    ap.add_argument("--rpc-results", default=RPC_RESULTS,
+                    help="the RPC benchmark results whose echo p50 is the budget's base")
+    receipt.add_arguments(ap)
     args = ap.parse_args()
+    git = receipt.from_args(args)
+    floor_ns, floor_git = small_rpc_ns(args.rpc_results)
     machines, records = [], []
     for path, label, description in args.run:
         with open(path) as f:
@@ -73,15 +85,16 @@ def main():
                          "logical_cpus": ctx["num_cpus"], "mhz_per_cpu": ctx.get("mhz_per_cpu"),
                          "load_avg_at_start": ctx.get("load_avg"), "date": ctx.get("date"),
                          "benchmark_library_build_type": ctx.get("library_build_type")})
-        records.extend(records_of(raw, label))
+        records.extend(records_of(raw, label, floor_ns))
     doc = {
         "device": "; ".join(f"{m['label']}: {m['description']}" for m in machines),
-        "git": git_commit(os.path.dirname(os.path.abspath(__file__))),
+        "git": git,
         "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
         "command": args.command,
         "ceilings": {"copy_gbps": None, "bf16_tflops": None},  # a CPU benchmark: not applicable
         "machines": machines,
-        "small_rpc_ns": SMALL_RPC_NS,
+        "small_rpc_ns": round(floor_ns),
+        "small_rpc_source": f"bench/results/rpc_score.json (git {floor_git}): echo, uds, 1 client, p50",
         "records": records,
     }
     with open(args.json, "w") as f:
@@ -111,9 +124,9 @@ def main():
              "threads / operations of all threads (what one operation costs); **wall ns/op** = "
              "wall time / operations of all threads (inverse throughput). Budget: 1% of a small "
              "Score RPC, whose floor is the bare gRPC unary p50 over a Unix socket, "
-             f"{SMALL_RPC_NS / 1000:.0f} µs (DESIGN.md) → {SMALL_RPC_NS / 100 / 1000:.2f} µs of "
-             "recording per RPC.\n")
-    L.append("impls: `sharded` = server/metrics.cc (per-thread shards of relaxed atomics, summed at "
+             f"{floor_ns / 1000:.0f} µs (bench/results/rpc_score.json, git {floor_git}) → "
+             f"{floor_ns / 100 / 1000:.2f} µs of recording per RPC.\n")
+    L.append("impls: `sharded` = server/observability/metrics.cc (per-thread shards of relaxed atomics, summed at "
              "scrape time; lock-free label lookup); `prometheus_cpp` = the first implementation "
              "(prometheus-cpp `Family::Add(labels)` + `Observe` per observation); "
              "`prometheus_cpp_cached` = prometheus-cpp with the histogram handle looked up once "

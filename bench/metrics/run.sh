@@ -24,7 +24,7 @@ runs=(--run "$raw" "${MACHINE_LABEL:-$(hostname), $(nproc) CPUs}" "$cpu")
 if (($# >= 5)); then
   runs+=(--run "$3" "$4" "$5")
 fi
-python3 "$root/bench/metrics/report_metrics.py" "${runs[@]}" \
+python3 "$root/bench/metrics/report_metrics.py" "${runs[@]}" ${ALLOW_DIRTY:+--allow-dirty} \
   --command "metrics_bench ${args[*]} --benchmark_out=RAW.json" \
   --json "$results/metrics_observe.json" --md "$results/metrics_observe.md"
 echo "wrote $results/metrics_observe.json and .md"
