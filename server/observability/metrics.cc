@@ -409,6 +409,9 @@ class Metrics::Impl final : public prometheus::Collectable {
     add("probesidecar_probe_sets_loaded", "Probe sets loaded.", MetricType::Gauge, s.probe_sets);
     add("probesidecar_device_memory_bytes", "GPU memory allocated by the service.",
         MetricType::Gauge, s.device_memory_bytes);
+    add("probesidecar_executor_queued_requests",
+        "Requests waiting in the executor's queue for a worker (a stream slot on the GPU).",
+        MetricType::Gauge, s.queued_requests);
     add("probesidecar_graph_cache_entries", "Captured CUDA graphs held.", MetricType::Gauge,
         s.graph_cache.entries);
     add("probesidecar_graph_cache_capacity", "Captured CUDA graphs the cache may hold.",

@@ -18,7 +18,8 @@
 //   probesidecar_cuda_errors_total                                  counter
 //   probesidecar_registered_buffers, probesidecar_registered_buffer_bytes,
 //   probesidecar_ipc_handles_open, probesidecar_probe_sets_loaded,
-//   probesidecar_device_memory_bytes, probesidecar_graph_cache_entries,
+//   probesidecar_device_memory_bytes, probesidecar_executor_queued_requests,
+//   probesidecar_graph_cache_entries,
 //   probesidecar_graph_cache_capacity                               gauges (MetricsState)
 //   probesidecar_graph_cache_{hits,misses,captures,evictions}_total counters (MetricsState)
 //   probesidecar_build_info{version,git_commit,cuda_runtime,device,backend}  gauge, value 1
@@ -100,6 +101,7 @@ struct MetricsState {
   uint64_t open_ipc_handles = 0;         // distinct allocations opened with cudaIpcOpenMemHandle
   uint64_t probe_sets = 0;
   uint64_t device_memory_bytes = 0;  // device memory the service allocated itself
+  uint64_t queued_requests = 0;      // waiting in the executor's queue for a worker
   GraphCacheCounters graph_cache;
 };
 

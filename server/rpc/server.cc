@@ -110,6 +110,7 @@ int RunServer(const Config& config) {
     state.probe_sets = probes.size();
     state.graph_cache = executor->graph_cache();
     state.device_memory_bytes = executor->device_memory_bytes();
+    state.queued_requests = executor->queued();
     if (const BufferRegistry* buffers = executor->buffers(); buffers != nullptr) {
       const BufferCounters counters = buffers->counters();
       state.registered_buffers = counters.registrations;

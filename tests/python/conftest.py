@@ -120,3 +120,39 @@ def client(sidecar):
 
 def pytest_report_header(config):
     return f"probe-sidecar binary: {BIN}"
+
+
+def require_cuda():
+    """torch with a CUDA device, for GPU test modules (call at module level).
+
+    Without one the module is skipped — except where PROBESIDECAR_REQUIRE_GPU=1 (the GPU machine,
+    tests/gpu/run.sh): there a GPU test that would skip fails instead, so a GPU run in which
+    every GPU test skipped cannot pass.
+    """
+    try:
+        import torch
+    except ImportError:
+        _no_gpu("torch is not installed")
+    if not torch.cuda.is_available():
+        _no_gpu("torch.cuda.is_available() is False")
+    return torch
+
+
+def _no_gpu(why: str):
+    if os.environ.get("PROBESIDECAR_REQUIRE_GPU") == "1":
+        pytest.fail(f"no CUDA device ({why}), but PROBESIDECAR_REQUIRE_GPU=1", pytrace=False)
+    pytest.skip(f"no CUDA device: {why}", allow_module_level=True)
+
+
+def pytest_sessionfinish(session, exitstatus):
+    """Exit with $PROBESIDECAR_SKIPPED_EXIT_CODE (CTest sets 77, its SKIP_RETURN_CODE) when
+    nothing ran and something was skipped: CTest then reports the test as skipped by its exit
+    status, never by matching text in its output."""
+    code = os.environ.get("PROBESIDECAR_SKIPPED_EXIT_CODE")
+    reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+    if not code or reporter is None:
+        return
+    stats = reporter.stats
+    ran = any(stats.get(k) for k in ("passed", "failed", "error", "xfailed", "xpassed"))
+    if not ran and stats.get("skipped"):
+        session.exitstatus = int(code)

@@ -1,7 +1,8 @@
 """Zero-copy serving on a real GPU: a torch process owns bf16 hidden states, registers them over
 CUDA IPC, and scores them through the CUDA backend; float64 torch is the reference.
 
-Runs on the GPU machine (tests/gpu/run.sh); skipped where torch or a CUDA device is missing.
+Runs on the GPU machine (tests/gpu/run.sh); skipped where torch or a CUDA device is missing
+(and failed there instead, where PROBESIDECAR_REQUIRE_GPU=1).
 """
 
 from __future__ import annotations
@@ -10,22 +11,22 @@ import os
 import subprocess
 import sys
 import textwrap
-import threading
 import time
 
 import grpc
 import numpy as np
 import pytest
 
-torch = pytest.importorskip("torch", reason="no CUDA device: torch is not installed")
-if not torch.cuda.is_available():
-    pytest.skip("no CUDA device: torch.cuda.is_available() is False", allow_module_level=True)
+from conftest import require_cuda  # noqa: E402
+
+torch = require_cuda()
 
 from conftest import Sidecar  # noqa: E402
 from probe_files import safetensors_bytes  # noqa: E402
 from probe_sidecar import ProbeSidecarError  # noqa: E402
 from probe_sidecar.torch import TorchClient  # noqa: E402
-from probesidecar.v1 import buffers_pb2  # noqa: E402
+from probe_sidecar.client import _result  # noqa: E402
+from probesidecar.v1 import buffers_pb2, score_pb2  # noqa: E402
 
 H = 4096
 
@@ -151,7 +152,6 @@ def test_bad_references_are_refused(tclient, probe_sets):
     assert error.value.code == grpc.StatusCode.INVALID_ARGUMENT
     ref = tclient.tensor_ref(x)
     ref.shape[0] = 10**6  # extent past the registered window
-    from probesidecar.v1 import score_pb2
     request = score_pb2.ScoreRequest(probe_set="p1", rows=[0], activations=ref)
     with pytest.raises(ProbeSidecarError) as error:
         tclient.client._call(tclient.client.stub.Score, request)
@@ -168,25 +168,46 @@ def test_bad_references_are_refused(tclient, probe_sets):
     assert error.value.code == grpc.StatusCode.INVALID_ARGUMENT and "cudaIpcOpenMemHandle" in error.value.message
 
 
-def test_unregister_while_in_flight_is_deferred(sidecar, tclient, probe_sets):
+def test_unregister_while_in_flight_is_deferred(probe_sets):
+    """Unregistering a buffer that queued requests still read is deferred: the call says so, the
+    buffer is listed as closing, every admitted request completes correctly, new requests naming
+    it are refused, and it closes once the last one finishes."""
     weight, bias, activation = probe_sets["p1024"]
-    x = torch.randn(16384, H, device="cuda", dtype=torch.bfloat16)
-    rows = torch.randint(0, 16384, (8192,)).tolist()
-    tclient.register(x)
-    results, deferred = [], []
-
-    def score_many():
-        for _ in range(20):
-            results.append(tclient.score(x, rows, "p1024"))
-
-    thread = threading.Thread(target=score_many)
-    thread.start()
-    time.sleep(0.05)
-    deferred.append(tclient.unregister(x))
-    thread.join(timeout=60)
-    # Requests admitted before the unregister finished correctly; later ones were refused.
-    ref = reference(x, rows, weight, bias, activation)
-    assert results and all(rel_error(r.scores, ref) <= 1e-3 for r in results)
+    # One stream slot, so that requests queue behind each other and hold their leases.
+    with Sidecar(["--backend=cuda", "--cuda-workers=1", "--warmup-rows=8192",
+                  "--metrics-listen=none"]) as server, TorchClient(server.uds_target) as tc:
+        with server.client() as c:
+            c.load_probe_set("p1024", data=bf16_probe_file(weight, bias, activation))
+        x = torch.randn(16384, H, device="cuda", dtype=torch.bfloat16)
+        rows = torch.randint(0, 16384, (8192,)).tolist()
+        ref = reference(x, rows, weight, bias, activation)
+        buffer_id = tc.register(x).buffer_id
+        request = score_pb2.ScoreRequest(probe_set="p1024", rows=rows)
+        request.activations.CopyFrom(tc.tensor_ref(x))
+        torch.cuda.synchronize()
+        # 24 requests in flight at once (each a [8192, 4096] x [4096, 1024] GEMM): the server
+        # admits them all (each takes a lease on the buffer) and runs them one after another.
+        futures = [tc.client.stub.Score.future(request, timeout=120) for _ in range(24)]
+        deferred = tc.unregister(x)
+        listed = {b.buffer_id: b for b in tc.client.stub.ListBuffers(
+            buffers_pb2.ListBuffersRequest(), timeout=10).buffers}
+        # Naming the buffer after the unregister is refused, while the old requests still run.
+        with pytest.raises(ProbeSidecarError) as refused:
+            tc.client._call(tc.client.stub.Score, request)
+        results = [f.result() for f in futures]  # raises if any admitted request failed
+        assert deferred, "requests were using the buffer: the unregister must be deferred"
+        assert buffer_id in listed and listed[buffer_id].closing and listed[buffer_id].in_flight > 0
+        assert refused.value.code == grpc.StatusCode.NOT_FOUND
+        for r in results:
+            assert rel_error(_result(r).scores, ref) <= 1e-3
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            buffers = tc.client.stub.ListBuffers(buffers_pb2.ListBuffersRequest(), timeout=10)
+            if all(b.buffer_id != buffer_id for b in buffers.buffers):
+                break
+            time.sleep(0.01)
+        else:
+            pytest.fail("the buffer was not closed after its last request")
 
 
 def test_client_that_dies_without_unregistering_is_released(sidecar, probe_sets):

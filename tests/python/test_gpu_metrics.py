@@ -2,7 +2,8 @@
 appear with their kernel path, and the buffer, IPC-handle, graph-cache and device-memory metrics
 follow what the server holds.
 
-Runs on the GPU machine (tests/gpu/run.sh); skipped where torch or a CUDA device is missing.
+Runs on the GPU machine (tests/gpu/run.sh); skipped where torch or a CUDA device is missing
+(and failed there instead, where PROBESIDECAR_REQUIRE_GPU=1).
 """
 
 from __future__ import annotations
@@ -12,9 +13,9 @@ import urllib.request
 
 import pytest
 
-torch = pytest.importorskip("torch", reason="no CUDA device: torch is not installed")
-if not torch.cuda.is_available():
-    pytest.skip("no CUDA device: torch.cuda.is_available() is False", allow_module_level=True)
+from conftest import require_cuda  # noqa: E402
+
+torch = require_cuda()
 
 from conftest import Sidecar  # noqa: E402
 from probe_files import safetensors_bytes  # noqa: E402
