@@ -1,4 +1,5 @@
-// A request's hold on a window of a registered IPC buffer, and the interface that hands them out
+// A request's hold on a window of a registered IPC buffer (or on an IPC event), and the interface
+// that hands them out
 // (implemented by the buffer registry; request validation resolves TensorRefs through it).
 #pragma once
 
@@ -17,6 +18,12 @@ struct BufferLease {
   std::shared_ptr<void> hold;
 };
 
+// Keeps a registered CUDA IPC event open while a request uses it.
+struct EventLease {
+  void* event = nullptr;  // the cudaEvent_t, opened in this process
+  std::shared_ptr<void> hold;
+};
+
 // Resolves a buffer location for `extent_bytes` bytes.
 class BufferResolver {
  public:
@@ -25,6 +32,8 @@ class BufferResolver {
   // the registered window.
   virtual absl::StatusOr<BufferLease> Acquire(uint64_t buffer_id, uint64_t offset_bytes,
                                               uint64_t extent_bytes) = 0;
+  // NOT_FOUND for unknown events; PERMISSION_DENIED for an event of another session.
+  virtual absl::StatusOr<EventLease> AcquireEvent(uint64_t event_id, uint64_t session_id) = 0;
 };
 
 }  // namespace probesidecar::server

@@ -1,5 +1,6 @@
 #include "server/buffers/buffer_registry.h"
 
+#include <algorithm>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -11,6 +12,7 @@ BufferRegistry::BufferRegistry(int device, IpcOpener* opener, uint32_t max_regis
 
 BufferRegistry::~BufferRegistry() {
   absl::MutexLock lock(&mu_);
+  events_.clear();  // each closes once no request holds it (none may outlive the registry)
   for (auto& [handle, mapping] : mappings_) opener_->Close(mapping->base);
   mappings_.clear();
   registrations_.clear();
@@ -214,11 +216,99 @@ uint64_t BufferRegistry::OpenSession(int64_t client_pid) {
   return id;
 }
 
+absl::StatusOr<uint64_t> BufferRegistry::RegisterEvent(const v1::RegisterEventRequest& request) {
+  if (request.handle().size() != kIpcHandleBytes) {
+    return absl::InvalidArgumentError(absl::StrCat("handle: a cudaIpcEventHandle_t is ",
+                                                   kIpcHandleBytes, " bytes, got ",
+                                                   request.handle().size()));
+  }
+  if (request.device_id() != device_) {
+    return absl::InvalidArgumentError(absl::StrCat("device_id: this server serves CUDA device ",
+                                                   device_, "; the event is on device ",
+                                                   request.device_id()));
+  }
+  IpcHandleBytes handle;
+  std::copy(request.handle().begin(), request.handle().end(), handle.begin());
+  auto check = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) -> absl::Status {
+    if (request.session_id() == 0) {
+      return absl::InvalidArgumentError(
+          "session_id: events belong to a session; open one with OpenSession");
+    }
+    if (!sessions_.contains(request.session_id())) {
+      return absl::NotFoundError(
+          absl::StrCat("session_id: session ", request.session_id(), " is not open"));
+    }
+    if (events_.size() >= max_registrations_) {
+      return absl::ResourceExhaustedError(
+          absl::StrCat("this server already holds ", events_.size(), " events (the limit)"));
+    }
+    return absl::OkStatus();
+  };
+  {
+    absl::MutexLock lock(&mu_);
+    if (absl::Status s = check(); !s.ok()) return s;
+  }
+  absl::StatusOr<void*> opened = opener_->OpenEvent(handle);
+  if (!opened.ok()) return opened.status();
+  IpcOpener* opener = opener_;
+  auto event = std::shared_ptr<Event>(new Event{*opened, request.session_id()}, [opener](Event* e) {
+    opener->CloseEvent(e->event);
+    delete e;
+  });
+  absl::MutexLock lock(&mu_);
+  if (absl::Status s = check(); !s.ok()) return s;  // (the event closes with `event`)
+  const uint64_t id = next_event_id_++;
+  events_.emplace(id, std::move(event));
+  return id;
+}
+
+absl::Status BufferRegistry::UnregisterEvent(uint64_t event_id, uint64_t session_id) {
+  std::shared_ptr<Event> released;  // closed outside the lock, unless a request holds it
+  absl::MutexLock lock(&mu_);
+  auto it = events_.find(event_id);
+  if (it == events_.end()) {
+    return absl::NotFoundError(absl::StrCat("event ", event_id, " is not registered"));
+  }
+  if (it->second->session_id != session_id) {
+    return absl::PermissionDeniedError(
+        absl::StrCat("event ", event_id, " belongs to another session"));
+  }
+  released = std::move(it->second);
+  events_.erase(it);
+  return absl::OkStatus();
+}
+
+absl::StatusOr<EventLease> BufferRegistry::AcquireEvent(uint64_t event_id, uint64_t session_id) {
+  absl::MutexLock lock(&mu_);
+  auto it = events_.find(event_id);
+  if (it == events_.end()) {
+    return absl::NotFoundError(absl::StrCat("event ", event_id, " is not registered"));
+  }
+  if (it->second->session_id != session_id) {
+    return absl::PermissionDeniedError(
+        absl::StrCat("event ", event_id, " belongs to another session (the request names session ",
+                     session_id, ")"));
+  }
+  EventLease lease;
+  lease.event = it->second->event;
+  lease.hold = it->second;
+  return lease;
+}
+
 void BufferRegistry::CloseSession(uint64_t session_id) {
   bool close = false;
+  std::vector<std::shared_ptr<Event>> released;  // closed outside the lock
   {
     absl::MutexLock lock(&mu_);
     sessions_.erase(session_id);
+    for (auto it = events_.begin(); it != events_.end();) {
+      if (it->second->session_id == session_id) {
+        released.push_back(std::move(it->second));
+        it = events_.erase(it);
+      } else {
+        ++it;
+      }
+    }
     std::vector<uint64_t> ids;
     for (const auto& [id, r] : registrations_) {
       if (r.session_id == session_id && !r.closing) ids.push_back(id);
@@ -238,6 +328,7 @@ BufferCounters BufferRegistry::counters() const {
   for (const auto& [id, r] : registrations_) c.registered_bytes += r.size;
   for (const auto& [handle, mapping] : mappings_) c.open_handles += mapping->refs > 0 ? 1 : 0;
   c.sessions = sessions_.size();
+  c.events = events_.size();
   return c;
 }
 

@@ -7,6 +7,9 @@
 // made under a session (OpenSession) are released when the session ends — when the client
 // process exits, its connection breaks and the session with it — so a restarted inference
 // server's memory is not kept pinned by our mappings.
+//
+// The registry also holds the sessions' CUDA IPC events (GPU-side ordering): opened once, named by
+// id in requests, usable only by their own session.
 #pragma once
 
 #include <cstdint>
@@ -35,6 +38,9 @@ class IpcOpener {
   // INVALID_ARGUMENT when the handle cannot be opened (stale, foreign, wrong device).
   virtual absl::StatusOr<Mapping> Open(const IpcHandleBytes& handle) = 0;
   virtual void Close(void* base) = 0;
+  // The same for a cudaIpcEventHandle_t: the opened cudaEvent_t.
+  virtual absl::StatusOr<void*> OpenEvent(const IpcHandleBytes& handle) = 0;
+  virtual void CloseEvent(void* event) = 0;
 };
 
 struct BufferCounters {
@@ -42,6 +48,7 @@ struct BufferCounters {
   uint64_t registered_bytes = 0;
   uint64_t open_handles = 0;
   uint64_t sessions = 0;
+  uint64_t events = 0;
 };
 
 class BufferRegistry final : public BufferResolver {
@@ -61,8 +68,16 @@ class BufferRegistry final : public BufferResolver {
   absl::StatusOr<BufferLease> Acquire(uint64_t buffer_id, uint64_t offset_bytes,
                                       uint64_t extent_bytes) override;
 
+  // CUDA IPC events (GPU-side ordering), owned by a session. INVALID_ARGUMENT for bad handles
+  // or devices, NOT_FOUND for a session that is not open, RESOURCE_EXHAUSTED past the limit.
+  absl::StatusOr<uint64_t> RegisterEvent(const v1::RegisterEventRequest& request);
+  // NOT_FOUND when unknown, PERMISSION_DENIED when it belongs to another session. Requests that
+  // hold the event keep it open until they end.
+  absl::Status UnregisterEvent(uint64_t event_id, uint64_t session_id);
+  absl::StatusOr<EventLease> AcquireEvent(uint64_t event_id, uint64_t session_id) override;
+
   uint64_t OpenSession(int64_t client_pid);
-  // Releases every registration of the session (deferred where in use).
+  // Releases every registration and event of the session (deferred where in use).
   void CloseSession(uint64_t session_id);
 
   BufferCounters counters() const;
@@ -108,6 +123,13 @@ class BufferRegistry final : public BufferResolver {
   std::map<uint64_t, Registration> registrations_ ABSL_GUARDED_BY(mu_);
   std::map<IpcHandleBytes, std::unique_ptr<Mapping>> mappings_ ABSL_GUARDED_BY(mu_);
   std::map<uint64_t, int64_t> sessions_ ABSL_GUARDED_BY(mu_);  // id -> client pid
+  // An opened event; closed when the registry and every request have let go of it.
+  struct Event {
+    void* event = nullptr;
+    uint64_t session_id = 0;
+  };
+  uint64_t next_event_id_ ABSL_GUARDED_BY(mu_) = 1;
+  std::map<uint64_t, std::shared_ptr<Event>> events_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace probesidecar::server

@@ -38,6 +38,18 @@ class FakeOpener final : public IpcOpener {
     ADD_FAILURE() << "closing an allocation that is not open";
   }
   size_t open_count() const { return open_.size(); }
+  absl::StatusOr<void*> OpenEvent(const IpcHandleBytes& handle) override {
+    if (handle[0] == 'X') return absl::InvalidArgumentError("handle: cannot open event");
+    ++event_opens;
+    return reinterpret_cast<void*>(0x7000 + event_opens);
+  }
+  void CloseEvent(void* event) override {
+    ++event_closes;
+    closed_events.push_back(event);
+  }
+  int event_opens = 0;
+  int event_closes = 0;
+  std::vector<void*> closed_events;
 
   static constexpr uint64_t kAllocationBytes = 1 << 20;
   int opens = 0;
@@ -233,6 +245,62 @@ TEST_F(BufferRegistryTest, ConcurrentLeasesAndUnregister) {
   EXPECT_GT(ok.load(), 0);
   EXPECT_EQ(opener_.closes, 1);
   EXPECT_TRUE(registry_.List().empty());
+}
+
+v1::RegisterEventRequest EventRequest(uint64_t session, char id = 'e') {
+  v1::RegisterEventRequest r;
+  r.set_handle(Handle(id));
+  r.set_session_id(session);
+  return r;
+}
+
+TEST_F(BufferRegistryTest, EventsBelongToTheirSessionAndCloseWithIt) {
+  const uint64_t mine = registry_.OpenSession(1);
+  const uint64_t theirs = registry_.OpenSession(2);
+  absl::StatusOr<uint64_t> event = registry_.RegisterEvent(EventRequest(mine));
+  ASSERT_TRUE(event.ok()) << event.status();
+  absl::StatusOr<EventLease> lease = registry_.AcquireEvent(*event, mine);
+  ASSERT_TRUE(lease.ok()) << lease.status();
+  EXPECT_NE(lease->event, nullptr);
+  // Another session may neither use nor unregister it; unknown ids are NOT_FOUND.
+  EXPECT_EQ(registry_.AcquireEvent(*event, theirs).status().code(),
+            absl::StatusCode::kPermissionDenied);
+  EXPECT_EQ(registry_.AcquireEvent(*event, 0).status().code(), absl::StatusCode::kPermissionDenied);
+  EXPECT_EQ(registry_.UnregisterEvent(*event, theirs).code(), absl::StatusCode::kPermissionDenied);
+  EXPECT_EQ(registry_.AcquireEvent(*event + 100, mine).status().code(),
+            absl::StatusCode::kNotFound);
+  // The session ends while a request holds the event: it closes when the request lets go.
+  registry_.CloseSession(mine);
+  EXPECT_EQ(registry_.AcquireEvent(*event, mine).status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(opener_.event_closes, 0);
+  lease->hold.reset();
+  EXPECT_EQ(opener_.event_closes, 1);
+  EXPECT_EQ(registry_.counters().events, 0u);
+}
+
+TEST_F(BufferRegistryTest, EventRegistrationIsValidated) {
+  const uint64_t session = registry_.OpenSession(1);
+  v1::RegisterEventRequest short_handle = EventRequest(session);
+  short_handle.set_handle("abc");
+  EXPECT_EQ(registry_.RegisterEvent(short_handle).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(registry_.RegisterEvent(EventRequest(0)).status().code(),
+            absl::StatusCode::kInvalidArgument);  // no session
+  EXPECT_EQ(registry_.RegisterEvent(EventRequest(session + 9)).status().code(),
+            absl::StatusCode::kNotFound);  // not open
+  v1::RegisterEventRequest other_device = EventRequest(session);
+  other_device.set_device_id(3);
+  EXPECT_EQ(registry_.RegisterEvent(other_device).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(registry_.RegisterEvent(EventRequest(session, 'X')).status().code(),
+            absl::StatusCode::kInvalidArgument);  // the opener refuses it
+  EXPECT_EQ(opener_.event_opens, 0);
+  EXPECT_EQ(registry_.counters().events, 0u);
+  absl::StatusOr<uint64_t> event = registry_.RegisterEvent(EventRequest(session));
+  ASSERT_TRUE(event.ok());
+  EXPECT_TRUE(registry_.UnregisterEvent(*event, session).ok());
+  EXPECT_EQ(opener_.event_closes, 1);
+  EXPECT_EQ(registry_.UnregisterEvent(*event, session).code(), absl::StatusCode::kNotFound);
 }
 
 }  // namespace

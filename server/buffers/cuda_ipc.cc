@@ -70,4 +70,29 @@ void CudaIpcOpener::Close(void* base) {
   }
 }
 
+absl::StatusOr<void*> CudaIpcOpener::OpenEvent(const IpcHandleBytes& handle) {
+  if (cudaError_t e = cudaSetDevice(device_); e != cudaSuccess) {
+    return absl::InternalError(absl::StrCat("cudaSetDevice: ", cudaGetErrorString(e)));
+  }
+  cudaIpcEventHandle_t ipc;
+  static_assert(sizeof(ipc) == kIpcHandleBytes);
+  std::memcpy(&ipc, handle.data(), sizeof(ipc));
+  cudaEvent_t event = nullptr;
+  if (cudaError_t e = cudaIpcOpenEventHandle(&event, ipc); e != cudaSuccess) {
+    cudaGetLastError();  // not sticky
+    return absl::InvalidArgumentError(absl::StrCat(
+        "handle: cudaIpcOpenEventHandle failed (", cudaGetErrorName(e), ": ", cudaGetErrorString(e),
+        "); was the event created with cudaEventInterprocess | cudaEventDisableTiming on device ",
+        device_, " by a process that is still alive on this host?"));
+  }
+  return static_cast<void*>(event);
+}
+
+void CudaIpcOpener::CloseEvent(void* event) {
+  cudaSetDevice(device_);
+  if (cudaError_t e = cudaEventDestroy(static_cast<cudaEvent_t>(event)); e != cudaSuccess) {
+    LogError("cudaEventDestroy (IPC event): %s", cudaGetErrorString(e));
+  }
+}
+
 }  // namespace probesidecar::server

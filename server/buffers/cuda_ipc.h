@@ -1,4 +1,5 @@
-// The real IpcOpener: cudaIpcOpenMemHandle / cudaIpcCloseMemHandle on one device.
+// The real IpcOpener: cudaIpcOpenMemHandle / cudaIpcCloseMemHandle, and cudaIpcOpenEventHandle /
+// cudaEventDestroy, on one device.
 #pragma once
 
 #include "server/buffers/buffer_registry.h"
@@ -10,6 +11,8 @@ class CudaIpcOpener final : public IpcOpener {
   explicit CudaIpcOpener(int device) : device_(device) {}
   absl::StatusOr<Mapping> Open(const IpcHandleBytes& handle) override;
   void Close(void* base) override;
+  absl::StatusOr<void*> OpenEvent(const IpcHandleBytes& handle) override;
+  void CloseEvent(void* event) override;
 
  private:
   const int device_;

@@ -55,6 +55,11 @@ class Executor {
   virtual uint64_t device_memory_bytes() const { return 0; }
   // Requests waiting for a worker.
   virtual uint64_t queued() const { return 0; }
+  // Whether the device context is a client of an MPS control daemon (the CUDA backend asks the
+  // driver at start-up).
+  virtual bool mps() const { return false; }
+  // Row indices from device buffers found outside [0, T) on the GPU so far.
+  virtual uint64_t invalid_device_rows() const { return 0; }
 
   // Finishes queued work and stops the threads. No Score after this.
   virtual void Shutdown() = 0;

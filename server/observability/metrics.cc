@@ -299,9 +299,9 @@ void AddHistogram(MetricFamily& family, const DurationHistogram& histogram,
 
 const char* RpcName(Rpc rpc) {
   static constexpr std::array<const char*, kNumRpcs> kNames = {
-      "RegisterBuffer", "UnregisterBuffer", "ListBuffers",   "OpenSession",
-      "LoadProbeSet",   "UnloadProbeSet",   "ListProbeSets", "Score",
-      "ScoreStream",    "Verify",           "ServerInfo"};
+      "RegisterBuffer", "UnregisterBuffer", "ListBuffers",    "OpenSession", "LoadProbeSet",
+      "UnloadProbeSet", "ListProbeSets",    "Score",          "ScoreStream", "Verify",
+      "ServerInfo",     "RegisterEvent",    "UnregisterEvent"};
   return kNames[static_cast<int>(rpc)];
 }
 
@@ -409,6 +409,13 @@ class Metrics::Impl final : public prometheus::Collectable {
     add("probesidecar_probe_sets_loaded", "Probe sets loaded.", MetricType::Gauge, s.probe_sets);
     add("probesidecar_device_memory_bytes", "GPU memory allocated by the service.",
         MetricType::Gauge, s.device_memory_bytes);
+    add("probesidecar_mps_client",
+        "1 when this server's CUDA context is a client of an MPS control daemon, else 0 (without "
+        "MPS, its kernels and the inference server's are time-sliced: docs/mps.md).",
+        MetricType::Gauge, s.mps ? 1 : 0);
+    add("probesidecar_invalid_device_rows_total",
+        "Row indices read from device buffers that were outside [0, T) (their scores are NaN).",
+        MetricType::Counter, s.invalid_device_rows);
     add("probesidecar_executor_queued_requests",
         "Requests waiting in the executor's queue for a worker (a stream slot on the GPU).",
         MetricType::Gauge, s.queued_requests);

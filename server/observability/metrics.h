@@ -19,9 +19,11 @@
 //   probesidecar_registered_buffers, probesidecar_registered_buffer_bytes,
 //   probesidecar_ipc_handles_open, probesidecar_probe_sets_loaded,
 //   probesidecar_device_memory_bytes, probesidecar_executor_queued_requests,
+//   probesidecar_mps_client,
 //   probesidecar_graph_cache_entries,
 //   probesidecar_graph_cache_capacity                               gauges (MetricsState)
-//   probesidecar_graph_cache_{hits,misses,captures,evictions}_total counters (MetricsState)
+//   probesidecar_graph_cache_{hits,misses,captures,evictions}_total,
+//   probesidecar_invalid_device_rows_total                          counters (MetricsState)
 //   probesidecar_build_info{version,git_commit,cuda_runtime,device,backend}  gauge, value 1
 //   probesidecar_start_time_seconds                                 gauge (Unix time)
 //
@@ -58,8 +60,10 @@ enum class Rpc {
   kScoreStream,  // one observation per stream message
   kVerify,
   kServerInfo,
+  kRegisterEvent,
+  kUnregisterEvent,
 };
-inline constexpr int kNumRpcs = 11;
+inline constexpr int kNumRpcs = 13;
 const char* RpcName(Rpc rpc);
 
 // The stages of a Score (label stage="queue", ...).
@@ -102,6 +106,8 @@ struct MetricsState {
   uint64_t probe_sets = 0;
   uint64_t device_memory_bytes = 0;  // device memory the service allocated itself
   uint64_t queued_requests = 0;      // waiting in the executor's queue for a worker
+  uint64_t invalid_device_rows = 0;  // device row indices found outside [0, T) on the GPU
+  bool mps = false;                  // the CUDA context is an MPS client
   GraphCacheCounters graph_cache;
 };
 

@@ -6,13 +6,16 @@
 
 namespace probesidecar::server {
 
-// Where a request's time went, in seconds (0 where a stage does not apply or was not measured).
+// Where a request's time went, in seconds (0 where a stage does not apply or was not measured),
+// and how it ended.
 struct ScoreTimings {
   double queue = 0;   // from submission to the executor until a worker thread took it
   double h2d = 0;     // host-to-device staging
   double kernel = 0;  // scoring itself (GPU time from CUDA events on the CUDA backend)
   double d2h = 0;     // device-to-host copy of the scores
   const char* kernel_path = "";
+  // The request was answered as soon as its work was queued on the GPU (GPU stages not timed).
+  bool enqueued = false;
 };
 
 struct GraphCacheCounters {

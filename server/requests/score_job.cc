@@ -1,5 +1,7 @@
 #include "server/requests/score_job.h"
 
+#include <tuple>
+
 #include "absl/strings/str_cat.h"
 
 namespace probesidecar::server {
@@ -18,12 +20,21 @@ absl::StatusOr<ScoreJob> PrepareScoreJob(const v1::ScoreRequest& request,
   }
   const ProbeSet& set = *job.probe_set;
 
-  const int64_t num_rows = request.rows_size();
-  if (num_rows == 0) return absl::InvalidArgumentError("rows: empty; name at least one row");
-  if (num_rows > limits.max_rows) {
-    return absl::ResourceExhaustedError(absl::StrCat("rows: ", num_rows,
-                                                     " rows is over this server's limit of ",
-                                                     limits.max_rows, " (--max-rows)"));
+  const bool device_rows = request.has_device_rows();
+  if (device_rows && request.rows_size() > 0) {
+    return absl::InvalidArgumentError(
+        "rows: name the rows in `rows` or in `device_rows`, not both");
+  }
+  const int64_t num_rows =
+      device_rows ? request.device_rows().shape_size() == 1 ? request.device_rows().shape(0) : 0
+                  : request.rows_size();
+  if (!device_rows) {
+    if (num_rows == 0) return absl::InvalidArgumentError("rows: empty; name at least one row");
+    if (num_rows > limits.max_rows) {
+      return absl::ResourceExhaustedError(absl::StrCat("rows: ", num_rows,
+                                                       " rows is over this server's limit of ",
+                                                       limits.max_rows, " (--max-rows)"));
+    }
   }
   if (!request.has_activations()) {
     return absl::InvalidArgumentError("activations: missing");
@@ -37,16 +48,27 @@ absl::StatusOr<ScoreJob> PrepareScoreJob(const v1::ScoreRequest& request,
         absl::StrCat("activations: hidden size ", job.activations.cols,
                      " does not match probe set '", set.name, "', which expects ", set.hidden));
   }
-  const int64_t num_tokens = job.activations.rows;
-  for (int64_t i = 0; i < num_rows; ++i) {
-    const int32_t row = request.rows(static_cast<int>(i));
-    if (row < 0 || row >= num_tokens) {
-      return absl::InvalidArgumentError(absl::StrCat("rows[", i, "] = ", row,
-                                                     " is outside the activations' ", num_tokens,
-                                                     " rows [0, ", num_tokens, ")"));
+  if (device_rows) {
+    if (!job.activations.on_device()) {
+      return absl::InvalidArgumentError(
+          "device_rows: rows on the device need activations in a registered buffer too");
     }
+    absl::StatusOr<DeviceInt32Vector> rows =
+        ResolveDeviceInt32Vector(request.device_rows(), "device_rows", buffers, limits.max_rows);
+    if (!rows.ok()) return rows.status();
+    job.device_rows = std::move(*rows);
+  } else {
+    const int64_t num_tokens = job.activations.rows;
+    for (int64_t i = 0; i < num_rows; ++i) {
+      const int32_t row = request.rows(static_cast<int>(i));
+      if (row < 0 || row >= num_tokens) {
+        return absl::InvalidArgumentError(absl::StrCat("rows[", i, "] = ", row,
+                                                       " is outside the activations' ", num_tokens,
+                                                       " rows [0, ", num_tokens, ")"));
+      }
+    }
+    job.rows = request.rows().data();
   }
-  job.rows = request.rows().data();
   job.num_rows = static_cast<int32_t>(num_rows);
 
   const uint64_t score_bytes = static_cast<uint64_t>(num_rows) * set.num_probes * sizeof(float);
@@ -78,6 +100,28 @@ absl::StatusOr<ScoreJob> PrepareScoreJob(const v1::ScoreRequest& request,
     scores->resize(score_bytes);
     job.host_out = reinterpret_cast<float*>(scores->data());
   }
+
+  // GPU-side ordering.
+  for (auto [id, what, lease] : {std::tuple(request.ready_event(), "ready_event", &job.ready),
+                                 std::tuple(request.done_event(), "done_event", &job.done)}) {
+    if (id == 0) continue;
+    if (buffers == nullptr) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          what, ": CUDA IPC events need the CUDA backend; this server runs the CPU backend"));
+    }
+    if (request.session_id() == 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(what, ": events belong to a session; set session_id"));
+    }
+    absl::StatusOr<EventLease> event = buffers->AcquireEvent(id, request.session_id());
+    if (!event.ok()) {
+      return absl::Status(event.status().code(),
+                          absl::StrCat(what, ": ", event.status().message()));
+    }
+    *lease = std::move(*event);
+  }
+  job.enqueue_only =
+      job.done.event != nullptr && job.activations.on_device() && job.host_out == nullptr;
   return job;
 }
 

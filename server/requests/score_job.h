@@ -19,18 +19,31 @@ struct ScoreLimits {
 
 struct ScoreJob {
   std::shared_ptr<const ProbeSet> probe_set;
-  Tensor2D activations;           // [T, H]
-  const int32_t* rows = nullptr;  // [R], each in [0, T); points into the request
+  Tensor2D activations;  // [T, H]
+  // The rows: host indices, each checked in [0, T) (points into the request), or a device
+  // window of R int32 (checked on the GPU).
+  const int32_t* rows = nullptr;  // [R], or nullptr when the rows are on the device
+  DeviceInt32Vector device_rows;  // set when rows == nullptr
   int32_t num_rows = 0;           // R
   // Where the [R, P] float32 scores go: host memory (the response's bytes) or a device window.
   float* host_out = nullptr;
   Tensor2D device_out;  // set when the request names an output buffer
+  // GPU-side ordering: the stream waits for `ready` before reading, records `done` after
+  // writing (event == nullptr: not named).
+  EventLease ready;
+  EventLease done;
+  // Answer as soon as the work is queued on the GPU (a done event, device activations, device
+  // output): nothing of the answer needs the GPU to finish.
+  bool enqueue_only = false;
+
+  bool rows_on_device() const { return rows == nullptr; }
 };
 
 // Validates `request` against the loaded probe sets and the limits, and points the job's output
 // at `scores` (resized to R * P floats) unless the request names an output buffer. Every
-// refusal is a precise status: NOT_FOUND (probe set, buffer), INVALID_ARGUMENT (shapes, dtypes,
-// rows, extents), RESOURCE_EXHAUSTED (limits), FAILED_PRECONDITION (buffers on the CPU backend).
+// refusal is a precise status: NOT_FOUND (probe set, buffer, event), INVALID_ARGUMENT (shapes,
+// dtypes, rows, extents, missing session), PERMISSION_DENIED (another session's event),
+// RESOURCE_EXHAUSTED (limits), FAILED_PRECONDITION (buffers or events on the CPU backend).
 absl::StatusOr<ScoreJob> PrepareScoreJob(const v1::ScoreRequest& request,
                                          const ProbeRegistry& probes, BufferResolver* buffers,
                                          const ScoreLimits& limits, std::string* scores);

@@ -28,6 +28,12 @@ class FakeBuffers final : public BufferResolver {
     ++acquired;
     return BufferLease{reinterpret_cast<char*>(0x10000) + offset, 0, nullptr};
   }
+  // Events 5 and 6 belong to session 1.
+  absl::StatusOr<EventLease> AcquireEvent(uint64_t id, uint64_t session) override {
+    if (id != 5 && id != 6) return absl::NotFoundError("event is not registered");
+    if (session != 1) return absl::PermissionDeniedError("belongs to another session");
+    return EventLease{reinterpret_cast<void*>(0x500 + id), nullptr};
+  }
   int acquired = 0;
 };
 
@@ -175,6 +181,114 @@ TEST_F(ScoreJobTest, BufferActivationsAndOutputAreLeasedAndChecked) {
   out->set_shape(1, kProbes);
   out->set_dtype(v1::DTYPE_BFLOAT16);
   EXPECT_NE(Prepare(r, &buffers).status().message().find("DTYPE_FLOAT32"), absl::string_view::npos);
+}
+
+// A request with activations in buffer 7, rows in buffer 7 at `rows_offset`, output in buffer 7.
+v1::ScoreRequest DeviceRequest(int64_t rows, uint64_t rows_offset = 2048) {
+  v1::ScoreRequest r;
+  r.set_probe_set("p");
+  v1::TensorRef* x = r.mutable_activations();
+  x->set_dtype(v1::DTYPE_FLOAT32);
+  x->add_shape(4);
+  x->add_shape(kHidden);
+  x->mutable_buffer()->set_buffer_id(7);
+  v1::TensorRef* d = r.mutable_device_rows();
+  d->set_dtype(v1::DTYPE_INT32);
+  d->add_shape(rows);
+  d->mutable_buffer()->set_buffer_id(7);
+  d->mutable_buffer()->set_offset_bytes(rows_offset);
+  v1::TensorRef* out = r.mutable_output();
+  out->set_dtype(v1::DTYPE_FLOAT32);
+  out->add_shape(rows);
+  out->add_shape(kProbes);
+  out->mutable_buffer()->set_buffer_id(7);
+  out->mutable_buffer()->set_offset_bytes(1024);
+  return r;
+}
+
+TEST_F(ScoreJobTest, DeviceRowsAndEventsMakeAnEnqueueOnlyJob) {
+  FakeBuffers buffers;
+  v1::ScoreRequest r = DeviceRequest(3);
+  r.set_session_id(1);
+  r.set_ready_event(5);
+  r.set_done_event(6);
+  absl::StatusOr<ScoreJob> job = Prepare(r, &buffers);
+  ASSERT_TRUE(job.ok()) << job.status();
+  EXPECT_TRUE(job->rows_on_device());
+  EXPECT_EQ(job->num_rows, 3);
+  EXPECT_EQ(job->device_rows.size, 3);
+  EXPECT_EQ(job->device_rows.device.device_ptr, reinterpret_cast<char*>(0x10000) + 2048);
+  EXPECT_EQ(job->ready.event, reinterpret_cast<void*>(0x505));
+  EXPECT_EQ(job->done.event, reinterpret_cast<void*>(0x506));
+  EXPECT_TRUE(job->enqueue_only);
+  // Without a done event, or with the scores inline, the answer waits for the GPU.
+  r.set_done_event(0);
+  EXPECT_FALSE(Prepare(r, &buffers)->enqueue_only);
+  r.set_done_event(6);
+  r.clear_output();
+  EXPECT_FALSE(Prepare(r, &buffers)->enqueue_only);
+}
+
+TEST_F(ScoreJobTest, DeviceRowAndEventRefusals) {
+  struct Case {
+    std::function<void(v1::ScoreRequest&)> mutate;
+    absl::StatusCode code;
+    const char* fragment;
+  };
+  const std::vector<Case> cases = {
+      {[](auto& r) { r.add_rows(0); }, absl::StatusCode::kInvalidArgument, "not both"},
+      {[](auto& r) { r.mutable_device_rows()->set_dtype(v1::DTYPE_FLOAT32); },
+       absl::StatusCode::kInvalidArgument, "dtype must be DTYPE_INT32"},
+      {[](auto& r) { r.mutable_device_rows()->add_shape(1); }, absl::StatusCode::kInvalidArgument,
+       "1-D shape"},
+      {[](auto& r) { r.mutable_device_rows()->set_shape(0, 0); },
+       absl::StatusCode::kInvalidArgument, "at least one row"},
+      {[](auto& r) { r.mutable_device_rows()->set_shape(0, 101); },
+       absl::StatusCode::kResourceExhausted, "--max-rows"},
+      {[](auto& r) { r.mutable_device_rows()->set_row_stride(2); },
+       absl::StatusCode::kInvalidArgument, "contiguous"},
+      {[](auto& r) { r.mutable_device_rows()->set_data("abcd"); },
+       absl::StatusCode::kInvalidArgument, "must name a registered buffer"},
+      // The rows buffer is too small for R rows: 4096 - 4 leaves room for one int32.
+      {[](auto& r) { r.mutable_device_rows()->mutable_buffer()->set_offset_bytes(4096 - 4); },
+       absl::StatusCode::kInvalidArgument, "device_rows: past the end"},
+      {[](auto& r) { r.mutable_device_rows()->mutable_buffer()->set_offset_bytes(2); },
+       absl::StatusCode::kInvalidArgument, "misaligned for int32"},
+      {[](auto& r) { r.mutable_device_rows()->mutable_buffer()->set_buffer_id(9); },
+       absl::StatusCode::kNotFound, "device_rows: buffer is not registered"},
+      {[](auto& r) {
+         r.mutable_activations()->clear_buffer();
+         r.mutable_activations()->set_data(Floats(4 * kHidden));
+       },
+       absl::StatusCode::kInvalidArgument, "need activations in a registered buffer"},
+      {[](auto& r) { r.set_ready_event(5); }, absl::StatusCode::kInvalidArgument,
+       "ready_event: events belong to a session"},
+      {[](auto& r) {
+         r.set_session_id(1);
+         r.set_ready_event(99);
+       },
+       absl::StatusCode::kNotFound, "ready_event: event is not registered"},
+      {[](auto& r) {
+         r.set_session_id(2);
+         r.set_done_event(6);
+       },
+       absl::StatusCode::kPermissionDenied, "done_event: belongs to another session"},
+  };
+  for (size_t i = 0; i < cases.size(); ++i) {
+    FakeBuffers buffers;
+    v1::ScoreRequest r = DeviceRequest(3);
+    cases[i].mutate(r);
+    absl::StatusOr<ScoreJob> job = Prepare(r, &buffers);
+    ASSERT_FALSE(job.ok()) << i;
+    EXPECT_EQ(job.status().code(), cases[i].code) << i << ": " << job.status();
+    EXPECT_NE(job.status().message().find(cases[i].fragment), absl::string_view::npos)
+        << i << ": " << job.status();
+  }
+  // Events on a backend without IPC.
+  v1::ScoreRequest r = Good();
+  r.set_session_id(1);
+  r.set_done_event(6);
+  EXPECT_EQ(Prepare(r).status().code(), absl::StatusCode::kFailedPrecondition);
 }
 
 }  // namespace

@@ -40,6 +40,74 @@ absl::StatusOr<uint64_t> ExtentBytes(int64_t rows, int64_t cols, int64_t row_str
   return bytes;
 }
 
+namespace {
+
+absl::Status NeedsBuffers(absl::string_view what) {
+  return absl::FailedPreconditionError(
+      absl::StrCat(what,
+                   ": registered buffers need the CUDA backend; this server runs the CPU "
+                   "backend (send inline data, or start it with --backend cuda on a GPU host)"));
+}
+
+// Leases `extent` bytes of the buffer `ref` names, checking the element alignment.
+absl::StatusOr<BufferLease> LeaseWindow(const v1::TensorRef& ref, absl::string_view what,
+                                        BufferResolver* buffers, uint64_t extent,
+                                        absl::string_view element_name, int element_size) {
+  if (buffers == nullptr) return NeedsBuffers(what);
+  absl::StatusOr<BufferLease> lease =
+      buffers->Acquire(ref.buffer().buffer_id(), ref.buffer().offset_bytes(), extent);
+  if (!lease.ok()) {
+    return absl::Status(lease.status().code(), absl::StrCat(what, ": ", lease.status().message()));
+  }
+  if (reinterpret_cast<uintptr_t>(lease->device_ptr) % element_size != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        what, ": offset ", ref.buffer().offset_bytes(), " leaves the tensor misaligned for ",
+        element_name, " (", element_size, "-byte elements)"));
+  }
+  return lease;
+}
+
+}  // namespace
+
+absl::StatusOr<DeviceInt32Vector> ResolveDeviceInt32Vector(const v1::TensorRef& ref,
+                                                           absl::string_view what,
+                                                           BufferResolver* buffers,
+                                                           int64_t max_size) {
+  if (ref.dtype() != v1::DTYPE_INT32) {
+    return absl::InvalidArgumentError(absl::StrCat(what, ": dtype must be DTYPE_INT32, got ",
+                                                   v1::DType_Name(ref.dtype()).empty()
+                                                       ? std::to_string(ref.dtype())
+                                                       : v1::DType_Name(ref.dtype())));
+  }
+  if (ref.shape_size() != 1) {
+    return absl::InvalidArgumentError(absl::StrCat(what, ": expected a 1-D shape [R], got [",
+                                                   absl::StrJoin(ref.shape(), ", "), "]"));
+  }
+  DeviceInt32Vector v;
+  v.size = ref.shape(0);
+  if (v.size <= 0) {
+    return absl::InvalidArgumentError(absl::StrCat(what, ": needs at least one row, got ", v.size));
+  }
+  if (v.size > max_size) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        what, ": ", v.size, " rows is over this server's limit of ", max_size, " (--max-rows)"));
+  }
+  if (ref.row_stride() != 0 && ref.row_stride() != 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, ": must be contiguous (row_stride 0 or 1), got ", ref.row_stride()));
+  }
+  if (ref.location_case() != v1::TensorRef::kBuffer) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, ": must name a registered buffer (send host rows in `rows` instead)"));
+  }
+  absl::StatusOr<BufferLease> lease =
+      LeaseWindow(ref, what, buffers, static_cast<uint64_t>(v.size) * sizeof(int32_t), "int32",
+                  sizeof(int32_t));
+  if (!lease.ok()) return lease.status();
+  v.device = std::move(*lease);
+  return v;
+}
+
 absl::StatusOr<Tensor2D> ResolveTensor2D(const v1::TensorRef& ref, absl::string_view what,
                                          BufferResolver* buffers) {
   Tensor2D t;
@@ -85,23 +153,9 @@ absl::StatusOr<Tensor2D> ResolveTensor2D(const v1::TensorRef& ref, absl::string_
       return t;
     }
     case v1::TensorRef::kBuffer: {
-      if (buffers == nullptr) {
-        return absl::FailedPreconditionError(absl::StrCat(
-            what,
-            ": registered buffers need the CUDA backend; this server runs the CPU "
-            "backend (send inline data, or start it with --backend cuda on a GPU host)"));
-      }
       absl::StatusOr<BufferLease> lease =
-          buffers->Acquire(ref.buffer().buffer_id(), ref.buffer().offset_bytes(), *extent);
-      if (!lease.ok()) {
-        return absl::Status(lease.status().code(),
-                            absl::StrCat(what, ": ", lease.status().message()));
-      }
-      if (reinterpret_cast<uintptr_t>(lease->device_ptr) % size != 0) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            what, ": offset ", ref.buffer().offset_bytes(), " leaves the tensor misaligned for ",
-            common::DTypeName(t.dtype), " (", size, "-byte elements)"));
-      }
+          LeaseWindow(ref, what, buffers, *extent, common::DTypeName(t.dtype), size);
+      if (!lease.ok()) return lease.status();
       t.device = std::move(*lease);
       return t;
     }

@@ -37,4 +37,18 @@ absl::StatusOr<uint64_t> ExtentBytes(int64_t rows, int64_t cols, int64_t row_str
 absl::StatusOr<Tensor2D> ResolveTensor2D(const v1::TensorRef& ref, absl::string_view what,
                                          BufferResolver* buffers);
 
+// A validated int32 vector [n] in a registered buffer (row indices written on the device).
+struct DeviceInt32Vector {
+  int64_t size = 0;
+  BufferLease device;
+};
+
+// Validates an int32 [n] TensorRef that must live in a registered buffer (1 <= n <= max_size;
+// contiguous; 4-byte aligned). INVALID_ARGUMENT, RESOURCE_EXHAUSTED past max_size, NOT_FOUND for
+// unknown buffers, FAILED_PRECONDITION without buffers.
+absl::StatusOr<DeviceInt32Vector> ResolveDeviceInt32Vector(const v1::TensorRef& ref,
+                                                           absl::string_view what,
+                                                           BufferResolver* buffers,
+                                                           int64_t max_size);
+
 }  // namespace probesidecar::server

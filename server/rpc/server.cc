@@ -111,6 +111,8 @@ int RunServer(const Config& config) {
     state.graph_cache = executor->graph_cache();
     state.device_memory_bytes = executor->device_memory_bytes();
     state.queued_requests = executor->queued();
+    state.invalid_device_rows = executor->invalid_device_rows();
+    state.mps = executor->mps();
     if (const BufferRegistry* buffers = executor->buffers(); buffers != nullptr) {
       const BufferCounters counters = buffers->counters();
       state.registered_buffers = counters.registrations;

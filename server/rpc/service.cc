@@ -196,6 +196,44 @@ grpc::ServerUnaryReactor* ProbeSidecarService::UnregisterBuffer(
                                  });
 }
 
+grpc::ServerUnaryReactor* ProbeSidecarService::RegisterEvent(
+    grpc::CallbackServerContext* context, const v1::RegisterEventRequest* request,
+    v1::RegisterEventResponse* response) {
+  BufferRegistry* buffers = env_.executor->buffers();
+  if (buffers == nullptr) {
+    env_.metrics->RpcStarted(Rpc::kRegisterEvent);
+    return Answer(context, Rpc::kRegisterEvent, Clock::now(),
+                  NoBuffersOnThisBackend(env_.executor->backend()));
+  }
+  // cudaIpcOpenEventHandle is driver work: not on a gRPC thread.
+  return AnswerFromControlWorker(context, Rpc::kRegisterEvent, /*refuse_while_draining=*/true,
+                                 [buffers, request, response](Finish finish) {
+                                   absl::StatusOr<uint64_t> id = buffers->RegisterEvent(*request);
+                                   if (id.ok()) {
+                                     response->set_event_id(*id);
+                                     LogDebug("registered event %d '%s' (session %d)", *id,
+                                              request->name(), request->session_id());
+                                   }
+                                   std::move(finish)(id.status());
+                                 });
+}
+
+grpc::ServerUnaryReactor* ProbeSidecarService::UnregisterEvent(
+    grpc::CallbackServerContext* context, const v1::UnregisterEventRequest* request,
+    v1::UnregisterEventResponse* /*response*/) {
+  BufferRegistry* buffers = env_.executor->buffers();
+  if (buffers == nullptr) {
+    env_.metrics->RpcStarted(Rpc::kUnregisterEvent);
+    return Answer(context, Rpc::kUnregisterEvent, Clock::now(),
+                  NoBuffersOnThisBackend(env_.executor->backend()));
+  }
+  return AnswerFromControlWorker(
+      context, Rpc::kUnregisterEvent, /*refuse_while_draining=*/false,
+      [buffers, request](Finish finish) {
+        std::move(finish)(buffers->UnregisterEvent(request->event_id(), request->session_id()));
+      });
+}
+
 grpc::ServerUnaryReactor* ProbeSidecarService::ListBuffers(
     grpc::CallbackServerContext* context, const v1::ListBuffersRequest* /*request*/,
     v1::ListBuffersResponse* response) {
@@ -319,6 +357,8 @@ grpc::ServerUnaryReactor* ProbeSidecarService::ServerInfo(grpc::CallbackServerCo
   }
   response->set_metrics_listen(env_.metrics_listening);
   response->set_cuda_runtime(kCudaRuntime);
+  response->set_mps(env_.executor->mps());
+  response->set_queued_requests(env_.executor->queued());
   return Answer(context, Rpc::kServerInfo, start, absl::OkStatus());
 }
 

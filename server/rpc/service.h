@@ -61,6 +61,12 @@ class ProbeSidecarService final : public v1::ProbeSidecar::CallbackService {
   grpc::ServerUnaryReactor* ListBuffers(grpc::CallbackServerContext* context,
                                         const v1::ListBuffersRequest* request,
                                         v1::ListBuffersResponse* response) override;
+  grpc::ServerUnaryReactor* RegisterEvent(grpc::CallbackServerContext* context,
+                                          const v1::RegisterEventRequest* request,
+                                          v1::RegisterEventResponse* response) override;
+  grpc::ServerUnaryReactor* UnregisterEvent(grpc::CallbackServerContext* context,
+                                            const v1::UnregisterEventRequest* request,
+                                            v1::UnregisterEventResponse* response) override;
   grpc::ServerWriteReactor<v1::SessionEvent>* OpenSession(
       grpc::CallbackServerContext* context, const v1::OpenSessionRequest* request) override;
   grpc::ServerUnaryReactor* LoadProbeSet(grpc::CallbackServerContext* context,

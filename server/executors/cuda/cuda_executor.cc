@@ -1,5 +1,7 @@
 #include "server/executors/cuda/cuda_executor.h"
 
+#include <cuda.h>
+#include <cudaTypedefs.h>
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
@@ -48,11 +50,38 @@ struct SharedState {
   }
 };
 
+// Whether contexts on `device` are shared through an MPS control daemon, as the driver reports it
+// (CU_DEVICE_ATTRIBUTE_MPS_ENABLED). Read through the runtime's driver entry points, so that the
+// binary needs no link-time libcuda.
+absl::StatusOr<bool> MpsEnabled(int device) {
+  void* get_device = nullptr;
+  void* get_attribute = nullptr;
+  cudaDriverEntryPointQueryResult found{};
+  if (cudaGetDriverEntryPointByVersion("cuDeviceGet", &get_device, 12000, cudaEnableDefault,
+                                       &found) != cudaSuccess ||
+      found != cudaDriverEntryPointSuccess ||
+      cudaGetDriverEntryPointByVersion("cuDeviceGetAttribute", &get_attribute, 12000,
+                                       cudaEnableDefault, &found) != cudaSuccess ||
+      found != cudaDriverEntryPointSuccess) {
+    cudaGetLastError();
+    return absl::UnavailableError("the driver does not expose cuDeviceGetAttribute");
+  }
+  CUdevice handle = 0;
+  int enabled = 0;
+  if (reinterpret_cast<PFN_cuDeviceGet_v2000>(get_device)(&handle, device) != CUDA_SUCCESS ||
+      reinterpret_cast<PFN_cuDeviceGetAttribute_v2000>(get_attribute)(
+          &enabled, CU_DEVICE_ATTRIBUTE_MPS_ENABLED, handle) != CUDA_SUCCESS) {
+    return absl::UnavailableError("cuDeviceGetAttribute(CU_DEVICE_ATTRIBUTE_MPS_ENABLED) failed");
+  }
+  return enabled != 0;
+}
+
 class CudaExecutor final : public Executor {
  public:
-  CudaExecutor(const Config& config, std::string device_name)
+  CudaExecutor(const Config& config, std::string device_name, bool mps)
       : config_(config),
         device_name_(std::move(device_name)),
+        mps_(mps),
         opener_(config.device),
         buffers_(config.device, &opener_),
         state_(std::make_shared<SharedState>()) {}
@@ -60,15 +89,23 @@ class CudaExecutor final : public Executor {
   ~CudaExecutor() override { Shutdown(); }
 
   absl::Status Init() {
+    // One worker thread per stream slot. The queue bounds what waits for a slot; the service
+    // admits at most --max-concurrent-requests at once, so it holds that many.
+    pool_ = std::make_unique<WorkerPool>(static_cast<int>(config_.cuda_workers),
+                                         config_.max_concurrent_requests);
     for (uint32_t i = 0; i < config_.cuda_workers; ++i) {
-      auto slot = std::make_unique<StreamSlot>(config_.device, config_, &state_->device_bytes);
+      // When the GPU finishes an enqueue-only request, the slot's worker releases what it held
+      // (the nudge comes from CUDA's callback thread, which may only queue work).
+      auto nudge = [this, worker = static_cast<int>(i)] {
+        pool_->SubmitTo(worker, [this](int w) {
+          if (w != WorkerPool::kRefused) slots_[w]->DrainCompleted();
+        });
+      };
+      auto slot = std::make_unique<StreamSlot>(config_.device, config_, &state_->device_bytes,
+                                               std::move(nudge));
       if (absl::Status s = slot->Init(config_); !s.ok()) return s;
       slots_.push_back(std::move(slot));
     }
-    // One worker thread per stream slot. The queue bounds what waits for a slot; the service
-    // admits at most --max-concurrent-requests at once, so it holds that many.
-    pool_ = std::make_unique<WorkerPool>(static_cast<int>(slots_.size()),
-                                         config_.max_concurrent_requests);
     absl::MutexLock lock(&state_->mu);
     state_->pool = pool_.get();
     return absl::OkStatus();
@@ -144,7 +181,7 @@ class CudaExecutor final : public Executor {
         return;
       }
       timings.queue = SecondsSince(submitted);
-      absl::Status status = slots_[worker]->Run(*job, &timings);
+      absl::Status status = slots_[worker]->Run(*job, &timings, &timings.enqueued);
       if (!status.ok()) LogError("CUDA Score failed: %s", status.message());
       std::move(done)(status, timings);
     });
@@ -169,6 +206,13 @@ class CudaExecutor final : public Executor {
   }
 
   uint64_t queued() const override { return pool_ != nullptr ? pool_->queued() : 0; }
+  bool mps() const override { return mps_; }
+
+  uint64_t invalid_device_rows() const override {
+    uint64_t total = 0;
+    for (const auto& slot : slots_) total += slot->invalid_rows();
+    return total;
+  }
 
   void Shutdown() override {
     if (pool_ == nullptr) return;
@@ -177,8 +221,10 @@ class CudaExecutor final : public Executor {
       state_->pool = nullptr;
     }
     pool_->Shutdown();  // queued requests finish first
-    pool_.reset();
+    // Then the GPU: what enqueue-only requests still hold is released here.
+    for (const auto& slot : slots_) slot->Quiesce();
     slots_.clear();
+    pool_.reset();
   }
 
  private:
@@ -198,6 +244,7 @@ class CudaExecutor final : public Executor {
 
   const Config config_;
   const std::string device_name_;
+  const bool mps_;
   CudaIpcOpener opener_;
   BufferRegistry buffers_;
   const std::shared_ptr<SharedState> state_;
@@ -224,7 +271,24 @@ absl::StatusOr<std::unique_ptr<Executor>> CreateCudaExecutor(const Config& confi
   }
   cudaDeviceProp prop{};
   PS_RETURN_IF_CUDA(cudaGetDeviceProperties(&prop, config.device));
-  auto executor = std::make_unique<CudaExecutor>(config, prop.name);
+  absl::StatusOr<bool> mps = MpsEnabled(config.device);
+  if (!mps.ok()) {
+    LogWarning("cannot tell whether this context uses MPS (%s): assuming it does not",
+               mps.status().message());
+  } else if (*mps) {
+    LogInfo(
+        "CUDA device %d: this context is an MPS client (kernels share the GPU with the "
+        "inference server's instead of being time-sliced)",
+        config.device);
+  }
+  if (!mps.ok() || !*mps) {
+    LogWarning(
+        "CUDA device %d: no MPS control daemon serves this context. The GPU then time-slices "
+        "between the sidecar's context and the inference server's, which can cost a busy decode "
+        "loop much of its throughput. Run both under one MPS daemon (docs/mps.md).",
+        config.device);
+  }
+  auto executor = std::make_unique<CudaExecutor>(config, prop.name, mps.value_or(false));
   if (absl::Status s = executor->Init(); !s.ok()) return s;
   return std::unique_ptr<Executor>(std::move(executor));
 }

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -11,39 +12,50 @@
 namespace probesidecar::server {
 namespace {
 
-using kernels::ProbeScoreDeviceArgs;
-
 size_t Grown(size_t need, size_t have) {
   size_t bytes = std::max<size_t>(have * 2, size_t{1} << 20);
   while (bytes < need) bytes *= 2;
   return bytes;
 }
 
+// What the host callback of an enqueue-only request receives.
+struct DoneCallback {
+  StreamSlot* slot;
+  StreamSlot::Holds holds;
+};
+
 }  // namespace
 
-StreamSlot::StreamSlot(int device, const Config& config, std::atomic<int64_t>* device_bytes)
+StreamSlot::StreamSlot(int device, const Config& config, std::atomic<int64_t>* device_bytes,
+                       Nudge nudge)
     : device_(device),
       max_bucket_(RowBucket(static_cast<int32_t>(config.max_rows))),
       timing_every_(config.gpu_timing_every),
       device_bytes_(device_bytes),
-      graphs_(config.graph_cache_entries, [](GraphEntry& entry) {
+      nudge_(std::move(nudge)),
+      graphs_(config.graph_cache_entries, [this](GraphEntry& entry) {
+        // An enqueue-only request may still have this graph queued: let it finish first.
+        if (stream_ != nullptr) cudaStreamSynchronize(stream_);
         if (entry.exec != nullptr) cudaGraphExecDestroy(entry.exec);
+        if (entry.graph != nullptr) cudaGraphDestroy(entry.graph);
       }) {}
 
 StreamSlot::~StreamSlot() {
   cudaSetDevice(device_);
+  Quiesce();
   graphs_.Clear();
   if (workspace_ != nullptr) kernels::DestroyProbeScoreWorkspace(workspace_);
   for (cudaEvent_t e : events_) {
     if (e != nullptr) cudaEventDestroy(e);
   }
-  cudaFreeHost(h_upload_);
-  cudaFree(d_upload_);
-  cudaFree(d_identity_rows_);
-  cudaFreeHost(h_x_.ptr);
-  cudaFree(d_x_.ptr);
-  cudaFreeHost(h_out_.ptr);
-  cudaFree(d_out_.ptr);
+  for (void* p :
+       {static_cast<void*>(d_args_), static_cast<void*>(d_rows_), static_cast<void*>(d_invalid_),
+        static_cast<void*>(d_identity_rows_), d_rows_staged_.ptr, d_x_.ptr}) {
+    cudaFree(p);
+  }
+  for (void* p : {static_cast<void*>(h_invalid_), h_rows_.ptr, h_x_.ptr, h_out_.ptr}) {
+    cudaFreeHost(p);
+  }
   if (stream_ != nullptr) cudaStreamDestroy(stream_);
 }
 
@@ -51,45 +63,59 @@ absl::Status StreamSlot::Init(const Config& config) {
   PS_RETURN_IF_CUDA(cudaSetDevice(device_));
   PS_RETURN_IF_CUDA(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
   for (cudaEvent_t& e : events_) PS_RETURN_IF_CUDA(cudaEventCreate(&e));
-  upload_bytes_ = sizeof(ProbeScoreDeviceArgs) + sizeof(int32_t) * max_bucket_;
-  PS_RETURN_IF_CUDA(
-      cudaHostAlloc(reinterpret_cast<void**>(&h_upload_), upload_bytes_, cudaHostAllocDefault));
-  PS_RETURN_IF_CUDA(cudaMalloc(reinterpret_cast<void**>(&d_upload_), upload_bytes_));
+  PS_RETURN_IF_CUDA(cudaMalloc(reinterpret_cast<void**>(&d_args_), kernels::kMaxStagedArgsBytes));
+  PS_RETURN_IF_CUDA(cudaMalloc(reinterpret_cast<void**>(&d_rows_), sizeof(int32_t) * max_bucket_));
+  PS_RETURN_IF_CUDA(cudaMalloc(reinterpret_cast<void**>(&d_invalid_), max_bucket_));
   PS_RETURN_IF_CUDA(
       cudaMalloc(reinterpret_cast<void**>(&d_identity_rows_), sizeof(int32_t) * max_bucket_));
   std::vector<int32_t> identity(max_bucket_);
   for (int32_t i = 0; i < max_bucket_; ++i) identity[i] = i;
   PS_RETURN_IF_CUDA(cudaMemcpy(d_identity_rows_, identity.data(), sizeof(int32_t) * max_bucket_,
                                cudaMemcpyHostToDevice));
-  std::memset(h_upload_, 0, upload_bytes_);
+  PS_RETURN_IF_CUDA(cudaHostAlloc(reinterpret_cast<void**>(&h_invalid_), 2 * sizeof(uint32_t),
+                                  cudaHostAllocMapped));
+  h_invalid_[0] = h_invalid_[1] = 0;
+  PS_RETURN_IF_CUDA(
+      cudaHostGetDevicePointer(reinterpret_cast<void**>(&d_invalid_alias_), h_invalid_, 0));
+  stage_ = std::make_unique<kernels::StageRequestParams>();
   kernels::ProbeScoreWorkspaceConfig ws;
   ws.max_rows = max_bucket_;
   ws.max_hidden = 65536;
   ws.max_probes = static_cast<int32_t>(config.max_probes);
   PS_RETURN_IF_CUDA(kernels::CreateProbeScoreWorkspace(ws, &workspace_));
-  *device_bytes_ += static_cast<int64_t>(upload_bytes_ + sizeof(int32_t) * max_bucket_);
+  *device_bytes_ +=
+      static_cast<int64_t>(kernels::kMaxStagedArgsBytes + (2 * sizeof(int32_t) + 1) * max_bucket_);
   return absl::OkStatus();
 }
 
-absl::Status StreamSlot::Run(const ScoreJob& job, ScoreTimings* timings) {
+StreamSlot::RowSource StreamSlot::RowSourceOf(const ScoreJob& job) {
+  if (!job.activations.on_device()) return RowSource::kIdentity;
+  if (job.rows_on_device()) return RowSource::kDevice;
+  return job.num_rows <= kernels::kMaxInlineRows ? RowSource::kParams : RowSource::kStaged;
+}
+
+absl::Status StreamSlot::Run(const ScoreJob& job, ScoreTimings* timings, bool* enqueued) {
+  *enqueued = false;
   const std::shared_ptr<const ProbeSet>& set = job.probe_set;
   PS_RETURN_IF_CUDA(cudaSetDevice(device_));
+  DrainCompleted();
   const int32_t rows = job.num_rows;
   const int32_t bucket = RowBucket(rows);
   const int32_t hidden = set->hidden;
   const int32_t probes = set->num_probes;
   const common::DType dtype = job.activations.dtype;
   const int element = common::DTypeSize(dtype);
-  const GraphKey key =
-      KeyFor(*set, dtype, bucket, !job.activations.on_device(), job.host_out != nullptr,
-             timing_every_ > 0 && requests_++ % timing_every_ == 0);
+  const RowSource source = RowSourceOf(job);
+  // Answer before the GPU runs only when nothing of the answer needs it, and nothing this request
+  // reads from host memory can be overwritten by the next one (staged rows are).
+  const bool async = job.enqueue_only && source != RowSource::kStaged;
+  const bool timed = !async && timing_every_ > 0 && requests_++ % timing_every_ == 0;
+  const GraphKey key = KeyFor(*set, dtype, bucket, !job.activations.on_device(), source, timed);
   timings->kernel_path = kernels::ProbeScorePathName(key.path);
-  PS_RETURN_IF_CUDA(ReserveFor(key, hidden, probes));
-
-  // The per-request data, in the pinned upload block the graph copies from.
-  auto* args = reinterpret_cast<ProbeScoreDeviceArgs*>(h_upload_);
-  auto* row_ids = reinterpret_cast<int32_t*>(h_upload_ + sizeof(ProbeScoreDeviceArgs));
-  args->num_rows = rows;
+  PS_RETURN_IF_CUDA(ReserveFor(key, hidden));
+  if (job.host_out != nullptr) {
+    PS_RETURN_IF_CUDA(Grow(h_out_, sizeof(float) * rows * probes, /*host=*/true, /*mapped=*/true));
+  }
   if (key.inline_x) {
     // Only the selected rows travel: gathered here into [R, H], read back with identity rows.
     const auto* src = static_cast<const char*>(job.activations.host);
@@ -100,51 +126,157 @@ absl::Status StreamSlot::Run(const ScoreJob& job, ScoreTimings* timings) {
                   src + static_cast<size_t>(job.rows[r]) * job.activations.row_stride * element,
                   row_bytes);
     }
-    args->x = d_x_.ptr;
-    args->x_row_stride = hidden;
-  } else {
-    std::memcpy(row_ids, job.rows, sizeof(int32_t) * rows);
-    // Padding rows point at row 0, which every request has: nothing can read out of bounds.
-    std::fill(row_ids + rows, row_ids + bucket, 0);
-    args->x = job.activations.device.device_ptr;
-    args->x_row_stride = job.activations.row_stride;
+  } else if (source == RowSource::kStaged) {
+    PS_RETURN_IF_CUDA(Grow(h_rows_, sizeof(int32_t) * rows, /*host=*/true, /*mapped=*/false));
+    PS_RETURN_IF_CUDA(Grow(d_rows_staged_, sizeof(int32_t) * rows, /*host=*/false, false));
+    std::memcpy(h_rows_.ptr, job.rows, sizeof(int32_t) * rows);
   }
-  if (key.host_out) {
-    args->out = static_cast<float*>(d_out_.ptr);
-    args->out_row_stride = probes;
-  } else {
-    args->out = static_cast<float*>(job.device_out.device.device_ptr);
-    args->out_row_stride = job.device_out.row_stride;
-  }
-
+  FillStageParams(job, key);
   absl::StatusOr<GraphEntry*> entry = GraphFor(key, set);
   if (!entry.ok()) return entry.status();
-  PS_RETURN_IF_CUDA(cudaGraphLaunch((*entry)->exec, stream_));
-  if (key.timed) {
-    PS_RETURN_IF_CUDA(cudaEventSynchronize(events_[3]));
-    float h2d_ms = 0, kernel_ms = 0, d2h_ms = 0;
-    PS_RETURN_IF_CUDA(cudaEventElapsedTime(&h2d_ms, events_[0], events_[1]));
-    PS_RETURN_IF_CUDA(cudaEventElapsedTime(&kernel_ms, events_[1], events_[2]));
-    PS_RETURN_IF_CUDA(cudaEventElapsedTime(&d2h_ms, events_[2], events_[3]));
-    timings->h2d = h2d_ms * 1e-3;
-    timings->kernel = kernel_ms * 1e-3;
-    timings->d2h = key.host_out ? d2h_ms * 1e-3 : 0.0;
-  } else {
-    PS_RETURN_IF_CUDA(cudaStreamSynchronize(stream_));
+  void* pointer_storage[1];
+  cudaKernelNodeParams node;
+  PS_RETURN_IF_CUDA(kernels::StageRequestNodeParams(stage_.get(), pointer_storage, &node));
+  PS_RETURN_IF_CUDA(cudaGraphExecKernelNodeSetParams((*entry)->exec, (*entry)->stage_node, &node));
+
+  if (job.ready.event != nullptr) {
+    PS_RETURN_IF_CUDA(cudaStreamWaitEvent(stream_, static_cast<cudaEvent_t>(job.ready.event), 0));
   }
-  if (key.host_out) {
+  if (source == RowSource::kStaged) {
+    PS_RETURN_IF_CUDA(cudaMemcpyAsync(d_rows_staged_.ptr, h_rows_.ptr, sizeof(int32_t) * rows,
+                                      cudaMemcpyHostToDevice, stream_));
+  }
+  PS_RETURN_IF_CUDA(cudaGraphLaunch((*entry)->exec, stream_));
+  if (job.done.event != nullptr) {
+    PS_RETURN_IF_CUDA(cudaEventRecord(static_cast<cudaEvent_t>(job.done.event), stream_));
+  }
+  if (async) {
+    // The GPU reads the caller's buffers after we answer: keep them (and the weights) open.
+    if (absl::Status s =
+            HoldUntilDone({set, job.activations.device.hold, job.device_rows.device.hold,
+                           job.device_out.device.hold, job.ready.hold, job.done.hold});
+        !s.ok()) {
+      return s;
+    }
+    *enqueued = true;
+    return absl::OkStatus();
+  }
+  if (key.timed) {
+    PS_RETURN_IF_CUDA(cudaEventSynchronize(events_[2]));
+    float staged_ms = 0, kernel_ms = 0;
+    PS_RETURN_IF_CUDA(cudaEventElapsedTime(&staged_ms, events_[0], events_[1]));
+    PS_RETURN_IF_CUDA(cudaEventElapsedTime(&kernel_ms, events_[1], events_[2]));
+    timings->h2d = staged_ms * 1e-3;
+    timings->kernel = kernel_ms * 1e-3;
+  }
+  // (The done event, if any, follows the graph: waiting for the stream covers it too.)
+  PS_RETURN_IF_CUDA(cudaStreamSynchronize(stream_));
+  if (source == RowSource::kDevice) {
+    const uint32_t invalid = reinterpret_cast<volatile uint32_t*>(h_invalid_)[1];
+    if (invalid != 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "device_rows: ", invalid, " of the ", rows, " row indices are outside the activations' ",
+          job.activations.rows, " rows [0, ", job.activations.rows,
+          "); their scores are NaN, the others are valid"));
+    }
+  }
+  if (job.host_out != nullptr) {
     std::memcpy(job.host_out, h_out_.ptr, sizeof(float) * rows * probes);
   }
   return absl::OkStatus();
 }
 
+void StreamSlot::FillStageParams(const ScoreJob& job, const GraphKey& key) {
+  kernels::StageRequestParams& stage = *stage_;
+  stage.args_dst = d_args_;
+  stage.rows_dst = key.rows == RowSource::kIdentity ? nullptr : d_rows_;
+  stage.invalid_dst = d_invalid_;
+  stage.invalid_counts = d_invalid_alias_;
+  stage.num_tokens = job.activations.rows;
+  stage.num_rows = job.num_rows;
+  stage.bucket = key.bucket;
+  stage.args_bytes = sizeof(StagedArgs);
+  StagedArgs args;
+  args.score.num_rows = job.num_rows;
+  if (key.inline_x) {
+    args.score.x = d_x_.ptr;
+    args.score.x_row_stride = job.probe_set->hidden;
+  } else {
+    args.score.x = job.activations.device.device_ptr;
+    args.score.x_row_stride = job.activations.row_stride;
+  }
+  if (job.host_out != nullptr) {
+    args.score.out = static_cast<float*>(h_out_.device_alias);
+    args.score.out_row_stride = job.probe_set->num_probes;
+  } else {
+    args.score.out = static_cast<float*>(job.device_out.device.device_ptr);
+    args.score.out_row_stride = job.device_out.row_stride;
+  }
+  args.poison =
+      kernels::PoisonDescriptor{args.score.out, args.score.out_row_stride, job.num_rows, 0};
+  std::memcpy(stage.args, &args, sizeof(args));
+  stage.device_rows = nullptr;
+  switch (key.rows) {
+    case RowSource::kParams:
+      std::memcpy(stage.inline_rows, job.rows, sizeof(int32_t) * job.num_rows);
+      break;
+    case RowSource::kStaged:
+      stage.device_rows = static_cast<const int32_t*>(d_rows_staged_.ptr);
+      break;
+    case RowSource::kDevice:
+      stage.device_rows = static_cast<const int32_t*>(job.device_rows.device.device_ptr);
+      break;
+    case RowSource::kIdentity:
+      break;
+  }
+}
+
+absl::Status StreamSlot::HoldUntilDone(Holds holds) {
+  auto* callback = new DoneCallback{this, std::move(holds)};
+  if (cudaError_t e = cudaLaunchHostFunc(stream_, &StreamSlot::OnStreamDone, callback);
+      e != cudaSuccess) {
+    // Not queued: wait here instead, so that the holds outlive the work.
+    cudaStreamSynchronize(stream_);
+    delete callback;
+    return CudaStatus(e, "cudaLaunchHostFunc");
+  }
+  return absl::OkStatus();
+}
+
+void CUDART_CB StreamSlot::OnStreamDone(void* data) {
+  // CUDA's callback thread: no CUDA calls here. The holds go to the worker thread.
+  std::unique_ptr<DoneCallback> callback(static_cast<DoneCallback*>(data));
+  StreamSlot* slot = callback->slot;
+  {
+    absl::MutexLock lock(&slot->done_mu_);
+    slot->done_.push_back(std::move(callback->holds));
+  }
+  slot->nudge_();
+}
+
+void StreamSlot::DrainCompleted() {
+  std::vector<Holds> done;
+  {
+    absl::MutexLock lock(&done_mu_);
+    done.swap(done_);
+  }
+  // `done` goes out of scope here: leases end (deferred unregisters complete) on this thread.
+}
+
+void StreamSlot::Quiesce() {
+  if (stream_ != nullptr) cudaStreamSynchronize(stream_);
+  DrainCompleted();
+}
+
 absl::Status StreamSlot::Warmup(const std::shared_ptr<const ProbeSet>& set, int32_t bucket) {
   PS_RETURN_IF_CUDA(cudaSetDevice(device_));
   bucket = RowBucket(std::min(bucket, max_bucket_));
+  const RowSource host_rows =
+      bucket <= kernels::kMaxInlineRows ? RowSource::kParams : RowSource::kStaged;
   for (bool inline_x : {true, false}) {
     const GraphKey key = KeyFor(*set, common::DType::kBFloat16, bucket, inline_x,
-                                /*host_out=*/true, timing_every_ > 0);
-    PS_RETURN_IF_CUDA(ReserveFor(key, set->hidden, set->num_probes));
+                                inline_x ? RowSource::kIdentity : host_rows, timing_every_ > 0);
+    PS_RETURN_IF_CUDA(ReserveFor(key, set->hidden));
     absl::StatusOr<GraphEntry*> entry = GraphFor(key, set);
     if (!entry.ok()) return entry.status();
   }
@@ -156,7 +288,6 @@ void StreamSlot::DropStaleGraphs() {
   PublishCounters();
 }
 
-// Readable from any thread (metrics scrapes), also while the worker runs.
 GraphCacheCounters StreamSlot::counters() const {
   GraphCacheCounters c;
   c.entries = entries_.load(std::memory_order_relaxed);
@@ -168,7 +299,10 @@ GraphCacheCounters StreamSlot::counters() const {
   return c;
 }
 
-// Publishes the cache's counters (called by the worker's user after each operation).
+uint64_t StreamSlot::invalid_rows() const {
+  return h_invalid_ == nullptr ? 0 : reinterpret_cast<const volatile uint32_t*>(h_invalid_)[0];
+}
+
 void StreamSlot::PublishCounters() {
   entries_.store(graphs_.size(), std::memory_order_relaxed);
   hits_.store(graphs_.hits(), std::memory_order_relaxed);
@@ -177,82 +311,89 @@ void StreamSlot::PublishCounters() {
 }
 
 StreamSlot::GraphKey StreamSlot::KeyFor(const ProbeSet& set, common::DType dtype, int32_t bucket,
-                                        bool inline_x, bool host_out, bool timed) const {
+                                        bool inline_x, RowSource rows, bool timed) const {
   return GraphKey{
       set.id,   kernels::ChooseProbeScorePath(bucket, set.num_probes, set.hidden, dtype),
       dtype,    bucket,
-      inline_x, host_out,
+      inline_x, rows,
       timed};
 }
 
-// Grows the staging that a graph of `key` copies through. Growing drops the cached graphs, so
-// this comes before GraphFor.
-cudaError_t StreamSlot::ReserveFor(const GraphKey& key, int32_t hidden, int32_t probes) {
-  cudaError_t error = cudaSuccess;
-  if (key.inline_x) {
-    error = Reserve(h_x_, d_x_, size_t{1} * key.bucket * hidden * common::DTypeSize(key.dtype));
-  }
-  if (error == cudaSuccess && key.host_out) {
-    error = Reserve(h_out_, d_out_, size_t{1} * key.bucket * probes * sizeof(float));
-  }
-  return error;
+cudaError_t StreamSlot::ReserveFor(const GraphKey& key, int32_t hidden) {
+  if (!key.inline_x) return cudaSuccess;
+  const size_t bytes = size_t{1} * key.bucket * hidden * common::DTypeSize(key.dtype);
+  if (bytes <= d_x_.bytes && bytes <= h_x_.bytes) return cudaSuccess;
+  // The graphs' copy nodes hold the old addresses.
+  graphs_.Clear();
+  PublishCounters();
+  cudaError_t e = Grow(h_x_, bytes, /*host=*/true, /*mapped=*/false);
+  return e == cudaSuccess ? Grow(d_x_, bytes, /*host=*/false, /*mapped=*/false) : e;
 }
 
-// The cached graph of `key`, captured on a miss.
+cudaError_t StreamSlot::Grow(Staging& staging, size_t bytes, bool host, bool mapped) {
+  if (bytes <= staging.bytes) return cudaSuccess;
+  const size_t grown = Grown(bytes, staging.bytes);
+  if (host) {
+    cudaFreeHost(staging.ptr);
+  } else {
+    cudaFree(staging.ptr);
+    *device_bytes_ -= static_cast<int64_t>(staging.bytes);
+  }
+  staging = Staging{};
+  const cudaError_t e =
+      host ? cudaHostAlloc(&staging.ptr, grown, mapped ? cudaHostAllocMapped : cudaHostAllocDefault)
+           : cudaMalloc(&staging.ptr, grown);
+  if (e != cudaSuccess) {
+    staging = Staging{};
+    return e;
+  }
+  if (mapped) {
+    if (cudaError_t m = cudaHostGetDevicePointer(&staging.device_alias, staging.ptr, 0);
+        m != cudaSuccess) {
+      cudaFreeHost(staging.ptr);
+      staging = Staging{};
+      return m;
+    }
+  }
+  staging.bytes = grown;
+  if (!host) *device_bytes_ += static_cast<int64_t>(grown);
+  return cudaSuccess;
+}
+
 absl::StatusOr<StreamSlot::GraphEntry*> StreamSlot::GraphFor(
     const GraphKey& key, const std::shared_ptr<const ProbeSet>& set) {
   GraphEntry* entry = graphs_.Find(key);
   if (entry == nullptr) {
     const auto* weights = static_cast<const kernels::ProbeWeights*>(set->backend_state.get());
-    absl::StatusOr<cudaGraphExec_t> exec = Capture(key, *weights, set->activation);
-    if (!exec.ok()) {
+    absl::StatusOr<GraphEntry> captured = Capture(key, *weights, set->activation);
+    if (!captured.ok()) {
       PublishCounters();
-      return exec.status();
+      return captured.status();
     }
-    entry = &graphs_.Insert(key, GraphEntry{*exec, set});
+    captured->probe_set = set;
+    entry = &graphs_.Insert(key, *captured);
   }
   PublishCounters();
   return entry;
 }
 
-// Grows a pinned + device staging pair to at least `bytes`.
-cudaError_t StreamSlot::Reserve(Staging& host, Staging& device, size_t bytes) {
-  if (bytes <= device.bytes) return cudaSuccess;
-  const size_t grown = Grown(bytes, device.bytes);
-  graphs_.Clear();  // they hold the old addresses
-  PublishCounters();
-  cudaFreeHost(host.ptr);
-  cudaFree(device.ptr);
-  *device_bytes_ -= static_cast<int64_t>(device.bytes);
-  host = Staging{};
-  device = Staging{};
-  cudaError_t e = cudaHostAlloc(&host.ptr, grown, cudaHostAllocDefault);
-  if (e != cudaSuccess) return e;
-  if ((e = cudaMalloc(&device.ptr, grown)) != cudaSuccess) {
-    cudaFreeHost(host.ptr);
-    host = Staging{};
-    return e;
-  }
-  host.bytes = device.bytes = grown;
-  *device_bytes_ += static_cast<int64_t>(grown);
-  return cudaSuccess;
-}
-
-absl::StatusOr<cudaGraphExec_t> StreamSlot::Capture(const GraphKey& key,
-                                                    const kernels::ProbeWeights& weights,
-                                                    kernels::Activation activation) {
+absl::StatusOr<StreamSlot::GraphEntry> StreamSlot::Capture(const GraphKey& key,
+                                                           const kernels::ProbeWeights& weights,
+                                                           kernels::Activation activation) {
   DropStaleGraphs();
   kernels::ProbeScoreParams params;
   params.x_dtype = key.dtype;
-  params.args = reinterpret_cast<const ProbeScoreDeviceArgs*>(d_upload_);
-  params.rows = key.inline_x
-                    ? d_identity_rows_
-                    : reinterpret_cast<const int32_t*>(d_upload_ + sizeof(ProbeScoreDeviceArgs));
+  params.args = &d_args_->score;
+  params.rows = key.rows == RowSource::kIdentity ? d_identity_rows_ : d_rows_;
   params.max_rows = key.bucket;
   params.weights = &weights;
   params.activation = activation;
-  const size_t upload =
-      sizeof(ProbeScoreDeviceArgs) + (key.inline_x ? 0 : sizeof(int32_t) * key.bucket);
+  // The staging node is captured with an empty request; every launch sets its parameters.
+  kernels::StageRequestParams& stage = *stage_;
+  stage = kernels::StageRequestParams{};
+  stage.args_dst = d_args_;
+  stage.rows_dst = key.rows == RowSource::kIdentity ? nullptr : d_rows_;
+  stage.bucket = key.bucket;
   const int element = common::DTypeSize(key.dtype);
 
   // Event nodes mark the stage boundaries of timed graphs.
@@ -262,36 +403,57 @@ absl::StatusOr<cudaGraphExec_t> StreamSlot::Capture(const GraphKey& key,
   };
   PS_RETURN_IF_CUDA(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal));
   cudaError_t error = mark(0);
-  if (error == cudaSuccess) {
-    error = cudaMemcpyAsync(d_upload_, h_upload_, upload, cudaMemcpyHostToDevice, stream_);
-  }
+  if (error == cudaSuccess) error = kernels::LaunchStageRequest(stage, stream_);
   if (error == cudaSuccess && key.inline_x) {
     error = cudaMemcpyAsync(d_x_.ptr, h_x_.ptr, size_t{1} * key.bucket * weights.hidden * element,
                             cudaMemcpyHostToDevice, stream_);
   }
   if (error == cudaSuccess) error = mark(1);
-  if (error == cudaSuccess)
+  if (error == cudaSuccess) {
     error = kernels::LaunchProbeScore(params, key.path, workspace_, stream_);
-  if (error == cudaSuccess) error = mark(2);
-  if (error == cudaSuccess && key.host_out) {
-    error = cudaMemcpyAsync(h_out_.ptr, d_out_.ptr,
-                            size_t{1} * key.bucket * weights.num_probes * sizeof(float),
-                            cudaMemcpyDeviceToHost, stream_);
   }
-  if (error == cudaSuccess) error = mark(3);
-  cudaGraph_t graph = nullptr;
-  const cudaError_t end = cudaStreamEndCapture(stream_, &graph);
+  if (error == cudaSuccess && key.rows == RowSource::kDevice) {
+    kernels::PoisonInvalidRowsParams poison;
+    poison.descriptor = &d_args_->poison;
+    poison.invalid = d_invalid_;
+    poison.bucket = key.bucket;
+    poison.num_columns = weights.num_probes;
+    error = kernels::LaunchPoisonInvalidRows(poison, stream_);
+  }
+  if (error == cudaSuccess) error = mark(2);
+  GraphEntry entry;
+  const cudaError_t end = cudaStreamEndCapture(stream_, &entry.graph);
   if (error == cudaSuccess) error = end;
-  cudaGraphExec_t exec = nullptr;
-  if (error == cudaSuccess) error = cudaGraphInstantiate(&exec, graph, 0);
-  if (graph != nullptr) cudaGraphDestroy(graph);
+  if (error == cudaSuccess) error = cudaGraphInstantiate(&entry.exec, entry.graph, 0);
+  // The staging kernel's node, which every launch updates.
+  if (error == cudaSuccess) {
+    void* pointer_storage[1];
+    cudaKernelNodeParams want;
+    error = kernels::StageRequestNodeParams(&stage, pointer_storage, &want);
+    size_t count = 0;
+    if (error == cudaSuccess) error = cudaGraphGetNodes(entry.graph, nullptr, &count);
+    std::vector<cudaGraphNode_t> nodes(count);
+    if (error == cudaSuccess) error = cudaGraphGetNodes(entry.graph, nodes.data(), &count);
+    for (size_t i = 0; error == cudaSuccess && i < count; ++i) {
+      cudaGraphNodeType type;
+      if ((error = cudaGraphNodeGetType(nodes[i], &type)) != cudaSuccess) break;
+      if (type != cudaGraphNodeTypeKernel) continue;
+      cudaKernelNodeParams got;
+      if ((error = cudaGraphKernelNodeGetParams(nodes[i], &got)) != cudaSuccess) break;
+      if (got.func == want.func) entry.stage_node = nodes[i];
+    }
+    if (error == cudaSuccess && entry.stage_node == nullptr)
+      error = cudaErrorGraphExecUpdateFailure;
+  }
   if (error != cudaSuccess) {
     cudaGetLastError();
+    if (entry.exec != nullptr) cudaGraphExecDestroy(entry.exec);
+    if (entry.graph != nullptr) cudaGraphDestroy(entry.graph);
     return CudaStatus(
         error, absl::StrCat("capturing the ", kernels::ProbeScorePathName(key.path), " graph"));
   }
   ++captures_;
-  return exec;
+  return entry;
 }
 
 }  // namespace probesidecar::server

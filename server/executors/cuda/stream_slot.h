@@ -1,7 +1,14 @@
-// A stream slot: one CUDA stream with everything a request needs preallocated — the upload block
-// (device args + row indices) in pinned and device memory, identity rows for staged activations,
-// the scoring workspace, four timing events and a cache of captured graphs. One worker thread of
-// the CUDA executor owns each slot; a slot runs one request at a time and is never shared.
+// A stream slot: one CUDA stream with everything a request needs preallocated — the device block
+// the staging kernel writes a request's arguments and rows into, pinned host memory mapped into
+// the device for inline scores and staged inline activations, the scoring workspace, timing
+// events and a cache of captured graphs. One worker thread of the CUDA executor owns each slot; a
+// slot is never shared.
+//
+// A graph is: [event] staging kernel (its parameters carry the request's argument block and up to
+// kMaxInlineRows row indices, updated per request on the instantiated graph) -> [copy of staged
+// inline activations] -> [event] scoring kernels -> [poison kernel for rows found invalid on the
+// device] -> [event]. Scores meant for the response are written straight into mapped host memory,
+// so a graph has no device-to-host copy either.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -11,10 +18,15 @@
 #include <cstdint>
 #include <memory>
 #include <tuple>
+#include <vector>
 
+#include "absl/base/thread_annotations.h"
+#include "absl/functional/any_invocable.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
 #include "kernels/probe_score/probe_score.h"
+#include "kernels/request_staging/request_staging.h"
 #include "server/config/config.h"
 #include "server/executors/cuda/lru_cache.h"
 #include "server/observability/stage_timings.h"
@@ -25,8 +37,14 @@ namespace probesidecar::server {
 
 class StreamSlot {
  public:
+  // What a request holds (leases, the probe set) until the GPU is done with it.
+  using Holds = std::vector<std::shared_ptr<const void>>;
+  // Asks the slot's worker thread to call DrainCompleted() soon. Called from CUDA's host-callback
+  // thread: it must not call CUDA (queueing work for the worker is fine).
+  using Nudge = absl::AnyInvocable<void()>;
+
   // `device_bytes` counts the device memory the slot holds (shared with the executor).
-  StreamSlot(int device, const Config& config, std::atomic<int64_t>* device_bytes);
+  StreamSlot(int device, const Config& config, std::atomic<int64_t>* device_bytes, Nudge nudge);
   ~StreamSlot();
   StreamSlot(const StreamSlot&) = delete;
   StreamSlot& operator=(const StreamSlot&) = delete;
@@ -34,78 +52,114 @@ class StreamSlot {
   // Creates the stream, events, staging and workspace (allocates; start-up only).
   absl::Status Init(const Config& config);
 
-  // Scores one job: stage, replay (capturing on first use), wait for the GPU, copy out. Runs on
-  // the slot's worker thread.
-  absl::Status Run(const ScoreJob& job, ScoreTimings* timings);
+  // Scores one job on the slot's stream, capturing its graph on first use. Waits for the GPU
+  // unless the job is enqueue-only (then `*enqueued` is set and the job's holds are kept until
+  // the GPU has finished; the job itself may go away at once). Runs on the slot's worker thread.
+  absl::Status Run(const ScoreJob& job, ScoreTimings* timings, bool* enqueued);
 
   // Captures the graphs of `set` for `bucket` rows ahead of traffic (activations staged and from
-  // IPC buffers, scores to the host).
+  // IPC buffers, bf16, rows from the request).
   absl::Status Warmup(const std::shared_ptr<const ProbeSet>& set, int32_t bucket);
+
+  // Releases the holds of enqueue-only requests the GPU has finished (worker thread).
+  void DrainCompleted();
+  // Waits until the stream is idle, then releases what it held (shutdown).
+  void Quiesce();
 
   // Readable from any thread (metrics scrapes, ServerInfo), also while the slot runs.
   GraphCacheCounters counters() const;
+  // Row indices found outside [0, T) on the GPU so far (device rows).
+  uint64_t invalid_rows() const;
 
  private:
-  // A graph is specific to a probe set instance, a kernel path, a dtype, a row bucket and where
-  // the activations come from / the scores go (those decide which copies the graph contains).
+  enum class RowSource : int8_t {
+    kParams,    // rows in the staging kernel's parameters (host rows, R <= kMaxInlineRows)
+    kStaged,    // host rows copied to the device before the graph (R > kMaxInlineRows)
+    kDevice,    // the client's device buffer: checked on the GPU, invalid rows poisoned
+    kIdentity,  // 0..R-1 over staged inline activations
+  };
+  // A graph is specific to a probe set instance, a kernel path, a dtype, a row bucket, where the
+  // activations and rows come from, and whether it carries timing events.
   struct GraphKey {
     uint64_t probe_set_id;
     kernels::ProbeScorePath path;
     common::DType dtype;
     int32_t bucket;
     bool inline_x;  // activations staged from the request (else read from an IPC buffer)
-    bool host_out;  // scores copied back to the host (else written to an IPC buffer)
-    bool timed;     // with CUDA event nodes around the stages
-    auto Tie() const {
-      return std::tie(probe_set_id, path, dtype, bucket, inline_x, host_out, timed);
-    }
+    RowSource rows;
+    bool timed;  // with CUDA event nodes around the stages
+    auto Tie() const { return std::tie(probe_set_id, path, dtype, bucket, inline_x, rows, timed); }
     bool operator<(const GraphKey& other) const { return Tie() < other.Tie(); }
   };
   struct GraphEntry {
+    cudaGraph_t graph = nullptr;  // kept: node updates name its nodes
     cudaGraphExec_t exec = nullptr;
+    cudaGraphNode_t stage_node = nullptr;
     std::weak_ptr<const ProbeSet> probe_set;  // a graph is dropped once its set is gone
   };
-  // A device (or pinned host) buffer that grows on demand; growing drops the graphs that baked
-  // the old address in.
+  // A device (or pinned host) buffer that grows on demand.
   struct Staging {
     void* ptr = nullptr;
     size_t bytes = 0;
+    void* device_alias = nullptr;  // mapped host memory: its address on the device
   };
+  // The device block the staging kernel writes: the scoring kernels' arguments, then what the
+  // poison kernel reads.
+  struct StagedArgs {
+    kernels::ProbeScoreDeviceArgs score;
+    kernels::PoisonDescriptor poison;
+  };
+  static_assert(sizeof(StagedArgs) <= kernels::kMaxStagedArgsBytes);
 
+  static RowSource RowSourceOf(const ScoreJob& job);
   GraphKey KeyFor(const ProbeSet& set, common::DType dtype, int32_t bucket, bool inline_x,
-                  bool host_out, bool timed) const;
-  // Grows the staging that a graph of `key` copies through. Growing drops the cached graphs, so
-  // this comes before GraphFor.
-  cudaError_t ReserveFor(const GraphKey& key, int32_t hidden, int32_t probes);
-  // Grows a pinned + device staging pair to at least `bytes`.
-  cudaError_t Reserve(Staging& host, Staging& device, size_t bytes);
+                  RowSource rows, bool timed) const;
+  // Grows the activation staging that graphs of `key` copy through; growing drops the graphs
+  // (they hold its address), so this comes before GraphFor.
+  cudaError_t ReserveFor(const GraphKey& key, int32_t hidden);
+  // Grows a staging buffer (pinned host, mapped or not, or device) to at least `bytes`.
+  cudaError_t Grow(Staging& staging, size_t bytes, bool host, bool mapped);
   // The cached graph of `key`, captured on a miss.
   absl::StatusOr<GraphEntry*> GraphFor(const GraphKey& key,
                                        const std::shared_ptr<const ProbeSet>& set);
-  absl::StatusOr<cudaGraphExec_t> Capture(const GraphKey& key, const kernels::ProbeWeights& weights,
-                                          kernels::Activation activation);
+  absl::StatusOr<GraphEntry> Capture(const GraphKey& key, const kernels::ProbeWeights& weights,
+                                     kernels::Activation activation);
+  // The staging kernel's parameters for `job` (writes the argument block and rows).
+  void FillStageParams(const ScoreJob& job, const GraphKey& key);
   // Drops graphs whose probe set is gone (unloaded or replaced, and no request holds it).
   void DropStaleGraphs();
   // Publishes the cache's counters for counters() (after each operation).
   void PublishCounters();
+  // Keeps `holds` until the work queued so far on the stream has finished.
+  absl::Status HoldUntilDone(Holds holds);
+  static void CUDART_CB OnStreamDone(void* data);
 
   const int device_;
   const int32_t max_bucket_;
   const uint32_t timing_every_;
   uint64_t requests_ = 0;
   std::atomic<int64_t>* const device_bytes_;
+  Nudge nudge_;
   cudaStream_t stream_ = nullptr;
-  cudaEvent_t events_[4] = {nullptr, nullptr, nullptr, nullptr};  // start, h2d, kernel, d2h
-  size_t upload_bytes_ = 0;
-  char* h_upload_ = nullptr;  // pinned: ProbeScoreDeviceArgs, then int32 rows [max_bucket]
-  char* d_upload_ = nullptr;
-  int32_t* d_identity_rows_ = nullptr;  // 0, 1, 2 ... for staged activations
-  Staging h_x_, d_x_;                   // staged activation rows [bucket, H]
-  Staging h_out_, d_out_;               // scores [bucket, P]
+  cudaEvent_t events_[3] = {nullptr, nullptr, nullptr};  // start, staged, scored
+  StagedArgs* d_args_ = nullptr;                         // the staged argument block
+  int32_t* d_rows_ = nullptr;                            // [max_bucket] staged rows
+  uint8_t* d_invalid_ = nullptr;                         // [max_bucket] rows found invalid
+  int32_t* d_identity_rows_ = nullptr;                   // 0, 1, 2 ... for staged activations
+  uint32_t* h_invalid_ = nullptr;        // mapped [2]: invalid rows so far, and in the last request
+  uint32_t* d_invalid_alias_ = nullptr;  // its device address
+  Staging h_rows_, d_rows_staged_;       // host rows past kMaxInlineRows, and their device copy
+  Staging h_x_, d_x_;                    // staged activation rows [bucket, H]
+  Staging h_out_;                        // mapped: scores for the response [R, P]
+  std::unique_ptr<kernels::StageRequestParams> stage_;  // ~4 KB, reused per request
   kernels::ProbeScoreWorkspace* workspace_ = nullptr;
   LruCache<GraphKey, GraphEntry> graphs_;
   std::atomic<uint64_t> captures_{0};
   std::atomic<uint64_t> entries_{0}, hits_{0}, misses_{0}, evictions_{0};
+  // Holds of enqueue-only requests whose work the GPU has finished (filled on CUDA's callback
+  // thread, released on the worker thread).
+  absl::Mutex done_mu_;
+  std::vector<Holds> done_ ABSL_GUARDED_BY(done_mu_);
 };
 
 }  // namespace probesidecar::server
