@@ -10,6 +10,7 @@ import signal
 import subprocess
 import tempfile
 import time
+import urllib.request
 
 import pytest
 
@@ -68,6 +69,11 @@ class Sidecar:
             return self.log_path.read_text(errors="replace")
         except FileNotFoundError:
             return ""
+
+    def metrics_text(self) -> str:
+        """The /metrics exposition (the server must run with a metrics listener)."""
+        with urllib.request.urlopen(f"http://{self.metrics_address}/metrics", timeout=10) as r:
+            return r.read().decode()
 
     def client(self, transport: str = "uds", **kwargs) -> Client:
         return Client(self.uds_target if transport == "uds" else self.tcp_target, **kwargs)

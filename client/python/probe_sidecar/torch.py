@@ -1,13 +1,20 @@
 """Zero-copy scoring of PyTorch CUDA tensors: register a tensor's storage once (CUDA IPC), then
 send only references.
 
-    from probe_sidecar.torch import TorchClient
-    client = TorchClient("unix:///tmp/probe-sidecar.sock")
-    result = client.score(hidden_states, rows, "demo")   # hidden_states: CUDA [T, H]
+In a decode loop, score without synchronising the host (GPU-side ordering through CUDA IPC
+events; rows and scores may stay on the device):
 
-The caller must not overwrite the tensor until score() returns (the server reads it during the
-call); score() waits for the current CUDA stream before sending, so work queued on it that
-writes the tensor is complete.
+    client = TorchClient("unix:///tmp/probe-sidecar.sock")
+    handle = client.score_async(hidden, rows, "demo", out=scores)  # returns at once
+    ...                                  # the decode step goes on, on the GPU and the host
+    handle.wait_stream()                 # the current stream waits (on the GPU) for the scores
+    use(scores)                          # read them, or overwrite hidden, after that point
+
+The server's stream waits for the work already queued on the caller's stream, so `hidden` may be
+written by kernels still in flight; the caller must not overwrite it, nor read `scores`, until the
+handle's done event (wait_stream, GPU-side, or wait, host-side).
+
+The v1 call, score(), waits for the current CUDA stream before sending and for the answer.
 
 Registrations belong to a session that the client holds open: when this process exits (or
 close() is called) the server releases them. A registered storage is kept alive by the client
@@ -18,6 +25,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import threading
 
 import grpc
 import torch
@@ -26,6 +34,7 @@ from probesidecar.v1 import buffers_pb2, score_pb2, tensor_pb2
 
 from ._tensors import rows_array
 from .client import Client, ProbeSidecarError, ScoreResult, _raise, _result
+from .pipeline import Pending, ScoreStreamPipeline
 
 _DTYPES = {
     torch.float32: tensor_pb2.DTYPE_FLOAT32,
@@ -42,12 +51,91 @@ class Registration:
     shared_mapping: bool
 
 
+@dataclasses.dataclass
+class _EventPair:
+    ready: torch.cuda.Event
+    done: torch.cuda.Event
+    ready_id: int
+    done_id: int
+
+
+class _EventPool:
+    """CUDA IPC event pairs registered with the server, one pair per request in flight: a pair is
+    reused only once the server has answered its last request (so the server has already issued
+    its wait on `ready` and its record of `done`)."""
+
+    def __init__(self, client: "TorchClient", device: torch.device, size: int):
+        self._free: list[_EventPair] = []
+        self._available = threading.Condition()
+        for _ in range(size):
+            ready = torch.cuda.Event(blocking=False, interprocess=True)
+            done = torch.cuda.Event(blocking=False, interprocess=True)
+            ready.record(torch.cuda.current_stream(device))  # an event must exist before sharing
+            done.record(torch.cuda.current_stream(device))
+            self._free.append(_EventPair(ready, done, client._register_event(ready, device),
+                                         client._register_event(done, device)))
+
+    def acquire(self) -> _EventPair:
+        with self._available:
+            while not self._free:
+                self._available.wait()
+            return self._free.pop()
+
+    def release(self, pair: _EventPair) -> None:
+        with self._available:
+            self._free.append(pair)
+            self._available.notify()
+
+
+class ScoreHandle:
+    """An asynchronous Score (TorchClient.score_async): the answer arrives on a reader thread."""
+
+    def __init__(self, pending: Pending, pair: _EventPair, out: torch.Tensor | None):
+        self._pending = pending
+        self._pair = pair
+        self._out = out
+
+    def done(self) -> bool:
+        """True once the server has answered (the GPU work may still be running)."""
+        return self._pending.done()
+
+    def response(self, timeout: float | None = None) -> score_pb2.ScoreResponse:
+        """Waits (host) for the server's answer; raises ProbeSidecarError if the request failed."""
+        return self._pending.response(timeout)
+
+    def wait_stream(self, stream: torch.cuda.Stream | None = None) -> None:
+        """Makes `stream` (default: the current one) wait on the GPU until the scores are written
+        and the inputs read. Blocks the host only until the server has answered, which it does as
+        soon as the work is queued on its stream."""
+        self.response()
+        (stream or torch.cuda.current_stream(self._pair.done.device)).wait_event(self._pair.done)
+
+    def wait(self, timeout: float | None = None) -> None:
+        """Waits on the host until the scores are written."""
+        response = self.response(timeout)
+        if response.enqueued:
+            self._pair.done.synchronize()
+
+    def result(self, timeout: float | None = None):
+        """The scores: the `out` tensor when one was given (after wait()), else a ScoreResult."""
+        self.wait(timeout)
+        return self._out if self._out is not None else _result(self._pending.response())
+
+
 class TorchClient:
     """A Client that sends CUDA tensors by reference."""
 
-    def __init__(self, target: str | Client = "unix:///tmp/probe-sidecar.sock", **kwargs):
+    def __init__(self, target: str | Client = "unix:///tmp/probe-sidecar.sock", *,
+                 events_in_flight: int = 8, **kwargs):
+        """`events_in_flight`: asynchronous requests that may be outstanding at once (each holds
+        a pair of CUDA IPC events; score_async waits for a pair beyond that)."""
         self.client = target if isinstance(target, Client) else Client(target, **kwargs)
         self._registered: dict[tuple[int, int], tuple[Registration, torch.UntypedStorage]] = {}
+        self._events_in_flight = events_in_flight
+        self._event_pools: dict[int, _EventPool] = {}
+        self._pipeline = ScoreStreamPipeline(self.client.stub)
+        self._templates: dict[tuple, score_pb2.ScoreRequest] = {}
+        self._lock = threading.Lock()
         # The session lease: the server releases our buffers when this call ends.
         self._session_call = self.client.stub.OpenSession(
             buffers_pb2.OpenSessionRequest(client_pid=os.getpid())
@@ -58,6 +146,7 @@ class TorchClient:
             raise _raise(error) from None
 
     def close(self) -> None:
+        self._pipeline.close()
         for registration, _ in list(self._registered.values()):
             try:
                 self.client.stub.UnregisterBuffer(
@@ -153,4 +242,93 @@ class TorchClient:
         return _result(self.client._call(self.client.stub.Score, request))
 
 
-__all__ = ["TorchClient", "Registration", "ProbeSidecarError"]
+    def score_async(
+        self,
+        hidden_states: torch.Tensor,
+        rows,
+        probe_set: str,
+        *,
+        out: torch.Tensor | None = None,
+        stream: torch.cuda.Stream | None = None,
+        request_id: int = 0,
+    ) -> ScoreHandle:
+        """Scores ``hidden_states[rows]`` without synchronising the host; returns at once.
+
+        ``rows``: a CUDA int32 tensor [R] (device-resident: the request carries only its id, and
+        the indices are checked on the GPU: an invalid one gives NaN scores) or host indices.
+        ``out``: a float32 CUDA tensor [R, P] for the scores; with it (and device rows or not) the
+        server answers as soon as the work is queued on its GPU stream. ``stream``: the stream
+        whose queued work writes the inputs (default: the current stream); the server's stream
+        waits for it on the GPU. Requests are pipelined on one ScoreStream.
+        """
+        device = hidden_states.device
+        stream = stream or torch.cuda.current_stream(device)
+        request = score_pb2.ScoreRequest()
+        request.CopyFrom(self._template(hidden_states, rows, probe_set, out))
+        if not isinstance(rows, torch.Tensor) or not rows.is_cuda:
+            if isinstance(rows, torch.Tensor):
+                rows = rows.numpy()
+            request.rows.extend(rows_array(rows).tolist())
+        pool = self._event_pool(device)
+        pair = pool.acquire()
+        pair.ready.record(stream)
+        request.ready_event = pair.ready_id
+        request.done_event = pair.done_id
+        request.session_id = self.session_id
+        request.request_id = request_id
+        pending = self._pipeline.submit(request, on_answer=lambda: pool.release(pair))
+        return ScoreHandle(pending, pair, out)
+
+    def _template(self, hidden_states, rows, probe_set, out) -> score_pb2.ScoreRequest:
+        """The request's references (cached: building TensorRefs is the costly part)."""
+        device_rows = isinstance(rows, torch.Tensor) and rows.is_cuda
+
+        def describe(t):
+            return None if t is None else (t.data_ptr(), tuple(t.shape), tuple(t.stride()), t.dtype)
+
+        key = (describe(hidden_states), describe(rows) if device_rows else None, describe(out),
+               probe_set)
+        template = self._templates.get(key)
+        if template is None:
+            template = score_pb2.ScoreRequest(probe_set=probe_set)
+            template.activations.CopyFrom(self.tensor_ref(hidden_states))
+            if device_rows:
+                if rows.dtype != torch.int32 or rows.dim() != 1 or not rows.is_contiguous():
+                    raise TypeError("device rows must be a contiguous 1-D torch.int32 tensor")
+                ref = self._ref_1d(rows)
+                template.device_rows.CopyFrom(ref)
+            if out is not None:
+                if out.dtype != torch.float32:
+                    raise TypeError("out must be float32")
+                template.output.CopyFrom(self.tensor_ref(out))
+            with self._lock:
+                if len(self._templates) >= 256:
+                    self._templates.pop(next(iter(self._templates)))
+                self._templates[key] = template
+        return template
+
+    def _ref_1d(self, tensor: torch.Tensor) -> tensor_pb2.TensorRef:
+        registration = self.register(tensor)
+        ref = tensor_pb2.TensorRef(dtype=tensor_pb2.DTYPE_INT32, shape=[tensor.numel()])
+        ref.buffer.buffer_id = registration.buffer_id
+        ref.buffer.offset_bytes = tensor.data_ptr() - registration.storage_ptr
+        return ref
+
+    def _event_pool(self, device: torch.device) -> _EventPool:
+        pool = self._event_pools.get(device.index)
+        if pool is None:
+            with self._lock:
+                pool = self._event_pools.get(device.index)
+                if pool is None:
+                    pool = _EventPool(self, device, self._events_in_flight)
+                    self._event_pools[device.index] = pool
+        return pool
+
+    def _register_event(self, event: torch.cuda.Event, device: torch.device) -> int:
+        request = buffers_pb2.RegisterEventRequest(
+            handle=bytes(event.ipc_handle()), device_id=device.index or 0,
+            session_id=self.session_id, name=f"torch-event:{id(event):#x}")
+        return self.client._call(self.client.stub.RegisterEvent, request).event_id
+
+
+__all__ = ["TorchClient", "Registration", "ScoreHandle", "ProbeSidecarError"]

@@ -1,0 +1,121 @@
+"""A persistent ScoreStream for pipelined requests: submit() queues a request and returns at once;
+the answers come back in order on a reader thread, which resolves each request's Pending.
+
+The server answers the messages of one stream in order, one at a time; pipelining means the
+client never waits for an answer before sending the next request.
+"""
+
+from __future__ import annotations
+
+import collections
+import queue
+import threading
+from collections.abc import Callable
+
+import grpc
+
+from probesidecar.v1 import score_pb2
+
+from .client import ProbeSidecarError, _raise, _status_code
+
+_CLOSE = object()
+
+
+class Pending:
+    """The answer to one submitted request, once it has come."""
+
+    __slots__ = ("_event", "_response", "_error", "_on_answer")
+
+    def __init__(self, on_answer: Callable[[], None] | None):
+        self._event = threading.Event()
+        self._response: score_pb2.ScoreResponse | None = None
+        self._error: ProbeSidecarError | None = None
+        self._on_answer = on_answer
+
+    def done(self) -> bool:
+        return self._event.is_set()
+
+    def response(self, timeout: float | None = None) -> score_pb2.ScoreResponse:
+        """Waits for the answer; raises ProbeSidecarError when the request failed."""
+        if not self._event.wait(timeout):
+            raise TimeoutError(f"no answer from probe-sidecar within {timeout} s")
+        if self._error is not None:
+            raise self._error
+        return self._response
+
+    def _resolve(self, response=None, error=None) -> None:
+        self._response, self._error = response, error
+        if self._on_answer is not None:
+            self._on_answer()
+        self._event.set()
+
+
+class ScoreStreamPipeline:
+    """One ScoreStream call, opened on first use and reopened after a failure."""
+
+    def __init__(self, stub, timeout: float | None = None):
+        self._stub = stub
+        self._timeout = timeout
+        self._lock = threading.Lock()
+        self._requests: queue.SimpleQueue | None = None
+        self._pending: collections.deque[Pending] = collections.deque()
+        self._reader: threading.Thread | None = None
+
+    def submit(self, request: score_pb2.ScoreRequest,
+               on_answer: Callable[[], None] | None = None) -> Pending:
+        """Queues `request` on the stream; `on_answer` runs on the reader thread when its answer
+        (or failure) arrives, before anyone waiting on the Pending wakes."""
+        pending = Pending(on_answer)
+        with self._lock:
+            if self._requests is None:
+                self._open()
+            self._pending.append(pending)
+            self._requests.put(request)
+        return pending
+
+    def close(self) -> None:
+        with self._lock:
+            requests, reader = self._requests, self._reader
+            self._requests = None
+        if requests is not None:
+            requests.put(_CLOSE)  # half-closes the stream; the reader drains what is left
+        if reader is not None:
+            reader.join(timeout=30)
+
+    def _open(self) -> None:
+        requests: queue.SimpleQueue = queue.SimpleQueue()
+
+        def outgoing():
+            while True:
+                item = requests.get()
+                if item is _CLOSE:
+                    return
+                yield item
+
+        call = self._stub.ScoreStream(outgoing(), timeout=self._timeout)
+        self._requests = requests
+        self._reader = threading.Thread(target=self._read, args=(call, requests), daemon=True,
+                                        name="probe-sidecar-stream")
+        self._reader.start()
+
+    def _read(self, call, requests: queue.SimpleQueue) -> None:
+        try:
+            for response in call:
+                with self._lock:
+                    pending = self._pending.popleft()
+                if response.HasField("error"):
+                    pending._resolve(error=ProbeSidecarError(_status_code(response.error.code),
+                                                             response.error.message))
+                else:
+                    pending._resolve(response=response)
+            failure = ProbeSidecarError(grpc.StatusCode.UNAVAILABLE, "the stream ended")
+        except grpc.RpcError as error:
+            failure = _raise(error)
+        # The stream is gone: whatever is still pending fails, and the next submit reopens.
+        with self._lock:
+            if self._requests is requests:
+                self._requests = None
+            orphans = list(self._pending)
+            self._pending.clear()
+        for pending in orphans:
+            pending._resolve(error=failure)
