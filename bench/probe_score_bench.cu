@@ -1,11 +1,15 @@
 // probe-score-bench: times every probe-scoring path under CUDA-graph replay and eagerly, on
 // activations far larger than L2 (a 2 GiB pool, random rows, rotating among 8 request slots),
 // measures the two ceilings (device-to-device copy, large cuBLAS bf16 GEMM) in the same run,
-// and writes bench/results/<name>.json in the format of DESIGN.md ("Benchmark results format").
+// and writes a results JSON (device, git, date, command, ceilings, records) for bench/results/.
 //
-//   probe-score-bench --out FILE.json [--sweep full|quick|targets] [--variants] [--git SHA]
+//   probe-score-bench --out FILE.json [--sweep full|quick|targets] [--variants]
+//                     [--git HASH[+dirty]] [--allow-dirty]
 //   probe-score-bench --dispatch-table FILE.txt [--sms 132]   (the dispatcher's path, and the
 //                      fused_tc plan, per sweep shape; host only, no GPU)
+//
+// Receipts: the results name the full commit measured, from --git or $PROBESIDECAR_GIT; without
+// one, or with a "+dirty" one and no --allow-dirty, nothing is measured (common/result_receipt.h).
 //
 // Plain CUDA + events (no Google Benchmark: it is a shared library the GPU machine lacks).
 // Times are device time: a spin kernel holds the stream while all timed work is queued, so that
@@ -30,12 +34,8 @@
 #include <vector>
 
 #include "common/dtype.h"
+#include "common/result_receipt.h"
 #include "kernels/probe_score/probe_score.h"
-#include "kernels/probe_score/probe_score_internal.h"
-
-#ifndef PROBESIDECAR_GIT_COMMIT
-#define PROBESIDECAR_GIT_COMMIT "unknown"
-#endif
 
 namespace ps = probesidecar::kernels;
 namespace pc = probesidecar::common;
@@ -63,6 +63,7 @@ __device__ uint64_t Mix(uint64_t x) {
 }
 
 // Random values in [-1, 1) of the given dtype (never zeros: zeros run faster than real data).
+// Any grid (grid-stride loop).
 __global__ void FillRandom(void* buf, int dtype, int64_t n, uint64_t seed) {
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
@@ -79,6 +80,7 @@ __global__ void FillRandom(void* buf, int dtype, int64_t n, uint64_t seed) {
 }
 
 // Holds the stream for `ns` nanoseconds so that the work queued behind it runs back to back.
+// Launched as <<<1, 1>>>.
 __global__ void Spin(int64_t ns) {
   int64_t start, now;
   asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(start));
@@ -118,7 +120,7 @@ bool TimeMedianUs(cudaStream_t stream, int reps, int warmup, Fn fn, double* medi
     CHECK_CUDA(cudaEventElapsedTime(&ms, ev[2 * i], ev[2 * i + 1]));
     us[i] = ms * 1000.0;
   }
-  for (auto& e : ev) cudaEventDestroy(e);
+  for (auto& e : ev) CHECK_CUDA(cudaEventDestroy(e));
   *median_us = Median(us);
   return true;
 }
@@ -147,7 +149,7 @@ bool MeasureCeilings(cudaStream_t stream, void* pool, Ceilings* c) {
   CHECK_CUDA(cudaGetLastError());
   cublasHandle_t h = nullptr;
   if (cublasCreate(&h) != CUBLAS_STATUS_SUCCESS) return false;
-  cublasSetStream(h, stream);
+  if (cublasSetStream(h, stream) != CUBLAS_STATUS_SUCCESS) return false;
   const float one = 1.0f, zero = 0.0f;
   char* a = static_cast<char*>(abc);
   char* b = a + size_t{2} * n * n;
@@ -158,11 +160,20 @@ bool MeasureCeilings(cudaStream_t stream, void* pool, Ceilings* c) {
                         CUBLAS_GEMM_DEFAULT) == CUBLAS_STATUS_SUCCESS;
   };
   const bool ok = TimeMedianUs(stream, 10, 3, gemm, &us, 0.0);
-  cublasDestroy(h);
-  cudaFree(abc);
+  if (cublasDestroy(h) != CUBLAS_STATUS_SUCCESS) return false;
+  CHECK_CUDA(cudaFree(abc));
   if (!ok) return false;
   c->bf16_tflops = 2.0 * n * n * double(n) / (us * 1e-6) / 1e12;
   return true;
+}
+
+// Every shape of every sweep fits: R <= 8192, H <= 8192, P <= 1024.
+ps::ProbeScoreWorkspaceConfig BenchWorkspaceConfig() {
+  ps::ProbeScoreWorkspaceConfig config;
+  config.max_rows = 8192;
+  config.max_hidden = 8192;
+  config.max_probes = 1024;
+  return config;
 }
 
 struct Shape {
@@ -247,11 +258,7 @@ class Bench {
   bool Init() {
     CHECK_CUDA(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
     CHECK_CUDA(cudaMalloc(&pool_, kPoolBytes));
-    ps::ProbeScoreWorkspaceConfig cfg;
-    cfg.max_rows = 8192;
-    cfg.max_hidden = 8192;
-    cfg.max_probes = 1024;
-    CHECK_CUDA(ps::CreateProbeScoreWorkspace(cfg, &ws_));
+    CHECK_CUDA(ps::CreateProbeScoreWorkspace(BenchWorkspaceConfig(), &ws_));
     CHECK_CUDA(cudaMalloc(&out_, size_t{8192} * 1024 * 4));
     CHECK_CUDA(cudaMalloc(&args_d_, kSlots * sizeof(ps::ProbeScoreDeviceArgs)));
     CHECK_CUDA(cudaMalloc(&rows_d_, size_t{kSlots} * 8192 * 4));
@@ -305,23 +312,21 @@ class Bench {
     return true;
   }
 
-  ps::ProbeScoreParams Params(const Shape& s, const ps::ProbeWeights* w, int slot) const {
+  ps::ProbeScoreParams Params(const ps::ProbeWeights* w, int slot) const {
     ps::ProbeScoreParams p;
-    p.x_dtype = s.dtype;
     p.args = args_d_ + slot;
     p.rows = rows_d_ + size_t{8192} * slot;
-    p.max_rows = s.R;
     p.weights = w;
     p.activation = ps::Activation::kNone;
     return p;
   }
 
-  // Graph replay and eager medians of one path (with the workspace's current tuning).
-  bool Measure(const Shape& s, const ps::ProbeWeights* w, ps::ProbeScorePath path, Record* rec) {
+  // Graph replay and eager medians of one plan (made once, as the server makes it per graph).
+  bool Measure(const ps::ProbeScorePlan& plan, const ps::ProbeWeights* w, Record* rec) {
     // Rough single-run time decides the repetitions (~40 ms of work per mode, 10..200).
     double once = 0.0;
     auto eager = [&](int i) {
-      return ps::LaunchProbeScore(Params(s, w, i % kSlots), path, ws_, stream_) == cudaSuccess;
+      return ps::LaunchProbeScore(plan, Params(w, i % kSlots), ws_, stream_) == cudaSuccess;
     };
     if (!TimeMedianUs(stream_, 3, 1, eager, &once)) return false;
     const int reps = std::clamp(static_cast<int>(40000.0 / std::max(once, 1.0)), 10, 200);
@@ -331,38 +336,16 @@ class Bench {
     for (int k = 0; k < kSlots; ++k) {
       cudaGraph_t g = nullptr;
       CHECK_CUDA(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal));
-      const cudaError_t le = ps::LaunchProbeScore(Params(s, w, k), path, ws_, stream_);
+      const cudaError_t le = ps::LaunchProbeScore(plan, Params(w, k), ws_, stream_);
       CHECK_CUDA(cudaStreamEndCapture(stream_, &g));
       CHECK_CUDA(le);
       CHECK_CUDA(cudaGraphInstantiate(&exec[k], g, 0));
-      cudaGraphDestroy(g);
+      CHECK_CUDA(cudaGraphDestroy(g));
     }
     auto replay = [&](int i) { return cudaGraphLaunch(exec[i % kSlots], stream_) == cudaSuccess; };
     const bool ok = TimeMedianUs(stream_, reps, 3, replay, &rec->graph_us);
-    for (auto& e : exec) cudaGraphExecDestroy(e);
+    for (auto& e : exec) CHECK_CUDA(cudaGraphExecDestroy(e));
     return ok;
-  }
-
-  std::string PlanString(const Shape& s, const ps::ProbeWeights* w, ps::ProbeScorePath path) {
-    ps::ProbeScorePlan plan;
-    if (ps::PlanProbeScore(Params(s, w, 0), path, ws_, &plan) != cudaSuccess) return "?";
-    char buf[160];
-    switch (path) {
-      case ps::ProbeScorePath::kFusedCuda:
-        std::snprintf(buf, sizeof(buf), "pt=%d splits=%d grid=%dx%dx%d smem=%d", plan.config,
-                      plan.splits, plan.grid_x, plan.grid_y, plan.grid_z, plan.smem_bytes);
-        break;
-      case ps::ProbeScorePath::kFusedTensorCore:
-        std::snprintf(buf, sizeof(buf), "tile=%s splits=%d grid=%dx%dx%d",
-                      ps::probe_score_detail::GetTcConfig(plan.config).name, plan.splits,
-                      plan.grid_x, plan.grid_y, plan.grid_z);
-        break;
-      case ps::ProbeScorePath::kGatherGemm:
-        std::snprintf(buf, sizeof(buf), "chunk_rows=%d chunks=%d", plan.chunk_rows,
-                      plan.num_chunks);
-        break;
-    }
-    return buf;
   }
 
   bool Run(const std::vector<Shape>& shapes, bool variants, std::vector<Record>* records) {
@@ -379,11 +362,13 @@ class Bench {
       if (!FillPool(s.dtype)) return false;
       const ps::ProbeWeights* w = Weights(s.P, s.H);
       if (w == nullptr || !SetupSlots(s)) return false;
-      const ps::ProbeScorePath chosen = ps::ChooseProbeScorePath(s.R, s.P, s.H, s.dtype);
+      const ps::ProbeScoreShape shape{s.dtype, s.R, s.P, s.H};
+      const ps::ProbeScoreResources& res = ps::ProbeScoreWorkspaceResources(*ws_);
+      const ps::ProbeScorePath chosen = ps::ChooseProbeScorePath(shape, res.device);
       std::vector<std::tuple<std::string, ps::ProbeScorePath, ps::ProbeScoreTuning>> runs;
       for (int pi = 0; pi < ps::kNumProbeScorePaths; ++pi) {
         const auto path = static_cast<ps::ProbeScorePath>(pi);
-        if (!ps::ProbeScorePathSupports(path, s.dtype, s.P, s.H)) continue;
+        if (!ps::ProbeScorePathSupports(path, shape, res.device)) continue;
         runs.emplace_back(ps::ProbeScorePathName(path), path, ps::ProbeScoreTuning{});
       }
       if (variants && s.dtype != pc::DType::kFloat32) {
@@ -393,7 +378,7 @@ class Bench {
           t.tc_config = cfg;
           t.splits = splits;
           std::string name =
-              std::string("fused_tc[") + ps::probe_score_detail::GetTcConfig(cfg).name;
+              std::string("fused_tc[") + ps::probe_score_detail::kTcConfigs[cfg].name;
           if (splits > 0) name += ",s" + std::to_string(splits);
           runs.emplace_back(name + "]", ps::ProbeScorePath::kFusedTensorCore, t);
         };
@@ -415,16 +400,16 @@ class Bench {
         runs.emplace_back("gather_gemm[2048]", ps::ProbeScorePath::kGatherGemm, t);
       }
       for (auto& [impl, path, tuning] : runs) {
-        ps::SetProbeScoreTuning(ws_, tuning);
+        ps::ProbeScorePlan plan;
         Record rec;
         rec.impl = impl;
         rec.shape = s;
-        rec.variant = PlanString(s, w, path);
-        if (!Measure(s, w, path, &rec)) {
+        if (ps::PlanProbeScore(shape, path, res, tuning, &plan) != cudaSuccess ||
+            !Measure(plan, w, &rec)) {
           std::fprintf(stderr, "measure failed: %s\n", impl.c_str());
           return false;
         }
-        ps::SetProbeScoreTuning(ws_, ps::ProbeScoreTuning{});
+        rec.variant = ps::DescribeProbeScorePlan(plan);
         Print(rec);
         records->push_back(rec);
         if (impl == ps::ProbeScorePathName(chosen)) {
@@ -491,13 +476,60 @@ bool WriteJson(const std::string& path, const std::string& device, const std::st
                  r.path.empty() ? "" : JsonStr(r.path).c_str(), i + 1 < recs.size() ? "," : "");
   }
   std::fprintf(f, "  ]\n}\n");
-  std::fclose(f);
-  return true;
+  return std::fclose(f) == 0;
+}
+
+// The dispatcher's choice for every shape of the sweeps, and fused_tc's plan on a device of
+// `num_sms` SMs (host only, no GPU): lets the report label the "dispatch" column with the code as
+// it is now.
+bool WriteDispatchTable(const std::string& path, int num_sms) {
+  FILE* f = std::fopen(path.c_str(), "w");
+  if (f == nullptr) return false;
+  ps::ProbeScoreResources res;
+  res.device.num_sms = num_sms;
+  res.workspace = ps::ProbeScoreWorkspaceLimitsFor(BenchWorkspaceConfig());
+  for (const std::string sw : {"full", "quick", "targets"}) {
+    for (const Shape& s : Sweep(sw)) {
+      const ps::ProbeScoreShape shape{s.dtype, s.R, s.P, s.H};
+      const ps::ProbeScorePath path = ps::ChooseProbeScorePath(shape, res.device);
+      std::fprintf(f, "%s %d %d %d %s", pc::DTypeName(s.dtype), s.R, s.H, s.P,
+                   ps::ProbeScorePathName(path));
+      ps::ProbeScorePlan plan;
+      if (path == ps::ProbeScorePath::kFusedTensorCore &&
+          ps::PlanProbeScore(shape, path, res, {}, &plan) == cudaSuccess) {
+        std::fprintf(f, " %s", ps::DescribeProbeScorePlan(plan).c_str());
+      }
+      std::fprintf(f, "\n");
+    }
+  }
+  return std::fclose(f) == 0;
+}
+
+// 77 only when the machine has no CUDA device (no driver, or none found); 0 when one is usable.
+int CheckDevice(cudaDeviceProp* prop) {
+  int driver = 0, count = 0;
+  const cudaError_t version = cudaDriverGetVersion(&driver);
+  const cudaError_t err = cudaGetDeviceCount(&count);
+  if ((version == cudaSuccess && driver == 0) || err == cudaErrorNoDevice ||
+      (err == cudaSuccess && count == 0)) {
+    std::printf("SKIPPED: no CUDA device\n");
+    return 77;
+  }
+  if (err != cudaSuccess) {
+    std::fprintf(stderr, "the CUDA runtime cannot count devices: %s\n", cudaGetErrorString(err));
+    return 1;
+  }
+  const cudaError_t props = cudaGetDeviceProperties(prop, 0);
+  if (props != cudaSuccess) {
+    std::fprintf(stderr, "cudaGetDeviceProperties: %s\n", cudaGetErrorString(props));
+    return 1;
+  }
+  return 0;
 }
 
 int Main(int argc, char** argv) {
-  std::string out_path, sweep = "full", git = PROBESIDECAR_GIT_COMMIT;
-  bool variants = false;
+  std::string out_path, sweep = "full", git_flag;
+  bool variants = false, allow_dirty = false;
   int num_sms = 132;  // H200, for --dispatch-table
   std::string command, dispatch_table;
   for (int i = 0; i < argc; ++i) command += (i ? " " : "") + std::string(argv[i]);
@@ -508,7 +540,9 @@ int Main(int argc, char** argv) {
     } else if (a == "--sweep" && i + 1 < argc) {
       sweep = argv[++i];
     } else if (a == "--git" && i + 1 < argc) {
-      git = argv[++i];
+      git_flag = argv[++i];
+    } else if (a == "--allow-dirty") {
+      allow_dirty = true;
     } else if (a == "--variants") {
       variants = true;
     } else if (a == "--dispatch-table" && i + 1 < argc) {
@@ -518,44 +552,24 @@ int Main(int argc, char** argv) {
     } else {
       std::fprintf(stderr,
                    "usage: %s --out FILE.json [--sweep full|quick|targets] [--variants] "
-                   "[--git SHA] | --dispatch-table FILE.txt\n",
+                   "[--git HASH[+dirty]] [--allow-dirty] | --dispatch-table FILE.txt [--sms N]\n",
                    argv[0]);
       return 2;
     }
   }
-  if (!dispatch_table.empty()) {
-    // The dispatcher's choice for every shape of the sweep (host only, no GPU): lets the report
-    // label the "dispatch" column with the code as it is now.
-    FILE* f = std::fopen(dispatch_table.c_str(), "w");
-    if (f == nullptr) return 1;
-    for (const std::string sw : {"full", "quick", "targets"}) {
-      for (const Shape& s : Sweep(sw)) {
-        const ps::ProbeScorePath path = ps::ChooseProbeScorePath(s.R, s.P, s.H, s.dtype);
-        std::fprintf(f, "%s %d %d %d %s", pc::DTypeName(s.dtype), s.R, s.H, s.P,
-                     ps::ProbeScorePathName(path));
-        int32_t cfg = 0, splits = 0;
-        if (path == ps::ProbeScorePath::kFusedTensorCore &&
-            ps::PlanFusedTcOnHost(s.R, s.P, s.H, num_sms, &cfg, &splits) == cudaSuccess) {
-          std::fprintf(f, " tile=%s splits=%d", ps::probe_score_detail::GetTcConfig(cfg).name,
-                       splits);
-        }
-        std::fprintf(f, "\n");
-      }
-    }
-    std::fclose(f);
-    return 0;
-  }
+  if (!dispatch_table.empty()) return WriteDispatchTable(dispatch_table, num_sms) ? 0 : 1;
   if (out_path.empty()) {
     std::fprintf(stderr, "--out is required\n");
     return 2;
   }
-  int count = 0;
-  if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0) {
-    std::printf("SKIPPED: no CUDA device\n");
-    return 77;
+  // The receipt first: nothing is measured that could not be written.
+  const std::string git = pc::ResultIdentity(git_flag);
+  if (const std::string why = pc::CheckResultIdentity(git, allow_dirty); !why.empty()) {
+    std::fprintf(stderr, "probe-score-bench: %s\n", why.c_str());
+    return 2;
   }
   cudaDeviceProp prop{};
-  if (cudaGetDeviceProperties(&prop, 0) != cudaSuccess) return 1;
+  if (const int rc = CheckDevice(&prop); rc != 0) return rc;
   Bench bench;
   if (!bench.Init()) return 1;
   if (!MeasureCeilings(bench.stream_, bench.pool_, &bench.ceilings)) return 1;

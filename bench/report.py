@@ -3,13 +3,20 @@
 
   python3 bench/report.py bench/results/probe_score_cuda.json \
       bench/results/probe_score_peers.json --out bench/results/probe_score.md \
-      --command "bench/run_probe_score.sh build-kernels bench/results"
+      --command "bench/run_probe_score.sh build-kernels bench/results" [--dispatch-table FILE]
+
+Receipts (bench/receipt.py): every input must name its full commit (results marked "+dirty" only
+with --allow-dirty), and the report records the commit it was rendered from (--git,
+$PROBESIDECAR_GIT, or the checkout). With --dispatch-table, which labels the dispatch column with
+the dispatcher as compiled, every input must come from that same commit.
 
 Plain Python 3 (no numpy): runs here and on the GPU machine.
 """
 import argparse
 import json
 import os
+
+import receipt
 
 OURS = ["fused_cuda", "fused_tc", "gather_gemm"]
 PEERS = ["triton", "torch_two_op", "torch_addmm"]
@@ -32,6 +39,22 @@ def load(paths):
     return docs, recs
 
 
+def check_receipts(docs, identity, allow_dirty, same_commit):
+    """Refuses inputs that do not name their commit, dirty ones unless allowed, and (with a
+    dispatch table) inputs from another commit than the report's."""
+    for d in docs:
+        git = d.get("git") or ""
+        try:
+            if not git:
+                raise SystemExit("names no commit")
+            receipt.check(receipt.identify(git), allow_dirty)
+        except SystemExit as e:
+            raise SystemExit(f"report: {d['_path']}: {e}") from None
+        if same_commit and git != identity:
+            raise SystemExit(f"report: {d['_path']} was measured at {git}, but the dispatch table "
+                             f"comes from {identity}: re-run the benchmark, or leave the table out")
+
+
 def g(recs, key, impl):
     r = recs.get(key, {}).get(impl)
     return None if r is None else r.get("graph_us_p50")
@@ -45,8 +68,11 @@ def main():
     ap.add_argument("--dispatch-table", default=None,
                     help="'dtype R H P path' lines (probe-score-bench --dispatch-table): label the "
                          "dispatch column with the dispatcher as compiled now")
+    receipt.add_arguments(ap)
     args = ap.parse_args()
+    identity = receipt.from_args(args)
     docs, recs = load(args.files)
+    check_receipts(docs, identity, args.allow_dirty, same_commit=bool(args.dispatch_table))
     if args.dispatch_table:
         with open(args.dispatch_table) as f:
             for line in f:
@@ -77,14 +103,15 @@ def main():
     ceil = ours_doc["ceilings"]
     L = []
     L.append("# Probe scoring: fused gather + linear probes on the GPU\n")
-    L.append(f"Device: **{ours_doc['device']}**, git `{ours_doc['git']}`, {ours_doc['date']}.  ")
+    L.append(f"Device: **{ours_doc['device']}**, git `{ours_doc['git']}`, {ours_doc['date']}; "
+             f"report rendered from `{identity}`.  ")
     L.append(f"Ceilings measured in the same run: copy **{ceil['copy_gbps']:.0f} GB/s** "
              f"(cudaMemcpy D2D, read + write), bf16 GEMM **{ceil['bf16_tflops']:.0f} TFLOP/s** "
              f"(cuBLAS 8192³).")
     for d in docs:
         if d is not ours_doc:
             c = d["ceilings"]
-            L.append(f"Peer run ceilings ({os.path.basename(d['_path'])}): copy "
+            L.append(f"Peer run ceilings ({os.path.basename(d['_path'])}, git `{d['git']}`): copy "
                      f"{c['copy_gbps']:.0f} GB/s, bf16 GEMM {c['bf16_tflops']:.0f} TFLOP/s.")
     L.append("")
     L.append("## Commands\n")

@@ -9,7 +9,9 @@
 Each under torch.cuda.CUDAGraph replay (rotating over 8 graphs, each with its own random rows
 from a 2 GiB activation pool, so rows are not L2-resident) and eagerly. Device time: a sleep
 kernel holds the stream while the timed work is queued, one event pair per repetition, median.
-Writes the results format of DESIGN.md.
+Writes the same results format as probe-score-bench (device, git, date, command, ceilings,
+records). The results name their commit through bench/receipt.py: --git or $PROBESIDECAR_GIT (or
+the checkout); a dirty tree is refused unless --allow-dirty.
 
   python3 bench/peers/probe_score_peers.py --out FILE.json --shapes-from probe_score_cuda.json
 """
@@ -18,13 +20,15 @@ import datetime
 import json
 import math
 import os
-import subprocess
 import sys
 import time
 
-import torch
-import triton
-import triton.language as tl
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import receipt  # noqa: E402  (bench/receipt.py)
+
+import torch  # noqa: E402
+import triton  # noqa: E402
+import triton.language as tl  # noqa: E402
 
 SLOTS = 8
 POOL_BYTES = 2 << 30
@@ -192,8 +196,9 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", required=True)
     ap.add_argument("--shapes-from", help="results JSON whose (dtype, R, H, P) to time")
-    ap.add_argument("--git", default=None)
+    receipt.add_arguments(ap)
     args = ap.parse_args()
+    git = receipt.from_args(args)  # before any measuring: refuse what could not be written
 
     if args.shapes_from and os.path.exists(args.shapes_from):
         with open(args.shapes_from) as f:
@@ -203,14 +208,6 @@ def main():
                         key=lambda s: (list(DTYPES).index(s[0]), s[2], s[3], s[1]))
     else:
         shapes = [("bf16", R, 4096, P) for R in (1, 64, 8192) for P in (1, 16, 1024)]
-
-    git = args.git
-    if git is None:
-        try:
-            git = subprocess.check_output(["git", "rev-parse", "--short=12", "HEAD"],
-                                          stderr=subprocess.DEVNULL).decode().strip()
-        except Exception:
-            git = "unknown"
 
     torch.manual_seed(0)
     pool = torch.empty(POOL_BYTES, dtype=torch.uint8, device="cuda")

@@ -1,6 +1,6 @@
 // Path names, support checks and the dispatcher. Plain C++ (no device code), so that the CPU-only
 // tests can check the dispatcher without a GPU.
-#include "kernels/probe_score/probe_score.h"
+#include "kernels/probe_score/probe_score_plan.h"
 
 namespace probesidecar::kernels {
 
@@ -16,8 +16,9 @@ const char* ProbeScorePathName(ProbeScorePath path) {
   return "unknown";
 }
 
-bool ProbeScorePathSupports(ProbeScorePath path, common::DType dtype, int32_t num_probes, int32_t hidden) {
-  if (num_probes < 1 || hidden < 1) return false;
+bool ProbeScorePathSupports(ProbeScorePath path, const ProbeScoreShape& shape,
+                            const ProbeScoreDeviceFacts& /*device*/) {
+  if (shape.num_probes < 1 || shape.hidden < 1) return false;
   switch (path) {
     case ProbeScorePath::kFusedCuda:
     case ProbeScorePath::kGatherGemm:
@@ -25,41 +26,36 @@ bool ProbeScorePathSupports(ProbeScorePath path, common::DType dtype, int32_t nu
     case ProbeScorePath::kFusedTensorCore:
       // mma.sync takes bf16/fp16 only (fp32 would need TF32: above the 1e-5 budget), and the
       // gathered A tiles move in 16-byte chunks of 8 elements.
-      return dtype != common::DType::kFloat32 && hidden % 8 == 0;
+      return shape.dtype != common::DType::kFloat32 && shape.hidden % 8 == 0;
   }
   return false;
 }
 
-// Crossovers measured on the H200, run 2 (bench/results/probe_score_cuda.json, tables in
-// bench/results/probe_score.md "Crossovers"; graph replay p50 µs, bf16 H = 4096 unless noted):
-//  - P <= 2: fused_cuda everywhere (R=8192 P=1: 22.9 vs fused_tc 23.4, gather_gemm 82.6; R=1:
-//    6.6 vs 7.2 / 9.2).
-//  - 16-bit, 3 <= P <= 8: fused_cuda up to 512 rows (R=256 P=4: 8.1 vs 7.8, R=64: 7.4 vs 7.6),
-//    fused_tc beyond (R=1024 P=4: 64x16k128 10.3 vs 10.7; R=8192: 23.6 vs 27.5).
-//  - 16-bit, 9 <= P <= 128: fused_tc (R=1 P=16: 7.4 vs fused_cuda 8.0; R=64 P=128: 9.8 vs
-//    gather_gemm 12.6; R=8192 P=128: 47.0 vs 66.3), except P > 16 at R <= 8 where fused_cuda
-//    wins (R=1 P=64: 8.0 vs 8.6; R=8 P=128: 8.7 vs 9.0).
-//  - 16-bit, 128 < P <= 256: fused_tc up to 256 rows (R=64 P=256: 10.0 vs 13.0; R=256: 13.4
-//    vs 13.7), gather_gemm beyond (R=1024: 18.8 vs 22.7).
-//  - 16-bit, P > 256: fused_tc up to 64 rows (R=64 P=1024: 64x64 with 16 splits 11.7 vs
-//    gather_gemm 13.3; R=1: 10.2 vs 11.2), gather_gemm beyond (R=256: 17.2 vs 22.7; R=8192:
-//    162.7 vs 215.6: our mma.sync GEMM reaches ~320 TFLOP/s, cuBLAS ~800 with wgmma).
+// The rules follow the Crossovers section of bench/results/probe_score.md (graph replay, the
+// fastest of our paths per shape on the H200, bf16 H = 4096 unless noted): where that table and
+// these rules disagree, the table's "picked …" cells show what it costs, and the rules are to be
+// brought back in line with the committed table, not with figures quoted here.
+//  - P <= 2: fused_cuda everywhere (one pass over each row on CUDA cores beats any GEMM).
+//  - 16-bit, 3 <= P <= 8: fused_cuda up to 512 rows, fused_tc beyond.
+//  - 16-bit, 9 <= P <= 128: fused_tc, except P > 16 at R <= 8, where fused_cuda wins.
+//  - 16-bit, 128 < P <= 256: fused_tc up to 256 rows, gather_gemm beyond.
+//  - 16-bit, P > 256: fused_tc up to 64 rows, gather_gemm beyond (cuBLAS's wgmma GEMM outruns
+//    our mma.sync tiles once the GEMM dominates).
 //  - fp32 (no tensor cores: TF32 would break the 1e-5 budget): fused_cuda for P <= 16, and up to
-//    P = 128 for R <= 64 (R=64 P=128: 11.8 vs 18.8); gather_gemm (cuBLAS SGEMM) otherwise
-//    (R=1024 P=64: 38.7 vs 46.8; R=8192 P=64: 177.6 vs 214.0; R=1 P=1024: 11.4 vs 20.5).
-//  - H % 8 != 0 (no fused_tc): fused_cuda for P <= 16 and for R <= 64 up to P = 64,
-//    gather_gemm otherwise (not measured separately: the fp32 rules, which are CUDA-core vs
-//    cuBLAS too).
-ProbeScorePath ChooseProbeScorePath(int32_t num_rows, int32_t num_probes, int32_t hidden,
-                                    common::DType dtype) {
-  const int32_t R = num_rows, P = num_probes;
+//    P = 128 for R <= 64; gather_gemm (cuBLAS SGEMM) otherwise.
+//  - H % 8 != 0 (no fused_tc): fused_cuda for P <= 16 and for R <= 64 up to P = 64, gather_gemm
+//    otherwise (not measured separately: the fp32 rules, which are CUDA cores vs cuBLAS too).
+// Today's rules read the shape only; `device` is where arch-specific paths will key in.
+ProbeScorePath ChooseProbeScorePath(const ProbeScoreShape& shape,
+                                    const ProbeScoreDeviceFacts& device) {
+  const int32_t R = shape.max_rows, P = shape.num_probes;
   if (P <= 2) return ProbeScorePath::kFusedCuda;
-  if (dtype == common::DType::kFloat32) {
+  if (shape.dtype == common::DType::kFloat32) {
     if (P <= 16) return ProbeScorePath::kFusedCuda;
     if (P <= 128 && R <= 64) return ProbeScorePath::kFusedCuda;
     return ProbeScorePath::kGatherGemm;
   }
-  if (!ProbeScorePathSupports(ProbeScorePath::kFusedTensorCore, dtype, P, hidden)) {
+  if (!ProbeScorePathSupports(ProbeScorePath::kFusedTensorCore, shape, device)) {
     if (P <= 16 || (P <= 64 && R <= 64)) return ProbeScorePath::kFusedCuda;
     return ProbeScorePath::kGatherGemm;
   }

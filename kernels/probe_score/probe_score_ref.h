@@ -1,36 +1,17 @@
-// CPU reference for probe scoring: what every GPU path must agree with, and the server's CPU
-// backend. Plain C++: no CUDA, gRPC, protobuf or absl.
+// The float64 reference of probe scoring: the tests' oracle, never production code (the server's
+// CPU backend runs ScoreProbesCpu). It takes the CPU scorer's params so that a test states a
+// problem once and hands it to both; it reads the inputs only (out and out_row_stride are not
+// read). Plain C++.
 #pragma once
 
-#include <cstdint>
-
-#include "common/dtype.h"
+#include "kernels/probe_score/probe_score_cpu.h"
 
 namespace probesidecar::kernels {
 
-enum class Activation : int32_t { kNone = 0, kSigmoid = 1 };
-
-struct ProbeScoreRefParams {
-  const void* x = nullptr;      // [T, H] x_dtype; row t starts at element t * x_row_stride
-  common::DType x_dtype = common::DType::kFloat32;
-  int64_t x_row_stride = 0;     // elements, >= hidden
-  const int32_t* rows = nullptr;  // [R], each in [0, T) (checked by the caller)
-  int32_t num_rows = 0;         // R
-  const float* weight = nullptr;  // [P, H] float32, contiguous
-  const float* bias = nullptr;    // [P]
-  int32_t hidden = 0;           // H
-  int32_t num_probes = 0;       // P
-  Activation activation = Activation::kNone;
-  float* out = nullptr;         // [R, P] float32; row r starts at element r * out_row_stride
-  int64_t out_row_stride = 0;   // elements, >= num_probes
-};
-
-// Scores output rows [row_begin, row_end): fp32 products accumulated in fp32, then bias and
-// activation. Callers split [0, R) across threads; ranges do not share output.
-void ProbeScoreRef(const ProbeScoreRefParams& params, int32_t row_begin, int32_t row_end);
-
-// The same computation accumulated in float64 (the tests' reference): out is [R, P] double,
-// contiguous.
-void ProbeScoreRefF64(const ProbeScoreRefParams& params, double* out);
+// out [R, P] double, contiguous: products and sums in float64, then bias and activation. With
+// `magnitude` non-null, magnitude [R, P] = sum_h |x[rows[r], h] * W[p, h]| + |b[p]| (in float64):
+// the scale of the rounding errors any fp32 evaluation of that score can make
+// (probe_score_compare.h).
+void ProbeScoreRefF64(const ProbeScoreCpuParams& params, double* out, double* magnitude = nullptr);
 
 }  // namespace probesidecar::kernels

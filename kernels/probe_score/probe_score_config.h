@@ -1,0 +1,51 @@
+// Compile-time shapes of the probe-scoring kernels: the padded weight layout, the fused_cuda block
+// shape and probe counts, and the fused_tc tile configurations. Plain C++: the host-side planner
+// (probe_score_plan.cc) and the kernels (the .cuh files) read the same numbers.
+#pragma once
+
+namespace probesidecar::kernels::probe_score_detail {
+
+// Weights are stored padded: rows to a multiple of kProbePad (zeros), columns to a multiple of
+// kHiddenPad (zeros), so tensor-core tiles never need bounds checks on W.
+inline constexpr int kProbePad = 128;
+inline constexpr int kHiddenPad = 64;
+
+// fused_cuda: 256 threads = 8 warps, 4 rows per warp, so a block streams 32 rows at a time.
+inline constexpr int kFusedThreads = 256;
+inline constexpr int kFusedRowsPerWarp = 4;
+inline constexpr int kFusedRowsPerBlock = 32;
+// Instantiations: probes per block pass kPT in {1, 2, 4, 8, 16}, index 0..4.
+inline constexpr int kNumFusedPT = 5;
+inline constexpr int kFusedPTValues[kNumFusedPT] = {1, 2, 4, 8, 16};
+// Largest W slice a fused_cuda block keeps in shared memory, bytes (the kernels' dynamic shared
+// memory limit, raised once when the workspace is created).
+inline constexpr int kFusedSmemLimit = 64 << 10;
+
+// fused_tc tile configuration: a block of wm x wn warps computes a bm x bn tile of the output,
+// stepping over K in bk-wide tiles through `stages` shared-memory stages.
+struct TcTileConfig {
+  int bm, bn, bk;  // tile rows (gathered x rows), columns (probes), K depth, elements
+  int wm, wn;      // warps along M and N
+  int stages;
+  const char* name;
+};
+// When each runs: ChooseTcConfig in probe_score_plan.cc.
+//   0 "64x16":      P <= 16 with few rows: 4 warps stacked along M, BK 64, 4 stages (40 KB).
+//   1 "64x64":      mid P, or few rows with many probes (split-K over H), 4 stages (64 KB).
+//   2 "128x128":    many rows and probes, 8 warps of 64 x 32, 3 stages (96 KB).
+//   3 "32x16k256":  P <= 16 with many rows, memory-bound: BK 256 so each gathered row is read
+//                   in 512-byte pieces, 2 warps, 3 stages (72 KB).
+//   4 "64x16k128":  the same idea with BK 128, 4 warps, 4 stages (80 KB).
+inline constexpr int kNumTcConfigs = 5;
+inline constexpr TcTileConfig kTcConfigs[kNumTcConfigs] = {
+    {64, 16, 64, 4, 1, 4, "64x16"},      {64, 64, 64, 2, 2, 4, "64x64"},
+    {128, 128, 64, 2, 4, 3, "128x128"},  {32, 16, 256, 2, 1, 3, "32x16k256"},
+    {64, 16, 128, 4, 1, 4, "64x16k128"},
+};
+constexpr int TcThreads(const TcTileConfig& c) { return c.wm * c.wn * 32; }
+// Both operands are 16-bit: stages x (A tile + B tile) x 2 bytes.
+constexpr int TcSmemBytes(const TcTileConfig& c) {
+  return c.stages * (c.bm * c.bk + c.bn * c.bk) * 2;
+}
+
+}  // namespace probesidecar::kernels::probe_score_detail

@@ -1,0 +1,31 @@
+// The CPU scorer: probe scoring for the server's CPU backend (inline tensors, no GPU). Plain C++:
+// no CUDA, gRPC, protobuf or absl.
+#pragma once
+
+#include <cstdint>
+
+#include "common/dtype.h"
+#include "kernels/probe_score/probe_score_activation.h"
+
+namespace probesidecar::kernels {
+
+struct ProbeScoreCpuParams {
+  const void* x = nullptr;  // [T, x_row_stride] x_dtype; row t starts at element t * x_row_stride
+  common::DType x_dtype = common::DType::kFloat32;
+  int64_t x_row_stride = 0;       // elements, >= hidden
+  const int32_t* rows = nullptr;  // [R], each in [0, T) (checked by the caller)
+  int32_t num_rows = 0;           // R
+  const float* weight = nullptr;  // [P, H] float32, contiguous
+  const float* bias = nullptr;    // [P]
+  int32_t hidden = 0;             // H
+  int32_t num_probes = 0;         // P
+  Activation activation = Activation::kNone;
+  float* out = nullptr;        // [R, out_row_stride] float32
+  int64_t out_row_stride = 0;  // elements, >= num_probes
+};
+
+// Scores output rows [row_begin, row_end): fp32 products accumulated in fp32, then bias and
+// activation. Callers split [0, R) across threads; ranges do not share output.
+void ScoreProbesCpu(const ProbeScoreCpuParams& params, int32_t row_begin, int32_t row_end);
+
+}  // namespace probesidecar::kernels

@@ -1,0 +1,255 @@
+// fused_tc: the gather fused into a tensor-core GEMM (mma.sync m16n8k16, bf16/fp16 in, fp32
+// accumulation), and the split-K reduction that follows it when K is split. Included only by
+// probe_score_fused_tc.cu (explicit instantiations and their launchers).
+#pragma once
+
+#include <type_traits>
+
+#include "kernels/probe_score/probe_score_device_helpers.cuh"
+
+namespace probesidecar::kernels::probe_score_detail {
+
+__device__ __forceinline__ void LdMatrixX4(uint32_t (&r)[4], uint32_t addr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr)
+               : "memory");
+}
+
+template <typename T>
+__device__ __forceinline__ void Mma16816(float (&d)[4], const uint32_t (&a)[4],
+                                         const uint32_t (&b)[2]) {
+  if constexpr (std::is_same_v<T, __nv_bfloat16>) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, "
+        "{%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+  } else {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, "
+        "{%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+  }
+}
+
+template <int kBM, int kBN, int kBK, int kWM, int kWN, int kStages>
+struct TcShape {
+  static constexpr int kThreads = kWM * kWN * 32;
+  static constexpr int kWarpM = kBM / kWM;  // rows per warp
+  static constexpr int kWarpN = kBN / kWN;  // probes per warp
+  static constexpr int kMT = kWarpM / 16;
+  static constexpr int kNT = kWarpN / 8;
+  static constexpr int kChunks = kBK / 8;    // 16-byte chunks per smem row
+  static constexpr int kAStage = kBM * kBK;  // elements
+  static constexpr int kBStage = kBN * kBK;
+  static constexpr int kSmemBytes = kStages * (kAStage + kBStage) * 2;
+  static constexpr int kRowsPerPass = kThreads / kChunks;  // rows one pass of chunks covers
+  static constexpr int kAIters = kBM / kRowsPerPass;
+  static constexpr int kBIters = kBN / kRowsPerPass;
+  static_assert(kWarpM % 16 == 0 && kWarpN % 16 == 0, "warp tile must be 16 x 16 multiples");
+  static_assert(kChunks >= 8 && kThreads % kChunks == 0, "the swizzle needs >= 8 chunks a row");
+  static_assert(kBM % kRowsPerPass == 0 && kBN % kRowsPerPass == 0, "tile rows per pass");
+};
+
+// fused_tc: gather fused into a tensor-core GEMM (mma.sync m16n8k16, bf16/fp16 in, fp32 acc).
+//
+// Grid (n_tiles, m_tiles, splits): n fastest, so the CTAs that share a gathered A tile run
+// together and the rows come from HBM once. Block kWM x kWN warps, each computing a
+// (kBM / kWM) x (kBN / kWN) tile. A [kBM rows of x, kBK k] is gathered row by row with
+// cp.async (16 bytes, zero-filled past num_rows and H) or, when rows are not 16-byte aligned,
+// with 2-byte loads stored synchronously; B [kBN probes, kBK k] is W, already padded. kStages
+// shared-memory stages; smem rows of kBK elements with the 16-byte chunk index XOR (row % 8), so
+// that ldmatrix reads 8 rows without bank conflicts. A long kBK (256) makes each row's request
+// 512 contiguous bytes, which HBM serves far better than 128-byte pieces of random rows.
+// Split-K (splits > 1): each split writes its fp32 partial tile; SplitKReduceKernel sums them.
+template <typename T, int kBM, int kBN, int kBK, int kWM, int kWN, int kStages>
+__global__ void __launch_bounds__(kWM* kWN * 32) FusedTcKernel(const __grid_constant__ TcParams p) {
+  using S = TcShape<kBM, kBN, kBK, kWM, kWN, kStages>;
+  extern __shared__ uint4 tc_smem[];
+  T* sa = reinterpret_cast<T*>(tc_smem);  // [kStages, kBM, kBK] swizzled
+  T* sb = sa + kStages * S::kAStage;      // [kStages, kBN, kBK] swizzled
+
+  const int n_tile = blockIdx.x, m_tile = blockIdx.y, split = blockIdx.z;
+  const int m0 = m_tile * kBM, n0 = n_tile * kBN;
+  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
+  const int warp_m = warp / kWN, warp_n = warp % kWN;
+  const T* w = static_cast<const T*>(p.weight);
+  const int chunk = tid % S::kChunks;  // this thread's 16-byte chunk column
+  const int row0 = tid / S::kChunks;   // and its first tile row
+  const int kt_begin = (split * p.k_tiles) / p.splits;
+  const int kt_end = ((split + 1) * p.k_tiles) / p.splits;
+  const int nkt = kt_end - kt_begin;
+
+  auto load_b = [&](int stage, int kt) {
+    const int k = kt * kBK + chunk * 8;
+    const bool w_in = k < p.w_row_stride;  // W is zero-padded to w_row_stride columns
+#pragma unroll
+    for (int i = 0; i < S::kBIters; ++i) {
+      const int r = row0 + i * S::kRowsPerPass;
+      T* dst = sb + stage * S::kBStage + r * kBK + ((chunk ^ (r & 7)) * 8);
+      CpAsync16(
+          SmemAddr(dst),
+          w_in ? static_cast<const void*>(w + static_cast<int64_t>(n0 + r) * p.w_row_stride + k)
+               : p.weight,
+          w_in);
+    }
+  };
+
+  // Request-independent work first, overlapping the read of the arguments: the W tiles of the
+  // prologue stages (they join the first cp.async group) and the row indices of this tile, read
+  // speculatively up to max_rows (indices past num_rows are never dereferenced).
+#pragma unroll
+  for (int st = 0; st < kStages - 1; ++st) {
+    if (st < nkt) load_b(st, kt_begin + st);
+  }
+  int32_t row_idx[S::kAIters];
+#pragma unroll
+  for (int i = 0; i < S::kAIters; ++i) {
+    row_idx[i] = __ldg(p.rows + min(m0 + row0 + i * S::kRowsPerPass, p.max_rows - 1));
+  }
+
+  const ProbeScoreDeviceArgs a = *p.args;
+  const int num_rows = min(a.num_rows, p.max_rows);
+  if (m0 >= num_rows) {
+    CpAsyncWait<0>();
+    return;
+  }
+  const bool vec_ok = RowsAre16ByteAligned<T>(a);
+  const T* x = static_cast<const T*>(a.x);
+  const T* a_row[S::kAIters];
+  bool a_valid[S::kAIters];
+#pragma unroll
+  for (int i = 0; i < S::kAIters; ++i) {
+    a_valid[i] = m0 + row0 + i * S::kRowsPerPass < num_rows;
+    a_row[i] = a_valid[i] ? x + static_cast<int64_t>(row_idx[i]) * a.x_row_stride : x;
+  }
+
+  auto load_a = [&](int stage, int kt) {
+    const int k = kt * kBK + chunk * 8;
+    const bool k_in = k < p.hidden;  // H % 8 == 0: a chunk is wholly in or out
+#pragma unroll
+    for (int i = 0; i < S::kAIters; ++i) {
+      const int r = row0 + i * S::kRowsPerPass;
+      T* dst = sa + stage * S::kAStage + r * kBK + ((chunk ^ (r & 7)) * 8);
+      const bool valid = a_valid[i] && k_in;
+      if (vec_ok) {
+        CpAsync16(SmemAddr(dst), valid ? static_cast<const void*>(a_row[i] + k) : p.weight, valid);
+      } else {
+        uint32_t h[8];
+        const uint16_t* src = reinterpret_cast<const uint16_t*>(a_row[i] + k);
+#pragma unroll
+        for (int e = 0; e < 8; ++e) h[e] = valid ? __ldg(src + e) : 0u;
+        *reinterpret_cast<uint4*>(dst) = make_uint4(h[0] | (h[1] << 16), h[2] | (h[3] << 16),
+                                                    h[4] | (h[5] << 16), h[6] | (h[7] << 16));
+      }
+    }
+  };
+
+  float acc[S::kMT][S::kNT][4];
+#pragma unroll
+  for (int i = 0; i < S::kMT; ++i)
+#pragma unroll
+    for (int j = 0; j < S::kNT; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) acc[i][j][e] = 0.0f;
+
+#pragma unroll
+  for (int st = 0; st < kStages - 1; ++st) {
+    if (st < nkt) load_a(st, kt_begin + st);
+    CpAsyncCommit();
+  }
+
+  for (int it = 0; it < nkt; ++it) {
+    CpAsyncWait<kStages - 2>();
+    __syncthreads();
+    const int next = it + kStages - 1;
+    if (next < nkt) {
+      load_a(next % kStages, kt_begin + next);
+      load_b(next % kStages, kt_begin + next);
+    }
+    CpAsyncCommit();
+
+    const int stage = it % kStages;
+    const T* sa_st = sa + stage * S::kAStage;
+    const T* sb_st = sb + stage * S::kBStage;
+#pragma unroll
+    for (int kk = 0; kk < kBK / 16; ++kk) {
+      uint32_t af[S::kMT][4];
+      uint32_t bf[S::kNT][2];
+#pragma unroll
+      for (int mt = 0; mt < S::kMT; ++mt) {
+        const int r = warp_m * S::kWarpM + mt * 16 + (lane % 16);
+        const int c = kk * 2 + lane / 16;
+        LdMatrixX4(af[mt], SmemAddr(sa_st + r * kBK + ((c ^ (r & 7)) * 8)));
+      }
+#pragma unroll
+      for (int np = 0; np < S::kNT / 2; ++np) {
+        const int r = warp_n * S::kWarpN + np * 16 + (lane / 16) * 8 + (lane % 8);
+        const int c = kk * 2 + (lane / 8) % 2;
+        uint32_t t[4];
+        LdMatrixX4(t, SmemAddr(sb_st + r * kBK + ((c ^ (r & 7)) * 8)));
+        bf[2 * np][0] = t[0];
+        bf[2 * np][1] = t[1];
+        bf[2 * np + 1][0] = t[2];
+        bf[2 * np + 1][1] = t[3];
+      }
+#pragma unroll
+      for (int mt = 0; mt < S::kMT; ++mt)
+#pragma unroll
+        for (int nt = 0; nt < S::kNT; ++nt) Mma16816<T>(acc[mt][nt], af[mt], bf[nt]);
+    }
+  }
+  CpAsyncWait<0>();
+
+  // Fragment (mt, nt): c0, c1 at (row g, cols 2t, 2t+1), c2, c3 at (row g + 8, same cols).
+  const int g = lane / 4, t4 = lane % 4;
+#pragma unroll
+  for (int mt = 0; mt < S::kMT; ++mt) {
+#pragma unroll
+    for (int nt = 0; nt < S::kNT; ++nt) {
+      const int col = n0 + warp_n * S::kWarpN + nt * 8 + 2 * t4;
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int row = m0 + warp_m * S::kWarpM + mt * 16 + g + 8 * h;
+        if (row >= num_rows) continue;
+        if (p.splits == 1) {
+          float* o = a.out + static_cast<int64_t>(row) * a.out_row_stride;
+#pragma unroll
+          for (int e = 0; e < 2; ++e) {
+            if (col + e < p.num_probes) {
+              o[col + e] = Activate(p.activation, acc[mt][nt][2 * h + e] + __ldg(p.bias + col + e));
+            }
+          }
+        } else {
+          float* o =
+              p.partial + (static_cast<int64_t>(split) * p.partial_rows + row) * p.partial_ld + col;
+          __stcg(reinterpret_cast<float2*>(o),
+                 make_float2(acc[mt][nt][2 * h], acc[mt][nt][2 * h + 1]));
+        }
+      }
+    }
+  }
+}
+
+// Grid ceil(max_rows * P / kThreads), block kThreads: out[r, p] = act(sum over splits, in
+// order, of the partials + bias) for the rows below num_rows.
+template <int kThreads>
+__global__ void __launch_bounds__(kThreads)
+    SplitKReduceKernel(const __grid_constant__ SplitKReduceParams p) {
+  const ProbeScoreDeviceArgs a = *p.args;
+  const int num_rows = min(a.num_rows, p.max_rows);
+  const int64_t idx = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x;
+  const int row = static_cast<int>(idx / p.num_probes);
+  const int probe = static_cast<int>(idx % p.num_probes);
+  if (row >= num_rows) return;
+  const float* src = p.partial + static_cast<int64_t>(row) * p.partial_ld + probe;
+  const int64_t split_stride = static_cast<int64_t>(p.partial_rows) * p.partial_ld;
+  float sum = 0.0f;
+  for (int s = 0; s < p.splits; ++s) sum += __ldcg(src + s * split_stride);
+  a.out[static_cast<int64_t>(row) * a.out_row_stride + probe] =
+      Activate(p.activation, sum + __ldg(p.bias + probe));
+}
+
+}  // namespace probesidecar::kernels::probe_score_detail

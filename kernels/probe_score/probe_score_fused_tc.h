@@ -1,0 +1,26 @@
+// fused_tc's entry points (defined in probe_score_fused_tc.cu): the kernel of each tile
+// configuration, for its attributes, its launch, and the split-K reduction's launch. Internal to
+// kernels/probe_score.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include "common/dtype.h"
+#include "kernels/probe_score/probe_score_params.h"
+
+namespace probesidecar::kernels::probe_score_detail {
+
+// The kernel for `dtype` in tile configuration `config` (kTcConfigs index); nullptr for fp32 or a
+// configuration out of range.
+const void* FusedTcKernelFn(common::DType dtype, int config);
+
+// Grid `grid` = (n_tiles, m_tiles, splits), TcThreads(kTcConfigs[config]) threads,
+// TcSmemBytes(kTcConfigs[config]) of dynamic shared memory. Returns the launch status.
+cudaError_t LaunchFusedTc(common::DType dtype, int config, const TcParams& params, dim3 grid,
+                          cudaStream_t stream);
+
+// The reduction over the splits' partial sums: grid `grid`, kSplitKReduceThreads threads.
+inline constexpr int kSplitKReduceThreads = 256;
+cudaError_t LaunchSplitKReduce(const SplitKReduceParams& params, dim3 grid, cudaStream_t stream);
+
+}  // namespace probesidecar::kernels::probe_score_detail

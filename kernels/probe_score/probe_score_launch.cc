@@ -1,0 +1,184 @@
+// The run: binds a plan's launches to the request's pointers and the workspace's buffers, and
+// enqueues them. Pointer math and launches only (no planning, no device query, no allocation),
+// so that it can be captured into a graph. Plain C++ over the families' launchers and cuBLAS.
+#include <algorithm>
+
+#include "kernels/probe_score/probe_score.h"
+#include "kernels/probe_score/probe_score_fused_cuda.h"
+#include "kernels/probe_score/probe_score_fused_tc.h"
+#include "kernels/probe_score/probe_score_gather_gemm.h"
+#include "kernels/probe_score/probe_score_workspace.h"
+
+namespace probesidecar::kernels {
+namespace {
+
+using probe_score_detail::EpilogueParams;
+using probe_score_detail::FusedCudaParams;
+using probe_score_detail::GatherParams;
+using probe_score_detail::kHiddenPad;
+using probe_score_detail::SplitKReduceParams;
+using probe_score_detail::TcParams;
+
+int32_t PaddedHidden(int32_t hidden) { return (hidden + kHiddenPad - 1) / kHiddenPad * kHiddenPad; }
+
+dim3 Dim3(const ProbeScoreGrid& g) { return dim3(g.x, g.y, g.z); }
+
+// Whether the params and the workspace are the ones the plan was made for.
+bool Matches(const ProbeScorePlan& plan, const ProbeScoreParams& params,
+             const ProbeScoreWorkspace* ws) {
+  if (ws == nullptr || params.args == nullptr || params.rows == nullptr ||
+      params.weights == nullptr || params.weights->storage == nullptr) {
+    return false;
+  }
+  const ProbeScoreShape& s = plan.shape;
+  const ProbeScoreWorkspaceLimits& l = ws->resources.workspace;
+  const ProbeScoreWorkspaceNeeds& n = plan.needs;
+  const int dtype = static_cast<int>(s.dtype);
+  return dtype >= 0 && dtype < common::kNumDTypes && params.weights->num_probes == s.num_probes &&
+         params.weights->hidden == s.hidden && s.max_rows >= 0 && s.max_rows <= l.max_rows &&
+         n.partial_floats <= l.partial_floats && n.counters <= l.counters &&
+         n.staging_x_bytes <= l.staging_x_bytes && n.staging_c_bytes <= l.staging_c_bytes;
+}
+
+// The fields both fused kernels share: the request's pointers, the weights, the split-K
+// partials and the shape.
+template <typename KernelParams>
+void BindFused(const ProbeScorePlan& plan, const ProbeScoreParams& in,
+               const ProbeScoreWorkspace& ws, KernelParams* p) {
+  const ProbeWeights& w = *in.weights;
+  p->args = in.args;
+  p->rows = in.rows;
+  p->bias = w.bias;
+  p->partial = ws.partial;
+  p->max_rows = plan.shape.max_rows;
+  p->hidden = w.hidden;
+  p->num_probes = w.num_probes;
+  p->w_row_stride = PaddedHidden(w.hidden);
+  p->activation = static_cast<int32_t>(in.activation);
+}
+
+cudaError_t RunFusedCuda(const ProbeScorePlan& plan, const ProbeScoreParams& in,
+                         const ProbeScoreWorkspace& ws, cudaStream_t stream) {
+  const FusedCudaPlan& fp = plan.fused_cuda;
+  FusedCudaParams p;
+  BindFused(plan, in, ws, &p);
+  // CUDA cores read W as fp32 whatever the activations' dtype.
+  p.weight =
+      static_cast<const float*>(in.weights->weight[static_cast<int>(common::DType::kFloat32)]);
+  p.counters = ws.counters;
+  p.splits = static_cast<int32_t>(fp.grid.y);
+  p.k_per_split = fp.k_per_split;
+  p.k_per_smem = fp.k_per_smem;
+  p.row_groups = static_cast<int32_t>(fp.grid.x);
+  p.probe_tiles = static_cast<int32_t>(fp.grid.z);
+  return probe_score_detail::LaunchFusedCuda(plan.shape.dtype, fp.pt_index, p, Dim3(fp.grid),
+                                             fp.smem_bytes, stream);
+}
+
+cudaError_t RunFusedTc(const ProbeScorePlan& plan, const ProbeScoreParams& in,
+                       const ProbeScoreWorkspace& ws, cudaStream_t stream) {
+  const FusedTcPlan& tp = plan.fused_tc;
+  TcParams p;
+  BindFused(plan, in, ws, &p);
+  p.weight = in.weights->weight[static_cast<int>(plan.shape.dtype)];
+  p.partial_rows = tp.partial_rows;
+  p.partial_ld = tp.partial_ld;
+  p.k_tiles = tp.k_tiles;
+  p.splits = static_cast<int32_t>(tp.grid.z);
+  cudaError_t err =
+      probe_score_detail::LaunchFusedTc(plan.shape.dtype, tp.config, p, Dim3(tp.grid), stream);
+  if (err != cudaSuccess || p.splits == 1) return err;
+  SplitKReduceParams r;
+  r.args = in.args;
+  r.partial = ws.partial;
+  r.bias = in.weights->bias;
+  r.splits = p.splits;
+  r.partial_rows = p.partial_rows;
+  r.partial_ld = p.partial_ld;
+  r.max_rows = p.max_rows;
+  r.num_probes = p.num_probes;
+  r.activation = p.activation;
+  return probe_score_detail::LaunchSplitKReduce(r, Dim3(tp.reduce_grid), stream);
+}
+
+cudaDataType_t CudaType(common::DType dtype) {
+  switch (dtype) {
+    case common::DType::kFloat32:
+      return CUDA_R_32F;
+    case common::DType::kFloat16:
+      return CUDA_R_16F;
+    case common::DType::kBFloat16:
+      return CUDA_R_16BF;
+  }
+  return CUDA_R_32F;
+}
+
+// Per chunk of rows: gather -> cuBLAS -> epilogue.
+cudaError_t RunGatherGemm(const ProbeScorePlan& plan, const ProbeScoreParams& in,
+                          const ProbeScoreWorkspace& ws, cudaStream_t stream) {
+  const GatherGemmPlan& gp = plan.gather_gemm;
+  const ProbeWeights& w = *in.weights;
+  const int32_t P = w.num_probes, H = w.hidden;
+  const common::DType dtype = plan.shape.dtype;
+  cublasStatus_t st = cublasSetStream(ws.cublas, stream);
+  // cublasSetStream resets the workspace to cuBLAS's own pool: set ours again (no allocation
+  // may happen inside a captured graph).
+  if (st == CUBLAS_STATUS_SUCCESS) {
+    st = cublasSetWorkspace(ws.cublas, ws.cublas_ws,
+                            static_cast<size_t>(ws.resources.workspace.cublas_workspace_bytes));
+  }
+  if (st != CUBLAS_STATUS_SUCCESS) return FromCublas(st);
+  const float one = 1.0f, zero = 0.0f;
+  const cudaDataType_t type = CudaType(dtype);
+  cudaError_t err = cudaSuccess;
+  for (int64_t c = 0; c < gp.num_chunks; ++c) {
+    const int32_t row_begin = static_cast<int32_t>(c * gp.chunk_rows);
+    const int32_t n =
+        static_cast<int32_t>(std::min<int64_t>(gp.chunk_rows, plan.shape.max_rows - row_begin));
+    GatherParams g;
+    g.args = in.args;
+    g.rows = in.rows;
+    g.staging = ws.staging_x;
+    g.hidden = H;
+    g.row_begin = row_begin;
+    g.chunk_rows = n;
+    if ((err = probe_score_detail::LaunchGatherRows(dtype, g, stream)) != cudaSuccess) return err;
+    // Column-major view: C^T [P, n] = W [P, H] (row-major = col-major H x P, transposed) times
+    // staging^T [H, n] (row-major [n, H] = col-major H x n).
+    st = cublasGemmEx(ws.cublas, CUBLAS_OP_T, CUBLAS_OP_N, P, n, H, &one,
+                      w.weight[static_cast<int>(dtype)], type, PaddedHidden(H), ws.staging_x, type,
+                      H, &zero, ws.staging_c, CUDA_R_32F, gp.ldc, CUBLAS_COMPUTE_32F,
+                      CUBLAS_GEMM_DEFAULT);
+    if (st != CUBLAS_STATUS_SUCCESS) return FromCublas(st);
+    EpilogueParams e;
+    e.args = in.args;
+    e.c = ws.staging_c;
+    e.ldc = gp.ldc;
+    e.bias = w.bias;
+    e.num_probes = P;
+    e.row_begin = row_begin;
+    e.chunk_rows = n;
+    e.activation = static_cast<int32_t>(in.activation);
+    if ((err = probe_score_detail::LaunchGemmEpilogue(e, stream)) != cudaSuccess) return err;
+  }
+  return cudaSuccess;
+}
+
+}  // namespace
+
+cudaError_t LaunchProbeScore(const ProbeScorePlan& plan, const ProbeScoreParams& params,
+                             ProbeScoreWorkspace* workspace, cudaStream_t stream) {
+  if (!Matches(plan, params, workspace)) return cudaErrorInvalidValue;
+  if (plan.shape.max_rows == 0) return cudaSuccess;
+  switch (plan.path) {
+    case ProbeScorePath::kFusedCuda:
+      return RunFusedCuda(plan, params, *workspace, stream);
+    case ProbeScorePath::kFusedTensorCore:
+      return RunFusedTc(plan, params, *workspace, stream);
+    case ProbeScorePath::kGatherGemm:
+      return RunGatherGemm(plan, params, *workspace, stream);
+  }
+  return cudaErrorInvalidValue;
+}
+
+}  // namespace probesidecar::kernels

@@ -1,0 +1,84 @@
+// Probe weights on the device: uploaded once, when a probe set is loaded, in the padded layout of
+// every dtype's kernels.
+#include <new>
+#include <vector>
+
+#include "kernels/probe_score/probe_score.h"
+
+namespace probesidecar::kernels {
+namespace {
+
+using probe_score_detail::kHiddenPad;
+using probe_score_detail::kProbePad;
+
+constexpr int64_t RoundUp(int64_t a, int64_t b) { return (a + b - 1) / b * b; }
+
+}  // namespace
+
+cudaError_t CreateProbeWeights(const float* weight, const float* bias, int32_t num_probes,
+                               int32_t hidden, ProbeWeights* out) {
+  if (weight == nullptr || bias == nullptr || out == nullptr || num_probes < 1 || hidden < 1) {
+    return cudaErrorInvalidValue;
+  }
+  *out = ProbeWeights{};
+  const int64_t p_pad = RoundUp(num_probes, kProbePad), h_pad = RoundUp(hidden, kHiddenPad);
+  const size_t bias_bytes = RoundUp(static_cast<int64_t>(num_probes) * 4, 256);
+  const size_t w32_bytes = static_cast<size_t>(p_pad * h_pad * 4);
+  const size_t w16_bytes = static_cast<size_t>(p_pad * h_pad * 2);
+  const size_t total = bias_bytes + w32_bytes + 2 * w16_bytes;
+  // Layout: bias | W fp32 | W fp16 | W bf16, each [p_pad, h_pad] with zero padding (the tiles of
+  // the tensor-core kernel read whole 64 x 128 blocks of W without bounds checks).
+  std::vector<float> w32;
+  std::vector<uint16_t> w16, wb16;
+  try {
+    w32.assign(static_cast<size_t>(p_pad * h_pad), 0.0f);
+    w16.assign(static_cast<size_t>(p_pad * h_pad), 0);
+    wb16.assign(static_cast<size_t>(p_pad * h_pad), 0);
+  } catch (const std::bad_alloc&) {
+    return cudaErrorMemoryAllocation;
+  }
+  for (int64_t p = 0; p < num_probes; ++p) {
+    for (int64_t h = 0; h < hidden; ++h) {
+      const float v = weight[p * hidden + h];
+      w32[p * h_pad + h] = v;
+      w16[p * h_pad + h] = common::FloatToHalf(v);
+      wb16[p * h_pad + h] = common::FloatToBf16(v);
+    }
+  }
+  char* storage = nullptr;
+  cudaError_t err = cudaMalloc(reinterpret_cast<void**>(&storage), total);
+  if (err != cudaSuccess) return err;
+  char* bias_d = storage;
+  char* w32_d = bias_d + bias_bytes;
+  char* w16_d = w32_d + w32_bytes;
+  char* wb16_d = w16_d + w16_bytes;
+  err = cudaMemcpy(bias_d, bias, static_cast<size_t>(num_probes) * 4, cudaMemcpyHostToDevice);
+  if (err == cudaSuccess) err = cudaMemcpy(w32_d, w32.data(), w32_bytes, cudaMemcpyHostToDevice);
+  if (err == cudaSuccess) err = cudaMemcpy(w16_d, w16.data(), w16_bytes, cudaMemcpyHostToDevice);
+  if (err == cudaSuccess) {
+    err = cudaMemcpy(wb16_d, wb16.data(), w16_bytes, cudaMemcpyHostToDevice);
+  }
+  if (err != cudaSuccess) {
+    cudaFree(storage);  // the copy's error is the one to report
+    return err;
+  }
+  out->num_probes = num_probes;
+  out->hidden = hidden;
+  out->bias = reinterpret_cast<const float*>(bias_d);
+  out->weight[static_cast<int>(common::DType::kFloat32)] = w32_d;
+  out->weight[static_cast<int>(common::DType::kFloat16)] = w16_d;
+  out->weight[static_cast<int>(common::DType::kBFloat16)] = wb16_d;
+  out->storage = storage;
+  out->storage_bytes = total;
+  return cudaSuccess;
+}
+
+cudaError_t DestroyProbeWeights(ProbeWeights* weights) {
+  if (weights == nullptr) return cudaErrorInvalidValue;
+  cudaError_t err = cudaSuccess;
+  if (weights->storage != nullptr) err = cudaFree(weights->storage);
+  *weights = ProbeWeights{};
+  return err;
+}
+
+}  // namespace probesidecar::kernels
