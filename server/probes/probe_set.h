@@ -20,7 +20,7 @@
 #include "absl/strings/string_view.h"
 #include "common/dtype.h"
 #include "common/safetensors.h"
-#include "kernels/probe_score/probe_score_ref.h"
+#include "kernels/probe_score/probe_score_activation.h"
 
 namespace probesidecar::server {
 

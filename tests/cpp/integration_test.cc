@@ -9,10 +9,10 @@
 #include <thread>
 
 #include "client/cpp/client.h"
-#include "gtest/gtest.h"
 #include "common/dtype.h"
-#include "kernels/probe_score/probe_score_ref.h"
 #include "common/safetensors.h"
+#include "gtest/gtest.h"
+#include "kernels/probe_score/probe_score_ref.h"
 #include "tests/cpp/sidecar_process.h"
 
 namespace probesidecar {
@@ -41,9 +41,13 @@ ProbeFile MakeProbeFile(int32_t num_probes, int32_t hidden, uint32_t seed, bool 
   std::map<std::string, std::string> metadata;
   if (sigmoid) metadata["activation"] = "sigmoid";
   f.bytes = common::WriteSafetensors(
-      {{"weight", "F32", {num_probes, hidden},
+      {{"weight",
+        "F32",
+        {num_probes, hidden},
         std::string(reinterpret_cast<const char*>(f.weight.data()), f.weight.size() * 4)},
-       {"bias", "F32", {num_probes},
+       {"bias",
+        "F32",
+        {num_probes},
         std::string(reinterpret_cast<const char*>(f.bias.data()), f.bias.size() * 4)}},
       metadata);
   return f;
@@ -52,7 +56,7 @@ ProbeFile MakeProbeFile(int32_t num_probes, int32_t hidden, uint32_t seed, bool 
 std::vector<double> Reference(const ProbeFile& f, const std::vector<uint16_t>& x_bits,
                               common::DType dtype, int64_t row_stride,
                               const std::vector<int32_t>& rows, bool sigmoid) {
-  kernels::ProbeScoreRefParams p;
+  kernels::ProbeScoreCpuParams p;
   p.x = x_bits.data();
   p.x_dtype = dtype;
   p.x_row_stride = row_stride;
@@ -114,7 +118,7 @@ TEST_F(IntegrationTest, ScoresMatchFloat64ReferenceInEveryDtype) {
     for (size_t i = 0; i < halves.size(); ++i) {
       floats[i] = normal(rng);
       halves[i] = dtype == common::DType::kFloat16 ? common::FloatToHalf(floats[i])
-                                                     : common::FloatToBf16(floats[i]);
+                                                   : common::FloatToBf16(floats[i]);
     }
     const size_t extent = (rows - 1) * stride + f.hidden;
     std::string bytes;

@@ -9,7 +9,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
-#include "kernels/probe_score/probe_score_ref.h"
+#include "kernels/probe_score/probe_score_cpu.h"
 
 namespace probesidecar::server {
 namespace {
@@ -41,7 +41,7 @@ std::string CpuExecutor::device_name() const {
 
 void CpuExecutor::Score(const ScoreJob* job, ScoreDone done) {
   const ProbeSet& set = *job->probe_set;
-  kernels::ProbeScoreRefParams params;
+  kernels::ProbeScoreCpuParams params;
   params.x = job->activations.host;
   params.x_dtype = job->activations.dtype;
   params.x_row_stride = job->activations.row_stride;
@@ -91,7 +91,7 @@ void CpuExecutor::Score(const ScoreJob* job, ScoreDone done) {
         int64_t seen = shared->first_start_ns.load();
         while (start_ns < seen && !shared->first_start_ns.compare_exchange_weak(seen, start_ns)) {
         }
-        kernels::ProbeScoreRef(params, begin, end);
+        kernels::ScoreProbesCpu(params, begin, end);
       }
       if (shared->remaining.fetch_sub(1) == 1) {
         ScoreTimings timings;

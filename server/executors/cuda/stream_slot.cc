@@ -312,11 +312,10 @@ void StreamSlot::PublishCounters() {
 
 StreamSlot::GraphKey StreamSlot::KeyFor(const ProbeSet& set, common::DType dtype, int32_t bucket,
                                         bool inline_x, RowSource rows, bool timed) const {
-  return GraphKey{
-      set.id,   kernels::ChooseProbeScorePath(bucket, set.num_probes, set.hidden, dtype),
-      dtype,    bucket,
-      inline_x, rows,
-      timed};
+  const kernels::ProbeScoreShape shape{dtype, bucket, set.num_probes, set.hidden};
+  const kernels::ProbeScorePath path = kernels::ChooseProbeScorePath(
+      shape, kernels::ProbeScoreWorkspaceResources(*workspace_).device);
+  return GraphKey{set.id, path, dtype, bucket, inline_x, rows, timed};
 }
 
 cudaError_t StreamSlot::ReserveFor(const GraphKey& key, int32_t hidden) {
@@ -381,11 +380,14 @@ absl::StatusOr<StreamSlot::GraphEntry> StreamSlot::Capture(const GraphKey& key,
                                                            const kernels::ProbeWeights& weights,
                                                            kernels::Activation activation) {
   DropStaleGraphs();
+  // Planned once here; every replay runs this plan.
+  kernels::ProbeScorePlan plan;
+  PS_RETURN_IF_CUDA(kernels::PlanProbeScore(
+      kernels::ProbeScoreShape{key.dtype, key.bucket, weights.num_probes, weights.hidden}, key.path,
+      kernels::ProbeScoreWorkspaceResources(*workspace_), {}, &plan));
   kernels::ProbeScoreParams params;
-  params.x_dtype = key.dtype;
   params.args = &d_args_->score;
   params.rows = key.rows == RowSource::kIdentity ? d_identity_rows_ : d_rows_;
-  params.max_rows = key.bucket;
   params.weights = &weights;
   params.activation = activation;
   // The staging node is captured with an empty request; every launch sets its parameters.
@@ -410,7 +412,7 @@ absl::StatusOr<StreamSlot::GraphEntry> StreamSlot::Capture(const GraphKey& key,
   }
   if (error == cudaSuccess) error = mark(1);
   if (error == cudaSuccess) {
-    error = kernels::LaunchProbeScore(params, key.path, workspace_, stream_);
+    error = kernels::LaunchProbeScore(plan, params, workspace_, stream_);
   }
   if (error == cudaSuccess && key.rows == RowSource::kDevice) {
     kernels::PoisonInvalidRowsParams poison;
