@@ -131,6 +131,7 @@ struct Point {
 struct Record {
   Point pt;
   std::string impl;
+  bool dispatched = false;  // the path LaunchMlaVerify takes for this shape
   double graph_us = 0, eager_us = 0, gbps = 0, tflops = 0;
 };
 
@@ -256,6 +257,7 @@ bool RunPoint(const Point& pt, const Pools& pools, MlaVerifyWorkspace* ws, cudaS
     Record r;
     r.pt = pt;
     r.impl = probesidecar::kernels::MlaVerifyPathName(path);
+    r.dispatched = path == probesidecar::kernels::ChooseMlaVerifyPath(*ws, pt.s_q * pt.h_q);
     r.graph_us = Median(times);
     r.eager_us = Median(eager);
     r.gbps = BytesOf(pt) / (r.graph_us * 1e-6) / 1e9;
@@ -279,7 +281,7 @@ std::string JsonEscape(const std::string& s) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  std::string out_path, git, sweep = "full", impls_arg = "split_kv,baseline";
+  std::string out_path, git, sweep = "full", impls_arg = "split_kv,split_kv_sm90a,baseline";
   bool allow_dirty = false;
   std::string command;
   for (int i = 0; i < argc; ++i) command += (i ? " " : "") + std::string(argv[i]);
@@ -302,9 +304,15 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "mla-verify-bench: %s\n", why.c_str());
     return 2;
   }
-  std::vector<MlaVerifyPath> impls;
-  if (impls_arg.find("split_kv") != std::string::npos) impls.push_back(MlaVerifyPath::kSplitKv);
-  if (impls_arg.find("baseline") != std::string::npos) impls.push_back(MlaVerifyPath::kBaseline);
+  std::vector<MlaVerifyPath> wanted;
+  for (const char* name : {"split_kv", "split_kv_sm90a", "baseline"}) {
+    const std::string list = "," + impls_arg + ",";
+    if (list.find("," + std::string(name) + ",") == std::string::npos) continue;
+    for (int k = 0; k < probesidecar::kernels::kNumMlaVerifyPaths; ++k) {
+      const auto path = static_cast<MlaVerifyPath>(k);
+      if (name == std::string(probesidecar::kernels::MlaVerifyPathName(path))) wanted.push_back(path);
+    }
+  }
 
   auto run = [&]() -> bool {
     cudaDeviceProp prop;
@@ -340,6 +348,14 @@ int main(int argc, char** argv) {
     CHECK_CUDA(cudaDeviceSynchronize());
     MlaVerifyWorkspace* ws = nullptr;
     CHECK_CUDA(probesidecar::kernels::CreateMlaVerifyWorkspace({}, &ws));
+    std::vector<MlaVerifyPath> impls;
+    for (MlaVerifyPath path : wanted) {
+      if (path == MlaVerifyPath::kSplitKvSm90a && !ws->has_sm90a) {
+        std::printf("split_kv_sm90a: not on this device / build, not timed\n");
+        continue;
+      }
+      impls.push_back(path);
+    }
     cudaStream_t stream;
     CHECK_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
     std::vector<Record> records;
@@ -383,11 +399,11 @@ int main(int argc, char** argv) {
     for (size_t i = 0; i < records.size(); ++i) {
       const Record& r = records[i];
       std::fprintf(f,
-                   "    {\"bench\": \"mla_verify\", \"impl\": \"%s\", \"dtype\": \"bf16\", "
+                   "    {\"bench\": \"mla_verify\", \"impl\": \"%s\", \"dispatched\": %s, \"dtype\": \"bf16\", "
                    "\"shape\": {\"batch\": %d, \"s_q\": %d, \"h_q\": %d, \"seqlen\": %d, "
                    "\"page_size\": 64}, \"graph_us_p50\": %.2f, \"eager_us_p50\": %.2f, "
                    "\"gbps\": %.1f, \"tflops\": %.1f, \"frac_copy\": %.4f, \"frac_tflops\": %.4f}%s\n",
-                   r.impl.c_str(), r.pt.batch, r.pt.s_q, r.pt.h_q, r.pt.len, r.graph_us, r.eager_us,
+                   r.impl.c_str(), r.dispatched ? "true" : "false", r.pt.batch, r.pt.s_q, r.pt.h_q, r.pt.len, r.graph_us, r.eager_us,
                    r.gbps, r.tflops, r.gbps / ceil.copy_gbps, r.tflops / ceil.bf16_tflops,
                    i + 1 < records.size() ? "," : "");
     }

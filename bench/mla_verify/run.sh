@@ -52,6 +52,14 @@ if [[ "${SKIP_TESTS:-0}" != 1 ]]; then
   grep -E "^\[worst\]|PASSED|FAILED|SKIPPED|tests ran|Failure|error|exit code" "$LOG" | tail -60
 fi
 
+CUOBJDUMP=$(command -v cuobjdump || echo /usr/local/cuda/bin/cuobjdump)
+if [[ -x "$CUOBJDUMP" ]]; then
+  "$CUOBJDUMP" -sass "$BIN/mla-verify-bench" >"$OUT_DIR/.sass" 2>/dev/null
+  echo "== SASS of mla-verify-bench: HGMMA $(grep -c HGMMA "$OUT_DIR/.sass"), HMMA $(grep -c HMMA \
+    "$OUT_DIR/.sass"), LDL $(grep -c LDL "$OUT_DIR/.sass"), STL $(grep -c STL "$OUT_DIR/.sass")" | tee -a "$LOG"
+  rm -f "$OUT_DIR/.sass"
+fi
+
 echo "== bench ($(left) s left)" | tee -a "$LOG"
 timeout 100 "$BIN/mla-verify-bench" --out "$OUT_DIR/mla_verify_ours.json" --sweep "$SWEEP" \
   --git "$GIT" >>"$LOG" 2>&1 || status=1

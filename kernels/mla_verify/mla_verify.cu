@@ -4,6 +4,7 @@
 #include <cmath>
 
 #include "kernels/mla_verify/mla_verify.h"
+#include "kernels/mla_verify/mla_verify_internal.h"
 #include "kernels/mla_verify/mla_verify_kernel.cuh"
 #include "kernels/mla_verify/mla_verify_plan.h"
 
@@ -70,6 +71,14 @@ cudaError_t CreateMlaVerifyWorkspace(const MlaVerifyWorkspaceConfig& config,
     return err;
   }
   if (major < 9) return cudaErrorInvalidDevice;  // built for sm_90 only
+  int minor = 0;
+  if ((err = cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device)) !=
+      cudaSuccess) {
+    return err;
+  }
+  // sm_90a machine code runs on compute capability 9.0 exactly.
+  const bool has_sm90a = mla::Sm90aCompiled() && major == 9 && minor == 0;
+  if (has_sm90a && (err = mla::SetSm90aAttributes()) != cudaSuccess) return err;
   // Shared-memory limits of every instantiation, once.
   const cudaError_t attr[] = {SetTileAttributes<1, true>(), SetTileAttributes<2, true>(),
                               SetTileAttributes<4, true>(), SetTileAttributes<1, false>(),
@@ -81,7 +90,7 @@ cudaError_t CreateMlaVerifyWorkspace(const MlaVerifyWorkspaceConfig& config,
   ws->device = device;
   ws->num_sms = num_sms;
   ws->max_batch = config.max_batch;
-  ws->path = MlaVerifyPath::kSplitKv;
+  ws->has_sm90a = has_sm90a;
   ws->partial_rows = mla::PartialRowsFor(num_sms);
   const size_t plan_bytes = static_cast<size_t>(mla::PlanInts(config.max_batch)) * 4;
   const size_t out_bytes = static_cast<size_t>(ws->partial_rows) * kMlaHeadDimV * 4;
@@ -107,28 +116,51 @@ void DestroyMlaVerifyWorkspace(MlaVerifyWorkspace* ws) {
   delete ws;
 }
 
-cudaError_t PlanMlaVerify(const MlaVerifyParams& params, MlaVerifyWorkspace* ws,
-                          cudaStream_t stream) {
+namespace {
+
+int32_t PartsFor(MlaVerifyPath path, int32_t num_sms, int32_t rows) {
+  return path == MlaVerifyPath::kSplitKvSm90a ? mla::NumPartsSm90a(num_sms, rows)
+                                              : mla::NumParts(num_sms, rows);
+}
+
+cudaError_t PlanFor(MlaVerifyPath path, const MlaVerifyParams& params, MlaVerifyWorkspace* ws,
+                    cudaStream_t stream) {
   const cudaError_t check = CheckMlaVerifyParams(params, ws);
   if (check != cudaSuccess) return check;
-  const int32_t parts = mla::NumParts(ws->num_sms, params.s_q * params.h_q);
+  const int32_t parts = PartsFor(path, ws->num_sms, params.s_q * params.h_q);
   mla::MlaVerifyPlanKernel<<<1, 1024, 0, stream>>>(params.cache_seqlens, params.batch, parts,
                                                    ws->plan);
   return cudaGetLastError();
 }
 
-cudaError_t RunMlaVerify(const MlaVerifyParams& params, MlaVerifyWorkspace* ws,
-                         cudaStream_t stream) {
+cudaError_t RunFor(MlaVerifyPath path, const MlaVerifyParams& params, MlaVerifyWorkspace* ws,
+                   cudaStream_t stream) {
   const cudaError_t check = CheckMlaVerifyParams(params, ws);
   if (check != cudaSuccess) return check;
   const KernelArgs args = MakeArgs(params, ws);
   const int32_t rows = params.s_q * params.h_q;
-  const int32_t parts = mla::NumParts(ws->num_sms, rows);
-  cudaError_t err = LaunchTileFor<true>(args, parts, stream);
+  const int32_t parts = PartsFor(path, ws->num_sms, rows);
+  cudaError_t err = path == MlaVerifyPath::kSplitKvSm90a
+                        ? mla::LaunchTileSm90a(args, parts, /*split=*/true, stream)
+                        : LaunchTileFor<true>(args, parts, stream);
   if (err != cudaSuccess) return err;
-  const dim3 grid((rows + 3) / 4, params.batch);
-  mla::MlaVerifyCombineKernel<<<grid, 128, 0, stream>>>(args);
+  const dim3 grid(rows * 4, mla::MaxSplitRequests(params.batch, parts));
+  mla::MlaVerifyCombineKernel<<<grid, 256, 0, stream>>>(args);
   return cudaGetLastError();
+}
+
+}  // namespace
+
+cudaError_t PlanMlaVerify(const MlaVerifyParams& params, MlaVerifyWorkspace* ws,
+                          cudaStream_t stream) {
+  if (ws == nullptr) return cudaErrorInvalidValue;
+  return PlanFor(ChooseMlaVerifyPath(*ws, params.s_q * params.h_q), params, ws, stream);
+}
+
+cudaError_t RunMlaVerify(const MlaVerifyParams& params, MlaVerifyWorkspace* ws,
+                         cudaStream_t stream) {
+  if (ws == nullptr) return cudaErrorInvalidValue;
+  return RunFor(ChooseMlaVerifyPath(*ws, params.s_q * params.h_q), params, ws, stream);
 }
 
 cudaError_t LaunchMlaVerify(const MlaVerifyParams& params, MlaVerifyWorkspace* ws,
@@ -149,7 +181,15 @@ cudaError_t LaunchMlaVerifyPath(const MlaVerifyParams& params, MlaVerifyPath pat
                                 MlaVerifyWorkspace* ws, cudaStream_t stream) {
   switch (path) {
     case MlaVerifyPath::kSplitKv:
-      return LaunchMlaVerify(params, ws, stream);
+    case MlaVerifyPath::kSplitKvSm90a: {
+      if (ws == nullptr) return cudaErrorInvalidValue;
+      if (path == MlaVerifyPath::kSplitKvSm90a && !ws->has_sm90a) {
+        return cudaErrorInvalidDeviceFunction;
+      }
+      const cudaError_t err = PlanFor(path, params, ws, stream);
+      if (err != cudaSuccess) return err;
+      return RunFor(path, params, ws, stream);
+    }
     case MlaVerifyPath::kBaseline:
       return LaunchMlaVerifyBaseline(params, ws, stream);
   }

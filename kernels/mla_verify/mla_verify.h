@@ -42,12 +42,13 @@ inline constexpr int kMlaMaxSq = 16;
 inline constexpr int kMlaMaxHeads = 128;
 
 enum class MlaVerifyPath : int32_t {
-  kSplitKv = 0,   // portable split-KV (mma.sync + cp.async), sm_90 and later
-  kBaseline = 1,  // one block per (request, row tile), no split: the in-tree A/B baseline
+  kSplitKv = 0,       // portable split-KV (mma.sync + cp.async), sm_90 machine code
+  kBaseline = 1,      // one block per (request, row tile), no split: the in-tree A/B baseline
+  kSplitKvSm90a = 2,  // split-KV with wgmma (sm_90a machine code), same plan and combine
 };
-inline constexpr int kNumMlaVerifyPaths = 2;
+inline constexpr int kNumMlaVerifyPaths = 3;
 
-// "split_kv", "baseline" (the names used in metrics and benchmarks).
+// "split_kv", "baseline", "split_kv_sm90a" (the names used in metrics and benchmarks).
 const char* MlaVerifyPathName(MlaVerifyPath path);
 
 struct MlaVerifyParams {
@@ -97,7 +98,7 @@ struct MlaVerifyWorkspace {
   int32_t device = 0;
   int32_t num_sms = 0;     // read once at creation
   int32_t max_batch = 0;
-  MlaVerifyPath path = MlaVerifyPath::kSplitKv;  // what LaunchMlaVerify runs on this device
+  bool has_sm90a = false;  // the device is sm_90 and this build holds the sm_90a kernels
   int32_t* plan = nullptr;         // device, see mla_verify_plan.h
   float* partial_out = nullptr;    // device [partial_rows, 512]
   float* partial_lse = nullptr;    // device [partial_rows], log2 domain
@@ -108,6 +109,10 @@ struct MlaVerifyWorkspace {
 cudaError_t CreateMlaVerifyWorkspace(const MlaVerifyWorkspaceConfig& config,
                                      MlaVerifyWorkspace** out);
 void DestroyMlaVerifyWorkspace(MlaVerifyWorkspace* workspace);
+
+// The split path LaunchMlaVerify / PlanMlaVerify / RunMlaVerify take for s_q * h_q query rows
+// on this workspace's device (kSplitKvSm90a where it exists and wins, see the definition).
+MlaVerifyPath ChooseMlaVerifyPath(const MlaVerifyWorkspace& workspace, int32_t rows);
 
 // Host-side checks of a launch's sizes and alignment: cudaSuccess or cudaErrorInvalidValue.
 cudaError_t CheckMlaVerifyParams(const MlaVerifyParams& params, const MlaVerifyWorkspace* ws);
@@ -126,7 +131,8 @@ cudaError_t LaunchMlaVerify(const MlaVerifyParams& params, MlaVerifyWorkspace* w
 // The baseline: no plan, no partials (the workspace is only for its launch settings).
 cudaError_t LaunchMlaVerifyBaseline(const MlaVerifyParams& params,
                                     const MlaVerifyWorkspace* workspace, cudaStream_t stream);
-// By path: kSplitKv = LaunchMlaVerify, kBaseline = LaunchMlaVerifyBaseline.
+// By path (plan + run for the split paths; kSplitKvSm90a needs workspace->has_sm90a, else
+// cudaErrorInvalidDeviceFunction).
 cudaError_t LaunchMlaVerifyPath(const MlaVerifyParams& params, MlaVerifyPath path,
                                 MlaVerifyWorkspace* workspace, cudaStream_t stream);
 

@@ -264,7 +264,8 @@ TEST(MlaPlanTest, RangesCoverEveryPageOnceAndSlotsFit) {
                     : kind == 1 ? 64 * (1 + static_cast<int32_t>(rng() % 8))
                                 : 1 + static_cast<int32_t>(rng() % (kind == 2 ? 5000 : 131072));
     }
-    const int32_t parts = mla::NumParts(num_sms, rows);
+    const int32_t parts = trial % 2 ? mla::NumParts(num_sms, rows)
+                                    : mla::NumPartsSm90a(num_sms, rows);
     std::vector<int32_t> cum(batch + 1, 0);
     for (int32_t b = 0; b < batch; ++b) cum[b + 1] = cum[b] + mla::UnitsOf(lens[b]);
     const int32_t per = mla::UnitsPerPart(cum[batch], parts);
@@ -282,6 +283,9 @@ TEST(MlaPlanTest, RangesCoverEveryPageOnceAndSlotsFit) {
       if (splits > 1) slots += splits;
     }
     ASSERT_LE(slots, 2 * static_cast<int64_t>(parts));
+    int32_t split_requests = 0;
+    for (int32_t b = 0; b < batch; ++b) split_requests += mla::NumSplits(cum[b], cum[b + 1], per) > 1;
+    ASSERT_LE(split_requests, mla::MaxSplitRequests(batch, parts));
     ASSERT_LE(slots * rows, mla::PartialRowsFor(num_sms))
         << "batch " << batch << " sms " << num_sms << " rows " << rows;
   }
@@ -296,6 +300,8 @@ TEST(MlaPlanTest, TilesAndParts) {
   EXPECT_EQ(mla::NumParts(132, 64), 132);
   EXPECT_EQ(mla::NumParts(132, 128), 66);
   EXPECT_EQ(mla::NumParts(132, 2048), 4);
+  EXPECT_EQ(mla::NumPartsSm90a(132, 16), 132);
+  EXPECT_EQ(mla::NumPartsSm90a(132, 1024), 8);
   EXPECT_EQ(mla::UnitsOf(0), 1);
   EXPECT_EQ(mla::UnitsOf(64), 1);
   EXPECT_EQ(mla::UnitsOf(65), 2);
@@ -349,6 +355,11 @@ TEST(MlaVerifyChecksTest, RejectsBadShapesAndAlignment) {
   expect_bad([](MlaVerifyParams& b) { b.block_table_batch_stride = 3; });
   EXPECT_STREQ(MlaVerifyPathName(MlaVerifyPath::kSplitKv), "split_kv");
   EXPECT_STREQ(MlaVerifyPathName(MlaVerifyPath::kBaseline), "baseline");
+  EXPECT_STREQ(MlaVerifyPathName(MlaVerifyPath::kSplitKvSm90a), "split_kv_sm90a");
+  ws.has_sm90a = false;
+  EXPECT_EQ(ChooseMlaVerifyPath(ws, 128), MlaVerifyPath::kSplitKv);
+  ws.has_sm90a = true;
+  EXPECT_EQ(ChooseMlaVerifyPath(ws, 128), MlaVerifyPath::kSplitKvSm90a);
 }
 
 }  // namespace

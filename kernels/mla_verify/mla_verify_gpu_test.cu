@@ -362,8 +362,17 @@ class MlaVerifyGpuTest : public ::testing::Test {
     Reference ref;
     GpuReference(pr, &ref);
     if (HasFatalFailure()) return;
-    RunAndCheck(&pr, MlaVerifyPath::kSplitKv, ref, what.c_str());
-    RunAndCheck(&pr, MlaVerifyPath::kBaseline, ref, what.c_str());
+    for (MlaVerifyPath path : Paths()) {
+      RunAndCheck(&pr, path, ref, what.c_str());
+      if (HasFatalFailure()) return;
+    }
+  }
+
+  // Every path this device runs (the sm_90a one where it exists).
+  std::vector<MlaVerifyPath> Paths() const {
+    std::vector<MlaVerifyPath> paths = {MlaVerifyPath::kSplitKv, MlaVerifyPath::kBaseline};
+    if (ws_->has_sm90a) paths.push_back(MlaVerifyPath::kSplitKvSm90a);
+    return paths;
   }
 
   MlaVerifyWorkspace* ws_ = nullptr;
@@ -415,6 +424,8 @@ TEST_F(MlaVerifyGpuTest, GpuReferenceMatchesCpuReference) {
     }
   }
   RunAndCheck(&pr, MlaVerifyPath::kSplitKv, gpu, "cpu-ref case");
+  std::printf("sm_90a path %s\n", ws_->has_sm90a ? "present: tested beside the others"
+                                                  : "absent on this device or build");
 }
 
 // Every s_q x h_q with short, page-boundary and random lengths (variable within a batch).
@@ -484,7 +495,7 @@ TEST_F(MlaVerifyGpuTest, GraphReplayEqualsEagerBitForBit) {
   shape.lens = {300, 4096, 77, 1000, 64};
   Problem pr;
   Build(shape, &pr);
-  for (MlaVerifyPath path : {MlaVerifyPath::kSplitKv, MlaVerifyPath::kBaseline}) {
+  for (MlaVerifyPath path : Paths()) {
     SCOPED_TRACE(MlaVerifyPathName(path));
     Poison(&pr);
     CUDA_ASSERT(LaunchMlaVerifyPath(pr.params, path, ws_, stream_));
@@ -561,6 +572,38 @@ TEST_F(MlaVerifyGpuTest, OnePlanServesSeveralLayers) {
     Densify(*pr, &out, &lse);
     EXPECT_TRUE(CompareMlaOutput(out.data(), ref->out.data(), ref->absw.data(), out.size()).ok());
     EXPECT_TRUE(CompareMlaLse(lse.data(), ref->lse.data(), lse.size()).ok());
+  }
+}
+
+TEST_F(MlaVerifyGpuTest, PathsAgreeWithinTheBound) {
+  // split_kv (and split_kv_sm90a) against the baseline directly, element by element, with the
+  // baseline's result standing in for the reference's value and the reference's error scale.
+  Shape shape;
+  shape.s_q = 4;
+  shape.h_q = 16;
+  shape.lens = {9000, 3, 200, 64 * 40};
+  Problem pr;
+  Build(shape, &pr);
+  Reference ref;
+  GpuReference(pr, &ref);
+  std::vector<std::vector<float>> outs;
+  for (MlaVerifyPath path : Paths()) {
+    Poison(&pr);
+    CUDA_ASSERT(LaunchMlaVerifyPath(pr.params, path, ws_, stream_));
+    CUDA_ASSERT(cudaStreamSynchronize(stream_));
+    Fetch(&pr);
+    std::vector<float> out, lse;
+    Densify(pr, &out, &lse);
+    outs.push_back(out);
+  }
+  for (size_t k = 0; k < outs.size(); ++k) {
+    if (k == 1) continue;  // the baseline itself
+    std::vector<double> base(outs[1].begin(), outs[1].end());
+    const MlaCompareResult r =
+        CompareMlaOutput(outs[k].data(), base.data(), ref.absw.data(), base.size());
+    std::printf("[worst] %s vs baseline: max_abs %.3g err/bound %.3f\n",
+                MlaVerifyPathName(Paths()[k]), r.max_abs_err, r.max_err_over_bound);
+    EXPECT_TRUE(r.ok()) << MlaVerifyPathName(Paths()[k]) << " differs from the baseline";
   }
 }
 

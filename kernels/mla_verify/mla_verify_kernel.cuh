@@ -27,17 +27,10 @@
 #include <cstdint>
 
 #include "kernels/mla_verify/mla_verify.h"
+#include "kernels/mla_verify/mla_verify_common.cuh"
 #include "kernels/mla_verify/mla_verify_plan.h"
 
 namespace probesidecar::kernels::mla {
-
-inline constexpr int kBlockN = 32;             // keys per pipeline stage
-inline constexpr int kSmemStride = 584;        // bf16 per shared row: 576 + 8 (rows 16 B apart
-                                               // in bank space: ldmatrix is conflict free)
-inline constexpr int kChunksPerRow = kMlaHeadDimQk / 8;  // 16-byte chunks per 576-wide row
-inline constexpr int kSStride = kBlockN + 8;   // floats per row of the score exchange buffer
-inline constexpr float kLog2e = 1.4426950408889634f;
-inline constexpr float kLn2 = 0.6931471805599453f;
 
 template <int kRowGroups>
 struct TileConfig {
@@ -53,78 +46,10 @@ struct TileConfig {
   static constexpr int kSmemBytes = kQBytes + kStages * kStageBytes + kSBytes;
 };
 
-// Everything a launch needs, passed by value as a __grid_constant__ parameter.
-struct KernelArgs {
-  MlaVerifyParams p;
-  const int32_t* plan = nullptr;  // device plan (split mode), see mla_verify_plan.h
-  float* partial_out = nullptr;   // [slots * rows, 512]
-  float* partial_lse = nullptr;   // [slots * rows], log2 domain
-  float scale_log2 = 0.0f;        // softmax_scale * log2(e)
-};
-
-// ---------------------------------------------------------------------------------------------
-// PTX helpers.
-
-__device__ __forceinline__ uint32_t SmemAddr(const void* p) {
-  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
-
-// 16-byte asynchronous copy; src_bytes = 0 fills the destination with zeros without reading.
-__device__ __forceinline__ void CpAsync16(uint32_t dst, const void* src, int src_bytes) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src),
-               "r"(src_bytes));
-}
-__device__ __forceinline__ void CpAsyncCommit() { asm volatile("cp.async.commit_group;\n" ::); }
-template <int kN>
-__device__ __forceinline__ void CpAsyncWait() {
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(kN));
-}
-
-__device__ __forceinline__ void LdMatrixX4(uint32_t addr, uint32_t& r0, uint32_t& r1,
-                                           uint32_t& r2, uint32_t& r3) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-               : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3)
-               : "r"(addr));
-}
-__device__ __forceinline__ void LdMatrixX4Trans(uint32_t addr, uint32_t& r0, uint32_t& r1,
-                                                uint32_t& r2, uint32_t& r3) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-               : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3)
-               : "r"(addr));
-}
-
-// c += a * b, m16n8k16, bf16 operands, float32 accumulators.
-__device__ __forceinline__ void Mma16816(float (&c)[4], const uint32_t (&a)[4], uint32_t b0,
-                                         uint32_t b1) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
-      "{%8, %9}, {%0, %1, %2, %3};\n"
-      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-
-// Barrier among the 128 threads of one row group (ids 1..4; 0 is __syncthreads).
-__device__ __forceinline__ void RowGroupBarrier(int rg) {
-  asm volatile("bar.sync %0, 128;\n" ::"r"(rg + 1));
-}
-
-__device__ __forceinline__ uint32_t PackBf16(float lo, float hi) {
-  const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
-  return *reinterpret_cast<const uint32_t*>(&v);
-}
-
-__device__ __forceinline__ float QuadMax(float v) {
-  v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 1));
-  return fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 2));
-}
-__device__ __forceinline__ float QuadSum(float v) {
-  v += __shfl_xor_sync(0xffffffffu, v, 1);
-  return v + __shfl_xor_sync(0xffffffffu, v, 2);
-}
-
 // ---------------------------------------------------------------------------------------------
 // Plan kernel. Grid: 1 block; block: 1024 threads. Exclusive prefix of the requests' units,
-// units per range, and a partial slot base for every split request (prefix of their splits).
+// units per range, a partial slot base for every split request (prefix of their splits) and
+// the list of split requests.
 
 __device__ __forceinline__ int32_t BlockExclusiveScan(int32_t v, int32_t* warp_sums,
                                                       int32_t* total) {
@@ -159,6 +84,7 @@ __global__ void __launch_bounds__(1024) MlaVerifyPlanKernel(const int32_t* __res
   __shared__ int32_t warp_sums[32];
   int32_t* cum = plan + kPlanCum;
   int32_t* slot_base = cum + batch + 1;
+  int32_t* split_list = slot_base + batch;
   int32_t carry = 0;
   for (int32_t base = 0; base < batch; base += blockDim.x) {
     const int32_t i = base + threadIdx.x;
@@ -171,7 +97,7 @@ __global__ void __launch_bounds__(1024) MlaVerifyPlanKernel(const int32_t* __res
   if (threadIdx.x == 0) cum[batch] = carry;
   const int32_t per = UnitsPerPart(carry, num_parts);
   __syncthreads();  // cum[] complete before the second pass reads neighbours
-  int32_t slots = 0;
+  int32_t slots = 0, listed = 0;
   for (int32_t base = 0; base < batch; base += blockDim.x) {
     const int32_t i = base + threadIdx.x;
     int32_t splits = 0;
@@ -179,45 +105,27 @@ __global__ void __launch_bounds__(1024) MlaVerifyPlanKernel(const int32_t* __res
       splits = NumSplits(cum[i], cum[i + 1], per);
       if (splits < 2) splits = 0;
     }
-    int32_t chunk_total;
+    int32_t chunk_total, chunk_listed;
     const int32_t before = BlockExclusiveScan(splits, warp_sums, &chunk_total);
-    if (i < batch) slot_base[i] = splits > 0 ? slots + before : -1;
+    const int32_t index = BlockExclusiveScan(splits > 0 ? 1 : 0, warp_sums, &chunk_listed);
+    if (i < batch) {
+      slot_base[i] = splits > 0 ? slots + before : -1;
+      if (splits > 0) split_list[listed + index] = i;
+    }
     slots += chunk_total;
+    listed += chunk_listed;
   }
   if (threadIdx.x == 0) {
     plan[0] = per;
     plan[1] = carry;
     plan[2] = num_parts;
     plan[3] = batch;
+    plan[4] = listed;
   }
 }
 
 // ---------------------------------------------------------------------------------------------
 // Tile kernel.
-
-// Walks the units of a block's range request by request. In split mode the request boundaries
-// come from the plan's prefix; in baseline mode the range is one whole request.
-struct RequestCursor {
-  const int32_t* cum;  // null in baseline mode
-  int32_t r;           // current request
-  int32_t begin, end;  // its units [begin, end) in the flattened batch
-  int32_t len;         // its length
-  const int32_t* table;
-
-  __device__ __forceinline__ void Load(const MlaVerifyParams& p) {
-    len = p.cache_seqlens[r];
-    table = p.block_table + r * p.block_table_batch_stride;
-  }
-  __device__ __forceinline__ void Advance(const MlaVerifyParams& p, int32_t u) {
-    if (cum == nullptr) return;
-    while (u >= end) {
-      ++r;
-      begin = end;
-      end = cum[r + 1];
-      Load(p);
-    }
-  }
-};
 
 template <int kRowGroups, bool kSplit>
 __global__ void __launch_bounds__(TileConfig<kRowGroups>::kThreads,
@@ -240,28 +148,17 @@ __global__ void __launch_bounds__(TileConfig<kRowGroups>::kThreads,
   const int32_t rows = p.s_q * p.h_q;
 
   // This block's range of units and the request it starts in.
-  int32_t u0, u1, per = 0;
+  int32_t u0, u1;
   RequestCursor load_cur, comp_cur;
   if constexpr (kSplit) {
-    const int32_t* cum = args.plan + kPlanCum;
-    per = args.plan[0];
-    const int32_t total = args.plan[1];
-    u0 = blockIdx.y * per;
-    if (u0 >= total) return;
-    u1 = min(total, u0 + per);
-    int32_t lo = 0, hi = p.batch - 1;  // last request with cum[r] <= u0
-    while (lo < hi) {
-      const int32_t mid = (lo + hi + 1) >> 1;
-      if (cum[mid] <= u0) lo = mid; else hi = mid - 1;
-    }
-    load_cur = {cum, lo, cum[lo], cum[lo + 1], 0, nullptr};
+    if (!SplitRange(args, blockIdx.y, &u0, &u1, &load_cur)) return;
   } else {
     const int32_t r = blockIdx.y;
     u0 = 0;
     u1 = UnitsOf(p.cache_seqlens[r]);
     load_cur = {nullptr, r, 0, u1, 0, nullptr};
+    load_cur.Load(p);
   }
-  load_cur.Load(p);
   comp_cur = load_cur;
   const int32_t num_blocks = 2 * (u1 - u0);  // two 32-key stages per page unit
 
@@ -318,16 +215,9 @@ __global__ void __launch_bounds__(TileConfig<kRowGroups>::kThreads,
 
   // Writes the finished request's rows: straight to out/lse, or as a partial.
   auto finalize = [&](const RequestCursor& cur) {
-    bool direct = true;
     int64_t slot = 0;
-    if constexpr (kSplit) {
-      const int32_t splits = NumSplits(cur.begin, cur.end, per);
-      if (splits > 1) {
-        direct = false;
-        const int32_t* slot_base = args.plan + kPlanCum + p.batch + 1;
-        slot = slot_base[cur.r] + (blockIdx.y - FirstPart(cur.begin, per));
-      }
-    }
+    bool direct = true;
+    if constexpr (kSplit) direct = !PartialSlot(args, cur, blockIdx.y, &slot);
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
       const int32_t g = tile * kM + row_in_tile0 + half * 8;
@@ -493,59 +383,94 @@ __global__ void __launch_bounds__(TileConfig<kRowGroups>::kThreads,
 }
 
 // ---------------------------------------------------------------------------------------------
-// Combine kernel. Grid: (ceil(rows / 4), batch); block: 128 threads, one warp per query row.
-// Merges the partials of split requests by their LSEs: out = sum_s w_s O_s / sum_s w_s with
-// w_s = 2^(lse_s - max lse); requests computed whole by one block return at once.
-__global__ void __launch_bounds__(128) MlaVerifyCombineKernel(const __grid_constant__ KernelArgs args) {
+// Combine kernel. Grid: (rows * 4, MaxSplitRequests(batch, parts)); block: 256 threads.
+// Block (x, y) merges 128 output columns (x % 4) of query row x / 4 of the y-th split request:
+// out = sum_s w_s O_s / sum_s w_s with w_s = 2^(lse_s - max_s lse_s). The 8 warps take the
+// splits round-robin (a lane holds 4 columns), 4 splits in flight per warp, then add up their
+// sums in shared memory: a request split over every SM (batch 1) merges in a few microseconds.
+__global__ void __launch_bounds__(256) MlaVerifyCombineKernel(const __grid_constant__ KernelArgs args) {
   const MlaVerifyParams& p = args.p;
-  const int32_t r = blockIdx.y;
-  const int32_t* cum = args.plan + kPlanCum;
-  const int32_t per = args.plan[0];
-  const int32_t splits = NumSplits(cum[r], cum[r + 1], per);
-  if (splits < 2) return;
+  const int32_t* plan = args.plan;
+  if (static_cast<int32_t>(blockIdx.y) >= plan[4]) return;
+  const int32_t r = plan[kPlanCum + 2 * p.batch + 1 + blockIdx.y];
+  const int32_t* cum = plan + kPlanCum;
+  const int32_t splits = NumSplits(cum[r], cum[r + 1], plan[0]);
   const int32_t rows = p.s_q * p.h_q;
-  const int32_t g = blockIdx.x * 4 + (threadIdx.x >> 5);
-  if (g >= rows) return;
-  const int lane = threadIdx.x & 31;
-  const int64_t slot0 = args.plan[kPlanCum + p.batch + 1 + r];
+  const int32_t g = blockIdx.x >> 2;
+  const int col0 = (blockIdx.x & 3) * 128;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int64_t slot0 = plan[kPlanCum + p.batch + 1 + r];
+  __shared__ float red[8];
+  __shared__ float4 acc_sm[8][32];
+  __shared__ float wsum_sm[8];
+  // Max LSE over the splits.
   float mx = -INFINITY;
-  for (int s = 0; s < splits; ++s) mx = fmaxf(mx, args.partial_lse[(slot0 + s) * rows + g]);
-  float4 acc[4];
+  for (int s = threadIdx.x; s < splits; s += 256) {
+    mx = fmaxf(mx, args.partial_lse[(slot0 + s) * rows + g]);
+  }
+  for (int d = 16; d > 0; d >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, d));
+  if (lane == 0) red[warp] = mx;
+  __syncthreads();
+  mx = red[0];
 #pragma unroll
-  for (int c = 0; c < 4; ++c) acc[c] = make_float4(0.f, 0.f, 0.f, 0.f);
+  for (int w = 1; w < 8; ++w) mx = fmaxf(mx, red[w]);
+  float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
   float wsum = 0.0f;
   if (mx != -INFINITY) {
-    for (int s = 0; s < splits; ++s) {
-      const float w = exp2f(args.partial_lse[(slot0 + s) * rows + g] - mx);
-      wsum += w;
-      const float4* src =
-          reinterpret_cast<const float4*>(args.partial_out + ((slot0 + s) * rows + g) * kMlaHeadDimV);
+    for (int s0 = warp; s0 < splits; s0 += 32) {
+      float w[4];
+      float4 v[4];
 #pragma unroll
-      for (int c = 0; c < 4; ++c) {
-        const float4 v = src[c * 32 + lane];
-        acc[c].x += w * v.x;
-        acc[c].y += w * v.y;
-        acc[c].z += w * v.z;
-        acc[c].w += w * v.w;
+      for (int u = 0; u < 4; ++u) {
+        const int s = s0 + u * 8;
+        if (s < splits) {
+          const int64_t row = (slot0 + s) * rows + g;
+          w[u] = exp2f(args.partial_lse[row] - mx);
+          v[u] = *reinterpret_cast<const float4*>(args.partial_out + row * kMlaHeadDimV + col0 +
+                                                  lane * 4);
+        } else {
+          w[u] = 0.0f;
+          v[u] = make_float4(0.f, 0.f, 0.f, 0.f);
+        }
+      }
+#pragma unroll
+      for (int u = 0; u < 4; ++u) {
+        wsum += w[u];
+        acc.x += w[u] * v[u].x;
+        acc.y += w[u] * v[u].y;
+        acc.z += w[u] * v[u].z;
+        acc.w += w[u] * v[u].w;
       }
     }
   }
-  const float inv = wsum > 0.0f ? 1.0f / wsum : 0.0f;
-  const int32_t j = g / p.h_q, h = g - j * p.h_q;
-  __nv_bfloat16* dst = p.out + r * p.out_batch_stride + j * p.out_token_stride + h * p.out_head_stride;
+  acc_sm[warp][lane] = acc;
+  if (lane == 0) wsum_sm[warp] = wsum;
+  __syncthreads();
+  if (warp != 0) return;
+  float4 total = acc_sm[0][lane];
+  float wtot = wsum_sm[0];
 #pragma unroll
-  for (int c = 0; c < 4; ++c) {
-    const int col = (c * 32 + lane) * 4;
-    __nv_bfloat162 lo = __floats2bfloat162_rn(acc[c].x * inv, acc[c].y * inv);
-    __nv_bfloat162 hi = __floats2bfloat162_rn(acc[c].z * inv, acc[c].w * inv);
-    uint2 packed;
-    packed.x = *reinterpret_cast<uint32_t*>(&lo);
-    packed.y = *reinterpret_cast<uint32_t*>(&hi);
-    *reinterpret_cast<uint2*>(dst + col) = packed;
+  for (int w = 1; w < 8; ++w) {
+    const float4 a = acc_sm[w][lane];
+    total.x += a.x;
+    total.y += a.y;
+    total.z += a.z;
+    total.w += a.w;
+    wtot += wsum_sm[w];
   }
-  if (p.lse != nullptr && lane == 0) {
+  const float inv = wtot > 0.0f ? 1.0f / wtot : 0.0f;
+  const int32_t j = g / p.h_q, h = g - j * p.h_q;
+  __nv_bfloat16* dst = p.out + r * p.out_batch_stride + j * p.out_token_stride +
+                       h * p.out_head_stride + col0 + lane * 4;
+  const __nv_bfloat162 lo = __floats2bfloat162_rn(total.x * inv, total.y * inv);
+  const __nv_bfloat162 hi = __floats2bfloat162_rn(total.z * inv, total.w * inv);
+  uint2 packed;
+  packed.x = *reinterpret_cast<const uint32_t*>(&lo);
+  packed.y = *reinterpret_cast<const uint32_t*>(&hi);
+  *reinterpret_cast<uint2*>(dst) = packed;
+  if (p.lse != nullptr && col0 == 0 && lane == 0) {
     p.lse[r * p.lse_batch_stride + h * p.lse_head_stride + j] =
-        wsum > 0.0f ? (mx + __log2f(wsum)) * kLn2 : -INFINITY;
+        wtot > 0.0f ? (mx + __log2f(wtot)) * kLn2 : -INFINITY;
   }
 }
 

@@ -22,14 +22,16 @@
 
 namespace probesidecar::kernels::mla {
 
-// Plan array layout (int32, device, 2 * max_batch + 8 entries):
-//   [0] units_per_part  [1] total units  [2] num_parts  [3] batch
+// Plan array layout (int32, device, 3 * max_batch + 9 entries):
+//   [0] units_per_part  [1] total units  [2] num_parts  [3] batch  [4] split requests
 //   [kPlanCum .. kPlanCum + batch]            cum_units, batch + 1 entries (exclusive prefix)
 //   [kPlanCum + batch + 1 .. + 2 * batch]     slot_base per request (-1 when not split)
-inline constexpr int kPlanHeader = 4;
+//   [kPlanCum + 2 * batch + 1 .. + 3 * batch] the split requests' indices, in order (the
+//                                             combine kernel's work list)
+inline constexpr int kPlanHeader = 8;
 inline constexpr int kPlanCum = kPlanHeader;
 
-MLA_HD int64_t PlanInts(int64_t max_batch) { return 2 * max_batch + 8; }
+MLA_HD int64_t PlanInts(int64_t max_batch) { return 3 * max_batch + kPlanHeader + 1; }
 MLA_HD int32_t UnitsOf(int32_t len) { return len <= 0 ? 1 : (len + 63) / 64; }
 MLA_HD int32_t UnitsPerPart(int32_t total, int32_t num_parts) {
   const int32_t per = (total + num_parts - 1) / num_parts;
@@ -54,10 +56,23 @@ MLA_HD int32_t NumRowTiles(int32_t rows) {
 MLA_HD int32_t BlocksPerSmFor(int32_t tile_rows) { return tile_rows == 16 ? 2 : 1; }
 // Ranges (grid.y of the split kernel): one wave of blocks over all SMs, the row tiles of one
 // range side by side so that they read its pages at the same time (once from HBM, then L2).
-MLA_HD int32_t NumParts(int32_t num_sms, int32_t rows) {
-  const int32_t slots = num_sms * BlocksPerSmFor(TileRowsFor(rows));
-  const int32_t parts = slots / NumRowTiles(rows);
+MLA_HD int32_t NumPartsFor(int32_t num_sms, int32_t rows, int32_t tile_rows,
+                           int32_t blocks_per_sm) {
+  const int32_t parts = num_sms * blocks_per_sm / ((rows + tile_rows - 1) / tile_rows);
   return parts < 1 ? 1 : parts;
+}
+// The portable path (16/32/64-row tiles).
+MLA_HD int32_t NumParts(int32_t num_sms, int32_t rows) {
+  return NumPartsFor(num_sms, rows, TileRowsFor(rows), BlocksPerSmFor(TileRowsFor(rows)));
+}
+// The sm_90a path: always 64-row tiles (the wgmma M), one block per SM.
+MLA_HD int32_t NumPartsSm90a(int32_t num_sms, int32_t rows) {
+  return NumPartsFor(num_sms, rows, 64, 1);
+}
+// Split requests can number at most num_parts - 1 (each spans a boundary between two ranges,
+// and no two share one): the combine kernel's grid.
+MLA_HD int32_t MaxSplitRequests(int32_t batch, int32_t num_parts) {
+  return batch < num_parts ? batch : num_parts;
 }
 // Partial-output rows a workspace needs for any shape: 2 * num_parts * rows is largest for
 // 16-row tiles (2 * 2 * num_sms * 16) and 64-row tiles (2 * num_sms * 64).

@@ -1,0 +1,314 @@
+// MLA verify tile kernel for sm_90a: wgmma (warpgroup MMA) with both QK^T operands and V read
+// by the tensor cores straight from shared memory. Compiled only for
+// -gencode arch=compute_90a,code=sm_90a (mla_verify_sm90a.cu).
+//
+// Block: 2 warpgroups (256 threads), one 64-row query tile (the wgmma M; rows past s_q * h_q are
+// zero and their results dropped), keys in stages of 32 (half a page) through a 3-deep cp.async
+// ring. Per stage:
+//   S = Q K^T  : split over the depth: warpgroup w multiplies depth columns [288 w, 288 w + 288)
+//                (18 wgmma m64n32k16, Q and K from shared memory), then the two partial 64 x 32
+//                score tiles are added through shared memory. Each score is computed once, and
+//                both warpgroups end with the same (bitwise) scores, so their softmax state
+//                (running max and sum per row) agrees without further exchange.
+//   softmax    : online, in registers (the wgmma accumulator layout: a thread holds 2 rows).
+//   O += P V   : warpgroup w owns O[64 rows, columns 256 w .. +256] (128 float32 per thread) and
+//                runs 2 wgmma m64n256k16 with P from registers and V from shared memory.
+// Shared operands use the tensor cores' no-swizzle ("interleave") layout: 8 rows x 16 bytes
+// form a 128-byte core matrix; the 72 core matrices of 8 rows x 576 lie contiguously (9216
+// bytes), so a 16-byte chunk (row, c) sits at (row / 8) * 9216 + c * 128 + (row % 8) * 16. The
+// loads issue chunks in that order, so thread i writes bytes [16 i, 16 i + 16) of a tile.
+#pragma once
+
+#include <cute/arch/mma_sm90_desc.hpp>
+#include <cute/arch/mma_sm90_gmma.hpp>
+
+#include <utility>
+
+#include "kernels/mla_verify/mla_verify_common.cuh"
+
+namespace probesidecar::kernels::mla::sm90a {
+
+inline constexpr int kThreads = 256;
+inline constexpr int kM = 64;
+inline constexpr int kN = 32;                       // keys per stage
+inline constexpr int kStages = 3;
+inline constexpr int kRowGroupBytes = 8 * kMlaHeadDimQk * 2;  // 9216: 8 rows of 576
+inline constexpr int kQBytes = kM / 8 * kRowGroupBytes;       // 73728
+inline constexpr int kStageBytes = kN / 8 * kRowGroupBytes;   // 36864
+inline constexpr int kXBytes = 2 * 16 * kThreads / 2 * 4;     // 2 x (64 x 32 float32)
+inline constexpr int kSmemBytes = kQBytes + kStages * kStageBytes + kXBytes;
+
+using GmmaMajor = cute::SM90::GMMA::Major;
+using MmaS = cute::SM90::GMMA::MMA_64x32x16_F32BF16BF16_SS<GmmaMajor::K, GmmaMajor::K>;
+using MmaO = cute::SM90::GMMA::MMA_64x256x16_F32BF16BF16_RS<GmmaMajor::K, GmmaMajor::MN>;
+
+// A shared-memory matrix descriptor, no swizzle. K-major operands (Q, K): lbo = 128 (the next
+// 8 columns), sbo = 9216 (the next 8 rows). The MN-major V operand: lbo = 9216 (the next 8
+// keys, along K), sbo = 128 (the next 8 columns, along N).
+__device__ __forceinline__ uint64_t Desc(uint32_t smem_addr, uint32_t lbo, uint32_t sbo) {
+  cute::GmmaDescriptor d;
+  d.bitfield.start_address_ = static_cast<uint16_t>(smem_addr >> 4);
+  d.bitfield.leading_byte_offset_ = static_cast<uint16_t>(lbo >> 4);
+  d.bitfield.stride_byte_offset_ = static_cast<uint16_t>(sbo >> 4);
+  d.bitfield.base_offset_ = 0;
+  d.bitfield.layout_type_ = 0;  // no swizzle
+  return d.desc_;
+}
+
+template <size_t... I>
+__device__ __forceinline__ void WgmmaS(uint64_t da, uint64_t db, float (&d)[16],
+                                       std::index_sequence<I...>) {
+  MmaS::fma(da, db, d[I]..., cute::SM90::GMMA::ScaleOut::One);
+}
+template <size_t... I>
+__device__ __forceinline__ void WgmmaO(const uint32_t (&a)[4], uint64_t db, float (&d)[128],
+                                       std::index_sequence<I...>) {
+  MmaO::fma(a[0], a[1], a[2], a[3], db, d[I]..., cute::SM90::GMMA::ScaleOut::One);
+}
+template <int kN2>
+__device__ __forceinline__ void FenceRegs(float (&r)[kN2]) {
+#pragma unroll
+  for (int i = 0; i < kN2; ++i) cute::warpgroup_fence_operand(r[i]);
+}
+
+__device__ __forceinline__ void FenceProxyAsync() {
+  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+}
+// Barrier of the block's 256 threads other than __syncthreads (id 1), for the score exchange.
+__device__ __forceinline__ void ExchangeBarrier() { asm volatile("bar.sync 1, 256;\n" ::: "memory"); }
+
+template <bool kSplit>
+__global__ void __launch_bounds__(kThreads, 1)
+    MlaVerifyTileSm90aKernel(const __grid_constant__ KernelArgs args) {
+  // Grid: (64-row tiles, ranges) in split mode, (64-row tiles, batch) without split.
+  // Block: 256 threads (2 warpgroups); dynamic shared memory kSmemBytes.
+  const MlaVerifyParams& p = args.p;
+  extern __shared__ __align__(128) uint8_t smem[];
+  const uint32_t sq = SmemAddr(smem);
+  const uint32_t skv = sq + kQBytes;
+  float* sx = reinterpret_cast<float*>(smem + kQBytes + kStages * kStageBytes);
+
+  const int tid = threadIdx.x;
+  const int wg = tid >> 7;             // warpgroup: depth half for S, column half for O
+  const int t = tid & 127;             // thread within the warpgroup
+  const int lane = tid & 31, quad = lane & 3;
+  const int row0 = ((t >> 5) << 4) + (lane >> 2);  // this thread's rows: row0 and row0 + 8
+  const int tile = blockIdx.x;
+  const int32_t rows = p.s_q * p.h_q;
+
+  int32_t u0, u1;
+  RequestCursor load_cur, comp_cur;
+  if constexpr (kSplit) {
+    if (!SplitRange(args, blockIdx.y, &u0, &u1, &load_cur)) return;
+  } else {
+    const int32_t r = blockIdx.y;
+    u0 = 0;
+    u1 = UnitsOf(p.cache_seqlens[r]);
+    load_cur = {nullptr, r, 0, u1, 0, nullptr};
+    load_cur.Load(p);
+  }
+  comp_cur = load_cur;
+  const int32_t num_blocks = 2 * (u1 - u0);
+
+  // Chunk i of a tile (16 bytes) is row (i / 576) * 8 + i % 8, column chunk (i / 8) % 72, and
+  // lands at byte 16 i: 8 consecutive threads fill one core matrix.
+  auto load_block = [&](int32_t i, int slot) {
+    const int32_t u = u0 + (i >> 1);
+    load_cur.Advance(p, u);
+    const int32_t page_in_req = u - load_cur.begin;
+    const int32_t k0 = page_in_req * kMlaPageSize + (i & 1) * kN;
+    const int32_t valid = min(kN, max(0, load_cur.len - k0));
+    const __nv_bfloat16* src = p.kv_cache;
+    if (valid > 0) {
+      src += static_cast<int64_t>(load_cur.table[page_in_req]) * p.kv_page_stride +
+             static_cast<int64_t>((i & 1) * kN) * p.kv_row_stride;
+    }
+    const uint32_t dst = skv + slot * kStageBytes;
+#pragma unroll 4
+    for (int c = tid; c < kN * kChunksPerRow; c += kThreads) {
+      const int group = c / (8 * kChunksPerRow), within = c - group * (8 * kChunksPerRow);
+      const int row = group * 8 + (within & 7), chunk = within >> 3;
+      const bool ok = row < valid;
+      const __nv_bfloat16* g = ok ? src + row * p.kv_row_stride + chunk * 8 : p.kv_cache;
+      CpAsync16(dst + c * 16, g, ok ? 16 : 0);
+    }
+  };
+  auto load_q = [&](int32_t r) {
+    for (int c = tid; c < kM * kChunksPerRow; c += kThreads) {
+      const int group = c / (8 * kChunksPerRow), within = c - group * (8 * kChunksPerRow);
+      const int row = group * 8 + (within & 7), chunk = within >> 3;
+      const int32_t g = tile * kM + row;
+      const bool ok = g < rows;
+      const __nv_bfloat16* src = p.q;
+      if (ok) {
+        const int32_t j = g / p.h_q, h = g - j * p.h_q;
+        src += r * p.q_batch_stride + j * p.q_token_stride + h * p.q_head_stride + chunk * 8;
+      }
+      CpAsync16(sq + c * 16, src, ok ? 16 : 0);
+    }
+  };
+
+  float o[128];
+  float m_run[2], l_run[2];
+  auto reset_state = [&]() {
+#pragma unroll
+    for (int i = 0; i < 128; ++i) o[i] = 0.0f;
+    m_run[0] = m_run[1] = -INFINITY;
+    l_run[0] = l_run[1] = 0.0f;
+  };
+  reset_state();
+
+  auto finalize = [&](const RequestCursor& cur) {
+    int64_t slot = 0;
+    bool direct = true;
+    if constexpr (kSplit) direct = !PartialSlot(args, cur, blockIdx.y, &slot);
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      const int32_t g = tile * kM + row0 + half * 8;
+      if (g >= rows) continue;
+      const float l = l_run[half];
+      const float inv = l > 0.0f ? 1.0f / l : 0.0f;
+      const float lse2 = l > 0.0f ? m_run[half] + __log2f(l) : -INFINITY;
+      const int32_t j = g / p.h_q, h = g - j * p.h_q;
+      const int col = wg * 256 + quad * 2;
+      if (direct) {
+        __nv_bfloat16* dst = p.out + cur.r * p.out_batch_stride + j * p.out_token_stride +
+                             h * p.out_head_stride + col;
+#pragma unroll
+        for (int n = 0; n < 32; ++n) {
+          *reinterpret_cast<__nv_bfloat162*>(dst + n * 8) =
+              __floats2bfloat162_rn(o[n * 4 + half * 2] * inv, o[n * 4 + half * 2 + 1] * inv);
+        }
+        if (p.lse != nullptr && wg == 0 && quad == 0) {
+          p.lse[cur.r * p.lse_batch_stride + h * p.lse_head_stride + j] =
+              l > 0.0f ? lse2 * kLn2 : -INFINITY;
+        }
+      } else {
+        float* dst = args.partial_out + (slot * rows + g) * kMlaHeadDimV + col;
+#pragma unroll
+        for (int n = 0; n < 32; ++n) {
+          *reinterpret_cast<float2*>(dst + n * 8) =
+              make_float2(o[n * 4 + half * 2] * inv, o[n * 4 + half * 2 + 1] * inv);
+        }
+        if (wg == 0 && quad == 0) args.partial_lse[slot * rows + g] = lse2;
+      }
+    }
+  };
+
+#pragma unroll
+  for (int i = 0; i < kStages - 1; ++i) {
+    if (i < num_blocks) load_block(i, i);
+    CpAsyncCommit();
+  }
+
+  int32_t q_request = -1;
+  for (int32_t i = 0; i < num_blocks; ++i) {
+    CpAsyncWait<kStages - 2>();
+    FenceProxyAsync();  // cp.async wrote through the generic proxy; wgmma reads via the async one
+    __syncthreads();
+    const int32_t u = u0 + (i >> 1);
+    comp_cur.Advance(p, u);
+    if (comp_cur.r != q_request) {
+      load_q(comp_cur.r);
+      CpAsyncCommit();
+      CpAsyncWait<0>();
+      FenceProxyAsync();
+      __syncthreads();
+      q_request = comp_cur.r;
+    }
+    if (i + kStages - 1 < num_blocks) load_block(i + kStages - 1, (i + kStages - 1) % kStages);
+    CpAsyncCommit();
+
+    const int slot = i % kStages;
+    const uint32_t stage = skv + slot * kStageBytes;
+    const int32_t k_block = (u - comp_cur.begin) * kMlaPageSize + (i & 1) * kN;
+    const int32_t len = comp_cur.len;
+    if (k_block < len) {
+      // ---- S partial over this warpgroup's depth half: 18 k-steps of 16.
+      float s[16];
+#pragma unroll
+      for (int k = 0; k < 16; ++k) s[k] = 0.0f;
+      FenceRegs(s);
+      cute::warpgroup_arrive();
+#pragma unroll
+      for (int kk = 0; kk < 18; ++kk) {
+        const uint32_t off = (wg * 36 + kk * 2) * 128;
+        WgmmaS(Desc(sq + off, 128, kRowGroupBytes), Desc(stage + off, 128, kRowGroupBytes), s,
+               std::make_index_sequence<16>{});
+      }
+      cute::warpgroup_commit_batch();
+      cute::warpgroup_wait<0>();
+      FenceRegs(s);
+      // ---- Add the other warpgroup's partial (same register positions, thread-major).
+#pragma unroll
+      for (int k = 0; k < 16; ++k) sx[(wg * 16 + k) * 128 + t] = s[k];
+      ExchangeBarrier();
+#pragma unroll
+      for (int k = 0; k < 16; ++k) s[k] += sx[((1 - wg) * 16 + k) * 128 + t];
+      // ---- Scale, mask, online softmax. s[n * 4 + e]: row row0 + 8 * (e / 2), key
+      // k_block + n * 8 + quad * 2 + e % 2.
+      uint32_t pa[2][4];
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        const int32_t g = tile * kM + row0 + half * 8;
+        const int32_t j = g / p.h_q;
+        const int32_t last_key = min(len - 1, len - p.s_q + j);
+        float v[8];
+        float mx = -INFINITY;
+#pragma unroll
+        for (int n = 0; n < 4; ++n) {
+#pragma unroll
+          for (int e = 0; e < 2; ++e) {
+            const int32_t key = k_block + n * 8 + quad * 2 + e;
+            const float x = key <= last_key ? s[n * 4 + half * 2 + e] * args.scale_log2 : -INFINITY;
+            v[n * 2 + e] = x;
+            mx = fmaxf(mx, x);
+          }
+        }
+        mx = QuadMax(mx);
+        const float m_new = fmaxf(m_run[half], mx);
+        const float m_use = m_new == -INFINITY ? 0.0f : m_new;
+        const float alpha = exp2f(m_run[half] - m_use);
+        m_run[half] = m_new;
+        float rs = 0.0f;
+#pragma unroll
+        for (int k = 0; k < 8; ++k) {
+          v[k] = exp2f(v[k] - m_use);
+          rs += v[k];
+        }
+        rs = QuadSum(rs);
+        l_run[half] = l_run[half] * alpha + rs;
+#pragma unroll
+        for (int n = 0; n < 32; ++n) {
+          o[n * 4 + half * 2] *= alpha;
+          o[n * 4 + half * 2 + 1] *= alpha;
+        }
+        // A fragment of k-step ks: keys ks*16 + quad*2 (regs 0/1: rows row0 / row0+8) and
+        // + 8 (regs 2/3): n-chunks 2 ks and 2 ks + 1.
+        pa[0][half] = PackBf16(v[0], v[1]);
+        pa[0][half + 2] = PackBf16(v[2], v[3]);
+        pa[1][half] = PackBf16(v[4], v[5]);
+        pa[1][half + 2] = PackBf16(v[6], v[7]);
+      }
+      // ---- O += P V for this warpgroup's 256 columns: keys 16 ks .. +16.
+      FenceRegs(o);
+      cute::warpgroup_arrive();
+#pragma unroll
+      for (int ks = 0; ks < 2; ++ks) {
+        const uint32_t off = ks * 2 * kRowGroupBytes + wg * 32 * 128;
+        WgmmaO(pa[ks], Desc(stage + off, kRowGroupBytes, 128), o, std::make_index_sequence<128>{});
+      }
+      cute::warpgroup_commit_batch();
+      cute::warpgroup_wait<0>();
+      FenceRegs(o);
+    }
+    const bool last = i + 1 == num_blocks || u0 + ((i + 1) >> 1) >= comp_cur.end;
+    if (last) {
+      finalize(comp_cur);
+      reset_state();
+    }
+  }
+  CpAsyncWait<0>();
+}
+
+}  // namespace probesidecar::kernels::mla::sm90a
