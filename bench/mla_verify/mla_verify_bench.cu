@@ -3,7 +3,7 @@
 // GEMM ceiling measured in the same run. Plain CUDA events (no Google Benchmark).
 //
 //   mla-verify-bench --out FILE.json --git HASH [--allow-dirty] [--sweep full|quick]
-//                    [--impls split_kv,baseline]
+//                    [--impls split_kv,split_kv_sm90a,split_kv_sm90a_cpasync,baseline]
 //
 // Each point: the median of many graph replays after warm-up, rotating over as many input sets
 // (cache pages, q, out, tables) as keep the working set above 400 MB (the L2 is 60 MB). Bytes
@@ -173,8 +173,16 @@ bool Fits(const Point& p, const Pools& pools) {
          static_cast<size_t>(sets) * p.batch * ((p.len + 63) / 64) <= pools.table_ints;
 }
 
-bool RunPoint(const Point& pt, const Pools& pools, MlaVerifyWorkspace* ws, cudaStream_t stream,
-              const std::vector<MlaVerifyPath>& impls, std::vector<Record>* records) {
+// An impl: a path on a workspace ("split_kv_sm90a_cpasync" is the sm_90a path on a workspace
+// made with use_tma = false, timed to show what TMA brings).
+struct Impl {
+  MlaVerifyPath path;
+  MlaVerifyWorkspace* ws;
+  std::string name;
+};
+
+bool RunPoint(const Point& pt, const Pools& pools, MlaVerifyWorkspace* dispatch_ws,
+              cudaStream_t stream, const std::vector<Impl>& impls, std::vector<Record>* records) {
   const int sets = SetsFor(pt);
   const int max_pages = (pt.len + 63) / 64;
   const size_t pages_per_set = static_cast<size_t>(pt.batch) * max_pages;
@@ -200,6 +208,7 @@ bool RunPoint(const Point& pt, const Pools& pools, MlaVerifyWorkspace* ws, cudaS
     p.kv_cache = pools.kv;
     p.kv_row_stride = 576;
     p.kv_page_stride = 64 * 576;
+    p.num_pages = static_cast<int32_t>(pools.kv_pages);
     p.block_table = pools.tables + s * pages_per_set;
     p.block_table_batch_stride = max_pages;
     p.max_pages = max_pages;
@@ -212,7 +221,9 @@ bool RunPoint(const Point& pt, const Pools& pools, MlaVerifyWorkspace* ws, cudaS
   cudaEvent_t e0, e1;
   CHECK_CUDA(cudaEventCreate(&e0));
   CHECK_CUDA(cudaEventCreate(&e1));
-  for (MlaVerifyPath path : impls) {
+  for (const Impl& impl : impls) {
+    const MlaVerifyPath path = impl.path;
+    MlaVerifyWorkspace* ws = impl.ws;
     std::vector<cudaGraphExec_t> execs(sets);
     for (int s = 0; s < sets; ++s) {
       cudaGraph_t g;
@@ -256,8 +267,9 @@ bool RunPoint(const Point& pt, const Pools& pools, MlaVerifyWorkspace* ws, cudaS
     for (cudaGraphExec_t e : execs) CHECK_CUDA(cudaGraphExecDestroy(e));
     Record r;
     r.pt = pt;
-    r.impl = probesidecar::kernels::MlaVerifyPathName(path);
-    r.dispatched = path == probesidecar::kernels::ChooseMlaVerifyPath(*ws, pt.s_q * pt.h_q);
+    r.impl = impl.name;
+    r.dispatched = ws == dispatch_ws &&
+                   path == probesidecar::kernels::ChooseMlaVerifyPath(*ws, pt.s_q * pt.h_q);
     r.graph_us = Median(times);
     r.eager_us = Median(eager);
     r.gbps = BytesOf(pt) / (r.graph_us * 1e-6) / 1e9;
@@ -281,7 +293,8 @@ std::string JsonEscape(const std::string& s) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  std::string out_path, git, sweep = "full", impls_arg = "split_kv,split_kv_sm90a,baseline";
+  std::string out_path, git, sweep = "full",
+              impls_arg = "split_kv,split_kv_sm90a,split_kv_sm90a_cpasync,baseline";
   bool allow_dirty = false;
   std::string command;
   for (int i = 0; i < argc; ++i) command += (i ? " " : "") + std::string(argv[i]);
@@ -304,15 +317,8 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "mla-verify-bench: %s\n", why.c_str());
     return 2;
   }
-  std::vector<MlaVerifyPath> wanted;
-  for (const char* name : {"split_kv", "split_kv_sm90a", "baseline"}) {
-    const std::string list = "," + impls_arg + ",";
-    if (list.find("," + std::string(name) + ",") == std::string::npos) continue;
-    for (int k = 0; k < probesidecar::kernels::kNumMlaVerifyPaths; ++k) {
-      const auto path = static_cast<MlaVerifyPath>(k);
-      if (name == std::string(probesidecar::kernels::MlaVerifyPathName(path))) wanted.push_back(path);
-    }
-  }
+  const std::string wanted = "," + impls_arg + ",";
+  auto want = [&](const std::string& name) { return wanted.find("," + name + ",") != std::string::npos; };
 
   auto run = [&]() -> bool {
     cudaDeviceProp prop;
@@ -346,16 +352,20 @@ int main(int argc, char** argv) {
     FillRandomBf16<<<4096, 256>>>(pools.q, pools.q_elems, 12, 2.0f);
     CHECK_CUDA(cudaGetLastError());
     CHECK_CUDA(cudaDeviceSynchronize());
-    MlaVerifyWorkspace* ws = nullptr;
+    MlaVerifyWorkspace *ws = nullptr, *ws_cp = nullptr;
     CHECK_CUDA(probesidecar::kernels::CreateMlaVerifyWorkspace({}, &ws));
-    std::vector<MlaVerifyPath> impls;
-    for (MlaVerifyPath path : wanted) {
-      if (path == MlaVerifyPath::kSplitKvSm90a && !ws->has_sm90a) {
-        std::printf("split_kv_sm90a: not on this device / build, not timed\n");
-        continue;
-      }
-      impls.push_back(path);
-    }
+    probesidecar::kernels::MlaVerifyWorkspaceConfig cp_config;
+    cp_config.use_tma = false;
+    CHECK_CUDA(probesidecar::kernels::CreateMlaVerifyWorkspace(cp_config, &ws_cp));
+    std::printf("sm_90a path: %s, keys by %s\n", ws->has_sm90a ? "yes" : "no",
+                ws->sm90a_tma ? "TMA" : "cp.async");
+    std::vector<Impl> impls;
+    if (want("split_kv")) impls.push_back({MlaVerifyPath::kSplitKv, ws, "split_kv"});
+    if (want("split_kv_sm90a") && ws->has_sm90a)
+      impls.push_back({MlaVerifyPath::kSplitKvSm90a, ws, "split_kv_sm90a"});
+    if (want("split_kv_sm90a_cpasync") && ws->sm90a_tma)
+      impls.push_back({MlaVerifyPath::kSplitKvSm90a, ws_cp, "split_kv_sm90a_cpasync"});
+    if (want("baseline")) impls.push_back({MlaVerifyPath::kBaseline, ws, "baseline"});
     cudaStream_t stream;
     CHECK_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
     std::vector<Record> records;
@@ -370,7 +380,7 @@ int main(int argc, char** argv) {
       if (!RunPoint(pt, pools, ws, stream, impls, &records)) return false;
       for (size_t i = before; i < records.size(); ++i) {
         const Record& r = records[i];
-        std::printf("h_q=%3d s_q=%d batch=%3d len=%6d %-9s graph %9.1f us eager %9.1f us  %6.0f GB/s "
+        std::printf("h_q=%3d s_q=%d batch=%3d len=%6d %-22s graph %9.1f us eager %9.1f us  %6.0f GB/s "
                     "(%.2f)  %5.0f TFLOP/s (%.2f)\n",
                     pt.h_q, pt.s_q, pt.batch, pt.len, r.impl.c_str(), r.graph_us, r.eager_us,
                     r.gbps, r.gbps / ceil.copy_gbps, r.tflops, r.tflops / ceil.bf16_tflops);
@@ -378,6 +388,7 @@ int main(int argc, char** argv) {
       std::fflush(stdout);
     }
     probesidecar::kernels::DestroyMlaVerifyWorkspace(ws);
+    probesidecar::kernels::DestroyMlaVerifyWorkspace(ws_cp);
     FILE* f = std::fopen(out_path.c_str(), "w");
     if (f == nullptr) {
       std::fprintf(stderr, "cannot write %s\n", out_path.c_str());

@@ -78,7 +78,8 @@ cudaError_t CreateMlaVerifyWorkspace(const MlaVerifyWorkspaceConfig& config,
   }
   // sm_90a machine code runs on compute capability 9.0 exactly.
   const bool has_sm90a = mla::Sm90aCompiled() && major == 9 && minor == 0;
-  if (has_sm90a && (err = mla::SetSm90aAttributes()) != cudaSuccess) return err;
+  bool tma_available = false;
+  if (has_sm90a && (err = mla::SetSm90aAttributes(&tma_available)) != cudaSuccess) return err;
   // Shared-memory limits of every instantiation, once.
   const cudaError_t attr[] = {SetTileAttributes<1, true>(), SetTileAttributes<2, true>(),
                               SetTileAttributes<4, true>(), SetTileAttributes<1, false>(),
@@ -91,6 +92,7 @@ cudaError_t CreateMlaVerifyWorkspace(const MlaVerifyWorkspaceConfig& config,
   ws->num_sms = num_sms;
   ws->max_batch = config.max_batch;
   ws->has_sm90a = has_sm90a;
+  ws->sm90a_tma = has_sm90a && tma_available && config.use_tma;
   ws->partial_rows = mla::PartialRowsFor(num_sms);
   const size_t plan_bytes = static_cast<size_t>(mla::PlanInts(config.max_batch)) * 4;
   const size_t out_bytes = static_cast<size_t>(ws->partial_rows) * kMlaHeadDimV * 4;
@@ -141,7 +143,7 @@ cudaError_t RunFor(MlaVerifyPath path, const MlaVerifyParams& params, MlaVerifyW
   const int32_t rows = params.s_q * params.h_q;
   const int32_t parts = PartsFor(path, ws->num_sms, rows);
   cudaError_t err = path == MlaVerifyPath::kSplitKvSm90a
-                        ? mla::LaunchTileSm90a(args, parts, /*split=*/true, stream)
+                        ? mla::LaunchTileSm90a(args, parts, /*split=*/true, ws->sm90a_tma, stream)
                         : LaunchTileFor<true>(args, parts, stream);
   if (err != cudaSuccess) return err;
   const dim3 grid(rows * 4, mla::MaxSplitRequests(params.batch, parts));

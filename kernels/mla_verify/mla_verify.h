@@ -65,6 +65,7 @@ struct MlaVerifyParams {
   const __nv_bfloat16* kv_cache = nullptr;  // [num_pages, 64, 576]
   int64_t kv_page_stride = 0;               // elements between pages (64 * 576 when dense)
   int64_t kv_row_stride = 0;                // elements between tokens of a page (576 when dense)
+  int32_t num_pages = 0;                    // pages in kv_cache; 0 = not given (TMA bound)
 
   const int32_t* block_table = nullptr;  // [b, max_pages] page indices
   int64_t block_table_batch_stride = 0;  // elements between requests' rows
@@ -91,7 +92,8 @@ struct MlaVerifyParams {
 // row-tiles exist at once.
 struct MlaVerifyWorkspaceConfig {
   int32_t max_batch = 256;
-  int32_t device = -1;  // -1: the current device
+  int32_t device = -1;   // -1: the current device
+  bool use_tma = true;   // sm_90a path: keys by TMA (else cp.async; for tests and fallbacks)
 };
 
 struct MlaVerifyWorkspace {
@@ -99,6 +101,7 @@ struct MlaVerifyWorkspace {
   int32_t num_sms = 0;     // read once at creation
   int32_t max_batch = 0;
   bool has_sm90a = false;  // the device is sm_90 and this build holds the sm_90a kernels
+  bool sm90a_tma = false;  // the sm_90a path loads keys by TMA (driver encoder found, config)
   int32_t* plan = nullptr;         // device, see mla_verify_plan.h
   float* partial_out = nullptr;    // device [partial_rows, 512]
   float* partial_lse = nullptr;    // device [partial_rows], log2 domain

@@ -235,6 +235,7 @@ void Build(const Shape& shape, Problem* pr) {
   p.kv_cache = pr->kv.ptr;
   p.kv_row_stride = shape.kv_row_stride;
   p.kv_page_stride = page_stride;
+  p.num_pages = pr->num_pages;
   p.block_table = pr->table.ptr;
   p.block_table_batch_stride = pr->max_pages;
   p.max_pages = pr->max_pages;
@@ -321,17 +322,23 @@ class MlaVerifyGpuTest : public ::testing::Test {
  protected:
   void SetUp() override {
     ASSERT_EQ(CreateMlaVerifyWorkspace(MlaVerifyWorkspaceConfig{}, &ws_), cudaSuccess);
+    MlaVerifyWorkspaceConfig cp_config;
+    cp_config.use_tma = false;  // the sm_90a kernel's cp.async variant
+    ASSERT_EQ(CreateMlaVerifyWorkspace(cp_config, &ws_cp_), cudaSuccess);
     CUDA_ASSERT(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
   }
   void TearDown() override {
     DestroyMlaVerifyWorkspace(ws_);
+    DestroyMlaVerifyWorkspace(ws_cp_);
     cudaStreamDestroy(stream_);
   }
 
   // Runs `path` on a poisoned output and compares every element with the reference.
-  void RunAndCheck(Problem* pr, MlaVerifyPath path, const Reference& ref, const char* what) {
+  void RunAndCheck(Problem* pr, MlaVerifyPath path, const Reference& ref, const char* what,
+                   MlaVerifyWorkspace* ws = nullptr) {
+    if (ws == nullptr) ws = ws_;
     Poison(pr);
-    CUDA_ASSERT(LaunchMlaVerifyPath(pr->params, path, ws_, stream_));
+    CUDA_ASSERT(LaunchMlaVerifyPath(pr->params, path, ws, stream_));
     CUDA_ASSERT(cudaStreamSynchronize(stream_));
     Fetch(pr);
     std::vector<float> out, lse;
@@ -341,9 +348,11 @@ class MlaVerifyGpuTest : public ::testing::Test {
     const MlaCompareResult rl = CompareMlaLse(lse.data(), ref.lse.data(), lse.size());
     char line[400];
     std::snprintf(line, sizeof(line),
-                  "[worst] %-8s %-30s out: max_abs %.3g err/bound %.3f rel_l2 %.3g bad %lld "
+                  "[worst] %-8s%s %-30s out: max_abs %.3g err/bound %.3f rel_l2 %.3g bad %lld "
                   "nan %lld | lse: max_abs %.3g bad %lld",
-                  MlaVerifyPathName(path), what, r.max_abs_err, r.max_err_over_bound, r.rel_l2,
+                  MlaVerifyPathName(path),
+                  path == MlaVerifyPath::kSplitKvSm90a ? (ws->sm90a_tma ? "(tma)" : "(cp.async)") : "",
+                  what, r.max_abs_err, r.max_err_over_bound, r.rel_l2,
                   static_cast<long long>(r.bad), static_cast<long long>(r.nan), rl.max_abs_err,
                   static_cast<long long>(rl.bad));
     std::printf("%s\n", line);
@@ -366,6 +375,7 @@ class MlaVerifyGpuTest : public ::testing::Test {
       RunAndCheck(&pr, path, ref, what.c_str());
       if (HasFatalFailure()) return;
     }
+    if (ws_cp_->has_sm90a) RunAndCheck(&pr, MlaVerifyPath::kSplitKvSm90a, ref, what.c_str(), ws_cp_);
   }
 
   // Every path this device runs (the sm_90a one where it exists).
@@ -376,6 +386,7 @@ class MlaVerifyGpuTest : public ::testing::Test {
   }
 
   MlaVerifyWorkspace* ws_ = nullptr;
+  MlaVerifyWorkspace* ws_cp_ = nullptr;
   cudaStream_t stream_ = nullptr;
 };
 
@@ -424,8 +435,9 @@ TEST_F(MlaVerifyGpuTest, GpuReferenceMatchesCpuReference) {
     }
   }
   RunAndCheck(&pr, MlaVerifyPath::kSplitKv, gpu, "cpu-ref case");
-  std::printf("sm_90a path %s\n", ws_->has_sm90a ? "present: tested beside the others"
-                                                  : "absent on this device or build");
+  std::printf("sm_90a path %s, keys by %s\n",
+              ws_->has_sm90a ? "present: tested beside the others" : "absent on this device or build",
+              ws_->sm90a_tma ? "TMA" : "cp.async");
 }
 
 // Every s_q x h_q with short, page-boundary and random lengths (variable within a batch).
@@ -495,6 +507,7 @@ TEST_F(MlaVerifyGpuTest, GraphReplayEqualsEagerBitForBit) {
   shape.lens = {300, 4096, 77, 1000, 64};
   Problem pr;
   Build(shape, &pr);
+  pr.params.num_pages = 0;  // "not given": the TMA map's page bound falls back to a large one
   for (MlaVerifyPath path : Paths()) {
     SCOPED_TRACE(MlaVerifyPathName(path));
     Poison(&pr);

@@ -52,7 +52,9 @@ cudaError_t CheckMlaVerifyParams(const MlaVerifyParams& p, const MlaVerifyWorksp
       p.out_head_stride < kMlaHeadDimV || p.kv_page_stride < kMlaPageSize * p.kv_row_stride) {
     return cudaErrorInvalidValue;
   }
-  if (p.block_table_batch_stride < p.max_pages || p.max_pages < 1) return cudaErrorInvalidValue;
+  if (p.block_table_batch_stride < p.max_pages || p.max_pages < 1 || p.num_pages < 0) {
+    return cudaErrorInvalidValue;
+  }
   if (!(p.softmax_scale > 0.0f)) return cudaErrorInvalidValue;
   return cudaSuccess;
 }

@@ -12,10 +12,12 @@ struct KernelArgs;
 
 // Whether this build holds the sm_90a kernels (CUTLASS/CuTe headers were found).
 bool Sm90aCompiled();
-// Raises the dynamic shared-memory limit of the sm_90a kernels (once, at workspace creation).
-cudaError_t SetSm90aAttributes();
-// The sm_90a tile kernel: grid (64-row tiles, grid_y), split or baseline mode.
-cudaError_t LaunchTileSm90a(const KernelArgs& args, int32_t grid_y, bool split,
+// Raises the dynamic shared-memory limit of the sm_90a kernels and looks up the driver's
+// tensor-map encoder (once, at workspace creation); *tma_available says whether it was found.
+cudaError_t SetSm90aAttributes(bool* tma_available);
+// The sm_90a tile kernel: grid (64-row tiles, grid_y), split or baseline mode, keys by TMA
+// (tma) or by cp.async.
+cudaError_t LaunchTileSm90a(const KernelArgs& args, int32_t grid_y, bool split, bool tma,
                             cudaStream_t stream);
 
 }  // namespace probesidecar::kernels::mla

@@ -5,8 +5,11 @@
 namespace probesidecar::kernels::mla {
 
 bool Sm90aCompiled() { return false; }
-cudaError_t SetSm90aAttributes() { return cudaSuccess; }
-cudaError_t LaunchTileSm90a(const KernelArgs&, int32_t, bool, cudaStream_t) {
+cudaError_t SetSm90aAttributes(bool* tma_available) {
+  *tma_available = false;
+  return cudaSuccess;
+}
+cudaError_t LaunchTileSm90a(const KernelArgs&, int32_t, bool, bool, cudaStream_t) {
   return cudaErrorInvalidDeviceFunction;
 }
 
