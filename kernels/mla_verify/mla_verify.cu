@@ -1,6 +1,7 @@
 // MLA verify launchers and workspace: the plan / tile / combine launches of mla_verify_kernel.cuh.
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cmath>
 
 #include "kernels/mla_verify/mla_verify.h"
@@ -146,7 +147,8 @@ cudaError_t RunFor(MlaVerifyPath path, const MlaVerifyParams& params, MlaVerifyW
                         ? mla::LaunchTileSm90a(args, parts, /*split=*/true, ws->sm90a_tma, stream)
                         : LaunchTileFor<true>(args, parts, stream);
   if (err != cudaSuccess) return err;
-  const dim3 grid(rows * 4, mla::MaxSplitRequests(params.batch, parts));
+  // Up to 16 blocks per (row, column quarter) loop over the split requests the plan lists.
+  const dim3 grid(rows * 4, std::min(16, mla::MaxSplitRequests(params.batch, parts)));
   mla::MlaVerifyCombineKernel<<<grid, 256, 0, stream>>>(args);
   return cudaGetLastError();
 }

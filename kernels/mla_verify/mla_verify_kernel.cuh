@@ -383,94 +383,99 @@ __global__ void __launch_bounds__(TileConfig<kRowGroups>::kThreads,
 }
 
 // ---------------------------------------------------------------------------------------------
-// Combine kernel. Grid: (rows * 4, MaxSplitRequests(batch, parts)); block: 256 threads.
-// Block (x, y) merges 128 output columns (x % 4) of query row x / 4 of the y-th split request:
-// out = sum_s w_s O_s / sum_s w_s with w_s = 2^(lse_s - max_s lse_s). The 8 warps take the
-// splits round-robin (a lane holds 4 columns), 4 splits in flight per warp, then add up their
-// sums in shared memory: a request split over every SM (batch 1) merges in a few microseconds.
+// Combine kernel. Grid: (rows * 4, up to 16); block: 256 threads. Block (x, y) merges 128
+// output columns (x % 4) of query row x / 4 for split requests y, y + gridDim.y, ... of the
+// plan's list: out = sum_s w_s O_s / sum_s w_s with w_s = 2^(lse_s - max_s lse_s). The 8 warps
+// take the splits round-robin (a lane holds 4 columns), 4 splits in flight per warp, then add up
+// their sums in shared memory: a request split over every SM (batch 1) merges in a few
+// microseconds, and a step with no split request costs one small launch.
 __global__ void __launch_bounds__(256) MlaVerifyCombineKernel(const __grid_constant__ KernelArgs args) {
   const MlaVerifyParams& p = args.p;
   const int32_t* plan = args.plan;
-  if (static_cast<int32_t>(blockIdx.y) >= plan[4]) return;
-  const int32_t r = plan[kPlanCum + 2 * p.batch + 1 + blockIdx.y];
   const int32_t* cum = plan + kPlanCum;
-  const int32_t splits = NumSplits(cum[r], cum[r + 1], plan[0]);
   const int32_t rows = p.s_q * p.h_q;
   const int32_t g = blockIdx.x >> 2;
   const int col0 = (blockIdx.x & 3) * 128;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  const int64_t slot0 = plan[kPlanCum + p.batch + 1 + r];
   __shared__ float red[8];
   __shared__ float4 acc_sm[8][32];
   __shared__ float wsum_sm[8];
-  // Max LSE over the splits.
-  float mx = -INFINITY;
-  for (int s = threadIdx.x; s < splits; s += 256) {
-    mx = fmaxf(mx, args.partial_lse[(slot0 + s) * rows + g]);
-  }
-  for (int d = 16; d > 0; d >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, d));
-  if (lane == 0) red[warp] = mx;
-  __syncthreads();
-  mx = red[0];
+  const int32_t listed = plan[4];
+  for (int32_t idx = blockIdx.y; idx < listed; idx += gridDim.y) {
+    const int32_t r = plan[kPlanCum + 2 * p.batch + 1 + idx];
+    const int32_t splits = NumSplits(cum[r], cum[r + 1], plan[0]);
+    const int64_t slot0 = plan[kPlanCum + p.batch + 1 + r];
+    // Max LSE over the splits.
+    float mx = -INFINITY;
+    for (int s = threadIdx.x; s < splits; s += 256) {
+      mx = fmaxf(mx, args.partial_lse[(slot0 + s) * rows + g]);
+    }
+    for (int d = 16; d > 0; d >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, d));
+    if (lane == 0) red[warp] = mx;
+    __syncthreads();
+    mx = red[0];
 #pragma unroll
-  for (int w = 1; w < 8; ++w) mx = fmaxf(mx, red[w]);
-  float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
-  float wsum = 0.0f;
-  if (mx != -INFINITY) {
-    for (int s0 = warp; s0 < splits; s0 += 32) {
-      float w[4];
-      float4 v[4];
+    for (int w = 1; w < 8; ++w) mx = fmaxf(mx, red[w]);
+    float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
+    float wsum = 0.0f;
+    if (mx != -INFINITY) {
+      for (int s0 = warp; s0 < splits; s0 += 32) {
+        float w[4];
+        float4 v[4];
 #pragma unroll
-      for (int u = 0; u < 4; ++u) {
-        const int s = s0 + u * 8;
-        if (s < splits) {
-          const int64_t row = (slot0 + s) * rows + g;
-          w[u] = exp2f(args.partial_lse[row] - mx);
-          v[u] = *reinterpret_cast<const float4*>(args.partial_out + row * kMlaHeadDimV + col0 +
-                                                  lane * 4);
-        } else {
-          w[u] = 0.0f;
-          v[u] = make_float4(0.f, 0.f, 0.f, 0.f);
+        for (int u = 0; u < 4; ++u) {
+          const int s = s0 + u * 8;
+          if (s < splits) {
+            const int64_t row = (slot0 + s) * rows + g;
+            w[u] = exp2f(args.partial_lse[row] - mx);
+            v[u] = *reinterpret_cast<const float4*>(args.partial_out + row * kMlaHeadDimV + col0 +
+                                                    lane * 4);
+          } else {
+            w[u] = 0.0f;
+            v[u] = make_float4(0.f, 0.f, 0.f, 0.f);
+          }
+        }
+#pragma unroll
+        for (int u = 0; u < 4; ++u) {
+          wsum += w[u];
+          acc.x += w[u] * v[u].x;
+          acc.y += w[u] * v[u].y;
+          acc.z += w[u] * v[u].z;
+          acc.w += w[u] * v[u].w;
         }
       }
+    }
+    acc_sm[warp][lane] = acc;
+    if (lane == 0) wsum_sm[warp] = wsum;
+    __syncthreads();
+    if (warp == 0) {
+      float4 total = acc_sm[0][lane];
+      float wtot = wsum_sm[0];
 #pragma unroll
-      for (int u = 0; u < 4; ++u) {
-        wsum += w[u];
-        acc.x += w[u] * v[u].x;
-        acc.y += w[u] * v[u].y;
-        acc.z += w[u] * v[u].z;
-        acc.w += w[u] * v[u].w;
+      for (int w = 1; w < 8; ++w) {
+        const float4 a = acc_sm[w][lane];
+        total.x += a.x;
+        total.y += a.y;
+        total.z += a.z;
+        total.w += a.w;
+        wtot += wsum_sm[w];
+      }
+      const float inv = wtot > 0.0f ? 1.0f / wtot : 0.0f;
+      const int32_t j = g / p.h_q, h = g - j * p.h_q;
+      __nv_bfloat16* dst = p.out + r * p.out_batch_stride + j * p.out_token_stride +
+                           h * p.out_head_stride + col0 + lane * 4;
+      const __nv_bfloat162 lo = __floats2bfloat162_rn(total.x * inv, total.y * inv);
+      const __nv_bfloat162 hi = __floats2bfloat162_rn(total.z * inv, total.w * inv);
+      uint2 packed;
+      packed.x = *reinterpret_cast<const uint32_t*>(&lo);
+      packed.y = *reinterpret_cast<const uint32_t*>(&hi);
+      *reinterpret_cast<uint2*>(dst) = packed;
+      if (p.lse != nullptr && col0 == 0 && lane == 0) {
+        p.lse[r * p.lse_batch_stride + h * p.lse_head_stride + j] =
+            wtot > 0.0f ? (mx + __log2f(wtot)) * kLn2 : -INFINITY;
       }
     }
-  }
-  acc_sm[warp][lane] = acc;
-  if (lane == 0) wsum_sm[warp] = wsum;
-  __syncthreads();
-  if (warp != 0) return;
-  float4 total = acc_sm[0][lane];
-  float wtot = wsum_sm[0];
-#pragma unroll
-  for (int w = 1; w < 8; ++w) {
-    const float4 a = acc_sm[w][lane];
-    total.x += a.x;
-    total.y += a.y;
-    total.z += a.z;
-    total.w += a.w;
-    wtot += wsum_sm[w];
-  }
-  const float inv = wtot > 0.0f ? 1.0f / wtot : 0.0f;
-  const int32_t j = g / p.h_q, h = g - j * p.h_q;
-  __nv_bfloat16* dst = p.out + r * p.out_batch_stride + j * p.out_token_stride +
-                       h * p.out_head_stride + col0 + lane * 4;
-  const __nv_bfloat162 lo = __floats2bfloat162_rn(total.x * inv, total.y * inv);
-  const __nv_bfloat162 hi = __floats2bfloat162_rn(total.z * inv, total.w * inv);
-  uint2 packed;
-  packed.x = *reinterpret_cast<const uint32_t*>(&lo);
-  packed.y = *reinterpret_cast<const uint32_t*>(&hi);
-  *reinterpret_cast<uint2*>(dst) = packed;
-  if (p.lse != nullptr && col0 == 0 && lane == 0) {
-    p.lse[r * p.lse_batch_stride + h * p.lse_head_stride + j] =
-        wtot > 0.0f ? (mx + __log2f(wtot)) * kLn2 : -INFINITY;
+    __syncthreads();  // red / acc_sm are reused by the next request
   }
 }
 

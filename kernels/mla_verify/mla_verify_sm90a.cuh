@@ -252,6 +252,13 @@ __global__ void __launch_bounds__(kThreads, 1)
     if constexpr (!kTma) CpAsyncCommit();
   }
 
+  // P of the stage whose P·V is in flight: wgmma reads these registers asynchronously, so they
+  // live outside the loop and are "touched" (fenced) only after each wait.
+  uint32_t pa[2][4] = {};
+  auto fence_pa = [&]() {
+#pragma unroll
+    for (int k = 0; k < 8; ++k) cute::warpgroup_fence_operand(pa[k >> 2][k & 3]);
+  };
   int32_t q_request = -1;
   for (int32_t i = 0; i < num_blocks; ++i) {
     if constexpr (kTma) {
@@ -271,8 +278,12 @@ __global__ void __launch_bounds__(kThreads, 1)
       __syncthreads();
       q_request = comp_cur.r;
     }
-    if (i + kStages - 1 < num_blocks) load_block(i + kStages - 1, (i + kStages - 1) % kStages);
-    if constexpr (!kTma) CpAsyncCommit();
+    // The next stage's loads go into the slot of stage i - 1, whose P·V may still run (it is
+    // waited for together with this stage's scores): issued after the exchange barrier below.
+    auto issue_next = [&]() {
+      if (i + kStages - 1 < num_blocks) load_block(i + kStages - 1, (i + kStages - 1) % kStages);
+      if constexpr (!kTma) CpAsyncCommit();
+    };
 
     const int slot = i % kStages;
     const uint32_t stage = skv + slot * kStageBytes;
@@ -305,17 +316,19 @@ __global__ void __launch_bounds__(kThreads, 1)
                std::make_index_sequence<16>{});
       }
       cute::warpgroup_commit_batch();
-      cute::warpgroup_wait<0>();
+      cute::warpgroup_wait<0>();  // these scores, and the previous stage's P·V
       FenceRegs(s);
+      FenceRegs(o);
+      fence_pa();
       // ---- Add the other warpgroup's partial (same register positions, thread-major).
 #pragma unroll
       for (int k = 0; k < 16; ++k) sx[(wg * 16 + k) * 128 + t] = s[k];
       ExchangeBarrier();
+      issue_next();
 #pragma unroll
       for (int k = 0; k < 16; ++k) s[k] += sx[((1 - wg) * 16 + k) * 128 + t];
       // ---- Scale, mask, online softmax. s[n * 4 + e]: row row0 + 8 * (e / 2), key
       // k_block + n * 8 + quad * 2 + e % 2.
-      uint32_t pa[2][4];
 #pragma unroll
       for (int half = 0; half < 2; ++half) {
         const int32_t g = tile * kM + row0 + half * 8;
@@ -346,10 +359,12 @@ __global__ void __launch_bounds__(kThreads, 1)
         }
         rs = QuadSum(rs);
         l_run[half] = l_run[half] * alpha + rs;
+        if (alpha != 1.0f) {  // the running max moved (rare once it has settled)
 #pragma unroll
-        for (int n = 0; n < 32; ++n) {
-          o[n * 4 + half * 2] *= alpha;
-          o[n * 4 + half * 2 + 1] *= alpha;
+          for (int n = 0; n < 32; ++n) {
+            o[n * 4 + half * 2] *= alpha;
+            o[n * 4 + half * 2 + 1] *= alpha;
+          }
         }
         // A fragment of k-step ks: keys ks*16 + quad*2 (regs 0/1: rows row0 / row0+8) and
         // + 8 (regs 2/3): n-chunks 2 ks and 2 ks + 1.
@@ -358,7 +373,8 @@ __global__ void __launch_bounds__(kThreads, 1)
         pa[1][half] = PackBf16(v[4], v[5]);
         pa[1][half + 2] = PackBf16(v[6], v[7]);
       }
-      // ---- O += P V for this warpgroup's 256 columns: keys 16 ks .. +16.
+      // ---- O += P V for this warpgroup's 256 columns: keys 16 ks .. +16. Not waited for
+      // here: it runs on while the next stage's barrier wait and score wgmmas are issued.
       FenceRegs(o);
       cute::warpgroup_arrive();
 #pragma unroll
@@ -367,11 +383,19 @@ __global__ void __launch_bounds__(kThreads, 1)
         WgmmaO(pa[ks], Desc(stage + off, kKSlabBytes, 1024), o, std::make_index_sequence<128>{});
       }
       cute::warpgroup_commit_batch();
+      fence_pa();
+    } else {
       cute::warpgroup_wait<0>();
       FenceRegs(o);
+      fence_pa();
+      ExchangeBarrier();
+      issue_next();
     }
     const bool last = i + 1 == num_blocks || u0 + ((i + 1) >> 1) >= comp_cur.end;
     if (last) {
+      cute::warpgroup_wait<0>();
+      FenceRegs(o);
+      fence_pa();
       finalize(comp_cur);
       reset_state();
     }
