@@ -7,9 +7,11 @@
 // where K[k] is row k % 64 of page block_table[i, k / 64] of the cache. Causal is bottom-right
 // aligned. A query row that sees no key (only when L < s_q) gets out = 0 and lse = -inf.
 //
-// Paths (MlaVerifyPath): the split-KV path spreads every request's keys over all SMs with a plan
-// made on the device, then merges the partial results by their LSEs; the baseline runs one
-// block per (request, row tile) over the whole sequence. Every launch is graph-capturable: no
+// Paths (MlaVerifyPath): the split-KV paths spread every request's keys over all SMs with a plan
+// made on the device, then merge the partial results by their LSEs: kSplitKv (portable:
+// mma.sync, 16/32/64-row tiles) and kSplitKvSm90a (wgmma + TMA, 64-row tiles, sm_90a machine
+// code, used on compute capability 9.0 for s_q * h_q >= 32, see ChooseMlaVerifyPath); the
+// baseline runs one block per (request, row tile) over the whole sequence. Every launch is graph-capturable: no
 // allocation, no host synchronisation, no device-property query; lengths and page tables are
 // read on the device, so one captured graph serves any lengths of its (batch, s_q, h_q).
 //
@@ -18,6 +20,10 @@
 //   for each layer: RunMlaVerify(params_of_layer, ws, stream); // same batch, s_q, h_q, lengths
 // or LaunchMlaVerify() for both. All of it can sit inside one captured graph. The plan and the
 // partial buffers live in the workspace, so one workspace serves one stream at a time.
+//
+// Query rows of a request are ordered token-major (row = j * h_q + h) and tiled 16/32/64 at a
+// time; beyond 64 rows (h_q = 128, or h_q = 64 with s_q > 1) the 64-row tiles of one key range
+// run side by side, so a page comes from HBM once and from L2 for the other tiles.
 //
 // Requirements the kernels rely on (the caller validates; nothing is checked on the device):
 //   q, kv_cache, out 16-byte aligned; every stride below a multiple of 8 elements (16 bytes);
