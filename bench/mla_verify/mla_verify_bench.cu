@@ -1,0 +1,426 @@
+// MLA verify benchmark: our kernels under CUDA-graph replay over the issue's sweep, with the copy
+// ceiling (cudaMemcpy device to device, bytes read + written per second) and the cuBLAS bf16
+// GEMM ceiling measured in the same run. Plain CUDA events (no Google Benchmark).
+//
+//   mla-verify-bench --out FILE.json --git HASH [--allow-dirty] [--sweep full|quick]
+//                    [--impls split_kv,split_kv_sm90a,split_kv_sm90a_cpasync,baseline]
+//
+// Each point: the median of many graph replays after warm-up, rotating over as many input sets
+// (cache pages, q, out, tables) as keep the working set above 400 MB (the L2 is 60 MB). Bytes
+// counted: KV len * 576 * 2 + q + out per request. FLOPs: 2 * h_q * (576 + 512) per visible
+// (query, key) pair, i.e. s_q * len - s_q * (s_q - 1) / 2 pairs per request (the causal
+// adjustment). Points whose inputs do not fit in device memory are skipped and listed.
+#include <cublas_v2.h>
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <ctime>
+#include <string>
+#include <vector>
+
+#include "common/result_receipt.h"
+#include "kernels/mla_verify/mla_verify.h"
+
+namespace {
+
+using probesidecar::kernels::MlaVerifyParams;
+using probesidecar::kernels::MlaVerifyPath;
+using probesidecar::kernels::MlaVerifyWorkspace;
+
+#define CHECK_CUDA(expr)                                                                     \
+  do {                                                                                       \
+    const cudaError_t err_ = (expr);                                                         \
+    if (err_ != cudaSuccess) {                                                               \
+      std::fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #expr,                      \
+                   cudaGetErrorString(err_));                                                \
+      return false;                                                                          \
+    }                                                                                        \
+  } while (0)
+
+__global__ void FillRandomBf16(__nv_bfloat16* p, size_t n, uint64_t seed, float amp) {
+  for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<size_t>(gridDim.x) * blockDim.x) {
+    uint64_t x = seed ^ (i * 0x9e3779b97f4a7c15ull);
+    x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+    x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+    x ^= x >> 31;
+    const float u = ((x >> 40) + 0.5f) * (1.0f / 16777216.0f);
+    p[i] = __float2bfloat16_rn((2.0f * u - 1.0f) * amp);
+  }
+}
+
+double Median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  const size_t n = v.size();
+  return n == 0 ? 0.0 : n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+struct Ceilings {
+  double copy_gbps = 0, bf16_tflops = 0;
+};
+
+bool MeasureCeilings(Ceilings* c) {
+  // Copy: 2 GiB device to device, median of 15 after 3 warm-ups.
+  const size_t bytes = size_t{2} << 30;
+  void *a = nullptr, *b = nullptr;
+  CHECK_CUDA(cudaMalloc(&a, bytes));
+  CHECK_CUDA(cudaMalloc(&b, bytes));
+  CHECK_CUDA(cudaMemset(a, 1, bytes));
+  cudaEvent_t e0, e1;
+  CHECK_CUDA(cudaEventCreate(&e0));
+  CHECK_CUDA(cudaEventCreate(&e1));
+  std::vector<double> ms;
+  for (int i = 0; i < 18; ++i) {
+    CHECK_CUDA(cudaEventRecord(e0));
+    CHECK_CUDA(cudaMemcpyAsync(b, a, bytes, cudaMemcpyDeviceToDevice));
+    CHECK_CUDA(cudaEventRecord(e1));
+    CHECK_CUDA(cudaEventSynchronize(e1));
+    float t = 0;
+    CHECK_CUDA(cudaEventElapsedTime(&t, e0, e1));
+    if (i >= 3) ms.push_back(t);
+  }
+  c->copy_gbps = 2.0 * bytes / (Median(ms) * 1e-3) / 1e9;
+  CHECK_CUDA(cudaFree(a));
+  CHECK_CUDA(cudaFree(b));
+  // cuBLAS bf16 GEMM 8192^3 on random data, float32 accumulation.
+  const int n = 8192;
+  __nv_bfloat16 *A = nullptr, *B = nullptr, *C = nullptr;
+  CHECK_CUDA(cudaMalloc(&A, size_t{2} * n * n));
+  CHECK_CUDA(cudaMalloc(&B, size_t{2} * n * n));
+  CHECK_CUDA(cudaMalloc(&C, size_t{2} * n * n));
+  FillRandomBf16<<<1024, 256>>>(A, size_t{n} * n, 1, 1.0f);
+  FillRandomBf16<<<1024, 256>>>(B, size_t{n} * n, 2, 1.0f);
+  CHECK_CUDA(cudaGetLastError());
+  cublasHandle_t h;
+  if (cublasCreate(&h) != CUBLAS_STATUS_SUCCESS) return false;
+  const float alpha = 1.0f, beta = 0.0f;
+  ms.clear();
+  for (int i = 0; i < 13; ++i) {
+    CHECK_CUDA(cudaEventRecord(e0));
+    if (cublasGemmEx(h, CUBLAS_OP_N, CUBLAS_OP_N, n, n, n, &alpha, A, CUDA_R_16BF, n, B,
+                     CUDA_R_16BF, n, &beta, C, CUDA_R_16BF, n, CUBLAS_COMPUTE_32F,
+                     CUBLAS_GEMM_DEFAULT) != CUBLAS_STATUS_SUCCESS) {
+      return false;
+    }
+    CHECK_CUDA(cudaEventRecord(e1));
+    CHECK_CUDA(cudaEventSynchronize(e1));
+    float t = 0;
+    CHECK_CUDA(cudaEventElapsedTime(&t, e0, e1));
+    if (i >= 3) ms.push_back(t);
+  }
+  c->bf16_tflops = 2.0 * n * n * static_cast<double>(n) / (Median(ms) * 1e-3) / 1e12;
+  cublasDestroy(h);
+  CHECK_CUDA(cudaFree(A));
+  CHECK_CUDA(cudaFree(B));
+  CHECK_CUDA(cudaFree(C));
+  CHECK_CUDA(cudaEventDestroy(e0));
+  CHECK_CUDA(cudaEventDestroy(e1));
+  return true;
+}
+
+struct Point {
+  int h_q, s_q, batch, len;
+};
+
+struct Record {
+  Point pt;
+  std::string impl;
+  bool dispatched = false;  // the path LaunchMlaVerify takes for this shape
+  double graph_us = 0, eager_us = 0, gbps = 0, tflops = 0;
+};
+
+double BytesOf(const Point& p) {
+  return static_cast<double>(p.batch) *
+         (static_cast<double>(p.len) * 576 * 2 + static_cast<double>(p.s_q) * p.h_q * (576 + 512) * 2);
+}
+double FlopsOf(const Point& p) {
+  const double pairs = static_cast<double>(p.s_q) * p.len - p.s_q * (p.s_q - 1) / 2.0;
+  return 2.0 * p.h_q * (576 + 512) * pairs * p.batch;
+}
+
+// Device pools shared by every point: cache pages, q, out, tables, lengths.
+struct Pools {
+  __nv_bfloat16* kv = nullptr;
+  size_t kv_pages = 0;
+  __nv_bfloat16* q = nullptr;
+  __nv_bfloat16* out = nullptr;
+  size_t q_elems = 0, out_elems = 0;
+  int32_t* tables = nullptr;
+  size_t table_ints = 0;
+  int32_t* lens = nullptr;
+};
+
+constexpr double kRotateBytes = 400e6;
+constexpr int kMaxSets = 8;
+
+int SetsFor(const Point& p) {
+  const double kv = static_cast<double>(p.batch) * p.len * 576 * 2;
+  return std::clamp(static_cast<int>(std::ceil(kRotateBytes / kv)), 1, kMaxSets);
+}
+
+bool Fits(const Point& p, const Pools& pools) {
+  const int sets = SetsFor(p);
+  const size_t pages = static_cast<size_t>(p.batch) * ((p.len + 63) / 64);
+  return pages * sets <= pools.kv_pages &&
+         static_cast<size_t>(sets) * p.batch * p.s_q * p.h_q * 576 <= pools.q_elems &&
+         static_cast<size_t>(sets) * p.batch * p.s_q * p.h_q * 512 <= pools.out_elems &&
+         static_cast<size_t>(sets) * p.batch * ((p.len + 63) / 64) <= pools.table_ints;
+}
+
+// An impl: a path on a workspace ("split_kv_sm90a_cpasync" is the sm_90a path on a workspace
+// made with use_tma = false, timed to show what TMA brings).
+struct Impl {
+  MlaVerifyPath path;
+  MlaVerifyWorkspace* ws;
+  std::string name;
+};
+
+bool RunPoint(const Point& pt, const Pools& pools, MlaVerifyWorkspace* dispatch_ws,
+              cudaStream_t stream, const std::vector<Impl>& impls, std::vector<Record>* records) {
+  const int sets = SetsFor(pt);
+  const int max_pages = (pt.len + 63) / 64;
+  const size_t pages_per_set = static_cast<size_t>(pt.batch) * max_pages;
+  // Tables: set s, request b uses pages s * pages_per_set + b * max_pages + i (in order).
+  std::vector<int32_t> table(sets * pages_per_set);
+  for (size_t i = 0; i < table.size(); ++i) table[i] = static_cast<int32_t>(i);
+  CHECK_CUDA(cudaMemcpy(pools.tables, table.data(), table.size() * 4, cudaMemcpyHostToDevice));
+  std::vector<int32_t> lens(pt.batch, pt.len);
+  CHECK_CUDA(cudaMemcpy(pools.lens, lens.data(), lens.size() * 4, cudaMemcpyHostToDevice));
+  std::vector<MlaVerifyParams> params(sets);
+  const size_t q_set = static_cast<size_t>(pt.batch) * pt.s_q * pt.h_q * 576;
+  const size_t o_set = static_cast<size_t>(pt.batch) * pt.s_q * pt.h_q * 512;
+  for (int s = 0; s < sets; ++s) {
+    MlaVerifyParams& p = params[s];
+    p.batch = pt.batch;
+    p.s_q = pt.s_q;
+    p.h_q = pt.h_q;
+    p.softmax_scale = 1.0f / std::sqrt(192.0f);
+    p.q = pools.q + s * q_set;
+    p.q_head_stride = 576;
+    p.q_token_stride = pt.h_q * 576;
+    p.q_batch_stride = static_cast<int64_t>(pt.s_q) * pt.h_q * 576;
+    p.kv_cache = pools.kv;
+    p.kv_row_stride = 576;
+    p.kv_page_stride = 64 * 576;
+    p.num_pages = static_cast<int32_t>(pools.kv_pages);
+    p.block_table = pools.tables + s * pages_per_set;
+    p.block_table_batch_stride = max_pages;
+    p.max_pages = max_pages;
+    p.cache_seqlens = pools.lens;
+    p.out = pools.out + s * o_set;
+    p.out_head_stride = 512;
+    p.out_token_stride = pt.h_q * 512;
+    p.out_batch_stride = static_cast<int64_t>(pt.s_q) * pt.h_q * 512;
+  }
+  cudaEvent_t e0, e1;
+  CHECK_CUDA(cudaEventCreate(&e0));
+  CHECK_CUDA(cudaEventCreate(&e1));
+  for (const Impl& impl : impls) {
+    const MlaVerifyPath path = impl.path;
+    MlaVerifyWorkspace* ws = impl.ws;
+    std::vector<cudaGraphExec_t> execs(sets);
+    for (int s = 0; s < sets; ++s) {
+      cudaGraph_t g;
+      CHECK_CUDA(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+      const cudaError_t launch =
+          probesidecar::kernels::LaunchMlaVerifyPath(params[s], path, ws, stream);
+      CHECK_CUDA(cudaStreamEndCapture(stream, &g));
+      CHECK_CUDA(launch);
+      CHECK_CUDA(cudaGraphInstantiate(&execs[s], g, 0));
+      CHECK_CUDA(cudaGraphDestroy(g));
+    }
+    // Warm-up, and an estimate of one run's time.
+    CHECK_CUDA(cudaEventRecord(e0, stream));
+    for (int i = 0; i < 3; ++i) CHECK_CUDA(cudaGraphLaunch(execs[i % sets], stream));
+    CHECK_CUDA(cudaEventRecord(e1, stream));
+    CHECK_CUDA(cudaEventSynchronize(e1));
+    float est_ms = 0;
+    CHECK_CUDA(cudaEventElapsedTime(&est_ms, e0, e1));
+    est_ms /= 3;
+    const int reps = std::clamp(static_cast<int>(60.0 / std::max(est_ms, 1e-3f)), 10, 200);
+    std::vector<double> times;
+    for (int i = 0; i < reps; ++i) {
+      CHECK_CUDA(cudaEventRecord(e0, stream));
+      CHECK_CUDA(cudaGraphLaunch(execs[i % sets], stream));
+      CHECK_CUDA(cudaEventRecord(e1, stream));
+      CHECK_CUDA(cudaEventSynchronize(e1));
+      float t = 0;
+      CHECK_CUDA(cudaEventElapsedTime(&t, e0, e1));
+      times.push_back(t * 1e3);
+    }
+    std::vector<double> eager;
+    for (int i = 0; i < std::min(reps, 20); ++i) {
+      CHECK_CUDA(cudaEventRecord(e0, stream));
+      CHECK_CUDA(probesidecar::kernels::LaunchMlaVerifyPath(params[i % sets], path, ws, stream));
+      CHECK_CUDA(cudaEventRecord(e1, stream));
+      CHECK_CUDA(cudaEventSynchronize(e1));
+      float t = 0;
+      CHECK_CUDA(cudaEventElapsedTime(&t, e0, e1));
+      eager.push_back(t * 1e3);
+    }
+    for (cudaGraphExec_t e : execs) CHECK_CUDA(cudaGraphExecDestroy(e));
+    Record r;
+    r.pt = pt;
+    r.impl = impl.name;
+    r.dispatched = ws == dispatch_ws &&
+                   path == probesidecar::kernels::ChooseMlaVerifyPath(*ws, pt.s_q * pt.h_q);
+    r.graph_us = Median(times);
+    r.eager_us = Median(eager);
+    r.gbps = BytesOf(pt) / (r.graph_us * 1e-6) / 1e9;
+    r.tflops = FlopsOf(pt) / (r.graph_us * 1e-6) / 1e12;
+    records->push_back(r);
+  }
+  CHECK_CUDA(cudaEventDestroy(e0));
+  CHECK_CUDA(cudaEventDestroy(e1));
+  return true;
+}
+
+std::string JsonEscape(const std::string& s) {
+  std::string o;
+  for (char c : s) {
+    if (c == '"' || c == '\\') o += '\\';
+    o += c;
+  }
+  return o;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::string out_path, git, sweep = "full",
+              impls_arg = "split_kv,split_kv_sm90a,split_kv_sm90a_cpasync,baseline";
+  bool allow_dirty = false;
+  std::string command;
+  for (int i = 0; i < argc; ++i) command += (i ? " " : "") + std::string(argv[i]);
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    auto next = [&]() { return i + 1 < argc ? std::string(argv[++i]) : std::string(); };
+    if (a == "--out") out_path = next();
+    else if (a == "--git") git = next();
+    else if (a == "--allow-dirty") allow_dirty = true;
+    else if (a == "--sweep") sweep = next();
+    else if (a == "--impls") impls_arg = next();
+    else {
+      std::fprintf(stderr, "unknown argument %s\n", a.c_str());
+      return 2;
+    }
+  }
+  git = probesidecar::common::ResultIdentity(git);
+  const std::string why = probesidecar::common::CheckResultIdentity(git, allow_dirty);
+  if (!why.empty()) {
+    std::fprintf(stderr, "mla-verify-bench: %s\n", why.c_str());
+    return 2;
+  }
+  const std::string wanted = "," + impls_arg + ",";
+  auto want = [&](const std::string& name) { return wanted.find("," + name + ",") != std::string::npos; };
+
+  auto run = [&]() -> bool {
+    cudaDeviceProp prop;
+    CHECK_CUDA(cudaGetDeviceProperties(&prop, 0));
+    Ceilings ceil;
+    if (!MeasureCeilings(&ceil)) return false;
+    std::printf("device %s: copy %.0f GB/s, bf16 GEMM %.0f TFLOP/s\n", prop.name, ceil.copy_gbps,
+                ceil.bf16_tflops);
+    std::vector<Point> points;
+    const std::vector<int> sqs = sweep == "quick" ? std::vector<int>{1, 4} : std::vector<int>{1, 2, 4, 8};
+    const std::vector<int> batches =
+        sweep == "quick" ? std::vector<int>{1, 64} : std::vector<int>{1, 8, 64, 128};
+    const std::vector<int> lens = sweep == "quick" ? std::vector<int>{4096, 65536}
+                                                   : std::vector<int>{1024, 4096, 16384, 65536};
+    for (int h : {16, 128})
+      for (int s : sqs)
+        for (int b : batches)
+          for (int l : lens) points.push_back({h, s, b, l});
+    // Pools: 11 GB of pages (the largest point, 128 x 64k, is 9.7 GB), q / out for 8 sets.
+    Pools pools;
+    pools.kv_pages = static_cast<size_t>(11e9 / (64 * 576 * 2));
+    pools.q_elems = size_t{200} << 20;   // 400 MB
+    pools.out_elems = size_t{200} << 20;
+    pools.table_ints = pools.kv_pages;
+    CHECK_CUDA(cudaMalloc(&pools.kv, pools.kv_pages * 64 * 576 * 2));
+    CHECK_CUDA(cudaMalloc(&pools.q, pools.q_elems * 2));
+    CHECK_CUDA(cudaMalloc(&pools.out, pools.out_elems * 2));
+    CHECK_CUDA(cudaMalloc(&pools.tables, pools.table_ints * 4));
+    CHECK_CUDA(cudaMalloc(&pools.lens, 256 * 4));
+    FillRandomBf16<<<4096, 256>>>(pools.kv, pools.kv_pages * 64 * 576, 11, 1.0f);
+    FillRandomBf16<<<4096, 256>>>(pools.q, pools.q_elems, 12, 2.0f);
+    CHECK_CUDA(cudaGetLastError());
+    CHECK_CUDA(cudaDeviceSynchronize());
+    MlaVerifyWorkspace *ws = nullptr, *ws_cp = nullptr;
+    CHECK_CUDA(probesidecar::kernels::CreateMlaVerifyWorkspace({}, &ws));
+    probesidecar::kernels::MlaVerifyWorkspaceConfig cp_config;
+    cp_config.use_tma = false;
+    CHECK_CUDA(probesidecar::kernels::CreateMlaVerifyWorkspace(cp_config, &ws_cp));
+    std::printf("sm_90a path: %s, keys by %s\n", ws->has_sm90a ? "yes" : "no",
+                ws->sm90a_tma ? "TMA" : "cp.async");
+    std::vector<Impl> impls;
+    if (want("split_kv")) impls.push_back({MlaVerifyPath::kSplitKv, ws, "split_kv"});
+    if (want("split_kv_sm90a") && ws->has_sm90a)
+      impls.push_back({MlaVerifyPath::kSplitKvSm90a, ws, "split_kv_sm90a"});
+    if (want("split_kv_sm90a_cpasync") && ws->sm90a_tma)
+      impls.push_back({MlaVerifyPath::kSplitKvSm90a, ws_cp, "split_kv_sm90a_cpasync"});
+    if (want("baseline")) impls.push_back({MlaVerifyPath::kBaseline, ws, "baseline"});
+    cudaStream_t stream;
+    CHECK_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+    std::vector<Record> records;
+    std::vector<std::string> skipped;
+    for (const Point& pt : points) {
+      if (!Fits(pt, pools)) {
+        skipped.push_back("h_q=" + std::to_string(pt.h_q) + " s_q=" + std::to_string(pt.s_q) +
+                          " batch=" + std::to_string(pt.batch) + " len=" + std::to_string(pt.len));
+        continue;
+      }
+      const size_t before = records.size();
+      if (!RunPoint(pt, pools, ws, stream, impls, &records)) return false;
+      for (size_t i = before; i < records.size(); ++i) {
+        const Record& r = records[i];
+        std::printf("h_q=%3d s_q=%d batch=%3d len=%6d %-22s graph %9.1f us eager %9.1f us  %6.0f GB/s "
+                    "(%.2f)  %5.0f TFLOP/s (%.2f)\n",
+                    pt.h_q, pt.s_q, pt.batch, pt.len, r.impl.c_str(), r.graph_us, r.eager_us,
+                    r.gbps, r.gbps / ceil.copy_gbps, r.tflops, r.tflops / ceil.bf16_tflops);
+      }
+      std::fflush(stdout);
+    }
+    probesidecar::kernels::DestroyMlaVerifyWorkspace(ws);
+    probesidecar::kernels::DestroyMlaVerifyWorkspace(ws_cp);
+    FILE* f = std::fopen(out_path.c_str(), "w");
+    if (f == nullptr) {
+      std::fprintf(stderr, "cannot write %s\n", out_path.c_str());
+      return false;
+    }
+    char date[64];
+    const std::time_t now = std::time(nullptr);
+    std::strftime(date, sizeof(date), "%Y-%m-%dT%H:%M:%SZ", std::gmtime(&now));
+    std::fprintf(f, "{\n  \"device\": \"%s\",\n  \"git\": \"%s\",\n  \"date\": \"%s\",\n",
+                 JsonEscape(prop.name).c_str(), git.c_str(), date);
+    std::fprintf(f, "  \"command\": \"%s\",\n", JsonEscape(command).c_str());
+    std::fprintf(f, "  \"ceilings\": {\"copy_gbps\": %.1f, \"bf16_tflops\": %.1f},\n",
+                 ceil.copy_gbps, ceil.bf16_tflops);
+    std::fprintf(f, "  \"skipped\": [");
+    for (size_t i = 0; i < skipped.size(); ++i)
+      std::fprintf(f, "%s\"%s (inputs do not fit the benchmark's pools)\"", i ? ", " : "",
+                   skipped[i].c_str());
+    std::fprintf(f, "],\n  \"records\": [\n");
+    for (size_t i = 0; i < records.size(); ++i) {
+      const Record& r = records[i];
+      std::fprintf(f,
+                   "    {\"bench\": \"mla_verify\", \"impl\": \"%s\", \"dispatched\": %s, \"dtype\": \"bf16\", "
+                   "\"shape\": {\"batch\": %d, \"s_q\": %d, \"h_q\": %d, \"seqlen\": %d, "
+                   "\"page_size\": 64}, \"graph_us_p50\": %.2f, \"eager_us_p50\": %.2f, "
+                   "\"gbps\": %.1f, \"tflops\": %.1f, \"frac_copy\": %.4f, \"frac_tflops\": %.4f}%s\n",
+                   r.impl.c_str(), r.dispatched ? "true" : "false", r.pt.batch, r.pt.s_q, r.pt.h_q, r.pt.len, r.graph_us, r.eager_us,
+                   r.gbps, r.tflops, r.gbps / ceil.copy_gbps, r.tflops / ceil.bf16_tflops,
+                   i + 1 < records.size() ? "," : "");
+    }
+    std::fprintf(f, "  ]\n}\n");
+    std::fclose(f);
+    return true;
+  };
+  return run() ? 0 : 1;
+}

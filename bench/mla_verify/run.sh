@@ -1,0 +1,89 @@
+#!/usr/bin/env bash
+# MLA verify GPU run: the kernel tests, the CUDA benchmark (ours + ceilings), the peers (torch
+# reference, FlashInfer fa3) and the report, within one device call. Writes under OUT_DIR:
+#   mla_verify_run.log, mla_verify_ours.json, mla_verify_peers.json,
+#   mla_verify.json, mla_verify.md, mla_verify.png
+#
+#   PROBESIDECAR_GIT=<40-char commit> bench/mla_verify/run.sh BIN_DIR OUT_DIR [WHEEL_DIR]
+#
+# BIN_DIR holds mla_verify_cpu_test, mla_verify_gpu_test and mla-verify-bench (kernels-only
+# build); WHEEL_DIR the FlashInfer (slim) and apache-tvm-ffi wheels. Environment: SWEEP
+# (full|quick, default full), DEADLINE_S (default 285: the peers get what is left of it),
+# SKIP_TESTS=1, SKIP_PEERS=1.
+set -uo pipefail
+BIN=${1:?usage: run.sh BIN_DIR OUT_DIR [WHEEL_DIR]}
+OUT_DIR=${2:?usage: run.sh BIN_DIR OUT_DIR [WHEEL_DIR]}
+WHEELS=${3:-}
+HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+SWEEP=${SWEEP:-full}
+DEADLINE_S=${DEADLINE_S:-285}
+GIT=${PROBESIDECAR_GIT:?set PROBESIDECAR_GIT to the full commit}
+START=$(date +%s)
+mkdir -p "$OUT_DIR"
+LOG="$OUT_DIR/mla_verify_run.log"
+export LD_LIBRARY_PATH=/usr/local/cuda/lib64${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+export PYTHONUNBUFFERED=1 FLASHINFER_CUDA_ARCH_LIST=9.0a
+status=0
+left() { echo $((DEADLINE_S - ($(date +%s) - START))); }
+{
+  echo "== mla_verify run: git $GIT, $(date -u +%Y-%m-%dT%H:%M:%SZ), sweep $SWEEP"
+  nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu,power.draw \
+    --format=csv 2>&1 || true
+} >"$LOG"
+
+# FlashInfer: install the wheels and JIT-build its fa3 module while the tests run.
+WARM_PID=
+if [[ -n "$WHEELS" && "${SKIP_PEERS:-0}" != 1 ]]; then
+  (python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+     --target /tmp/site "$WHEELS"/*.whl &&
+   PYTHONPATH=/tmp/site timeout 150 python3 "$HERE/peers.py" --out /dev/null --warm-only) \
+    >"$OUT_DIR/.warm.log" 2>&1 &
+  WARM_PID=$!
+  export PYTHONPATH=/tmp/site
+fi
+
+if [[ "${SKIP_TESTS:-0}" != 1 ]]; then
+  echo "== tests" | tee -a "$LOG"
+  "$BIN/mla_verify_cpu_test" --gtest_brief=1 >>"$LOG" 2>&1 || status=1
+  timeout 100 "$BIN/mla_verify_gpu_test" --gtest_brief=1 >>"$LOG" 2>&1
+  rc=$?
+  [[ $rc -ne 0 && $rc -ne 77 ]] && status=1
+  echo "gpu test exit code $rc" >>"$LOG"
+  grep -E "^\[worst\]|PASSED|FAILED|SKIPPED|tests ran|Failure|error|exit code" "$LOG" | tail -60
+fi
+
+CUOBJDUMP=$(command -v cuobjdump || echo /usr/local/cuda/bin/cuobjdump)
+if [[ -x "$CUOBJDUMP" ]]; then
+  "$CUOBJDUMP" -sass "$BIN/mla-verify-bench" >"$OUT_DIR/.sass" 2>/dev/null
+  echo "== SASS of mla-verify-bench: HGMMA $(grep -c HGMMA "$OUT_DIR/.sass"), HMMA $(grep -c HMMA \
+    "$OUT_DIR/.sass"), LDL $(grep -c LDL "$OUT_DIR/.sass"), STL $(grep -c STL "$OUT_DIR/.sass")" | tee -a "$LOG"
+  rm -f "$OUT_DIR/.sass"
+fi
+
+echo "== bench ($(left) s left)" | tee -a "$LOG"
+timeout 100 "$BIN/mla-verify-bench" --out "$OUT_DIR/mla_verify_ours.json" --sweep "$SWEEP" \
+  --git "$GIT" >>"$LOG" 2>&1 || status=1
+
+if [[ -n "$WARM_PID" ]]; then
+  wait "$WARM_PID"
+  echo "== flashinfer warm-up (exit $?)" >>"$LOG"
+  cat "$OUT_DIR/.warm.log" >>"$LOG"
+  rm -f "$OUT_DIR/.warm.log"
+fi
+if [[ "${SKIP_PEERS:-0}" != 1 ]]; then
+  budget=$(( $(left) - 15 ))
+  echo "== peers ($budget s)" | tee -a "$LOG"
+  if (( budget > 20 )); then
+    timeout "$budget" python3 "$HERE/peers.py" --out "$OUT_DIR/mla_verify_peers.json" \
+      --sweep "$SWEEP" --git "$GIT" >>"$LOG" 2>&1 || { echo "peers exit $?" >>"$LOG"; status=1; }
+  fi
+fi
+
+echo "== report" | tee -a "$LOG"
+PEERS=()
+[[ -f "$OUT_DIR/mla_verify_peers.json" ]] && PEERS=("$OUT_DIR/mla_verify_peers.json")
+python3 "$HERE/report.py" "$OUT_DIR/mla_verify_ours.json" "${PEERS[@]}" --out-dir "$OUT_DIR" \
+  --command "SWEEP=$SWEEP bench/mla_verify/run.sh $BIN $OUT_DIR $WHEELS" >>"$LOG" 2>&1 || status=1
+echo "== done in $(( $(date +%s) - START )) s, status $status" | tee -a "$LOG"
+sed -n '/^## Targets/,/^## All points/p' "$OUT_DIR/mla_verify.md" 2>/dev/null | head -24
+exit $status

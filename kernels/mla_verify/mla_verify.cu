@@ -1,0 +1,203 @@
+// MLA verify launchers and workspace: the plan / tile / combine launches of mla_verify_kernel.cuh.
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+
+#include "kernels/mla_verify/mla_verify.h"
+#include "kernels/mla_verify/mla_verify_internal.h"
+#include "kernels/mla_verify/mla_verify_kernel.cuh"
+#include "kernels/mla_verify/mla_verify_plan.h"
+
+namespace probesidecar::kernels {
+namespace {
+
+using mla::KernelArgs;
+using mla::TileConfig;
+
+template <int kRowGroups, bool kSplit>
+cudaError_t SetTileAttributes() {
+  return cudaFuncSetAttribute(mla::MlaVerifyTileKernel<kRowGroups, kSplit>,
+                              cudaFuncAttributeMaxDynamicSharedMemorySize,
+                              TileConfig<kRowGroups>::kSmemBytes);
+}
+
+template <int kRowGroups, bool kSplit>
+cudaError_t LaunchTile(const KernelArgs& args, int32_t grid_y, cudaStream_t stream) {
+  using Cfg = TileConfig<kRowGroups>;
+  const int32_t rows = args.p.s_q * args.p.h_q;
+  const dim3 grid(mla::NumRowTiles(rows), grid_y);
+  mla::MlaVerifyTileKernel<kRowGroups, kSplit>
+      <<<grid, Cfg::kThreads, Cfg::kSmemBytes, stream>>>(args);
+  return cudaGetLastError();
+}
+
+template <bool kSplit>
+cudaError_t LaunchTileFor(const KernelArgs& args, int32_t grid_y, cudaStream_t stream) {
+  switch (mla::TileRowsFor(args.p.s_q * args.p.h_q)) {
+    case 16:
+      return LaunchTile<1, kSplit>(args, grid_y, stream);
+    case 32:
+      return LaunchTile<2, kSplit>(args, grid_y, stream);
+    default:
+      return LaunchTile<4, kSplit>(args, grid_y, stream);
+  }
+}
+
+KernelArgs MakeArgs(const MlaVerifyParams& params, const MlaVerifyWorkspace* ws) {
+  KernelArgs args;
+  args.p = params;
+  args.plan = ws->plan;
+  args.partial_out = ws->partial_out;
+  args.partial_lse = ws->partial_lse;
+  args.scale_log2 = params.softmax_scale * mla::kLog2e;
+  return args;
+}
+
+}  // namespace
+
+cudaError_t CreateMlaVerifyWorkspace(const MlaVerifyWorkspaceConfig& config,
+                                     MlaVerifyWorkspace** out) {
+  if (out == nullptr || config.max_batch < 1) return cudaErrorInvalidValue;
+  *out = nullptr;
+  int device = config.device;
+  cudaError_t err = cudaSuccess;
+  if (device < 0 && (err = cudaGetDevice(&device)) != cudaSuccess) return err;
+  if ((err = cudaSetDevice(device)) != cudaSuccess) return err;
+  int num_sms = 0, major = 0;
+  if ((err = cudaDeviceGetAttribute(&num_sms, cudaDevAttrMultiProcessorCount, device)) !=
+          cudaSuccess ||
+      (err = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device)) !=
+          cudaSuccess) {
+    return err;
+  }
+  if (major < 9) return cudaErrorInvalidDevice;  // built for sm_90 only
+  int minor = 0;
+  if ((err = cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device)) !=
+      cudaSuccess) {
+    return err;
+  }
+  // sm_90a machine code runs on compute capability 9.0 exactly.
+  const bool has_sm90a = mla::Sm90aCompiled() && major == 9 && minor == 0;
+  bool tma_available = false;
+  if (has_sm90a && (err = mla::SetSm90aAttributes(&tma_available)) != cudaSuccess) return err;
+  // Shared-memory limits of every instantiation, once.
+  const cudaError_t attr[] = {SetTileAttributes<1, true>(), SetTileAttributes<2, true>(),
+                              SetTileAttributes<4, true>(), SetTileAttributes<1, false>(),
+                              SetTileAttributes<2, false>(), SetTileAttributes<4, false>()};
+  for (cudaError_t e : attr) {
+    if (e != cudaSuccess) return e;
+  }
+  auto* ws = new MlaVerifyWorkspace;
+  ws->device = device;
+  ws->num_sms = num_sms;
+  ws->max_batch = config.max_batch;
+  ws->has_sm90a = has_sm90a;
+  ws->sm90a_tma = has_sm90a && tma_available && config.use_tma;
+  ws->partial_rows = mla::PartialRowsFor(num_sms);
+  const size_t plan_bytes = static_cast<size_t>(mla::PlanInts(config.max_batch)) * 4;
+  const size_t out_bytes = static_cast<size_t>(ws->partial_rows) * kMlaHeadDimV * 4;
+  const size_t lse_bytes = static_cast<size_t>(ws->partial_rows) * 4;
+  void* mem = nullptr;
+  // One allocation: plan, then the partial outputs (256-byte aligned), then their LSEs.
+  const size_t out_offset = (plan_bytes + 255) & ~size_t{255};
+  ws->bytes = out_offset + out_bytes + lse_bytes;
+  if ((err = cudaMalloc(&mem, ws->bytes)) != cudaSuccess) {
+    delete ws;
+    return err;
+  }
+  ws->plan = static_cast<int32_t*>(mem);
+  ws->partial_out = reinterpret_cast<float*>(static_cast<char*>(mem) + out_offset);
+  ws->partial_lse = ws->partial_out + ws->partial_rows * kMlaHeadDimV;
+  *out = ws;
+  return cudaSuccess;
+}
+
+void DestroyMlaVerifyWorkspace(MlaVerifyWorkspace* ws) {
+  if (ws == nullptr) return;
+  cudaFree(ws->plan);  // the single allocation
+  delete ws;
+}
+
+namespace {
+
+int32_t PartsFor(MlaVerifyPath path, int32_t num_sms, int32_t rows) {
+  return path == MlaVerifyPath::kSplitKvSm90a ? mla::NumPartsSm90a(num_sms, rows)
+                                              : mla::NumParts(num_sms, rows);
+}
+
+cudaError_t PlanFor(MlaVerifyPath path, const MlaVerifyParams& params, MlaVerifyWorkspace* ws,
+                    cudaStream_t stream) {
+  const cudaError_t check = CheckMlaVerifyParams(params, ws);
+  if (check != cudaSuccess) return check;
+  const int32_t parts = PartsFor(path, ws->num_sms, params.s_q * params.h_q);
+  mla::MlaVerifyPlanKernel<<<1, 1024, 0, stream>>>(params.cache_seqlens, params.batch, parts,
+                                                   ws->plan);
+  return cudaGetLastError();
+}
+
+cudaError_t RunFor(MlaVerifyPath path, const MlaVerifyParams& params, MlaVerifyWorkspace* ws,
+                   cudaStream_t stream) {
+  const cudaError_t check = CheckMlaVerifyParams(params, ws);
+  if (check != cudaSuccess) return check;
+  const KernelArgs args = MakeArgs(params, ws);
+  const int32_t rows = params.s_q * params.h_q;
+  const int32_t parts = PartsFor(path, ws->num_sms, rows);
+  cudaError_t err = path == MlaVerifyPath::kSplitKvSm90a
+                        ? mla::LaunchTileSm90a(args, parts, /*split=*/true, ws->sm90a_tma, stream)
+                        : LaunchTileFor<true>(args, parts, stream);
+  if (err != cudaSuccess) return err;
+  // Up to 16 blocks per (row, column quarter) loop over the split requests the plan lists.
+  const dim3 grid(rows * 4, std::min(16, mla::MaxSplitRequests(params.batch, parts)));
+  mla::MlaVerifyCombineKernel<<<grid, 256, 0, stream>>>(args);
+  return cudaGetLastError();
+}
+
+}  // namespace
+
+cudaError_t PlanMlaVerify(const MlaVerifyParams& params, MlaVerifyWorkspace* ws,
+                          cudaStream_t stream) {
+  if (ws == nullptr) return cudaErrorInvalidValue;
+  return PlanFor(ChooseMlaVerifyPath(*ws, params.s_q * params.h_q), params, ws, stream);
+}
+
+cudaError_t RunMlaVerify(const MlaVerifyParams& params, MlaVerifyWorkspace* ws,
+                         cudaStream_t stream) {
+  if (ws == nullptr) return cudaErrorInvalidValue;
+  return RunFor(ChooseMlaVerifyPath(*ws, params.s_q * params.h_q), params, ws, stream);
+}
+
+cudaError_t LaunchMlaVerify(const MlaVerifyParams& params, MlaVerifyWorkspace* ws,
+                            cudaStream_t stream) {
+  const cudaError_t err = PlanMlaVerify(params, ws, stream);
+  if (err != cudaSuccess) return err;
+  return RunMlaVerify(params, ws, stream);
+}
+
+cudaError_t LaunchMlaVerifyBaseline(const MlaVerifyParams& params, const MlaVerifyWorkspace* ws,
+                                    cudaStream_t stream) {
+  const cudaError_t check = CheckMlaVerifyParams(params, ws);
+  if (check != cudaSuccess) return check;
+  return LaunchTileFor<false>(MakeArgs(params, ws), params.batch, stream);
+}
+
+cudaError_t LaunchMlaVerifyPath(const MlaVerifyParams& params, MlaVerifyPath path,
+                                MlaVerifyWorkspace* ws, cudaStream_t stream) {
+  switch (path) {
+    case MlaVerifyPath::kSplitKv:
+    case MlaVerifyPath::kSplitKvSm90a: {
+      if (ws == nullptr) return cudaErrorInvalidValue;
+      if (path == MlaVerifyPath::kSplitKvSm90a && !ws->has_sm90a) {
+        return cudaErrorInvalidDeviceFunction;
+      }
+      const cudaError_t err = PlanFor(path, params, ws, stream);
+      if (err != cudaSuccess) return err;
+      return RunFor(path, params, ws, stream);
+    }
+    case MlaVerifyPath::kBaseline:
+      return LaunchMlaVerifyBaseline(params, ws, stream);
+  }
+  return cudaErrorInvalidValue;
+}
+
+}  // namespace probesidecar::kernels

@@ -1,0 +1,148 @@
+// MLA speculative-decoding verify attention on a paged latent KV cache (FlashMLA's layout).
+//
+// Per request i of a batch, with L = cache_seqlens[i] (the s_q new tokens included):
+//   S[j, h, k] = softmax_scale * dot(q[i, j, h, 0:576], K[k, 0:576])  for k <= L - s_q + j
+//   out[i, j, h, :] = sum_k softmax_k(S[j, h, :]) * K[k, 0:512]       (V = first 512 of each key)
+//   lse[i, h, j]    = ln sum_k exp(S[j, h, k])                         (natural log, scale included)
+// where K[k] is row k % 64 of page block_table[i, k / 64] of the cache. Causal is bottom-right
+// aligned. A query row that sees no key (only when L < s_q) gets out = 0 and lse = -inf.
+//
+// Paths (MlaVerifyPath): the split-KV paths spread every request's keys over all SMs with a plan
+// made on the device, then merge the partial results by their LSEs: kSplitKv (portable:
+// mma.sync, 16/32/64-row tiles) and kSplitKvSm90a (wgmma + TMA, 64-row tiles, sm_90a machine
+// code, used on compute capability 9.0 for s_q * h_q >= 32, see ChooseMlaVerifyPath); the
+// baseline runs one block per (request, row tile) over the whole sequence. Every launch is graph-capturable: no
+// allocation, no host synchronisation, no device-property query; lengths and page tables are
+// read on the device, so one captured graph serves any lengths of its (batch, s_q, h_q).
+//
+// Use in a decode step with many layers (one stream):
+//   PlanMlaVerify(params_of_any_layer, ws, stream);          // once, after cache_seqlens is written
+//   for each layer: RunMlaVerify(params_of_layer, ws, stream); // same batch, s_q, h_q, lengths
+// or LaunchMlaVerify() for both. All of it can sit inside one captured graph. The plan and the
+// partial buffers live in the workspace, so one workspace serves one stream at a time.
+//
+// Query rows of a request are ordered token-major (row = j * h_q + h) and tiled 16/32/64 at a
+// time; beyond 64 rows (h_q = 128, or h_q = 64 with s_q > 1) the 64-row tiles of one key range
+// run side by side, so a page comes from HBM once and from L2 for the other tiles.
+//
+// Requirements the kernels rely on (the caller validates; nothing is checked on the device):
+//   q, kv_cache, out 16-byte aligned; every stride below a multiple of 8 elements (16 bytes);
+//   block_table[i, 0 : ceil(L/64)] valid page indices; 1 <= batch <= workspace max_batch;
+//   s_q in 1..16; h_q in {16, 32, 64, 128}; L <= max_pages * 64 and L < 2^31 / 64 pages in total.
+// LaunchMlaVerify* returns cudaErrorInvalidValue for what it can check on the host (sizes,
+// alignment, a missing workspace).
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_runtime_api.h>
+
+#include <cstddef>
+#include <cstdint>
+
+namespace probesidecar::kernels {
+
+inline constexpr int kMlaHeadDimQk = 576;  // latent 512 + rope 64
+inline constexpr int kMlaHeadDimV = 512;
+inline constexpr int kMlaPageSize = 64;    // tokens per cache page
+inline constexpr int kMlaMaxSq = 16;
+inline constexpr int kMlaMaxHeads = 128;
+
+enum class MlaVerifyPath : int32_t {
+  kSplitKv = 0,       // portable split-KV (mma.sync + cp.async), sm_90 machine code
+  kBaseline = 1,      // one block per (request, row tile), no split: the in-tree A/B baseline
+  kSplitKvSm90a = 2,  // split-KV with wgmma (sm_90a machine code), same plan and combine
+};
+inline constexpr int kNumMlaVerifyPaths = 3;
+
+// "split_kv", "baseline", "split_kv_sm90a" (the names used in metrics and benchmarks).
+const char* MlaVerifyPathName(MlaVerifyPath path);
+
+struct MlaVerifyParams {
+  int32_t batch = 0;  // b
+  int32_t s_q = 0;    // query tokens per request, 1..16
+  int32_t h_q = 0;    // query heads, 16/32/64/128
+  float softmax_scale = 0.0f;
+
+  const __nv_bfloat16* q = nullptr;  // [b, s_q, h_q, 576]: latent 512, then rope 64
+  int64_t q_batch_stride = 0;        // elements between requests
+  int64_t q_token_stride = 0;        // elements between query tokens of one request
+  int64_t q_head_stride = 0;         // elements between heads (576 when dense)
+
+  const __nv_bfloat16* kv_cache = nullptr;  // [num_pages, 64, 576]
+  int64_t kv_page_stride = 0;               // elements between pages (64 * 576 when dense)
+  int64_t kv_row_stride = 0;                // elements between tokens of a page (576 when dense)
+  int32_t num_pages = 0;                    // pages in kv_cache; 0 = not given (TMA bound)
+
+  const int32_t* block_table = nullptr;  // [b, max_pages] page indices
+  int64_t block_table_batch_stride = 0;  // elements between requests' rows
+  int32_t max_pages = 0;                 // pages per row of block_table
+
+  const int32_t* cache_seqlens = nullptr;  // [b] L per request, the s_q new tokens included
+
+  __nv_bfloat16* out = nullptr;  // [b, s_q, h_q, 512]
+  int64_t out_batch_stride = 0;
+  int64_t out_token_stride = 0;
+  int64_t out_head_stride = 0;  // 512 when dense
+
+  float* lse = nullptr;  // optional [b, h_q, s_q] float32 (natural log, scale included)
+  int64_t lse_batch_stride = 0;
+  int64_t lse_head_stride = 0;  // the token stride is 1
+};
+
+// Per-stream scratch: the device plan (per-request split bookkeeping) and the partial outputs of
+// split requests. Allocations happen only in CreateMlaVerifyWorkspace.
+//
+// Sizing: plan 4 * (4 * max_batch + 8) bytes; partial outputs 2 * num_sms * 64 rows * 512
+// float32 (34.6 MB on a 132-SM H200) and their LSEs: independent of lengths, because a block's
+// key range is one contiguous range of the flattened batch, so at most 2 * (blocks) partial
+// row-tiles exist at once.
+struct MlaVerifyWorkspaceConfig {
+  int32_t max_batch = 256;
+  int32_t device = -1;   // -1: the current device
+  bool use_tma = true;   // sm_90a path: keys by TMA (else cp.async; for tests and fallbacks)
+};
+
+struct MlaVerifyWorkspace {
+  int32_t device = 0;
+  int32_t num_sms = 0;     // read once at creation
+  int32_t max_batch = 0;
+  bool has_sm90a = false;  // the device is sm_90 and this build holds the sm_90a kernels
+  bool sm90a_tma = false;  // the sm_90a path loads keys by TMA (driver encoder found, config)
+  int32_t* plan = nullptr;         // device, see mla_verify_plan.h
+  float* partial_out = nullptr;    // device [partial_rows, 512]
+  float* partial_lse = nullptr;    // device [partial_rows], log2 domain
+  int64_t partial_rows = 0;
+  size_t bytes = 0;  // device bytes held
+};
+
+cudaError_t CreateMlaVerifyWorkspace(const MlaVerifyWorkspaceConfig& config,
+                                     MlaVerifyWorkspace** out);
+void DestroyMlaVerifyWorkspace(MlaVerifyWorkspace* workspace);
+
+// The split path LaunchMlaVerify / PlanMlaVerify / RunMlaVerify take for s_q * h_q query rows
+// on this workspace's device (kSplitKvSm90a where it exists and wins, see the definition).
+MlaVerifyPath ChooseMlaVerifyPath(const MlaVerifyWorkspace& workspace, int32_t rows);
+
+// Host-side checks of a launch's sizes and alignment: cudaSuccess or cudaErrorInvalidValue.
+cudaError_t CheckMlaVerifyParams(const MlaVerifyParams& params, const MlaVerifyWorkspace* ws);
+
+// The split plan for params.batch / s_q / h_q and the lengths in params.cache_seqlens (read on
+// the device). One small kernel.
+cudaError_t PlanMlaVerify(const MlaVerifyParams& params, MlaVerifyWorkspace* workspace,
+                          cudaStream_t stream);
+// Attention + combine with the plan made last on this workspace (same batch, s_q, h_q and
+// lengths; the pointers may differ, e.g. per layer).
+cudaError_t RunMlaVerify(const MlaVerifyParams& params, MlaVerifyWorkspace* workspace,
+                         cudaStream_t stream);
+// PlanMlaVerify then RunMlaVerify.
+cudaError_t LaunchMlaVerify(const MlaVerifyParams& params, MlaVerifyWorkspace* workspace,
+                            cudaStream_t stream);
+// The baseline: no plan, no partials (the workspace is only for its launch settings).
+cudaError_t LaunchMlaVerifyBaseline(const MlaVerifyParams& params,
+                                    const MlaVerifyWorkspace* workspace, cudaStream_t stream);
+// By path (plan + run for the split paths; kSplitKvSm90a needs workspace->has_sm90a, else
+// cudaErrorInvalidDeviceFunction).
+cudaError_t LaunchMlaVerifyPath(const MlaVerifyParams& params, MlaVerifyPath path,
+                                MlaVerifyWorkspace* workspace, cudaStream_t stream);
+
+}  // namespace probesidecar::kernels

@@ -1,0 +1,62 @@
+// Host-only parts of the MLA verify launchers: path names and the launch checks. Plain C++ with
+// CUDA headers only, so that the CPU tests (CI) check them without device code.
+#include <cstdint>
+
+#include "kernels/mla_verify/mla_verify.h"
+
+namespace probesidecar::kernels {
+namespace {
+
+bool Aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
+bool Mult8(int64_t stride) { return stride >= 0 && stride % 8 == 0; }
+
+}  // namespace
+
+const char* MlaVerifyPathName(MlaVerifyPath path) {
+  switch (path) {
+    case MlaVerifyPath::kSplitKv:
+      return "split_kv";
+    case MlaVerifyPath::kBaseline:
+      return "baseline";
+    case MlaVerifyPath::kSplitKvSm90a:
+      return "split_kv_sm90a";
+  }
+  return "unknown";
+}
+
+MlaVerifyPath ChooseMlaVerifyPath(const MlaVerifyWorkspace& ws, int32_t rows) {
+  // The wgmma path computes 64-row tiles whatever the row count; below kSm90aMinRows the
+  // portable path's 16-row tiles (two blocks per SM) stream the cache at least as fast.
+  constexpr int32_t kSm90aMinRows = 32;
+  return ws.has_sm90a && rows >= kSm90aMinRows ? MlaVerifyPath::kSplitKvSm90a
+                                               : MlaVerifyPath::kSplitKv;
+}
+
+cudaError_t CheckMlaVerifyParams(const MlaVerifyParams& p, const MlaVerifyWorkspace* ws) {
+  if (ws == nullptr) return cudaErrorInvalidValue;
+  if (p.batch < 1 || p.batch > ws->max_batch) return cudaErrorInvalidValue;
+  if (p.s_q < 1 || p.s_q > kMlaMaxSq) return cudaErrorInvalidValue;
+  if (p.h_q != 16 && p.h_q != 32 && p.h_q != 64 && p.h_q != 128) return cudaErrorInvalidValue;
+  if (p.q == nullptr || p.kv_cache == nullptr || p.block_table == nullptr ||
+      p.cache_seqlens == nullptr || p.out == nullptr) {
+    return cudaErrorInvalidValue;
+  }
+  // 16-byte copies and stores: base pointers and every row start 16-byte aligned.
+  if (!Aligned16(p.q) || !Aligned16(p.kv_cache) || !Aligned16(p.out)) return cudaErrorInvalidValue;
+  if (!Mult8(p.q_batch_stride) || !Mult8(p.q_token_stride) || !Mult8(p.q_head_stride) ||
+      !Mult8(p.kv_page_stride) || !Mult8(p.kv_row_stride) || !Mult8(p.out_batch_stride) ||
+      !Mult8(p.out_token_stride) || !Mult8(p.out_head_stride)) {
+    return cudaErrorInvalidValue;
+  }
+  if (p.kv_row_stride < kMlaHeadDimQk || p.q_head_stride < kMlaHeadDimQk ||
+      p.out_head_stride < kMlaHeadDimV || p.kv_page_stride < kMlaPageSize * p.kv_row_stride) {
+    return cudaErrorInvalidValue;
+  }
+  if (p.block_table_batch_stride < p.max_pages || p.max_pages < 1 || p.num_pages < 0) {
+    return cudaErrorInvalidValue;
+  }
+  if (!(p.softmax_scale > 0.0f)) return cudaErrorInvalidValue;
+  return cudaSuccess;
+}
+
+}  // namespace probesidecar::kernels

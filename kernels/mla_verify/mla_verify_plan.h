@@ -1,0 +1,81 @@
+// The split-KV plan's arithmetic, shared by the device plan kernel, the attention kernels and
+// the CPU tests (plain C++, host and device).
+//
+// Work is counted in "units": one unit is one cache page (64 keys) of one request; a request of
+// length L has max(1, ceil(L / 64)) units (an empty request still gets one, so that its output
+// is written). The units of the batch are laid end to end (request 0's pages, then request 1's,
+// ...) and cut into num_parts equal ranges of units_per_part; thread block p (of each row tile)
+// processes range p. A request whose units fall into one range is computed whole by one block
+// and written straight to the output; a request that spans several ranges is "split": each
+// block writes a partial (normalised output + LSE) into its slot, and the combine kernel merges
+// them. Only the first and the last request of a range can be split, so all split requests
+// together use at most 2 * num_parts slots.
+#pragma once
+
+#include <cstdint>
+
+#if defined(__CUDACC__)
+#define MLA_HD __host__ __device__ __forceinline__
+#else
+#define MLA_HD inline
+#endif
+
+namespace probesidecar::kernels::mla {
+
+// Plan array layout (int32, device, 3 * max_batch + 9 entries):
+//   [0] units_per_part  [1] total units  [2] num_parts  [3] batch  [4] split requests
+//   [kPlanCum .. kPlanCum + batch]            cum_units, batch + 1 entries (exclusive prefix)
+//   [kPlanCum + batch + 1 .. + 2 * batch]     slot_base per request (-1 when not split)
+//   [kPlanCum + 2 * batch + 1 .. + 3 * batch] the split requests' indices, in order (the
+//                                             combine kernel's work list)
+inline constexpr int kPlanHeader = 8;
+inline constexpr int kPlanCum = kPlanHeader;
+
+MLA_HD int64_t PlanInts(int64_t max_batch) { return 3 * max_batch + kPlanHeader + 1; }
+MLA_HD int32_t UnitsOf(int32_t len) { return len <= 0 ? 1 : (len + 63) / 64; }
+MLA_HD int32_t UnitsPerPart(int32_t total, int32_t num_parts) {
+  const int32_t per = (total + num_parts - 1) / num_parts;
+  return per < 1 ? 1 : per;
+}
+// The first range holding a request whose units are [cum_begin, cum_end).
+MLA_HD int32_t FirstPart(int32_t cum_begin, int32_t per) { return cum_begin / per; }
+MLA_HD int32_t NumSplits(int32_t cum_begin, int32_t cum_end, int32_t per) {
+  return (cum_end - 1) / per - cum_begin / per + 1;
+}
+
+// Row tiles: the s_q * h_q query rows of a request (ordered token-major: row = j * h_q + h) go
+// into tiles of 16, 32 or 64 rows, whichever is the smallest that holds them all; more than 64
+// rows (h_q = 128, or h_q = 64 with s_q > 1) are cut into 64-row tiles.
+MLA_HD int32_t TileRowsFor(int32_t rows) { return rows <= 16 ? 16 : rows <= 32 ? 32 : 64; }
+MLA_HD int32_t NumRowTiles(int32_t rows) {
+  const int32_t m = TileRowsFor(rows);
+  return (rows + m - 1) / m;
+}
+// Resident blocks per SM of the tile kernel for a tile size (its shared memory allows 2 for
+// 16-row tiles, 1 otherwise).
+MLA_HD int32_t BlocksPerSmFor(int32_t tile_rows) { return tile_rows == 16 ? 2 : 1; }
+// Ranges (grid.y of the split kernel): one wave of blocks over all SMs, the row tiles of one
+// range side by side so that they read its pages at the same time (once from HBM, then L2).
+MLA_HD int32_t NumPartsFor(int32_t num_sms, int32_t rows, int32_t tile_rows,
+                           int32_t blocks_per_sm) {
+  const int32_t parts = num_sms * blocks_per_sm / ((rows + tile_rows - 1) / tile_rows);
+  return parts < 1 ? 1 : parts;
+}
+// The portable path (16/32/64-row tiles).
+MLA_HD int32_t NumParts(int32_t num_sms, int32_t rows) {
+  return NumPartsFor(num_sms, rows, TileRowsFor(rows), BlocksPerSmFor(TileRowsFor(rows)));
+}
+// The sm_90a path: always 64-row tiles (the wgmma M), one block per SM.
+MLA_HD int32_t NumPartsSm90a(int32_t num_sms, int32_t rows) {
+  return NumPartsFor(num_sms, rows, 64, 1);
+}
+// Split requests can number at most num_parts - 1 (each spans a boundary between two ranges,
+// and no two share one): the combine kernel's grid.
+MLA_HD int32_t MaxSplitRequests(int32_t batch, int32_t num_parts) {
+  return batch < num_parts ? batch : num_parts;
+}
+// Partial-output rows a workspace needs for any shape: 2 * num_parts * rows is largest for
+// 16-row tiles (2 * 2 * num_sms * 16) and 64-row tiles (2 * num_sms * 64).
+MLA_HD int64_t PartialRowsFor(int32_t num_sms) { return 2 * static_cast<int64_t>(num_sms) * 64; }
+
+}  // namespace probesidecar::kernels::mla
