@@ -62,6 +62,20 @@ inline void SetDeadline(grpc::ClientContext& context, double timeout_seconds) {
                        std::chrono::microseconds(static_cast<int64_t>(timeout_seconds * 1e6)));
 }
 
+// What every caller and lane of a mode holds: a stub on its channel (built in place: a generated
+// stub must not be copied), the RPC's methods, and its request source.
+template <typename Stub, typename Method, typename Request>
+struct CallTarget {
+  CallTarget(std::shared_ptr<grpc::Channel> channel, Method m, Requests<Request> r)
+      : stub(std::move(channel)), method(m), requests(std::move(r)) {}
+  const Request& NextRequest() { return requests(next++); }
+
+  Stub stub;
+  const Method method;
+  const Requests<Request> requests;
+  int64_t next = 0;
+};
+
 // --- unary ----------------------------------------------------------------------------------
 
 template <typename Stub, typename Request, typename Response>
@@ -74,40 +88,40 @@ struct UnaryMethod {
 template <typename Stub, typename Request, typename Response>
 class UnaryBlocking final : public BlockingCaller {
  public:
-  UnaryBlocking(std::shared_ptr<grpc::Channel> channel, UnaryMethod<Stub, Request, Response> m,
-                Requests<Request> requests, double timeout_seconds)
-      : stub_(channel), method_(m), requests_(std::move(requests)), timeout_(timeout_seconds) {}
+  using Method = UnaryMethod<Stub, Request, Response>;
+  UnaryBlocking(std::shared_ptr<grpc::Channel> channel, Method m, Requests<Request> requests,
+                double timeout_seconds)
+      : target_(std::move(channel), m, std::move(requests)), timeout_(timeout_seconds) {}
 
   grpc::Status Call() override {
     grpc::ClientContext context;
     SetDeadline(context, timeout_);
     response_.Clear();
-    return (stub_.*method_.call)(&context, requests_(next_++), &response_);
+    return (target_.stub.*target_.method.call)(&context, target_.NextRequest(), &response_);
   }
 
  private:
-  Stub stub_;
-  const UnaryMethod<Stub, Request, Response> method_;
-  const Requests<Request> requests_;
+  CallTarget<Stub, Method, Request> target_;
   const double timeout_;
-  int64_t next_ = 0;
   Response response_;
 };
 
 template <typename Stub, typename Request, typename Response>
 class UnaryLane final : public Lane {
  public:
-  UnaryLane(std::shared_ptr<grpc::Channel> channel, UnaryMethod<Stub, Request, Response> m,
-            Requests<Request> requests, double timeout_seconds)
-      : stub_(channel), method_(m), requests_(std::move(requests)), timeout_(timeout_seconds) {}
+  using Method = UnaryMethod<Stub, Request, Response>;
+  UnaryLane(std::shared_ptr<grpc::Channel> channel, Method m, Requests<Request> requests,
+            double timeout_seconds)
+      : target_(std::move(channel), m, std::move(requests)), timeout_(timeout_seconds) {}
 
   void Start(Done done) override {
     // A context per call; the previous one is done with once its callback has run.
     context_ = std::make_unique<grpc::ClientContext>();
     SetDeadline(*context_, timeout_);
     response_.Clear();
-    (stub_.async()->*method_.start)(context_.get(), &requests_(next_++), &response_,
-                                    [done = std::move(done)](grpc::Status s) { done(s); });
+    (target_.stub.async()->*target_.method.start)(
+        context_.get(), &target_.NextRequest(), &response_,
+        [done = std::move(done)](grpc::Status s) { done(s); });
   }
 
   void Cancel() override {
@@ -115,11 +129,8 @@ class UnaryLane final : public Lane {
   }
 
  private:
-  Stub stub_;
-  const UnaryMethod<Stub, Request, Response> method_;
-  const Requests<Request> requests_;
+  CallTarget<Stub, Method, Request> target_;
   const double timeout_;
-  int64_t next_ = 0;
   std::unique_ptr<grpc::ClientContext> context_;
   Response response_;
 };
@@ -155,9 +166,10 @@ struct StreamMethod {
 template <typename Stub, typename Request, typename Response>
 class PingPongBlocking final : public BlockingCaller {
  public:
-  PingPongBlocking(std::shared_ptr<grpc::Channel> channel, StreamMethod<Stub, Request, Response> m,
-                   Requests<Request> requests, Check<Response> check)
-      : stub_(channel), method_(m), requests_(std::move(requests)), check_(std::move(check)) {}
+  using Method = StreamMethod<Stub, Request, Response>;
+  PingPongBlocking(std::shared_ptr<grpc::Channel> channel, Method m, Requests<Request> requests,
+                   Check<Response> check)
+      : target_(std::move(channel), m, std::move(requests)), check_(std::move(check)) {}
 
   ~PingPongBlocking() override {
     if (stream_ == nullptr) return;
@@ -169,10 +181,12 @@ class PingPongBlocking final : public BlockingCaller {
     if (stream_ == nullptr) {
       absl::MutexLock lock(&mu_);
       context_ = std::make_unique<grpc::ClientContext>();
-      stream_ = (stub_.*method_.open)(context_.get());
+      stream_ = (target_.stub.*target_.method.open)(context_.get());
     }
     response_.Clear();
-    if (stream_->Write(requests_(next_++)) && stream_->Read(&response_)) return check_(response_);
+    if (stream_->Write(target_.NextRequest()) && stream_->Read(&response_)) {
+      return check_(response_);
+    }
     const grpc::Status status = StreamEndStatus(stream_->Finish());
     absl::MutexLock lock(&mu_);
     stream_.reset();
@@ -186,11 +200,8 @@ class PingPongBlocking final : public BlockingCaller {
   }
 
  private:
-  Stub stub_;
-  const StreamMethod<Stub, Request, Response> method_;
-  const Requests<Request> requests_;
+  CallTarget<Stub, Method, Request> target_;
   const Check<Response> check_;
-  int64_t next_ = 0;
   absl::Mutex mu_;  // context_ is replaced by Call and cancelled from another thread
   std::unique_ptr<grpc::ClientContext> context_;
   std::unique_ptr<grpc::ClientReaderWriter<Request, Response>> stream_;
@@ -296,17 +307,15 @@ class PingPongReactor final : public grpc::ClientBidiReactor<Request, Response> 
 template <typename Stub, typename Request, typename Response>
 class PingPongLane final : public Lane {
  public:
+  using Method = StreamMethod<Stub, Request, Response>;
   using Reactor = PingPongReactor<Stub, Request, Response>;
 
-  PingPongLane(std::shared_ptr<grpc::Channel> channel, StreamMethod<Stub, Request, Response> m,
-               Requests<Request> requests, Check<Response> check, double timeout_seconds)
-      : stub_(channel),
-        method_(m),
-        requests_(std::move(requests)),
+  PingPongLane(std::shared_ptr<grpc::Channel> channel, Method m, Requests<Request> requests,
+               Check<Response> check, double timeout_seconds)
+      : target_(std::move(channel), m, std::move(requests)),
         check_(std::move(check)),
-        timeout_(absl::Seconds(timeout_seconds)) {
-    reactor_ = std::make_unique<Reactor>(stub_, method_, check_);
-  }
+        timeout_(absl::Seconds(timeout_seconds)),
+        reactor_(std::make_unique<Reactor>(target_.stub, m, check_)) {}
 
   ~PingPongLane() override {
     reactor_->Close(timeout_);
@@ -316,20 +325,17 @@ class PingPongLane final : public Lane {
   void Start(Done done) override {
     if (reactor_->broken()) {
       broken_.push_back(std::move(reactor_));
-      reactor_ = std::make_unique<Reactor>(stub_, method_, check_);
+      reactor_ = std::make_unique<Reactor>(target_.stub, target_.method, check_);
     }
-    reactor_->Send(requests_(next_++), std::move(done));
+    reactor_->Send(target_.NextRequest(), std::move(done));
   }
 
   void Cancel() override { reactor_->Cancel(); }
 
  private:
-  Stub stub_;
-  const StreamMethod<Stub, Request, Response> method_;
-  const Requests<Request> requests_;
+  CallTarget<Stub, Method, Request> target_;
   const Check<Response> check_;
   const absl::Duration timeout_;
-  int64_t next_ = 0;
   std::unique_ptr<Reactor> reactor_;
   std::vector<std::unique_ptr<Reactor>> broken_;  // ended; kept until the lane goes
 };
