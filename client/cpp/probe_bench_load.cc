@@ -135,6 +135,7 @@ absl::StatusOr<Measurement> RunClosedLoop(const CallMaker& calls, const std::str
 
   Recorder recorder;
   std::atomic<int64_t> sent{0};
+  std::atomic<bool> warmup_cancelled{false};
   absl::Mutex mu;
   int warm = 0, finished = 0;
   bool go = false;
@@ -143,7 +144,7 @@ absl::StatusOr<Measurement> RunClosedLoop(const CallMaker& calls, const std::str
   for (int t = 0; t < concurrency; ++t) {
     threads.emplace_back([&, t] {
       BlockingCaller& caller = *callers[t];
-      for (int i = 0; i < settings.warmup; ++i) caller.Call().IgnoreError();
+      for (int i = 0; i < settings.warmup && !warmup_cancelled; ++i) caller.Call().IgnoreError();
       {
         absl::MutexLock lock(&mu);
         ++warm;
@@ -163,7 +164,12 @@ absl::StatusOr<Measurement> RunClosedLoop(const CallMaker& calls, const std::str
   Clock::time_point start;
   {
     absl::MutexLock lock(&mu);
-    mu.Await(absl::Condition(&all_warm));
+    if (!mu.AwaitWithTimeout(absl::Condition(&all_warm), absl::Seconds(settings.timeout_seconds))) {
+      warmup_cancelled = true;
+      do {
+        for (auto& caller : callers) caller->Cancel();  // a stream that never answered
+      } while (!mu.AwaitWithTimeout(absl::Condition(&all_warm), absl::Seconds(1)));
+    }
     start = Clock::now();
     end = start + Seconds(settings.seconds);
     go = true;
