@@ -2,22 +2,58 @@
 // library, callback API, message limits and listeners as probe-sidecar; no work per call.
 //
 //   probe-echo-server --listen=unix:/tmp/echo.sock --listen=127.0.0.1:0
+#include <grpcpp/grpcpp.h>
 #include <signal.h>
 
+#include <chrono>
 #include <cstdio>
 #include <string>
 #include <vector>
-
-#include <grpcpp/grpcpp.h>
 
 #include "bench/rpc/echo.grpc.pb.h"
 
 namespace {
 
+using probesidecar::bench::EchoRequest;
+using probesidecar::bench::EchoResponse;
+
+// EchoStream: read, answer, read ... one message at a time, as ScoreStream does.
+class EchoStreamReactor final : public grpc::ServerBidiReactor<EchoRequest, EchoResponse> {
+ public:
+  EchoStreamReactor() { StartRead(&request_); }
+
+  void OnReadDone(bool ok) override {
+    if (!ok) {  // the client half-closed (or the call ended)
+      Finish(grpc::Status::OK);
+      return;
+    }
+    response_.mutable_payload()->assign(request_.response_bytes(), 'e');
+    StartWrite(&response_);
+  }
+
+  void OnWriteDone(bool ok) override {
+    if (!ok) {
+      Finish(grpc::Status(grpc::StatusCode::CANCELLED, "the stream was cancelled"));
+      return;
+    }
+    StartRead(&request_);
+  }
+
+  void OnDone() override { delete this; }
+
+ private:
+  EchoRequest request_;
+  EchoResponse response_;
+};
+
 class EchoService final : public probesidecar::bench::Echo::CallbackService {
-  grpc::ServerUnaryReactor* Echo(grpc::CallbackServerContext* context,
-                                 const probesidecar::bench::EchoRequest* request,
-                                 probesidecar::bench::EchoResponse* response) override {
+  grpc::ServerBidiReactor<EchoRequest, EchoResponse>* EchoStream(
+      grpc::CallbackServerContext* /*context*/) override {
+    return new EchoStreamReactor();
+  }
+
+  grpc::ServerUnaryReactor* Echo(grpc::CallbackServerContext* context, const EchoRequest* request,
+                                 EchoResponse* response) override {
     response->mutable_payload()->resize(request->response_bytes(), 'e');
     grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
     reactor->Finish(grpc::Status::OK);
@@ -63,12 +99,14 @@ int main(int argc, char** argv) {
   std::string bound;
   for (size_t i = 0; i < listen.size(); ++i) {
     const std::string& a = listen[i];
-    bound += (i ? ", " : "") +
-             (a.rfind("unix:", 0) == 0 ? a : a.substr(0, a.rfind(':')) + ":" + std::to_string(ports[i]));
+    bound +=
+        (i ? ", " : "") +
+        (a.rfind("unix:", 0) == 0 ? a : a.substr(0, a.rfind(':')) + ":" + std::to_string(ports[i]));
   }
   std::fprintf(stderr, "probe-echo-server serving on %s\n", bound.c_str());
   int sig = 0;
   sigwait(&signals, &sig);
-  server->Shutdown();
+  // Open streams are cancelled after a second.
+  server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(1));
   return 0;
 }

@@ -91,18 +91,27 @@ if [[ " $steps " == *" rpc "* ]]; then
   echo_tcp="$(grep -o '127\.0\.0\.1:[0-9]*' "$tmp/echo.log" | head -1)"
   rc=0
   # Where one client's small requests spend their time on the server (stage histogram means).
+  # These two runs write no results (so need no receipt).
   probe-bench --target="unix:$tmp/s.sock" --transport=uds --rows=1,64 --probes=1 --concurrency=1 \
-    --modes=score_ipc --seconds=1 --out="$tmp/warm.json" >/dev/null 2>&1
+    --modes=score_ipc --seconds=1 --quiet >/dev/null 2>&1
   python3 bench/stage_means.py "$metrics" --save "$tmp/metrics_c0.txt"
   probe-bench --target="unix:$tmp/s.sock" --transport=uds --rows=1 --probes=1 --concurrency=1 \
-    --modes=score_ipc --seconds=2 --out="$tmp/c1.json" >/dev/null 2>&1
+    --modes=score_ipc --seconds=2 --quiet >/dev/null 2>&1
   python3 bench/stage_means.py "$metrics" --since "$tmp/metrics_c0.txt" \
     --title "server-side stage means, 1 client, R=1 P=1, uds" >>"$log" 2>&1
   python3 bench/stage_means.py "$metrics" --save "$tmp/metrics_c1.txt"
+  receipt=(--git="$git_hash" ${ALLOW_DIRTY:+--allow-dirty})
   for transport in uds tcp; do
     if [[ $transport == uds ]]; then t="unix:$tmp/s.sock" e="unix:$tmp/e.sock"; else t="$tcp" e="$echo_tcp"; fi
-    probe-bench --target="$t" --echo-target="$e" --transport=$transport --git="$git_hash" \
+    # Closed loop, unary and ScoreStream next to the bare unary and bidi echo.
+    probe-bench --target="$t" --echo-target="$e" --transport=$transport "${receipt[@]}" \
+      --modes=echo,echo_stream,score_ipc,score_inline,score_stream_ipc --quiet \
       --out="$tmp/rpc_$transport.json" --seconds="${RPC_SECONDS:-1.5}" \
+      >>"$log" 2>&1 || rc=1
+    # Open loop, small requests: latency against offered load (the PNG).
+    probe-bench --target="$t" --echo-target="$e" --transport=$transport "${receipt[@]}" \
+      --modes=echo,score_ipc,score_stream_ipc --rows=1 --probes=1 --rate=1000,5000,10000,20000 \
+      --quiet --out="$tmp/rpc_open_$transport.json" --seconds="${RPC_SECONDS:-1.5}" \
       >>"$log" 2>&1 || rc=1
   done
   python3 bench/stage_means.py "$metrics" --since "$tmp/metrics_c1.txt" \
@@ -116,16 +125,17 @@ if [[ " $steps " == *" rpc "* ]]; then
     --gpu-timing-every=0 --warmup-rows=1,64 >"$tmp/untimed.log" 2>&1 &
   server=$!
   for _ in $(seq 300); do grep -q "serving on" "$tmp/untimed.log" && break; sleep 0.1; done
-  probe-bench --target="unix:$tmp/u.sock" --transport=uds --git="$git_hash" --rows=1,64 \
-    --probes=1,16 --concurrency=1 --modes=score_ipc --impl-suffix=_untimed \
+  probe-bench --target="unix:$tmp/u.sock" --transport=uds "${receipt[@]}" --rows=1,64 \
+    --probes=1,16 --concurrency=1 --modes=score_ipc --server-label=untimed --quiet \
     --out="$tmp/rpc_untimed.json" --seconds="${RPC_SECONDS:-1.5}" >>"$log" 2>&1 || rc=1
   kill -TERM $server $echo_server 2>/dev/null
   wait $server $echo_server 2>/dev/null
-  python3 bench/report_rpc.py "$tmp/rpc_uds.json" "$tmp/rpc_tcp.json" "$tmp/rpc_untimed.json" \
-    --out "$out/rpc_score.json" \
+  python3 bench/report_rpc.py "$tmp"/rpc_{uds,tcp,open_uds,open_tcp,untimed}.json \
+    ${ALLOW_DIRTY:+--allow-dirty} --out "$out/rpc_score.json" \
     --md "$out/rpc_score.md" --command "tests/gpu/run.sh (STEPS=rpc)" >>"$log" 2>&1 || rc=1
+  python3 bench/plot_rpc.py "$out/rpc_score.json" --png "$out/rpc_score.png" >>"$log" 2>&1 || rc=1
   ((rc)) && status=1
-  summary+=("rpc bench: exit $rc (rpc_score.json, rpc_score.md)")
+  summary+=("rpc bench: exit $rc (rpc_score.json, rpc_score.md, rpc_score.png)")
 fi
 
 echo "== summary" | tee -a "$log"
