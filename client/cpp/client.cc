@@ -39,15 +39,13 @@ Client::Client(const std::string& target, ClientOptions options)
     : Client(MakeChannel(target, options), options) {}
 
 Client::Client(std::shared_ptr<grpc::Channel> channel, ClientOptions options)
-    : options_(options),
-      channel_(std::move(channel)),
-      stub_(v1::ProbeSidecar::NewStub(channel_)) {}
+    : options_(options), channel_(std::move(channel)), stub_(v1::ProbeSidecar::NewStub(channel_)) {}
 
 void Client::Prepare(grpc::ClientContext& context) const {
   if (options_.timeout_seconds > 0) {
-    context.set_deadline(std::chrono::system_clock::now() +
-                         std::chrono::microseconds(
-                             static_cast<int64_t>(options_.timeout_seconds * 1e6)));
+    context.set_deadline(
+        std::chrono::system_clock::now() +
+        std::chrono::microseconds(static_cast<int64_t>(options_.timeout_seconds * 1e6)));
   }
 }
 
@@ -76,11 +74,9 @@ absl::StatusOr<std::vector<v1::ProbeSetInfo>> Client::ListProbeSets() {
   grpc::ClientContext context;
   Prepare(context);
   v1::ListProbeSetsResponse response;
-  const grpc::Status status =
-      stub_->ListProbeSets(&context, v1::ListProbeSetsRequest(), &response);
+  const grpc::Status status = stub_->ListProbeSets(&context, v1::ListProbeSetsRequest(), &response);
   if (!status.ok()) return FromGrpc(status);
-  return std::vector<v1::ProbeSetInfo>(response.probe_sets().begin(),
-                                       response.probe_sets().end());
+  return std::vector<v1::ProbeSetInfo>(response.probe_sets().begin(), response.probe_sets().end());
 }
 
 absl::StatusOr<v1::ProbeSetInfo> Client::LoadProbeSetFromPath(const std::string& name,
@@ -127,8 +123,7 @@ ScoreResult ToScoreResult(const v1::ScoreResponse& response) {
   result.num_rows = response.num_rows();
   result.num_probes = response.num_probes();
   result.scores.resize(response.scores().size() / sizeof(float));
-  std::memcpy(result.scores.data(), response.scores().data(),
-              result.scores.size() * sizeof(float));
+  std::memcpy(result.scores.data(), response.scores().data(), result.scores.size() * sizeof(float));
   result.fired.assign(response.fired().begin(), response.fired().end());
   result.kernel_path = response.kernel_path();
   return result;
@@ -161,6 +156,34 @@ absl::StatusOr<v1::RegisterBufferResponse> Client::RegisterBuffer(
   Prepare(context);
   v1::RegisterBufferResponse response;
   const grpc::Status status = stub_->RegisterBuffer(&context, request, &response);
+  if (!status.ok()) return FromGrpc(status);
+  return response;
+}
+
+absl::StatusOr<uint64_t> Client::RegisterEvent(const v1::RegisterEventRequest& request) {
+  grpc::ClientContext context;
+  Prepare(context);
+  v1::RegisterEventResponse response;
+  const grpc::Status status = stub_->RegisterEvent(&context, request, &response);
+  if (!status.ok()) return FromGrpc(status);
+  return response.event_id();
+}
+
+absl::Status Client::UnregisterEvent(uint64_t event_id, uint64_t session_id) {
+  grpc::ClientContext context;
+  Prepare(context);
+  v1::UnregisterEventRequest request;
+  request.set_event_id(event_id);
+  request.set_session_id(session_id);
+  v1::UnregisterEventResponse response;
+  return FromGrpc(stub_->UnregisterEvent(&context, request, &response));
+}
+
+absl::StatusOr<v1::VerifyResponse> Client::Verify(const v1::VerifyRequest& request) {
+  grpc::ClientContext context;
+  Prepare(context);
+  v1::VerifyResponse response;
+  const grpc::Status status = stub_->Verify(&context, request, &response);
   if (!status.ok()) return FromGrpc(status);
   return response;
 }

@@ -1,12 +1,12 @@
 // C++ client library for Probe Sidecar.
 #pragma once
 
+#include <grpcpp/grpcpp.h>
+
 #include <cstdint>
 #include <memory>
 #include <string>
 #include <vector>
-
-#include <grpcpp/grpcpp.h>
 
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
@@ -20,10 +20,10 @@ struct ClientOptions {
 };
 
 struct ScoreResult {
-  int32_t num_rows = 0;           // R
-  int32_t num_probes = 0;         // P
-  std::vector<float> scores;      // [R, P]
-  std::vector<int32_t> fired;     // flat indices r * P + p at or above the probe's threshold
+  int32_t num_rows = 0;        // R
+  int32_t num_probes = 0;      // P
+  std::vector<float> scores;   // [R, P]
+  std::vector<int32_t> fired;  // flat indices r * P + p at or above the probe's threshold
   std::string kernel_path;
 };
 
@@ -64,6 +64,12 @@ class Client {
       const v1::RegisterBufferRequest& request);
   absl::StatusOr<bool> UnregisterBuffer(uint64_t buffer_id);  // true: deferred
   absl::StatusOr<std::vector<v1::BufferInfo>> ListBuffers();
+  // CUDA IPC events for GPU-side ordering (owned by a session; see cuda_buffer.h).
+  absl::StatusOr<uint64_t> RegisterEvent(const v1::RegisterEventRequest& request);
+  absl::Status UnregisterEvent(uint64_t event_id, uint64_t session_id);
+
+  // MLA verify attention (CUDA backend, registered buffers).
+  absl::StatusOr<v1::VerifyResponse> Verify(const v1::VerifyRequest& request);
 
   v1::ProbeSidecar::Stub& stub() { return *stub_; }
   const std::shared_ptr<grpc::Channel>& channel() const { return channel_; }

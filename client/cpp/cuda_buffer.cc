@@ -1,8 +1,8 @@
 #include "client/cpp/cuda_buffer.h"
 
 #include <cuda.h>
-#include <cuda_runtime_api.h>
 #include <cudaTypedefs.h>
+#include <cuda_runtime_api.h>
 #include <unistd.h>
 
 #include "absl/strings/str_cat.h"
@@ -23,8 +23,8 @@ absl::StatusOr<v1::RegisterBufferResponse> RegisterDeviceMemory(Client& client,
                                                                 const std::string& name,
                                                                 uint64_t session_id) {
   cudaPointerAttributes attributes{};
-  if (absl::Status s = Cuda(cudaPointerGetAttributes(&attributes, device_ptr),
-                            "cudaPointerGetAttributes");
+  if (absl::Status s =
+          Cuda(cudaPointerGetAttributes(&attributes, device_ptr), "cudaPointerGetAttributes");
       !s.ok()) {
     return s;
   }
@@ -46,8 +46,8 @@ absl::StatusOr<v1::RegisterBufferResponse> RegisterDeviceMemory(Client& client,
     return absl::InternalError("cuMemGetAddressRange failed");
   }
   cudaIpcMemHandle_t handle;
-  if (absl::Status s = Cuda(cudaIpcGetMemHandle(&handle, reinterpret_cast<void*>(base)),
-                            "cudaIpcGetMemHandle");
+  if (absl::Status s =
+          Cuda(cudaIpcGetMemHandle(&handle, reinterpret_cast<void*>(base)), "cudaIpcGetMemHandle");
       !s.ok()) {
     return s;
   }
@@ -72,6 +72,36 @@ v1::TensorRef BufferTensor(v1::DType dtype, int64_t rows, int64_t cols, uint64_t
   ref.mutable_buffer()->set_buffer_id(buffer_id);
   ref.mutable_buffer()->set_offset_bytes(offset_bytes);
   return ref;
+}
+
+absl::StatusOr<IpcEvent> CreateIpcEvent(Client& client, uint64_t session_id,
+                                        const std::string& name) {
+  int device = 0;
+  if (absl::Status s = Cuda(cudaGetDevice(&device), "cudaGetDevice"); !s.ok()) return s;
+  IpcEvent out;
+  if (absl::Status s =
+          Cuda(cudaEventCreateWithFlags(&out.event, cudaEventInterprocess | cudaEventDisableTiming),
+               "cudaEventCreateWithFlags");
+      !s.ok()) {
+    return s;
+  }
+  cudaIpcEventHandle_t handle;
+  absl::Status status = Cuda(cudaIpcGetEventHandle(&handle, out.event), "cudaIpcGetEventHandle");
+  if (status.ok()) {
+    v1::RegisterEventRequest request;
+    request.set_handle(std::string(reinterpret_cast<const char*>(&handle), sizeof(handle)));
+    request.set_device_id(device);
+    request.set_session_id(session_id);
+    request.set_name(name);
+    absl::StatusOr<uint64_t> id = client.RegisterEvent(request);
+    if (id.ok()) {
+      out.event_id = *id;
+      return out;
+    }
+    status = id.status();
+  }
+  cudaEventDestroy(out.event);
+  return status;
 }
 
 }  // namespace probesidecar::client

@@ -1,6 +1,8 @@
 // Registering this process's CUDA device memory with a sidecar (CUDA IPC).
 #pragma once
 
+#include <cuda_runtime_api.h>
+
 #include <cstdint>
 #include <string>
 
@@ -17,6 +19,16 @@ absl::StatusOr<v1::RegisterBufferResponse> RegisterDeviceMemory(Client& client,
                                                                 uint64_t bytes,
                                                                 const std::string& name,
                                                                 uint64_t session_id = 0);
+
+// Creates a CUDA event fit for sharing (cudaEventInterprocess | cudaEventDisableTiming) on the
+// current device and registers it under `session_id` (required: events belong to a session).
+// The caller owns the event (cudaEventDestroy it after the session ends or UnregisterEvent).
+struct IpcEvent {
+  cudaEvent_t event = nullptr;
+  uint64_t event_id = 0;
+};
+absl::StatusOr<IpcEvent> CreateIpcEvent(Client& client, uint64_t session_id,
+                                        const std::string& name = "");
 
 // A TensorRef to a 2-D tensor inside a registered buffer.
 v1::TensorRef BufferTensor(v1::DType dtype, int64_t rows, int64_t cols, uint64_t buffer_id,

@@ -15,6 +15,7 @@
 #include "server/observability/stage_timings.h"
 #include "server/probes/probe_set.h"
 #include "server/requests/score_job.h"
+#include "server/requests/verify_job.h"
 
 namespace probesidecar::server {
 
@@ -22,6 +23,19 @@ class BufferRegistry;
 
 using ScoreDone = absl::AnyInvocable<void(absl::Status status, const ScoreTimings& timings) &&>;
 using WarmupDone = absl::AnyInvocable<void(absl::Status status) &&>;
+
+// How a Verify went.
+struct VerifyOutcome {
+  const char* kernel_path = "";
+  double queue_seconds = 0;  // waiting for a worker
+  // Shadow mode: ours against the caller's output.
+  bool shadow = false;
+  double max_abs_error = 0;
+  double rel_l2_error = 0;
+  uint64_t compared = 0;
+  uint64_t mismatched = 0;
+};
+using VerifyDone = absl::AnyInvocable<void(absl::Status status, const VerifyOutcome& outcome) &&>;
 
 class Executor {
  public:
@@ -49,6 +63,11 @@ class Executor {
   // stays valid until then.
   virtual void Score(const ScoreJob* job, ScoreDone done) = 0;
 
+  // MLA verify attention (CUDA backend): like Score, queued, `done` called exactly once.
+  virtual void Verify(const VerifyJob* job, VerifyDone done) {
+    std::move(done)(absl::FailedPreconditionError("Verify needs the CUDA backend"), {});
+  }
+
   // Readable from any thread at any time without waiting (ServerInfo, metrics scrapes).
   virtual GraphCacheCounters graph_cache() const { return {}; }
   // Bytes of device memory the service holds (0 on the CPU backend).
@@ -60,6 +79,8 @@ class Executor {
   virtual bool mps() const { return false; }
   // Row indices from device buffers found outside [0, T) on the GPU so far.
   virtual uint64_t invalid_device_rows() const { return 0; }
+  // Verify requests whose device page tables or lengths were found out of range on the GPU.
+  virtual uint64_t invalid_verify_requests() const { return 0; }
 
   // Finishes queued work and stops the threads. No Score after this.
   virtual void Shutdown() = 0;

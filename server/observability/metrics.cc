@@ -323,6 +323,16 @@ class Metrics::Impl final : public prometheus::Collectable {
   CounterShard& shard(int index) { return shards_[index]; }
   SeriesTable& series() { return series_; }
 
+  void ShadowCompared(double rel_l2_error, bool mismatched) {
+    absl::MutexLock lock(&shadow_mu_);
+    size_t b = 0;
+    // NaN and values past the last bound land in +Inf.
+    while (b < kErrorBucketBounds.size() && !(rel_l2_error <= kErrorBucketBounds[b])) ++b;
+    ++shadow_buckets_[b];
+    if (std::isfinite(rel_l2_error)) shadow_sum_ += rel_l2_error;
+    if (mismatched) ++shadow_mismatched_;
+  }
+
   std::vector<MetricFamily> Collect() const override {
     std::vector<MetricFamily> out;
     out.reserve(20);
@@ -394,6 +404,30 @@ class Metrics::Impl final : public prometheus::Collectable {
                                      "CUDA calls that failed while serving a request.",
                                      MetricType::Counter)),
              static_cast<double>(cuda_errors));
+    {
+      absl::MutexLock lock(&shadow_mu_);
+      ClientMetric metric;
+      ClientMetric::Histogram& h = metric.histogram;
+      uint64_t cumulative = 0;
+      for (size_t b = 0; b < shadow_buckets_.size(); ++b) {
+        cumulative += shadow_buckets_[b];
+        h.bucket.push_back({cumulative, b < kErrorBucketBounds.size()
+                                            ? kErrorBucketBounds[b]
+                                            : std::numeric_limits<double>::infinity()});
+      }
+      h.sample_count = cumulative;
+      h.sample_sum = shadow_sum_;
+      out.emplace_back(Family("probesidecar_shadow_rel_l2_error",
+                              "Shadow-mode Verify: relative L2 error of our output against the "
+                              "caller's (non-finite errors count as +Inf).",
+                              MetricType::Histogram))
+          .metric.push_back(std::move(metric));
+      AddValue(out.emplace_back(Family("probesidecar_shadow_mismatched_requests_total",
+                                       "Shadow-mode Verify requests with at least one element "
+                                       "beyond the tolerance.",
+                                       MetricType::Counter)),
+               static_cast<double>(shadow_mismatched_));
+    }
 
     // Sampled state.
     const MetricsState s = state_ ? state_() : MetricsState{};
@@ -416,6 +450,10 @@ class Metrics::Impl final : public prometheus::Collectable {
     add("probesidecar_invalid_device_rows_total",
         "Row indices read from device buffers that were outside [0, T) (their scores are NaN).",
         MetricType::Counter, s.invalid_device_rows);
+    add("probesidecar_invalid_verify_requests_total",
+        "Verify requests whose device page table or lengths were out of range (checked on the GPU; "
+        "they were refused and their outputs are NaN).",
+        MetricType::Counter, s.invalid_verify_requests);
     add("probesidecar_executor_queued_requests",
         "Requests waiting in the executor's queue for a worker (a stream slot on the GPU).",
         MetricType::Gauge, s.queued_requests);
@@ -451,6 +489,10 @@ class Metrics::Impl final : public prometheus::Collectable {
   const double start_time_seconds_;
   SeriesTable series_;
   std::array<CounterShard, kShards> shards_;
+  mutable absl::Mutex shadow_mu_;
+  std::array<uint64_t, kErrorBucketBounds.size() + 1> shadow_buckets_ ABSL_GUARDED_BY(shadow_mu_){};
+  double shadow_sum_ ABSL_GUARDED_BY(shadow_mu_) = 0;
+  uint64_t shadow_mismatched_ ABSL_GUARDED_BY(shadow_mu_) = 0;
 };
 
 Metrics::Metrics(BuildInfo build, std::function<MetricsState()> state)
@@ -492,6 +534,10 @@ void Metrics::ScoreStages(absl::string_view probe_set, const ScoreTimings& timin
 void Metrics::ObserveStage(absl::string_view probe_set, absl::string_view kernel_path, Stage stage,
                            double seconds) {
   impl_->series().Get(probe_set, kernel_path).ForStage(stage).Observe(seconds, ThreadShard());
+}
+
+void Metrics::ShadowCompared(double rel_l2_error, bool mismatched) {
+  impl_->ShadowCompared(rel_l2_error, mismatched);
 }
 
 void Metrics::CudaError() {

@@ -16,6 +16,8 @@
 //   probesidecar_score_stage_duration_seconds{stage,probe_set,kernel_path}  histogram
 //       stage: queue, h2d, kernel (GPU time from CUDA events on the CUDA backend), d2h, total
 //   probesidecar_cuda_errors_total                                  counter
+//   probesidecar_shadow_rel_l2_error                                histogram (kErrorBucketBounds)
+//   probesidecar_shadow_mismatched_requests_total                   counter
 //   probesidecar_registered_buffers, probesidecar_registered_buffer_bytes,
 //   probesidecar_ipc_handles_open, probesidecar_probe_sets_loaded,
 //   probesidecar_device_memory_bytes, probesidecar_executor_queued_requests,
@@ -23,7 +25,8 @@
 //   probesidecar_graph_cache_entries,
 //   probesidecar_graph_cache_capacity                               gauges (MetricsState)
 //   probesidecar_graph_cache_{hits,misses,captures,evictions}_total,
-//   probesidecar_invalid_device_rows_total                          counters (MetricsState)
+//   probesidecar_invalid_device_rows_total,
+//   probesidecar_invalid_verify_requests_total                      counters (MetricsState)
 //   probesidecar_build_info{version,git_commit,cuda_runtime,device,backend}  gauge, value 1
 //   probesidecar_start_time_seconds                                 gauge (Unix time)
 //
@@ -87,6 +90,11 @@ inline constexpr std::array<double, 33> kLatencyBucketBounds = {
     1e-3, 1.5e-3, 2e-3, 3e-3,   5e-3, 7.5e-3,                // ms
     1e-2, 2.5e-2, 5e-2, 0.1,    0.25, 0.5,    1.0};
 
+// Upper bounds of the shadow-mode error histogram (relative L2 error of our Verify output against
+// the caller's), +Inf not included: bf16 agreement is around 1e-3.
+inline constexpr std::array<double, 12> kErrorBucketBounds = {1e-6, 1e-5, 1e-4, 3e-4, 1e-3, 3e-3,
+                                                              1e-2, 3e-2, 0.1,  0.3,  1.0,  10.0};
+
 // Distinct (probe_set, kernel_path) label pairs kept before new ones fold into "_other".
 inline constexpr int kMaxLabelledSeries = 256;
 
@@ -104,10 +112,11 @@ struct MetricsState {
   uint64_t registered_buffer_bytes = 0;  // their byte_size, summed
   uint64_t open_ipc_handles = 0;         // distinct allocations opened with cudaIpcOpenMemHandle
   uint64_t probe_sets = 0;
-  uint64_t device_memory_bytes = 0;  // device memory the service allocated itself
-  uint64_t queued_requests = 0;      // waiting in the executor's queue for a worker
-  uint64_t invalid_device_rows = 0;  // device row indices found outside [0, T) on the GPU
-  bool mps = false;                  // the CUDA context is an MPS client
+  uint64_t device_memory_bytes = 0;      // device memory the service allocated itself
+  uint64_t queued_requests = 0;          // waiting in the executor's queue for a worker
+  uint64_t invalid_device_rows = 0;      // device row indices found outside [0, T) on the GPU
+  uint64_t invalid_verify_requests = 0;  // Verify requests whose device tables were out of range
+  bool mps = false;                      // the CUDA context is an MPS client
   GraphCacheCounters graph_cache;
 };
 
@@ -142,6 +151,10 @@ class Metrics {
 
   // A CUDA call failed (the request got INTERNAL).
   void CudaError();
+
+  // One shadow-mode Verify: its relative L2 error and whether any element was beyond the
+  // tolerance. Low rate: takes a lock.
+  void ShadowCompared(double rel_l2_error, bool mismatched);
 
   // The text exposition of everything (what /metrics returns).
   std::string Serialize() const;

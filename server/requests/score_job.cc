@@ -1,7 +1,5 @@
 #include "server/requests/score_job.h"
 
-#include <tuple>
-
 #include "absl/strings/str_cat.h"
 
 namespace probesidecar::server {
@@ -102,23 +100,10 @@ absl::StatusOr<ScoreJob> PrepareScoreJob(const v1::ScoreRequest& request,
   }
 
   // GPU-side ordering.
-  for (auto [id, what, lease] : {std::tuple(request.ready_event(), "ready_event", &job.ready),
-                                 std::tuple(request.done_event(), "done_event", &job.done)}) {
-    if (id == 0) continue;
-    if (buffers == nullptr) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          what, ": CUDA IPC events need the CUDA backend; this server runs the CPU backend"));
-    }
-    if (request.session_id() == 0) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(what, ": events belong to a session; set session_id"));
-    }
-    absl::StatusOr<EventLease> event = buffers->AcquireEvent(id, request.session_id());
-    if (!event.ok()) {
-      return absl::Status(event.status().code(),
-                          absl::StrCat(what, ": ", event.status().message()));
-    }
-    *lease = std::move(*event);
+  if (absl::Status s = ResolveOrderingEvents(request.ready_event(), request.done_event(),
+                                             request.session_id(), buffers, &job.ready, &job.done);
+      !s.ok()) {
+    return s;
   }
   job.enqueue_only =
       job.done.event != nullptr && job.activations.on_device() && job.host_out == nullptr;

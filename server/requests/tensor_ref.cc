@@ -1,6 +1,7 @@
 #include "server/requests/tensor_ref.h"
 
 #include <string>
+#include <tuple>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -49,25 +50,47 @@ absl::Status NeedsBuffers(absl::string_view what) {
                    "backend (send inline data, or start it with --backend cuda on a GPU host)"));
 }
 
-// Leases `extent` bytes of the buffer `ref` names, checking the element alignment.
-absl::StatusOr<BufferLease> LeaseWindow(const v1::TensorRef& ref, absl::string_view what,
-                                        BufferResolver* buffers, uint64_t extent,
-                                        absl::string_view element_name, int element_size) {
+}  // namespace
+
+absl::StatusOr<BufferLease> LeaseBufferWindow(const v1::TensorRef& ref, absl::string_view what,
+                                              BufferResolver* buffers, uint64_t extent,
+                                              absl::string_view element_name, int alignment) {
   if (buffers == nullptr) return NeedsBuffers(what);
   absl::StatusOr<BufferLease> lease =
       buffers->Acquire(ref.buffer().buffer_id(), ref.buffer().offset_bytes(), extent);
   if (!lease.ok()) {
     return absl::Status(lease.status().code(), absl::StrCat(what, ": ", lease.status().message()));
   }
-  if (reinterpret_cast<uintptr_t>(lease->device_ptr) % element_size != 0) {
+  if (reinterpret_cast<uintptr_t>(lease->device_ptr) % alignment != 0) {
     return absl::InvalidArgumentError(absl::StrCat(
         what, ": offset ", ref.buffer().offset_bytes(), " leaves the tensor misaligned for ",
-        element_name, " (", element_size, "-byte elements)"));
+        element_name, " (", alignment, "-byte alignment)"));
   }
   return lease;
 }
 
-}  // namespace
+absl::Status ResolveOrderingEvents(uint64_t ready_id, uint64_t done_id, uint64_t session_id,
+                                   BufferResolver* buffers, EventLease* ready, EventLease* done) {
+  for (auto [id, what, lease] :
+       {std::tuple(ready_id, "ready_event", ready), std::tuple(done_id, "done_event", done)}) {
+    if (id == 0) continue;
+    if (buffers == nullptr) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          what, ": CUDA IPC events need the CUDA backend; this server runs the CPU backend"));
+    }
+    if (session_id == 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(what, ": events belong to a session; set session_id"));
+    }
+    absl::StatusOr<EventLease> event = buffers->AcquireEvent(id, session_id);
+    if (!event.ok()) {
+      return absl::Status(event.status().code(),
+                          absl::StrCat(what, ": ", event.status().message()));
+    }
+    *lease = std::move(*event);
+  }
+  return absl::OkStatus();
+}
 
 absl::StatusOr<DeviceInt32Vector> ResolveDeviceInt32Vector(const v1::TensorRef& ref,
                                                            absl::string_view what,
@@ -101,8 +124,8 @@ absl::StatusOr<DeviceInt32Vector> ResolveDeviceInt32Vector(const v1::TensorRef& 
         absl::StrCat(what, ": must name a registered buffer (send host rows in `rows` instead)"));
   }
   absl::StatusOr<BufferLease> lease =
-      LeaseWindow(ref, what, buffers, static_cast<uint64_t>(v.size) * sizeof(int32_t), "int32",
-                  sizeof(int32_t));
+      LeaseBufferWindow(ref, what, buffers, static_cast<uint64_t>(v.size) * sizeof(int32_t),
+                        "int32", sizeof(int32_t));
   if (!lease.ok()) return lease.status();
   v.device = std::move(*lease);
   return v;
@@ -154,7 +177,7 @@ absl::StatusOr<Tensor2D> ResolveTensor2D(const v1::TensorRef& ref, absl::string_
     }
     case v1::TensorRef::kBuffer: {
       absl::StatusOr<BufferLease> lease =
-          LeaseWindow(ref, what, buffers, *extent, common::DTypeName(t.dtype), size);
+          LeaseBufferWindow(ref, what, buffers, *extent, common::DTypeName(t.dtype), size);
       if (!lease.ok()) return lease.status();
       t.device = std::move(*lease);
       return t;

@@ -37,6 +37,12 @@ absl::StatusOr<uint64_t> ExtentBytes(int64_t rows, int64_t cols, int64_t row_str
 absl::StatusOr<Tensor2D> ResolveTensor2D(const v1::TensorRef& ref, absl::string_view what,
                                          BufferResolver* buffers);
 
+// Leases `extent` bytes of the buffer `ref` names and checks that its first byte is
+// `alignment`-aligned (the message names `element_name`). FAILED_PRECONDITION without buffers.
+absl::StatusOr<BufferLease> LeaseBufferWindow(const v1::TensorRef& ref, absl::string_view what,
+                                              BufferResolver* buffers, uint64_t extent,
+                                              absl::string_view element_name, int alignment);
+
 // A validated int32 vector [n] in a registered buffer (row indices written on the device).
 struct DeviceInt32Vector {
   int64_t size = 0;
@@ -50,5 +56,11 @@ absl::StatusOr<DeviceInt32Vector> ResolveDeviceInt32Vector(const v1::TensorRef& 
                                                            absl::string_view what,
                                                            BufferResolver* buffers,
                                                            int64_t max_size);
+
+// The GPU-side ordering events a request names (0 = not named), leased from `buffers`: both must
+// belong to `session_id`. INVALID_ARGUMENT without a session, NOT_FOUND, PERMISSION_DENIED,
+// FAILED_PRECONDITION without buffers.
+absl::Status ResolveOrderingEvents(uint64_t ready_id, uint64_t done_id, uint64_t session_id,
+                                   BufferResolver* buffers, EventLease* ready, EventLease* done);
 
 }  // namespace probesidecar::server

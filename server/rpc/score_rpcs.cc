@@ -135,8 +135,8 @@ void ProbeSidecarService::RunScore(Rpc rpc, const v1::ScoreRequest* request,
     fail(draining, "");
     return;
   }
-  if (scores_in_flight_.fetch_add(1) >= env_.config.max_concurrent_requests) {
-    scores_in_flight_.fetch_sub(1);
+  if (admitted_.fetch_add(1) >= env_.config.max_concurrent_requests) {
+    admitted_.fetch_sub(1);
     fail(absl::ResourceExhaustedError(
              absl::StrCat("the server is at its limit of ", env_.config.max_concurrent_requests,
                           " requests in progress (--max-concurrent-requests); retry later")),
@@ -149,7 +149,7 @@ void ProbeSidecarService::RunScore(Rpc rpc, const v1::ScoreRequest* request,
   absl::StatusOr<ScoreJob> prepared = PrepareScoreJob(
       *request, *env_.probes, env_.executor->buffers(), limits, response->mutable_scores());
   if (!prepared.ok()) {
-    scores_in_flight_.fetch_sub(1);
+    admitted_.fetch_sub(1);
     // Label only with names that are loaded: a client must not be able to grow the label set.
     const bool known = env_.probes->Find(request->probe_set()) != nullptr;
     fail(prepared.status(), known ? absl::string_view(request->probe_set()) : "");
@@ -175,7 +175,7 @@ void ProbeSidecarService::RunScore(Rpc rpc, const v1::ScoreRequest* request,
     }
     const std::string probe_set = set.name;
     job.reset();  // releases buffer leases before the answer goes out
-    scores_in_flight_.fetch_sub(1);
+    admitted_.fetch_sub(1);
     env_.metrics->RpcFinished(rpc, status.code(), SecondsSince(start), probe_set,
                               timings.kernel_path);
     std::move(finish)(status);

@@ -112,6 +112,7 @@ int RunServer(const Config& config) {
     state.device_memory_bytes = executor->device_memory_bytes();
     state.queued_requests = executor->queued();
     state.invalid_device_rows = executor->invalid_device_rows();
+    state.invalid_verify_requests = executor->invalid_verify_requests();
     state.mps = executor->mps();
     if (const BufferRegistry* buffers = executor->buffers(); buffers != nullptr) {
       const BufferCounters counters = buffers->counters();

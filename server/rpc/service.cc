@@ -309,17 +309,6 @@ grpc::ServerUnaryReactor* ProbeSidecarService::ListProbeSets(
   return Answer(context, Rpc::kListProbeSets, start, absl::OkStatus());
 }
 
-grpc::ServerUnaryReactor* ProbeSidecarService::Verify(grpc::CallbackServerContext* context,
-                                                      const v1::VerifyRequest* /*request*/,
-                                                      v1::VerifyResponse* /*response*/) {
-  const Clock::time_point start = Clock::now();
-  env_.metrics->RpcStarted(Rpc::kVerify);
-  return Answer(context, Rpc::kVerify, start,
-                absl::UnimplementedError(
-                    "Verify (MLA verify attention) is declared in API v1 but its kernel is not "
-                    "part of this release; nothing was read or written"));
-}
-
 grpc::ServerUnaryReactor* ProbeSidecarService::ServerInfo(grpc::CallbackServerContext* context,
                                                           const v1::ServerInfoRequest* /*request*/,
                                                           v1::ServerInfoResponse* response) {

@@ -138,8 +138,8 @@ class ProbeSidecarService final : public v1::ProbeSidecar::CallbackService {
   const std::chrono::steady_clock::time_point started_;
   // RPCs handed to a worker (Score work, control work) and not yet answered.
   std::atomic<uint32_t> in_flight_{0};
-  // Of those, Score requests (bounded by --max-concurrent-requests).
-  std::atomic<uint32_t> scores_in_flight_{0};
+  // Of those, Score and Verify requests (bounded by --max-concurrent-requests).
+  std::atomic<uint32_t> admitted_{0};
   std::atomic<bool> draining_{false};
   absl::Mutex streams_mu_;
   std::set<DrainableStream*> streams_ ABSL_GUARDED_BY(streams_mu_);

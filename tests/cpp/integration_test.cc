@@ -9,6 +9,7 @@
 #include <thread>
 
 #include "client/cpp/client.h"
+#include "client/cpp/score_pipeline.h"
 #include "common/dtype.h"
 #include "common/safetensors.h"
 #include "gtest/gtest.h"
@@ -203,6 +204,35 @@ TEST_F(IntegrationTest, ScoreStreamAnswersInOrder) {
   }
   stream->WritesDone();
   EXPECT_TRUE(stream->Finish().ok());
+}
+
+TEST_F(IntegrationTest, ScorePipelineSubmitsWithoutWaitingAndResolvesInOrder) {
+  Client c(sidecar_.uds_target());
+  const std::string bytes(2 * 4096 * 2, '\0');
+  std::vector<std::shared_future<absl::StatusOr<v1::ScoreResponse>>> answers;
+  std::atomic<int> answered{0};
+  {
+    client::ScorePipeline pipeline(c);
+    for (int i = 0; i < 100; ++i) {
+      v1::ScoreRequest request;
+      *request.mutable_activations() = InlineTensor(v1::DTYPE_BFLOAT16, 2, 4096, bytes);
+      request.add_rows(i % 10 == 9 ? 7 : 1);  // every tenth is out of range
+      request.set_probe_set("demo");
+      request.set_request_id(i);
+      answers.push_back(pipeline.Submit(request, [&answered] { answered.fetch_add(1); }));
+    }
+    for (int i = 0; i < 100; ++i) {
+      const absl::StatusOr<v1::ScoreResponse>& answer = answers[i].get();
+      if (i % 10 == 9) {
+        EXPECT_EQ(answer.status().code(), absl::StatusCode::kInvalidArgument) << i;
+      } else {
+        ASSERT_TRUE(answer.ok()) << i << ": " << answer.status();
+        EXPECT_EQ(answer->request_id(), static_cast<uint64_t>(i));
+        EXPECT_EQ(answer->scores().size(), 4u * 4);
+      }
+    }
+  }  // the pipeline closes its stream
+  EXPECT_EQ(answered.load(), 100);
 }
 
 TEST_F(IntegrationTest, SigtermDuringTrafficExitsZero) {

@@ -124,7 +124,10 @@ def test_bad_stream_message_does_not_end_the_stream(client, still_serving, probe
          grpc.StatusCode.FAILED_PRECONDITION, "need the CUDA backend"),
         ("UnregisterBuffer", buffers_pb2.UnregisterBufferRequest(buffer_id=5),
          grpc.StatusCode.FAILED_PRECONDITION, "need the CUDA backend"),
-        ("Verify", verify_pb2.VerifyRequest(), grpc.StatusCode.UNIMPLEMENTED, "not part of this release"),
+        ("Verify", verify_pb2.VerifyRequest(), grpc.StatusCode.FAILED_PRECONDITION,
+         "needs the CUDA backend"),
+        ("RegisterEvent", buffers_pb2.RegisterEventRequest(handle=b"\0" * 64, session_id=1),
+         grpc.StatusCode.FAILED_PRECONDITION, "need the CUDA backend"),
         ("UnloadProbeSet", probes_pb2.UnloadProbeSetRequest(name="nope"), grpc.StatusCode.NOT_FOUND, "nope"),
     ],
 )

@@ -25,6 +25,7 @@ import yaml
 from conftest import Sidecar
 from probe_files import ProbeFile
 from probe_sidecar import ProbeSidecarError, score_request
+from probesidecar.v1 import verify_pb2
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 DASHBOARDS = ROOT / "dashboards"
@@ -47,6 +48,8 @@ NO_DATA_ON_CPU = {
 # Queries whose series exist but whose value is undefined (NaN) on the CPU backend.
 NAN_ON_CPU = {
     ("Graph cache activity", "E"): "hit ratio = hits / (hits + misses) = 0/0: no CUDA graphs",
+    ("Shadow mode: relative L2 error", "A"): "no shadow-mode Verify on the CPU backend: 0/0",
+    ("Shadow mode: relative L2 error", "B"): "no shadow-mode Verify on the CPU backend: 0/0",
 }
 
 
@@ -158,7 +161,7 @@ def test_grafana_provisioning_files():
 
 def test_promtool_checks_the_shipped_config_and_rules():
     assert "SUCCESS" in promtool("check", "config", str(SCRAPE_CONFIG))
-    assert "SUCCESS: 4 rules found" in promtool("check", "rules", str(ALERTS))
+    assert "SUCCESS: 6 rules found" in promtool("check", "rules", str(ALERTS))
     assert "SUCCESS" in promtool("test", "rules", str(ALERTS_TEST))
     scrape = yaml.safe_load(SCRAPE_CONFIG.read_text())
     (job,) = scrape["scrape_configs"]
@@ -260,6 +263,10 @@ def drive_traffic(sidecar: Sidecar, seconds: float) -> dict:
             if i % 20 == 0:
                 c.server_info()
                 c.list_probe_sets()
+                try:  # Verify needs the CUDA backend: FAILED_PRECONDITION here
+                    c._call(c.stub.Verify, verify_pb2.VerifyRequest())
+                except ProbeSidecarError as e:
+                    assert e.code.name == "FAILED_PRECONDITION"
                 stream = [score_request(x, [1, 2], "prom_p3") for _ in range(5)]
                 assert all(not isinstance(r, ProbeSidecarError) for r in c.score_stream(stream))
             i += 1
@@ -452,6 +459,8 @@ def test_alert_rules_load_and_evaluate(stack):
     # The sidecar is up and had no CUDA errors; half of its Scores failed on purpose.
     assert by_name["ProbeSidecarDown"] == []
     assert by_name["ProbeSidecarCudaErrors"] == []
+    assert by_name["ProbeSidecarShadowMismatch"] == []
+    assert by_name["ProbeSidecarWithoutMPS"] == []  # a CPU-backend sidecar: not concerned
     (ratio,) = by_name["ProbeSidecarHighErrorRatio"]
     assert ratio["metric"]["instance"] == stack["instance"] and 0.05 < float(ratio["value"][1]) < 1
     assert all(v <= LARGEST_FINITE_BUCKET for v in values(by_name["ProbeSidecarScoreLatencyHigh"]))

@@ -30,7 +30,7 @@ import threading
 import grpc
 import torch
 
-from probesidecar.v1 import buffers_pb2, score_pb2, tensor_pb2
+from probesidecar.v1 import buffers_pb2, score_pb2, tensor_pb2, verify_pb2
 
 from ._tensors import rows_array
 from .client import Client, ProbeSidecarError, ScoreResult, _raise, _result
@@ -120,6 +120,13 @@ class ScoreHandle:
         """The scores: the `out` tensor when one was given (after wait()), else a ScoreResult."""
         self.wait(timeout)
         return self._out if self._out is not None else _result(self._pending.response())
+
+
+@dataclasses.dataclass(frozen=True)
+class VerifyResult:
+    kernel_path: str  # "split_kv", "split_kv_sm90a", "baseline"
+    # Shadow mode (compare_to): ours against the caller's output; None otherwise.
+    shadow: verify_pb2.ShadowReport | None = None
 
 
 class TorchClient:
@@ -279,6 +286,93 @@ class TorchClient:
         pending = self._pipeline.submit(request, on_answer=lambda: pool.release(pair))
         return ScoreHandle(pending, pair, out)
 
+    def verify(
+        self,
+        q: torch.Tensor,
+        kv_cache: torch.Tensor,
+        block_table: torch.Tensor,
+        cache_seqlens: torch.Tensor,
+        out: torch.Tensor | None = None,
+        lse: torch.Tensor | None = None,
+        compare_to: torch.Tensor | None = None,
+        *,
+        softmax_scale: float | None = None,
+        shadow_atol: float = 0.0,
+        shadow_rtol: float = 0.0,
+        stream: torch.cuda.Stream | None = None,
+    ) -> VerifyResult:
+        """MLA verify attention on the sidecar (FlashMLA's layout, bf16, page size 64).
+
+        q [b, s_q, h_q, 576]; kv_cache [pages, 64, 576] (registered once: its storage is cached);
+        block_table [b, max_pages] and cache_seqlens [b] int32, on the GPU (checked there) or on
+        the CPU (sent inline); out [b, s_q, h_q, 512] bf16; lse [b, h_q, s_q] float32, optional.
+        With compare_to (your own output [b, s_q, h_q, 512]) the sidecar runs in shadow mode: it
+        computes into its own scratch, writes nothing of yours, and returns the error report.
+        softmax_scale defaults to 576 ** -0.5. Ordering: the sidecar's stream waits on the GPU for
+        the work queued on `stream` (default: the current one); the call returns once the outputs
+        are written, with no host synchronisation here.
+        """
+        device = q.device
+        stream = stream or torch.cuda.current_stream(device)
+        request = verify_pb2.VerifyRequest(
+            softmax_scale=softmax_scale if softmax_scale is not None else 576 ** -0.5,
+            shadow_atol=shadow_atol, shadow_rtol=shadow_rtol)
+        request.q.CopyFrom(self._ref_nd(q, torch.bfloat16))
+        request.kv_cache.CopyFrom(self._ref_nd(kv_cache, torch.bfloat16))
+        for field, tensor in (("block_table", block_table), ("cache_seqlens", cache_seqlens)):
+            getattr(request, field).CopyFrom(self._ref_int32(tensor))
+        if compare_to is not None:
+            request.compare_to.CopyFrom(self._ref_nd(compare_to, torch.bfloat16))
+        else:
+            if out is None:
+                raise ValueError("verify() needs out= (or compare_to= for shadow mode)")
+            request.out.CopyFrom(self._ref_nd(out, torch.bfloat16))
+            if lse is not None:
+                request.lse.CopyFrom(self._ref_nd(lse, torch.float32))
+        pool = self._event_pool(device)
+        pair = pool.acquire()
+        try:
+            pair.ready.record(stream)
+            request.ready_event = pair.ready_id
+            request.done_event = pair.done_id
+            request.session_id = self.session_id
+            response = self.client._call(self.client.stub.Verify, request)
+        finally:
+            pool.release(pair)
+        return VerifyResult(response.kernel_path,
+                            response.shadow if response.HasField("shadow") else None)
+
+    def _ref_nd(self, tensor: torch.Tensor, dtype: torch.dtype) -> tensor_pb2.TensorRef:
+        """A TensorRef to a CUDA tensor whose dimensions after the first are dense."""
+        if not tensor.is_cuda or tensor.dtype != dtype:
+            raise TypeError(f"expected a CUDA {dtype} tensor, got {tensor.device} {tensor.dtype}")
+        if not tensor[0].is_contiguous():
+            raise ValueError("every dimension but the first must be contiguous")
+        registration = self.register(tensor)
+        ref = tensor_pb2.TensorRef(dtype=_DTYPES[dtype], shape=list(tensor.shape),
+                                   row_stride=tensor.stride(0))
+        ref.buffer.buffer_id = registration.buffer_id
+        ref.buffer.offset_bytes = tensor.data_ptr() - registration.storage_ptr
+        return ref
+
+    def _ref_int32(self, tensor: torch.Tensor) -> tensor_pb2.TensorRef:
+        """An int32 TensorRef: by reference on the GPU, inline from the CPU."""
+        if tensor.dtype != torch.int32:
+            raise TypeError(f"expected int32, got {tensor.dtype}")
+        if tensor.is_cuda:
+            inner = tensor[0] if tensor.dim() > 1 else tensor
+            if not inner.is_contiguous():
+                raise ValueError("the last dimension must be contiguous")
+            registration = self.register(tensor)
+            ref = tensor_pb2.TensorRef(dtype=tensor_pb2.DTYPE_INT32, shape=list(tensor.shape),
+                                       row_stride=tensor.stride(0) if tensor.dim() > 1 else 0)
+            ref.buffer.buffer_id = registration.buffer_id
+            ref.buffer.offset_bytes = tensor.data_ptr() - registration.storage_ptr
+            return ref
+        data = tensor.contiguous().numpy().astype("<i4").tobytes()
+        return tensor_pb2.TensorRef(dtype=tensor_pb2.DTYPE_INT32, shape=list(tensor.shape),
+                                    data=data)
+
     def _template(self, hidden_states, rows, probe_set, out) -> score_pb2.ScoreRequest:
         """The request's references (cached: building TensorRefs is the costly part)."""
         device_rows = isinstance(rows, torch.Tensor) and rows.is_cuda
@@ -331,4 +425,4 @@ class TorchClient:
         return self.client._call(self.client.stub.RegisterEvent, request).event_id
 
 
-__all__ = ["TorchClient", "Registration", "ScoreHandle", "ProbeSidecarError"]
+__all__ = ["TorchClient", "Registration", "ScoreHandle", "VerifyResult", "ProbeSidecarError"]

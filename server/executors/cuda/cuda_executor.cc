@@ -18,6 +18,7 @@
 #include "server/buffers/cuda_ipc.h"
 #include "server/executors/cuda/cuda_status.h"
 #include "server/executors/cuda/stream_slot.h"
+#include "server/executors/cuda/verify_runner.h"
 #include "server/executors/worker_pool.h"
 #include "server/observability/log.h"
 
@@ -104,6 +105,8 @@ class CudaExecutor final : public Executor {
       auto slot = std::make_unique<StreamSlot>(config_.device, config_, &state_->device_bytes,
                                                std::move(nudge));
       if (absl::Status s = slot->Init(config_); !s.ok()) return s;
+      verifiers_.push_back(std::make_unique<VerifyRunner>(
+          config_.device, slot->stream(), &state_->device_bytes, config_.graph_cache_entries));
       slots_.push_back(std::move(slot));
     }
     absl::MutexLock lock(&state_->mu);
@@ -187,6 +190,29 @@ class CudaExecutor final : public Executor {
     });
   }
 
+  void Verify(const VerifyJob* job, VerifyDone done) override {
+    const Clock::time_point submitted = Clock::now();
+    pool_->Submit([this, job, submitted, done = std::move(done)](int worker) mutable {
+      VerifyOutcome outcome;
+      if (worker == WorkerPool::kRefused) {
+        std::move(done)(Refused(), outcome);
+        return;
+      }
+      outcome.queue_seconds = SecondsSince(submitted);
+      absl::Status status = verifiers_[worker]->Run(*job, &outcome);
+      if (status.code() == absl::StatusCode::kInternal) {
+        LogError("CUDA Verify failed: %s", status.message());
+      }
+      std::move(done)(status, outcome);
+    });
+  }
+
+  uint64_t invalid_verify_requests() const override {
+    uint64_t total = 0;
+    for (const auto& verifier : verifiers_) total += verifier->invalid_requests();
+    return total;
+  }
+
   GraphCacheCounters graph_cache() const override {
     GraphCacheCounters total;
     for (const auto& slot : slots_) {
@@ -223,6 +249,7 @@ class CudaExecutor final : public Executor {
     pool_->Shutdown();  // queued requests finish first
     // Then the GPU: what enqueue-only requests still hold is released here.
     for (const auto& slot : slots_) slot->Quiesce();
+    verifiers_.clear();  // before the slots: they run on the slots' streams
     slots_.clear();
     pool_.reset();
   }
@@ -250,6 +277,7 @@ class CudaExecutor final : public Executor {
   const std::shared_ptr<SharedState> state_;
   // Fixed after Init (read without a lock by counters and workers).
   std::vector<std::unique_ptr<StreamSlot>> slots_;
+  std::vector<std::unique_ptr<VerifyRunner>> verifiers_;  // one per slot, on its stream
   std::unique_ptr<WorkerPool> pool_;
 };
 

@@ -66,6 +66,9 @@ class StreamSlot {
   // Waits until the stream is idle, then releases what it held (shutdown).
   void Quiesce();
 
+  // The slot's stream (other work of the same worker, e.g. Verify, runs on it too).
+  cudaStream_t stream() const { return stream_; }
+
   // Readable from any thread (metrics scrapes, ServerInfo), also while the slot runs.
   GraphCacheCounters counters() const;
   // Row indices found outside [0, T) on the GPU so far (device rows).
