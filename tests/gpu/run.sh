@@ -1,18 +1,28 @@
 #!/usr/bin/env bash
-# The one script for the GPU machine: builds here what the GPU needs, then runs every GPU test and
-# benchmark there in one call, writing results to $OUT.
+# The one script for the GPU machine: builds here what the GPU needs, then runs the GPU tests and
+# benchmarks there, writing results to $OUT.
 #
-#   tests/gpu/run.sh prepare        on the build machine (Debian 12): build, make the relocatable
-#                                   bundle and the Python client into .gpu/ (carried to the GPU)
+#   tests/gpu/run.sh prepare        on the build machine (Debian 12), from a COMMITTED tree: build,
+#                                   make the relocatable bundle and the Python client into .gpu/
+#                                   (carried to the GPU), and record the commit (full hash, +dirty
+#                                   if the tree has changes: results then say so)
+#       BEFORE=path/to/old/probe-sidecar  also carry an older server binary, which the rpc step
+#                                   measures beside the current one (server_label "before")
 #   tests/gpu/run.sh                on the GPU machine (through the device tool), from the
 #                                   repository root, with .gpu/ carried:
-#       run(command="tests/gpu/run.sh", carry=[".gpu"])
+#       run(command="STEPS='tests kernels rpc' tests/gpu/run.sh", carry=[".gpu"])
 #
-# On the GPU machine it runs, in order: the kernel tests and the probe_score benchmark with its
-# peers (bench/run_probe_score.sh), the two-process CUDA IPC tests (torch client, real server),
-# and the end-to-end RPC benchmark (probe-bench against probe-sidecar and a bare gRPC echo, over a
-# Unix socket and loopback TCP). Results: $OUT/*.json, *.md and logs; a summary is printed last.
-# Environment: STEPS (default "kernels ipc rpc"), SWEEP (probe_score sweep, default full).
+# Steps (STEPS, default "tests kernels metrics rpc decode"):
+#   tests    every GPU test: the kernel tests (probe scoring, request staging, verify support, MLA
+#            verify) and the two-process Python tests (IPC, executor, ordering and device rows,
+#            metrics, Verify). PROBESIDECAR_REQUIRE_GPU=1: a test that would skip fails here.
+#   kernels  the probe-scoring benchmark with its torch and Triton peers (bench/run_probe_score.sh)
+#   metrics  the metrics-recording micro-benchmark on this host's CPUs (raw Google Benchmark JSON)
+#   rpc      the end-to-end RPC benchmark (probe-bench against probe-sidecar and a bare gRPC
+#            echo, over a Unix socket and loopback TCP; closed and open loop; before/after)
+#   decode   the decode-loop benchmark (bench/decode_loop), with and without MPS
+# Everything goes into $OUT/gpu_results.tgz (results files and logs) and $OUT/run.log; a summary is
+# printed last.
 set -uo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 cd "$root"
@@ -23,123 +33,172 @@ if [[ "${1:-}" == prepare ]]; then
   build="${BUILD_DIR:-$root/build}"
   cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DPROBESIDECAR_BUILD_BENCH=ON \
     -DPython3_EXECUTABLE="$root/.venv/bin/python" >/dev/null
-  cmake --build "$build" -j "$(nproc)" --target probe-sidecar probe-client probe-bench \
-    probe-echo-server probe_score_gpu_test probe_score_cpu_test probe-score-bench demo_probe_set
+  binaries=(probe-sidecar probe-client probe-bench probe-echo-server probe-score-bench
+    mla-verify-bench metrics_bench probe_score_gpu_test probe_score_cpu_test
+    request_staging_gpu_test verify_support_gpu_test mla_verify_gpu_test mla_verify_cpu_test)
+  cmake --build "$build" -j "$(nproc)" --target "${binaries[@]}" demo_probe_set
   rm -rf "$gpu"
-  deploy/bundle.sh "$build" "$gpu/bundle" probe-sidecar probe-client probe-bench \
-    probe-echo-server probe_score_gpu_test probe_score_cpu_test probe-score-bench
+  deploy/bundle.sh "$build" "$gpu/bundle" "${binaries[@]}"
+  if [[ -n "${BEFORE:-}" ]]; then
+    cp "$BEFORE" "$gpu/bundle/bin/probe-sidecar-before"
+    ldd "$BEFORE" | awk '$2 == "=>" && $3 ~ /^\// {print $1, $3}' | while read -r so path; do
+      [[ -e "$gpu/bundle/lib/$so" || "$so" =~ ^(libc|libm|libstdc|libgcc|libcu|ld-) ]] ||
+        cp -L "$path" "$gpu/bundle/lib/$so"
+    done
+  fi
   # The Python client with its generated stubs, pure Python: runs on the GPU machine's own
   # grpcio/protobuf/torch.
   "$root/.venv/bin/python" -m pip install -q --no-deps --no-build-isolation \
     --target "$gpu/python" ./client/python
-  git rev-parse --short=12 HEAD >"$gpu/git" 2>/dev/null || echo unknown >"$gpu/git"
-  echo "prepared $gpu ($(du -sh "$gpu" | cut -f1)); on the GPU machine: tests/gpu/run.sh"
+  python3 bench/receipt.py >"$gpu/git"
+  echo "prepared $gpu ($(du -sh "$gpu" | cut -f1)) for $(cat "$gpu/git"); on the GPU machine:" \
+    "tests/gpu/run.sh"
   exit 0
 fi
 
-out="${OUT:-$root/gpu-results}"
-mkdir -p "$out"
+OUT="${OUT:-$root/gpu-results}"
+out="$(mktemp -d)/gpu_results"  # packed into $OUT at the end (few files may come back)
+mkdir -p "$OUT" "$out"
 [[ -d "$gpu/bundle" ]] || { echo "no .gpu/bundle: run 'tests/gpu/run.sh prepare' first" >&2; exit 1; }
-export PATH="$gpu/bundle/bin:$PATH"
+bin="$gpu/bundle/bin"
+export PATH="$bin:$PATH"
 export PYTHONPATH="$gpu/python:$root/tests/python${PYTHONPATH:+:$PYTHONPATH}"
-export PYTHONUNBUFFERED=1
-export PROBE_SIDECAR_BIN="$gpu/bundle/bin/probe-sidecar" PROBE_CLIENT_BIN="$gpu/bundle/bin/probe-client"
-git_hash="$(cat "$gpu/git")"
-export GIT="$git_hash"
-steps="${STEPS:-kernels ipc rpc}"
+export PYTHONUNBUFFERED=1 PROBESIDECAR_REQUIRE_GPU=1
+export PROBE_SIDECAR_BIN="$bin/probe-sidecar" PROBE_CLIENT_BIN="$bin/probe-client"
+export PROBE_BENCH_BIN="$bin/probe-bench" PROBE_ECHO_SERVER_BIN="$bin/probe-echo-server"
+export PROBESIDECAR_GIT="$(cat "$gpu/git")"
+[[ "$PROBESIDECAR_GIT" == *+dirty ]] && export ALLOW_DIRTY=1  # results are then marked dirty
+git_hash="$PROBESIDECAR_GIT"
+steps="${STEPS:-tests kernels metrics rpc decode}"
 summary=()
 status=0
-# At most 8 files come back from the device: the JSONs and tables, the two logs that explain
-# them, and run.log for everything else.
 log="$out/run.log"
-nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu --format=csv \
-  >"$log" 2>&1 || true
+{
+  echo "== tests/gpu/run.sh: git $git_hash, steps: $steps, $(date -u +%Y-%m-%dT%H:%M:%SZ)"
+  nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu --format=csv
+} >"$log" 2>&1
+started=$(date +%s)
+note() { summary+=("$1: exit $2 ($(($(date +%s) - started)) s since start)$3"); ((${2})) && status=1; }
 
-if [[ " $steps " == *" kernels "* ]]; then
-  echo "== kernels: tests + probe_score benchmark + peers"
-  # run_probe_score.sh expects BUILD/bin; the bundle has that layout.
-  SWEEP="${SWEEP:-full}" bash bench/run_probe_score.sh "$gpu/bundle" "$out" >>"$log" 2>&1
+if [[ " $steps " == *" tests "* ]]; then
+  echo "== tests: kernel GPU tests"
+  rc=0
+  for t in probe_score_gpu_test request_staging_gpu_test verify_support_gpu_test \
+           mla_verify_gpu_test; do
+    timeout 300 "$bin/$t" --gtest_brief=1 >"$out/$t.log" 2>&1
+    r=$?
+    # 77 is "no CUDA device": a failure here.
+    echo "$t: exit $r $(grep -E '^\[  (PASSED|FAILED)' "$out/$t.log" | tr '\n' ' ')" | tee -a "$log"
+    ((r)) && rc=1
+  done
+  note "kernel GPU tests" $rc ""
+  echo "== tests: two-process Python tests"
+  timeout 400 python3 -m pytest -q -rs -p no:cacheprovider tests/python/test_gpu_*.py \
+    >"$out/python_gpu_tests.log" 2>&1
   rc=$?
-  ((rc)) && status=1
-  summary+=("kernels+bench: exit $rc (see probe_score_run.log, probe_score.md)")
+  note "python GPU tests" $rc ": $(tail -1 "$out/python_gpu_tests.log")"
 fi
 
-if [[ " $steps " == *" ipc "* ]]; then
-  echo "== ipc: two-process tests (torch client, real server)"
-  python3 -m pytest -q -rs -p no:cacheprovider tests/python/test_gpu_ipc.py tests/python/test_gpu_metrics.py \
-    >"$out/ipc_tests.log" 2>&1
-  rc=$?
-  ((rc)) && status=1
-  summary+=("ipc tests: exit $rc: $(tail -1 "$out/ipc_tests.log")")
+if [[ " $steps " == *" kernels "* ]]; then
+  echo "== kernels: probe-score benchmark + peers"
+  SKIP_TESTS=1 SWEEP="${SWEEP:-full}" timeout 300 bash bench/run_probe_score.sh "$gpu/bundle" \
+    "$out" >>"$log" 2>&1
+  note "probe-score bench" $? " (probe_score.md)"
+fi
+
+if [[ " $steps " == *" metrics "* ]]; then
+  echo "== metrics: recording cost on this host"
+  # metrics_bench links Debian's libbenchmark (carried in the bundle's lib/).
+  timeout 120 "$bin/metrics_bench" --benchmark_min_time=0.5 --benchmark_repetitions=3 \
+    --benchmark_report_aggregates_only=true --benchmark_format=json \
+    --benchmark_out_format=json --benchmark_out="$out/metrics_gpu_host_raw.json" \
+    >/dev/null 2>>"$log"
+  note "metrics bench" $? " (metrics_gpu_host_raw.json: report it with bench/metrics/run.sh)"
 fi
 
 if [[ " $steps " == *" rpc "* ]]; then
   echo "== rpc: end-to-end benchmark"
   tmp="$(mktemp -d)"
-  probe-sidecar --backend=cuda --listen="unix:$tmp/s.sock" --listen=127.0.0.1:0 \
-    --metrics-listen=127.0.0.1:0 --max-message-bytes=256Mi --warmup-rows=1,64,1024,8192 \
-    --cuda-workers=4 >"$tmp/server.log" 2>&1 &
-  server=$!
+  # serve NAME BINARY FLAGS...: starts a server, sets $<NAME>_pid, _uds, _tcp, _metrics.
+  serve() {
+    local name=$1 binary=$2
+    shift 2
+    "$binary" --backend=cuda --listen="unix:$tmp/$name.sock" --listen=127.0.0.1:0 "$@" \
+      >"$tmp/$name.log" 2>&1 &
+    eval "${name}_pid=$!"
+    for _ in $(seq 300); do grep -q "serving on" "$tmp/$name.log" && break; sleep 0.1; done
+    eval "${name}_uds=unix:$tmp/$name.sock"
+    eval "${name}_tcp=$(grep -o 'serving on [^;]*' "$tmp/$name.log" | grep -o '127\.0\.0\.1:[0-9]*' | head -1)"
+    eval "${name}_metrics=$(grep -o 'metrics on 127\.0\.0\.1:[0-9]*' "$tmp/$name.log" | grep -o '127.*')"
+  }
+  serve after probe-sidecar --metrics-listen=127.0.0.1:0 --max-message-bytes=256Mi \
+    --warmup-rows=1,64,1024,8192 --cuda-workers=4
   probe-echo-server --listen="unix:$tmp/e.sock" --listen=127.0.0.1:0 2>"$tmp/echo.log" &
   echo_server=$!
-  for _ in $(seq 300); do
-    grep -q "serving on" "$tmp/server.log" && grep -q "serving on" "$tmp/echo.log" && break
-    sleep 0.1
-  done
-  tcp="$(grep -o 'serving on [^;]*' "$tmp/server.log" | grep -o '127\.0\.0\.1:[0-9]*' | head -1)"
-  metrics="$(grep -o 'metrics on 127\.0\.0\.1:[0-9]*' "$tmp/server.log" | grep -o '127.*')"
+  for _ in $(seq 300); do grep -q "serving on" "$tmp/echo.log" && break; sleep 0.1; done
   echo_tcp="$(grep -o '127\.0\.0\.1:[0-9]*' "$tmp/echo.log" | head -1)"
   rc=0
-  # Where one client's small requests spend their time on the server (stage histogram means).
-  # These two runs write no results (so need no receipt).
-  probe-bench --target="unix:$tmp/s.sock" --transport=uds --rows=1,64 --probes=1 --concurrency=1 \
-    --modes=score_ipc --seconds=1 --quiet >/dev/null 2>&1
-  python3 bench/stage_means.py "$metrics" --save "$tmp/metrics_c0.txt"
-  probe-bench --target="unix:$tmp/s.sock" --transport=uds --rows=1 --probes=1 --concurrency=1 \
-    --modes=score_ipc --seconds=2 --quiet >/dev/null 2>&1
-  python3 bench/stage_means.py "$metrics" --since "$tmp/metrics_c0.txt" \
-    --title "server-side stage means, 1 client, R=1 P=1, uds" >>"$log" 2>&1
-  python3 bench/stage_means.py "$metrics" --save "$tmp/metrics_c1.txt"
   receipt=(--git="$git_hash" ${ALLOW_DIRTY:+--allow-dirty})
+  seconds="${RPC_SECONDS:-0.8}"
+  # Where one client's small requests spend their time on the server (stage histogram means).
+  probe-bench --target="$after_uds" --transport=uds --rows=1,64 --probes=1 --concurrency=1 \
+    --modes=score_ipc --seconds=1 --quiet >/dev/null 2>&1
+  python3 bench/stage_means.py "$after_metrics" --save "$tmp/metrics_c0.txt"
+  probe-bench --target="$after_uds" --transport=uds --rows=1 --probes=1 --concurrency=1 \
+    --modes=score_ipc --seconds=2 --quiet >/dev/null 2>&1
+  python3 bench/stage_means.py "$after_metrics" --since "$tmp/metrics_c0.txt" \
+    --title "server-side stage means, 1 client, R=1 P=1, uds" >>"$log" 2>&1
   for transport in uds tcp; do
-    if [[ $transport == uds ]]; then t="unix:$tmp/s.sock" e="unix:$tmp/e.sock"; else t="$tcp" e="$echo_tcp"; fi
+    if [[ $transport == uds ]]; then t="$after_uds" e="unix:$tmp/e.sock"; else t="$after_tcp" e="$echo_tcp"; fi
     # Closed loop, unary and ScoreStream next to the bare unary and bidi echo.
     probe-bench --target="$t" --echo-target="$e" --transport=$transport "${receipt[@]}" \
       --modes=echo,echo_stream,score_ipc,score_inline,score_stream_ipc --quiet \
-      --out="$tmp/rpc_$transport.json" --seconds="${RPC_SECONDS:-1.5}" \
-      >>"$log" 2>&1 || rc=1
+      --out="$tmp/rpc_$transport.json" --seconds="$seconds" >>"$log" 2>&1 || rc=1
     # Open loop, small requests: latency against offered load (the PNG).
     probe-bench --target="$t" --echo-target="$e" --transport=$transport "${receipt[@]}" \
       --modes=echo,score_ipc,score_stream_ipc --rows=1 --probes=1 --rate=1000,5000,10000,20000 \
-      --quiet --out="$tmp/rpc_open_$transport.json" --seconds="${RPC_SECONDS:-1.5}" \
-      >>"$log" 2>&1 || rc=1
+      --quiet --out="$tmp/rpc_open_$transport.json" --seconds="$seconds" >>"$log" 2>&1 || rc=1
   done
-  python3 bench/stage_means.py "$metrics" --since "$tmp/metrics_c1.txt" \
-    --title "server-side stage means over the whole sweep" >>"$log" 2>&1
-  kill -TERM $server 2>/dev/null
-  wait $server 2>/dev/null
-  { echo "== rpc server log"; tail -30 "$tmp/server.log"; } >>"$log"
-  # The same small requests against a server that times no GPU stage (--gpu-timing-every=0):
-  # what the event nodes cost.
-  probe-sidecar --backend=cuda --listen="unix:$tmp/u.sock" --metrics-listen=none \
-    --gpu-timing-every=0 --warmup-rows=1,64 >"$tmp/untimed.log" 2>&1 &
-  server=$!
-  for _ in $(seq 300); do grep -q "serving on" "$tmp/untimed.log" && break; sleep 0.1; done
-  probe-bench --target="unix:$tmp/u.sock" --transport=uds "${receipt[@]}" --rows=1,64 \
-    --probes=1,16 --concurrency=1 --modes=score_ipc --server-label=untimed --quiet \
-    --out="$tmp/rpc_untimed.json" --seconds="${RPC_SECONDS:-1.5}" >>"$log" 2>&1 || rc=1
-  kill -TERM $server $echo_server 2>/dev/null
-  wait $server $echo_server 2>/dev/null
-  python3 bench/report_rpc.py "$tmp"/rpc_{uds,tcp,open_uds,open_tcp,untimed}.json \
-    ${ALLOW_DIRTY:+--allow-dirty} --out "$out/rpc_score.json" \
-    --md "$out/rpc_score.md" --command "tests/gpu/run.sh (STEPS=rpc)" >>"$log" 2>&1 || rc=1
+  kill -TERM "$after_pid" 2>/dev/null
+  wait "$after_pid" 2>/dev/null
+  { echo "== rpc server log"; tail -20 "$tmp/after.log"; } >>"$log"
+  inputs=("$tmp"/rpc_{uds,tcp,open_uds,open_tcp}.json)
+  # Small single-client requests against a server without GPU stage timing, and against the
+  # older server binary (before the executor change), in the same run, one at a time.
+  variants=("untimed:probe-sidecar:--gpu-timing-every=0")
+  [[ -x "$bin/probe-sidecar-before" ]] && variants+=("before:probe-sidecar-before:")
+  for variant in "${variants[@]}"; do
+    IFS=: read -r label binary flag <<<"$variant"
+    serve "$label" "$binary" --metrics-listen=none --warmup-rows=1,64 $flag
+    pid_var="${label}_pid" uds_var="${label}_uds"
+    probe-bench --target="${!uds_var}" --transport=uds "${receipt[@]}" --rows=1,64 \
+      --probes=1,16 --concurrency=1 --modes=score_ipc,score_stream_ipc --server-label="$label" \
+      --quiet --out="$tmp/rpc_$label.json" --seconds="$seconds" >>"$log" 2>&1 || rc=1
+    kill -TERM "${!pid_var}" 2>/dev/null
+    wait "${!pid_var}" 2>/dev/null
+    inputs+=("$tmp/rpc_$label.json")
+  done
+  kill -TERM $echo_server 2>/dev/null
+  wait $echo_server 2>/dev/null
+  python3 bench/report_rpc.py "${inputs[@]}" ${ALLOW_DIRTY:+--allow-dirty} \
+    --out "$out/rpc_score.json" --md "$out/rpc_score.md" \
+    --command "tests/gpu/run.sh (STEPS=rpc)" >>"$log" 2>&1 || rc=1
   python3 bench/plot_rpc.py "$out/rpc_score.json" --png "$out/rpc_score.png" >>"$log" 2>&1 || rc=1
-  ((rc)) && status=1
-  summary+=("rpc bench: exit $rc (rpc_score.json, rpc_score.md, rpc_score.png)")
+  note "rpc bench" $rc " (rpc_score.md, rpc_score.png)"
+fi
+
+if [[ " $steps " == *" decode "* ]]; then
+  echo "== decode: the decode-loop benchmark"
+  timeout "${DECODE_TIMEOUT:-420}" python3 bench/decode_loop/run.py \
+    --sidecar "$bin/probe-sidecar" --out "$out" ${DECODE_ARGS:-} >"$out/decode_loop_run.log" 2>&1
+  note "decode-loop bench" $? " (decode_loop.md)"
 fi
 
 echo "== summary" | tee -a "$log"
 printf '%s\n' "${summary[@]}" | tee -a "$log"
-[[ -f "$out/probe_score.md" ]] && sed -n '/^## Targets/,/^## Crossovers/p' "$out/probe_score.md" | head -25
-[[ -f "$out/rpc_score.md" ]] && sed -n '/^## Targets/,$p' "$out/rpc_score.md" | head -25
+cp "$log" "$OUT/run.log"
+tar -czf "$OUT/gpu_results.tgz" -C "$(dirname "$out")" gpu_results
+[[ -f "$out/probe_score.md" ]] && sed -n '/^## Targets/,/^## Crossovers/p' "$out/probe_score.md" | head -20
+[[ -f "$out/rpc_score.md" ]] && grep -A12 -i "^## Targets" "$out/rpc_score.md" | head -16
+[[ -f "$out/decode_loop.md" ]] && grep -A14 -i "^## Targets" "$out/decode_loop.md" | head -16
 exit $status
