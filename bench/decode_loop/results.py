@@ -268,7 +268,10 @@ def markdown(doc: dict) -> str:
         "step p50/p99 pool all steps (CUDA events between steps). `kept` = tokens/s over `none`'s "
         "(same batch, mode, MPS); `added` = mean step time minus `none`'s. `call` is the wall time "
         "of the client call on the decode thread (score_async: its CPU cost; score: the whole "
-        "blocking call). Without MPS the two processes' contexts are time-sliced.",
+        "blocking call). Scored variants copy the hidden state and the scores of 8 steps per "
+        "run into a history on the GPU (checked after the run against float64 scores of the same "
+        "hidden states); `none` copies nothing. Without MPS the two processes' contexts are "
+        "time-sliced.",
         "",
         "| mode | MPS | batch | impl | tokens/s | kept | added µs/step | step p50 µs "
         "| step p99 µs | call p50 / p99 µs | steps x repeats | check (max rel err) |",

@@ -43,7 +43,7 @@ import mps  # noqa: E402
 import results  # noqa: E402
 
 QUICK = dict(batches="8", steps=32, graph_reps=2, eager_reps=1, budget_s=60)
-FULL = dict(batches="1,8,32,64", steps=128, graph_reps=3, eager_reps=2, budget_s=330)
+FULL = dict(batches="1,8,32,64", steps=128, graph_reps=5, eager_reps=3, budget_s=330)
 FINAL_S = 6.0  # kept for the last render
 GRACE_S = 20.0  # past its deadline, a worker is stopped
 RENDER_EVERY_S = 20.0
@@ -76,21 +76,22 @@ def main() -> int:
     for key, value in (QUICK if args.quick else FULL).items():
         if getattr(args, key) is None:
             setattr(args, key, value)
-    identity = receipt.from_args(args)  # refuses a dirty tree before anything runs
-    command = " ".join(shlex.quote(a) for a in ["python3", *sys.argv])
-    date = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
     out_dir = pathlib.Path(args.out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    render = lambda complete, plot=True: write_results(  # noqa: E731
-        out_dir, runs, identity, date, command, complete, plot)
-
     if args.render:
-        runs = pathlib.Path(args.render)
-        return finish(render(complete=True))
+        return finish(write_results(out_dir, pathlib.Path(args.render), args.allow_dirty,
+                                    complete=True, plot=True))
 
+    identity = receipt.from_args(args)  # refuses a dirty tree before anything runs
     scratch = tempfile.TemporaryDirectory(prefix="decode-loop-")
     runs = pathlib.Path(args.runs or os.path.join(scratch.name, "runs.jsonl"))
     runs.write_text("")
+    # The receipt travels with the runs, so that --render names the code that measured them.
+    append(runs, type="meta", what="orchestrator", git=identity,
+           date=datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+           command=" ".join(shlex.quote(a) for a in ["python3", *sys.argv]))
+    render = lambda complete, plot=True: write_results(  # noqa: E731
+        out_dir, runs, args.allow_dirty, complete, plot)
     start = time.time()
     end = start + args.budget_s - FINAL_S
     settings = {"both": [False, True], "on": [True], "off": [False]}[args.mps]
@@ -198,11 +199,16 @@ def append(path: pathlib.Path, **line) -> None:
         f.write(json.dumps(line) + "\n")
 
 
-def write_results(out_dir: pathlib.Path, runs: pathlib.Path, identity: str, date: str,
-                  command: str, complete: bool, plot: bool) -> dict:
+def write_results(out_dir: pathlib.Path, runs: pathlib.Path, allow_dirty: bool, complete: bool,
+                  plot: bool) -> dict:
     """Renders the results files from the runs so far; `complete` is false while more may come
     (a run stopped early leaves the partial files)."""
-    doc = results.document(results.read_lines(str(runs)), git=identity, date=date, command=command)
+    lines = results.read_lines(str(runs))
+    head = next((line for line in lines if line.get("what") == "orchestrator"), None)
+    if head is None:
+        raise SystemExit(f"{runs}: no orchestrator line, so no receipt: not a --runs file")
+    identity = receipt.check(receipt.identify(head["git"]), allow_dirty)
+    doc = results.document(lines, git=identity, date=head["date"], command=head["command"])
     doc["server_flags"] = SERVER_FLAGS
     doc["complete"] = complete
     (out_dir / "decode_loop.json").write_text(json.dumps(doc, indent=1) + "\n")

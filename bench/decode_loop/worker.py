@@ -150,8 +150,8 @@ def main() -> int:
     parser.add_argument("--batches", default="1,8,32,64")
     parser.add_argument("--modes", default="graph,eager")
     parser.add_argument("--steps", type=int, default=128)
-    parser.add_argument("--graph-reps", type=int, default=3)
-    parser.add_argument("--eager-reps", type=int, default=2)
+    parser.add_argument("--graph-reps", type=int, default=5)
+    parser.add_argument("--eager-reps", type=int, default=3)
     parser.add_argument("--deadline", type=float, required=True, help="time.time() to end by")
     parser.add_argument("--ceilings", action="store_true", help="measure the ceilings first")
     parser.add_argument("--seed", type=int, default=0)
@@ -276,13 +276,17 @@ def run_batch(args, emit, device, model, weight, bias, batch, modes, share_end, 
         if (steps, reps) != (args.steps, wanted):
             emit("note", message=f"{mode} b={batch}: {steps} steps x {reps} repeats to fit the "
                                  f"time budget")
+        failed = set()
         for rep in range(reps):
             for impl in rotate(impls, rep):
+                if impl in failed:
+                    continue  # once is enough: a broken variant would only eat the budget
                 try:
                     run = variants.timed_run(impl, steps, stepper, scoring, device)
                 except Exception as error:
                     emit("error", where=f"{mode} b={batch} {impl} rep {rep}",
                          message=f"{type(error).__name__}: {error}")
+                    failed.add(impl)
                     continue
                 emit("run", batch=batch, mode=mode, rep=rep, **labels, **run)
                 progress(labels["server_mps"], mode, batch, rep, reps, run, batch)
