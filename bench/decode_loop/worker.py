@@ -22,6 +22,7 @@ import torch
 
 import model as model_lib
 import variants
+from schedule import plan, rotate
 
 PROMPT_LEN = 512
 PROBES = 16
@@ -122,24 +123,6 @@ def probe_set_bytes(weight, bias) -> bytes:
 
     return save({"weight": weight.cpu().contiguous(), "bias": bias.cpu().contiguous()},
                 metadata={"activation": "none"})
-
-
-def plan(warm: dict, impls: list, steps: int, reps: int, available_s: float):
-    """(steps, repeats) that fit `available_s`, from the warm-up runs' seconds per step: keep the
-    steps and drop repeats first (at least one), then shorten the runs (to no fewer than 8)."""
-    per_step = sum(warm.get(impl, max(warm.values())) for impl in impls)
-    per_round = lambda n: n * per_step + 0.05 * len(impls)  # noqa: E731 (+ per-run overhead)
-    while reps > 1 and reps * per_round(steps) > available_s:
-        reps -= 1
-    if per_round(steps) > available_s:
-        steps = int((available_s - 0.05 * len(impls)) / per_step) // 8 * 8
-    return steps, reps
-
-
-def rotate(items: list, k: int) -> list:
-    """Interleaving: every repeat runs every variant, each time from a different position."""
-    k %= len(items)
-    return items[k:] + items[:k]
 
 
 def main() -> int:
