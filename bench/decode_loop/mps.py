@@ -37,7 +37,7 @@ def environment(enabled: bool):
             # quit returns before the daemon and its server have gone: give them a moment, so
             # that whatever runs next on the GPU does not meet them.
             control = os.path.join(env["CUDA_MPS_PIPE_DIRECTORY"], "control")
-            for _ in range(50):
+            for _ in range(20):
                 if not os.path.exists(control):
                     break
                 time.sleep(0.1)

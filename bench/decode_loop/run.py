@@ -127,7 +127,9 @@ def run_setting(args, mps_on: bool, deadline: float, runs: pathlib.Path, first: 
             if problem:
                 fail(f"the sidecar did not start: {problem}")
                 return
-            stack.callback(stop, server)
+            stack.callback(lambda: print(f"sidecar log (end):\n{tail(tmp / 'sidecar.log', 5)}",
+                                         flush=True))
+            stack.callback(stop, server)  # unwinds first: stopped, then its log shown
         until = time.strftime("%H:%M:%S", time.localtime(deadline))
         print(f"== MPS {'on' if mps_on else 'off'}: worker until {until} (sidecar {target})",
               flush=True)
@@ -164,7 +166,8 @@ def start_server(binary: str, env: dict, tmp: pathlib.Path):
     probes.mkdir()
     argv = [binary, *SERVER_FLAGS, f"--listen=unix:{socket}", f"--probes={probes}"]
     try:
-        process = subprocess.Popen(argv, env=env, stdout=open(log, "wb"), stderr=subprocess.STDOUT)
+        with open(log, "wb") as sink:  # the child keeps its own descriptor
+            process = subprocess.Popen(argv, env=env, stdout=sink, stderr=subprocess.STDOUT)
     except OSError as error:
         return None, "", f"{argv[0]}: {error}"
     for _ in range(600):
