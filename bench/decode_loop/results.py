@@ -30,7 +30,7 @@ def percentile(values, q: float) -> float | None:
     return ordered[low] + (ordered[high] - ordered[low]) * (position - low)
 
 
-def _spread(values) -> dict | None:
+def _p50_p99(values) -> dict | None:
     return None if not values else {"p50": _r(percentile(values, 50)),
                                      "p99": _r(percentile(values, 99))}
 
@@ -84,10 +84,10 @@ def aggregate(runs: list[dict]) -> list[dict]:
         if calls:
             # Wall time of the call on the decode thread: for sidecar_async the client's CPU cost
             # per request; for sidecar_sync the whole blocking call (host sync + RPC).
-            record["score_call_us"] = _spread(calls)
+            record["score_call_us"] = _p50_p99(calls)
         waits = [x for r in group for x in r.get("wait_us", [])]
         if waits:
-            record["wait_stream_call_us"] = _spread(waits)
+            record["wait_stream_call_us"] = _p50_p99(waits)
         if any("event_pair_reused_before_wait" in r for r in group):
             record["event_pair_reused_before_wait"] = sum(
                 r.get("event_pair_reused_before_wait", 0) for r in group)
