@@ -189,8 +189,10 @@ fi
 
 if [[ " $steps " == *" decode "* ]]; then
   echo "== decode: the decode-loop benchmark"
-  timeout "${DECODE_TIMEOUT:-420}" python3 bench/decode_loop/run.py \
-    --sidecar "$bin/probe-sidecar" --out "$out" ${DECODE_ARGS:-} >"$out/decode_loop_run.log" 2>&1
+  # Its own time budget (330 s, cut repeats first) plus model builds; raw runs kept in the log dir.
+  timeout "${DECODE_TIMEOUT:-420}" python3 bench/decode_loop/run.py --out-dir "$out" \
+    --runs "$out/decode_loop_runs.jsonl" ${ALLOW_DIRTY:+--allow-dirty} ${DECODE_ARGS:-} \
+    >"$out/decode_loop_run.log" 2>&1
   note "decode-loop bench" $? " (decode_loop.md)"
 fi
 

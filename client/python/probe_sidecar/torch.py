@@ -23,6 +23,8 @@ until unregister() or close(), so its memory cannot be freed and reused under th
 
 from __future__ import annotations
 
+import collections
+import ctypes
 import dataclasses
 import os
 import threading
@@ -62,10 +64,12 @@ class _EventPair:
 class _EventPool:
     """CUDA IPC event pairs registered with the server, one pair per request in flight: a pair is
     reused only once the server has answered its last request (so the server has already issued
-    its wait on `ready` and its record of `done`)."""
+    its wait on `ready` and its record of `done`), and the least recently answered first, so that a
+    handle waited on a little later still finds its own record of `done` (a reused pair's
+    wait_stream would wait for the newer request: correct, but it would lose the overlap)."""
 
     def __init__(self, client: "TorchClient", device: torch.device, size: int):
-        self._free: list[_EventPair] = []
+        self._free: collections.deque[_EventPair] = collections.deque()
         self._available = threading.Condition()
         for _ in range(size):
             ready = torch.cuda.Event(blocking=False, interprocess=True)
@@ -79,7 +83,7 @@ class _EventPool:
         with self._available:
             while not self._free:
                 self._available.wait()
-            return self._free.pop()
+            return self._free.popleft()
 
     def release(self, pair: _EventPair) -> None:
         with self._available:
@@ -202,6 +206,8 @@ class TorchClient:
         entry = self._registered.pop((storage.data_ptr(), storage.nbytes()), None)
         if entry is None:
             raise KeyError("tensor's storage is not registered")
+        with self._lock:
+            self._templates.clear()  # they may name this buffer
         request = buffers_pb2.UnregisterBufferRequest(buffer_id=entry[0].buffer_id)
         return self.client._call(self.client.stub.UnregisterBuffer, request).deferred
 
@@ -248,6 +254,16 @@ class TorchClient:
         torch.cuda.current_stream(hidden_states.device).synchronize()
         return _result(self.client._call(self.client.stub.Score, request))
 
+
+    # The plain client's calls, for convenience.
+    def load_probe_set(self, name: str, **kwargs):
+        return self.client.load_probe_set(name, **kwargs)
+
+    def unload_probe_set(self, name: str) -> None:
+        self.client.unload_probe_set(name)
+
+    def server_info(self):
+        return self.client.server_info()
 
     def score_async(
         self,
@@ -425,4 +441,19 @@ class TorchClient:
         return self.client._call(self.client.stub.RegisterEvent, request).event_id
 
 
-__all__ = ["TorchClient", "Registration", "ScoreHandle", "VerifyResult", "ProbeSidecarError"]
+def mps_enabled(device: int = 0) -> bool:
+    """Whether CUDA contexts of this process on `device` go through an MPS control daemon (the
+    driver's CU_DEVICE_ATTRIBUTE_MPS_ENABLED): compare with the sidecar's ServerInfo.mps — the
+    inference server and the sidecar should both be MPS clients of one daemon."""
+    torch.cuda.init()
+    libcuda = ctypes.CDLL("libcuda.so.1")
+    handle, value = ctypes.c_int(), ctypes.c_int()
+    if libcuda.cuDeviceGet(ctypes.byref(handle), device) != 0:
+        raise RuntimeError(f"cuDeviceGet({device}) failed")
+    if libcuda.cuDeviceGetAttribute(ctypes.byref(value), 133, handle) != 0:  # MPS_ENABLED
+        raise RuntimeError("cuDeviceGetAttribute(CU_DEVICE_ATTRIBUTE_MPS_ENABLED) failed")
+    return bool(value.value)
+
+
+__all__ = ["TorchClient", "Registration", "ScoreHandle", "VerifyResult", "ProbeSidecarError",
+           "mps_enabled"]

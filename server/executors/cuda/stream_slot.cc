@@ -404,8 +404,18 @@ absl::StatusOr<StreamSlot::GraphEntry> StreamSlot::Capture(const GraphKey& key,
                      : cudaSuccess;
   };
   PS_RETURN_IF_CUDA(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal));
+  GraphEntry entry;
   cudaError_t error = mark(0);
   if (error == cudaSuccess) error = kernels::LaunchStageRequest(stage, stream_);
+  if (error == cudaSuccess) {
+    // The node just captured is the staging kernel's: every launch updates its parameters.
+    cudaStreamCaptureStatus capture_status;
+    const cudaGraphNode_t* last = nullptr;
+    size_t count = 0;
+    error = cudaStreamGetCaptureInfo(stream_, &capture_status, nullptr, nullptr, &last, nullptr,
+                                     &count);
+    if (error == cudaSuccess && count == 1) entry.stage_node = last[0];
+  }
   if (error == cudaSuccess && key.inline_x) {
     error = cudaMemcpyAsync(d_x_.ptr, h_x_.ptr, size_t{1} * key.bucket * weights.hidden * element,
                             cudaMemcpyHostToDevice, stream_);
@@ -423,30 +433,11 @@ absl::StatusOr<StreamSlot::GraphEntry> StreamSlot::Capture(const GraphKey& key,
     error = kernels::LaunchPoisonInvalidRows(poison, stream_);
   }
   if (error == cudaSuccess) error = mark(2);
-  GraphEntry entry;
   const cudaError_t end = cudaStreamEndCapture(stream_, &entry.graph);
   if (error == cudaSuccess) error = end;
+  if (error == cudaSuccess && entry.stage_node == nullptr)
+    error = cudaErrorStreamCaptureInvalidated;
   if (error == cudaSuccess) error = cudaGraphInstantiate(&entry.exec, entry.graph, 0);
-  // The staging kernel's node, which every launch updates.
-  if (error == cudaSuccess) {
-    void* pointer_storage[1];
-    cudaKernelNodeParams want;
-    error = kernels::StageRequestNodeParams(&stage, pointer_storage, &want);
-    size_t count = 0;
-    if (error == cudaSuccess) error = cudaGraphGetNodes(entry.graph, nullptr, &count);
-    std::vector<cudaGraphNode_t> nodes(count);
-    if (error == cudaSuccess) error = cudaGraphGetNodes(entry.graph, nodes.data(), &count);
-    for (size_t i = 0; error == cudaSuccess && i < count; ++i) {
-      cudaGraphNodeType type;
-      if ((error = cudaGraphNodeGetType(nodes[i], &type)) != cudaSuccess) break;
-      if (type != cudaGraphNodeTypeKernel) continue;
-      cudaKernelNodeParams got;
-      if ((error = cudaGraphKernelNodeGetParams(nodes[i], &got)) != cudaSuccess) break;
-      if (got.func == want.func) entry.stage_node = nodes[i];
-    }
-    if (error == cudaSuccess && entry.stage_node == nullptr)
-      error = cudaErrorGraphExecUpdateFailure;
-  }
   if (error != cudaSuccess) {
     cudaGetLastError();
     if (entry.exec != nullptr) cudaGraphExecDestroy(entry.exec);
