@@ -78,7 +78,18 @@ log="$out/run.log"
   nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu --format=csv
 } >"$log" 2>&1
 started=$(date +%s)
-note() { summary+=("$1: exit $2 ($(($(date +%s) - started)) s since start)$3"); ((${2})) && status=1; }
+# After each step the results so far are packed into $OUT, so that a call cut short by its time
+# limit still brings back what finished.
+pack() {
+  cp "$log" "$OUT/run.log"
+  tar -czf "$OUT/gpu_results.tgz" -C "$(dirname "$out")" gpu_results
+}
+note() {
+  summary+=("$1: exit $2 ($(($(date +%s) - started)) s since start)$3")
+  ((${2})) && status=1
+  echo "${summary[-1]}" >>"$log"
+  pack
+}
 
 if [[ " $steps " == *" tests "* ]]; then
   echo "== tests: kernel GPU tests"
@@ -198,8 +209,7 @@ fi
 
 echo "== summary" | tee -a "$log"
 printf '%s\n' "${summary[@]}" | tee -a "$log"
-cp "$log" "$OUT/run.log"
-tar -czf "$OUT/gpu_results.tgz" -C "$(dirname "$out")" gpu_results
+pack
 [[ -f "$out/probe_score.md" ]] && sed -n '/^## Targets/,/^## Crossovers/p' "$out/probe_score.md" | head -20
 [[ -f "$out/rpc_score.md" ]] && grep -A12 -i "^## Targets" "$out/rpc_score.md" | head -16
 [[ -f "$out/decode_loop.md" ]] && grep -A14 -i "^## Targets" "$out/decode_loop.md" | head -16
