@@ -167,6 +167,7 @@ void ProbeSidecarService::RunScore(Rpc rpc, const v1::ScoreRequest* request,
       response->set_num_rows(job->num_rows);
       response->set_num_probes(set.num_probes);
       response->set_kernel_path(timings.kernel_path);
+      response->set_enqueued(timings.enqueued);
       if (job->host_out != nullptr) FillFired(set, job->host_out, job->num_rows, response);
       env_.metrics->ScoreStages(set.name, timings, SecondsSince(start));
     } else if (status.code() == absl::StatusCode::kInternal) {

@@ -390,9 +390,10 @@ absl::StatusOr<StreamSlot::GraphEntry> StreamSlot::Capture(const GraphKey& key,
   params.rows = key.rows == RowSource::kIdentity ? d_identity_rows_ : d_rows_;
   params.weights = &weights;
   params.activation = activation;
-  // The staging node is captured with an empty request; every launch sets its parameters.
-  kernels::StageRequestParams& stage = *stage_;
-  stage = kernels::StageRequestParams{};
+  // The staging node is captured with an empty request (not the slot's stage_, which holds the
+  // request being run); every launch sets its parameters.
+  auto capture_stage = std::make_unique<kernels::StageRequestParams>();
+  kernels::StageRequestParams& stage = *capture_stage;
   stage.args_dst = d_args_;
   stage.rows_dst = key.rows == RowSource::kIdentity ? nullptr : d_rows_;
   stage.bucket = key.bucket;
