@@ -262,5 +262,7 @@ def test_graph_cache_replays(sidecar, tclient, probe_sets):
         for _ in range(20):
             tclient.score(x, [1, 2, 3], "p16")
         after = c.server_info().graph_cache
-    assert after.hits - before.hits >= 19
-    assert after.captures - before.captures <= 1
+    # Each stream slot (4 by default) keeps its own graphs: a shape not warmed up is captured at
+    # most once per slot, and every other request replays.
+    assert after.captures - before.captures <= 4
+    assert after.hits - before.hits >= 20 - (after.captures - before.captures)

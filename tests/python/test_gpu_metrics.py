@@ -1,4 +1,4 @@
-"""Metrics on the CUDA backend: the stages the CUDA executor times with events (h2d, kernel, d2h)
+"""Metrics on the CUDA backend: the stages the CUDA executor times with events (h2d, kernel)
 appear with their kernel path, and the buffer, IPC-handle, graph-cache and device-memory metrics
 follow what the server holds.
 
@@ -92,9 +92,11 @@ def test_cuda_stages_appear_with_their_kernel_path(sidecar):
     out = torch.empty(3, P, device="cuda", dtype=torch.float32)
     with TorchClient(sidecar.uds_target) as tc:
         paths = set()
-        for _ in range(20):  # scores come back inline: d2h applies
+        # Scores come back inline (the kernels write them into mapped host memory: no separate
+        # device-to-host stage), or into a registered buffer.
+        for _ in range(20):
             paths.add(tc.score(x, [0, 5, 1023], "gpu_m16").kernel_path)
-        for _ in range(5):  # scores written into a registered buffer: no d2h
+        for _ in range(5):
             tc.score(x, [1, 2, 3], "gpu_m16", out=out)
         fams = scrape(sidecar)
     assert paths <= CUDA_PATHS and len(paths) == 1, paths
@@ -104,7 +106,7 @@ def test_cuda_stages_appear_with_their_kernel_path(sidecar):
     assert counts[("queue", path)] == 25
     assert counts[("h2d", path)] == 25
     assert counts[("kernel", path)] == 25
-    assert counts[("d2h", path)] == 20
+    assert ("d2h", path) not in counts
     assert value(fams, "probesidecar_rpc_duration_seconds_count", rpc="Score",
                  probe_set="gpu_m16", kernel_path=path) == 25
     check_histograms(fams)
@@ -114,7 +116,7 @@ def test_cuda_stages_appear_with_their_kernel_path(sidecar):
         return value(fams, STAGE + "_sum", **labels) / value(fams, STAGE + "_count", **labels)
 
     # GPU times from events: positive, and inside the request's server-side total.
-    for stage in ("h2d", "kernel", "d2h"):
+    for stage in ("h2d", "kernel"):
         assert 0 < mean(stage) < mean("total"), (stage, mean(stage), mean("total"))
     (build,) = [l for n, l, _ in fams if n == "probesidecar_build_info"]
     assert build["backend"] == "cuda" and build["device"] and build["cuda_runtime"]
@@ -138,9 +140,10 @@ def test_buffer_ipc_graph_and_memory_metrics(sidecar):
     # The session's end released the registration.
     assert value(after, "probesidecar_registered_buffers") == value(before,
                                                                    "probesidecar_registered_buffers")
-    # One shape: at most one capture, the rest replays.
-    assert delta("probesidecar_graph_cache_hits_total") >= 9
-    assert delta("probesidecar_graph_cache_captures_total") <= 1
+    # One shape: at most one capture per stream slot (4), the rest replays.
+    captures = delta("probesidecar_graph_cache_captures_total")
+    assert captures <= 4
+    assert delta("probesidecar_graph_cache_hits_total") >= 10 - captures
     assert 1 <= value(during, "probesidecar_graph_cache_entries") <= value(
         during, "probesidecar_graph_cache_capacity")
     assert value(during, "probesidecar_device_memory_bytes") > 0
