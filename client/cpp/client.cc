@@ -188,11 +188,12 @@ absl::StatusOr<v1::VerifyResponse> Client::Verify(const v1::VerifyRequest& reque
   return response;
 }
 
-absl::StatusOr<bool> Client::UnregisterBuffer(uint64_t buffer_id) {
+absl::StatusOr<bool> Client::UnregisterBuffer(uint64_t buffer_id, uint64_t session_id) {
   grpc::ClientContext context;
   Prepare(context);
   v1::UnregisterBufferRequest request;
   request.set_buffer_id(buffer_id);
+  request.set_session_id(session_id);
   v1::UnregisterBufferResponse response;
   const grpc::Status status = stub_->UnregisterBuffer(&context, request, &response);
   if (!status.ok()) return FromGrpc(status);

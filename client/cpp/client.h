@@ -62,7 +62,8 @@ class Client {
   // CUDA IPC buffers (CUDA backend).
   absl::StatusOr<v1::RegisterBufferResponse> RegisterBuffer(
       const v1::RegisterBufferRequest& request);
-  absl::StatusOr<bool> UnregisterBuffer(uint64_t buffer_id);  // true: deferred
+  // session_id: the session that registered it. True: deferred (requests still use it).
+  absl::StatusOr<bool> UnregisterBuffer(uint64_t buffer_id, uint64_t session_id);
   absl::StatusOr<std::vector<v1::BufferInfo>> ListBuffers();
   // CUDA IPC events for GPU-side ordering (owned by a session; see cuda_buffer.h).
   absl::StatusOr<uint64_t> RegisterEvent(const v1::RegisterEventRequest& request);

@@ -153,7 +153,7 @@ absl::StatusOr<std::unique_ptr<IpcActivations>> IpcActivations::Create(Client& c
 }
 
 IpcActivations::~IpcActivations() {
-  if (buffer_id_ != 0) client_.UnregisterBuffer(buffer_id_).IgnoreError();
+  if (buffer_id_ != 0) client_.UnregisterBuffer(buffer_id_, session_->id()).IgnoreError();
   session_.reset();
   if (device_ != nullptr) cudaFree(device_);
 }

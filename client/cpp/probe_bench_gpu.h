@@ -31,6 +31,7 @@ class IpcActivations {
                                                                 int64_t tokens, int64_t hidden);
   ~IpcActivations();
   uint64_t buffer_id() const { return buffer_id_; }
+  uint64_t session_id() const { return session_->id(); }
 
  private:
   IpcActivations(Client& client) : client_(client) {}

@@ -172,6 +172,7 @@ absl::Status Run(const Options& o, const std::string& git) {
       spec.hidden = o.hidden;
       spec.tokens = o.tokens;
       spec.buffer_id = activations ? activations->buffer_id() : 0;
+      spec.session_id = activations ? activations->session_id() : 0;
       spec.host_activations = &host;
       spec.bad_fraction = o.bad_fraction;
       const Workload workload = MakeWorkload(spec);

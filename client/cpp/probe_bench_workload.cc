@@ -57,6 +57,7 @@ Workload MakeWorkload(const WorkloadSpec& spec) {
         BufferTensor(v1::DTYPE_BFLOAT16, spec.tokens, spec.hidden, spec.buffer_id);
     for (int i = 0; i < spec.rows; ++i) r.add_rows(static_cast<int32_t>(rng() % spec.tokens));
     r.set_probe_set(probe_set);
+    r.set_session_id(spec.session_id);
   }
   v1::ScoreRequest& inline_request = w.inline_requests.emplace_back();
   *inline_request.mutable_activations() =

@@ -28,8 +28,9 @@ struct WorkloadSpec {
   int rows = 1;
   int probes = 1;
   int hidden = 4096;
-  int tokens = 16384;      // rows of the registered activations
-  uint64_t buffer_id = 0;  // the registered activations; 0: none (the IPC requests are unusable)
+  int tokens = 16384;       // rows of the registered activations
+  uint64_t buffer_id = 0;   // the registered activations; 0: none (the IPC requests are unusable)
+  uint64_t session_id = 0;  // the session that registered them (requests must name it)
   // bf16 [>= rows, hidden]: the inline requests' activations.
   const std::string* host_activations = nullptr;
   double bad_fraction = 0;

@@ -28,10 +28,10 @@ struct EventLease {
 class BufferResolver {
  public:
   virtual ~BufferResolver() = default;
-  // NOT_FOUND for unknown (or closing) buffers; INVALID_ARGUMENT when offset + extent leaves
-  // the registered window.
+  // NOT_FOUND for unknown (or closing) buffers; PERMISSION_DENIED for a buffer of another
+  // session than `session_id`; INVALID_ARGUMENT when offset + extent leaves the registered window.
   virtual absl::StatusOr<BufferLease> Acquire(uint64_t buffer_id, uint64_t offset_bytes,
-                                              uint64_t extent_bytes) = 0;
+                                              uint64_t extent_bytes, uint64_t session_id) = 0;
   // NOT_FOUND for unknown events; PERMISSION_DENIED for an event of another session.
   virtual absl::StatusOr<EventLease> AcquireEvent(uint64_t event_id, uint64_t session_id) = 0;
 };

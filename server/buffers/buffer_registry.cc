@@ -7,8 +7,16 @@
 
 namespace probesidecar::server {
 
-BufferRegistry::BufferRegistry(int device, IpcOpener* opener, uint32_t max_registrations)
-    : device_(device), opener_(opener), max_registrations_(max_registrations) {}
+BufferRegistry::BufferRegistry(int device, IpcOpener* opener, BufferRegistryLimits limits)
+    : device_(device), opener_(opener), limits_(limits) {}
+
+uint64_t BufferRegistry::SessionBytesLocked(uint64_t session_id) const {
+  uint64_t bytes = 0;
+  for (const auto& [id, r] : registrations_) {
+    if (r.session_id == session_id) bytes += r.size;
+  }
+  return bytes;
+}
 
 BufferRegistry::~BufferRegistry() {
   absl::MutexLock lock(&mu_);
@@ -40,12 +48,25 @@ absl::StatusOr<v1::RegisterBufferResponse> BufferRegistry::Register(
                                                    " is past the end of the allocation (",
                                                    allocation_bytes, " bytes)"));
   };
+  if (request.session_id() == 0 && !limits_.allow_sessionless) {
+    return absl::InvalidArgumentError(
+        "session_id: missing; a buffer belongs to the session (OpenSession) that registers it, "
+        "so that no other client can use it (--allow-sessionless-buffers accepts buffers "
+        "without one)");
+  }
   auto check_session = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) -> absl::Status {
-    if (request.session_id() == 0 || sessions_.contains(request.session_id())) {
-      return absl::OkStatus();
+    if (request.session_id() != 0 && !sessions_.contains(request.session_id())) {
+      return absl::NotFoundError(
+          absl::StrCat("session_id: session ", request.session_id(), " is not open"));
     }
-    return absl::NotFoundError(
-        absl::StrCat("session_id: session ", request.session_id(), " is not open"));
+    const uint64_t held = SessionBytesLocked(request.session_id());
+    if (held + request.byte_size() > limits_.max_session_bytes) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "session ", request.session_id(), " has ", held, " bytes registered; ",
+          request.byte_size(), " more is over the limit of ", limits_.max_session_bytes,
+          " bytes per session (--max-session-buffer-bytes)"));
+    }
+    return absl::OkStatus();
   };
 
   // open_mu_ keeps opens and closes of allocations in one order: a handle is never opened
@@ -54,7 +75,7 @@ absl::StatusOr<v1::RegisterBufferResponse> BufferRegistry::Register(
   {
     absl::MutexLock lock(&mu_);
     if (absl::Status s = check_session(); !s.ok()) return s;
-    if (registrations_.size() >= max_registrations_) {
+    if (registrations_.size() >= limits_.max_registrations) {
       return absl::ResourceExhaustedError(absl::StrCat(
           "this server already holds ", registrations_.size(), " registrations (the limit)"));
     }
@@ -140,7 +161,7 @@ void BufferRegistry::CloseUnused() {
   for (const std::unique_ptr<Mapping>& mapping : unused) opener_->Close(mapping->base);
 }
 
-absl::StatusOr<bool> BufferRegistry::Unregister(uint64_t buffer_id) {
+absl::StatusOr<bool> BufferRegistry::Unregister(uint64_t buffer_id, uint64_t session_id) {
   bool deferred = false;
   bool close = false;
   {
@@ -148,6 +169,10 @@ absl::StatusOr<bool> BufferRegistry::Unregister(uint64_t buffer_id) {
     auto it = registrations_.find(buffer_id);
     if (it == registrations_.end() || it->second.closing) {
       return absl::NotFoundError(absl::StrCat("buffer ", buffer_id, " is not registered"));
+    }
+    if (it->second.session_id != session_id) {
+      return absl::PermissionDeniedError(
+          absl::StrCat("buffer ", buffer_id, " belongs to another session"));
     }
     close = UnregisterLocked(buffer_id, &deferred);
   }
@@ -175,13 +200,18 @@ std::vector<v1::BufferInfo> BufferRegistry::List() const {
 }
 
 absl::StatusOr<BufferLease> BufferRegistry::Acquire(uint64_t buffer_id, uint64_t offset_bytes,
-                                                    uint64_t extent_bytes) {
+                                                    uint64_t extent_bytes, uint64_t session_id) {
   absl::MutexLock lock(&mu_);
   auto it = registrations_.find(buffer_id);
   if (it == registrations_.end() || it->second.closing) {
     return absl::NotFoundError(absl::StrCat("buffer ", buffer_id, " is not registered"));
   }
   Registration& r = it->second;
+  if (r.session_id != session_id) {
+    return absl::PermissionDeniedError(absl::StrCat(
+        "buffer ", buffer_id, " belongs to another session (the request names session ", session_id,
+        "; set session_id to the session that registered it)"));
+  }
   uint64_t end = 0;
   if (__builtin_add_overflow(offset_bytes, extent_bytes, &end) || end > r.size) {
     return absl::InvalidArgumentError(absl::StrCat("offset ", offset_bytes, " + ", extent_bytes,
@@ -238,7 +268,7 @@ absl::StatusOr<uint64_t> BufferRegistry::RegisterEvent(const v1::RegisterEventRe
       return absl::NotFoundError(
           absl::StrCat("session_id: session ", request.session_id(), " is not open"));
     }
-    if (events_.size() >= max_registrations_) {
+    if (events_.size() >= limits_.max_registrations) {
       return absl::ResourceExhaustedError(
           absl::StrCat("this server already holds ", events_.size(), " events (the limit)"));
     }

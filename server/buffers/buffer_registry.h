@@ -51,22 +51,30 @@ struct BufferCounters {
   uint64_t events = 0;
 };
 
+struct BufferRegistryLimits {
+  uint32_t max_registrations = 4096;               // buffers and events, each
+  uint64_t max_session_bytes = uint64_t{1} << 40;  // bytes of windows per session
+  bool allow_sessionless = false;  // buffers registered without a session (usable by anyone)
+};
+
 class BufferRegistry final : public BufferResolver {
  public:
-  BufferRegistry(int device, IpcOpener* opener, uint32_t max_registrations = 4096);
+  BufferRegistry(int device, IpcOpener* opener, BufferRegistryLimits limits = {});
   // Closes every mapping; no lease may outlive the registry.
   ~BufferRegistry() override;
 
-  // INVALID_ARGUMENT for bad handles, sizes, windows or devices; UNIMPLEMENTED for PyTorch
-  // expandable-segment handles; NOT_FOUND for unknown sessions; RESOURCE_EXHAUSTED past the
-  // registration limit.
+  // INVALID_ARGUMENT for bad handles, sizes, windows or devices, and for a missing session
+  // (unless sessionless buffers are allowed); UNIMPLEMENTED for PyTorch expandable-segment
+  // handles; NOT_FOUND for unknown sessions; RESOURCE_EXHAUSTED past the registration limit or
+  // the session's byte limit.
   absl::StatusOr<v1::RegisterBufferResponse> Register(const v1::RegisterBufferRequest& request);
-  // Returns true when deferred (requests still use it). NOT_FOUND when unknown or already closing.
-  absl::StatusOr<bool> Unregister(uint64_t buffer_id);
+  // Returns true when deferred (requests still use it). NOT_FOUND when unknown or already closing;
+  // PERMISSION_DENIED for a buffer of another session.
+  absl::StatusOr<bool> Unregister(uint64_t buffer_id, uint64_t session_id);
   std::vector<v1::BufferInfo> List() const;
 
   absl::StatusOr<BufferLease> Acquire(uint64_t buffer_id, uint64_t offset_bytes,
-                                      uint64_t extent_bytes) override;
+                                      uint64_t extent_bytes, uint64_t session_id) override;
 
   // CUDA IPC events (GPU-side ordering), owned by a session. INVALID_ARGUMENT for bad handles
   // or devices, NOT_FOUND for a session that is not open, RESOURCE_EXHAUSTED past the limit.
@@ -111,9 +119,12 @@ class BufferRegistry final : public BufferResolver {
   // Closes every mapping no registration uses.
   void CloseUnused() ABSL_LOCKS_EXCLUDED(mu_, open_mu_);
 
+  // Bytes of windows `session_id` has registered.
+  uint64_t SessionBytesLocked(uint64_t session_id) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
   const int device_;
   IpcOpener* const opener_;
-  const uint32_t max_registrations_;
+  const BufferRegistryLimits limits_;
   // Serialises opening and closing allocations (slow CUDA calls) without holding mu_, which the
   // request path takes.
   absl::Mutex open_mu_ ABSL_ACQUIRED_BEFORE(mu_);

@@ -79,7 +79,8 @@ v1::RegisterBufferRequest Request(char id, uint64_t offset, uint64_t size, uint6
 class BufferRegistryTest : public ::testing::Test {
  protected:
   FakeOpener opener_;
-  BufferRegistry registry_{0, &opener_, 8};
+  // Sessionless buffers allowed here, so that most tests need no session (session 0).
+  BufferRegistry registry_{0, &opener_, BufferRegistryLimits{8, uint64_t{1} << 40, true}};
 };
 
 TEST_F(BufferRegistryTest, RegistrationsOfOneAllocationShareOneMapping) {
@@ -96,18 +97,18 @@ TEST_F(BufferRegistryTest, RegistrationsOfOneAllocationShareOneMapping) {
   EXPECT_EQ(registry_.counters().registered_bytes, 8192u);
 
   // Each window maps at its own offset.
-  auto la = registry_.Acquire(a->buffer_id(), 16, 32);
-  auto lb = registry_.Acquire(b->buffer_id(), 16, 32);
+  auto la = registry_.Acquire(a->buffer_id(), 16, 32, 0);
+  auto lb = registry_.Acquire(b->buffer_id(), 16, 32, 0);
   ASSERT_TRUE(la.ok() && lb.ok());
   EXPECT_EQ(static_cast<char*>(lb->device_ptr) - static_cast<char*>(la->device_ptr), 8192);
 
-  absl::StatusOr<bool> deferred = registry_.Unregister(a->buffer_id());
+  absl::StatusOr<bool> deferred = registry_.Unregister(a->buffer_id(), 0);
   ASSERT_TRUE(deferred.ok());
   EXPECT_TRUE(*deferred);  // la is in flight
   la->hold.reset();
   lb->hold.reset();
   EXPECT_EQ(opener_.closes, 0);  // b still uses the mapping
-  ASSERT_TRUE(registry_.Unregister(b->buffer_id()).ok());
+  ASSERT_TRUE(registry_.Unregister(b->buffer_id(), 0).ok());
   EXPECT_EQ(opener_.closes, 1);
   EXPECT_EQ(opener_.open_count(), 0u);
   // The allocation can be registered again: it is opened anew.
@@ -118,15 +119,16 @@ TEST_F(BufferRegistryTest, RegistrationsOfOneAllocationShareOneMapping) {
 TEST_F(BufferRegistryTest, UnregisterWhileInUseIsDeferredUntilTheLastLease) {
   auto a = registry_.Register(Request('a', 0, 4096));
   ASSERT_TRUE(a.ok());
-  auto lease1 = registry_.Acquire(a->buffer_id(), 0, 4096);
-  auto lease2 = registry_.Acquire(a->buffer_id(), 100, 10);
+  auto lease1 = registry_.Acquire(a->buffer_id(), 0, 4096, 0);
+  auto lease2 = registry_.Acquire(a->buffer_id(), 100, 10, 0);
   ASSERT_TRUE(lease1.ok() && lease2.ok());
-  absl::StatusOr<bool> deferred = registry_.Unregister(a->buffer_id());
+  absl::StatusOr<bool> deferred = registry_.Unregister(a->buffer_id(), 0);
   ASSERT_TRUE(deferred.ok());
   EXPECT_TRUE(*deferred);
   // Closing: no new request can use it, a second unregister is NOT_FOUND, it is still listed.
-  EXPECT_EQ(registry_.Acquire(a->buffer_id(), 0, 1).status().code(), absl::StatusCode::kNotFound);
-  EXPECT_EQ(registry_.Unregister(a->buffer_id()).status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(registry_.Acquire(a->buffer_id(), 0, 1, 0).status().code(),
+            absl::StatusCode::kNotFound);
+  EXPECT_EQ(registry_.Unregister(a->buffer_id(), 0).status().code(), absl::StatusCode::kNotFound);
   std::vector<v1::BufferInfo> listed = registry_.List();
   ASSERT_EQ(listed.size(), 1u);
   EXPECT_TRUE(listed[0].closing());
@@ -141,28 +143,28 @@ TEST_F(BufferRegistryTest, UnregisterWhileInUseIsDeferredUntilTheLastLease) {
 TEST_F(BufferRegistryTest, UnregisterWhenIdleClosesAtOnce) {
   auto a = registry_.Register(Request('a', 0, 64));
   ASSERT_TRUE(a.ok());
-  absl::StatusOr<bool> deferred = registry_.Unregister(a->buffer_id());
+  absl::StatusOr<bool> deferred = registry_.Unregister(a->buffer_id(), 0);
   ASSERT_TRUE(deferred.ok());
   EXPECT_FALSE(*deferred);
   EXPECT_EQ(opener_.closes, 1);
-  EXPECT_EQ(registry_.Unregister(a->buffer_id()).status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(registry_.Unregister(a->buffer_id(), 0).status().code(), absl::StatusCode::kNotFound);
 }
 
 TEST_F(BufferRegistryTest, AcquireChecksTheWindowOverflowSafely) {
   auto a = registry_.Register(Request('a', 4096, 1000));
   ASSERT_TRUE(a.ok());
-  EXPECT_TRUE(registry_.Acquire(a->buffer_id(), 0, 1000).ok());
-  EXPECT_TRUE(registry_.Acquire(a->buffer_id(), 999, 1).ok());
+  EXPECT_TRUE(registry_.Acquire(a->buffer_id(), 0, 1000, 0).ok());
+  EXPECT_TRUE(registry_.Acquire(a->buffer_id(), 999, 1, 0).ok());
   for (auto [offset, extent] : std::vector<std::pair<uint64_t, uint64_t>>{
            {0, 1001}, {1000, 1}, {1, 1000}, {UINT64_MAX, 2}, {2, UINT64_MAX}}) {
-    absl::StatusOr<BufferLease> lease = registry_.Acquire(a->buffer_id(), offset, extent);
+    absl::StatusOr<BufferLease> lease = registry_.Acquire(a->buffer_id(), offset, extent, 0);
     ASSERT_FALSE(lease.ok()) << offset << " " << extent;
     EXPECT_EQ(lease.status().code(), absl::StatusCode::kInvalidArgument);
     EXPECT_NE(lease.status().message().find("past the end"), absl::string_view::npos);
   }
-  EXPECT_EQ(registry_.Acquire(999, 0, 1).status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(registry_.Acquire(999, 0, 1, 0).status().code(), absl::StatusCode::kNotFound);
   // Refused acquisitions took no lease: the buffer closes at once.
-  EXPECT_FALSE(*registry_.Unregister(a->buffer_id()));
+  EXPECT_FALSE(*registry_.Unregister(a->buffer_id(), 0));
 }
 
 TEST_F(BufferRegistryTest, BadRegistrationsChangeNothing) {
@@ -213,10 +215,11 @@ TEST_F(BufferRegistryTest, EndingASessionReleasesItsBuffers) {
   auto c = registry_.Register(Request('c', 0, 64, other));
   auto d = registry_.Register(Request('d', 0, 64));  // no session: lives until unregistered
   ASSERT_TRUE(a.ok() && b.ok() && c.ok() && d.ok());
-  auto lease = registry_.Acquire(b->buffer_id(), 0, 64);
+  auto lease = registry_.Acquire(b->buffer_id(), 0, 64, session);
   ASSERT_TRUE(lease.ok());
   registry_.CloseSession(session);
-  EXPECT_EQ(registry_.Acquire(a->buffer_id(), 0, 1).status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(registry_.Acquire(a->buffer_id(), 0, 1, session).status().code(),
+            absl::StatusCode::kNotFound);
   EXPECT_EQ(opener_.closes, 1);  // a closed; b waits for its request
   lease->hold.reset();
   EXPECT_EQ(opener_.closes, 2);
@@ -234,13 +237,13 @@ TEST_F(BufferRegistryTest, ConcurrentLeasesAndUnregister) {
   for (int t = 0; t < 4; ++t) {
     threads.emplace_back([&] {
       for (int i = 0; i < 2000; ++i) {
-        absl::StatusOr<BufferLease> lease = registry_.Acquire(a->buffer_id(), 0, 64);
+        absl::StatusOr<BufferLease> lease = registry_.Acquire(a->buffer_id(), 0, 64, 0);
         if (lease.ok()) ++ok;
       }
     });
   }
   std::this_thread::sleep_for(std::chrono::milliseconds(1));
-  ASSERT_TRUE(registry_.Unregister(a->buffer_id()).ok());
+  ASSERT_TRUE(registry_.Unregister(a->buffer_id(), 0).ok());
   for (std::thread& t : threads) t.join();
   EXPECT_GT(ok.load(), 0);
   EXPECT_EQ(opener_.closes, 1);
@@ -301,6 +304,41 @@ TEST_F(BufferRegistryTest, EventRegistrationIsValidated) {
   EXPECT_TRUE(registry_.UnregisterEvent(*event, session).ok());
   EXPECT_EQ(opener_.event_closes, 1);
   EXPECT_EQ(registry_.UnregisterEvent(*event, session).code(), absl::StatusCode::kNotFound);
+}
+
+TEST_F(BufferRegistryTest, ABufferIsUsableOnlyByItsSession) {
+  const uint64_t mine = registry_.OpenSession(1);
+  const uint64_t theirs = registry_.OpenSession(2);
+  auto a = registry_.Register(Request('a', 0, 64, mine));
+  ASSERT_TRUE(a.ok()) << a.status();
+  EXPECT_TRUE(registry_.Acquire(a->buffer_id(), 0, 64, mine).ok());
+  for (uint64_t other : {theirs, uint64_t{0}}) {
+    EXPECT_EQ(registry_.Acquire(a->buffer_id(), 0, 64, other).status().code(),
+              absl::StatusCode::kPermissionDenied);
+    EXPECT_EQ(registry_.Unregister(a->buffer_id(), other).status().code(),
+              absl::StatusCode::kPermissionDenied);
+  }
+  EXPECT_EQ(registry_.List().size(), 1u);  // still there
+  EXPECT_TRUE(registry_.Unregister(a->buffer_id(), mine).ok());
+}
+
+TEST(BufferRegistryLimitsTest, SessionlessBuffersAreRefusedByDefaultAndSessionsHaveAByteCap) {
+  FakeOpener opener;
+  BufferRegistry registry(0, &opener, BufferRegistryLimits{8, 100, false});
+  absl::StatusOr<v1::RegisterBufferResponse> none = registry.Register(Request('a', 0, 64));
+  EXPECT_EQ(none.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(none.status().message().find("--allow-sessionless-buffers"), absl::string_view::npos);
+  EXPECT_EQ(opener.opens, 0);
+  const uint64_t session = registry.OpenSession(1);
+  EXPECT_TRUE(registry.Register(Request('a', 0, 60, session)).ok());
+  // 60 + 41 > 100: refused, whether the allocation is open already or not.
+  EXPECT_EQ(registry.Register(Request('a', 0, 41, session)).status().code(),
+            absl::StatusCode::kResourceExhausted);
+  EXPECT_EQ(registry.Register(Request('b', 0, 41, session)).status().code(),
+            absl::StatusCode::kResourceExhausted);
+  EXPECT_TRUE(registry.Register(Request('b', 0, 40, session)).ok());
+  // Another session has its own budget.
+  EXPECT_TRUE(registry.Register(Request('c', 0, 100, registry.OpenSession(2))).ok());
 }
 
 }  // namespace

@@ -74,6 +74,12 @@ Setter Size(uint64_t Config::*field, const char* flag, uint64_t min, uint64_t ma
   };
 }
 
+absl::Status NonEmpty(absl::string_view flag, absl::string_view value, std::string* out) {
+  if (value.empty()) return BadValue(flag, value, "empty");
+  *out = std::string(value);
+  return absl::OkStatus();
+}
+
 absl::Status CheckListenAddress(absl::string_view flag, absl::string_view value) {
   if (absl::StartsWith(value, "unix:")) {
     absl::string_view path = value.substr(5);
@@ -188,6 +194,72 @@ const std::vector<Flag>& Flags() {
          c.shutdown_grace_seconds = s;
          return absl::OkStatus();
        }},
+      {"unix-socket-mode", "MODE",
+       "Permissions of the Unix sockets, octal (default 0660: the server's user and group).",
+       [](absl::string_view v, Config& c) -> absl::Status {
+         uint32_t mode = 0;
+         bool octal = !v.empty() && v.size() <= 4;
+         for (char d : v) {
+           octal = octal && d >= '0' && d <= '7';
+           mode = mode * 8 + static_cast<uint32_t>(d - '0');
+         }
+         if (!octal || mode > 0777) {
+           return BadValue("unix-socket-mode", v, "expected an octal mode such as 0660");
+         }
+         c.unix_socket_mode = mode;
+         return absl::OkStatus();
+       }},
+      {"tls-cert", "FILE", "PEM certificate (chain) of TCP listeners: TLS on TCP.",
+       [](absl::string_view v, Config& c) { return NonEmpty("tls-cert", v, &c.tls_cert_file); }},
+      {"tls-key", "FILE", "PEM private key of --tls-cert.",
+       [](absl::string_view v, Config& c) { return NonEmpty("tls-key", v, &c.tls_key_file); }},
+      {"tls-client-ca", "FILE",
+       "PEM CA certificates: TCP clients must present a certificate one of them signed "
+       "(mutual TLS). Needs --tls-cert.",
+       [](absl::string_view v, Config& c) {
+         return NonEmpty("tls-client-ca", v, &c.tls_client_ca_file);
+       }},
+      {"admin-token-file", "FILE",
+       "LoadProbeSet and UnloadProbeSet need the token in this file (first line), sent as gRPC "
+       "metadata 'authorization: Bearer <token>' (or --admin-tls-identity).",
+       [](absl::string_view v, Config& c) {
+         return NonEmpty("admin-token-file", v, &c.admin_token_file);
+       }},
+      {"admin-tls-identity", "NAME",
+       "A mutual-TLS client whose certificate's common name is NAME may load and unload probe "
+       "sets (or --admin-token-file).",
+       [](absl::string_view v, Config& c) {
+         return NonEmpty("admin-tls-identity", v, &c.admin_tls_identity);
+       }},
+      {"allow-remote-ipc", nullptr,
+       "Accept OpenSession, RegisterBuffer and RegisterEvent from TCP peers not on this host "
+       "(refused by default: CUDA IPC only works on one host).",
+       [](absl::string_view, Config& c) {
+         c.allow_remote_ipc = true;
+         return absl::OkStatus();
+       }},
+      {"allow-sessionless-buffers", nullptr,
+       "Accept buffers registered without a session (any client that knows the id could then "
+       "use them). By default a buffer belongs to the session that registered it.",
+       [](absl::string_view, Config& c) {
+         c.allow_sessionless_buffers = true;
+         return absl::OkStatus();
+       }},
+      {"max-session-buffer-bytes", "BYTES",
+       "Bytes of buffer windows one session may have registered (default 1Ti).",
+       Size(&Config::max_session_buffer_bytes, "max-session-buffer-bytes", 1, uint64_t{1} << 50)},
+      {"max-probe-sets", "N", "Probe sets loaded at once (default 256).",
+       Count(&Config::max_probe_sets, "max-probe-sets", 1, 1 << 20)},
+      {"max-probe-set-bytes", "BYTES",
+       "Weight bytes of all loaded probe sets together, as stored in their files (default 16Gi).",
+       Size(&Config::max_probe_set_bytes, "max-probe-set-bytes", 64, uint64_t{1} << 44)},
+      {"strict-probes", nullptr,
+       "Fail the start when a file in --probes cannot be loaded (default: skip it, log the error "
+       "and count it in probesidecar_probe_set_load_errors_total).",
+       [](absl::string_view, Config& c) {
+         c.strict_probes = true;
+         return absl::OkStatus();
+       }},
       {"log-level", "debug|info|warning|error",
        "Least severe level logged to stderr (default info).",
        [](absl::string_view v, Config& c) -> absl::Status {
@@ -245,6 +317,9 @@ absl::StatusOr<ParsedFlags> ParseFlags(int argc, const char* const* argv) {
       if (has_value) return BadValue(name, value, "this flag takes no value");
       if (name == "help") parsed.show_help = true;
       if (name == "version") parsed.show_version = true;
+      if (flag->set) {
+        if (absl::Status s = flag->set("", parsed.config); !s.ok()) return s;
+      }
       continue;
     }
     if (!has_value) {
@@ -263,6 +338,17 @@ absl::StatusOr<ParsedFlags> ParseFlags(int argc, const char* const* argv) {
     }
     absl::Status s = flag->set(value, parsed.config);
     if (!s.ok()) return s;
+  }
+  const Config& c = parsed.config;
+  if (c.tls_cert_file.empty() != c.tls_key_file.empty()) {
+    return absl::InvalidArgumentError("--tls-cert and --tls-key go together");
+  }
+  if (!c.tls_client_ca_file.empty() && c.tls_cert_file.empty()) {
+    return absl::InvalidArgumentError("--tls-client-ca needs --tls-cert and --tls-key");
+  }
+  if (!c.admin_tls_identity.empty() && c.tls_client_ca_file.empty()) {
+    return absl::InvalidArgumentError(
+        "--admin-tls-identity needs mutual TLS (--tls-client-ca) to know who the client is");
   }
   return parsed;
 }

@@ -38,6 +38,32 @@ struct Config {
   std::vector<uint32_t> warmup_rows = {1, 64};
   // Time in-flight RPCs get to finish after SIGINT/SIGTERM before they are cancelled.
   double shutdown_grace_seconds = 10.0;
+
+  // Access control (docs/reliability.md).
+  // Permissions of the Unix sockets the server creates.
+  uint32_t unix_socket_mode = 0660;
+  // TLS for TCP listeners (PEM files); with a client CA, clients must present a certificate it
+  // signed (mutual TLS). Unix sockets stay plain (their file mode guards them).
+  std::string tls_cert_file;
+  std::string tls_key_file;
+  std::string tls_client_ca_file;
+  // Loading and unloading probe sets need the token in the token file (metadata
+  // "authorization: Bearer <token>"), or a mutual-TLS client certificate whose common name is
+  // `admin_tls_identity`. Both empty: administrative RPCs are open to every client.
+  std::string admin_token_file;
+  std::string admin_tls_identity;
+  // IPC registrations (buffers, events, sessions) from TCP peers that are not on this host.
+  bool allow_remote_ipc = false;
+  // Buffers registered without a session (usable by any client that knows their id).
+  bool allow_sessionless_buffers = false;
+  // Bytes of buffer windows one session may have registered.
+  uint64_t max_session_buffer_bytes = uint64_t{1} << 40;
+
+  // Probe sets: how many, how many weight bytes in all; a bad file in --probes at start fails
+  // the start (strict) or is skipped with an error log and a metric.
+  uint32_t max_probe_sets = 256;
+  uint64_t max_probe_set_bytes = uint64_t{16} << 30;
+  bool strict_probes = false;
   std::string log_level = "info";
 };
 

@@ -38,7 +38,7 @@ absl::StatusOr<ScoreJob> PrepareScoreJob(const v1::ScoreRequest& request,
     return absl::InvalidArgumentError("activations: missing");
   }
   absl::StatusOr<Tensor2D> activations =
-      ResolveTensor2D(request.activations(), "activations", buffers);
+      ResolveTensor2D(request.activations(), "activations", buffers, request.session_id());
   if (!activations.ok()) return activations.status();
   job.activations = std::move(*activations);
   if (job.activations.cols != set.hidden) {
@@ -51,8 +51,8 @@ absl::StatusOr<ScoreJob> PrepareScoreJob(const v1::ScoreRequest& request,
       return absl::InvalidArgumentError(
           "device_rows: rows on the device need activations in a registered buffer too");
     }
-    absl::StatusOr<DeviceInt32Vector> rows =
-        ResolveDeviceInt32Vector(request.device_rows(), "device_rows", buffers, limits.max_rows);
+    absl::StatusOr<DeviceInt32Vector> rows = ResolveDeviceInt32Vector(
+        request.device_rows(), "device_rows", buffers, request.session_id(), limits.max_rows);
     if (!rows.ok()) return rows.status();
     job.device_rows = std::move(*rows);
   } else {
@@ -83,7 +83,8 @@ absl::StatusOr<ScoreJob> PrepareScoreJob(const v1::ScoreRequest& request,
       return absl::InvalidArgumentError(
           absl::StrCat("output: shape must be [R, P] = [", num_rows, ", ", set.num_probes, "]"));
     }
-    absl::StatusOr<Tensor2D> device_out = ResolveTensor2D(out, "output", buffers);
+    absl::StatusOr<Tensor2D> device_out =
+        ResolveTensor2D(out, "output", buffers, request.session_id());
     if (!device_out.ok()) return device_out.status();
     job.device_out = std::move(*device_out);
     scores->clear();

@@ -22,14 +22,18 @@ std::string Floats(size_t n) { return std::string(n * sizeof(float), '\0'); }
 // A resolver that knows one buffer of 4096 bytes at a fake device address.
 class FakeBuffers final : public BufferResolver {
  public:
-  absl::StatusOr<BufferLease> Acquire(uint64_t id, uint64_t offset, uint64_t extent) override {
+  // Buffer 7 belongs to session 1.
+  absl::StatusOr<BufferLease> Acquire(uint64_t id, uint64_t offset, uint64_t extent,
+                                      uint64_t session) override {
     if (id != 7) return absl::NotFoundError("buffer is not registered");
+    if (session != 1) return absl::PermissionDeniedError("belongs to another session");
     if (offset + extent > 4096) return absl::InvalidArgumentError("past the end");
     ++acquired;
     return BufferLease{reinterpret_cast<char*>(0x10000) + offset, 0, nullptr};
   }
   // Events 5 and 6 belong to session 1.
   absl::StatusOr<EventLease> AcquireEvent(uint64_t id, uint64_t session) override {
+    if (id == 8) return absl::PermissionDeniedError("belongs to another session");  // session 2's
     if (id != 5 && id != 6) return absl::NotFoundError("event is not registered");
     if (session != 1) return absl::PermissionDeniedError("belongs to another session");
     return EventLease{reinterpret_cast<void*>(0x500 + id), nullptr};
@@ -150,6 +154,7 @@ TEST_F(ScoreJobTest, ScoresLargerThanAMessageAreRefused) {
 TEST_F(ScoreJobTest, BufferActivationsAndOutputAreLeasedAndChecked) {
   FakeBuffers buffers;
   v1::ScoreRequest r = Good();
+  r.set_session_id(1);
   r.mutable_activations()->mutable_buffer()->set_buffer_id(7);
   r.mutable_activations()->mutable_buffer()->set_offset_bytes(64);
   v1::TensorRef* out = r.mutable_output();
@@ -187,6 +192,7 @@ TEST_F(ScoreJobTest, BufferActivationsAndOutputAreLeasedAndChecked) {
 v1::ScoreRequest DeviceRequest(int64_t rows, uint64_t rows_offset = 2048) {
   v1::ScoreRequest r;
   r.set_probe_set("p");
+  r.set_session_id(1);
   v1::TensorRef* x = r.mutable_activations();
   x->set_dtype(v1::DTYPE_FLOAT32);
   x->add_shape(4);
@@ -261,16 +267,19 @@ TEST_F(ScoreJobTest, DeviceRowAndEventRefusals) {
          r.mutable_activations()->set_data(Floats(4 * kHidden));
        },
        absl::StatusCode::kInvalidArgument, "need activations in a registered buffer"},
-      {[](auto& r) { r.set_ready_event(5); }, absl::StatusCode::kInvalidArgument,
-       "ready_event: events belong to a session"},
+      // The buffers belong to session 1: another session (or none) may not name them.
+      {[](auto& r) { r.set_session_id(0); }, absl::StatusCode::kPermissionDenied,
+       "activations: belongs to another session"},
+      {[](auto& r) { r.set_session_id(2); }, absl::StatusCode::kPermissionDenied,
+       "activations: belongs to another session"},
       {[](auto& r) {
          r.set_session_id(1);
          r.set_ready_event(99);
        },
        absl::StatusCode::kNotFound, "ready_event: event is not registered"},
       {[](auto& r) {
-         r.set_session_id(2);
-         r.set_done_event(6);
+         r.set_session_id(1);
+         r.set_done_event(8);
        },
        absl::StatusCode::kPermissionDenied, "done_event: belongs to another session"},
   };
@@ -283,6 +292,16 @@ TEST_F(ScoreJobTest, DeviceRowAndEventRefusals) {
     EXPECT_EQ(job.status().code(), cases[i].code) << i << ": " << job.status();
     EXPECT_NE(job.status().message().find(cases[i].fragment), absl::string_view::npos)
         << i << ": " << job.status();
+  }
+  // Events without a session.
+  {
+    FakeBuffers buffers;
+    v1::ScoreRequest r = Good();
+    r.set_ready_event(5);
+    absl::StatusOr<ScoreJob> job = Prepare(r, &buffers);
+    EXPECT_EQ(job.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_NE(job.status().message().find("ready_event: events belong to a session"),
+              absl::string_view::npos);
   }
   // Events on a backend without IPC.
   v1::ScoreRequest r = Good();

@@ -53,11 +53,12 @@ absl::Status NeedsBuffers(absl::string_view what) {
 }  // namespace
 
 absl::StatusOr<BufferLease> LeaseBufferWindow(const v1::TensorRef& ref, absl::string_view what,
-                                              BufferResolver* buffers, uint64_t extent,
-                                              absl::string_view element_name, int alignment) {
+                                              BufferResolver* buffers, uint64_t session_id,
+                                              uint64_t extent, absl::string_view element_name,
+                                              int alignment) {
   if (buffers == nullptr) return NeedsBuffers(what);
   absl::StatusOr<BufferLease> lease =
-      buffers->Acquire(ref.buffer().buffer_id(), ref.buffer().offset_bytes(), extent);
+      buffers->Acquire(ref.buffer().buffer_id(), ref.buffer().offset_bytes(), extent, session_id);
   if (!lease.ok()) {
     return absl::Status(lease.status().code(), absl::StrCat(what, ": ", lease.status().message()));
   }
@@ -95,7 +96,7 @@ absl::Status ResolveOrderingEvents(uint64_t ready_id, uint64_t done_id, uint64_t
 absl::StatusOr<DeviceInt32Vector> ResolveDeviceInt32Vector(const v1::TensorRef& ref,
                                                            absl::string_view what,
                                                            BufferResolver* buffers,
-                                                           int64_t max_size) {
+                                                           uint64_t session_id, int64_t max_size) {
   if (ref.dtype() != v1::DTYPE_INT32) {
     return absl::InvalidArgumentError(absl::StrCat(what, ": dtype must be DTYPE_INT32, got ",
                                                    v1::DType_Name(ref.dtype()).empty()
@@ -124,15 +125,15 @@ absl::StatusOr<DeviceInt32Vector> ResolveDeviceInt32Vector(const v1::TensorRef& 
         absl::StrCat(what, ": must name a registered buffer (send host rows in `rows` instead)"));
   }
   absl::StatusOr<BufferLease> lease =
-      LeaseBufferWindow(ref, what, buffers, static_cast<uint64_t>(v.size) * sizeof(int32_t),
-                        "int32", sizeof(int32_t));
+      LeaseBufferWindow(ref, what, buffers, session_id,
+                        static_cast<uint64_t>(v.size) * sizeof(int32_t), "int32", sizeof(int32_t));
   if (!lease.ok()) return lease.status();
   v.device = std::move(*lease);
   return v;
 }
 
 absl::StatusOr<Tensor2D> ResolveTensor2D(const v1::TensorRef& ref, absl::string_view what,
-                                         BufferResolver* buffers) {
+                                         BufferResolver* buffers, uint64_t session_id) {
   Tensor2D t;
   absl::StatusOr<common::DType> dtype = FloatDType(ref.dtype(), what);
   if (!dtype.ok()) return dtype.status();
@@ -176,8 +177,8 @@ absl::StatusOr<Tensor2D> ResolveTensor2D(const v1::TensorRef& ref, absl::string_
       return t;
     }
     case v1::TensorRef::kBuffer: {
-      absl::StatusOr<BufferLease> lease =
-          LeaseBufferWindow(ref, what, buffers, *extent, common::DTypeName(t.dtype), size);
+      absl::StatusOr<BufferLease> lease = LeaseBufferWindow(ref, what, buffers, session_id, *extent,
+                                                            common::DTypeName(t.dtype), size);
       if (!lease.ok()) return lease.status();
       t.device = std::move(*lease);
       return t;

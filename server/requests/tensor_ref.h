@@ -33,15 +33,17 @@ absl::StatusOr<uint64_t> ExtentBytes(int64_t rows, int64_t cols, int64_t row_str
 
 // Validates a 2-D floating-point TensorRef. Inline data must hold between the extent and
 // rows * row_stride elements; a buffer location is resolved through `buffers` (nullptr: the
-// backend has no IPC, FAILED_PRECONDITION). `what` names the field in messages.
+// backend has no IPC, FAILED_PRECONDITION) for the request's `session_id` (a buffer is usable
+// only by its session). `what` names the field in messages.
 absl::StatusOr<Tensor2D> ResolveTensor2D(const v1::TensorRef& ref, absl::string_view what,
-                                         BufferResolver* buffers);
+                                         BufferResolver* buffers, uint64_t session_id);
 
 // Leases `extent` bytes of the buffer `ref` names and checks that its first byte is
 // `alignment`-aligned (the message names `element_name`). FAILED_PRECONDITION without buffers.
 absl::StatusOr<BufferLease> LeaseBufferWindow(const v1::TensorRef& ref, absl::string_view what,
-                                              BufferResolver* buffers, uint64_t extent,
-                                              absl::string_view element_name, int alignment);
+                                              BufferResolver* buffers, uint64_t session_id,
+                                              uint64_t extent, absl::string_view element_name,
+                                              int alignment);
 
 // A validated int32 vector [n] in a registered buffer (row indices written on the device).
 struct DeviceInt32Vector {
@@ -55,7 +57,7 @@ struct DeviceInt32Vector {
 absl::StatusOr<DeviceInt32Vector> ResolveDeviceInt32Vector(const v1::TensorRef& ref,
                                                            absl::string_view what,
                                                            BufferResolver* buffers,
-                                                           int64_t max_size);
+                                                           uint64_t session_id, int64_t max_size);
 
 // The GPU-side ordering events a request names (0 = not named), leased from `buffers`: both must
 // belong to `session_id`. INVALID_ARGUMENT without a session, NOT_FOUND, PERMISSION_DENIED,

@@ -17,6 +17,12 @@ constexpr int64_t kDimQk = 576;
 constexpr int64_t kDimV = 512;
 constexpr int kMaxSq = 16;
 
+// The buffers as one request's session sees them.
+struct Buffers {
+  BufferResolver* resolver;
+  uint64_t session_id;
+};
+
 std::string DTypeText(v1::DType dtype) {
   const std::string& name = v1::DType_Name(dtype);
   return name.empty() ? std::to_string(dtype) : name;
@@ -63,7 +69,7 @@ absl::Status CheckShape(const v1::TensorRef& ref, absl::string_view what, v1::DT
 
 // Leases a device tensor [n, inner...] whose first dimension has `stride` elements.
 absl::StatusOr<BufferLease> LeaseDevice(const v1::TensorRef& ref, absl::string_view what,
-                                        BufferResolver* buffers, int64_t inner, int64_t stride,
+                                        const Buffers& buffers, int64_t inner, int64_t stride,
                                         int element_bytes, int alignment,
                                         absl::string_view element_name) {
   if (ref.location_case() != v1::TensorRef::kBuffer) {
@@ -71,12 +77,13 @@ absl::StatusOr<BufferLease> LeaseDevice(const v1::TensorRef& ref, absl::string_v
   }
   absl::StatusOr<uint64_t> extent = ExtentBytes(ref.shape(0), inner, stride, element_bytes, what);
   if (!extent.ok()) return extent.status();
-  return LeaseBufferWindow(ref, what, buffers, *extent, element_name, alignment);
+  return LeaseBufferWindow(ref, what, buffers.resolver, buffers.session_id, *extent, element_name,
+                           alignment);
 }
 
 // An int32 tensor [n, inner] (rank 1 when inner == 0), inline or in a buffer.
 absl::StatusOr<Int32Tensor> ResolveInt32(const v1::TensorRef& ref, absl::string_view what,
-                                         BufferResolver* buffers, int64_t inner, int64_t stride) {
+                                         const Buffers& buffers, int64_t inner, int64_t stride) {
   const int64_t cols = inner == 0 ? 1 : inner;
   absl::StatusOr<uint64_t> extent = ExtentBytes(ref.shape(0), cols, stride, sizeof(int32_t), what);
   if (!extent.ok()) return extent.status();
@@ -138,6 +145,7 @@ absl::StatusOr<VerifyJob> PrepareVerifyJob(const v1::VerifyRequest& request,
         "the CPU backend)");
   }
   VerifyJob job;
+  const Buffers session_buffers{buffers, request.session_id()};
   const v1::TensorRef& q = request.q();
   if (absl::Status s =
           CheckShape(q, "q", v1::DTYPE_BFLOAT16, {-1, -1, -1, kDimQk}, "[b, s_q, h_q, 576]");
@@ -171,7 +179,7 @@ absl::StatusOr<VerifyJob> PrepareVerifyJob(const v1::VerifyRequest& request,
   if (!stride.ok()) return stride.status();
   job.q_batch_stride = *stride;
   absl::StatusOr<BufferLease> lease =
-      LeaseDevice(q, "q", buffers, q_slice, job.q_batch_stride, 2, 16, "bf16 rows");
+      LeaseDevice(q, "q", session_buffers, q_slice, job.q_batch_stride, 2, 16, "bf16 rows");
   if (!lease.ok()) return lease.status();
   job.q = std::move(*lease);
 
@@ -189,8 +197,8 @@ absl::StatusOr<VerifyJob> PrepareVerifyJob(const v1::VerifyRequest& request,
   stride = BatchStride(kv, "kv_cache", kPageSize * kDimQk, 8);
   if (!stride.ok()) return stride.status();
   job.kv_page_stride = *stride;
-  lease = LeaseDevice(kv, "kv_cache", buffers, kPageSize * kDimQk, job.kv_page_stride, 2, 16,
-                      "bf16 rows");
+  lease = LeaseDevice(kv, "kv_cache", session_buffers, kPageSize * kDimQk, job.kv_page_stride, 2,
+                      16, "bf16 rows");
   if (!lease.ok()) return lease.status();
   job.kv_cache = std::move(*lease);
 
@@ -208,7 +216,7 @@ absl::StatusOr<VerifyJob> PrepareVerifyJob(const v1::VerifyRequest& request,
   stride = BatchStride(table, "block_table", job.max_pages, 1);
   if (!stride.ok()) return stride.status();
   absl::StatusOr<Int32Tensor> tensor =
-      ResolveInt32(table, "block_table", buffers, job.max_pages, *stride);
+      ResolveInt32(table, "block_table", session_buffers, job.max_pages, *stride);
   if (!tensor.ok()) return tensor.status();
   job.block_table = std::move(*tensor);
 
@@ -221,7 +229,7 @@ absl::StatusOr<VerifyJob> PrepareVerifyJob(const v1::VerifyRequest& request,
   if (lengths.row_stride() > 1) {
     return absl::InvalidArgumentError("cache_seqlens: must be contiguous");
   }
-  tensor = ResolveInt32(lengths, "cache_seqlens", buffers, 0, 1);
+  tensor = ResolveInt32(lengths, "cache_seqlens", session_buffers, 0, 1);
   if (!tensor.ok()) return tensor.status();
   job.cache_seqlens = std::move(*tensor);
   if (absl::Status s = CheckInlineTables(job); !s.ok()) return s;
@@ -238,8 +246,8 @@ absl::StatusOr<VerifyJob> PrepareVerifyJob(const v1::VerifyRequest& request,
     stride = BatchStride(compare, "compare_to", out_slice, 8);
     if (!stride.ok()) return stride.status();
     job.compare_batch_stride = *stride;
-    lease = LeaseDevice(compare, "compare_to", buffers, out_slice, job.compare_batch_stride, 2, 16,
-                        "bf16 rows");
+    lease = LeaseDevice(compare, "compare_to", session_buffers, out_slice, job.compare_batch_stride,
+                        2, 16, "bf16 rows");
     if (!lease.ok()) return lease.status();
     job.compare_to = std::move(*lease);
     job.atol = request.shadow_atol() == 0 ? kDefaultShadowAtol : request.shadow_atol();
@@ -261,7 +269,8 @@ absl::StatusOr<VerifyJob> PrepareVerifyJob(const v1::VerifyRequest& request,
     stride = BatchStride(out, "out", out_slice, 8);
     if (!stride.ok()) return stride.status();
     job.out_batch_stride = *stride;
-    lease = LeaseDevice(out, "out", buffers, out_slice, job.out_batch_stride, 2, 16, "bf16 rows");
+    lease = LeaseDevice(out, "out", session_buffers, out_slice, job.out_batch_stride, 2, 16,
+                        "bf16 rows");
     if (!lease.ok()) return lease.status();
     job.out = std::move(*lease);
     if (request.has_lse()) {
@@ -274,7 +283,8 @@ absl::StatusOr<VerifyJob> PrepareVerifyJob(const v1::VerifyRequest& request,
       stride = BatchStride(lse, "lse", h_q * s_q, 1);
       if (!stride.ok()) return stride.status();
       job.lse_batch_stride = *stride;
-      lease = LeaseDevice(lse, "lse", buffers, h_q * s_q, job.lse_batch_stride, 4, 4, "float32");
+      lease = LeaseDevice(lse, "lse", session_buffers, h_q * s_q, job.lse_batch_stride, 4, 4,
+                          "float32");
       if (!lease.ok()) return lease.status();
       job.lse = std::move(*lease);
     }

@@ -13,15 +13,18 @@ namespace {
 
 constexpr int64_t kBatch = 2, kSq = 2, kHq = 16, kPages = 8, kMaxPages = 3;
 
-// Buffer 7: 1 GiB at a 16-byte-aligned fake address; events 5 and 6 of session 1.
+// Buffer 7: 1 GiB at a 16-byte-aligned fake address; it and events 5 and 6 belong to session 1.
 class FakeBuffers final : public BufferResolver {
  public:
-  absl::StatusOr<BufferLease> Acquire(uint64_t id, uint64_t offset, uint64_t extent) override {
+  absl::StatusOr<BufferLease> Acquire(uint64_t id, uint64_t offset, uint64_t extent,
+                                      uint64_t session) override {
     if (id != 7) return absl::NotFoundError("buffer is not registered");
+    if (session != 1) return absl::PermissionDeniedError("belongs to another session");
     if (offset + extent > (uint64_t{1} << 30)) return absl::InvalidArgumentError("past the end");
     return BufferLease{reinterpret_cast<char*>(0x100000) + offset, 0, nullptr};
   }
   absl::StatusOr<EventLease> AcquireEvent(uint64_t id, uint64_t session) override {
+    if (id == 8) return absl::PermissionDeniedError("belongs to another session");  // session 2's
     if (id != 5 && id != 6) return absl::NotFoundError("event is not registered");
     if (session != 1) return absl::PermissionDeniedError("belongs to another session");
     return EventLease{reinterpret_cast<void*>(0x500 + id), nullptr};
@@ -43,6 +46,7 @@ std::string Bytes(const std::vector<T>& values) {
 
 v1::VerifyRequest Good() {
   v1::VerifyRequest r;
+  r.set_session_id(1);
   Device(r.mutable_q(), v1::DTYPE_BFLOAT16, {kBatch, kSq, kHq, 576}, 0);
   Device(r.mutable_kv_cache(), v1::DTYPE_BFLOAT16, {kPages, 64, 576}, 1 << 20);
   Device(r.mutable_out(), v1::DTYPE_BFLOAT16, {kBatch, kSq, kHq, 512}, 64 << 20);
@@ -173,11 +177,11 @@ TEST(VerifyJobTest, EveryRefusal) {
          Device(r.mutable_compare_to(), v1::DTYPE_BFLOAT16, {kBatch, kSq, kHq, 576}, 0);
        },
        absl::StatusCode::kInvalidArgument, "compare_to: shape must be [b, s_q, h_q, 512]"},
-      {[](auto& r) { r.set_ready_event(5); }, absl::StatusCode::kInvalidArgument,
-       "ready_event: events belong to a session"},
+      {[](auto& r) { r.set_session_id(0); }, absl::StatusCode::kPermissionDenied,
+       "q: belongs to another session"},
       {[](auto& r) {
-         r.set_session_id(2);
-         r.set_done_event(6);
+         r.set_session_id(1);
+         r.set_done_event(8);
        },
        absl::StatusCode::kPermissionDenied, "done_event: belongs to another session"},
   };

@@ -4,12 +4,15 @@
 #include <grpcpp/grpcpp.h>
 #include <grpcpp/health_check_service_interface.h>
 #include <signal.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
 #include <filesystem>
+#include <fstream>
 #include <memory>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -47,6 +50,53 @@ LogLevel ParseLogLevel(const std::string& name) {
   if (name == "warning") return LogLevel::kWarning;
   if (name == "error") return LogLevel::kError;
   return LogLevel::kInfo;
+}
+
+// The whole content of a file, or an error naming the flag.
+absl::StatusOr<std::string> ReadFlagFile(const char* flag, const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return absl::NotFoundError(absl::StrCat("--", flag, "=", path, ": cannot open"));
+  std::ostringstream content;
+  content << in.rdbuf();
+  if (content.str().empty()) {
+    return absl::InvalidArgumentError(absl::StrCat("--", flag, "=", path, ": empty"));
+  }
+  return content.str();
+}
+
+// TCP listeners: TLS (mutual with a client CA) when configured, else plaintext. Unix sockets are
+// always plaintext (their file mode guards them).
+absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> TcpCredentials(const Config& config) {
+  if (config.tls_cert_file.empty()) return grpc::InsecureServerCredentials();
+  absl::StatusOr<std::string> cert = ReadFlagFile("tls-cert", config.tls_cert_file);
+  if (!cert.ok()) return cert.status();
+  absl::StatusOr<std::string> key = ReadFlagFile("tls-key", config.tls_key_file);
+  if (!key.ok()) return key.status();
+  const bool mutual = !config.tls_client_ca_file.empty();
+  grpc::SslServerCredentialsOptions options(
+      mutual ? GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY
+             : GRPC_SSL_DONT_REQUEST_CLIENT_CERTIFICATE);
+  if (mutual) {
+    absl::StatusOr<std::string> ca = ReadFlagFile("tls-client-ca", config.tls_client_ca_file);
+    if (!ca.ok()) return ca.status();
+    options.pem_root_certs = *ca;
+  }
+  options.pem_key_cert_pairs.push_back({*key, *cert});
+  return grpc::SslServerCredentials(options);
+}
+
+// The admin token: the first line of --admin-token-file, without surrounding white space.
+absl::StatusOr<std::string> AdminToken(const Config& config) {
+  if (config.admin_token_file.empty()) return std::string();
+  absl::StatusOr<std::string> content = ReadFlagFile("admin-token-file", config.admin_token_file);
+  if (!content.ok()) return content.status();
+  const std::string token(absl::StripAsciiWhitespace(content->substr(0, content->find('\n'))));
+  if (token.size() < 16) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--admin-token-file=", config.admin_token_file,
+                     ": the token (first line) must be at least 16 characters"));
+  }
+  return token;
 }
 
 std::string UnixPath(const std::string& address) {
@@ -147,9 +197,21 @@ int RunServer(const Config& config) {
   // gRPC sets SO_REUSEPORT by default: a second sidecar would then share the port and silently
   // take half the traffic. A port in use must fail the start instead.
   builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
+  absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> tcp_credentials = TcpCredentials(config);
+  absl::StatusOr<std::string> admin_token = AdminToken(config);
+  for (const absl::Status& s : {tcp_credentials.status(), admin_token.status()}) {
+    if (!s.ok()) {
+      LogError("cannot start: %s", s.message());
+      executor->Shutdown();
+      return 1;
+    }
+  }
   std::vector<int> ports(config.listen.size(), 0);
   for (size_t i = 0; i < config.listen.size(); ++i) {
-    builder.AddListeningPort(config.listen[i], grpc::InsecureServerCredentials(), &ports[i]);
+    const bool unix_socket = absl::StartsWith(config.listen[i], "unix:");
+    builder.AddListeningPort(config.listen[i],
+                             unix_socket ? grpc::InsecureServerCredentials() : *tcp_credentials,
+                             &ports[i]);
   }
 
   ServiceEnv env;
@@ -158,9 +220,14 @@ int RunServer(const Config& config) {
   env.probes = &probes;
   env.executor = executor.get();
   env.metrics = &metrics;
+  env.admin_token = *admin_token;
   ProbeSidecarService service(env);
   builder.RegisterService(&service);
+  // The Unix sockets are created with --unix-socket-mode from the start (no window in which the
+  // umask's wider mode applies), then set to it exactly.
+  const mode_t old_umask = ::umask(0777 & ~config.unix_socket_mode);
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
+  ::umask(old_umask);
   if (server == nullptr) {
     LogError("cannot start: could not listen on %s", absl::StrJoin(config.listen, ", "));
     executor->Shutdown();
@@ -181,6 +248,15 @@ int RunServer(const Config& config) {
     }
   }
   service.SetListening(listening);
+  for (const std::string& address : config.listen) {
+    if (const std::string path = UnixPath(address);
+        !path.empty() && ::chmod(path.c_str(), config.unix_socket_mode) != 0) {
+      LogError("cannot start: chmod %o %s: %s", config.unix_socket_mode, path, strerror(errno));
+      server->Shutdown();
+      executor->Shutdown();
+      return 1;
+    }
+  }
 
   grpc::HealthCheckServiceInterface* health = server->GetHealthCheckService();
   health->SetServingStatus(true);

@@ -3,6 +3,7 @@
 #include <memory>
 #include <utility>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "server/buffers/buffer_registry.h"
 #include "server/config/version.h"
@@ -27,6 +28,24 @@ v1::DType ToProtoDType(common::DType dtype) {
 
 // Administrative work waiting for the control worker; past this, such RPCs are refused.
 constexpr size_t kControlQueue = 1024;
+
+// Equal strings, in time that depends only on their lengths (the admin token).
+bool ConstantTimeEquals(const std::string& a, const std::string& b) {
+  unsigned char diff = a.size() == b.size() ? 0 : 1;
+  const size_t n = std::min(a.size(), b.size());
+  for (size_t i = 0; i < n; ++i) diff |= static_cast<unsigned char>(a[i] ^ b[i]);
+  return diff == 0;
+}
+
+// gRPC's peer strings: "unix:...", "ipv4:127.0.0.1:port", "ipv6:[::1]:port" (or %5B::1%5D).
+bool IsLocalPeer(absl::string_view peer) {
+  return absl::StartsWith(peer, "unix:") || absl::StartsWith(peer, "ipv4:127.") ||
+         absl::StartsWith(peer, "ipv6:[::1]") || absl::StartsWith(peer, "ipv6:%5B::1%5D") ||
+         absl::StartsWith(peer, "ipv6:[::ffff:127.") ||
+         absl::StartsWith(peer, "ipv6:%5B::ffff:127.");
+}
+
+std::string QuotePeer(absl::string_view peer) { return absl::StrCat("'", peer.substr(0, 80), "'"); }
 
 }  // namespace
 
@@ -80,6 +99,46 @@ bool ProbeSidecarService::WaitUntilIdle(absl::Time deadline) {
 }
 
 void ProbeSidecarService::StopControlWorker() { control_.Shutdown(); }
+
+absl::Status ProbeSidecarService::AuthorizeAdmin(grpc::CallbackServerContext* context) const {
+  const std::string& token = env_.admin_token;
+  const std::string& identity = env_.config.admin_tls_identity;
+  if (token.empty() && identity.empty()) return absl::OkStatus();
+  bool presented = false;
+  if (!token.empty()) {
+    const auto& metadata = context->client_metadata();
+    if (auto it = metadata.find("authorization"); it != metadata.end()) {
+      presented = true;
+      const std::string given(it->second.data(), it->second.size());
+      if (ConstantTimeEquals(given, absl::StrCat("Bearer ", token))) return absl::OkStatus();
+    }
+  }
+  if (!identity.empty()) {
+    std::shared_ptr<const grpc::AuthContext> auth = context->auth_context();
+    if (auth != nullptr && auth->IsPeerAuthenticated()) {
+      presented = true;
+      for (const grpc::string_ref& name : auth->FindPropertyValues("x509_common_name")) {
+        if (std::string(name.data(), name.size()) == identity) return absl::OkStatus();
+      }
+    }
+  }
+  if (!presented) {
+    return absl::UnauthenticatedError(
+        "loading and unloading probe sets needs the admin token (metadata 'authorization: Bearer "
+        "<token>') or the admin's TLS client certificate");
+  }
+  return absl::PermissionDeniedError("these credentials may not load or unload probe sets");
+}
+
+absl::Status ProbeSidecarService::CheckLocalPeer(grpc::CallbackServerContext* context) const {
+  if (env_.config.allow_remote_ipc) return absl::OkStatus();
+  const std::string peer = context->peer();
+  if (IsLocalPeer(peer)) return absl::OkStatus();
+  return absl::PermissionDeniedError(
+      absl::StrCat("CUDA IPC registrations are accepted from this host only (Unix socket or "
+                   "loopback), not from ",
+                   QuotePeer(peer), "; start the server with --allow-remote-ipc to accept them"));
+}
 
 absl::Status ProbeSidecarService::Draining() const {
   if (!draining_.load()) return absl::OkStatus();
@@ -149,6 +208,10 @@ grpc::ServerUnaryReactor* ProbeSidecarService::AnswerFromControlWorker(
 grpc::ServerUnaryReactor* ProbeSidecarService::RegisterBuffer(
     grpc::CallbackServerContext* context, const v1::RegisterBufferRequest* request,
     v1::RegisterBufferResponse* response) {
+  if (absl::Status local = CheckLocalPeer(context); !local.ok()) {
+    env_.metrics->RpcStarted(Rpc::kRegisterBuffer);
+    return Answer(context, Rpc::kRegisterBuffer, Clock::now(), local);
+  }
   BufferRegistry* buffers = env_.executor->buffers();
   if (buffers == nullptr) {
     env_.metrics->RpcStarted(Rpc::kRegisterBuffer);
@@ -185,8 +248,8 @@ grpc::ServerUnaryReactor* ProbeSidecarService::UnregisterBuffer(
   // Closing an allocation (cudaIpcCloseMemHandle) is driver work: not on a gRPC thread.
   return AnswerFromControlWorker(context, Rpc::kUnregisterBuffer, /*refuse_while_draining=*/false,
                                  [buffers, request, response](Finish finish) {
-                                   absl::StatusOr<bool> deferred =
-                                       buffers->Unregister(request->buffer_id());
+                                   absl::StatusOr<bool> deferred = buffers->Unregister(
+                                       request->buffer_id(), request->session_id());
                                    if (deferred.ok()) {
                                      response->set_deferred(*deferred);
                                      LogInfo("unregistered buffer %d%s", request->buffer_id(),
@@ -199,6 +262,10 @@ grpc::ServerUnaryReactor* ProbeSidecarService::UnregisterBuffer(
 grpc::ServerUnaryReactor* ProbeSidecarService::RegisterEvent(
     grpc::CallbackServerContext* context, const v1::RegisterEventRequest* request,
     v1::RegisterEventResponse* response) {
+  if (absl::Status local = CheckLocalPeer(context); !local.ok()) {
+    env_.metrics->RpcStarted(Rpc::kRegisterEvent);
+    return Answer(context, Rpc::kRegisterEvent, Clock::now(), local);
+  }
   BufferRegistry* buffers = env_.executor->buffers();
   if (buffers == nullptr) {
     env_.metrics->RpcStarted(Rpc::kRegisterEvent);
@@ -249,6 +316,10 @@ grpc::ServerUnaryReactor* ProbeSidecarService::ListBuffers(
 grpc::ServerUnaryReactor* ProbeSidecarService::LoadProbeSet(grpc::CallbackServerContext* context,
                                                             const v1::LoadProbeSetRequest* request,
                                                             v1::LoadProbeSetResponse* response) {
+  if (absl::Status admin = AuthorizeAdmin(context); !admin.ok()) {
+    env_.metrics->RpcStarted(Rpc::kLoadProbeSet);
+    return Answer(context, Rpc::kLoadProbeSet, Clock::now(), admin);
+  }
   // Reading the file, uploading the weights and capturing graphs all wait (disk, device): the
   // control worker loads, the executor's workers capture, and the last of them answers.
   return AnswerFromControlWorker(
@@ -289,6 +360,10 @@ grpc::ServerUnaryReactor* ProbeSidecarService::LoadProbeSet(grpc::CallbackServer
 grpc::ServerUnaryReactor* ProbeSidecarService::UnloadProbeSet(
     grpc::CallbackServerContext* context, const v1::UnloadProbeSetRequest* request,
     v1::UnloadProbeSetResponse* /*response*/) {
+  if (absl::Status admin = AuthorizeAdmin(context); !admin.ok()) {
+    env_.metrics->RpcStarted(Rpc::kUnloadProbeSet);
+    return Answer(context, Rpc::kUnloadProbeSet, Clock::now(), admin);
+  }
   return AnswerFromControlWorker(context, Rpc::kUnloadProbeSet, /*refuse_while_draining=*/false,
                                  [this, request](Finish finish) {
                                    absl::Status status = env_.probes->Unload(request->name());

@@ -31,6 +31,8 @@ namespace probesidecar::server {
 struct ServiceEnv {
   Config config;
   std::string metrics_listening;  // the bound metrics address, "" when off
+  // Read from --admin-token-file at start ("" when not set).
+  std::string admin_token;
   ProbeRegistry* probes = nullptr;
   Executor* executor = nullptr;
   Metrics* metrics = nullptr;
@@ -133,6 +135,13 @@ class ProbeSidecarService final : public v1::ProbeSidecar::CallbackService {
 
   // UNAVAILABLE once draining.
   absl::Status Draining() const;
+  // Administrative RPCs (loading and unloading probe sets): OK without --admin-token-file and
+  // --admin-tls-identity; else the caller must present the token or the mutual-TLS identity
+  // (UNAUTHENTICATED without credentials, PERMISSION_DENIED with wrong ones).
+  absl::Status AuthorizeAdmin(grpc::CallbackServerContext* context) const;
+  // IPC registrations come from this host: Unix socket or loopback TCP peers (PERMISSION_DENIED
+  // otherwise, unless --allow-remote-ipc).
+  absl::Status CheckLocalPeer(grpc::CallbackServerContext* context) const;
 
   const ServiceEnv env_;
   const std::chrono::steady_clock::time_point started_;

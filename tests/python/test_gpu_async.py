@@ -99,7 +99,7 @@ def test_invalid_device_rows_give_nan_and_a_clear_error(setup):
         rows = torch.tensor([1, T, 2, -5], device="cuda", dtype=torch.int32)
         out = torch.zeros(4, P, device="cuda")
         # Synchronous (no done event): the answer says which rows were bad.
-        request = score_pb2.ScoreRequest(probe_set="p16")
+        request = score_pb2.ScoreRequest(probe_set="p16", session_id=tc.session_id)
         request.activations.CopyFrom(tc.tensor_ref(x))
         request.device_rows.CopyFrom(tc._ref_1d(rows))
         request.output.CopyFrom(tc.tensor_ref(out))

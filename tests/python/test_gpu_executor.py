@@ -39,7 +39,7 @@ def test_control_rpcs_answer_while_every_stream_slot_is_busy():
         x = torch.randn(T, H, device="cuda", dtype=torch.bfloat16)
         out = torch.full((R, P), float("nan"), device="cuda")
         rows = torch.randperm(T)[:R].tolist()
-        request = score_pb2.ScoreRequest(probe_set="big", rows=rows)
+        request = score_pb2.ScoreRequest(probe_set="big", rows=rows, session_id=tc.session_id)
         request.activations.CopyFrom(tc.tensor_ref(x))
         request.output.CopyFrom(tc.tensor_ref(out))
         torch.cuda.synchronize()

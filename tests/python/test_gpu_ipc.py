@@ -152,17 +152,20 @@ def test_bad_references_are_refused(tclient, probe_sets):
     assert error.value.code == grpc.StatusCode.INVALID_ARGUMENT
     ref = tclient.tensor_ref(x)
     ref.shape[0] = 10**6  # extent past the registered window
-    request = score_pb2.ScoreRequest(probe_set="p1", rows=[0], activations=ref)
+    request = score_pb2.ScoreRequest(probe_set="p1", rows=[0], activations=ref,
+                                     session_id=tclient.session_id)
     with pytest.raises(ProbeSidecarError) as error:
         tclient.client._call(tclient.client.stub.Score, request)
     assert error.value.code == grpc.StatusCode.INVALID_ARGUMENT and "past the end" in error.value.message
     ref.shape[0] = 4  # leaves room in the window, so the offset's alignment is what is wrong
     ref.buffer.offset_bytes = 1  # misaligned
-    request = score_pb2.ScoreRequest(probe_set="p1", rows=[0], activations=ref)
+    request = score_pb2.ScoreRequest(probe_set="p1", rows=[0], activations=ref,
+                                     session_id=tclient.session_id)
     with pytest.raises(ProbeSidecarError) as error:
         tclient.client._call(tclient.client.stub.Score, request)
     assert "misaligned" in error.value.message
-    bogus = buffers_pb2.RegisterBufferRequest(handle=b"\x07" * 64, byte_size=16)
+    bogus = buffers_pb2.RegisterBufferRequest(handle=b"\x07" * 64, byte_size=16,
+                                              session_id=tclient.session_id)
     with pytest.raises(ProbeSidecarError) as error:
         tclient.client._call(tclient.client.stub.RegisterBuffer, bogus)
     assert error.value.code == grpc.StatusCode.INVALID_ARGUMENT and "cudaIpcOpenMemHandle" in error.value.message
@@ -182,7 +185,7 @@ def test_unregister_while_in_flight_is_deferred(probe_sets):
         rows = torch.randint(0, 16384, (8192,)).tolist()
         ref = reference(x, rows, weight, bias, activation)
         buffer_id = tc.register(x).buffer_id
-        request = score_pb2.ScoreRequest(probe_set="p1024", rows=rows)
+        request = score_pb2.ScoreRequest(probe_set="p1024", rows=rows, session_id=tc.session_id)
         request.activations.CopyFrom(tc.tensor_ref(x))
         torch.cuda.synchronize()
         # 24 requests in flight at once (each a [8192, 4096] x [4096, 1024] GEMM): the server
@@ -266,3 +269,21 @@ def test_graph_cache_replays(sidecar, tclient, probe_sets):
     # most once per slot, and every other request replays.
     assert after.captures - before.captures <= 4
     assert after.hits - before.hits >= 20 - (after.captures - before.captures)
+
+
+def test_another_sessions_buffer_is_refused(sidecar, probe_sets):
+    """One tenant cannot read (or write) another's memory: a buffer is usable only by the session
+    that registered it, and only that session may unregister it."""
+    with TorchClient(sidecar.uds_target) as a, TorchClient(sidecar.uds_target) as b:
+        x = torch.randn(64, H, device="cuda", dtype=torch.bfloat16)
+        registration = a.register(x)
+        request = score_pb2.ScoreRequest(probe_set="p1", rows=[0], activations=a.tensor_ref(x),
+                                         session_id=b.session_id)
+        with pytest.raises(ProbeSidecarError) as error:
+            b.client._call(b.client.stub.Score, request)
+        assert error.value.code == grpc.StatusCode.PERMISSION_DENIED
+        with pytest.raises(ProbeSidecarError) as error:
+            b.client._call(b.client.stub.UnregisterBuffer, buffers_pb2.UnregisterBufferRequest(
+                buffer_id=registration.buffer_id, session_id=b.session_id))
+        assert error.value.code == grpc.StatusCode.PERMISSION_DENIED
+        assert a.score(x, [0], "p1").scores.shape == (1, 1)  # still the owner's

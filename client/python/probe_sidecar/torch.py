@@ -161,7 +161,8 @@ class TorchClient:
         for registration, _ in list(self._registered.values()):
             try:
                 self.client.stub.UnregisterBuffer(
-                    buffers_pb2.UnregisterBufferRequest(buffer_id=registration.buffer_id), timeout=10
+                    buffers_pb2.UnregisterBufferRequest(buffer_id=registration.buffer_id,
+                                                        session_id=self.session_id), timeout=10
                 )
             except grpc.RpcError:
                 pass  # the session's end releases it anyway
@@ -208,7 +209,8 @@ class TorchClient:
             raise KeyError("tensor's storage is not registered")
         with self._lock:
             self._templates.clear()  # they may name this buffer
-        request = buffers_pb2.UnregisterBufferRequest(buffer_id=entry[0].buffer_id)
+        request = buffers_pb2.UnregisterBufferRequest(buffer_id=entry[0].buffer_id,
+                                                      session_id=self.session_id)
         return self.client._call(self.client.stub.UnregisterBuffer, request).deferred
 
     def tensor_ref(self, tensor: torch.Tensor) -> tensor_pb2.TensorRef:
@@ -243,7 +245,8 @@ class TorchClient:
         """
         if isinstance(rows, torch.Tensor):
             rows = rows.detach().cpu().numpy()
-        request = score_pb2.ScoreRequest(probe_set=probe_set, request_id=request_id)
+        request = score_pb2.ScoreRequest(probe_set=probe_set, request_id=request_id,
+                                         session_id=self.session_id)
         request.activations.CopyFrom(self.tensor_ref(hidden_states))
         request.rows.extend(rows_array(rows).tolist())
         if out is not None:
@@ -400,7 +403,7 @@ class TorchClient:
                probe_set)
         template = self._templates.get(key)
         if template is None:
-            template = score_pb2.ScoreRequest(probe_set=probe_set)
+            template = score_pb2.ScoreRequest(probe_set=probe_set, session_id=self.session_id)
             template.activations.CopyFrom(self.tensor_ref(hidden_states))
             if device_rows:
                 if rows.dtype != torch.int32 or rows.dim() != 1 or not rows.is_contiguous():

@@ -84,7 +84,9 @@ class CudaExecutor final : public Executor {
         device_name_(std::move(device_name)),
         mps_(mps),
         opener_(config.device),
-        buffers_(config.device, &opener_),
+        buffers_(config.device, &opener_,
+                 BufferRegistryLimits{4096, config.max_session_buffer_bytes,
+                                      config.allow_sessionless_buffers}),
         state_(std::make_shared<SharedState>()) {}
 
   ~CudaExecutor() override { Shutdown(); }
