@@ -484,6 +484,11 @@ absl::StatusOr<SafetensorsFile> SafetensorsFile::Read(const std::string& path,
   const int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOCTTY | O_NONBLOCK);
   if (fd < 0) return ErrnoStatus(errno, path, "open");
   FdCloser closer(fd);
+  return ReadFrom(fd, path, limits);
+}
+
+absl::StatusOr<SafetensorsFile> SafetensorsFile::ReadFrom(int fd, const std::string& path,
+                                                          const SafetensorsLimits& limits) {
   struct stat st;
   if (fstat(fd, &st) != 0) return ErrnoStatus(errno, path, "stat");
   if (!S_ISREG(st.st_mode))

@@ -28,9 +28,9 @@ struct SafetensorsLimits {
 
 struct SafetensorsTensor {
   std::string name;
-  std::string dtype;           // as written: "F32", "F16", "BF16", "I32", ...
+  std::string dtype;  // as written: "F32", "F16", "BF16", "I32", ...
   std::vector<int64_t> shape;
-  uint64_t data_begin = 0;     // bytes, relative to the data section
+  uint64_t data_begin = 0;  // bytes, relative to the data section
   uint64_t data_end = 0;
 };
 
@@ -41,6 +41,10 @@ class SafetensorsFile {
   // Reads and parses a file; the size limit is checked before anything is read.
   static absl::StatusOr<SafetensorsFile> Read(const std::string& path,
                                               const SafetensorsLimits& limits);
+  // The same from a file already open for reading (the caller keeps and closes `fd`); `path`
+  // names it in messages.
+  static absl::StatusOr<SafetensorsFile> ReadFrom(int fd, const std::string& path,
+                                                  const SafetensorsLimits& limits);
 
   const std::vector<SafetensorsTensor>& tensors() const { return tensors_; }
   const std::map<std::string, std::string>& metadata() const { return metadata_; }

@@ -30,7 +30,8 @@ std::shared_ptr<grpc::Channel> MakeChannel(const std::string& target,
   grpc::ChannelArguments args;
   args.SetMaxReceiveMessageSize(options.max_message_bytes);
   args.SetMaxSendMessageSize(options.max_message_bytes);
-  return grpc::CreateCustomChannel(target, grpc::InsecureChannelCredentials(), args);
+  return grpc::CreateCustomChannel(
+      target, options.credentials ? options.credentials : grpc::InsecureChannelCredentials(), args);
 }
 
 }  // namespace
@@ -46,6 +47,13 @@ void Client::Prepare(grpc::ClientContext& context) const {
     context.set_deadline(
         std::chrono::system_clock::now() +
         std::chrono::microseconds(static_cast<int64_t>(options_.timeout_seconds * 1e6)));
+  }
+}
+
+void Client::PrepareAdmin(grpc::ClientContext& context) const {
+  Prepare(context);
+  if (!options_.admin_token.empty()) {
+    context.AddMetadata("authorization", "Bearer " + options_.admin_token);
   }
 }
 
@@ -83,7 +91,7 @@ absl::StatusOr<v1::ProbeSetInfo> Client::LoadProbeSetFromPath(const std::string&
                                                               const std::string& path,
                                                               bool replace) {
   grpc::ClientContext context;
-  Prepare(context);
+  PrepareAdmin(context);
   v1::LoadProbeSetRequest request;
   request.set_name(name);
   request.set_path(path);
@@ -98,7 +106,7 @@ absl::StatusOr<v1::ProbeSetInfo> Client::LoadProbeSetFromBytes(const std::string
                                                                std::string safetensors,
                                                                bool replace) {
   grpc::ClientContext context;
-  Prepare(context);
+  PrepareAdmin(context);
   v1::LoadProbeSetRequest request;
   request.set_name(name);
   request.set_safetensors(std::move(safetensors));
@@ -111,7 +119,7 @@ absl::StatusOr<v1::ProbeSetInfo> Client::LoadProbeSetFromBytes(const std::string
 
 absl::Status Client::UnloadProbeSet(const std::string& name) {
   grpc::ClientContext context;
-  Prepare(context);
+  PrepareAdmin(context);
   v1::UnloadProbeSetRequest request;
   request.set_name(name);
   v1::UnloadProbeSetResponse response;
@@ -122,6 +130,7 @@ ScoreResult ToScoreResult(const v1::ScoreResponse& response) {
   ScoreResult result;
   result.num_rows = response.num_rows();
   result.num_probes = response.num_probes();
+  result.non_finite = response.non_finite_scores();
   result.scores.resize(response.scores().size() / sizeof(float));
   std::memcpy(result.scores.data(), response.scores().data(), result.scores.size() * sizeof(float));
   result.fired.assign(response.fired().begin(), response.fired().end());

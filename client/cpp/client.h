@@ -17,14 +17,20 @@ namespace probesidecar::client {
 struct ClientOptions {
   double timeout_seconds = 30.0;  // per call; <= 0: none
   int max_message_bytes = 64 << 20;
+  // TLS for TCP targets (grpc::SslCredentials); null: plaintext.
+  std::shared_ptr<grpc::ChannelCredentials> credentials;
+  // Sent as "authorization: Bearer <token>" with LoadProbeSet and UnloadProbeSet (a server run
+  // with --admin-token-file); empty: not sent.
+  std::string admin_token;
 };
 
 struct ScoreResult {
   int32_t num_rows = 0;        // R
   int32_t num_probes = 0;      // P
   std::vector<float> scores;   // [R, P]
-  std::vector<int32_t> fired;  // flat indices r * P + p at or above the probe's threshold
+  std::vector<int32_t> fired;  // flat indices r * P + p of finite scores at or above threshold
   std::string kernel_path;
+  int32_t non_finite = 0;  // scores that are NaN or infinite (they never fire)
 };
 
 // An inline activation tensor [rows, cols] (row_stride in elements, 0 = contiguous).
@@ -77,6 +83,8 @@ class Client {
 
  private:
   void Prepare(grpc::ClientContext& context) const;
+  // Prepare, plus the admin token.
+  void PrepareAdmin(grpc::ClientContext& context) const;
 
   ClientOptions options_;
   std::shared_ptr<grpc::Channel> channel_;

@@ -1,10 +1,12 @@
 // probe-client: a command-line client for probe-sidecar.
 //
-//   probe-client [--target ADDR] [--timeout S] COMMAND [ARGS]
+//   probe-client [--target ADDR] [--timeout S] [--tls-ca F [--tls-cert F --tls-key F]]
+//                [--admin-token-file F] COMMAND [ARGS]
 //
 // Commands: health [SERVICE] | info | list | load NAME (--path P | --file F) [--replace] |
 //           unload NAME | score --probe-set NAME (--file F [--tensor T] | --random T,H
 //           [--dtype bf16|fp16|fp32] [--seed N]) [--rows I,J,...] [--json]
+#include <cmath>
 #include <cstdio>
 #include <fstream>
 #include <iostream>
@@ -13,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -26,10 +29,14 @@ namespace probesidecar::client {
 namespace {
 
 constexpr char kUsage[] =
-    "usage: probe-client [--target ADDR] [--timeout SECONDS] COMMAND [ARGS]\n"
+    "usage: probe-client [OPTIONS] COMMAND [ARGS]\n"
     "\n"
-    "  --target ADDR      unix:/path or host:port (default unix:/tmp/probe-sidecar.sock)\n"
-    "  --timeout SECONDS  per call (default 30)\n"
+    "  --target ADDR            unix:/path or host:port (default unix:/tmp/probe-sidecar.sock)\n"
+    "  --timeout SECONDS        per call (default 30)\n"
+    "  --tls-ca FILE            TLS to a TCP target: PEM CA certificates that signed the server's\n"
+    "  --tls-cert FILE          with --tls-key: this client's certificate (mutual TLS)\n"
+    "  --tls-key FILE\n"
+    "  --admin-token-file FILE  sent with load and unload (a server with --admin-token-file)\n"
     "\n"
     "commands:\n"
     "  health [SERVICE]                     grpc.health.v1 Check\n"
@@ -148,7 +155,8 @@ absl::StatusOr<v1::TensorRef> FileActivations(const std::string& path, const std
   const common::SafetensorsTensor* t = nullptr;
   if (!tensor.empty()) {
     t = file->Find(tensor);
-    if (t == nullptr) return absl::NotFoundError(absl::StrCat("no tensor '", tensor, "' in ", path));
+    if (t == nullptr)
+      return absl::NotFoundError(absl::StrCat("no tensor '", tensor, "' in ", path));
   } else if (file->tensors().size() == 1) {
     t = &file->tensors()[0];
   } else {
@@ -232,18 +240,23 @@ int Score(Client& client, const Args& args) {
     for (int32_t r = 0; r < result->num_rows; ++r) {
       absl::StrAppend(&out, r ? ", " : "", "{\"row\": ", rows[r], ", \"scores\": [");
       for (int32_t p = 0; p < result->num_probes; ++p) {
-        absl::StrAppendFormat(&out, "%s%.9g", p ? ", " : "",
-                              result->scores[static_cast<size_t>(r) * result->num_probes + p]);
+        // JSON has no NaN or Infinity: a score that is not finite is null.
+        const float score = result->scores[static_cast<size_t>(r) * result->num_probes + p];
+        if (std::isfinite(score)) {
+          absl::StrAppendFormat(&out, "%s%.9g", p ? ", " : "", score);
+        } else {
+          absl::StrAppend(&out, p ? ", " : "", "null");
+        }
       }
       absl::StrAppend(&out, "]}");
     }
-    absl::StrAppend(&out, "], \"fired\": [", absl::StrJoin(result->fired, ", "), "]}\n");
+    absl::StrAppend(&out, "], \"fired\": [", absl::StrJoin(result->fired, ", "),
+                    "], \"non_finite\": ", result->non_finite, "}\n");
     std::fputs(out.c_str(), stdout);
     return 0;
   }
   std::printf("probe set %s: %d rows x %d probes (kernel path %s; * = at or above threshold)\n",
-              probe_set.c_str(), result->num_rows, result->num_probes,
-              result->kernel_path.c_str());
+              probe_set.c_str(), result->num_rows, result->num_probes, result->kernel_path.c_str());
   std::printf("%8s", "row");
   for (const std::string& name : names) std::printf(" %14s", name.c_str());
   std::printf("\n");
@@ -255,12 +268,18 @@ int Score(Client& client, const Args& args) {
     }
     std::printf("\n");
   }
+  if (result->non_finite > 0) {
+    std::printf("%d scores are not finite (NaN or infinite activations?); they never fire\n",
+                result->non_finite);
+  }
   return 0;
 }
 
 int Run(int argc, char** argv) {
-  std::string target = "unix:/tmp/probe-sidecar.sock";
-  ClientOptions options;
+  // Options before the command, "--name value" or "--name=value".
+  std::map<std::string, std::string> global = {{"target", "unix:/tmp/probe-sidecar.sock"}};
+  static const char* kGlobal[] = {"target",   "timeout", "tls-ca",
+                                  "tls-cert", "tls-key", "admin-token-file"};
   int i = 1;
   for (; i < argc; ++i) {
     std::string arg = argv[i];
@@ -268,18 +287,50 @@ int Run(int argc, char** argv) {
       std::fputs(kUsage, stdout);
       return 0;
     }
-    if (arg == "--target" && i + 1 < argc) {
-      target = argv[++i];
-    } else if (arg.rfind("--target=", 0) == 0) {
-      target = arg.substr(9);
-    } else if ((arg == "--timeout" && i + 1 < argc) || arg.rfind("--timeout=", 0) == 0) {
-      const std::string value = arg == "--timeout" ? argv[++i] : arg.substr(10);
-      if (!absl::SimpleAtod(value, &options.timeout_seconds)) return Fail("--timeout wants seconds");
-    } else {
+    bool matched = false;
+    for (const char* name : kGlobal) {
+      const std::string flag = absl::StrCat("--", name);
+      if (arg == flag && i + 1 < argc) {
+        global[name] = argv[++i];
+      } else if (arg.rfind(flag + "=", 0) == 0) {
+        global[name] = arg.substr(flag.size() + 1);
+      } else {
+        continue;
+      }
+      matched = true;
       break;
     }
+    if (!matched) break;
   }
   if (i >= argc) return Fail("no command");
+  const std::string target = global["target"];
+  ClientOptions options;
+  if (global.count("timeout") && !absl::SimpleAtod(global["timeout"], &options.timeout_seconds)) {
+    return Fail("--timeout wants seconds");
+  }
+  if (global.count("tls-ca")) {
+    grpc::SslCredentialsOptions ssl;
+    for (const auto& [flag, field] :
+         {std::pair{"tls-ca", &ssl.pem_root_certs}, std::pair{"tls-cert", &ssl.pem_cert_chain},
+          std::pair{"tls-key", &ssl.pem_private_key}}) {
+      if (!global.count(flag)) continue;
+      absl::StatusOr<std::string> pem = ReadFile(global[flag]);
+      if (!pem.ok()) return Fail(pem.status());
+      *field = *std::move(pem);
+    }
+    if (ssl.pem_cert_chain.empty() != ssl.pem_private_key.empty()) {
+      return Fail("--tls-cert and --tls-key go together");
+    }
+    options.credentials = grpc::SslCredentials(ssl);
+  } else if (global.count("tls-cert") || global.count("tls-key")) {
+    return Fail("--tls-cert and --tls-key need --tls-ca");
+  }
+  if (global.count("admin-token-file")) {
+    absl::StatusOr<std::string> token = ReadFile(global["admin-token-file"]);
+    if (!token.ok()) return Fail(token.status());
+    options.admin_token =
+        std::string(absl::StripAsciiWhitespace(token->substr(0, token->find('\n'))));
+  }
   const std::string command = argv[i];
   const Args args = ParseArgs(argc, argv, i + 1);
   Client client(target, options);

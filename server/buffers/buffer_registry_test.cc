@@ -242,7 +242,8 @@ TEST_F(BufferRegistryTest, ConcurrentLeasesAndUnregister) {
       }
     });
   }
-  std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  // Unregister while the threads are leasing (not before they started, on a loaded machine).
+  while (ok.load() == 0) std::this_thread::yield();
   ASSERT_TRUE(registry_.Unregister(a->buffer_id(), 0).ok());
   for (std::thread& t : threads) t.join();
   EXPECT_GT(ok.load(), 0);

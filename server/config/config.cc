@@ -251,7 +251,8 @@ const std::vector<Flag>& Flags() {
       {"max-probe-sets", "N", "Probe sets loaded at once (default 256).",
        Count(&Config::max_probe_sets, "max-probe-sets", 1, 1 << 20)},
       {"max-probe-set-bytes", "BYTES",
-       "Weight bytes of all loaded probe sets together, as stored in their files (default 16Gi).",
+       "Bytes of the weights and biases of all loaded probe sets together, as float32 (each set "
+       "is held once in host memory and once on the GPU; default 16Gi).",
        Size(&Config::max_probe_set_bytes, "max-probe-set-bytes", 64, uint64_t{1} << 44)},
       {"strict-probes", nullptr,
        "Fail the start when a file in --probes cannot be loaded (default: skip it, log the error "

@@ -50,16 +50,73 @@ TEST(ConfigTest, ValuesAndSizeSuffixes) {
   EXPECT_TRUE(Parse({"--warmup-rows=none"})->config.warmup_rows.empty());
 }
 
+TEST(ConfigTest, AccessControlAndLimits) {
+  const Config defaults = Parse({})->config;
+  EXPECT_EQ(defaults.unix_socket_mode, 0660u);
+  EXPECT_TRUE(defaults.tls_cert_file.empty());
+  EXPECT_TRUE(defaults.admin_token_file.empty());
+  EXPECT_FALSE(defaults.allow_remote_ipc);
+  EXPECT_FALSE(defaults.allow_sessionless_buffers);
+  EXPECT_EQ(defaults.max_session_buffer_bytes, uint64_t{1} << 40);
+  EXPECT_EQ(defaults.max_probe_sets, 256u);
+  EXPECT_EQ(defaults.max_probe_set_bytes, uint64_t{16} << 30);
+  EXPECT_FALSE(defaults.strict_probes);
+
+  absl::StatusOr<ParsedFlags> parsed =
+      Parse({"--unix-socket-mode=600", "--tls-cert=/c.pem", "--tls-key=/k.pem",
+             "--tls-client-ca=/ca.pem", "--admin-token-file=/t", "--admin-tls-identity=ops",
+             "--allow-remote-ipc", "--allow-sessionless-buffers", "--max-session-buffer-bytes=4Gi",
+             "--max-probe-sets=3", "--max-probe-set-bytes=1Mi", "--strict-probes"});
+  ASSERT_TRUE(parsed.ok()) << parsed.status();
+  const Config& c = parsed->config;
+  EXPECT_EQ(c.unix_socket_mode, 0600u);
+  EXPECT_EQ(c.tls_cert_file, "/c.pem");
+  EXPECT_EQ(c.tls_key_file, "/k.pem");
+  EXPECT_EQ(c.tls_client_ca_file, "/ca.pem");
+  EXPECT_EQ(c.admin_token_file, "/t");
+  EXPECT_EQ(c.admin_tls_identity, "ops");
+  EXPECT_TRUE(c.allow_remote_ipc);
+  EXPECT_TRUE(c.allow_sessionless_buffers);
+  EXPECT_EQ(c.max_session_buffer_bytes, uint64_t{4} << 30);
+  EXPECT_EQ(c.max_probe_sets, 3u);
+  EXPECT_EQ(c.max_probe_set_bytes, uint64_t{1} << 20);
+  EXPECT_TRUE(c.strict_probes);
+  EXPECT_EQ(Parse({"--unix-socket-mode=0666"})->config.unix_socket_mode, 0666u);
+}
+
 TEST(ConfigTest, HelpAndVersion) {
   EXPECT_TRUE(Parse({"--help"})->show_help);
   EXPECT_TRUE(Parse({"--version"})->show_version);
   EXPECT_FALSE(Parse({"--help=1"}).ok());
   const std::string help = HelpText();
-  for (const char* flag :
-       {"--listen", "--metrics-listen", "--probes", "--backend", "--device", "--max-message-bytes",
-        "--max-concurrent-requests", "--max-rows", "--max-probes", "--max-probe-file-bytes",
-        "--cpu-threads", "--cuda-workers", "--graph-cache-entries", "--warmup-rows",
-        "--shutdown-grace-seconds", "--log-level"}) {
+  for (const char* flag : {"--listen",
+                           "--metrics-listen",
+                           "--probes",
+                           "--backend",
+                           "--device",
+                           "--max-message-bytes",
+                           "--max-concurrent-requests",
+                           "--max-rows",
+                           "--max-probes",
+                           "--max-probe-file-bytes",
+                           "--cpu-threads",
+                           "--cuda-workers",
+                           "--graph-cache-entries",
+                           "--warmup-rows",
+                           "--shutdown-grace-seconds",
+                           "--log-level",
+                           "--unix-socket-mode",
+                           "--tls-cert",
+                           "--tls-key",
+                           "--tls-client-ca",
+                           "--admin-token-file",
+                           "--admin-tls-identity",
+                           "--allow-remote-ipc",
+                           "--allow-sessionless-buffers",
+                           "--max-session-buffer-bytes",
+                           "--max-probe-sets",
+                           "--max-probe-set-bytes",
+                           "--strict-probes"}) {
     EXPECT_NE(help.find(flag), std::string::npos) << flag;
   }
 }
@@ -86,6 +143,18 @@ TEST(ConfigTest, BadFlagsNameTheFlag) {
            {{"--warmup-rows=1,x"}, "--warmup-rows=x"},
            {{"--shutdown-grace-seconds=nan"}, "expected seconds"},
            {{"--log-level=loud"}, "expected debug"},
+           {{"--unix-socket-mode=0888"}, "expected an octal mode"},
+           {{"--unix-socket-mode=1777"}, "expected an octal mode"},
+           {{"--unix-socket-mode=rw"}, "expected an octal mode"},
+           {{"--tls-cert=/c.pem"}, "--tls-cert"},
+           {{"--tls-key=/k.pem"}, "--tls-cert"},
+           {{"--tls-client-ca=/ca.pem"}, "--tls-client-ca needs --tls-cert"},
+           {{"--admin-tls-identity=ops"}, "needs mutual TLS"},
+           {{"--tls-cert=/c", "--tls-key=/k", "--admin-tls-identity=ops"}, "needs mutual TLS"},
+           {{"--admin-token-file="}, "--admin-token-file"},
+           {{"--max-probe-sets=0"}, "--max-probe-sets=0"},
+           {{"--max-session-buffer-bytes=0"}, "--max-session-buffer-bytes"},
+           {{"--allow-remote-ipc=yes"}, "--allow-remote-ipc"},
        }) {
     absl::StatusOr<ParsedFlags> parsed = Parse(c.args);
     ASSERT_FALSE(parsed.ok()) << c.args[0];

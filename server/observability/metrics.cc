@@ -262,6 +262,7 @@ struct alignas(kShardAlign) CounterShard {
   std::array<std::array<std::atomic<uint64_t>, kNumCodes>, kNumRpcs> requests{};
   std::array<std::atomic<int64_t>, kNumRpcs> in_flight{};
   std::atomic<uint64_t> cuda_errors{0};
+  std::atomic<uint64_t> non_finite_scores{0};
 };
 
 ClientMetric::Label L(std::string name, std::string value) {
@@ -341,6 +342,7 @@ class Metrics::Impl final : public prometheus::Collectable {
     std::array<std::array<uint64_t, kNumCodes>, kNumRpcs> requests{};
     std::array<int64_t, kNumRpcs> in_flight{};
     uint64_t cuda_errors = 0;
+    uint64_t non_finite_scores = 0;
     for (const CounterShard& shard : shards_) {
       for (int r = 0; r < kNumRpcs; ++r) {
         for (int c = 0; c < kNumCodes; ++c) {
@@ -349,6 +351,7 @@ class Metrics::Impl final : public prometheus::Collectable {
         in_flight[r] += shard.in_flight[r].load(std::memory_order_relaxed);
       }
       cuda_errors += shard.cuda_errors.load(std::memory_order_relaxed);
+      non_finite_scores += shard.non_finite_scores.load(std::memory_order_relaxed);
     }
     MetricFamily& total = out.emplace_back(Family(
         "probesidecar_rpc_requests_total",
@@ -404,6 +407,12 @@ class Metrics::Impl final : public prometheus::Collectable {
                                      "CUDA calls that failed while serving a request.",
                                      MetricType::Counter)),
              static_cast<double>(cuda_errors));
+    AddValue(out.emplace_back(Family(
+                 "probesidecar_non_finite_scores_total",
+                 "Scores returned in responses that were NaN or infinite (their probes never fire; "
+                 "usually NaN or Inf activations).",
+                 MetricType::Counter)),
+             static_cast<double>(non_finite_scores));
     {
       absl::MutexLock lock(&shadow_mu_);
       ClientMetric metric;
@@ -450,6 +459,10 @@ class Metrics::Impl final : public prometheus::Collectable {
     add("probesidecar_invalid_device_rows_total",
         "Row indices read from device buffers that were outside [0, T) (their scores are NaN).",
         MetricType::Counter, s.invalid_device_rows);
+    add("probesidecar_probe_set_load_errors_total",
+        "Files in the probes directory that failed to load at start and were skipped (the log "
+        "names each).",
+        MetricType::Counter, s.probe_set_load_errors);
     add("probesidecar_invalid_verify_requests_total",
         "Verify requests whose device page table or lengths were out of range (checked on the GPU; "
         "they were refused and their outputs are NaN).",
@@ -542,6 +555,11 @@ void Metrics::ShadowCompared(double rel_l2_error, bool mismatched) {
 
 void Metrics::CudaError() {
   impl_->shard(ThreadShard()).cuda_errors.fetch_add(1, std::memory_order_relaxed);
+}
+
+void Metrics::NonFiniteScores(uint64_t count) {
+  if (count == 0) return;
+  impl_->shard(ThreadShard()).non_finite_scores.fetch_add(count, std::memory_order_relaxed);
 }
 
 std::string Metrics::Serialize() const {

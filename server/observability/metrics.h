@@ -16,6 +16,7 @@
 //   probesidecar_score_stage_duration_seconds{stage,probe_set,kernel_path}  histogram
 //       stage: queue, h2d, kernel (GPU time from CUDA events on the CUDA backend), d2h, total
 //   probesidecar_cuda_errors_total                                  counter
+//   probesidecar_non_finite_scores_total                            counter
 //   probesidecar_shadow_rel_l2_error                                histogram (kErrorBucketBounds)
 //   probesidecar_shadow_mismatched_requests_total                   counter
 //   probesidecar_registered_buffers, probesidecar_registered_buffer_bytes,
@@ -26,7 +27,8 @@
 //   probesidecar_graph_cache_capacity                               gauges (MetricsState)
 //   probesidecar_graph_cache_{hits,misses,captures,evictions}_total,
 //   probesidecar_invalid_device_rows_total,
-//   probesidecar_invalid_verify_requests_total                      counters (MetricsState)
+//   probesidecar_invalid_verify_requests_total,
+//   probesidecar_probe_set_load_errors_total                        counters (MetricsState)
 //   probesidecar_build_info{version,git_commit,cuda_runtime,device,backend}  gauge, value 1
 //   probesidecar_start_time_seconds                                 gauge (Unix time)
 //
@@ -116,6 +118,7 @@ struct MetricsState {
   uint64_t queued_requests = 0;          // waiting in the executor's queue for a worker
   uint64_t invalid_device_rows = 0;      // device row indices found outside [0, T) on the GPU
   uint64_t invalid_verify_requests = 0;  // Verify requests whose device tables were out of range
+  uint64_t probe_set_load_errors = 0;    // files of the probes directory skipped at start
   bool mps = false;                      // the CUDA context is an MPS client
   GraphCacheCounters graph_cache;
 };
@@ -151,6 +154,9 @@ class Metrics {
 
   // A CUDA call failed (the request got INTERNAL).
   void CudaError();
+
+  // Scores returned in a response that were NaN or infinite.
+  void NonFiniteScores(uint64_t count);
 
   // One shadow-mode Verify: its relative L2 error and whether any element was beyond the
   // tolerance. Low rate: takes a lock.

@@ -8,6 +8,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "server/probes/open_beneath.h"
 
 namespace probesidecar::server {
 namespace {
@@ -37,60 +38,6 @@ absl::Status FilesystemError(const std::error_code& ec, absl::string_view what) 
   return absl::UnknownError(message);
 }
 
-// True when `path` is `dir` or below it; both are canonical (absolute, no "." or "..", no
-// symlinks). Compares whole components, so "/p/probes2" is not inside "/p/probes".
-bool IsWithin(const fs::path& path, const fs::path& dir) {
-  auto p = path.begin();
-  for (const fs::path& part : dir) {
-    if (p == path.end() || *p != part) return false;
-    ++p;
-  }
-  return true;
-}
-
-// Resolves `path` (relative to `probes_dir`, or absolute) through every symlink and "..", and
-// refuses it unless the result stays inside the resolved probes_dir. A missing file inside is
-// returned as is (the read answers NOT_FOUND); a missing file outside is PERMISSION_DENIED, so that
-// nothing about the rest of the filesystem leaks.
-absl::StatusOr<std::string> ResolveInside(const std::string& probes_dir, absl::string_view path) {
-  if (probes_dir.empty()) {
-    return absl::PermissionDeniedError(
-        "loading probe sets from paths is disabled (the server has no probes directory)");
-  }
-  if (path.empty()) return absl::InvalidArgumentError("empty path");
-  if (path.find('\0') != absl::string_view::npos) {
-    return absl::InvalidArgumentError("path contains a NUL byte");
-  }
-  std::error_code ec;
-  const fs::path base = fs::canonical(probes_dir, ec);
-  if (ec) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("probes directory \"", probes_dir, "\" cannot be resolved: ", ec.message()));
-  }
-  const fs::path requested{std::string(path)};
-  const fs::path candidate = requested.is_absolute() ? requested : base / requested;
-  fs::path resolved = fs::weakly_canonical(candidate, ec);
-  if (ec) return FilesystemError(ec, absl::StrCat("path \"", path, "\""));
-  // weakly_canonical leaves a dangling symlink as it is (its target does not exist yet); open()
-  // would follow it, so follow it here too and hold its target to the same rule.
-  for (int hops = 0;; ++hops) {
-    if (!IsWithin(resolved, base)) {
-      return absl::PermissionDeniedError(
-          absl::StrCat("path \"", path, "\" is outside the probes directory"));
-    }
-    if (!fs::is_symlink(fs::symlink_status(resolved, ec))) break;
-    if (hops == 40) {
-      return absl::InvalidArgumentError(absl::StrCat("path \"", path, "\": too many symlinks"));
-    }
-    fs::path target = fs::read_symlink(resolved, ec);
-    if (ec) return FilesystemError(ec, absl::StrCat("path \"", path, "\""));
-    if (target.is_relative()) target = resolved.parent_path() / target;
-    resolved = fs::weakly_canonical(target, ec);
-    if (ec) return FilesystemError(ec, absl::StrCat("path \"", path, "\""));
-  }
-  return resolved.string();
-}
-
 }  // namespace
 
 ProbeRegistry::ProbeRegistry(std::string probes_dir, ProbeSetLimits limits, PrepareFn prepare)
@@ -105,11 +52,16 @@ absl::StatusOr<std::shared_ptr<const ProbeSet>> ProbeRegistry::LoadFromPath(absl
     return absl::AlreadyExistsError(
         absl::StrCat(SetContext(name), " is already loaded (set replace to swap it)"));
   }
-  absl::StatusOr<std::string> resolved = ResolveInside(probes_dir_, path);
-  if (!resolved.ok()) return WithContext(resolved.status(), SetContext(name));
+  if (probes_dir_.empty()) {
+    return absl::PermissionDeniedError(
+        "loading probe sets from paths is disabled (the server has no probes directory)");
+  }
+  // Opened first, then read from the descriptor: what is read is what was checked.
+  absl::StatusOr<BeneathFile> opened = OpenBeneath(probes_dir_, path);
+  if (!opened.ok()) return WithContext(opened.status(), SetContext(name));
   absl::StatusOr<common::SafetensorsFile> file =
-      common::SafetensorsFile::Read(*resolved, limits_.file);
-  return Publish(name, std::move(file), *resolved, replace);
+      common::SafetensorsFile::ReadFrom(opened->fd(), opened->path(), limits_.file);
+  return Publish(name, std::move(file), opened->path(), replace);
 }
 
 absl::StatusOr<std::shared_ptr<const ProbeSet>> ProbeRegistry::LoadFromBytes(absl::string_view name,
@@ -135,6 +87,11 @@ absl::StatusOr<std::shared_ptr<const ProbeSet>> ProbeRegistry::Publish(
     set = ProbeSetFromSafetensors(name, parsed, std::move(source), limits_);
   }
   if (!set.ok()) return WithContext(set.status(), SetContext(name));
+  // Checked before the prepare hook spends device memory, and again when publishing.
+  {
+    absl::ReaderMutexLock lock(&mu_);
+    if (absl::Status status = CheckCaps(name, **set); !status.ok()) return status;
+  }
   if (prepare_) {
     absl::Status status = prepare_(**set);
     if (!status.ok()) return WithContext(status, SetContext(name));
@@ -143,6 +100,7 @@ absl::StatusOr<std::shared_ptr<const ProbeSet>> ProbeRegistry::Publish(
   std::shared_ptr<const ProbeSet> previous;  // released after the lock: it may free device memory
   {
     absl::MutexLock lock(&mu_);
+    if (absl::Status status = CheckCaps(name, *published); !status.ok()) return status;
     auto it = sets_.find(name);
     if (it != sets_.end()) {
       if (!replace) {
@@ -150,11 +108,33 @@ absl::StatusOr<std::shared_ptr<const ProbeSet>> ProbeRegistry::Publish(
             absl::StrCat(SetContext(name), " is already loaded (set replace to swap it)"));
       }
       previous = std::exchange(it->second, published);
+      total_bytes_ -= previous->weight_bytes();
     } else {
       sets_.emplace(std::string(name), published);
     }
+    total_bytes_ += published->weight_bytes();
   }
   return published;
+}
+
+absl::Status ProbeRegistry::CheckCaps(absl::string_view name, const ProbeSet& set) const {
+  auto it = sets_.find(name);
+  const bool replacing = it != sets_.end();
+  if (!replacing && sets_.size() >= limits_.max_sets) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat(SetContext(name), ": ", sets_.size(),
+                     " probe sets are loaded, the limit (unload one first)"));
+  }
+  const uint64_t after =
+      total_bytes_ - (replacing ? it->second->weight_bytes() : 0) + set.weight_bytes();
+  if (after > limits_.max_total_bytes) {
+    return absl::ResourceExhaustedError(absl::StrCat(SetContext(name), ": its ", set.weight_bytes(),
+                                                     " bytes of weights would bring the loaded "
+                                                     "sets to ",
+                                                     after, " bytes, over the limit of ",
+                                                     limits_.max_total_bytes));
+  }
+  return absl::OkStatus();
 }
 
 absl::Status ProbeRegistry::Unload(absl::string_view name) {
@@ -167,6 +147,7 @@ absl::Status ProbeRegistry::Unload(absl::string_view name) {
       return absl::NotFoundError(absl::StrCat(SetContext(name), " is not loaded"));
     }
     removed = std::move(it->second);
+    total_bytes_ -= removed->weight_bytes();
     sets_.erase(it);
   }
   return absl::OkStatus();
@@ -191,8 +172,14 @@ size_t ProbeRegistry::size() const {
   return sets_.size();
 }
 
-absl::Status ProbeRegistry::LoadDirectory() {
-  if (probes_dir_.empty()) return absl::OkStatus();
+uint64_t ProbeRegistry::total_bytes() const {
+  absl::ReaderMutexLock lock(&mu_);
+  return total_bytes_;
+}
+
+absl::StatusOr<std::vector<absl::Status>> ProbeRegistry::LoadDirectory() {
+  std::vector<absl::Status> failed;
+  if (probes_dir_.empty()) return failed;
   std::error_code ec;
   fs::directory_iterator it(probes_dir_, ec);
   if (ec) return FilesystemError(ec, absl::StrCat("probes directory \"", probes_dir_, "\""));
@@ -203,16 +190,16 @@ absl::Status ProbeRegistry::LoadDirectory() {
   }
   if (ec) return FilesystemError(ec, absl::StrCat("probes directory \"", probes_dir_, "\""));
   std::sort(files.begin(), files.end());
-  absl::Status first_error;
   for (const std::string& file : files) {
     const std::string name = file.substr(0, file.size() - kExtension.size());
     absl::StatusOr<std::shared_ptr<const ProbeSet>> loaded =
         LoadFromPath(name, file, /*replace=*/false);
-    if (!loaded.ok() && first_error.ok()) {
-      first_error = WithContext(loaded.status(), absl::StrCat("loading \"", file, "\""));
+    if (!loaded.ok()) {
+      failed.push_back(
+          WithContext(loaded.status(), absl::StrCat("loading ", common::QuoteForMessage(file))));
     }
   }
-  return first_error;
+  return failed;
 }
 
 }  // namespace probesidecar::server

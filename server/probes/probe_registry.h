@@ -23,12 +23,13 @@ class ProbeRegistry {
   using PrepareFn = std::function<absl::Status(ProbeSet& set)>;
 
   // `probes_dir` bounds LoadFromPath: paths resolve relative to it and must stay inside it
-  // (after symlinks). Empty: path loading is refused.
+  // (open_beneath.h). Empty: path loading is refused. limits.max_sets and max_total_bytes cap
+  // what is loaded at once.
   ProbeRegistry(std::string probes_dir, ProbeSetLimits limits, PrepareFn prepare);
 
   // ALREADY_EXISTS if loaded and !replace; INVALID_ARGUMENT for bad names or files; NOT_FOUND
   // for missing files; PERMISSION_DENIED for paths outside probes_dir; RESOURCE_EXHAUSTED for
-  // files over the size limit.
+  // files over the size limit, or when the set would pass max_sets or max_total_bytes.
   absl::StatusOr<std::shared_ptr<const ProbeSet>> LoadFromPath(absl::string_view name,
                                                                absl::string_view path,
                                                                bool replace);
@@ -41,10 +42,13 @@ class ProbeRegistry {
   // Sorted by name.
   std::vector<std::shared_ptr<const ProbeSet>> List() const;
   size_t size() const;
+  // weight_bytes() of the loaded sets together.
+  uint64_t total_bytes() const;
 
-  // Loads every *.safetensors file of probes_dir, named by its stem; returns the first error
-  // after trying them all.
-  absl::Status LoadDirectory();
+  // Loads every *.safetensors file of probes_dir, named by its stem, in name order. An error
+  // when the directory cannot be read; otherwise the files that failed to load, each with its
+  // status (they are skipped: the others load).
+  absl::StatusOr<std::vector<absl::Status>> LoadDirectory();
 
   const std::string& probes_dir() const { return probes_dir_; }
 
@@ -52,12 +56,16 @@ class ProbeRegistry {
   absl::StatusOr<std::shared_ptr<const ProbeSet>> Publish(
       absl::string_view name, absl::StatusOr<common::SafetensorsFile> file, std::string source,
       bool replace);
+  // RESOURCE_EXHAUSTED when loading `set` as `name` would pass max_sets or max_total_bytes.
+  absl::Status CheckCaps(absl::string_view name, const ProbeSet& set) const
+      ABSL_SHARED_LOCKS_REQUIRED(mu_);
 
   const std::string probes_dir_;
   const ProbeSetLimits limits_;
   const PrepareFn prepare_;
   mutable absl::Mutex mu_;
   std::map<std::string, std::shared_ptr<const ProbeSet>, std::less<>> sets_ ABSL_GUARDED_BY(mu_);
+  uint64_t total_bytes_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
 }  // namespace probesidecar::server

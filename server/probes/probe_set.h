@@ -33,6 +33,9 @@ struct ProbeSetLimits {
   int32_t max_probes = 65536;
   int32_t max_hidden = 65536;
   common::SafetensorsLimits file;
+  // For the registry: sets loaded at once, and their weight_bytes() together.
+  size_t max_sets = 256;
+  uint64_t max_total_bytes = uint64_t{16} << 30;
 };
 
 struct ProbeSet {
@@ -50,6 +53,9 @@ struct ProbeSet {
   // Backend state (e.g. device weights), attached once before the set is published and freed
   // with the last reference.
   std::shared_ptr<const void> backend_state;
+
+  // Bytes of the float32 weight and bias (one copy).
+  uint64_t weight_bytes() const { return (weight.size() + bias.size()) * sizeof(float); }
 };
 
 // Names: [A-Za-z0-9_.-], 1 to 128 characters.

@@ -1,5 +1,6 @@
 // Score and ScoreStream: validation on the gRPC thread, scoring on the executor's workers, which
 // finish the RPC (or write the stream's answer).
+#include <cmath>
 #include <memory>
 #include <utility>
 
@@ -14,18 +15,27 @@
 namespace probesidecar::server {
 namespace {
 
-// Flat indices r * P + p of the scores at or above their probe's threshold.
-void FillFired(const ProbeSet& set, const float* scores, int32_t num_rows,
-               v1::ScoreResponse* response) {
+// Flat indices r * P + p of the finite scores at or above their probe's threshold (a NaN or
+// infinite score comes from input that was not finite: it never fires), and the count of scores
+// that are not finite, which is returned.
+int32_t FillFired(const ProbeSet& set, const float* scores, int32_t num_rows,
+                  v1::ScoreResponse* response) {
+  int32_t non_finite = 0;
   for (int32_t r = 0; r < num_rows; ++r) {
     for (int32_t p = 0; p < set.num_probes; ++p) {
       const std::optional<float>& threshold = set.probes[p].threshold;
       const int64_t index = static_cast<int64_t>(r) * set.num_probes + p;
+      if (!std::isfinite(scores[index])) {
+        ++non_finite;
+        continue;
+      }
       if (threshold.has_value() && scores[index] >= *threshold) {
         response->add_fired(static_cast<int32_t>(index));
       }
     }
   }
+  response->set_non_finite_scores(non_finite);
+  return non_finite;
 }
 
 // ScoreStream: one message at a time (read, score, write, read ...), so responses come back in
@@ -168,7 +178,9 @@ void ProbeSidecarService::RunScore(Rpc rpc, const v1::ScoreRequest* request,
       response->set_num_probes(set.num_probes);
       response->set_kernel_path(timings.kernel_path);
       response->set_enqueued(timings.enqueued);
-      if (job->host_out != nullptr) FillFired(set, job->host_out, job->num_rows, response);
+      if (job->host_out != nullptr) {
+        env_.metrics->NonFiniteScores(FillFired(set, job->host_out, job->num_rows, response));
+      }
       env_.metrics->ScoreStages(set.name, timings, SecondsSince(start));
     } else if (status.code() == absl::StatusCode::kInternal) {
       env_.metrics->CudaError();

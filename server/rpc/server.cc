@@ -131,15 +131,34 @@ int RunServer(const Config& config) {
   ProbeSetLimits limits;
   limits.max_probes = static_cast<int32_t>(config.max_probes);
   limits.file.max_file_bytes = config.max_probe_file_bytes;
+  limits.max_sets = config.max_probe_sets;
+  limits.max_total_bytes = config.max_probe_set_bytes;
   ProbeRegistry probes(probes_dir, limits,
                        [&executor](ProbeSet& set) { return executor->PrepareProbeSet(set); });
-  if (absl::Status s = probes.LoadDirectory(); !s.ok()) {
-    if (!bundled) {
-      LogError("cannot start: loading probe sets from --probes %s: %s", probes_dir, s.message());
+  // A file that does not load is skipped (logged and counted) unless --strict-probes; a probes
+  // directory that cannot be read fails the start.
+  uint64_t probe_set_load_errors = 0;
+  {
+    absl::StatusOr<std::vector<absl::Status>> failed = probes.LoadDirectory();
+    if (!failed.ok() && !bundled) {
+      LogError("cannot start: --probes %s: %s", probes_dir, failed.status().message());
       executor->Shutdown();
       return 1;
     }
-    LogWarning("bundled probe sets not loaded from %s: %s", probes_dir, s.message());
+    if (!failed.ok()) {
+      LogWarning("bundled probe sets not loaded from %s: %s", probes_dir,
+                 failed.status().message());
+    } else {
+      for (const absl::Status& error : *failed) {
+        LogError("%s%s", config.strict_probes ? "cannot start (--strict-probes): " : "skipped: ",
+                 error.message());
+      }
+      probe_set_load_errors = failed->size();
+      if (config.strict_probes && !failed->empty()) {
+        executor->Shutdown();
+        return 1;
+      }
+    }
   }
   std::vector<std::string> loaded;
   for (const auto& set : probes.List()) {
@@ -155,9 +174,10 @@ int RunServer(const Config& config) {
   LogInfo("probe sets from %s: [%s]", probes_dir, absl::StrJoin(loaded, ", "));
 
   BuildInfo build{kVersion, kGitCommit, kCudaRuntime, executor->device_name(), executor->backend()};
-  Metrics metrics(build, [&probes, &executor] {
+  Metrics metrics(build, [&probes, &executor, probe_set_load_errors] {
     MetricsState state;
     state.probe_sets = probes.size();
+    state.probe_set_load_errors = probe_set_load_errors;
     state.graph_cache = executor->graph_cache();
     state.device_memory_bytes = executor->device_memory_bytes();
     state.queued_requests = executor->queued();

@@ -24,10 +24,13 @@ _READY = re.compile(r"serving on (?P<listen>.*?); metrics on (?P<metrics>\S+);")
 
 
 class Sidecar:
-    """One probe-sidecar process. ``args`` are extra flags; listeners are chosen here."""
+    """One probe-sidecar process. ``args`` are extra flags; listeners are chosen here (a
+    ``--listen`` in ``args`` adds one, and the last TCP one becomes ``tcp_target``). ``umask``
+    is the server process's umask."""
 
     def __init__(self, args: list[str] | None = None, *, workdir: pathlib.Path | None = None,
-                 probes_dir: pathlib.Path | None = None, metrics: bool = True):
+                 probes_dir: pathlib.Path | None = None, metrics: bool = True,
+                 umask: int | None = None):
         self._tmp = tempfile.TemporaryDirectory(prefix="probe-sidecar-test-")
         self.workdir = pathlib.Path(workdir or self._tmp.name)
         self.socket = self.workdir / "sidecar.sock"
@@ -38,6 +41,7 @@ class Sidecar:
         if probes_dir is not None:
             flags.append(f"--probes={probes_dir}")
         self.argv = [str(BIN), *flags, *(args or [])]
+        self.umask = umask
         self.process: subprocess.Popen | None = None
         self.tcp_target = ""
         self.metrics_address = ""
@@ -48,7 +52,9 @@ class Sidecar:
 
     def start(self, timeout: float = 30.0) -> "Sidecar":
         self._log = open(self.log_path, "wb")
-        self.process = subprocess.Popen(self.argv, stdout=self._log, stderr=subprocess.STDOUT)
+        umask = self.umask
+        self.process = subprocess.Popen(self.argv, stdout=self._log, stderr=subprocess.STDOUT,
+                                        preexec_fn=None if umask is None else lambda: os.umask(umask))
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             match = _READY.search(self.log())

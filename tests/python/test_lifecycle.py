@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
 import threading
@@ -14,6 +15,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
 from conftest import BIN, DEMO_DIR, Sidecar
+from probe_files import ProbeFile
 from probe_sidecar import ProbeSidecarError
 
 
@@ -28,7 +30,11 @@ def test_help_lists_every_flag():
                  "--max-message-bytes", "--max-concurrent-requests", "--max-rows", "--max-probes",
                  "--max-probe-file-bytes", "--cpu-threads", "--cuda-workers",
                  "--graph-cache-entries", "--warmup-rows", "--shutdown-grace-seconds",
-                 "--log-level", "--version"]:
+                 "--log-level", "--version", "--unix-socket-mode", "--tls-cert", "--tls-key",
+                 "--tls-client-ca", "--admin-token-file", "--admin-tls-identity",
+                 "--allow-remote-ipc", "--allow-sessionless-buffers",
+                 "--max-session-buffer-bytes", "--max-probe-sets", "--max-probe-set-bytes",
+                 "--strict-probes"]:
         assert flag in result.stdout, flag
 
 
@@ -56,11 +62,48 @@ def test_bad_flags_exit_2_with_a_message(args, fragment):
     assert fragment in result.stderr
 
 
-def test_bad_probes_directory_fails_start(tmp_path):
-    (tmp_path / "broken.safetensors").write_bytes(b"\x05\0\0\0\0\0\0\0{oops")
-    result = run_binary(f"--probes={tmp_path}", "--listen=127.0.0.1:0", "--metrics-listen=none")
+def _probes_dir_with_bad_files(tmp_path):
+    probes = tmp_path / "probes"
+    probes.mkdir()
+    (probes / "good.safetensors").write_bytes(ProbeFile(2, 8, seed=1).data)
+    (probes / "broken.safetensors").write_bytes(b"\x05\0\0\0\0\0\0\0{oops")
+    (tmp_path / "secret.safetensors").write_bytes(ProbeFile(2, 8, seed=2).data)
+    (probes / "evil.safetensors").symlink_to(tmp_path / "secret.safetensors")
+    (probes / "unreadable.safetensors").write_bytes(ProbeFile(2, 8, seed=3).data)
+    (probes / "unreadable.safetensors").chmod(0)
+    return probes
+
+
+def test_bad_files_in_probes_are_skipped_logged_and_counted(tmp_path):
+    probes = _probes_dir_with_bad_files(tmp_path)
+    with Sidecar(["--backend=cpu"], probes_dir=probes) as s, s.client() as c:
+        assert [p.name for p in c.list_probe_sets()] == (
+            ["good"] if os.geteuid() != 0 else ["good", "unreadable"])  # root reads mode 0
+        log = s.log()
+        assert 'skipped: loading "broken.safetensors"' in log
+        assert 'skipped: loading "evil.safetensors"' in log and "outside the probes directory" in log
+        errors = 2 if os.geteuid() == 0 else 3
+        assert f"probesidecar_probe_set_load_errors_total {errors}" in s.metrics_text()
+
+
+def test_strict_probes_fails_the_start_on_a_bad_file(tmp_path):
+    probes = _probes_dir_with_bad_files(tmp_path)
+    result = run_binary(f"--probes={probes}", "--strict-probes", "--listen=127.0.0.1:0",
+                        "--metrics-listen=none", "--backend=cpu")
     assert result.returncode == 1
-    assert "broken" in result.stderr
+    assert 'cannot start (--strict-probes): loading "broken.safetensors"' in result.stderr
+    (probes / "broken.safetensors").unlink()
+    (probes / "evil.safetensors").unlink()
+    (probes / "unreadable.safetensors").unlink()
+    with Sidecar(["--backend=cpu", "--strict-probes"], probes_dir=probes) as s, s.client() as c:
+        assert [p.name for p in c.list_probe_sets()] == ["good"]
+
+
+def test_unreadable_probes_directory_fails_start(tmp_path):
+    result = run_binary(f"--probes={tmp_path / 'missing'}", "--listen=127.0.0.1:0",
+                        "--metrics-listen=none", "--backend=cpu")
+    assert result.returncode == 1
+    assert "cannot start: --probes" in result.stderr and "missing" in result.stderr
 
 
 def test_port_in_use_fails_start():

@@ -161,7 +161,7 @@ def test_grafana_provisioning_files():
 
 def test_promtool_checks_the_shipped_config_and_rules():
     assert "SUCCESS" in promtool("check", "config", str(SCRAPE_CONFIG))
-    assert "SUCCESS: 6 rules found" in promtool("check", "rules", str(ALERTS))
+    assert "SUCCESS: 8 rules found" in promtool("check", "rules", str(ALERTS))
     assert "SUCCESS" in promtool("test", "rules", str(ALERTS_TEST))
     scrape = yaml.safe_load(SCRAPE_CONFIG.read_text())
     (job,) = scrape["scrape_configs"]
@@ -461,6 +461,8 @@ def test_alert_rules_load_and_evaluate(stack):
     assert by_name["ProbeSidecarCudaErrors"] == []
     assert by_name["ProbeSidecarShadowMismatch"] == []
     assert by_name["ProbeSidecarWithoutMPS"] == []  # a CPU-backend sidecar: not concerned
+    assert by_name["ProbeSidecarProbeSetsSkipped"] == []
+    assert by_name["ProbeSidecarNonFiniteScores"] == []
     (ratio,) = by_name["ProbeSidecarHighErrorRatio"]
     assert ratio["metric"]["instance"] == stack["instance"] and 0.05 < float(ratio["value"][1]) < 1
     assert all(v <= LARGEST_FINITE_BUCKET for v in values(by_name["ProbeSidecarScoreLatencyHigh"]))

@@ -141,3 +141,37 @@ def test_many_concurrent_clients(sidecar, probe):
     with ThreadPoolExecutor(16) as pool:
         errors = [e for batch in pool.map(one, range(16)) for e in batch]
     assert len(errors) == 160 and max(errors) <= 1e-5
+
+
+def _non_finite_total(sidecar) -> float:
+    for line in sidecar.metrics_text().splitlines():
+        if line.startswith("probesidecar_non_finite_scores_total "):
+            return float(line.split()[1])
+    raise AssertionError("probesidecar_non_finite_scores_total is not exported")
+
+
+@pytest.mark.parametrize("dtype", ["fp32", "fp16", "bf16"])
+def test_non_finite_scores_are_counted_and_never_fire(sidecar, probe, dtype):
+    rng = np.random.default_rng(11)
+    x = rng.standard_normal((6, 384)).astype(np.float32)
+    x[1, 7] = np.nan
+    x[3, 0] = np.inf
+    x[4, 100] = -np.inf
+    sent, exact, kw = _send(x, dtype)
+    rows = [0, 1, 2, 3, 4, 5, 1]
+    ref = probe.reference(exact, rows)
+    expected = int((~np.isfinite(ref)).sum())
+    assert expected >= 5  # rows 1 (twice), 3 and 4: every probe not finite
+    before = _non_finite_total(sidecar)
+    with sidecar.client() as c:
+        result = c.score(sent, rows, "t5", dtype=kw)
+        stream = list(c.score_stream([score_request(sent, rows, "t5", dtype=kw)]))
+    assert result.non_finite == expected == stream[0].non_finite
+    np.testing.assert_array_equal(np.isfinite(result.scores), np.isfinite(ref))
+    # A NaN score never fires; finite rows fire as usual.
+    assert not result.fired[~np.isfinite(result.scores)].any()
+    np.testing.assert_array_equal(result.fired[[0, 2, 5]], probe.fired(ref[[0, 2, 5]]))
+    assert _non_finite_total(sidecar) - before == 2 * expected
+    # Finite requests report zero.
+    with sidecar.client() as c:
+        assert c.score(sent, [0, 2], "t5", dtype=kw).non_finite == 0

@@ -27,9 +27,10 @@ class ProbeSidecarError(Exception):
 @dataclasses.dataclass(frozen=True)
 class ScoreResult:
     scores: np.ndarray  # float32 [R, P], after bias and activation
-    fired: np.ndarray  # bool [R, P]: score >= the probe's threshold
+    fired: np.ndarray  # bool [R, P]: a finite score >= the probe's threshold
     kernel_path: str  # "cpu", "fused_cuda", ...
     request_id: int = 0
+    non_finite: int = 0  # scores that are NaN or infinite (they never fire)
 
 
 def _result(response: score_pb2.ScoreResponse) -> ScoreResult:
@@ -38,7 +39,8 @@ def _result(response: score_pb2.ScoreResponse) -> ScoreResult:
     scores = scores.reshape(rows, probes) if scores.size else np.empty((0, probes), np.float32)
     fired = np.zeros(rows * probes, dtype=bool)
     fired[np.asarray(response.fired, dtype=np.int64)] = True
-    return ScoreResult(scores, fired.reshape(rows, probes), response.kernel_path, response.request_id)
+    return ScoreResult(scores, fired.reshape(rows, probes), response.kernel_path, response.request_id,
+                       response.non_finite_scores)
 
 
 def _raise(error: grpc.RpcError) -> ProbeSidecarError:
@@ -65,6 +67,10 @@ class Client:
 
     ``target`` is a gRPC target: ``unix:///tmp/probe-sidecar.sock`` or ``127.0.0.1:50551``.
     Every call raises ProbeSidecarError on failure.
+
+    ``credentials`` (``grpc.ssl_channel_credentials(...)``) makes a TLS channel to a server run
+    with ``--tls-cert`` (with a client certificate for ``--tls-client-ca``). ``admin_token`` is
+    sent with LoadProbeSet and UnloadProbeSet to a server run with ``--admin-token-file``.
     """
 
     def __init__(
@@ -74,16 +80,21 @@ class Client:
         timeout: float | None = 30.0,
         max_message_bytes: int = 64 << 20,
         channel: grpc.Channel | None = None,
+        credentials: grpc.ChannelCredentials | None = None,
+        admin_token: str | None = None,
+        options: Sequence[tuple[str, object]] = (),
     ):
         self.target = target
         self.timeout = timeout
-        self._channel = channel or grpc.insecure_channel(
-            target,
-            options=[
-                ("grpc.max_receive_message_length", max_message_bytes),
-                ("grpc.max_send_message_length", max_message_bytes),
-            ],
-        )
+        self._admin_metadata = (("authorization", f"Bearer {admin_token}"),) if admin_token else None
+        channel_options = [
+            ("grpc.max_receive_message_length", max_message_bytes),
+            ("grpc.max_send_message_length", max_message_bytes),
+            *options,
+        ]
+        if channel is None and credentials is not None:
+            channel = grpc.secure_channel(target, credentials, options=channel_options)
+        self._channel = channel or grpc.insecure_channel(target, options=channel_options)
         self._stub = sidecar_pb2_grpc.ProbeSidecarStub(self._channel)
 
     @property
@@ -103,9 +114,9 @@ class Client:
     def __exit__(self, *exc) -> None:
         self.close()
 
-    def _call(self, method, request):
+    def _call(self, method, request, metadata=None):
         try:
-            return method(request, timeout=self.timeout)
+            return method(request, timeout=self.timeout, metadata=metadata)
         except grpc.RpcError as error:
             raise _raise(error) from None
 
@@ -142,10 +153,11 @@ class Client:
             request.path = path
         else:
             request.safetensors = data
-        return self._call(self._stub.LoadProbeSet, request).probe_set
+        return self._call(self._stub.LoadProbeSet, request, self._admin_metadata).probe_set
 
     def unload_probe_set(self, name: str) -> None:
-        self._call(self._stub.UnloadProbeSet, probes_pb2.UnloadProbeSetRequest(name=name))
+        self._call(self._stub.UnloadProbeSet, probes_pb2.UnloadProbeSetRequest(name=name),
+                   self._admin_metadata)
 
     def score(
         self,
