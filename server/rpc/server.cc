@@ -268,6 +268,22 @@ int RunServer(const Config& config) {
     }
   }
   service.SetListening(listening);
+  // A listener other hosts can reach, in plaintext or without an admin credential, is allowed
+  // but said out loud.
+  for (const std::string& address : config.listen) {
+    const bool loopback = absl::StartsWith(address, "unix:") ||
+                          absl::StartsWith(address, "127.") || absl::StartsWith(address, "[::1]") ||
+                          absl::StartsWith(address, "localhost:");
+    if (loopback) continue;
+    if (config.tls_cert_file.empty()) {
+      LogWarning("%s is reachable from other hosts in plaintext (no --tls-cert)", address);
+    }
+    if (config.admin_token_file.empty() && config.admin_tls_identity.empty()) {
+      LogWarning("%s: anyone who can connect may load and unload probe sets (no "
+                 "--admin-token-file or --admin-tls-identity)",
+                 address);
+    }
+  }
   for (const std::string& address : config.listen) {
     if (const std::string path = UnixPath(address);
         !path.empty() && ::chmod(path.c_str(), config.unix_socket_mode) != 0) {

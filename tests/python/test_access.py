@@ -256,3 +256,15 @@ def test_ipc_registrations_only_from_this_host():
             for method, request in REGISTRATIONS:
                 code, details = _register_code(remote, method, request)
                 assert code == grpc.StatusCode.FAILED_PRECONDITION, details
+
+
+def test_listeners_reachable_from_other_hosts_are_warned_about():
+    address = _non_loopback_ipv4()
+    if address is None:
+        pytest.skip("this machine has no non-loopback IPv4 address to listen on")
+    with Sidecar(["--backend=cpu", f"--listen={address}:0"]) as s:
+        log = s.log()
+        assert f"{address}:0 is reachable from other hosts in plaintext" in log
+        assert "anyone who can connect may load and unload probe sets" in log
+    with Sidecar(["--backend=cpu"]) as s:  # loopback and the Unix socket only: nothing to say
+        assert "reachable from other hosts" not in s.log()
