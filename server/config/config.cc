@@ -232,7 +232,7 @@ const std::vector<Flag>& Flags() {
          return NonEmpty("admin-tls-identity", v, &c.admin_tls_identity);
        }},
       {"allow-remote-ipc", nullptr,
-       "Accept OpenSession, RegisterBuffer and RegisterEvent from TCP peers not on this host "
+       "Accept RegisterBuffer and RegisterEvent from TCP peers not on this host "
        "(refused by default: CUDA IPC only works on one host).",
        [](absl::string_view, Config& c) {
          c.allow_remote_ipc = true;
