@@ -168,6 +168,22 @@ TEST_F(ScoreJobTest, UnknownProbeSetNameIsQuotedEscapedAndCut) {
   for (char c : status.message()) EXPECT_GE(static_cast<unsigned char>(c), 0x20);
 }
 
+// A row stride near 2^62 wrapped row_stride * element size to 0: one row of 8 floats with 4000
+// bytes of data was refused as needing "between 32 and 0 bytes" (and data that fit was refused).
+TEST_F(ScoreJobTest, HugeRowStrideDoesNotWrapTheInlineSizeBound) {
+  v1::ScoreRequest r = Good();
+  r.clear_rows();
+  r.add_rows(0);
+  r.mutable_activations()->set_shape(0, 1);
+  r.mutable_activations()->set_row_stride(int64_t{1} << 62);
+  r.mutable_activations()->set_data(Floats(1000));
+  EXPECT_TRUE(Prepare(r).ok()) << Prepare(r).status();  // 4000 bytes: within [32, 2^64)
+  r.mutable_activations()->set_data(Floats(7));
+  const absl::Status status = Prepare(r).status();
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(absl::StrContains(status.message(), "needs at least 32 bytes")) << status;
+}
+
 TEST_F(ScoreJobTest, BufferActivationsAndOutputAreLeasedAndChecked) {
   FakeBuffers buffers;
   v1::ScoreRequest r = Good();

@@ -160,17 +160,21 @@ absl::StatusOr<Tensor2D> ResolveTensor2D(const v1::TensorRef& ref, absl::string_
   switch (ref.location_case()) {
     case v1::TensorRef::kData: {
       const std::string& data = ref.data();
-      uint64_t full = 0;  // rows * row_stride * size; may overflow only when extent nearly does
+      // rows * row_stride * size, saturated: a stride near 2^62 wraps row_stride * size alone.
+      uint64_t full = 0;
       if (__builtin_mul_overflow(static_cast<uint64_t>(t.rows),
-                                 static_cast<uint64_t>(t.row_stride) * size, &full)) {
+                                 static_cast<uint64_t>(t.row_stride), &full) ||
+          __builtin_mul_overflow(full, static_cast<uint64_t>(size), &full)) {
         full = UINT64_MAX;
       }
       if (data.size() < *extent || data.size() > full || data.size() % size != 0) {
+        const std::string needs = *extent == full ? absl::StrCat(*extent)
+                                  : full == UINT64_MAX
+                                      ? absl::StrCat("at least ", *extent)
+                                      : absl::StrCat("between ", *extent, " and ", full);
         return absl::InvalidArgumentError(absl::StrCat(
             what, ": inline data holds ", data.size(), " bytes; shape [", t.rows, ", ", t.cols,
-            "] ", common::DTypeName(t.dtype), " with row stride ", t.row_stride, " needs ",
-            *extent == full ? absl::StrCat(*extent)
-                            : absl::StrCat("between ", *extent, " and ", full),
+            "] ", common::DTypeName(t.dtype), " with row stride ", t.row_stride, " needs ", needs,
             " bytes"));
       }
       t.host = data.data();
