@@ -1,13 +1,15 @@
 #!/usr/bin/env python3
 """Writes the hand-made seed corpora of tests/fuzz (run from anywhere; deterministic).
 
-    make_seeds.py            rewrites tests/fuzz/{safetensors,probe_set,ipc_handle,score_request}/corpus/seed-*
+    make_seeds.py    rewrites tests/fuzz/{safetensors,probe_set,ipc_handle,score_request,verify_request}/corpus/seed-*
 
 Good safetensors files come from the real `safetensors` package (the reference writer), edge cases
 are written byte by byte. Score requests are serialized with the Python package's messages and
 name what the fuzz target's fixed world holds (score_request_fuzz.cc): probe sets "p" (F32, P=3,
 H=8) and "h" (BF16, P=2, H=16); buffer 1 (4096 bytes), buffer 2 (1000 bytes at offset 100 of the
 same allocation), buffer 3 (64 bytes); session 1 with events 1 and 2, session 2 with event 3.
+Verify requests likewise name verify_request_fuzz.cc's world: buffers 1 and 2 (4 MiB, the second
+from offset 16), buffers 3 and 4 (4 KiB, the second from offset 4), the same sessions and events.
 buffer_registry's corpus is binary operation sequences, kept from fuzzing runs (`-merge=1`).
 """
 import json
@@ -16,7 +18,7 @@ import struct
 
 import numpy as np
 from safetensors.numpy import save
-from probesidecar.v1 import score_pb2, tensor_pb2
+from probesidecar.v1 import score_pb2, tensor_pb2, verify_pb2
 
 HERE = pathlib.Path(__file__).resolve().parent
 
@@ -155,8 +157,52 @@ def score_request_seeds():
         write("score_request", name, request.SerializeToString())
 
 
+def verify_request_seeds():
+    BF16, F32, I32 = tensor_pb2.DTYPE_BFLOAT16, tensor_pb2.DTYPE_FLOAT32, tensor_pb2.DTYPE_INT32
+    i32 = lambda values: np.array(values, dtype=np.int32).tobytes()
+
+    def good(**changes):
+        r = verify_pb2.VerifyRequest(
+            q=tensor(BF16, [2, 1, 16, 576], buffer=(1, 0)),
+            kv_cache=tensor(BF16, [3, 64, 576], buffer=(1, 1 << 20)),
+            block_table=tensor(I32, [2, 2], i32([0, 2, 1, 0])),
+            cache_seqlens=tensor(I32, [2], i32([70, 1])),
+            softmax_scale=0.0416,
+            out=tensor(BF16, [2, 1, 16, 512], buffer=(2, 0)),
+            lse=tensor(F32, [2, 16, 1], buffer=(3, 0)))
+        for field, value in changes.items():
+            if value is None:
+                r.ClearField(field)
+            elif isinstance(value, tensor_pb2.TensorRef):
+                getattr(r, field).CopyFrom(value)
+            else:
+                setattr(r, field, value)
+        return r
+
+    requests = {
+        "inline-tables": good(),
+        "device-tables": good(block_table=tensor(I32, [2, 2], buffer=(3, 512)),
+                              cache_seqlens=tensor(I32, [2], buffer=(4, 0))),
+        "strided": good(q=tensor(BF16, [2, 2, 16, 576], buffer=(1, 0), row_stride=2 * 16 * 576 + 8),
+                        out=tensor(BF16, [2, 2, 16, 512], buffer=(2, 0), row_stride=2 * 16 * 512 + 64),
+                        lse=tensor(F32, [2, 16, 2], buffer=(3, 0), row_stride=40),
+                        cache_seqlens=tensor(I32, [2], i32([70, 2]))),
+        "shadow": good(out=None, lse=None, shadow_atol=0.01,
+                       compare_to=tensor(BF16, [2, 1, 16, 512], buffer=(2, 1 << 21))),
+        "events": good(session_id=1, ready_event=1, done_event=2),
+        "foreign-event": good(session_id=2, ready_event=1),
+        "misaligned-q": good(q=tensor(BF16, [2, 1, 16, 576], buffer=(2, 2))),
+        "page-past-cache": good(block_table=tensor(I32, [2, 2], i32([0, 3, 1, 0]))),
+        "length-past-table": good(cache_seqlens=tensor(I32, [2], i32([129, 1]))),
+        "kv-past-buffer": good(kv_cache=tensor(BF16, [100, 64, 576], buffer=(1, 0))),
+    }
+    for name, request in requests.items():
+        write("verify_request", name, request.SerializeToString())
+
+
 if __name__ == "__main__":
     safetensors_seeds()
     probe_set_seeds()
     ipc_handle_seeds()
     score_request_seeds()
+    verify_request_seeds()

@@ -16,8 +16,7 @@ seconds="${2:-30}"
 jobs="${FUZZ_JOBS:-$(nproc)}"
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 build="$(cd "$build" && pwd)"
-targets=(safetensors probe_set ipc_handle score_request buffer_registry)
-[[ -x "$build/bin/fuzz_verify_request" ]] && targets+=(verify_request)
+targets=(safetensors probe_set ipc_handle score_request verify_request buffer_registry)
 
 fuzz_one() {
   local name="$1" out="$build/fuzz/$1"
