@@ -184,6 +184,18 @@ TEST_F(ScoreJobTest, HugeRowStrideDoesNotWrapTheInlineSizeBound) {
   EXPECT_TRUE(absl::StrContains(status.message(), "needs at least 32 bytes")) << status;
 }
 
+// The same defect as VerifyJobTest.ALongShapeIsCountedNotListed, in Score's tensor references.
+TEST_F(ScoreJobTest, ALongShapeIsCountedNotListed) {
+  v1::ScoreRequest r = Good();
+  r.mutable_activations()->mutable_shape()->Resize(5000, 7);
+  const absl::Status status = Prepare(r).status();
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(absl::StrContains(status.message(),
+                                "got [4, 8, 7, 7, 7, 7, 7, 7, ... (5000 dimensions)]"))
+      << status;
+  EXPECT_LT(status.message().size(), 200u);
+}
+
 TEST_F(ScoreJobTest, BufferActivationsAndOutputAreLeasedAndChecked) {
   FakeBuffers buffers;
   v1::ScoreRequest r = Good();
