@@ -34,11 +34,22 @@ def raw_file(header, data=b""):
     return struct.pack("<Q", len(header)) + header + data
 
 
+def sorted_metadata(data):
+    """The reference writer orders metadata keys by a hash map: sort them, so seeds are stable."""
+    n = struct.unpack("<Q", data[:8])[0]
+    header = json.loads(data[8:8 + n])
+    if "__metadata__" in header:
+        header["__metadata__"] = dict(sorted(header["__metadata__"].items()))
+    text = json.dumps(header, separators=(",", ":"))
+    text += " " * (-len(text) % 8)
+    return struct.pack("<Q", len(text)) + text.encode() + data[8 + n:]
+
+
 def probe_file(dtype, p, h, metadata=None):
     rng = np.random.default_rng(p * 100 + h)
     weight = rng.standard_normal((p, h)).astype(dtype)
     bias = rng.standard_normal(p).astype(dtype)
-    return save({"weight": weight, "bias": bias}, metadata=metadata)
+    return sorted_metadata(save({"weight": weight, "bias": bias}, metadata=metadata))
 
 
 def safetensors_seeds():
