@@ -18,9 +18,8 @@ inline void CheckRefusalMessage(const absl::Status& status) {
     const unsigned char u = static_cast<unsigned char>(c);
     printable &= u >= 0x20 && u != 0x7f;
   }
-  if (status.code() == absl::StatusCode::kInternal ||
-      status.code() == absl::StatusCode::kUnknown || message.empty() || message.size() > 1024 ||
-      !printable) {
+  if (status.code() == absl::StatusCode::kInternal || status.code() == absl::StatusCode::kUnknown ||
+      message.empty() || message.size() > 1024 || !printable) {
     std::fprintf(stderr, "refusal: code %d, %zu bytes: %.300s\n", static_cast<int>(status.code()),
                  message.size(), std::string(message).c_str());
   }

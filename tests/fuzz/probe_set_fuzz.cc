@@ -21,8 +21,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   limits.max_hidden = 4096;
   limits.file.max_file_bytes = 1 << 20;
   limits.file.max_header_bytes = 1 << 16;
-  absl::StatusOr<probesidecar::common::SafetensorsFile> file = probesidecar::common::SafetensorsFile::Parse(
-      std::string(reinterpret_cast<const char*>(data), size), limits.file);
+  absl::StatusOr<probesidecar::common::SafetensorsFile> file =
+      probesidecar::common::SafetensorsFile::Parse(
+          std::string(reinterpret_cast<const char*>(data), size), limits.file);
   if (!file.ok()) return 0;  // the reader has its own target
 
   absl::StatusOr<std::shared_ptr<probesidecar::server::ProbeSet>> set =

@@ -3,8 +3,8 @@
 // Properties: a refusal is a clean one-line message; an accepted file's tensors tile its data
 // section exactly, each holds prod(shape) * element size bytes that can all be read, names are
 // found, and writing the file back out and reading it again gives the same tensors and metadata.
-#include <cstddef>
 #include <algorithm>
+#include <cstddef>
 #include <cstdint>
 #include <string>
 #include <vector>

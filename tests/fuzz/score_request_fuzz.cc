@@ -65,9 +65,9 @@ struct World {
     };
     const uint64_t s1 = buffers.OpenSession(1);
     const uint64_t s2 = buffers.OpenSession(2);
-    reg('A', 0, 4096, s1);   // buffer 1: a whole 4096-byte allocation
+    reg('A', 0, 4096, s1);    // buffer 1: a whole 4096-byte allocation
     reg('A', 100, 1000, s1);  // buffer 2: a window of it at an odd offset
-    reg('B', 0, 64, s2);     // buffer 3: a small allocation of its own
+    reg('B', 0, 64, s2);      // buffer 3: a small allocation of its own
     for (uint64_t session : {s1, s1, s2}) {
       probesidecar::v1::RegisterEventRequest e;
       e.set_handle(Handle('E'));
@@ -75,13 +75,13 @@ struct World {
       FUZZ_CHECK(buffers.RegisterEvent(e).ok());
     }
     FUZZ_CHECK(probes.LoadFromBytes("p", ProbeSetFile("F32", 3, 8, {}), false).ok());
-    FUZZ_CHECK(probes
-                   .LoadFromBytes("h",
-                                  ProbeSetFile("BF16", 2, 16,
-                                               {{"activation", "sigmoid"},
-                                                {"thresholds", "[0.5, null]"}}),
-                                  false)
-                   .ok());
+    FUZZ_CHECK(
+        probes
+            .LoadFromBytes("h",
+                           ProbeSetFile("BF16", 2, 16,
+                                        {{"activation", "sigmoid"}, {"thresholds", "[0.5, null]"}}),
+                           false)
+            .ok());
   }
   probesidecar::fuzz::FakeIpcOpener opener;
   BufferRegistry buffers;
@@ -166,8 +166,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       FUZZ_CHECK(job->num_rows >= 1 && job->num_rows <= static_cast<int32_t>(limits.max_rows));
       FUZZ_CHECK(job->activations.cols == job->probe_set->hidden);
       if (job->host_out != nullptr) {
-        FUZZ_CHECK(scores.size() == static_cast<size_t>(job->num_rows) *
-                                        job->probe_set->num_probes * sizeof(float));
+        FUZZ_CHECK(scores.size() ==
+                   static_cast<size_t>(job->num_rows) * job->probe_set->num_probes * sizeof(float));
       }
       FUZZ_CHECK((job->ready.event != nullptr) == (request.ready_event() != 0));
       FUZZ_CHECK((job->done.event != nullptr) == (request.done_event() != 0));

@@ -88,9 +88,10 @@ bool Aligned(const BufferLease& lease, uintptr_t bytes) {
 
 int32_t Int32At(const probesidecar::server::Int32Tensor& t, int64_t index) {
   int32_t v = 0;
-  const void* p = t.on_device() ? static_cast<const void*>(static_cast<const int32_t*>(
-                                      t.device.device_ptr) + index)
-                                : static_cast<const void*>(t.host + index);
+  const void* p =
+      t.on_device()
+          ? static_cast<const void*>(static_cast<const int32_t*>(t.device.device_ptr) + index)
+          : static_cast<const void*>(t.host + index);
   std::memcpy(&v, p, sizeof(v));
   return v;
 }
@@ -105,8 +106,8 @@ void CheckJob(const VerifyJob& job) {
   FUZZ_CHECK(job.max_pages >= 1 && job.block_table.batch_stride >= job.max_pages);
   for (int64_t i = 0; i < b; ++i) {
     const int32_t length = Int32At(job.cache_seqlens, i);
-    const int32_t last_page = Int32At(job.block_table, i * job.block_table.batch_stride +
-                                                          job.max_pages - 1);
+    const int32_t last_page =
+        Int32At(job.block_table, i * job.block_table.batch_stride + job.max_pages - 1);
     (void)last_page;
     if (job.cache_seqlens.on_device() || job.block_table.on_device()) continue;  // GPU-checked
     FUZZ_CHECK(length >= job.s_q && length <= int64_t{job.max_pages} * kPageSize);

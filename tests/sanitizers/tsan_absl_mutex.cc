@@ -1,13 +1,15 @@
-// ThreadSanitizer builds only: teaches TSan what absl::Mutex and absl::Notification do.
+// ThreadSanitizer builds only: teaches TSan what absl::Mutex, absl::CondVar and
+// absl::Notification do.
 //
 // Debian's abseil is a shared library built without -fsanitize=thread, so TSan sees neither its
 // atomics nor its futex waits: every access guarded by an absl::Mutex would be reported as a race.
 // abseil's own source annotates itself for TSan (the __tsan_mutex_* calls below) only when it is
-// compiled with TSan. This file interposes on the entry points the project uses: it defines them
-// in the executable, so that both our code and the shared libraries bind to these definitions,
-// adds the same annotations abseil would add, and calls the real function found with
-// dlsym(RTLD_NEXT). Between pre- and post-annotations TSan ignores memory accesses, as it does
-// inside an instrumented abseil (a waiter's Condition may be evaluated by the unlocking thread).
+// compiled with TSan. This file interposes on the entry points the project and gRPC use: it
+// defines them in the executable, so that our code and the shared libraries (gRPC's included) bind
+// to these definitions, adds the same annotations abseil would add, and calls the real function
+// found with dlsym(RTLD_NEXT). Between pre- and post-annotations TSan ignores memory accesses, as
+// it does inside an instrumented abseil (a waiter's Condition may be evaluated by the unlocking
+// thread).
 //
 // Linked into every executable of a PROBESIDECAR_SANITIZE=thread build, never into another.
 #include <dlfcn.h>
@@ -54,6 +56,15 @@ Fn RealFn(const char* cls, const char* rest, const char* nested = "N") {
 
 constexpr unsigned kRead = __tsan_mutex_read_lock;
 
+// abseil calls its own entry points (CondVar::WaitWithTimeout calls WaitWithDeadline, which lands
+// here again): only the outermost call on a thread annotates.
+thread_local int depth = 0;
+struct Outermost {
+  Outermost() : outer(depth++ == 0) {}
+  ~Outermost() { --depth; }
+  const bool outer;
+};
+
 }  // namespace
 
 namespace absl {
@@ -61,55 +72,64 @@ ABSL_NAMESPACE_BEGIN
 
 void Mutex::Lock() {
   static const auto real = RealFn<void (*)(Mutex*)>("5Mutex", "4LockEv");
-  __tsan_mutex_pre_lock(this, 0);
+  const Outermost o;
+  if (o.outer) __tsan_mutex_pre_lock(this, 0);
   real(this);
-  __tsan_mutex_post_lock(this, 0, 0);
+  if (o.outer) __tsan_mutex_post_lock(this, 0, 0);
 }
 
 bool Mutex::TryLock() {
   static const auto real = RealFn<bool (*)(Mutex*)>("5Mutex", "7TryLockEv");
-  __tsan_mutex_pre_lock(this, __tsan_mutex_try_lock);
+  const Outermost o;
+  if (o.outer) __tsan_mutex_pre_lock(this, __tsan_mutex_try_lock);
   const bool locked = real(this);
-  __tsan_mutex_post_lock(
-      this, __tsan_mutex_try_lock | (locked ? 0 : __tsan_mutex_try_lock_failed), 0);
+  if (o.outer) {
+    __tsan_mutex_post_lock(this,
+                           __tsan_mutex_try_lock | (locked ? 0 : __tsan_mutex_try_lock_failed), 0);
+  }
   return locked;
 }
 
 void Mutex::Unlock() {
   static const auto real = RealFn<void (*)(Mutex*)>("5Mutex", "6UnlockEv");
-  __tsan_mutex_pre_unlock(this, 0);
+  const Outermost o;
+  if (o.outer) __tsan_mutex_pre_unlock(this, 0);
   real(this);
-  __tsan_mutex_post_unlock(this, 0);
+  if (o.outer) __tsan_mutex_post_unlock(this, 0);
 }
 
 void Mutex::ReaderLock() {
   static const auto real = RealFn<void (*)(Mutex*)>("5Mutex", "10ReaderLockEv");
-  __tsan_mutex_pre_lock(this, kRead);
+  const Outermost o;
+  if (o.outer) __tsan_mutex_pre_lock(this, kRead);
   real(this);
-  __tsan_mutex_post_lock(this, kRead, 0);
+  if (o.outer) __tsan_mutex_post_lock(this, kRead, 0);
 }
 
 void Mutex::ReaderUnlock() {
   static const auto real = RealFn<void (*)(Mutex*)>("5Mutex", "12ReaderUnlockEv");
-  __tsan_mutex_pre_unlock(this, kRead);
+  const Outermost o;
+  if (o.outer) __tsan_mutex_pre_unlock(this, kRead);
   real(this);
-  __tsan_mutex_post_unlock(this, kRead);
+  if (o.outer) __tsan_mutex_post_unlock(this, kRead);
 }
 
 void Mutex::LockWhen(const Condition& cond) {
   static const auto real =
       RealFn<void (*)(Mutex*, const Condition&)>("5Mutex", "8LockWhenERKNS0_9ConditionE");
-  __tsan_mutex_pre_lock(this, 0);
+  const Outermost o;
+  if (o.outer) __tsan_mutex_pre_lock(this, 0);
   real(this, cond);
-  __tsan_mutex_post_lock(this, 0, 0);
+  if (o.outer) __tsan_mutex_post_lock(this, 0, 0);
 }
 
 bool Mutex::LockWhenWithTimeout(const Condition& cond, absl::Duration timeout) {
   static const auto real = RealFn<bool (*)(Mutex*, const Condition&, absl::Duration)>(
       "5Mutex", "19LockWhenWithTimeoutERKNS0_9ConditionENS0_8DurationE");
-  __tsan_mutex_pre_lock(this, 0);
+  const Outermost o;
+  if (o.outer) __tsan_mutex_pre_lock(this, 0);
   const bool met = real(this, cond, timeout);
-  __tsan_mutex_post_lock(this, 0, 0);  // held on return either way
+  if (o.outer) __tsan_mutex_post_lock(this, 0, 0);  // held on return either way
   return met;
 }
 
@@ -118,43 +138,84 @@ bool Mutex::LockWhenWithTimeout(const Condition& cond, absl::Duration timeout) {
 void Mutex::Await(const Condition& cond) {
   static const auto real =
       RealFn<void (*)(Mutex*, const Condition&)>("5Mutex", "5AwaitERKNS0_9ConditionE");
-  __tsan_mutex_pre_unlock(this, 0);
+  const Outermost o;
+  if (o.outer) __tsan_mutex_pre_unlock(this, 0);
   real(this, cond);
-  __tsan_mutex_post_unlock(this, 0);
-  __tsan_mutex_pre_lock(this, 0);
-  __tsan_mutex_post_lock(this, 0, 0);
+  if (o.outer) __tsan_mutex_post_unlock(this, 0);
+  if (o.outer) __tsan_mutex_pre_lock(this, 0);
+  if (o.outer) __tsan_mutex_post_lock(this, 0, 0);
 }
 
 bool Mutex::AwaitWithTimeout(const Condition& cond, absl::Duration timeout) {
   static const auto real = RealFn<bool (*)(Mutex*, const Condition&, absl::Duration)>(
       "5Mutex", "16AwaitWithTimeoutERKNS0_9ConditionENS0_8DurationE");
-  __tsan_mutex_pre_unlock(this, 0);
+  const Outermost o;
+  if (o.outer) __tsan_mutex_pre_unlock(this, 0);
   const bool met = real(this, cond, timeout);
-  __tsan_mutex_post_unlock(this, 0);
-  __tsan_mutex_pre_lock(this, 0);
-  __tsan_mutex_post_lock(this, 0, 0);
+  if (o.outer) __tsan_mutex_post_unlock(this, 0);
+  if (o.outer) __tsan_mutex_pre_lock(this, 0);
+  if (o.outer) __tsan_mutex_post_lock(this, 0, 0);
   return met;
+}
+
+// CondVar waits release the mutex and hold it again on return, like Await. gRPC's own
+// synchronisation is built on them (it calls these entry points too, so they land here).
+void CondVar::Wait(Mutex* mu) {
+  static const auto real = RealFn<void (*)(CondVar*, Mutex*)>("7CondVar", "4WaitEPNS0_5MutexE");
+  const Outermost o;
+  if (o.outer) __tsan_mutex_pre_unlock(mu, 0);
+  real(this, mu);
+  if (o.outer) __tsan_mutex_post_unlock(mu, 0);
+  if (o.outer) __tsan_mutex_pre_lock(mu, 0);
+  if (o.outer) __tsan_mutex_post_lock(mu, 0, 0);
+}
+
+bool CondVar::WaitWithTimeout(Mutex* mu, absl::Duration timeout) {
+  static const auto real = RealFn<bool (*)(CondVar*, Mutex*, absl::Duration)>(
+      "7CondVar", "15WaitWithTimeoutEPNS0_5MutexENS0_8DurationE");
+  const Outermost o;
+  if (o.outer) __tsan_mutex_pre_unlock(mu, 0);
+  const bool timed_out = real(this, mu, timeout);
+  if (o.outer) __tsan_mutex_post_unlock(mu, 0);
+  if (o.outer) __tsan_mutex_pre_lock(mu, 0);
+  if (o.outer) __tsan_mutex_post_lock(mu, 0, 0);
+  return timed_out;
+}
+
+bool CondVar::WaitWithDeadline(Mutex* mu, absl::Time deadline) {
+  static const auto real = RealFn<bool (*)(CondVar*, Mutex*, absl::Time)>(
+      "7CondVar", "16WaitWithDeadlineEPNS0_5MutexENS0_4TimeE");
+  const Outermost o;
+  if (o.outer) __tsan_mutex_pre_unlock(mu, 0);
+  const bool timed_out = real(this, mu, deadline);
+  if (o.outer) __tsan_mutex_post_unlock(mu, 0);
+  if (o.outer) __tsan_mutex_pre_lock(mu, 0);
+  if (o.outer) __tsan_mutex_post_lock(mu, 0, 0);
+  return timed_out;
 }
 
 // Notify happens before every return from a wait that saw it.
 void Notification::Notify() {
   static const auto real = RealFn<void (*)(Notification*)>("12Notification", "6NotifyEv");
-  __tsan_release(this);
+  const Outermost o;
+  if (o.outer) __tsan_release(this);
   real(this);
 }
 
 void Notification::WaitForNotification() const {
   static const auto real =
       RealFn<void (*)(const Notification*)>("12Notification", "19WaitForNotificationEv", "NK");
+  const Outermost o;
   real(this);
-  __tsan_acquire(const_cast<Notification*>(this));
+  if (o.outer) __tsan_acquire(const_cast<Notification*>(this));
 }
 
 bool Notification::WaitForNotificationWithTimeout(absl::Duration timeout) const {
   static const auto real = RealFn<bool (*)(const Notification*, absl::Duration)>(
       "12Notification", "30WaitForNotificationWithTimeoutENS0_8DurationE", "NK");
+  const Outermost o;
   const bool notified = real(this, timeout);
-  if (notified) __tsan_acquire(const_cast<Notification*>(this));
+  if (o.outer && notified) __tsan_acquire(const_cast<Notification*>(this));
   return notified;
 }
 
