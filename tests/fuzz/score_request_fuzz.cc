@@ -5,7 +5,8 @@
 // the job is run the way the CPU scorer runs it, over every byte the validation promised: inline
 // activations are copied into an exactly sized buffer first, device windows are read and the
 // output window written in place. AddressSanitizer then catches any extent, stride or row that
-// the validation let through wrongly. Every lease is released by the end of each input.
+// the validation let through wrongly, and every device window the job uses must lie inside a
+// window it leased (its extent recomputed here). Every lease is released by the end of each input.
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
@@ -24,6 +25,7 @@
 #include "tests/fuzz/fake_ipc_opener.h"
 #include "tests/fuzz/fuzz_check.h"
 #include "tests/fuzz/message_check.h"
+#include "tests/fuzz/recording_resolver.h"
 
 namespace {
 
@@ -91,13 +93,15 @@ struct World {
 };
 
 // Scores the job on the CPU over exactly the bytes validation promised.
-void RunOnCpu(const ScoreJob& job, const probesidecar::v1::ScoreRequest& request) {
+void RunOnCpu(const ScoreJob& job, const probesidecar::v1::ScoreRequest& request,
+              const probesidecar::fuzz::RecordingResolver& leased) {
   const probesidecar::server::Tensor2D& x = job.activations;
   const int element = probesidecar::common::DTypeSize(x.dtype);
   const uint64_t extent =
       (static_cast<uint64_t>(x.rows - 1) * x.row_stride + x.cols) * static_cast<uint64_t>(element);
   std::unique_ptr<char[]> inline_copy;
   const void* activations = x.device.device_ptr;
+  if (x.on_device()) leased.CheckLeased(activations, extent);
   if (!x.on_device()) {
     // The request's bytes may hold more than the extent (up to rows * row_stride); copy only what
     // was promised, so that a read past it is a heap overflow.
@@ -109,6 +113,7 @@ void RunOnCpu(const ScoreJob& job, const probesidecar::v1::ScoreRequest& request
   std::vector<int32_t> rows(static_cast<size_t>(job.num_rows));
   if (job.rows_on_device()) {
     // Device rows are checked on the GPU; read them, then keep them in range for the scorer.
+    leased.CheckLeased(job.device_rows.device.device_ptr, rows.size() * sizeof(int32_t));
     std::memcpy(rows.data(), job.device_rows.device.device_ptr, rows.size() * sizeof(int32_t));
     for (int32_t& r : rows) r = static_cast<int32_t>(static_cast<uint32_t>(r) % x.rows);
   } else {
@@ -137,6 +142,10 @@ void RunOnCpu(const ScoreJob& job, const probesidecar::v1::ScoreRequest& request
     FUZZ_CHECK(job.device_out.rows == job.num_rows && job.device_out.cols == set.num_probes);
     params.out = static_cast<float*>(job.device_out.device.device_ptr);
     params.out_row_stride = job.device_out.row_stride;
+    leased.CheckLeased(
+        params.out,
+        (static_cast<uint64_t>(job.num_rows - 1) * params.out_row_stride + set.num_probes) *
+            sizeof(float));
   }
   probesidecar::kernels::ScoreProbesCpu(params, 0, job.num_rows);
 }
@@ -155,9 +164,10 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   limits.max_rows = 64;
   limits.max_message_bytes = 1 << 16;
   std::string scores;
+  probesidecar::fuzz::RecordingResolver leased(&world->buffers);
   {
     absl::StatusOr<ScoreJob> job =
-        PrepareScoreJob(request, world->probes, &world->buffers, limits, &scores);
+        PrepareScoreJob(request, world->probes, &leased, limits, &scores);
     if (!job.ok()) {
       probesidecar::fuzz::CheckRefusalMessage(job.status());
       FUZZ_CHECK(job.status().code() != absl::StatusCode::kFailedPrecondition);
@@ -171,7 +181,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       }
       FUZZ_CHECK((job->ready.event != nullptr) == (request.ready_event() != 0));
       FUZZ_CHECK((job->done.event != nullptr) == (request.done_event() != 0));
-      RunOnCpu(*job, request);
+      RunOnCpu(*job, request, leased);
     }
   }
   // Every lease ended with the job.

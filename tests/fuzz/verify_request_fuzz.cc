@@ -5,7 +5,8 @@
 // at the first and last byte of every slice the kernels would read or write, and when the page
 // table and lengths are both inline, every page they name is touched as the kernel would gather
 // it: AddressSanitizer catches any extent, stride or table entry the validation let through
-// wrongly. Alignment the kernels rely on (16-byte bf16 rows, 4-byte floats) is checked too.
+// wrongly, and every slice must lie inside a window it leased (the extent recomputed here).
+// Alignment the kernels rely on (16-byte bf16 rows, 4-byte floats) is checked too.
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
@@ -18,6 +19,7 @@
 #include "tests/fuzz/fake_ipc_opener.h"
 #include "tests/fuzz/fuzz_check.h"
 #include "tests/fuzz/message_check.h"
+#include "tests/fuzz/recording_resolver.h"
 
 namespace {
 
@@ -63,11 +65,15 @@ struct World {
 
 volatile char sink;
 
+const probesidecar::fuzz::RecordingResolver* leased = nullptr;  // this input's
+
 // Reads (or writes) the first and last byte of each of `n` slices of `slice_bytes` bytes,
-// `stride_bytes` apart.
+// `stride_bytes` apart, after checking that all of them lie in a window validation leased.
 void Touch(const BufferLease& lease, int64_t n, int64_t slice_bytes, int64_t stride_bytes,
            bool write) {
   FUZZ_CHECK(lease.device_ptr != nullptr);
+  leased->CheckLeased(lease.device_ptr,
+                      static_cast<uint64_t>((n - 1) * stride_bytes + slice_bytes));
   char* base = static_cast<char*>(lease.device_ptr);
   for (int64_t i = 0; i < n; ++i) {
     char* first = base + i * stride_bytes;
@@ -87,6 +93,9 @@ bool Aligned(const BufferLease& lease, uintptr_t bytes) {
 }
 
 int32_t Int32At(const probesidecar::server::Int32Tensor& t, int64_t index) {
+  if (t.on_device()) {
+    leased->CheckLeased(static_cast<const int32_t*>(t.device.device_ptr) + index, sizeof(int32_t));
+  }
   int32_t v = 0;
   const void* p =
       t.on_device()
@@ -143,9 +152,11 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   static World* world = new World();  // lives for the whole run, like the server's
   probesidecar::v1::VerifyRequest request;
   if (!request.ParseFromArray(data, static_cast<int>(size))) return 0;
+  probesidecar::fuzz::RecordingResolver recording(&world->buffers);
+  leased = &recording;
   {
     absl::StatusOr<VerifyJob> job =
-        PrepareVerifyJob(request, &world->buffers, probesidecar::server::VerifyLimits{});
+        PrepareVerifyJob(request, &recording, probesidecar::server::VerifyLimits{});
     if (!job.ok()) {
       probesidecar::fuzz::CheckRefusalMessage(job.status());
     } else {
