@@ -4,9 +4,11 @@
 //
 // The allocations are host memory of exactly their size (FakeIpcOpener), so AddressSanitizer
 // catches a lease outside its allocation; the opener traps on a second close. Properties: a lease
-// lies inside its registered window, the registry's counters match what it lists and what the
-// opener holds open, a refusal is a clean message, and when the registry is destroyed (after
-// every lease ends) nothing stays open.
+// lies inside its registered window and goes only to the session that registered the buffer (as
+// does an unregistration), a session's windows stay within its byte limit, sessionless buffers
+// only where allowed, the registry's counters match what it lists and what the opener holds open,
+// a refusal is a clean message, and when the registry is destroyed (after every lease ends)
+// nothing stays open.
 #include <fuzzer/FuzzedDataProvider.h>
 
 #include <cstddef>
@@ -99,7 +101,11 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   FuzzedDataProvider in(data, size);
   probesidecar::fuzz::FakeIpcOpener opener(AllocationBytes);
   {
-    auto registry = std::make_unique<BufferRegistry>(0, &opener, /*max_registrations=*/16);
+    probesidecar::server::BufferRegistryLimits limits;
+    limits.max_registrations = 16;
+    limits.max_session_bytes = uint64_t{1} << in.ConsumeIntegralInRange<int>(6, 40);
+    limits.allow_sessionless = in.ConsumeBool();
+    auto registry = std::make_unique<BufferRegistry>(0, &opener, limits);
     std::vector<uint64_t> buffers, sessions, events;
     struct Held {
       uint64_t buffer_id;
@@ -107,7 +113,10 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     };
     std::vector<Held> leases;
     std::vector<EventLease> event_leases;
-    std::map<uint64_t, std::pair<uint64_t, uint64_t>> windows;  // id -> (offset, size)
+    struct Window {
+      uint64_t offset, size, session;
+    };
+    std::map<uint64_t, Window> windows;  // by buffer id
 
     for (int step = 0; step < 64 && in.remaining_bytes() > 0; ++step) {
       switch (in.ConsumeEnum<Op>()) {
@@ -126,12 +135,16 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
           }
           FUZZ_CHECK(r.offset_bytes() + r.byte_size() <= response->allocation_bytes());
           FUZZ_CHECK(r.byte_size() > 0);
+          FUZZ_CHECK(r.session_id() != 0 || limits.allow_sessionless);
           buffers.push_back(response->buffer_id());
-          windows[response->buffer_id()] = {r.offset_bytes(), r.byte_size()};
+          windows[response->buffer_id()] = {r.offset_bytes(), r.byte_size(), r.session_id()};
           break;
         }
         case Op::kUnregister: {
-          absl::StatusOr<bool> deferred = registry->Unregister(PickId(in, buffers));
+          const uint64_t id = PickId(in, buffers);
+          const uint64_t session = in.ConsumeBool() ? 0 : PickId(in, sessions);
+          absl::StatusOr<bool> deferred = registry->Unregister(id, session);
+          FUZZ_CHECK(!deferred.ok() || windows[id].session == session);
           if (!deferred.ok()) probesidecar::fuzz::CheckRefusalMessage(deferred.status());
           break;
         }
@@ -139,13 +152,15 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
           const uint64_t id = PickId(in, buffers);
           const uint64_t offset = PickBytes(in);
           const uint64_t extent = PickBytes(in);
-          absl::StatusOr<BufferLease> lease = registry->Acquire(id, offset, extent);
+          const uint64_t session = in.ConsumeBool() ? 0 : PickId(in, sessions);
+          absl::StatusOr<BufferLease> lease = registry->Acquire(id, offset, extent, session);
           if (!lease.ok()) {
             probesidecar::fuzz::CheckRefusalMessage(lease.status());
             break;
           }
           FUZZ_CHECK(windows.contains(id));
-          FUZZ_CHECK(offset + extent <= windows[id].second);
+          FUZZ_CHECK(windows[id].session == session);  // only its own session uses a buffer
+          FUZZ_CHECK(offset + extent <= windows[id].size);
           // Every byte of the leased window is inside the allocation.
           char* p = static_cast<char*>(lease->device_ptr);
           if (extent > 0) {
@@ -206,8 +221,13 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       FUZZ_CHECK(counters.registrations == list.size());
       uint64_t bytes = 0;
       uint64_t in_flight = 0;
+      std::map<uint64_t, uint64_t> session_bytes;
       for (const probesidecar::v1::BufferInfo& info : list) {
         bytes += info.byte_size();
+        if (info.session_id() != 0 && !info.closing()) {
+          session_bytes[info.session_id()] += info.byte_size();
+          FUZZ_CHECK(session_bytes[info.session_id()] <= limits.max_session_bytes);
+        }
         in_flight += info.in_flight();
         FUZZ_CHECK(info.offset_bytes() + info.byte_size() <= info.allocation_bytes());
         FUZZ_CHECK(info.closing() ? info.in_flight() > 0 : true);

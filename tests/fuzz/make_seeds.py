@@ -6,10 +6,12 @@
 Good safetensors files come from the real `safetensors` package (the reference writer), edge cases
 are written byte by byte. Score requests are serialized with the Python package's messages and
 name what the fuzz target's fixed world holds (score_request_fuzz.cc): probe sets "p" (F32, P=3,
-H=8) and "h" (BF16, P=2, H=16); buffer 1 (4096 bytes), buffer 2 (1000 bytes at offset 100 of the
-same allocation), buffer 3 (64 bytes); session 1 with events 1 and 2, session 2 with event 3.
-Verify requests likewise name verify_request_fuzz.cc's world: buffers 1 and 2 (4 MiB, the second
-from offset 16), buffers 3 and 4 (4 KiB, the second from offset 4), the same sessions and events.
+H=8) and "h" (BF16, P=2, H=16); session 1 with buffer 1 (4096 bytes), buffer 2 (1000 bytes at
+offset 100 of the same allocation), buffer 3 (64 bytes) and events 1 and 2; session 2 with
+buffer 4 (4096 bytes) and event 3.
+Verify requests likewise name verify_request_fuzz.cc's world: session 1 with buffers 1 and 2
+(4 MiB, the second from offset 16), buffers 3 and 4 (4 KiB, the second from offset 4) and events 1
+and 2; session 2 with event 3.
 buffer_registry's corpus is binary operation sequences, kept from fuzzing runs (`-merge=1`).
 """
 import json
@@ -146,19 +148,26 @@ def score_request_seeds():
         "inline-f16-strided": R(probe_set="p", rows=[2, 2, 0],
                                 activations=tensor(F16, [3, 8], bytes((2 * 10 + 8) * 2),
                                                    row_stride=10)),
-        "buffer": R(probe_set="p", rows=[0, 3], activations=tensor(F32, [4, 8], buffer=(1, 0))),
-        "buffer-window": R(probe_set="h", rows=[0],
+        "buffer": R(probe_set="p", rows=[0, 3], session_id=1,
+                    activations=tensor(F32, [4, 8], buffer=(1, 0))),
+        "buffer-window": R(probe_set="h", rows=[0], session_id=1,
                            activations=tensor(BF16, [4, 16], buffer=(2, 4), row_stride=20)),
-        "buffer-output": R(probe_set="p", rows=[1, 2],
+        "buffer-output": R(probe_set="p", rows=[1, 2], session_id=1,
                            activations=tensor(F32, [4, 8], buffer=(1, 0)),
                            output=tensor(F32, [2, 3], buffer=(3, 0))),
-        "device-rows": R(probe_set="p", activations=tensor(F32, [4, 8], buffer=(1, 256)),
+        "device-rows": R(probe_set="p", session_id=1,
+                         activations=tensor(F32, [4, 8], buffer=(1, 256)),
                          device_rows=tensor(I32, [2], buffer=(2, 0))),
         "events": R(probe_set="p", rows=[0], session_id=1, ready_event=1, done_event=2,
                     activations=tensor(F32, [4, 8], buffer=(1, 0))),
-        "foreign-event": R(probe_set="p", rows=[0], session_id=2, ready_event=1,
+        "foreign-event": R(probe_set="p", rows=[0], session_id=1, ready_event=3,
                            activations=tensor(F32, [4, 8], buffer=(1, 0))),
-        "misaligned": R(probe_set="p", rows=[0], activations=tensor(F32, [1, 8], buffer=(2, 2))),
+        "foreign-buffer": R(probe_set="p", rows=[0], session_id=2,
+                            activations=tensor(F32, [4, 8], buffer=(1, 0))),
+        "other-session": R(probe_set="p", rows=[0], session_id=2,
+                           activations=tensor(F32, [4, 8], buffer=(4, 64))),
+        "misaligned": R(probe_set="p", rows=[0], session_id=1,
+                        activations=tensor(F32, [1, 8], buffer=(2, 2))),
         "huge-stride": R(probe_set="p", rows=[0],
                          activations=tensor(F32, [1, 8], bytes(4000), row_stride=1 << 62)),
         "unknown-set": R(probe_set="nope", rows=[0],
@@ -178,7 +187,7 @@ def verify_request_seeds():
             kv_cache=tensor(BF16, [3, 64, 576], buffer=(1, 1 << 20)),
             block_table=tensor(I32, [2, 2], i32([0, 2, 1, 0])),
             cache_seqlens=tensor(I32, [2], i32([70, 1])),
-            softmax_scale=0.0416,
+            softmax_scale=0.0416, session_id=1,
             out=tensor(BF16, [2, 1, 16, 512], buffer=(2, 0)),
             lse=tensor(F32, [2, 16, 1], buffer=(3, 0)))
         for field, value in changes.items():
@@ -201,7 +210,8 @@ def verify_request_seeds():
         "shadow": good(out=None, lse=None, shadow_atol=0.01,
                        compare_to=tensor(BF16, [2, 1, 16, 512], buffer=(2, 1 << 21))),
         "events": good(session_id=1, ready_event=1, done_event=2),
-        "foreign-event": good(session_id=2, ready_event=1),
+        "foreign-event": good(ready_event=3),
+        "foreign-buffers": good(session_id=2),
         "misaligned-q": good(q=tensor(BF16, [2, 1, 16, 576], buffer=(2, 2))),
         "page-past-cache": good(block_table=tensor(I32, [2, 2], i32([0, 3, 1, 0]))),
         "length-past-table": good(cache_seqlens=tensor(I32, [2], i32([129, 1]))),

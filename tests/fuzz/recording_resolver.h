@@ -17,9 +17,9 @@ class RecordingResolver final : public server::BufferResolver {
   explicit RecordingResolver(server::BufferResolver* inner) : inner_(inner) {}
 
   absl::StatusOr<server::BufferLease> Acquire(uint64_t buffer_id, uint64_t offset_bytes,
-                                              uint64_t extent_bytes) override {
+                                              uint64_t extent_bytes, uint64_t session_id) override {
     absl::StatusOr<server::BufferLease> lease =
-        inner_->Acquire(buffer_id, offset_bytes, extent_bytes);
+        inner_->Acquire(buffer_id, offset_bytes, extent_bytes, session_id);
     if (lease.ok()) windows_.push_back({static_cast<const char*>(lease->device_ptr), extent_bytes});
     return lease;
   }

@@ -32,7 +32,7 @@ namespace {
 using probesidecar::server::BufferRegistry;
 using probesidecar::server::ScoreJob;
 
-// Handles 'A'... are allocations of 4096 bytes, 'B'... of 64 bytes.
+// Handles 'B'... are allocations of 64 bytes, the others of 4096 bytes.
 uint64_t AllocationBytes(const probesidecar::server::IpcHandleBytes& handle) {
   return handle[0] == 'B' ? 64 : 4096;
 }
@@ -52,11 +52,13 @@ std::string ProbeSetFile(const char* dtype, int64_t p, int64_t h,
       {{"weight", dtype, {p, h}, weight}, {"bias", dtype, {p}, bias}}, metadata);
 }
 
-// What every input sees: buffers 1-3 (see the seeds in tests/fuzz/make_seeds.py), session 1
-// with events 1 and 2, session 2 with event 3, and probe sets "p" (F32, P=3, H=8) and "h"
-// (BF16, P=2, H=16, sigmoid, thresholds).
+// What every input sees (see the seeds in tests/fuzz/make_seeds.py): session 1 with buffers 1-3
+// and events 1 and 2, session 2 with buffer 4 and event 3, and probe sets "p" (F32, P=3, H=8) and
+// "h" (BF16, P=2, H=16, sigmoid, thresholds).
 struct World {
   World() : opener(AllocationBytes), buffers(0, &opener) {
+    const uint64_t s1 = buffers.OpenSession(1);
+    const uint64_t s2 = buffers.OpenSession(2);
     auto reg = [&](char handle, uint64_t offset, uint64_t bytes, uint64_t session) {
       probesidecar::v1::RegisterBufferRequest r;
       r.set_handle(Handle(handle));
@@ -65,11 +67,10 @@ struct World {
       r.set_session_id(session);
       FUZZ_CHECK(buffers.Register(r).ok());
     };
-    const uint64_t s1 = buffers.OpenSession(1);
-    const uint64_t s2 = buffers.OpenSession(2);
     reg('A', 0, 4096, s1);    // buffer 1: a whole 4096-byte allocation
     reg('A', 100, 1000, s1);  // buffer 2: a window of it at an odd offset
-    reg('B', 0, 64, s2);      // buffer 3: a small allocation of its own
+    reg('B', 0, 64, s1);      // buffer 3: a small allocation of its own
+    reg('C', 0, 4096, s2);    // buffer 4: another session's
     for (uint64_t session : {s1, s1, s2}) {
       probesidecar::v1::RegisterEventRequest e;
       e.set_handle(Handle('E'));

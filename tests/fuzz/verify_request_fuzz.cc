@@ -33,9 +33,9 @@ uint64_t AllocationBytes(const probesidecar::server::IpcHandleBytes& handle) {
   return handle[0] == 'A' ? uint64_t{4} << 20 : 4096;
 }
 
-// What every input sees (see the seeds in tests/fuzz/make_seeds.py): buffer 1 = all of 'A',
-// buffer 2 = 'A' from offset 16, buffer 3 = all of 'B', buffer 4 = 'B' from offset 4; session 1
-// with events 1 and 2, session 2 with event 3.
+// What every input sees (see the seeds in tests/fuzz/make_seeds.py): session 1 with buffer 1 =
+// all of 'A', buffer 2 = 'A' from offset 16, buffer 3 = all of 'B', buffer 4 = 'B' from offset 4,
+// and events 1 and 2; session 2 with event 3.
 struct World {
   World() : opener(AllocationBytes), buffers(0, &opener) {
     const uint64_t s1 = buffers.OpenSession(1);
