@@ -21,7 +21,6 @@ namespace {
 struct OwnedJob {
   OwnedJob(int32_t rows, int32_t hidden, int32_t probes, float seed) {
     auto set = std::make_shared<ProbeSet>();
-    set->name = "s";
     set->hidden = hidden;
     set->num_probes = probes;
     set->weight.resize(static_cast<size_t>(hidden) * probes);
