@@ -173,12 +173,7 @@ absl::StatusOr<Json> ParseHeaderJson(absl::string_view header, const Safetensors
   } catch (const HeaderRefusal& refusal) {
     return refusal.status;
   } catch (const Json::parse_error& e) {
-    // e.what() is "[json.exception.parse_error.101] parse error at line 1, column 7: ...".
-    absl::string_view what = e.what();
-    if (const size_t pos = what.find("] "); pos != absl::string_view::npos) {
-      what.remove_prefix(pos + 2);
-    }
-    return Invalid(absl::StrCat("header is not valid JSON: ", what));
+    return Invalid(absl::StrCat("header is not valid JSON: ", JsonErrorForMessage(e.what())));
   } catch (const std::bad_alloc&) {
     return absl::ResourceExhaustedError("out of memory while parsing the header");
   } catch (const std::exception& e) {
@@ -403,6 +398,20 @@ std::string QuoteForMessage(absl::string_view text) {
   }
   out.push_back('"');
   return out;
+}
+
+std::string JsonErrorForMessage(absl::string_view what) {
+  // what is "[json.exception.parse_error.101] parse error at line 1, column 7: ...; last read:
+  // '<the token's bytes>'".
+  if (const size_t pos = what.find("] "); pos != absl::string_view::npos) {
+    what.remove_prefix(pos + 2);
+  }
+  constexpr absl::string_view kLastRead = "; last read: '";
+  const size_t pos = what.find(kLastRead);
+  if (pos == absl::string_view::npos) return std::string(what);
+  absl::string_view token = what.substr(pos + kLastRead.size());
+  if (!token.empty() && token.back() == '\'') token.remove_suffix(1);
+  return absl::StrCat(what.substr(0, pos), "; last read: ", QuoteForMessage(token));
 }
 
 int SafetensorsDTypeSize(absl::string_view dtype) {

@@ -65,6 +65,11 @@ class SafetensorsFile {
 // at 96 bytes (on a UTF-8 boundary) with the full length noted.
 std::string QuoteForMessage(absl::string_view text);
 
+// A JSON parse error (nlohmann's what()) for a message: the "[json.exception...] " prefix dropped
+// and the input it echoes ("last read: '...'", escaped only below 0x20 by the parser) quoted with
+// QuoteForMessage like every other piece of a file.
+std::string JsonErrorForMessage(absl::string_view what);
+
 // Bytes per element of a safetensors dtype name, 0 when unknown.
 int SafetensorsDTypeSize(absl::string_view dtype);
 

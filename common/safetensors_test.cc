@@ -231,6 +231,21 @@ TEST(SafetensorsRefuse, NotJson) {
   EXPECT_TRUE(IsInvalid(Parse(RawFile(R"({"a\ud800":1})", "")), "not valid JSON"));
 }
 
+// Found by fuzz_safetensors (tests/fuzz/safetensors/regressions/json-error-echoes-del): the JSON
+// parser's message quotes the header bytes it last read, escaping only those below 0x20, so a DEL
+// (and the bytes around it) went into the message raw.
+TEST(SafetensorsRefuse, JsonErrorQuotesTheHeaderEscaped) {
+  const absl::StatusOr<SafetensorsFile> file = Parse(RawFile("\"N8nlkk\x7fGk", ""));
+  ASSERT_TRUE(IsInvalid(file, "header is not valid JSON"));
+  EXPECT_FALSE(absl::StrContains(file.status().message(), "\x7f")) << file.status();
+  EXPECT_TRUE(absl::StrContains(file.status().message(), R"(last read: "\"N8nlkk\x7fGk")"))
+      << file.status();
+  // A long token is cut like any other quoted text.
+  const absl::StatusOr<SafetensorsFile> long_token =
+      Parse(RawFile(absl::StrCat("\"", std::string(500, 'a')), ""));
+  EXPECT_LT(long_token.status().message().size(), 300u) << long_token.status();
+}
+
 TEST(SafetensorsRefuse, NotAnObject) {
   EXPECT_TRUE(IsInvalid(Parse(RawFile("[]", "")), "header is not a JSON object (array)"));
   EXPECT_TRUE(IsInvalid(Parse(RawFile("\"x\"", "")), "header is not a JSON object (string)"));

@@ -5,6 +5,16 @@
 #                                 embedded defaults and show a scored request (Ctrl-C stops it)
 #   deploy/setup-debian.sh test   install what is missing, build, run every test (CI runs this)
 #
+# `test` runs four stages, in this order; TEST_STAGES runs some of them alone (a space-separated
+# list, e.g. TEST_STAGES=fuzz FUZZ_SECONDS=120 deploy/setup-debian.sh test):
+#   release   the normal build (build/) and every CTest test: unit, C++ and Python integration
+#   asan      clang AddressSanitizer + UndefinedBehaviorSanitizer build (build-asan/, with the
+#             libFuzzer targets): every CPU test again, the Python integration tests against the
+#             sanitized server, and the fuzz corpora replayed
+#   tsan      clang ThreadSanitizer build (build-tsan/): the executors' and registries' tests
+#   fuzz      each libFuzzer target of build-asan/ for FUZZ_SECONDS (default 30) seconds
+# Any sanitizer report fails the stage; reports are kept in <build dir>/sanitizer-reports/.
+#
 # Debian packages come from apt-get, Python packages from pip into .venv/. Safe to run again:
 # only what is missing is installed, and the build is incremental. The CUDA 13 toolkit is
 # expected at /usr/local/cuda (CUDA code is compiled even where no GPU is present).
@@ -24,8 +34,9 @@ jobs="$(nproc)"
 packages=(build-essential cmake ninja-build pkg-config git python3 python3-venv python3-dev
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler libabsl-dev
   prometheus-cpp-dev nlohmann-json3-dev libgtest-dev libgmock-dev libbenchmark-dev)
-# The observability tests start a real Prometheus (promtool checks its config and rules).
-[[ "$mode" == test ]] && packages+=(prometheus)
+# The observability tests start a real Prometheus (promtool checks its config and rules). The
+# sanitizer and fuzzing builds use clang with its runtimes (compiler-rt) and llvm-symbolizer.
+[[ "$mode" == test ]] && packages+=(prometheus clang libclang-rt-dev llvm)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
@@ -55,17 +66,75 @@ fi
 # The client package; its gRPC stubs are generated from proto/ while it is built.
 "$venv/bin/python" -m pip install -q --no-build-isolation --force-reinstall --no-deps ./client/python
 
-# --- Build ------------------------------------------------------------------------------------
-echo "== build ($build)"
-cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release \
-  -DCMAKE_CUDA_COMPILER="$nvcc" -DPython3_EXECUTABLE="$venv/bin/python" >/dev/null
-cmake --build "$build" -j "$jobs"
+configure() {  # configure BUILD_DIR [cmake args...]
+  local dir="$1"
+  shift
+  cmake -S . -B "$dir" -G Ninja -DCMAKE_CUDA_COMPILER="$nvcc" \
+    -DPython3_EXECUTABLE="$venv/bin/python" "$@" >/dev/null
+}
 
 if [[ "$mode" == test ]]; then
-  echo "== tests"
-  ctest --test-dir "$build" --output-on-failure -j "$jobs" --timeout 900
-  exit $?
+  stages="${TEST_STAGES:-release asan tsan fuzz}"
+  for stage in $stages; do
+    case "$stage" in
+      release | asan | tsan | fuzz) ;;
+      *) echo "error: unknown stage '$stage' in TEST_STAGES (release asan tsan fuzz)" >&2; exit 2 ;;
+    esac
+  done
+  for stage in $stages; do
+    start=$SECONDS
+    case "$stage" in
+      release)
+        echo "== build ($build)"
+        configure "$build" -DCMAKE_BUILD_TYPE=Release
+        cmake --build "$build" -j "$jobs"
+        echo "== tests"
+        ctest --test-dir "$build" --output-on-failure -j "$jobs" --timeout 900
+        ;;
+      asan | fuzz)
+        # One build serves both (ASan+UBSan, with the fuzz targets); the second is a no-op.
+        echo "== build (build-asan: AddressSanitizer + UndefinedBehaviorSanitizer, fuzz targets)"
+        configure "$root/build-asan" -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+          -DCMAKE_C_COMPILER=clang -DCMAKE_CXX_COMPILER=clang++ \
+          -DPROBESIDECAR_SANITIZE=address,undefined -DPROBESIDECAR_FUZZ=ON \
+          -DPROBESIDECAR_BUILD_BENCH=OFF
+        cmake --build "$root/build-asan" -j "$jobs"
+        if [[ "$stage" == asan ]]; then
+          echo "== tests under ASan + UBSan (GPU tests excluded: no CUDA code is instrumented)"
+          asan_args=(-LE gpu -j "$jobs")
+          if [[ -x "$build/bin/probe-bench" && -x "$build/bin/probe-echo-server" ]]; then
+            # The load generator is not rebuilt with sanitizers: the release one drives the
+            # sanitized server.
+            export PROBE_BENCH_BIN="$build/bin/probe-bench"
+            export PROBE_ECHO_SERVER_BIN="$build/bin/probe-echo-server"
+          else
+            asan_args+=(-E python_test_probe_bench)
+          fi
+          tests/sanitizers/ctest.sh "$root/build-asan" "${asan_args[@]}"
+        else
+          echo "== fuzzing, ${FUZZ_SECONDS:-30} s per target"
+          tests/fuzz/run.sh "$root/build-asan" "${FUZZ_SECONDS:-30}"
+        fi
+        ;;
+      tsan)
+        echo "== build (build-tsan: ThreadSanitizer; the executors' and registries' tests)"
+        configure "$root/build-tsan" -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+          -DCMAKE_C_COMPILER=clang -DCMAKE_CXX_COMPILER=clang++ \
+          -DPROBESIDECAR_SANITIZE=thread -DPROBESIDECAR_BUILD_BENCH=OFF
+        cmake --build "$root/build-tsan" -j "$jobs" --target tsan_tests
+        echo "== tests under TSan"
+        tests/sanitizers/ctest.sh "$root/build-tsan" -L tsan -j "$jobs"
+        ;;
+    esac
+    echo "== stage $stage: $((SECONDS - start)) s"
+  done
+  exit 0
 fi
+
+# --- Build ------------------------------------------------------------------------------------
+echo "== build ($build)"
+configure "$build" -DCMAKE_BUILD_TYPE=Release
+cmake --build "$build" -j "$jobs"
 
 # --- Run: the service on its defaults, then one scored request -------------------------------
 "$build/bin/probe-sidecar" &

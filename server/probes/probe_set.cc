@@ -49,11 +49,8 @@ absl::StatusOr<Json> ParseFlatArray(absl::string_view key, const std::string& te
   } catch (const NestedValue&) {
     return Invalid(absl::StrCat("metadata \"", key, "\" has a nested array or object"));
   } catch (const Json::parse_error& e) {
-    absl::string_view what = e.what();
-    if (const size_t pos = what.find("] "); pos != absl::string_view::npos) {
-      what.remove_prefix(pos + 2);
-    }
-    return Invalid(absl::StrCat("metadata \"", key, "\" is not valid JSON: ", what));
+    return Invalid(absl::StrCat("metadata \"", key, "\" is not valid JSON: ",
+                                common::JsonErrorForMessage(e.what())));
   } catch (const std::bad_alloc&) {
     return absl::ResourceExhaustedError(
         absl::StrCat("out of memory while parsing metadata \"", key, "\""));

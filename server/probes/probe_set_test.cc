@@ -307,6 +307,16 @@ TEST(ProbeSetRefuse, Limits) {
                         "over the limit of 64"));
 }
 
+// The metadata parser's error quotes the value's bytes escaped, like the header's (the defect
+// fuzz_safetensors found in the header: DEL and the bytes around it went into the message raw).
+TEST(ProbeSetRefuse, MetadataJsonErrorQuotesTheValueEscaped) {
+  const absl::StatusOr<std::shared_ptr<ProbeSet>> set =
+      LoadWithMetadata({{"probe_names", "[\"a\x7f"}});
+  ASSERT_TRUE(IsInvalid(set, "metadata \"probe_names\" is not valid JSON"));
+  EXPECT_FALSE(absl::StrContains(set.status().message(), "\x7f")) << set.status();
+  EXPECT_TRUE(absl::StrContains(set.status().message(), R"(\x7f)")) << set.status();
+}
+
 TEST(ProbeSetRefuse, ProbeNames) {
   EXPECT_TRUE(IsInvalid(LoadWithMetadata({{"probe_names", "[\"a\", \"b\""}}),
                         "metadata \"probe_names\" is not valid JSON"));

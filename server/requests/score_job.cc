@@ -1,6 +1,7 @@
 #include "server/requests/score_job.h"
 
 #include "absl/strings/str_cat.h"
+#include "common/safetensors.h"
 
 namespace probesidecar::server {
 
@@ -13,8 +14,10 @@ absl::StatusOr<ScoreJob> PrepareScoreJob(const v1::ScoreRequest& request,
   }
   job.probe_set = probes.Find(request.probe_set());
   if (job.probe_set == nullptr) {
-    return absl::NotFoundError(
-        absl::StrCat("probe set '", request.probe_set(), "' is not loaded (see ListProbeSets)"));
+    // The name is the caller's: quoted, escaped and cut, so that a hostile one cannot forge log
+    // lines or outgrow the response's metadata.
+    return absl::NotFoundError(absl::StrCat("probe set ", common::QuoteForMessage(request.probe_set()),
+                                            " is not loaded (see ListProbeSets)"));
   }
   const ProbeSet& set = *job.probe_set;
 

@@ -8,6 +8,8 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
 #include "common/safetensors.h"
 #include "gtest/gtest.h"
 
@@ -103,7 +105,8 @@ TEST_F(ScoreJobTest, EveryRefusal) {
   };
   const std::vector<Case> cases = {
       {[](auto& r) { r.set_probe_set(""); }, absl::StatusCode::kInvalidArgument, "probe_set"},
-      {[](auto& r) { r.set_probe_set("q"); }, absl::StatusCode::kNotFound, "'q' is not loaded"},
+      {[](auto& r) { r.set_probe_set("q"); }, absl::StatusCode::kNotFound,
+       "probe set \"q\" is not loaded"},
       {[](auto& r) { r.clear_rows(); }, absl::StatusCode::kInvalidArgument, "rows: empty"},
       {[](auto& r) { r.mutable_rows()->Resize(101, 0); }, absl::StatusCode::kResourceExhausted,
        "--max-rows"},
@@ -149,6 +152,48 @@ TEST_F(ScoreJobTest, ScoresLargerThanAMessageAreRefused) {
   EXPECT_TRUE(Prepare(r).ok());
   r.mutable_rows()->Resize(100, 1);  // 1200 + 1024 > 2048: refused
   EXPECT_EQ(Prepare(r).status().code(), absl::StatusCode::kResourceExhausted);
+}
+
+// Found by fuzz_score_request (tests/fuzz/score_request/regressions/unknown-name-echoed-raw): an
+// unknown probe-set name came back whole in the message, control characters and all, so a
+// hostile name could forge log lines and, at 10 KB and more, outgrow the response's metadata.
+TEST_F(ScoreJobTest, UnknownProbeSetNameIsQuotedEscapedAndCut) {
+  v1::ScoreRequest r = Good();
+  r.set_probe_set(absl::StrCat("evil\n\x1b[31m", std::string(20000, 'x')));
+  const absl::Status status = Prepare(r).status();
+  EXPECT_EQ(status.code(), absl::StatusCode::kNotFound);
+  EXPECT_TRUE(absl::StrContains(status.message(), R"(probe set "evil\x0a\x1b[31mxxx)")) << status;
+  EXPECT_TRUE(absl::StrContains(status.message(), "(20010 bytes)")) << status;
+  EXPECT_LT(status.message().size(), 300u);
+  for (char c : status.message()) EXPECT_GE(static_cast<unsigned char>(c), 0x20);
+}
+
+// A row stride near 2^62 wrapped row_stride * element size to 0: one row of 8 floats with 4000
+// bytes of data was refused as needing "between 32 and 0 bytes" (and data that fit was refused).
+TEST_F(ScoreJobTest, HugeRowStrideDoesNotWrapTheInlineSizeBound) {
+  v1::ScoreRequest r = Good();
+  r.clear_rows();
+  r.add_rows(0);
+  r.mutable_activations()->set_shape(0, 1);
+  r.mutable_activations()->set_row_stride(int64_t{1} << 62);
+  r.mutable_activations()->set_data(Floats(1000));
+  EXPECT_TRUE(Prepare(r).ok()) << Prepare(r).status();  // 4000 bytes: within [32, 2^64)
+  r.mutable_activations()->set_data(Floats(7));
+  const absl::Status status = Prepare(r).status();
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(absl::StrContains(status.message(), "needs at least 32 bytes")) << status;
+}
+
+// The same defect as VerifyJobTest.ALongShapeIsCountedNotListed, in Score's tensor references.
+TEST_F(ScoreJobTest, ALongShapeIsCountedNotListed) {
+  v1::ScoreRequest r = Good();
+  r.mutable_activations()->mutable_shape()->Resize(5000, 7);
+  const absl::Status status = Prepare(r).status();
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(absl::StrContains(status.message(),
+                                "got [4, 8, 7, 7, 7, 7, 7, 7, ... (5000 dimensions)]"))
+      << status;
+  EXPECT_LT(status.message().size(), 200u);
 }
 
 TEST_F(ScoreJobTest, BufferActivationsAndOutputAreLeasedAndChecked) {

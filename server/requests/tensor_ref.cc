@@ -24,6 +24,13 @@ absl::StatusOr<common::DType> FloatDType(v1::DType dtype, absl::string_view what
   }
 }
 
+std::string ShapeForMessage(const google::protobuf::RepeatedField<int64_t>& shape) {
+  constexpr int kListed = 8;
+  if (shape.size() <= kListed) return absl::StrCat("[", absl::StrJoin(shape, ", "), "]");
+  return absl::StrCat("[", absl::StrJoin(shape.begin(), shape.begin() + kListed, ", "), ", ... (",
+                      shape.size(), " dimensions)]");
+}
+
 absl::StatusOr<uint64_t> ExtentBytes(int64_t rows, int64_t cols, int64_t row_stride,
                                      int element_size, absl::string_view what) {
   uint64_t last_row_start = 0;
@@ -104,8 +111,8 @@ absl::StatusOr<DeviceInt32Vector> ResolveDeviceInt32Vector(const v1::TensorRef& 
                                                        : v1::DType_Name(ref.dtype())));
   }
   if (ref.shape_size() != 1) {
-    return absl::InvalidArgumentError(absl::StrCat(what, ": expected a 1-D shape [R], got [",
-                                                   absl::StrJoin(ref.shape(), ", "), "]"));
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, ": expected a 1-D shape [R], got ", ShapeForMessage(ref.shape())));
   }
   DeviceInt32Vector v;
   v.size = ref.shape(0);
@@ -140,7 +147,7 @@ absl::StatusOr<Tensor2D> ResolveTensor2D(const v1::TensorRef& ref, absl::string_
   t.dtype = *dtype;
   if (ref.shape_size() != 2) {
     return absl::InvalidArgumentError(
-        absl::StrCat(what, ": expected a 2-D shape, got [", absl::StrJoin(ref.shape(), ", "), "]"));
+        absl::StrCat(what, ": expected a 2-D shape, got ", ShapeForMessage(ref.shape())));
   }
   t.rows = ref.shape(0);
   t.cols = ref.shape(1);
@@ -160,17 +167,21 @@ absl::StatusOr<Tensor2D> ResolveTensor2D(const v1::TensorRef& ref, absl::string_
   switch (ref.location_case()) {
     case v1::TensorRef::kData: {
       const std::string& data = ref.data();
-      uint64_t full = 0;  // rows * row_stride * size; may overflow only when extent nearly does
+      // rows * row_stride * size, saturated: a stride near 2^62 wraps row_stride * size alone.
+      uint64_t full = 0;
       if (__builtin_mul_overflow(static_cast<uint64_t>(t.rows),
-                                 static_cast<uint64_t>(t.row_stride) * size, &full)) {
+                                 static_cast<uint64_t>(t.row_stride), &full) ||
+          __builtin_mul_overflow(full, static_cast<uint64_t>(size), &full)) {
         full = UINT64_MAX;
       }
       if (data.size() < *extent || data.size() > full || data.size() % size != 0) {
+        const std::string needs = *extent == full ? absl::StrCat(*extent)
+                                  : full == UINT64_MAX
+                                      ? absl::StrCat("at least ", *extent)
+                                      : absl::StrCat("between ", *extent, " and ", full);
         return absl::InvalidArgumentError(absl::StrCat(
             what, ": inline data holds ", data.size(), " bytes; shape [", t.rows, ", ", t.cols,
-            "] ", common::DTypeName(t.dtype), " with row stride ", t.row_stride, " needs ",
-            *extent == full ? absl::StrCat(*extent)
-                            : absl::StrCat("between ", *extent, " and ", full),
+            "] ", common::DTypeName(t.dtype), " with row stride ", t.row_stride, " needs ", needs,
             " bytes"));
       }
       t.host = data.data();

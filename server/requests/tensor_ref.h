@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
@@ -25,6 +26,10 @@ struct Tensor2D {
 
 // bf16/fp16/fp32, else INVALID_ARGUMENT naming `what`.
 absl::StatusOr<common::DType> FloatDType(v1::DType dtype, absl::string_view what);
+
+// A request's shape for a message, "[2, 1, 16, 576]": past 8 dimensions the rest are counted, not
+// listed, so that a hostile shape cannot grow the message (and the response's metadata).
+std::string ShapeForMessage(const google::protobuf::RepeatedField<int64_t>& shape);
 
 // Bytes from the first element to one past the last: ((rows - 1) * row_stride + cols) * size.
 // INVALID_ARGUMENT on overflow.

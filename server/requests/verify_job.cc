@@ -6,7 +6,6 @@
 #include <string>
 
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_join.h"
 #include "server/requests/tensor_ref.h"
 
 namespace probesidecar::server {
@@ -61,8 +60,8 @@ absl::Status CheckShape(const v1::TensorRef& ref, absl::string_view what, v1::DT
     ++i;
   }
   if (!ok) {
-    return absl::InvalidArgumentError(absl::StrCat(what, ": shape must be ", layout, ", got [",
-                                                   absl::StrJoin(ref.shape(), ", "), "]"));
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, ": shape must be ", layout, ", got ", ShapeForMessage(ref.shape())));
   }
   return absl::OkStatus();
 }

@@ -115,6 +115,20 @@ TEST(VerifyJobTest, DeviceTablesAreLeftToTheGpuAndEventsAreResolved) {
   EXPECT_EQ(job->ready.event, reinterpret_cast<void*>(0x505));
 }
 
+// Found by fuzz_verify_request (tests/fuzz/verify_request/regressions/long-shape-listed): a
+// shape of hundreds of dimensions came back whole in the refusal, so a hostile request could grow
+// the message (and the response's metadata) without bound.
+TEST(VerifyJobTest, ALongShapeIsCountedNotListed) {
+  v1::VerifyRequest r = Good();
+  r.mutable_q()->mutable_shape()->Resize(5000, 7);
+  const absl::Status status = Prepare(r).status();
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(status.message().find("got [2, 2, 16, 576, 7, 7, 7, 7, ... (5000 dimensions)]"),
+            std::string::npos)
+      << status;
+  EXPECT_LT(status.message().size(), 200u);
+}
+
 TEST(VerifyJobTest, EveryRefusal) {
   struct Case {
     std::function<void(v1::VerifyRequest&)> mutate;

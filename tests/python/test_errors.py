@@ -88,7 +88,7 @@ BAD_SCORES = [
     ("no rows", lambda r: r.ClearField("rows") or r, INVALID, "rows: empty"),
     ("no probe set", lambda r: setattr(r, "probe_set", "") or r, INVALID, "probe_set: empty"),
     ("unknown probe set", lambda r: setattr(r, "probe_set", "nope") or r, grpc.StatusCode.NOT_FOUND,
-     "probe set 'nope' is not loaded"),
+     'probe set "nope" is not loaded'),
     ("buffer on cpu", lambda r: r.activations.buffer.CopyFrom(tensor_pb2.BufferLocation(buffer_id=1)) or r,
      grpc.StatusCode.FAILED_PRECONDITION, "need the CUDA backend"),
     ("inline output", lambda r: r.output.CopyFrom(tensor_pb2.TensorRef(dtype=tensor_pb2.DTYPE_FLOAT32, shape=[2, 2], data=b"0" * 16)) or r,
