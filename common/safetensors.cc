@@ -15,6 +15,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "nlohmann/json.hpp"
 
@@ -378,6 +379,24 @@ std::string QuoteForMessage(absl::string_view text) {
   size_t i = 0;
   for (; i < text.size() && i < kMaxBytes; ++i) {
     const unsigned char c = static_cast<unsigned char>(text[i]);
+    // C1 controls (U+0080..U+009F: C2 80..C2 9F, e.g. U+009B, a terminal's CSI), line and
+    // paragraph separators and the bidirectional overrides and isolates (U+2028..U+202E,
+    // U+2066..U+2069: E2 80 A8..AE, E2 81 A6..A9) can rewrite how a log line reads: escaped.
+    const unsigned char c1 = i + 1 < text.size() ? static_cast<unsigned char>(text[i + 1]) : 0;
+    const unsigned char c2 = i + 2 < text.size() ? static_cast<unsigned char>(text[i + 2]) : 0;
+    uint32_t escaped = 0;
+    if (c == 0xc2 && c1 >= 0x80 && c1 <= 0x9f) {
+      escaped = c1;
+    } else if (c == 0xe2 && c1 == 0x80 && c2 >= 0xa8 && c2 <= 0xae) {
+      escaped = 0x2000 + (c2 - 0x80);
+    } else if (c == 0xe2 && c1 == 0x81 && c2 >= 0xa6 && c2 <= 0xa9) {
+      escaped = 0x2040 + (c2 - 0x80);
+    }
+    if (escaped != 0) {
+      absl::StrAppendFormat(&out, "\\u%04x", escaped);
+      i += escaped < 0x100 ? 1 : 2;
+      continue;
+    }
     if (c == '"' || c == '\\') {
       out.push_back('\\');
       out.push_back(static_cast<char>(c));

@@ -15,8 +15,8 @@
 #include "absl/status/status.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
-#include "gtest/gtest.h"
 #include "common/dtype.h"
+#include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
 
 namespace probesidecar::common {
@@ -458,6 +458,25 @@ TEST(SafetensorsRefuse, MessagesQuoteHostileNames) {
   ASSERT_FALSE(file.ok());
   EXPECT_LT(file.status().message().size(), 200u) << file.status();
   EXPECT_TRUE(absl::StrContains(file.status().message(), "(1000 bytes)")) << file.status();
+}
+
+TEST(QuoteForMessage, EscapesEverythingThatCanRewriteALine) {
+  EXPECT_EQ(QuoteForMessage("plain é ü"), "\"plain é ü\"");
+  EXPECT_EQ(QuoteForMessage("a\nb\x1b[2J\x7f\"\\"), R"("a\x0ab\x1b[2J\x7f\"\\")");
+  // C1 CSI (U+009B), NEL (U+0085), line separator (U+2028), right-to-left override (U+202E),
+  // first strong isolate (U+2068); U+2030 (per mille) and U+00A0 stay as they are.
+  EXPECT_EQ(QuoteForMessage("x\xc2\x9b"
+                            "31my\xc2\x85"
+                            "z"),
+            R"("x\u009b31my\u0085z")");
+  EXPECT_EQ(QuoteForMessage("a\xe2\x80\xa8"
+                            "b\xe2\x80\xae"
+                            "c\xe2\x81\xa8"
+                            "d"),
+            R"("a\u2028b\u202ec\u2068d")");
+  EXPECT_EQ(QuoteForMessage("\xe2\x80\xb0\xc2\xa0"), "\"\xe2\x80\xb0\xc2\xa0\"");
+  // A truncated sequence at the end is left alone (and cut on a UTF-8 boundary when long).
+  EXPECT_EQ(QuoteForMessage("\xc2"), "\"\xc2\"");
 }
 
 // ---- Robustness ---------------------------------------------------------------------------------

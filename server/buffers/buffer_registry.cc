@@ -247,18 +247,14 @@ uint64_t BufferRegistry::OpenSession(int64_t client_pid) {
 }
 
 absl::StatusOr<uint64_t> BufferRegistry::RegisterEvent(const v1::RegisterEventRequest& request) {
-  if (request.handle().size() != kIpcHandleBytes) {
-    return absl::InvalidArgumentError(absl::StrCat("handle: a cudaIpcEventHandle_t is ",
-                                                   kIpcHandleBytes, " bytes, got ",
-                                                   request.handle().size()));
-  }
+  absl::StatusOr<IpcHandleBytes> parsed = ParseIpcEventHandle(request.handle());
+  if (!parsed.ok()) return parsed.status();
   if (request.device_id() != device_) {
     return absl::InvalidArgumentError(absl::StrCat("device_id: this server serves CUDA device ",
                                                    device_, "; the event is on device ",
                                                    request.device_id()));
   }
-  IpcHandleBytes handle;
-  std::copy(request.handle().begin(), request.handle().end(), handle.begin());
+  const IpcHandleBytes handle = *parsed;
   auto check = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) -> absl::Status {
     if (request.session_id() == 0) {
       return absl::InvalidArgumentError(

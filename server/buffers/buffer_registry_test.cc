@@ -288,6 +288,10 @@ TEST_F(BufferRegistryTest, EventRegistrationIsValidated) {
   short_handle.set_handle("abc");
   EXPECT_EQ(registry_.RegisterEvent(short_handle).status().code(),
             absl::StatusCode::kInvalidArgument);
+  v1::RegisterEventRequest zero_handle = EventRequest(session);
+  zero_handle.set_handle(std::string(64, '\0'));
+  EXPECT_EQ(registry_.RegisterEvent(zero_handle).status().message(),
+            "handle: all zero bytes; not a handle from cudaIpcGetEventHandle");
   EXPECT_EQ(registry_.RegisterEvent(EventRequest(0)).status().code(),
             absl::StatusCode::kInvalidArgument);  // no session
   EXPECT_EQ(registry_.RegisterEvent(EventRequest(session + 9)).status().code(),

@@ -46,4 +46,18 @@ absl::StatusOr<IpcHandleBytes> ParseIpcHandle(absl::string_view handle) {
   return bytes;
 }
 
+absl::StatusOr<IpcHandleBytes> ParseIpcEventHandle(absl::string_view handle) {
+  if (handle.size() != kIpcHandleBytes) {
+    return absl::InvalidArgumentError(absl::StrCat("handle: a cudaIpcEventHandle_t is ",
+                                                   kIpcHandleBytes, " bytes, not ", handle.size()));
+  }
+  if (std::all_of(handle.begin(), handle.end(), [](char c) { return c == 0; })) {
+    return absl::InvalidArgumentError(
+        "handle: all zero bytes; not a handle from cudaIpcGetEventHandle");
+  }
+  IpcHandleBytes bytes;
+  std::memcpy(bytes.data(), handle.data(), kIpcHandleBytes);
+  return bytes;
+}
+
 }  // namespace probesidecar::server

@@ -19,4 +19,7 @@ using IpcHandleBytes = std::array<char, kIpcHandleBytes>;
 // else with INVALID_ARGUMENT naming what is wrong.
 absl::StatusOr<IpcHandleBytes> ParseIpcHandle(absl::string_view handle);
 
+// A cudaIpcEventHandle_t: exactly 64 bytes, not all zero.
+absl::StatusOr<IpcHandleBytes> ParseIpcEventHandle(absl::string_view handle);
+
 }  // namespace probesidecar::server

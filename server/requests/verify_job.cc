@@ -103,7 +103,8 @@ absl::StatusOr<Int32Tensor> ResolveInt32(const v1::TensorRef& ref, absl::string_
   return t;
 }
 
-// The inline page table and lengths, entry by entry (what the GPU checks otherwise).
+// The inline page table and lengths, entry by entry. With lengths on the device, the page table
+// (inline or not) is checked on the GPU against them (verify_support).
 absl::Status CheckInlineTables(const VerifyJob& job) {
   if (job.cache_seqlens.on_device()) return absl::OkStatus();
   for (int32_t i = 0; i < job.batch; ++i) {
@@ -225,8 +226,9 @@ absl::StatusOr<VerifyJob> PrepareVerifyJob(const v1::VerifyRequest& request,
       !s.ok()) {
     return s;
   }
-  if (lengths.row_stride() > 1) {
-    return absl::InvalidArgumentError("cache_seqlens: must be contiguous");
+  if (lengths.row_stride() != 0 && lengths.row_stride() != 1) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "cache_seqlens: must be contiguous (row_stride 0 or 1, not ", lengths.row_stride(), ")"));
   }
   tensor = ResolveInt32(lengths, "cache_seqlens", session_buffers, 0, 1);
   if (!tensor.ok()) return tensor.status();

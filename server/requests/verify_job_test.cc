@@ -169,6 +169,11 @@ TEST(VerifyJobTest, EveryRefusal) {
        absl::StatusCode::kInvalidArgument, "block_table: inline data holds 3 bytes"},
       {[](auto& r) { r.mutable_cache_seqlens()->add_shape(1); }, absl::StatusCode::kInvalidArgument,
        "cache_seqlens: shape must be [b]"},
+      {[](auto& r) { r.mutable_cache_seqlens()->set_row_stride(-1); },
+       absl::StatusCode::kInvalidArgument,
+       "cache_seqlens: must be contiguous (row_stride 0 or 1, not -1)"},
+      {[](auto& r) { r.mutable_cache_seqlens()->set_row_stride(2); },
+       absl::StatusCode::kInvalidArgument, "cache_seqlens: must be contiguous"},
       // A length smaller than s_q, one past its table, a table entry past the cache.
       {lengths({1, 64}), absl::StatusCode::kInvalidArgument, "smaller than s_q = 2"},
       {lengths({130, 3 * 64 + 1}), absl::StatusCode::kInvalidArgument, "past its page table"},
