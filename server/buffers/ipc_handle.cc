@@ -12,6 +12,17 @@ namespace {
 constexpr size_t kTorchHandleBytes = 2 + kIpcHandleBytes;
 constexpr char kTorchHandleVersion = 2;
 
+// The 64 bytes of `raw`, unless they are all zero (never what `maker` returns).
+absl::StatusOr<IpcHandleBytes> Copy(absl::string_view raw, absl::string_view maker) {
+  if (std::all_of(raw.begin(), raw.end(), [](char c) { return c == 0; })) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("handle: all zero bytes; not a handle from ", maker));
+  }
+  IpcHandleBytes bytes;
+  std::memcpy(bytes.data(), raw.data(), kIpcHandleBytes);
+  return bytes;
+}
+
 }  // namespace
 
 absl::StatusOr<IpcHandleBytes> ParseIpcHandle(absl::string_view handle) {
@@ -37,13 +48,7 @@ absl::StatusOr<IpcHandleBytes> ParseIpcHandle(absl::string_view handle) {
         " bytes is neither a 64-byte cudaIpcMemHandle_t nor PyTorch's 66-byte storage handle "
         "(version 2, type 'c', then the 64-byte handle)"));
   }
-  if (std::all_of(raw.begin(), raw.end(), [](char c) { return c == 0; })) {
-    return absl::InvalidArgumentError(
-        "handle: all zero bytes; not a handle from cudaIpcGetMemHandle");
-  }
-  IpcHandleBytes bytes;
-  std::memcpy(bytes.data(), raw.data(), kIpcHandleBytes);
-  return bytes;
+  return Copy(raw, "cudaIpcGetMemHandle");
 }
 
 absl::StatusOr<IpcHandleBytes> ParseIpcEventHandle(absl::string_view handle) {
@@ -51,13 +56,7 @@ absl::StatusOr<IpcHandleBytes> ParseIpcEventHandle(absl::string_view handle) {
     return absl::InvalidArgumentError(absl::StrCat("handle: a cudaIpcEventHandle_t is ",
                                                    kIpcHandleBytes, " bytes, not ", handle.size()));
   }
-  if (std::all_of(handle.begin(), handle.end(), [](char c) { return c == 0; })) {
-    return absl::InvalidArgumentError(
-        "handle: all zero bytes; not a handle from cudaIpcGetEventHandle");
-  }
-  IpcHandleBytes bytes;
-  std::memcpy(bytes.data(), handle.data(), kIpcHandleBytes);
-  return bytes;
+  return Copy(handle, "cudaIpcGetEventHandle");
 }
 
 }  // namespace probesidecar::server
