@@ -1,7 +1,5 @@
 #include "server/executors/make_executor.h"
 
-#include <limits>
-
 #include "absl/strings/str_cat.h"
 #include "server/executors/cpu/cpu_executor.h"
 #include "server/executors/cuda/cuda_executor.h"
@@ -19,10 +17,8 @@ absl::StatusOr<std::unique_ptr<Executor>> MakeExecutor(const Config& config) {
     }
     LogInfo("backend auto: using the CPU backend (%s)", cuda.status().message());
   }
-  // The service admits at most --max-concurrent-requests requests; each is split into tasks of
-  // ~2M multiply-adds, so the task queue itself needs no bound of its own.
   return std::unique_ptr<Executor>(
-      std::make_unique<CpuExecutor>(config.cpu_threads, std::numeric_limits<size_t>::max()));
+      std::make_unique<CpuExecutor>(config.cpu_threads, config.max_queued_requests));
 }
 
 }  // namespace probesidecar::server

@@ -181,6 +181,10 @@ int RunServer(const Config& config) {
     state.graph_cache = executor->graph_cache();
     state.device_memory_bytes = executor->device_memory_bytes();
     state.queued_requests = executor->queued();
+    state.queue_capacity = executor->queue_capacity();
+    const DroppedRequests dropped = executor->dropped();
+    state.expired_requests = dropped.expired;
+    state.cancelled_requests = dropped.cancelled;
     state.invalid_device_rows = executor->invalid_device_rows();
     state.invalid_verify_requests = executor->invalid_verify_requests();
     state.mps = executor->mps();
