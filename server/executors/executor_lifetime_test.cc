@@ -1,7 +1,7 @@
 // What executors do with a request's lifetime and with their queue bound: the CPU executor bounds
 // its queue by requests (not by the tasks they split into), does not run a request whose deadline
 // has passed or whose caller has gone, stops a running one between tasks, and answers each
-// exactly once.
+// exactly once; the test-only fault injector fails every Nth request with INTERNAL.
 #include <atomic>
 #include <cmath>
 #include <limits>
@@ -13,6 +13,7 @@
 #include "absl/time/time.h"
 #include "gtest/gtest.h"
 #include "server/executors/cpu/cpu_executor.h"
+#include "server/executors/fault_injection.h"
 
 namespace probesidecar::server {
 namespace {
@@ -136,6 +137,26 @@ TEST(ExecutorLifetimeTest, ACancelledRequestStopsBetweenTasks) {
   EXPECT_EQ(job.scored_rows(), 4 * 8);
   EXPECT_LE(checks.load(), 4 + 2);
   EXPECT_EQ(executor.dropped().cancelled, 1u);
+}
+
+TEST(ExecutorLifetimeTest, TheFaultInjectorFailsEveryNthRequestWithInternal) {
+  std::unique_ptr<Executor> executor = InjectFaults(std::make_unique<CpuExecutor>(1, 16), 3);
+  std::vector<std::unique_ptr<OwnedJob>> jobs;
+  for (int i = 0; i < 7; ++i) {
+    jobs.push_back(std::make_unique<OwnedJob>(8));
+    executor->Score(&jobs.back()->job, jobs.back()->Done());
+    jobs.back()->answered.WaitForNotification();
+  }
+  executor->Shutdown();
+  for (int i = 0; i < 7; ++i) {
+    EXPECT_EQ(jobs[i]->calls.load(), 1);
+    if ((i + 1) % 3 == 0) {
+      EXPECT_EQ(jobs[i]->status.code(), absl::StatusCode::kInternal) << i;
+      EXPECT_NE(jobs[i]->status.message().find("test-only"), absl::string_view::npos);
+    } else {
+      EXPECT_TRUE(jobs[i]->status.ok()) << i << ": " << jobs[i]->status;
+    }
+  }
 }
 
 }  // namespace

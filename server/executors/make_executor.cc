@@ -3,11 +3,13 @@
 #include "absl/strings/str_cat.h"
 #include "server/executors/cpu/cpu_executor.h"
 #include "server/executors/cuda/cuda_executor.h"
+#include "server/executors/fault_injection.h"
 #include "server/observability/log.h"
 
 namespace probesidecar::server {
+namespace {
 
-absl::StatusOr<std::unique_ptr<Executor>> MakeExecutor(const Config& config) {
+absl::StatusOr<std::unique_ptr<Executor>> MakeBackend(const Config& config) {
   if (config.backend != Backend::kCpu) {
     absl::StatusOr<std::unique_ptr<Executor>> cuda = CreateCudaExecutor(config);
     if (cuda.ok()) return cuda;
@@ -19,6 +21,17 @@ absl::StatusOr<std::unique_ptr<Executor>> MakeExecutor(const Config& config) {
   }
   return std::unique_ptr<Executor>(
       std::make_unique<CpuExecutor>(config.cpu_threads, config.max_queued_requests));
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<Executor>> MakeExecutor(const Config& config) {
+  absl::StatusOr<std::unique_ptr<Executor>> executor = MakeBackend(config);
+  if (!executor.ok()) return executor;
+  if (const uint64_t every = FaultEveryFromEnvironment(); every > 0) {
+    return InjectFaults(std::move(*executor), every);
+  }
+  return executor;
 }
 
 }  // namespace probesidecar::server
