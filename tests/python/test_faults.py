@@ -1,6 +1,6 @@
-"""Faults against the real server (CPU backend): a client killed mid-request, a probe set unloaded
-under its requests, and a request that fails as a CUDA error would (through the test-only fault
-hook; the real GPU fault needs a GPU)."""
+"""Faults against the real server (CPU backend): a client killed mid-request, a client that never
+cleans up, a probe set unloaded under its requests, and a request that fails as a CUDA error
+would (through the test-only fault hook; the real GPU fault needs a GPU)."""
 
 from __future__ import annotations
 
@@ -17,6 +17,7 @@ import pytest
 from conftest import Sidecar
 from probe_files import ProbeFile
 from probe_sidecar import ProbeSidecarError, score_request
+from probesidecar.v1 import buffers_pb2
 from server_state import answered_by_code, difference, metric, wait_for
 
 # One activation row scored many times over a wide set: 1 M multiply-adds a row, ~5 G/s here.
@@ -115,6 +116,50 @@ def test_a_probe_set_unloaded_while_requests_use_it(sidecar):
             scores = np.frombuffer(response.scores, "<f4").reshape(BLOCKER_ROWS, P)
             np.testing.assert_allclose(scores, np.broadcast_to(expected, scores.shape),
                                        rtol=1e-4, atol=1e-4)
+
+
+def test_a_client_that_never_cleans_up_leaves_nothing_behind(probe):
+    # On the CPU backend a client can hold no buffers or sessions (refused); what it can hold is
+    # a stream. Killed with its ScoreStream open, it must not keep anything alive: a SIGTERM then
+    # finds the server idle. (The GPU tests cover buffers of a dead client: test_gpu_ipc.py.)
+    s = Sidecar(["--backend=cpu", "--shutdown-grace-seconds=5"]).start()
+    try:
+        child = start_child(f"""
+            import time
+            import grpc
+            import numpy as np
+            from probe_sidecar import Client, score_request
+            from probesidecar.v1 import buffers_pb2
+            c = Client({s.uds_target!r})
+            session = buffers_pb2.OpenSessionRequest(client_pid=1)
+            buffer = buffers_pb2.RegisterBufferRequest(handle=bytes(64), byte_size=16)
+            for call in (lambda: list(c.stub.OpenSession(session)),
+                         lambda: c.stub.RegisterBuffer(buffer)):
+                try:
+                    call()
+                    raise SystemExit("not refused")
+                except grpc.RpcError as e:
+                    assert e.code() == grpc.StatusCode.FAILED_PRECONDITION, e
+            def messages():
+                yield score_request(np.ones((1, 4096), np.float32), [0], "demo")
+                time.sleep(600)  # never half-closes
+            stream = c.stub.ScoreStream(messages())
+            next(stream)
+            print("ready", flush=True)
+            time.sleep(600)
+        """)
+        child.kill()
+        child.wait()
+        with s.client() as c:
+            listed = c.stub.ListBuffers(buffers_pb2.ListBuffersRequest(), timeout=10)
+            assert list(listed.buffers) == []
+            assert c.score(np.ones((1, 4096), np.float32), [0], "demo").scores.shape == (1, 4)
+        start = time.monotonic()
+        s.signal(signal.SIGTERM)
+        assert s.wait(timeout=30) == 0
+        assert time.monotonic() - start < 1.0, s.log()  # nothing of the dead client held it
+    finally:
+        s.close()
 
 
 def test_an_injected_cuda_error_fails_one_request_and_the_next_ones_succeed(monkeypatch):
