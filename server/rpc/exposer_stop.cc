@@ -58,7 +58,9 @@ void StopExposer(std::unique_ptr<prometheus::Exposer> exposer, const std::string
   // first one after wakes the listener thread, which then exits.
   std::thread waker([&stopped, found] {
     while (found != nullptr && !stopped.load()) {
-      Poke(*found);
+      // Every address the host resolves to ("localhost": ::1 and 127.0.0.1), one of which it
+      // listens on.
+      for (const addrinfo* a = found; a != nullptr; a = a->ai_next) Poke(*a);
       absl::SleepFor(absl::Milliseconds(5));
     }
   });
