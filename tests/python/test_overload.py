@@ -25,18 +25,12 @@ SMALL = np.zeros(64, np.int32)
 
 
 @pytest.fixture(scope="module")
-def sidecar():
+def sidecar():  # overrides conftest's; its `client` fixture then talks to this one
     with Sidecar(["--backend=cpu", "--cpu-threads=1", "--max-queued-requests=2"]) as s:
         with s.client() as c:
             c.load_probe_set("slow", data=ProbeFile(P, H, seed=2).data)
         yield s
         assert s.process.poll() is None, "the server died:\n" + s.log()
-
-
-@pytest.fixture
-def client(sidecar):
-    with sidecar.client() as c:
-        yield c
 
 
 X = np.random.default_rng(0).standard_normal((1, H)).astype(np.float32)
