@@ -57,8 +57,9 @@ Both
   --seconds=S           measured duration of each record (default 1.5)
   --warmup=N            untimed calls before each record: per client thread (closed loop), in
                         all (open loop) (default 100)
-  --timeout=S           deadline of each unary call; a stream is cancelled S seconds after its
-                        run's end (default 30)
+  --timeout=S           deadline of each unary call; a stream is cancelled S seconds (open
+                        loop: S + 1) after its run's end (default 30); set-up calls (loading
+                        probe sets) get 30 s at least
   --seed=N              seed of the Poisson schedule and of the random data (default 1)
   --quiet               no progress line (it goes to stderr once per second: elapsed, sent, ok,
                         errors, the last second's rate, p50/p99 so far)

@@ -19,6 +19,9 @@
 namespace probesidecar::client::bench {
 namespace {
 
+// The least deadline of the set-up calls (ServerInfo, LoadProbeSet), seconds.
+constexpr double kSetupTimeoutSeconds = 30;
+
 std::string TransportOf(const Options& o, const std::string& target) {
   if (!o.transport.empty()) return o.transport;
   return target.rfind("unix:", 0) == 0 ? "uds" : "tcp";
@@ -144,7 +147,10 @@ absl::Status Run(const Options& o, const std::string& git) {
       RandomBf16(static_cast<size_t>(std::max(ipc ? o.tokens : 0, max_rows)) * o.hidden,
                  static_cast<uint32_t>(o.seed));
   if (score) {
-    client = std::make_unique<Client>(o.target, ClientOptions{o.timeout_seconds, 1 << 30});
+    // Set-up calls (ServerInfo, loading probe sets) are not measured: a --timeout meant for the
+    // measured calls (a short one, to study deadlines) must not fail them.
+    client = std::make_unique<Client>(
+        o.target, ClientOptions{std::max(o.timeout_seconds, kSetupTimeoutSeconds), 1 << 30});
     absl::StatusOr<nlohmann::json> server = DescribeServer(*client, o.target);
     if (!server.ok()) return server.status();
     run.server = *server;

@@ -153,6 +153,10 @@ const std::vector<Flag>& Flags() {
        "Score/Verify requests in progress at once; more are refused with RESOURCE_EXHAUSTED "
        "(default 256).",
        Count(&Config::max_concurrent_requests, "max-concurrent-requests", 1, 1 << 20)},
+      {"max-queued-requests", "N",
+       "Requests waiting for a worker (a GPU's stream slots, or the CPU threads); more are "
+       "refused with RESOURCE_EXHAUSTED at once (default 128).",
+       Count(&Config::max_queued_requests, "max-queued-requests", 1, 1 << 20)},
       {"max-rows", "N", "Largest number of rows in one Score request (default 65536).",
        Count(&Config::max_rows, "max-rows", 1, 1 << 24)},
       {"max-probes", "N", "Largest number of probes in one probe set (default 65536).",

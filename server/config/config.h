@@ -23,6 +23,8 @@ struct Config {
   int device = 0;
   uint64_t max_message_bytes = uint64_t{64} << 20;
   uint32_t max_concurrent_requests = 256;
+  // Requests waiting for a worker, per executor; more are refused with RESOURCE_EXHAUSTED.
+  uint32_t max_queued_requests = 128;
   uint32_t max_rows = 65536;
   uint32_t max_probes = 65536;
   uint64_t max_probe_file_bytes = uint64_t{1} << 30;

@@ -84,6 +84,16 @@ TEST(ConfigTest, AccessControlAndLimits) {
   EXPECT_EQ(Parse({"--unix-socket-mode=0666"})->config.unix_socket_mode, 0666u);
 }
 
+TEST(ConfigTest, TheQueueBoundIsItsOwnFlag) {
+  EXPECT_EQ(Parse({})->config.max_queued_requests, 128u);
+  absl::StatusOr<ParsedFlags> parsed =
+      Parse({"--max-queued-requests=3", "--max-concurrent-requests=50"});
+  ASSERT_TRUE(parsed.ok()) << parsed.status();
+  EXPECT_EQ(parsed->config.max_queued_requests, 3u);
+  EXPECT_EQ(parsed->config.max_concurrent_requests, 50u);
+  EXPECT_FALSE(Parse({"--max-queued-requests=0"}).ok());
+}
+
 TEST(ConfigTest, HelpAndVersion) {
   EXPECT_TRUE(Parse({"--help"})->show_help);
   EXPECT_TRUE(Parse({"--version"})->show_version);
@@ -96,6 +106,7 @@ TEST(ConfigTest, HelpAndVersion) {
                            "--device",
                            "--max-message-bytes",
                            "--max-concurrent-requests",
+                           "--max-queued-requests",
                            "--max-rows",
                            "--max-probes",
                            "--max-probe-file-bytes",

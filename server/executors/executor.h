@@ -2,7 +2,11 @@
 //
 // Threading contract: Score and Warmup never block the caller — they queue the work and return;
 // the completion callback runs exactly once, on one of the executor's own threads (or on the
-// caller's thread when the work is refused at once). PrepareProbeSet may wait for the device
+// caller's thread when the work is refused at once).
+//
+// Lifetime: a job whose RequestLifetime has ended when a worker takes it (deadline passed, caller
+// gone) is not run, and answers DEADLINE_EXCEEDED or CANCELLED; the CPU backend also checks
+// between the tasks of a running job and stops it early. PrepareProbeSet may wait for the device
 // (it uploads weights): callers run it on a thread of their own, never on a gRPC thread.
 #pragma once
 
@@ -37,6 +41,13 @@ struct VerifyOutcome {
 };
 using VerifyDone = absl::AnyInvocable<void(absl::Status status, const VerifyOutcome& outcome) &&>;
 
+// Requests an executor skipped or stopped early because their lifetime had ended, each counted
+// once.
+struct DroppedRequests {
+  uint64_t expired = 0;    // the deadline had passed
+  uint64_t cancelled = 0;  // the caller had gone
+};
+
 class Executor {
  public:
   virtual ~Executor() = default;
@@ -60,7 +71,7 @@ class Executor {
 
   // Queues `job` and returns; calls `done` exactly once, from one of the executor's threads —
   // or at once, with RESOURCE_EXHAUSTED (the queue is full) or UNAVAILABLE (shut down). `job`
-  // stays valid until then.
+  // stays valid until then. DEADLINE_EXCEEDED or CANCELLED: its lifetime ended first.
   virtual void Score(const ScoreJob* job, ScoreDone done) = 0;
 
   // MLA verify attention (CUDA backend): like Score, queued, `done` called exactly once.
@@ -74,6 +85,9 @@ class Executor {
   virtual uint64_t device_memory_bytes() const { return 0; }
   // Requests waiting for a worker.
   virtual uint64_t queued() const { return 0; }
+  // Requests that may wait for a worker (--max-queued-requests); more are refused at once.
+  virtual uint64_t queue_capacity() const { return 0; }
+  virtual DroppedRequests dropped() const { return {}; }
   // Whether the device context is a client of an MPS control daemon (the CUDA backend asks the
   // driver at start-up).
   virtual bool mps() const { return false; }

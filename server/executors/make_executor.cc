@@ -1,15 +1,15 @@
 #include "server/executors/make_executor.h"
 
-#include <limits>
-
 #include "absl/strings/str_cat.h"
 #include "server/executors/cpu/cpu_executor.h"
 #include "server/executors/cuda/cuda_executor.h"
+#include "server/executors/fault_injection.h"
 #include "server/observability/log.h"
 
 namespace probesidecar::server {
+namespace {
 
-absl::StatusOr<std::unique_ptr<Executor>> MakeExecutor(const Config& config) {
+absl::StatusOr<std::unique_ptr<Executor>> MakeBackend(const Config& config) {
   if (config.backend != Backend::kCpu) {
     absl::StatusOr<std::unique_ptr<Executor>> cuda = CreateCudaExecutor(config);
     if (cuda.ok()) return cuda;
@@ -19,10 +19,19 @@ absl::StatusOr<std::unique_ptr<Executor>> MakeExecutor(const Config& config) {
     }
     LogInfo("backend auto: using the CPU backend (%s)", cuda.status().message());
   }
-  // The service admits at most --max-concurrent-requests requests; each is split into tasks of
-  // ~2M multiply-adds, so the task queue itself needs no bound of its own.
   return std::unique_ptr<Executor>(
-      std::make_unique<CpuExecutor>(config.cpu_threads, std::numeric_limits<size_t>::max()));
+      std::make_unique<CpuExecutor>(config.cpu_threads, config.max_queued_requests));
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<Executor>> MakeExecutor(const Config& config) {
+  absl::StatusOr<std::unique_ptr<Executor>> executor = MakeBackend(config);
+  if (!executor.ok()) return executor;
+  if (const uint64_t every = FaultEveryFromEnvironment(); every > 0) {
+    return InjectFaults(std::move(*executor), every);
+  }
+  return executor;
 }
 
 }  // namespace probesidecar::server

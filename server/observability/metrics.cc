@@ -470,6 +470,18 @@ class Metrics::Impl final : public prometheus::Collectable {
     add("probesidecar_executor_queued_requests",
         "Requests waiting in the executor's queue for a worker (a stream slot on the GPU).",
         MetricType::Gauge, s.queued_requests);
+    add("probesidecar_executor_queue_capacity",
+        "Requests that may wait in the executor's queue (--max-queued-requests); more are refused "
+        "with RESOURCE_EXHAUSTED.",
+        MetricType::Gauge, s.queue_capacity);
+    add("probesidecar_executor_expired_requests_total",
+        "Requests the executor did not run, or stopped early, because their deadline had passed "
+        "(answered DEADLINE_EXCEEDED).",
+        MetricType::Counter, s.expired_requests);
+    add("probesidecar_executor_cancelled_requests_total",
+        "Requests the executor did not run, or stopped early, because their caller had cancelled "
+        "or gone away (answered CANCELLED).",
+        MetricType::Counter, s.cancelled_requests);
     add("probesidecar_graph_cache_entries", "Captured CUDA graphs held.", MetricType::Gauge,
         s.graph_cache.entries);
     add("probesidecar_graph_cache_capacity", "Captured CUDA graphs the cache may hold.",

@@ -22,13 +22,14 @@
 //   probesidecar_registered_buffers, probesidecar_registered_buffer_bytes,
 //   probesidecar_ipc_handles_open, probesidecar_probe_sets_loaded,
 //   probesidecar_device_memory_bytes, probesidecar_executor_queued_requests,
-//   probesidecar_mps_client,
+//   probesidecar_executor_queue_capacity, probesidecar_mps_client,
 //   probesidecar_graph_cache_entries,
 //   probesidecar_graph_cache_capacity                               gauges (MetricsState)
 //   probesidecar_graph_cache_{hits,misses,captures,evictions}_total,
 //   probesidecar_invalid_device_rows_total,
 //   probesidecar_invalid_verify_requests_total,
-//   probesidecar_probe_set_load_errors_total                        counters (MetricsState)
+//   probesidecar_probe_set_load_errors_total,
+//   probesidecar_executor_{expired,cancelled}_requests_total        counters (MetricsState)
 //   probesidecar_build_info{version,git_commit,cuda_runtime,device,backend}  gauge, value 1
 //   probesidecar_start_time_seconds                                 gauge (Unix time)
 //
@@ -116,6 +117,9 @@ struct MetricsState {
   uint64_t probe_sets = 0;
   uint64_t device_memory_bytes = 0;      // device memory the service allocated itself
   uint64_t queued_requests = 0;          // waiting in the executor's queue for a worker
+  uint64_t queue_capacity = 0;           // how many may wait (--max-queued-requests)
+  uint64_t expired_requests = 0;         // dropped by the executor: deadline passed
+  uint64_t cancelled_requests = 0;       // dropped by the executor: caller gone
   uint64_t invalid_device_rows = 0;      // device row indices found outside [0, T) on the GPU
   uint64_t invalid_verify_requests = 0;  // Verify requests whose device tables were out of range
   uint64_t probe_set_load_errors = 0;    // files of the probes directory skipped at start

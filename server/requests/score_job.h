@@ -8,6 +8,7 @@
 #include "absl/status/statusor.h"
 #include "probesidecar/v1/score.pb.h"
 #include "server/probes/probe_registry.h"
+#include "server/requests/request_lifetime.h"
 #include "server/requests/tensor_ref.h"
 
 namespace probesidecar::server {
@@ -35,6 +36,8 @@ struct ScoreJob {
   // Answer as soon as the work is queued on the GPU (a done event, device activations, device
   // output): nothing of the answer needs the GPU to finish.
   bool enqueue_only = false;
+  // Until when the request is worth running (checked by the executor before and while it runs).
+  RequestLifetime lifetime;
 
   bool rows_on_device() const { return rows == nullptr; }
 };

@@ -10,6 +10,7 @@
 #include "absl/status/statusor.h"
 #include "probesidecar/v1/verify.pb.h"
 #include "server/buffers/buffer_lease.h"
+#include "server/requests/request_lifetime.h"
 
 namespace probesidecar::server {
 
@@ -46,6 +47,8 @@ struct VerifyJob {
   int64_t compare_batch_stride = 0;
   float atol = 0, rtol = 0;
   EventLease ready, done;
+  // Until when the request is worth running (checked by the executor before it runs).
+  RequestLifetime lifetime;
 };
 
 // Two kernels that round to bf16 (and run P.V on bf16 tensor cores) differ by a few bf16 ulps:

@@ -45,7 +45,8 @@ class ScoreStreamReactor final
     : public grpc::ServerBidiReactor<v1::ScoreRequest, v1::ScoreResponse>,
       public DrainableStream {
  public:
-  explicit ScoreStreamReactor(ProbeSidecarService* service) : service_(service) {
+  ScoreStreamReactor(ProbeSidecarService* service, grpc::CallbackServerContext* context)
+      : service_(service), context_(context) {
     service_->AddStream(this);
     StartRead(&request_);
   }
@@ -83,7 +84,7 @@ class ScoreStreamReactor final
       return;
     }
     response_.Clear();
-    service_->RunScore(Rpc::kScoreStream, &request_, &response_,
+    service_->RunScore(Rpc::kScoreStream, LifetimeOf(context_), &request_, &response_,
                        [this](const absl::Status& status) {
                          if (!status.ok()) {
                            response_.Clear();
@@ -123,6 +124,7 @@ class ScoreStreamReactor final
   }
 
   ProbeSidecarService* const service_;
+  grpc::CallbackServerContext* const context_;
   v1::ScoreRequest request_;
   v1::ScoreResponse response_;
   absl::Mutex mu_;
@@ -133,8 +135,9 @@ class ScoreStreamReactor final
 
 }  // namespace
 
-void ProbeSidecarService::RunScore(Rpc rpc, const v1::ScoreRequest* request,
-                                   v1::ScoreResponse* response, Finish finish) {
+void ProbeSidecarService::RunScore(Rpc rpc, RequestLifetime lifetime,
+                                   const v1::ScoreRequest* request, v1::ScoreResponse* response,
+                                   Finish finish) {
   const Clock::time_point start = Clock::now();
   env_.metrics->RpcStarted(rpc);
   auto fail = [&](const absl::Status& status, absl::string_view probe_set) {
@@ -143,6 +146,10 @@ void ProbeSidecarService::RunScore(Rpc rpc, const v1::ScoreRequest* request,
   };
   if (absl::Status draining = Draining(); !draining.ok()) {
     fail(draining, "");
+    return;
+  }
+  if (absl::Status alive = lifetime.Check(); !alive.ok()) {
+    fail(alive, "");
     return;
   }
   if (admitted_.fetch_add(1) >= env_.config.max_concurrent_requests) {
@@ -166,12 +173,16 @@ void ProbeSidecarService::RunScore(Rpc rpc, const v1::ScoreRequest* request,
     return;
   }
   auto job = std::make_unique<ScoreJob>(std::move(*prepared));
+  job->lifetime = std::move(lifetime);
   const ScoreJob* raw_job = job.get();
   in_flight_.fetch_add(1);
   env_.executor->Score(raw_job, [this, rpc, start, request, response, job = std::move(job),
                                  finish = std::move(finish)](absl::Status status,
                                                              const ScoreTimings& timings) mutable {
     const ProbeSet& set = *job->probe_set;
+    // Done, but past the deadline or with the caller gone nobody gets the answer: it is counted
+    // as what the caller saw.
+    if (status.ok()) status = job->lifetime.Check();
     if (status.ok()) {
       response->set_request_id(request->request_id());
       response->set_num_rows(job->num_rows);
@@ -200,14 +211,14 @@ grpc::ServerUnaryReactor* ProbeSidecarService::Score(grpc::CallbackServerContext
                                                      const v1::ScoreRequest* request,
                                                      v1::ScoreResponse* response) {
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
-  RunScore(Rpc::kScore, request, response,
+  RunScore(Rpc::kScore, LifetimeOf(context), request, response,
            [reactor](const absl::Status& status) { reactor->Finish(ToGrpcStatus(status)); });
   return reactor;
 }
 
 grpc::ServerBidiReactor<v1::ScoreRequest, v1::ScoreResponse>* ProbeSidecarService::ScoreStream(
-    grpc::CallbackServerContext* /*context*/) {
-  return new ScoreStreamReactor(this);
+    grpc::CallbackServerContext* context) {
+  return new ScoreStreamReactor(this, context);
 }
 
 }  // namespace probesidecar::server

@@ -30,6 +30,7 @@
 #include "server/observability/log.h"
 #include "server/observability/metrics.h"
 #include "server/probes/probe_registry.h"
+#include "server/rpc/exposer_stop.h"
 #include "server/rpc/service.h"
 
 namespace probesidecar::server {
@@ -181,6 +182,10 @@ int RunServer(const Config& config) {
     state.graph_cache = executor->graph_cache();
     state.device_memory_bytes = executor->device_memory_bytes();
     state.queued_requests = executor->queued();
+    state.queue_capacity = executor->queue_capacity();
+    const DroppedRequests dropped = executor->dropped();
+    state.expired_requests = dropped.expired;
+    state.cancelled_requests = dropped.cancelled;
     state.invalid_device_rows = executor->invalid_device_rows();
     state.invalid_verify_requests = executor->invalid_verify_requests();
     state.mps = executor->mps();
@@ -320,10 +325,17 @@ int RunServer(const Config& config) {
   // which they are refused with UNAVAILABLE instead lets clients retry elsewhere cleanly.
   absl::SleepFor(
       std::min(absl::Milliseconds(200), std::max(absl::ZeroDuration(), deadline - absl::Now())));
-  server->Shutdown(absl::ToChronoTime(deadline));
+  // The service's own work is done (or out of time). What can still hold gRPC's shutdown is not
+  // ours to wait for: gRPC's health service keeps Watch streams open, and a client may keep its
+  // connection after GOAWAY. Both used to hold the process for the rest of the grace period; they
+  // get a short moment to end cleanly, then gRPC cancels them. Cancelled calls whose work is still
+  // queued or running are skipped or stopped early by the executor, so this returns promptly.
+  server->Shutdown(absl::ToChronoTime(std::min(deadline, absl::Now() + absl::Milliseconds(100))));
   server->Wait();
   service.StopControlWorker();  // releases of ended sessions use the executor's buffers
   executor->Shutdown();
+  StopExposer(std::move(exposer),
+              config.metrics_listen.substr(0, config.metrics_listen.rfind(':')));
   for (const std::string& address : config.listen) {
     if (const std::string path = UnixPath(address); !path.empty()) ::unlink(path.c_str());
   }

@@ -106,10 +106,11 @@ class ProbeSidecarService final : public v1::ProbeSidecar::CallbackService {
   void RemoveStream(DrainableStream* stream);
 
   // Validates and runs one Score (unary or stream message); `finish` is called exactly once,
-  // possibly from an executor thread, after `response` is filled.
+  // possibly from an executor thread, after `response` is filled. Past `lifetime` (the call's
+  // deadline, or its caller gone) the work is skipped or stopped early.
   using Finish = absl::AnyInvocable<void(const absl::Status& status) &&>;
-  void RunScore(Rpc rpc, const v1::ScoreRequest* request, v1::ScoreResponse* response,
-                Finish finish);
+  void RunScore(Rpc rpc, RequestLifetime lifetime, const v1::ScoreRequest* request,
+                v1::ScoreResponse* response, Finish finish);
 
   // Runs `work` on the control worker; the RPC ends when `work` calls its Finish (on any thread).
   // Refused at once with RESOURCE_EXHAUSTED when the control queue is full, and with UNAVAILABLE

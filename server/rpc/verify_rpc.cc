@@ -25,6 +25,8 @@ grpc::ServerUnaryReactor* ProbeSidecarService::Verify(grpc::CallbackServerContex
     return reactor;
   };
   if (absl::Status draining = Draining(); !draining.ok()) return fail(draining);
+  RequestLifetime lifetime = LifetimeOf(context);
+  if (absl::Status alive = lifetime.Check(); !alive.ok()) return fail(alive);
   if (admitted_.fetch_add(1) >= env_.config.max_concurrent_requests) {
     admitted_.fetch_sub(1);
     return fail(absl::ResourceExhaustedError(
@@ -38,10 +40,13 @@ grpc::ServerUnaryReactor* ProbeSidecarService::Verify(grpc::CallbackServerContex
     return fail(prepared.status());
   }
   auto job = std::make_unique<VerifyJob>(std::move(*prepared));
+  job->lifetime = std::move(lifetime);
   const VerifyJob* raw_job = job.get();
   in_flight_.fetch_add(1);
   env_.executor->Verify(raw_job, [this, start, response, reactor, job = std::move(job)](
                                      absl::Status status, const VerifyOutcome& outcome) mutable {
+    // Done, but past the deadline or with the caller gone nobody gets the answer.
+    if (status.ok()) status = job->lifetime.Check();
     if (status.ok()) {
       response->set_kernel_path(outcome.kernel_path);
       if (outcome.shadow) {

@@ -27,7 +27,8 @@ def test_help_lists_every_flag():
     result = run_binary("--help")
     assert result.returncode == 0
     for flag in ["--listen", "--metrics-listen", "--probes", "--backend", "--device",
-                 "--max-message-bytes", "--max-concurrent-requests", "--max-rows", "--max-probes",
+                 "--max-message-bytes", "--max-concurrent-requests", "--max-queued-requests",
+                 "--max-rows", "--max-probes",
                  "--max-probe-file-bytes", "--cpu-threads", "--cuda-workers",
                  "--graph-cache-entries", "--warmup-rows", "--shutdown-grace-seconds",
                  "--log-level", "--version", "--unix-socket-mode", "--tls-cert", "--tls-key",

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <limits>
 #include <memory>
 #include <thread>
 
@@ -30,8 +31,9 @@ int ThreadCount(uint32_t threads) {
 
 }  // namespace
 
-CpuExecutor::CpuExecutor(uint32_t threads, size_t max_queued_tasks)
-    : pool_(ThreadCount(threads), max_queued_tasks) {}
+CpuExecutor::CpuExecutor(uint32_t threads, size_t max_queued_requests)
+    : capacity_(max_queued_requests),
+      pool_(ThreadCount(threads), std::numeric_limits<size_t>::max()) {}
 
 CpuExecutor::~CpuExecutor() { Shutdown(); }
 
@@ -39,7 +41,22 @@ std::string CpuExecutor::device_name() const {
   return absl::StrCat("cpu (", pool_.workers(), " threads)");
 }
 
+bool CpuExecutor::TryEnqueue() {
+  uint64_t waiting = waiting_.load();
+  do {
+    if (waiting >= capacity_) return false;
+  } while (!waiting_.compare_exchange_weak(waiting, waiting + 1));
+  return true;
+}
+
 void CpuExecutor::Score(const ScoreJob* job, ScoreDone done) {
+  if (!TryEnqueue()) {
+    std::move(done)(absl::ResourceExhaustedError(absl::StrCat(
+                        "the CPU executor's queue is full (", capacity_, " requests wait for ",
+                        pool_.workers(), " threads; --max-queued-requests); retry later")),
+                    ScoreTimings{});
+    return;
+  }
   const ProbeSet& set = *job->probe_set;
   kernels::ProbeScoreCpuParams params;
   params.x = job->activations.host;
@@ -60,38 +77,55 @@ void CpuExecutor::Score(const ScoreJob* job, ScoreDone done) {
       static_cast<int32_t>(std::clamp<int64_t>(kTaskMacs / macs_per_row, 1, job->num_rows));
   const int32_t num_tasks = (job->num_rows + rows_per_task - 1) / rows_per_task;
 
-  // Shared by the tasks; the last one to finish reports (a refused task reports the refusal).
+  // Shared by the tasks; the last one to finish reports. The first failure (refusal at shutdown,
+  // lifetime ended) is the answer, and the tasks after it do nothing.
   struct Shared {
     ScoreDone done;
+    const RequestLifetime* lifetime;
     std::atomic<int32_t> remaining;
     Clock::time_point submitted;
     std::atomic<int64_t> first_start_ns{INT64_MAX};
+    std::atomic<bool> left_queue{false};
+    std::atomic<bool> failed{false};
     absl::Mutex mu;
     absl::Status status ABSL_GUARDED_BY(mu);
+
+    void Fail(absl::Status s) {
+      absl::MutexLock lock(&mu);
+      if (status.ok()) status = std::move(s);
+      failed.store(true);
+    }
   };
   auto shared = std::make_shared<Shared>();
   shared->done = std::move(done);
+  shared->lifetime = &job->lifetime;
   shared->remaining.store(num_tasks);
   shared->submitted = Clock::now();
+  // The request leaves the queue when its first task starts (or is refused).
+  auto leave_queue = [this](Shared& s) {
+    if (!s.left_queue.exchange(true)) waiting_.fetch_sub(1);
+  };
 
   for (int32_t t = 0; t < num_tasks; ++t) {
     const int32_t begin = t * rows_per_task;
     const int32_t end = std::min(job->num_rows, begin + rows_per_task);
-    pool_.Submit([params, begin, end, shared](int worker) {
+    pool_.Submit([this, params, begin, end, shared, leave_queue](int worker) {
+      leave_queue(*shared);
       if (worker == WorkerPool::kRefused) {
-        absl::MutexLock lock(&shared->mu);
-        if (shared->status.ok()) {
-          shared->status = absl::ResourceExhaustedError(
-              "the CPU executor's queue is full (or it is shutting down); retry later");
+        shared->Fail(absl::UnavailableError("the CPU executor is shutting down"));
+      } else if (!shared->failed.load()) {
+        if (absl::Status alive = shared->lifetime->Check(); !alive.ok()) {
+          shared->Fail(std::move(alive));
+        } else {
+          const Clock::time_point start = Clock::now();
+          const int64_t start_ns =
+              std::chrono::duration_cast<std::chrono::nanoseconds>(start - shared->submitted)
+                  .count();
+          int64_t seen = shared->first_start_ns.load();
+          while (start_ns < seen && !shared->first_start_ns.compare_exchange_weak(seen, start_ns)) {
+          }
+          kernels::ScoreProbesCpu(params, begin, end);
         }
-      } else {
-        const Clock::time_point start = Clock::now();
-        const int64_t start_ns =
-            std::chrono::duration_cast<std::chrono::nanoseconds>(start - shared->submitted).count();
-        int64_t seen = shared->first_start_ns.load();
-        while (start_ns < seen && !shared->first_start_ns.compare_exchange_weak(seen, start_ns)) {
-        }
-        kernels::ScoreProbesCpu(params, begin, end);
       }
       if (shared->remaining.fetch_sub(1) == 1) {
         ScoreTimings timings;
@@ -105,6 +139,7 @@ void CpuExecutor::Score(const ScoreJob* job, ScoreDone done) {
           absl::MutexLock lock(&shared->mu);
           status = shared->status;
         }
+        drops_.Count(status);
         std::move(shared->done)(status, timings);
       }
     });

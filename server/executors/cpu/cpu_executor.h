@@ -2,10 +2,12 @@
 // split into tasks that run in parallel; the CPU scorer accumulates in float32 like the GPU.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <memory>
 #include <string>
 
+#include "server/executors/drop_counter.h"
 #include "server/executors/executor.h"
 #include "server/executors/worker_pool.h"
 
@@ -13,20 +15,32 @@ namespace probesidecar::server {
 
 class CpuExecutor final : public Executor {
  public:
-  // threads == 0: one per core. At most `max_queued_tasks` tasks wait for a thread.
-  CpuExecutor(uint32_t threads, size_t max_queued_tasks);
+  // threads == 0: one per core. At most `max_queued_requests` requests wait for a thread (a
+  // request waits until its first task starts, however many tasks it is split into); more are
+  // refused with RESOURCE_EXHAUSTED.
+  CpuExecutor(uint32_t threads, size_t max_queued_requests);
   ~CpuExecutor() override;
 
   const char* backend() const override { return "cpu"; }
   std::string device_name() const override;
   absl::Status PrepareProbeSet(ProbeSet&) override { return absl::OkStatus(); }
   BufferRegistry* buffers() override { return nullptr; }
+  // Before each task the job's lifetime is checked: a request whose deadline passed or whose
+  // caller went away runs no further task and answers DEADLINE_EXCEEDED or CANCELLED.
   void Score(const ScoreJob* job, ScoreDone done) override;
-  uint64_t queued() const override { return pool_.queued(); }
+  uint64_t queued() const override { return waiting_.load(std::memory_order_relaxed); }
+  uint64_t queue_capacity() const override { return capacity_; }
+  DroppedRequests dropped() const override { return drops_.counts(); }
   void Shutdown() override;
 
  private:
-  WorkerPool pool_;
+  // Takes a place in the queue; false when all `capacity_` are taken.
+  bool TryEnqueue();
+
+  const size_t capacity_;
+  std::atomic<uint64_t> waiting_{0};  // requests none of whose tasks has started
+  DropCounter drops_;
+  WorkerPool pool_;  // tasks: unbounded here, the requests they come from are bounded above
 };
 
 }  // namespace probesidecar::server

@@ -1,8 +1,12 @@
 // The CPU executor under concurrency (also run under ThreadSanitizer): many callers, jobs split
 // into tasks across the workers, a full queue, and shutdown with work queued. Every job's
-// callback runs exactly once, and accepted jobs score what the CPU scorer scores alone.
+// callback runs exactly once, and accepted jobs score what the CPU scorer scores alone. And a
+// request's lifetime: its queue is bounded by requests (not by the tasks they split into), a
+// request whose deadline has passed is not run, and one whose caller goes away stops between
+// two tasks.
 #include "server/executors/cpu/cpu_executor.h"
 
+#include <algorithm>
 #include <atomic>
 #include <cmath>
 #include <memory>
@@ -10,6 +14,9 @@
 #include <thread>
 #include <vector>
 
+#include "absl/synchronization/notification.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
 #include "gtest/gtest.h"
 #include "kernels/probe_score/probe_score_cpu.h"
 
@@ -129,7 +136,107 @@ TEST(CpuExecutorTest, AFullQueueRefusesAndShutdownAnswersEveryJobOnce) {
       ++refused;
     }
   }
-  EXPECT_GT(refused, 0);  // 16 jobs of 8 tasks each against a queue of 4 tasks
+  EXPECT_GT(refused, 0);  // 16 jobs against a queue of 4 requests
+}
+
+// Records the answer in `job`; the test thread reads it once `calls` is 1.
+ScoreDone Record(OwnedJob* job) {
+  return [job](absl::Status status, const ScoreTimings&) {
+    job->status = status;
+    job->calls.fetch_add(1);
+  };
+}
+
+void AwaitAnswer(const OwnedJob& job) {
+  while (job.calls.load() == 0) absl::SleepFor(absl::Milliseconds(1));
+}
+
+// Rows whose scores are those of the CPU scorer alone (the others were never scored: 0).
+int ScoredRows(const OwnedJob& job) {
+  const std::vector<float> expected = job.Expected();
+  const int32_t probes = job.job.probe_set->num_probes;
+  int scored = 0;
+  for (int32_t r = 0; r < job.job.num_rows; ++r) {
+    scored += std::equal(expected.begin() + r * probes, expected.begin() + (r + 1) * probes,
+                         job.scores.begin() + r * probes);
+  }
+  return scored;
+}
+
+// 4096 x 64 probes: 2^18 multiply-adds a row, so the executor's tasks are 8 rows each.
+constexpr int32_t kHidden = 4096;
+constexpr int32_t kProbes = 64;
+
+TEST(CpuExecutorTest, TheQueueIsBoundedByRequestsNotTasks) {
+  CpuExecutor executor(1, 3);
+  EXPECT_EQ(executor.queue_capacity(), 3u);
+  // The first request holds the only thread (its first task's lifetime check waits) until its
+  // caller goes away; three more of 16 tasks each fill the queue; the fifth is refused at once.
+  absl::Notification gone;
+  OwnedJob holder(8, kHidden, kProbes, 1.0f);
+  holder.job.lifetime.cancelled = [&gone] {
+    gone.WaitForNotification();
+    return true;
+  };
+  executor.Score(&holder.job, Record(&holder));
+  while (executor.queued() != 0) absl::SleepFor(absl::Milliseconds(1));  // it started
+  std::vector<std::unique_ptr<OwnedJob>> waiting;
+  for (int i = 0; i < 4; ++i) {
+    waiting.push_back(std::make_unique<OwnedJob>(128, kHidden, kProbes, 2.0f + i));
+    executor.Score(&waiting.back()->job, Record(waiting.back().get()));
+  }
+  EXPECT_EQ(executor.queued(), 3u);
+  EXPECT_EQ(waiting[3]->calls.load(), 1);  // answered on this thread
+  EXPECT_EQ(waiting[3]->status.code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_NE(waiting[3]->status.message().find("--max-queued-requests"), absl::string_view::npos);
+  gone.Notify();
+  executor.Shutdown();
+  EXPECT_EQ(holder.status.code(), absl::StatusCode::kCancelled);
+  for (int i = 0; i < 3; ++i) {
+    EXPECT_EQ(waiting[i]->calls.load(), 1);
+    ASSERT_TRUE(waiting[i]->status.ok()) << waiting[i]->status;
+    EXPECT_EQ(waiting[i]->scores, waiting[i]->Expected());
+  }
+  EXPECT_EQ(executor.queued(), 0u);
+  EXPECT_EQ(executor.dropped().cancelled, 1u);
+}
+
+TEST(CpuExecutorTest, ARequestPastItsDeadlineIsNotRun) {
+  CpuExecutor executor(1, 8);
+  OwnedJob expired(64, kHidden, kProbes, 1.0f);
+  expired.job.lifetime.deadline = absl::Now() - absl::Milliseconds(1);
+  executor.Score(&expired.job, Record(&expired));
+  AwaitAnswer(expired);
+  EXPECT_EQ(expired.status.code(), absl::StatusCode::kDeadlineExceeded);
+  EXPECT_EQ(ScoredRows(expired), 0);
+  EXPECT_EQ(executor.dropped().expired, 1u);
+  // The same request with time to spare runs.
+  OwnedJob timely(64, kHidden, kProbes, 1.0f);
+  timely.job.lifetime.deadline = absl::Now() + absl::Seconds(60);
+  executor.Score(&timely.job, Record(&timely));
+  AwaitAnswer(timely);
+  EXPECT_TRUE(timely.status.ok()) << timely.status;
+  EXPECT_EQ(ScoredRows(timely), 64);
+  executor.Shutdown();
+  EXPECT_EQ(expired.calls.load() + timely.calls.load(), 2);
+}
+
+TEST(CpuExecutorTest, ACancelledRequestStopsBetweenTasks) {
+  CpuExecutor executor(2, 8);
+  // 256 rows: 32 tasks. The caller goes away once four tasks have started.
+  OwnedJob job(256, kHidden, kProbes, 1.0f);
+  std::atomic<int> checks{0};
+  job.job.lifetime.cancelled = [&checks] { return checks.fetch_add(1) >= 4; };
+  executor.Score(&job.job, Record(&job));
+  AwaitAnswer(job);
+  executor.Shutdown();
+  EXPECT_EQ(job.calls.load(), 1);
+  EXPECT_EQ(job.status.code(), absl::StatusCode::kCancelled);
+  // Four tasks of 8 rows scored (a task checks once, before it starts); the rest never ran, and
+  // once one task had found the caller gone, the others did not even ask again.
+  EXPECT_EQ(ScoredRows(job), 4 * 8);
+  EXPECT_LE(checks.load(), 4 + 2);
+  EXPECT_EQ(executor.dropped().cancelled, 1u);
 }
 
 }  // namespace

@@ -19,6 +19,7 @@
 #include "server/executors/cuda/cuda_status.h"
 #include "server/executors/cuda/stream_slot.h"
 #include "server/executors/cuda/verify_runner.h"
+#include "server/executors/drop_counter.h"
 #include "server/executors/worker_pool.h"
 #include "server/observability/log.h"
 
@@ -92,10 +93,9 @@ class CudaExecutor final : public Executor {
   ~CudaExecutor() override { Shutdown(); }
 
   absl::Status Init() {
-    // One worker thread per stream slot. The queue bounds what waits for a slot; the service
-    // admits at most --max-concurrent-requests at once, so it holds that many.
+    // One worker thread per stream slot, fed from one queue of --max-queued-requests.
     pool_ = std::make_unique<WorkerPool>(static_cast<int>(config_.cuda_workers),
-                                         config_.max_concurrent_requests);
+                                         config_.max_queued_requests);
     for (uint32_t i = 0; i < config_.cuda_workers; ++i) {
       // When the GPU finishes an enqueue-only request, the slot's worker releases what it held
       // (the nudge comes from CUDA's callback thread, which may only queue work).
@@ -186,6 +186,11 @@ class CudaExecutor final : public Executor {
         return;
       }
       timings.queue = SecondsSince(submitted);
+      if (absl::Status alive = job->lifetime.Check(); !alive.ok()) {
+        drops_.Count(alive);
+        std::move(done)(alive, timings);
+        return;
+      }
       absl::Status status = slots_[worker]->Run(*job, &timings, &timings.enqueued);
       if (!status.ok()) LogError("CUDA Score failed: %s", status.message());
       std::move(done)(status, timings);
@@ -201,6 +206,11 @@ class CudaExecutor final : public Executor {
         return;
       }
       outcome.queue_seconds = SecondsSince(submitted);
+      if (absl::Status alive = job->lifetime.Check(); !alive.ok()) {
+        drops_.Count(alive);
+        std::move(done)(alive, outcome);
+        return;
+      }
       absl::Status status = verifiers_[worker]->Run(*job, &outcome);
       if (status.code() == absl::StatusCode::kInternal) {
         LogError("CUDA Verify failed: %s", status.message());
@@ -234,6 +244,8 @@ class CudaExecutor final : public Executor {
   }
 
   uint64_t queued() const override { return pool_ != nullptr ? pool_->queued() : 0; }
+  uint64_t queue_capacity() const override { return config_.max_queued_requests; }
+  DroppedRequests dropped() const override { return drops_.counts(); }
   bool mps() const override { return mps_; }
 
   uint64_t invalid_device_rows() const override {
@@ -266,9 +278,9 @@ class CudaExecutor final : public Executor {
 
   absl::Status Refused() const {
     if (pool_ == nullptr) return absl::UnavailableError("the CUDA executor has stopped");
-    return absl::ResourceExhaustedError(absl::StrCat("the CUDA executor's queue is full (",
-                                                     pool_->capacity(), " requests wait for ",
-                                                     slots_.size(), " stream slots); retry later"));
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "the CUDA executor's queue is full (", pool_->capacity(), " requests wait for ",
+        slots_.size(), " stream slots; --max-queued-requests); retry later"));
   }
 
   const Config config_;
@@ -281,6 +293,7 @@ class CudaExecutor final : public Executor {
   std::vector<std::unique_ptr<StreamSlot>> slots_;
   std::vector<std::unique_ptr<VerifyRunner>> verifiers_;  // one per slot, on its stream
   std::unique_ptr<WorkerPool> pool_;
+  DropCounter drops_;
 };
 
 }  // namespace

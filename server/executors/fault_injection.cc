@@ -1,0 +1,86 @@
+#include "server/executors/fault_injection.h"
+
+#include <atomic>
+#include <cstdlib>
+#include <string>
+#include <utility>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "server/observability/log.h"
+
+namespace probesidecar::server {
+namespace {
+
+class FaultInjectingExecutor final : public Executor {
+ public:
+  FaultInjectingExecutor(std::unique_ptr<Executor> inner, uint64_t every)
+      : inner_(std::move(inner)), every_(every) {}
+
+  const char* backend() const override { return inner_->backend(); }
+  std::string device_name() const override { return inner_->device_name(); }
+  absl::Status PrepareProbeSet(ProbeSet& set) override { return inner_->PrepareProbeSet(set); }
+  BufferRegistry* buffers() override { return inner_->buffers(); }
+  void Warmup(const std::shared_ptr<const ProbeSet>& set, WarmupDone done) override {
+    inner_->Warmup(set, std::move(done));
+  }
+
+  void Score(const ScoreJob* job, ScoreDone done) override {
+    inner_->Score(job, NextFails() ? FailIfOk<ScoreTimings>(std::move(done)) : std::move(done));
+  }
+
+  void Verify(const VerifyJob* job, VerifyDone done) override {
+    inner_->Verify(job, NextFails() ? FailIfOk<VerifyOutcome>(std::move(done)) : std::move(done));
+  }
+
+  GraphCacheCounters graph_cache() const override { return inner_->graph_cache(); }
+  uint64_t device_memory_bytes() const override { return inner_->device_memory_bytes(); }
+  uint64_t queued() const override { return inner_->queued(); }
+  uint64_t queue_capacity() const override { return inner_->queue_capacity(); }
+  DroppedRequests dropped() const override { return inner_->dropped(); }
+  bool mps() const override { return inner_->mps(); }
+  uint64_t invalid_device_rows() const override { return inner_->invalid_device_rows(); }
+  uint64_t invalid_verify_requests() const override { return inner_->invalid_verify_requests(); }
+  void Shutdown() override { inner_->Shutdown(); }
+
+ private:
+  bool NextFails() { return (submitted_.fetch_add(1) + 1) % every_ == 0; }
+
+  // `done`, answering the injected failure where the request succeeded.
+  template <typename Outcome, typename Done>
+  static Done FailIfOk(Done done) {
+    return [done = std::move(done)](absl::Status status, const Outcome& outcome) mutable {
+      std::move(done)(status.ok() ? Injected() : status, outcome);
+    };
+  }
+
+  // What CudaStatus makes of a failed launch, marked as injected.
+  static absl::Status Injected() {
+    return absl::InternalError(absl::StrCat(
+        "cudaGraphLaunch: cudaErrorLaunchFailure: unspecified launch failure (injected by ",
+        kFaultEveryEnv, ", a test-only fault hook)"));
+  }
+
+  const std::unique_ptr<Executor> inner_;
+  const uint64_t every_;
+  std::atomic<uint64_t> submitted_{0};
+};
+
+}  // namespace
+
+std::unique_ptr<Executor> InjectFaults(std::unique_ptr<Executor> inner, uint64_t every) {
+  LogWarning(
+      "%s=%d: Score/Verify requests number %d, %d, ... will fail with INTERNAL (a test-only fault "
+      "hook)",
+      kFaultEveryEnv, every, every, 2 * every);
+  return std::make_unique<FaultInjectingExecutor>(std::move(inner), every);
+}
+
+uint64_t FaultEveryFromEnvironment() {
+  const char* value = std::getenv(kFaultEveryEnv);
+  uint64_t every = 0;
+  if (value == nullptr || !absl::SimpleAtoi(value, &every)) return 0;
+  return every;
+}
+
+}  // namespace probesidecar::server

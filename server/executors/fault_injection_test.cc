@@ -1,0 +1,79 @@
+// The test-only fault injector: requests number N, 2N, ... fail with INTERNAL as a failed CUDA call
+// would, the others (and failures of the executor itself) pass through; it is off unless
+// PROBESIDECAR_TEST_FAULT_EVERY is a positive integer.
+#include "server/executors/fault_injection.h"
+
+#include <cstdlib>
+#include <memory>
+#include <vector>
+
+#include "gtest/gtest.h"
+
+namespace probesidecar::server {
+namespace {
+
+// Answers every request at once with `status`.
+class AnsweringExecutor final : public Executor {
+ public:
+  explicit AnsweringExecutor(absl::Status status) : status_(std::move(status)) {}
+  const char* backend() const override { return "test"; }
+  std::string device_name() const override { return "answering (test)"; }
+  absl::Status PrepareProbeSet(ProbeSet&) override { return absl::OkStatus(); }
+  BufferRegistry* buffers() override { return nullptr; }
+  void Score(const ScoreJob*, ScoreDone done) override { std::move(done)(status_, {}); }
+  void Verify(const VerifyJob*, VerifyDone done) override { std::move(done)(status_, {}); }
+  void Shutdown() override {}
+
+ private:
+  const absl::Status status_;
+};
+
+TEST(FaultInjectionTest, EveryNthRequestFailsWithInternal) {
+  std::unique_ptr<Executor> executor =
+      InjectFaults(std::make_unique<AnsweringExecutor>(absl::OkStatus()), 3);
+  const ScoreJob score_job;
+  const VerifyJob verify_job;
+  std::vector<absl::Status> answers;
+  for (int i = 0; i < 8; ++i) {  // Score and Verify, counted together
+    if (i % 2 == 0) {
+      executor->Score(&score_job,
+                      [&](absl::Status s, const ScoreTimings&) { answers.push_back(s); });
+    } else {
+      executor->Verify(&verify_job,
+                       [&](absl::Status s, const VerifyOutcome&) { answers.push_back(s); });
+    }
+  }
+  ASSERT_EQ(answers.size(), 8u);
+  for (int i = 0; i < 8; ++i) {
+    if ((i + 1) % 3 == 0) {
+      EXPECT_EQ(answers[i].code(), absl::StatusCode::kInternal) << i;
+      EXPECT_NE(answers[i].message().find("test-only"), absl::string_view::npos);
+    } else {
+      EXPECT_TRUE(answers[i].ok()) << i << ": " << answers[i];
+    }
+  }
+}
+
+TEST(FaultInjectionTest, TheExecutorsOwnFailuresPassThrough) {
+  std::unique_ptr<Executor> executor = InjectFaults(
+      std::make_unique<AnsweringExecutor>(absl::ResourceExhaustedError("queue full")), 1);
+  const ScoreJob job;
+  absl::Status answer;
+  executor->Score(&job, [&](absl::Status s, const ScoreTimings&) { answer = s; });
+  EXPECT_EQ(answer.code(), absl::StatusCode::kResourceExhausted);
+}
+
+TEST(FaultInjectionTest, OffUnlessTheVariableIsAPositiveInteger) {
+  unsetenv(kFaultEveryEnv);
+  EXPECT_EQ(FaultEveryFromEnvironment(), 0u);
+  for (const char* off : {"", "0", "x", "-3", "2.5"}) {
+    setenv(kFaultEveryEnv, off, 1);
+    EXPECT_EQ(FaultEveryFromEnvironment(), 0u) << off;
+  }
+  setenv(kFaultEveryEnv, "4", 1);
+  EXPECT_EQ(FaultEveryFromEnvironment(), 4u);
+  unsetenv(kFaultEveryEnv);
+}
+
+}  // namespace
+}  // namespace probesidecar::server

@@ -1,0 +1,72 @@
+"""What the reliability tests read of a running server from outside: its /metrics samples and its
+resident memory; and where they leave their figures."""
+
+from __future__ import annotations
+
+import json
+import pathlib
+import time
+import urllib.request
+
+from prometheus_client.parser import text_string_to_metric_families
+
+from conftest import BIN
+
+
+def samples(sidecar) -> dict[tuple[str, tuple], float]:
+    """{(sample name, sorted label items): value} of one /metrics scrape."""
+    text = urllib.request.urlopen(f"http://{sidecar.metrics_address}/metrics", timeout=10).read()
+    out = {}
+    for family in text_string_to_metric_families(text.decode()):
+        for sample in family.samples:
+            out[(sample.name, tuple(sorted(sample.labels.items())))] = sample.value
+    return out
+
+
+def metric(sidecar, name: str, **labels) -> float:
+    """The value of the sample `name` with exactly these labels; 0 when it is absent."""
+    return samples(sidecar).get((name, tuple(sorted(labels.items()))), 0.0)
+
+
+def answered_by_code(sidecar, rpc: str) -> dict[str, int]:
+    """The server's count of answered calls of `rpc`, by status code (zeros left out)."""
+    counts = {}
+    for (name, labels), value in samples(sidecar).items():
+        labels = dict(labels)
+        if name == "probesidecar_rpc_requests_total" and labels["rpc"] == rpc and value:
+            counts[labels["code"]] = int(value)
+    return counts
+
+
+def difference(after: dict[str, int], before: dict[str, int]) -> dict[str, int]:
+    delta = {code: n - before.get(code, 0) for code, n in after.items()}
+    return {code: n for code, n in delta.items() if n}
+
+
+def wait_for(condition, timeout: float, interval: float = 0.01) -> bool:
+    """Polls `condition` until it is true (True) or `timeout` seconds pass (False)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if condition():
+            return True
+        time.sleep(interval)
+    return condition()
+
+
+def rss_bytes(pid: int) -> int:
+    """VmRSS of process `pid`."""
+    for line in pathlib.Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) * 1024
+    raise RuntimeError(f"no VmRSS for pid {pid}")
+
+
+def record_figures(name: str, figures: dict) -> pathlib.Path:
+    """Prints `figures` and writes them to <build>/reliability/<name>.json, for the numbers
+    docs/reliability.md quotes."""
+    out = BIN.parent.parent / "reliability" / f"{name}.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    text = json.dumps(figures, indent=2, sort_keys=True)
+    out.write_text(text + "\n")
+    print(f"\n{name}: {text}\nwritten to {out}")
+    return out
