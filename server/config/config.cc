@@ -74,6 +74,14 @@ Setter Size(uint64_t Config::*field, const char* flag, uint64_t min, uint64_t ma
   };
 }
 
+// A switch (no value) that sets `field`.
+Setter Switch(bool Config::*field) {
+  return [=](absl::string_view, Config& config) {
+    config.*field = true;
+    return absl::OkStatus();
+  };
+}
+
 absl::Status NonEmpty(absl::string_view flag, absl::string_view value, std::string* out) {
   if (value.empty()) return BadValue(flag, value, "empty");
   *out = std::string(value);
@@ -238,17 +246,11 @@ const std::vector<Flag>& Flags() {
       {"allow-remote-ipc", nullptr,
        "Accept RegisterBuffer and RegisterEvent from TCP peers not on this host "
        "(refused by default: CUDA IPC only works on one host).",
-       [](absl::string_view, Config& c) {
-         c.allow_remote_ipc = true;
-         return absl::OkStatus();
-       }},
+       Switch(&Config::allow_remote_ipc)},
       {"allow-sessionless-buffers", nullptr,
        "Accept buffers registered without a session (any client that knows the id could then "
        "use them). By default a buffer belongs to the session that registered it.",
-       [](absl::string_view, Config& c) {
-         c.allow_sessionless_buffers = true;
-         return absl::OkStatus();
-       }},
+       Switch(&Config::allow_sessionless_buffers)},
       {"max-session-buffer-bytes", "BYTES",
        "Bytes of buffer windows one session may have registered (default 1Ti).",
        Size(&Config::max_session_buffer_bytes, "max-session-buffer-bytes", 1, uint64_t{1} << 50)},
@@ -261,10 +263,7 @@ const std::vector<Flag>& Flags() {
       {"strict-probes", nullptr,
        "Fail the start when a file in --probes cannot be loaded (default: skip it, log the error "
        "and count it in probesidecar_probe_set_load_errors_total).",
-       [](absl::string_view, Config& c) {
-         c.strict_probes = true;
-         return absl::OkStatus();
-       }},
+       Switch(&Config::strict_probes)},
       {"log-level", "debug|info|warning|error",
        "Least severe level logged to stderr (default info).",
        [](absl::string_view v, Config& c) -> absl::Status {

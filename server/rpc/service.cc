@@ -400,6 +400,10 @@ grpc::ServerUnaryReactor* ProbeSidecarService::ServerInfo(grpc::CallbackServerCo
   limits->set_max_rows(env_.config.max_rows);
   limits->set_max_probes(env_.config.max_probes);
   limits->set_max_probe_file_bytes(env_.config.max_probe_file_bytes);
+  limits->set_max_queued_requests(env_.config.max_queued_requests);
+  limits->set_max_probe_sets(env_.config.max_probe_sets);
+  limits->set_max_probe_set_bytes(env_.config.max_probe_set_bytes);
+  limits->set_max_session_buffer_bytes(env_.config.max_session_buffer_bytes);
   for (const std::shared_ptr<const ProbeSet>& set : env_.probes->List()) {
     FillProbeSetInfo(*set, response->add_probe_sets());
   }

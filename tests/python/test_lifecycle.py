@@ -124,6 +124,9 @@ def test_defaults_load_the_bundled_demo_set():
         assert s.tcp_target in info.listen and f"unix:{s.socket}" in info.listen
         assert info.metrics_listen == s.metrics_address
         assert info.limits.max_rows == 65536
+        assert info.limits.max_queued_requests == 128
+        assert info.limits.max_probe_sets == 256 and info.limits.max_probe_set_bytes == 16 << 30
+        assert info.limits.max_session_buffer_bytes == 1 << 40
 
 
 def test_health_check_and_watch():
