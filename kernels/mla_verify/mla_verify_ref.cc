@@ -37,8 +37,8 @@ void MlaVerifyReference(const MlaVerifyRefInputs& in, MlaVerifyRefOutputs* o, in
       // Query j sees keys [0, last_key].
       const int64_t last_key = static_cast<int64_t>(len) - in.s_q + j;
       for (int32_t h = 0; h < in.h_q; ++h) {
-        const uint16_t* qp = in.q + b * in.q_batch_stride + j * in.q_token_stride +
-                             h * in.q_head_stride;
+        const uint16_t* qp =
+            in.q + b * in.q_batch_stride + j * in.q_token_stride + h * in.q_head_stride;
         for (int d = 0; d < kDqk; ++d) qd[d] = Bf(qp[d]);
         double m = neg_inf, l = 0.0;
         std::fill(acc.begin(), acc.end(), 0.0);
@@ -85,6 +85,19 @@ void MlaVerifyReference(const MlaVerifyRefInputs& in, MlaVerifyRefOutputs* o, in
   }
 }
 
+void MlaCompareResult::AddFinite(int64_t i, double got, double want, double bound, double* num,
+                                 double* den) {
+  const double err = std::fabs(got - want);
+  *num += err * err;
+  *den += want * want;
+  max_abs_err = std::max(max_abs_err, err);
+  if (err > bound) ++bad;
+  if (err / bound > max_err_over_bound) {
+    max_err_over_bound = err / bound;
+    worst_index = i;
+  }
+}
+
 MlaCompareResult CompareMlaOutput(const float* got, const double* ref, const double* absw,
                                   int64_t n) {
   MlaCompareResult r;
@@ -101,16 +114,7 @@ MlaCompareResult CompareMlaOutput(const float* got, const double* ref, const dou
       }
       continue;
     }
-    const double err = std::fabs(g - ref[i]);
-    const double bound = 0.00390625 * (std::fabs(ref[i]) + absw[i]) + 1e-6;
-    num += err * err;
-    den += ref[i] * ref[i];
-    r.max_abs_err = std::max(r.max_abs_err, err);
-    if (err > bound) ++r.bad;
-    if (err / bound > r.max_err_over_bound) {
-      r.max_err_over_bound = err / bound;
-      r.worst_index = i;
-    }
+    r.AddFinite(i, g, ref[i], 0.00390625 * (std::fabs(ref[i]) + absw[i]) + 1e-6, &num, &den);
   }
   r.rel_l2 = den > 0.0 ? std::sqrt(num / den) : std::sqrt(num);
   return r;
@@ -137,16 +141,7 @@ MlaCompareResult CompareMlaLse(const float* got, const double* ref, int64_t n) {
       }
       continue;
     }
-    const double err = std::fabs(g - ref[i]);
-    const double bound = 1e-3 + 1e-5 * std::fabs(ref[i]);
-    num += err * err;
-    den += ref[i] * ref[i];
-    r.max_abs_err = std::max(r.max_abs_err, err);
-    if (err > bound) ++r.bad;
-    if (err / bound > r.max_err_over_bound) {
-      r.max_err_over_bound = err / bound;
-      r.worst_index = i;
-    }
+    r.AddFinite(i, g, ref[i], 1e-3 + 1e-5 * std::fabs(ref[i]), &num, &den);
   }
   r.rel_l2 = den > 0.0 ? std::sqrt(num / den) : std::sqrt(num);
   return r;

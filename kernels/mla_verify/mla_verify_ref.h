@@ -44,13 +44,15 @@ void ResizeMlaVerifyRefOutputs(const MlaVerifyRefInputs& in, MlaVerifyRefOutputs
 // only against -inf. NaN never passes.
 struct MlaCompareResult {
   int64_t count = 0;
-  int64_t bad = 0;             // elements beyond their bound (NaN included)
+  int64_t bad = 0;  // elements beyond their bound (NaN included)
   int64_t nan = 0;
   double max_abs_err = 0.0;
   double max_err_over_bound = 0.0;  // worst |got - ref| / bound
   double rel_l2 = 0.0;              // ||got - ref|| / ||ref|| over the finite elements
   int64_t worst_index = -1;
   bool ok() const { return bad == 0 && count > 0; }
+  // One finite element `got` against `want` within `bound`; adds to the L2 sums.
+  void AddFinite(int64_t i, double got, double want, double bound, double* num, double* den);
 };
 
 MlaCompareResult CompareMlaOutput(const float* got, const double* ref, const double* abs_weighted,

@@ -291,21 +291,25 @@ absl::StatusOr<uint64_t> BufferRegistry::RegisterEvent(const v1::RegisterEventRe
 absl::Status BufferRegistry::UnregisterEvent(uint64_t event_id, uint64_t session_id) {
   std::shared_ptr<Event> released;  // closed outside the lock, unless a request holds it
   absl::MutexLock lock(&mu_);
-  auto it = events_.find(event_id);
-  if (it == events_.end()) {
-    return absl::NotFoundError(absl::StrCat("event ", event_id, " is not registered"));
-  }
-  if (it->second->session_id != session_id) {
-    return absl::PermissionDeniedError(
-        absl::StrCat("event ", event_id, " belongs to another session"));
-  }
-  released = std::move(it->second);
-  events_.erase(it);
+  absl::StatusOr<EventMap::iterator> it = FindEvent(event_id, session_id);
+  if (!it.ok()) return it.status();
+  released = std::move((*it)->second);
+  events_.erase(*it);
   return absl::OkStatus();
 }
 
 absl::StatusOr<EventLease> BufferRegistry::AcquireEvent(uint64_t event_id, uint64_t session_id) {
   absl::MutexLock lock(&mu_);
+  absl::StatusOr<EventMap::iterator> it = FindEvent(event_id, session_id);
+  if (!it.ok()) return it.status();
+  EventLease lease;
+  lease.event = (*it)->second->event;
+  lease.hold = (*it)->second;
+  return lease;
+}
+
+absl::StatusOr<BufferRegistry::EventMap::iterator> BufferRegistry::FindEvent(uint64_t event_id,
+                                                                             uint64_t session_id) {
   auto it = events_.find(event_id);
   if (it == events_.end()) {
     return absl::NotFoundError(absl::StrCat("event ", event_id, " is not registered"));
@@ -315,10 +319,7 @@ absl::StatusOr<EventLease> BufferRegistry::AcquireEvent(uint64_t event_id, uint6
         absl::StrCat("event ", event_id, " belongs to another session (the request names session ",
                      session_id, ")"));
   }
-  EventLease lease;
-  lease.event = it->second->event;
-  lease.hold = it->second;
-  return lease;
+  return it;
 }
 
 void BufferRegistry::CloseSession(uint64_t session_id) {

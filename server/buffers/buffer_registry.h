@@ -140,7 +140,11 @@ class BufferRegistry final : public BufferResolver {
     uint64_t session_id = 0;
   };
   uint64_t next_event_id_ ABSL_GUARDED_BY(mu_) = 1;
-  std::map<uint64_t, std::shared_ptr<Event>> events_ ABSL_GUARDED_BY(mu_);
+  using EventMap = std::map<uint64_t, std::shared_ptr<Event>>;
+  // The event, if it is registered and belongs to `session_id`.
+  absl::StatusOr<EventMap::iterator> FindEvent(uint64_t event_id, uint64_t session_id)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  EventMap events_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace probesidecar::server

@@ -162,6 +162,12 @@ grpc::ServerUnaryReactor* ProbeSidecarService::Answer(grpc::CallbackServerContex
   return reactor;
 }
 
+grpc::ServerUnaryReactor* ProbeSidecarService::Refuse(grpc::CallbackServerContext* context, Rpc rpc,
+                                                      const absl::Status& status) {
+  env_.metrics->RpcStarted(rpc);
+  return Answer(context, rpc, Clock::now(), status);
+}
+
 void ProbeSidecarService::RunOnControlWorker(absl::AnyInvocable<void() &&> work) {
   control_.Submit([work = std::move(work)](int) mutable { std::move(work)(); });
 }
@@ -209,14 +215,11 @@ grpc::ServerUnaryReactor* ProbeSidecarService::RegisterBuffer(
     grpc::CallbackServerContext* context, const v1::RegisterBufferRequest* request,
     v1::RegisterBufferResponse* response) {
   if (absl::Status local = CheckLocalPeer(context); !local.ok()) {
-    env_.metrics->RpcStarted(Rpc::kRegisterBuffer);
-    return Answer(context, Rpc::kRegisterBuffer, Clock::now(), local);
+    return Refuse(context, Rpc::kRegisterBuffer, local);
   }
   BufferRegistry* buffers = env_.executor->buffers();
   if (buffers == nullptr) {
-    env_.metrics->RpcStarted(Rpc::kRegisterBuffer);
-    return Answer(context, Rpc::kRegisterBuffer, Clock::now(),
-                  NoBuffersOnThisBackend(env_.executor->backend()));
+    return Refuse(context, Rpc::kRegisterBuffer, NoBuffersOnThisBackend(env_.executor->backend()));
   }
   // Opening an allocation (cudaIpcOpenMemHandle, 60-150 µs) is driver work: not on a gRPC thread.
   return AnswerFromControlWorker(
@@ -241,8 +244,7 @@ grpc::ServerUnaryReactor* ProbeSidecarService::UnregisterBuffer(
     v1::UnregisterBufferResponse* response) {
   BufferRegistry* buffers = env_.executor->buffers();
   if (buffers == nullptr) {
-    env_.metrics->RpcStarted(Rpc::kUnregisterBuffer);
-    return Answer(context, Rpc::kUnregisterBuffer, Clock::now(),
+    return Refuse(context, Rpc::kUnregisterBuffer,
                   NoBuffersOnThisBackend(env_.executor->backend()));
   }
   // Closing an allocation (cudaIpcCloseMemHandle) is driver work: not on a gRPC thread.
@@ -263,14 +265,11 @@ grpc::ServerUnaryReactor* ProbeSidecarService::RegisterEvent(
     grpc::CallbackServerContext* context, const v1::RegisterEventRequest* request,
     v1::RegisterEventResponse* response) {
   if (absl::Status local = CheckLocalPeer(context); !local.ok()) {
-    env_.metrics->RpcStarted(Rpc::kRegisterEvent);
-    return Answer(context, Rpc::kRegisterEvent, Clock::now(), local);
+    return Refuse(context, Rpc::kRegisterEvent, local);
   }
   BufferRegistry* buffers = env_.executor->buffers();
   if (buffers == nullptr) {
-    env_.metrics->RpcStarted(Rpc::kRegisterEvent);
-    return Answer(context, Rpc::kRegisterEvent, Clock::now(),
-                  NoBuffersOnThisBackend(env_.executor->backend()));
+    return Refuse(context, Rpc::kRegisterEvent, NoBuffersOnThisBackend(env_.executor->backend()));
   }
   // cudaIpcOpenEventHandle is driver work: not on a gRPC thread.
   return AnswerFromControlWorker(context, Rpc::kRegisterEvent, /*refuse_while_draining=*/true,
@@ -290,9 +289,7 @@ grpc::ServerUnaryReactor* ProbeSidecarService::UnregisterEvent(
     v1::UnregisterEventResponse* /*response*/) {
   BufferRegistry* buffers = env_.executor->buffers();
   if (buffers == nullptr) {
-    env_.metrics->RpcStarted(Rpc::kUnregisterEvent);
-    return Answer(context, Rpc::kUnregisterEvent, Clock::now(),
-                  NoBuffersOnThisBackend(env_.executor->backend()));
+    return Refuse(context, Rpc::kUnregisterEvent, NoBuffersOnThisBackend(env_.executor->backend()));
   }
   return AnswerFromControlWorker(
       context, Rpc::kUnregisterEvent, /*refuse_while_draining=*/false,
@@ -317,8 +314,7 @@ grpc::ServerUnaryReactor* ProbeSidecarService::LoadProbeSet(grpc::CallbackServer
                                                             const v1::LoadProbeSetRequest* request,
                                                             v1::LoadProbeSetResponse* response) {
   if (absl::Status admin = AuthorizeAdmin(context); !admin.ok()) {
-    env_.metrics->RpcStarted(Rpc::kLoadProbeSet);
-    return Answer(context, Rpc::kLoadProbeSet, Clock::now(), admin);
+    return Refuse(context, Rpc::kLoadProbeSet, admin);
   }
   // Reading the file, uploading the weights and capturing graphs all wait (disk, device): the
   // control worker loads, the executor's workers capture, and the last of them answers.
@@ -361,8 +357,7 @@ grpc::ServerUnaryReactor* ProbeSidecarService::UnloadProbeSet(
     grpc::CallbackServerContext* context, const v1::UnloadProbeSetRequest* request,
     v1::UnloadProbeSetResponse* /*response*/) {
   if (absl::Status admin = AuthorizeAdmin(context); !admin.ok()) {
-    env_.metrics->RpcStarted(Rpc::kUnloadProbeSet);
-    return Answer(context, Rpc::kUnloadProbeSet, Clock::now(), admin);
+    return Refuse(context, Rpc::kUnloadProbeSet, admin);
   }
   return AnswerFromControlWorker(context, Rpc::kUnloadProbeSet, /*refuse_while_draining=*/false,
                                  [this, request](Finish finish) {

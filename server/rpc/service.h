@@ -130,6 +130,9 @@ class ProbeSidecarService final : public v1::ProbeSidecar::CallbackService {
   grpc::ServerUnaryReactor* Answer(grpc::CallbackServerContext* context, Rpc rpc,
                                    std::chrono::steady_clock::time_point start,
                                    const absl::Status& status);
+  // Answers a unary RPC refused before any work (counted as started and finished).
+  grpc::ServerUnaryReactor* Refuse(grpc::CallbackServerContext* context, Rpc rpc,
+                                   const absl::Status& status);
   // A unary RPC answered from the control worker.
   grpc::ServerUnaryReactor* AnswerFromControlWorker(grpc::CallbackServerContext* context, Rpc rpc,
                                                     bool refuse_while_draining, ControlWork work);
