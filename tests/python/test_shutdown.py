@@ -25,7 +25,7 @@ IDLE_RUNS = 10
 LOADED_RUNS = 8
 H, P = 65536, 16  # 1 M multiply-adds a row: ~0.2 s for the 1000 rows of one request here
 X = np.random.default_rng(0).standard_normal((1, H)).astype(np.float32)
-ROWS = np.zeros(1000, np.int32)
+REQUEST_SECONDS = 0.2  # the rows of a loaded request are sized to take about this long
 CLIENTS = 6
 TIMES: dict[str, list[float]] = {}
 
@@ -78,16 +78,33 @@ def test_sigterm_on_an_idle_server():
     assert max(times) < 1.5, times
 
 
+def _rows_for_one_request(s: Sidecar) -> np.ndarray:
+    """Rows that one scoring thread of this server scores in about REQUEST_SECONDS (a sanitized
+    build is ~12x slower than a release one)."""
+    with s.client(timeout=60) as c:
+        c.score(X, np.zeros(100, np.int32), "wide")  # warm
+        timings = []
+        for _ in range(3):  # the fastest: a hiccup must not shrink the load below the grace
+            start = time.monotonic()
+            c.score(X, np.zeros(100, np.int32), "wide")
+            timings.append(time.monotonic() - start)
+        per_row = min(timings) / 100
+    return np.zeros(max(10, min(4000, int(REQUEST_SECONDS / per_row))), np.int32)
+
+
 def test_sigterm_under_load_drains_then_exits_within_the_grace_period():
     grace = 1.0
     probe = ProbeFile(P, H, seed=2)
     times, drained, codes = [], [], set()
+    rows = None
     for _ in range(LOADED_RUNS):
         s = Sidecar(["--backend=cpu", "--cpu-threads=1", f"--shutdown-grace-seconds={grace}"])
         s.start()
         try:
             with s.client() as c:
                 c.load_probe_set("wide", data=probe.data)
+            if rows is None:
+                rows = _rows_for_one_request(s)
             answers: list[tuple[float, grpc.StatusCode]] = []
             lock = threading.Lock()
 
@@ -95,7 +112,7 @@ def test_sigterm_under_load_drains_then_exits_within_the_grace_period():
                 # Each client keeps two ~0.2 s requests in flight; with one scoring thread ~2.4 s
                 # of work waits at any time, more than the grace period, while the request
                 # running when the signal comes finishes in it even on a host five times slower.
-                request = score_request(X, ROWS, "wide")
+                request = score_request(X, rows, "wide")
                 with s.client(timeout=30) as c:
                     pending = [c.stub.Score.future(request, timeout=30) for _ in range(2)]
                     while pending:
