@@ -100,6 +100,31 @@ absl::StatusOr<std::string> AdminToken(const Config& config) {
   return token;
 }
 
+// Loads the probes directory: a file that does not load is skipped, logged and counted (the
+// count is returned) unless --strict-probes; a --probes directory that cannot be read fails the
+// start (an error, already logged); the bundled directory only warns.
+absl::StatusOr<uint64_t> LoadProbesAtStart(const Config& config, bool bundled,
+                                           ProbeRegistry& probes) {
+  absl::StatusOr<std::vector<absl::Status>> failed = probes.LoadDirectory();
+  if (!failed.ok()) {
+    if (!bundled) {
+      LogError("cannot start: --probes %s: %s", probes.probes_dir(), failed.status().message());
+      return failed.status();
+    }
+    LogWarning("bundled probe sets not loaded from %s: %s", probes.probes_dir(),
+               failed.status().message());
+    return 0;
+  }
+  for (const absl::Status& error : *failed) {
+    LogError("%s%s", config.strict_probes ? "cannot start (--strict-probes): " : "skipped: ",
+             error.message());
+  }
+  if (config.strict_probes && !failed->empty()) {
+    return absl::FailedPreconditionError("--strict-probes: a probe set did not load");
+  }
+  return failed->size();
+}
+
 std::string UnixPath(const std::string& address) {
   absl::string_view path = address;
   if (!absl::ConsumePrefix(&path, "unix:")) return "";
@@ -136,30 +161,10 @@ int RunServer(const Config& config) {
   limits.max_total_bytes = config.max_probe_set_bytes;
   ProbeRegistry probes(probes_dir, limits,
                        [&executor](ProbeSet& set) { return executor->PrepareProbeSet(set); });
-  // A file that does not load is skipped (logged and counted) unless --strict-probes; a probes
-  // directory that cannot be read fails the start.
-  uint64_t probe_set_load_errors = 0;
-  {
-    absl::StatusOr<std::vector<absl::Status>> failed = probes.LoadDirectory();
-    if (!failed.ok() && !bundled) {
-      LogError("cannot start: --probes %s: %s", probes_dir, failed.status().message());
-      executor->Shutdown();
-      return 1;
-    }
-    if (!failed.ok()) {
-      LogWarning("bundled probe sets not loaded from %s: %s", probes_dir,
-                 failed.status().message());
-    } else {
-      for (const absl::Status& error : *failed) {
-        LogError("%s%s", config.strict_probes ? "cannot start (--strict-probes): " : "skipped: ",
-                 error.message());
-      }
-      probe_set_load_errors = failed->size();
-      if (config.strict_probes && !failed->empty()) {
-        executor->Shutdown();
-        return 1;
-      }
-    }
+  absl::StatusOr<uint64_t> probe_set_load_errors = LoadProbesAtStart(config, bundled, probes);
+  if (!probe_set_load_errors.ok()) {
+    executor->Shutdown();
+    return 1;
   }
   std::vector<std::string> loaded;
   for (const auto& set : probes.List()) {
@@ -175,10 +180,10 @@ int RunServer(const Config& config) {
   LogInfo("probe sets from %s: [%s]", probes_dir, absl::StrJoin(loaded, ", "));
 
   BuildInfo build{kVersion, kGitCommit, kCudaRuntime, executor->device_name(), executor->backend()};
-  Metrics metrics(build, [&probes, &executor, probe_set_load_errors] {
+  Metrics metrics(build, [&probes, &executor, load_errors = *probe_set_load_errors] {
     MetricsState state;
     state.probe_sets = probes.size();
-    state.probe_set_load_errors = probe_set_load_errors;
+    state.probe_set_load_errors = load_errors;
     state.graph_cache = executor->graph_cache();
     state.device_memory_bytes = executor->device_memory_bytes();
     state.queued_requests = executor->queued();
@@ -276,17 +281,18 @@ int RunServer(const Config& config) {
   // A listener other hosts can reach, in plaintext or without an admin credential, is allowed
   // but said out loud.
   for (const std::string& address : config.listen) {
-    const bool loopback = absl::StartsWith(address, "unix:") ||
-                          absl::StartsWith(address, "127.") || absl::StartsWith(address, "[::1]") ||
+    const bool loopback = absl::StartsWith(address, "unix:") || absl::StartsWith(address, "127.") ||
+                          absl::StartsWith(address, "[::1]") ||
                           absl::StartsWith(address, "localhost:");
     if (loopback) continue;
     if (config.tls_cert_file.empty()) {
       LogWarning("%s is reachable from other hosts in plaintext (no --tls-cert)", address);
     }
     if (config.admin_token_file.empty() && config.admin_tls_identity.empty()) {
-      LogWarning("%s: anyone who can connect may load and unload probe sets (no "
-                 "--admin-token-file or --admin-tls-identity)",
-                 address);
+      LogWarning(
+          "%s: anyone who can connect may load and unload probe sets (no "
+          "--admin-token-file or --admin-tls-identity)",
+          address);
     }
   }
   for (const std::string& address : config.listen) {
