@@ -288,7 +288,9 @@ class Bench {
     for (auto& v : w) v = u(rng) * scale;
     for (auto& v : b) v = u(rng);
     ps::ProbeWeights pw;
-    if (ps::CreateProbeWeights(w.data(), b.data(), P, H, &pw) != cudaSuccess) return nullptr;
+    if (ps::CreateProbeWeights(w.data(), b.data(), P, H, ps::ProbePrecision::kFast, &pw) !=
+        cudaSuccess)
+      return nullptr;
     return &weights_.emplace(key, pw).first->second;
   }
 

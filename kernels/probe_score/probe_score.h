@@ -28,25 +28,38 @@
 #include "kernels/probe_score/probe_score_activation.h"
 #include "kernels/probe_score/probe_score_params.h"
 #include "kernels/probe_score/probe_score_plan.h"
+#include "kernels/probe_score/probe_score_precision.h"
 
 namespace probesidecar::kernels {
 
 // Probe weights on the device, laid out once when a probe set is loaded.
 struct ProbeWeights {
-  int32_t num_probes = 0;       // P
-  int32_t hidden = 0;           // H
+  int32_t num_probes = 0;  // P
+  int32_t hidden = 0;      // H
+  ProbePrecision precision = ProbePrecision::kExact;
   const float* bias = nullptr;  // [P]
   // One copy per activation dtype, in whatever layout that dtype's kernels read (indexed by
-  // static_cast<int>(DType)). Opaque to callers.
+  // static_cast<int>(DType)): float32 [p_pad, h_pad]; for the 16-bit types, fast: the rounded
+  // weights [p_pad, h_pad]; exact: kExactTerms planes [term, p_pad, h_pad] whose sum is the
+  // float32 weight times term_scale[dtype]. Opaque to callers.
   const void* weight[common::kNumDTypes] = {nullptr, nullptr, nullptr};
+  // The multiplier folded into the 16-bit terms (a power of two: fp16 exact terms are scaled into
+  // fp16's range); the kernels multiply their sums by 1 / term_scale. 1 otherwise.
+  float term_scale[common::kNumDTypes] = {1.0f, 1.0f, 1.0f};
+  int64_t term_stride = 0;  // elements between term planes (p_pad * h_pad)
   void* storage = nullptr;  // the single device allocation behind the pointers above
   size_t storage_bytes = 0;
 };
 
-// Uploads weight [P, H] and bias [P] (host float32) in every layout. Allocates and
-// synchronises: call at load time only. On failure nothing stays allocated.
+// Terms a 16-bit weight plane holds: 3 for exact, 1 for fast.
+inline int32_t WeightTerms(ProbePrecision precision) {
+  return precision == ProbePrecision::kExact ? 3 : 1;
+}
+
+// Uploads weight [P, H] and bias [P] (host float32) in every dtype's layout for `precision`.
+// Allocates and synchronises: call at load time only. On failure nothing stays allocated.
 cudaError_t CreateProbeWeights(const float* weight, const float* bias, int32_t num_probes,
-                               int32_t hidden, ProbeWeights* out);
+                               int32_t hidden, ProbePrecision precision, ProbeWeights* out);
 cudaError_t DestroyProbeWeights(ProbeWeights* weights);
 
 // Per-stream scratch, created once (allocates, reads the current device's facts and sets the

@@ -74,8 +74,8 @@ class ProbeScoreGpuTest : public ::testing::Test {
     }
     std::pair<HostWeights, ProbeWeights> entry;
     entry.first = MakeWeights(P, H, dtype, 1000003ull * P + 7919ull * H + static_cast<int>(dtype));
-    if (CreateProbeWeights(entry.first.w.data(), entry.first.b.data(), P, H, &entry.second) !=
-        cudaSuccess) {
+    if (CreateProbeWeights(entry.first.w.data(), entry.first.b.data(), P, H, ProbePrecision::kFast,
+                           &entry.second) != cudaSuccess) {
       return nullptr;
     }
     return &weights_.emplace(key, std::move(entry)).first->second;

@@ -1,5 +1,7 @@
 // Probe weights on the device: uploaded once, when a probe set is loaded, in the padded layout of
 // every dtype's kernels.
+#include <algorithm>
+#include <cmath>
 #include <new>
 #include <vector>
 
@@ -13,36 +15,71 @@ using probe_score_detail::kProbePad;
 
 constexpr int64_t RoundUp(int64_t a, int64_t b) { return (a + b - 1) / b * b; }
 
+// The exact terms of one 16-bit type: hi + mid + lo == v (each rounded from the remainder the
+// previous ones leave, which is exact in float32). 8 + 8 + 8 significand bits cover bf16's
+// float32; fp16's 11 + 11 + 11 cover it too, on weights pre-scaled into fp16's range.
+template <uint16_t (*Round)(float), float (*Widen)(uint16_t)>
+void SplitTerms(float v, uint16_t* hi, uint16_t* mid, uint16_t* lo) {
+  *hi = Round(v);
+  const float r1 = v - Widen(*hi);
+  *mid = Round(r1);
+  *lo = Round(r1 - Widen(*mid));
+}
+
+// The power of two that brings the largest |weight| into [2^13, 2^14): fp16 terms then keep
+// their significand bits for everything above ~2^-24 of it.
+float HalfTermScale(const float* weight, int64_t count) {
+  float max_abs = 0.0f;
+  for (int64_t i = 0; i < count; ++i) max_abs = std::max(max_abs, std::fabs(weight[i]));
+  if (max_abs == 0.0f || !std::isfinite(max_abs)) return 1.0f;
+  int exponent = 0;
+  std::frexp(max_abs, &exponent);  // max_abs = m * 2^exponent, m in [0.5, 1)
+  return std::ldexp(1.0f, std::clamp(14 - exponent, -100, 100));
+}
+
 }  // namespace
 
 cudaError_t CreateProbeWeights(const float* weight, const float* bias, int32_t num_probes,
-                               int32_t hidden, ProbeWeights* out) {
+                               int32_t hidden, ProbePrecision precision, ProbeWeights* out) {
   if (weight == nullptr || bias == nullptr || out == nullptr || num_probes < 1 || hidden < 1) {
     return cudaErrorInvalidValue;
   }
   *out = ProbeWeights{};
   const int64_t p_pad = RoundUp(num_probes, kProbePad), h_pad = RoundUp(hidden, kHiddenPad);
+  const int64_t plane = p_pad * h_pad;
+  const int terms = WeightTerms(precision);
   const size_t bias_bytes = RoundUp(static_cast<int64_t>(num_probes) * 4, 256);
-  const size_t w32_bytes = static_cast<size_t>(p_pad * h_pad * 4);
-  const size_t w16_bytes = static_cast<size_t>(p_pad * h_pad * 2);
+  const size_t w32_bytes = static_cast<size_t>(plane * 4);
+  const size_t w16_bytes = static_cast<size_t>(terms * plane * 2);
   const size_t total = bias_bytes + w32_bytes + 2 * w16_bytes;
-  // Layout: bias | W fp32 | W fp16 | W bf16, each [p_pad, h_pad] with zero padding (the tiles of
-  // the tensor-core kernel read whole 64 x 128 blocks of W without bounds checks).
+  // Layout: bias | W fp32 | W fp16 terms | W bf16 terms, each plane [p_pad, h_pad] with zero
+  // padding (the tensor-core kernels read whole tiles of W without bounds checks).
+  const float half_scale = precision == ProbePrecision::kExact
+                               ? HalfTermScale(weight, static_cast<int64_t>(num_probes) * hidden)
+                               : 1.0f;
   std::vector<float> w32;
   std::vector<uint16_t> w16, wb16;
   try {
-    w32.assign(static_cast<size_t>(p_pad * h_pad), 0.0f);
-    w16.assign(static_cast<size_t>(p_pad * h_pad), 0);
-    wb16.assign(static_cast<size_t>(p_pad * h_pad), 0);
+    w32.assign(static_cast<size_t>(plane), 0.0f);
+    w16.assign(static_cast<size_t>(terms * plane), 0);
+    wb16.assign(static_cast<size_t>(terms * plane), 0);
   } catch (const std::bad_alloc&) {
     return cudaErrorMemoryAllocation;
   }
   for (int64_t p = 0; p < num_probes; ++p) {
     for (int64_t h = 0; h < hidden; ++h) {
       const float v = weight[p * hidden + h];
-      w32[p * h_pad + h] = v;
-      w16[p * h_pad + h] = common::FloatToHalf(v);
-      wb16[p * h_pad + h] = common::FloatToBf16(v);
+      const int64_t i = p * h_pad + h;
+      w32[i] = v;
+      if (terms == 1) {
+        w16[i] = common::FloatToHalf(v);
+        wb16[i] = common::FloatToBf16(v);
+      } else {
+        SplitTerms<common::FloatToHalf, common::HalfToFloat>(v * half_scale, &w16[i],
+                                                             &w16[i + plane], &w16[i + 2 * plane]);
+        SplitTerms<common::FloatToBf16, common::Bf16ToFloat>(v, &wb16[i], &wb16[i + plane],
+                                                             &wb16[i + 2 * plane]);
+      }
     }
   }
   char* storage = nullptr;
@@ -64,10 +101,13 @@ cudaError_t CreateProbeWeights(const float* weight, const float* bias, int32_t n
   }
   out->num_probes = num_probes;
   out->hidden = hidden;
+  out->precision = precision;
   out->bias = reinterpret_cast<const float*>(bias_d);
   out->weight[static_cast<int>(common::DType::kFloat32)] = w32_d;
   out->weight[static_cast<int>(common::DType::kFloat16)] = w16_d;
   out->weight[static_cast<int>(common::DType::kBFloat16)] = wb16_d;
+  out->term_scale[static_cast<int>(common::DType::kFloat16)] = half_scale;
+  out->term_stride = plane;
   out->storage = storage;
   out->storage_bytes = total;
   return cudaSuccess;

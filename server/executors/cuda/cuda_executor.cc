@@ -123,8 +123,9 @@ class CudaExecutor final : public Executor {
   absl::Status PrepareProbeSet(ProbeSet& set) override {
     PS_RETURN_IF_CUDA(cudaSetDevice(config_.device));
     auto weights = std::make_unique<kernels::ProbeWeights>();
-    if (cudaError_t e = kernels::CreateProbeWeights(set.weight.data(), set.bias.data(),
-                                                    set.num_probes, set.hidden, weights.get());
+    if (cudaError_t e =
+            kernels::CreateProbeWeights(set.weight.data(), set.bias.data(), set.num_probes,
+                                        set.hidden, kernels::ProbePrecision::kFast, weights.get());
         e != cudaSuccess) {
       return CudaStatus(e, absl::StrCat("uploading the weights of probe set '", set.name, "'"));
     }
