@@ -217,8 +217,20 @@ std::vector<Shape> Sweep(const std::string& name) {
   return s;
 }
 
+// "fused_tc", or "fused_tc+exact" when the shape's precision is exact and the path's 16-bit
+// weights are its three terms (fused_cuda and float32 activations use the float32 weights).
+std::string ImplName(ps::ProbeScorePath path, const ps::ProbeScoreShape& shape) {
+  std::string name = ps::ProbeScorePathName(path);
+  if (shape.precision == ps::ProbePrecision::kExact && shape.dtype != pc::DType::kFloat32 &&
+      path != ps::ProbeScorePath::kFusedCuda) {
+    name += "+exact";
+  }
+  return name;
+}
+
 struct Record {
-  std::string impl;
+  std::string impl;  // a path name, "+exact" for exact precision; or "dispatch"
+  std::string precision = "fast";
   std::string variant;
   std::string path;  // for impl "dispatch": the path it took
   Shape shape;
@@ -275,12 +287,19 @@ class Bench {
     return true;
   }
 
-  const ps::ProbeWeights* Weights(int32_t P, int32_t H) {
-    const auto key = std::make_pair(P, H);
+  // The probe set (P, H) with `precision`; both precisions of one set stay alive together.
+  const ps::ProbeWeights* Weights(int32_t P, int32_t H, ps::ProbePrecision precision) {
+    const auto key = std::make_tuple(P, H, static_cast<int>(precision));
     auto it = weights_.find(key);
     if (it != weights_.end()) return &it->second;
-    for (auto& [k, w] : weights_) ps::DestroyProbeWeights(&w);
-    weights_.clear();  // one set at a time: the sweep is ordered by (P, H) within a dtype
+    for (auto it2 = weights_.begin(); it2 != weights_.end();) {  // the sweep is ordered by (P, H)
+      if (std::get<0>(it2->first) == P && std::get<1>(it2->first) == H) {
+        ++it2;
+        continue;
+      }
+      ps::DestroyProbeWeights(&it2->second);
+      it2 = weights_.erase(it2);
+    }
     std::mt19937_64 rng(P * 131 + H);
     std::uniform_real_distribution<float> u(-1.0f, 1.0f);
     std::vector<float> w(static_cast<size_t>(P) * H), b(P);
@@ -288,8 +307,7 @@ class Bench {
     for (auto& v : w) v = u(rng) * scale;
     for (auto& v : b) v = u(rng);
     ps::ProbeWeights pw;
-    if (ps::CreateProbeWeights(w.data(), b.data(), P, H, ps::ProbePrecision::kFast, &pw) !=
-        cudaSuccess)
+    if (ps::CreateProbeWeights(w.data(), b.data(), P, H, precision, &pw) != cudaSuccess)
       return nullptr;
     return &weights_.emplace(key, pw).first->second;
   }
@@ -362,16 +380,50 @@ class Bench {
     });
     for (const Shape& s : order) {
       if (!FillPool(s.dtype)) return false;
-      const ps::ProbeWeights* w = Weights(s.P, s.H);
-      if (w == nullptr || !SetupSlots(s)) return false;
-      const ps::ProbeScoreShape shape{s.dtype, s.R, s.P, s.H};
+      if (!SetupSlots(s)) return false;
+      const ps::ProbeScoreShape shape{s.dtype, s.R, s.P, s.H, ps::ProbePrecision::kFast};
       const ps::ProbeScoreResources& res = ps::ProbeScoreWorkspaceResources(*ws_);
-      const ps::ProbeScorePath chosen = ps::ChooseProbeScorePath(shape, res.device);
-      std::vector<std::tuple<std::string, ps::ProbeScorePath, ps::ProbeScoreTuning>> runs;
-      for (int pi = 0; pi < ps::kNumProbeScorePaths; ++pi) {
-        const auto path = static_cast<ps::ProbeScorePath>(pi);
-        if (!ps::ProbeScorePathSupports(path, shape, res.device)) continue;
-        runs.emplace_back(ps::ProbeScorePathName(path), path, ps::ProbeScoreTuning{});
+      // The dispatch record: the precision a probe set of P probes gets by default, and the path
+      // the dispatcher picks for it.
+      ps::ProbeScoreShape chosen_shape = shape;
+      chosen_shape.precision = ps::ResolveProbePrecision(ps::ProbePrecisionRequest::kDefault, s.P);
+      const std::string chosen =
+          ImplName(ps::ChooseProbeScorePath(chosen_shape, res.device), chosen_shape);
+      struct Run {
+        std::string impl;
+        ps::ProbeScorePath path;
+        ps::ProbeScoreTuning tuning;
+        ps::ProbePrecision precision = ps::ProbePrecision::kFast;
+      };
+      std::vector<Run> runs;
+      for (ps::ProbePrecision precision : {ps::ProbePrecision::kFast, ps::ProbePrecision::kExact}) {
+        ps::ProbeScoreShape ps_shape = shape;
+        ps_shape.precision = precision;
+        for (int pi = 0; pi < ps::kNumProbeScorePaths; ++pi) {
+          const auto path = static_cast<ps::ProbeScorePath>(pi);
+          if (!ps::ProbeScorePathSupports(path, ps_shape, res.device)) continue;
+          // Exact differs from fast only where 16-bit weights meet the tensor cores.
+          if (precision == ps::ProbePrecision::kExact &&
+              (s.dtype == pc::DType::kFloat32 || path == ps::ProbeScorePath::kFusedCuda)) {
+            continue;
+          }
+          runs.push_back({ImplName(path, ps_shape), path, ps::ProbeScoreTuning{}, precision});
+        }
+      }
+      if (variants && s.dtype != pc::DType::kFloat32 && s.P >= 64) {
+        // gather_wgmma's tiles and split counts where the choice is open.
+        for (int cfg = 0; cfg < ps::probe_score_detail::kNumWgmmaConfigs; ++cfg) {
+          for (int sp : {0, 4, 8}) {
+            if (sp > 0 && s.R > 256) continue;
+            ps::ProbeScoreTuning t;
+            t.wgmma_config = cfg;
+            t.splits = sp;
+            std::string name =
+                std::string("gather_wgmma[") + ps::probe_score_detail::kWgmmaConfigs[cfg].name;
+            if (sp > 0) name += ",s" + std::to_string(sp);
+            runs.push_back({name + "]", ps::ProbeScorePath::kGatherWgmma, t});
+          }
+        }
       }
       if (variants && s.dtype != pc::DType::kFloat32) {
         // Tile configurations and split counts of fused_tc where the choice is open.
@@ -382,7 +434,7 @@ class Bench {
           std::string name =
               std::string("fused_tc[") + ps::probe_score_detail::kTcConfigs[cfg].name;
           if (splits > 0) name += ",s" + std::to_string(splits);
-          runs.emplace_back(name + "]", ps::ProbeScorePath::kFusedTensorCore, t);
+          runs.push_back({name + "]", ps::ProbeScorePath::kFusedTensorCore, t});
         };
         if (s.P <= 16 && s.R >= 1024) {
           for (int cfg : {0, 3, 4}) add(cfg, 0);
@@ -399,25 +451,30 @@ class Bench {
       if (variants && s.P >= 128 && s.R >= 4096) {
         ps::ProbeScoreTuning t;
         t.gather_chunk_rows = 2048;
-        runs.emplace_back("gather_gemm[2048]", ps::ProbeScorePath::kGatherGemm, t);
+        runs.push_back({"gather_gemm[2048]", ps::ProbeScorePath::kGatherGemm, t});
       }
-      for (auto& [impl, path, tuning] : runs) {
+      for (const Run& run : runs) {
+        ps::ProbeScoreShape run_shape = shape;
+        run_shape.precision = run.precision;
+        const ps::ProbeWeights* w = Weights(s.P, s.H, run.precision);
         ps::ProbeScorePlan plan;
         Record rec;
-        rec.impl = impl;
+        rec.impl = run.impl;
+        rec.precision = ps::ProbePrecisionName(run.precision);
         rec.shape = s;
-        if (ps::PlanProbeScore(shape, path, res, tuning, &plan) != cudaSuccess ||
+        if (w == nullptr ||
+            ps::PlanProbeScore(run_shape, run.path, res, run.tuning, &plan) != cudaSuccess ||
             !Measure(plan, w, &rec)) {
-          std::fprintf(stderr, "measure failed: %s\n", impl.c_str());
+          std::fprintf(stderr, "measure failed: %s\n", run.impl.c_str());
           return false;
         }
         rec.variant = ps::DescribeProbeScorePlan(plan);
         Print(rec);
         records->push_back(rec);
-        if (impl == ps::ProbeScorePathName(chosen)) {
+        if (run.impl == chosen) {
           Record d = rec;
           d.impl = "dispatch";
-          d.path = impl;
+          d.path = run.impl;
           records->push_back(d);
         }
       }
@@ -443,7 +500,7 @@ class Bench {
   float* out_ = nullptr;
   ps::ProbeScoreDeviceArgs* args_d_ = nullptr;
   int32_t* rows_d_ = nullptr;
-  std::map<std::pair<int32_t, int32_t>, ps::ProbeWeights> weights_;
+  std::map<std::tuple<int32_t, int32_t, int>, ps::ProbeWeights> weights_;
 };
 
 bool WriteJson(const std::string& path, const std::string& device, const std::string& git,
@@ -465,17 +522,18 @@ bool WriteJson(const std::string& path, const std::string& device, const std::st
     const Record& r = recs[i];
     const double gbps = MinBytes(r.shape) / (r.graph_us * 1e-6) / 1e9;
     const double tflops = Flops(r.shape) / (r.graph_us * 1e-6) / 1e12;
-    std::fprintf(f,
-                 "    {\"bench\": \"probe_score\", \"impl\": %s, \"dtype\": \"%s\", "
-                 "\"shape\": {\"R\": %d, \"H\": %d, \"P\": %d}, \"graph_us_p50\": %s, "
-                 "\"eager_us_p50\": %s, \"gbps\": %s, \"tflops\": %s, \"frac_copy\": %s, "
-                 "\"frac_tflops\": %s, \"variant\": %s%s%s}%s\n",
-                 JsonStr(r.impl).c_str(), pc::DTypeName(r.shape.dtype), r.shape.R, r.shape.H,
-                 r.shape.P, JsonNum(r.graph_us).c_str(), JsonNum(r.eager_us).c_str(),
-                 JsonNum(gbps).c_str(), JsonNum(tflops).c_str(),
-                 JsonNum(gbps / c.copy_gbps).c_str(), JsonNum(tflops / c.bf16_tflops).c_str(),
-                 JsonStr(r.variant).c_str(), r.path.empty() ? "" : ", \"path\": ",
-                 r.path.empty() ? "" : JsonStr(r.path).c_str(), i + 1 < recs.size() ? "," : "");
+    std::fprintf(
+        f,
+        "    {\"bench\": \"probe_score\", \"impl\": %s, \"dtype\": \"%s\", "
+        "\"shape\": {\"R\": %d, \"H\": %d, \"P\": %d}, \"graph_us_p50\": %s, "
+        "\"eager_us_p50\": %s, \"gbps\": %s, \"tflops\": %s, \"frac_copy\": %s, "
+        "\"frac_tflops\": %s, \"precision\": \"%s\", \"variant\": %s%s%s}%s\n",
+        JsonStr(r.impl).c_str(), pc::DTypeName(r.shape.dtype), r.shape.R, r.shape.H, r.shape.P,
+        JsonNum(r.graph_us).c_str(), JsonNum(r.eager_us).c_str(), JsonNum(gbps).c_str(),
+        JsonNum(tflops).c_str(), JsonNum(gbps / c.copy_gbps).c_str(),
+        JsonNum(tflops / c.bf16_tflops).c_str(), r.precision.c_str(), JsonStr(r.variant).c_str(),
+        r.path.empty() ? "" : ", \"path\": ", r.path.empty() ? "" : JsonStr(r.path).c_str(),
+        i + 1 < recs.size() ? "," : "");
   }
   std::fprintf(f, "  ]\n}\n");
   return std::fclose(f) == 0;
@@ -489,13 +547,17 @@ bool WriteDispatchTable(const std::string& path, int num_sms) {
   if (f == nullptr) return false;
   ps::ProbeScoreResources res;
   res.device.num_sms = num_sms;
+  res.device.cc_major = 9;  // an sm_90 device with the sm_90a kernels built, as measured
+  res.device.gather_wgmma = true;
   res.workspace = ps::ProbeScoreWorkspaceLimitsFor(BenchWorkspaceConfig());
   for (const std::string sw : {"full", "quick", "targets"}) {
     for (const Shape& s : Sweep(sw)) {
-      const ps::ProbeScoreShape shape{s.dtype, s.R, s.P, s.H};
+      const ps::ProbeScoreShape shape{
+          s.dtype, s.R, s.P, s.H,
+          ps::ResolveProbePrecision(ps::ProbePrecisionRequest::kDefault, s.P)};
       const ps::ProbeScorePath path = ps::ChooseProbeScorePath(shape, res.device);
       std::fprintf(f, "%s %d %d %d %s", pc::DTypeName(s.dtype), s.R, s.H, s.P,
-                   ps::ProbeScorePathName(path));
+                   ImplName(path, shape).c_str());
       ps::ProbeScorePlan plan;
       if (path == ps::ProbeScorePath::kFusedTensorCore &&
           ps::PlanProbeScore(shape, path, res, {}, &plan) == cudaSuccess) {

@@ -43,9 +43,36 @@ inline constexpr TcTileConfig kTcConfigs[kNumTcConfigs] = {
     {64, 16, 128, 4, 1, 4, "64x16k128"},
 };
 constexpr int TcThreads(const TcTileConfig& c) { return c.wm * c.wn * 32; }
-// Both operands are 16-bit: stages x (A tile + B tile) x 2 bytes.
-constexpr int TcSmemBytes(const TcTileConfig& c) {
-  return c.stages * (c.bm * c.bk + c.bn * c.bk) * 2;
+// Both operands are 16-bit: stages x (A tile + `terms` B tiles) x 2 bytes (exact precision
+// multiplies each A tile by three weight terms).
+constexpr int TcSmemBytes(const TcTileConfig& c, int terms) {
+  return c.stages * (c.bm * c.bk + terms * c.bn * c.bk) * 2;
+}
+
+// gather_wgmma tile configuration (sm_90a): `wgs` warpgroups of 64 rows each x `bn` probes,
+// K in 64-deep tiles through as many shared-memory stages as fit (WgmmaStages).
+//   0 "128x256":  many rows and probes, fast precision only (three 256-row terms do not fit).
+//   1 "128x128":  many rows, fewer probes, or exact precision.
+//   2 "64x128":   few rows (split-K over H keeps the SMs busy).
+struct WgmmaTileConfig {
+  int wgs, bn;
+  const char* name;
+};
+inline constexpr int kNumWgmmaConfigs = 3;
+inline constexpr WgmmaTileConfig kWgmmaConfigs[kNumWgmmaConfigs] = {
+    {2, 256, "128x256"}, {2, 128, "128x128"}, {1, 128, "64x128"}};
+inline constexpr int kWgmmaMaxStages = 6;
+inline constexpr int kWgmmaSmemBudget = 200 << 10;  // of the 227 KB a block may have
+constexpr int WgmmaStageBytes(const WgmmaTileConfig& c, int terms) {
+  return (64 * c.wgs + terms * c.bn) * 128;  // 128 bytes per 64-element tile row
+}
+// Stages of the ring; below 2 the configuration cannot run these terms.
+constexpr int WgmmaStages(const WgmmaTileConfig& c, int terms) {
+  const int fit = kWgmmaSmemBudget / WgmmaStageBytes(c, terms);
+  return fit < kWgmmaMaxStages ? fit : kWgmmaMaxStages;
+}
+constexpr int WgmmaSmemBytes(const WgmmaTileConfig& c, int terms) {
+  return 1024 + WgmmaStages(c, terms) * WgmmaStageBytes(c, terms);
 }
 
 }  // namespace probesidecar::kernels::probe_score_detail

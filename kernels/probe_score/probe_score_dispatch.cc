@@ -12,12 +12,14 @@ const char* ProbeScorePathName(ProbeScorePath path) {
       return "fused_tc";
     case ProbeScorePath::kGatherGemm:
       return "gather_gemm";
+    case ProbeScorePath::kGatherWgmma:
+      return "gather_wgmma";
   }
   return "unknown";
 }
 
 bool ProbeScorePathSupports(ProbeScorePath path, const ProbeScoreShape& shape,
-                            const ProbeScoreDeviceFacts& /*device*/) {
+                            const ProbeScoreDeviceFacts& device) {
   if (shape.num_probes < 1 || shape.hidden < 1) return false;
   switch (path) {
     case ProbeScorePath::kFusedCuda:
@@ -27,6 +29,9 @@ bool ProbeScorePathSupports(ProbeScorePath path, const ProbeScoreShape& shape,
       // mma.sync takes bf16/fp16 only (fp32 would need TF32: above the 1e-5 budget), and the
       // gathered A tiles move in 16-byte chunks of 8 elements.
       return shape.dtype != common::DType::kFloat32 && shape.hidden % 8 == 0;
+    case ProbeScorePath::kGatherWgmma:
+      // The same operand rules as fused_tc, on an sm_90 device with the sm_90a kernels built.
+      return device.gather_wgmma && shape.dtype != common::DType::kFloat32 && shape.hidden % 8 == 0;
   }
   return false;
 }
@@ -58,6 +63,11 @@ ProbeScorePath ChooseProbeScorePath(const ProbeScoreShape& shape,
   if (!ProbeScorePathSupports(ProbeScorePath::kFusedTensorCore, shape, device)) {
     if (P <= 16 || (P <= 64 && R <= 64)) return ProbeScorePath::kFusedCuda;
     return ProbeScorePath::kGatherGemm;
+  }
+  // gather_wgmma (sm_90a) where the GEMM dominates: many probes and rows (provisional).
+  if (ProbeScorePathSupports(ProbeScorePath::kGatherWgmma, shape, device) &&
+      ((P > 256 && R > 64) || (P > 128 && R > 256))) {
+    return ProbeScorePath::kGatherWgmma;
   }
   if (P <= 8) return R <= 512 ? ProbeScorePath::kFusedCuda : ProbeScorePath::kFusedTensorCore;
   if (P <= 128) {

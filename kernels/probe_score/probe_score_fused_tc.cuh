@@ -34,16 +34,17 @@ __device__ __forceinline__ void Mma16816(float (&d)[4], const uint32_t (&a)[4],
   }
 }
 
-template <int kBM, int kBN, int kBK, int kWM, int kWN, int kStages>
+template <int kBM, int kBN, int kBK, int kWM, int kWN, int kStages, int kTerms>
 struct TcShape {
   static constexpr int kThreads = kWM * kWN * 32;
   static constexpr int kWarpM = kBM / kWM;  // rows per warp
   static constexpr int kWarpN = kBN / kWN;  // probes per warp
   static constexpr int kMT = kWarpM / 16;
   static constexpr int kNT = kWarpN / 8;
-  static constexpr int kChunks = kBK / 8;    // 16-byte chunks per smem row
-  static constexpr int kAStage = kBM * kBK;  // elements
-  static constexpr int kBStage = kBN * kBK;
+  static constexpr int kChunks = kBK / 8;          // 16-byte chunks per smem row
+  static constexpr int kAStage = kBM * kBK;        // elements
+  static constexpr int kBTerm = kBN * kBK;         // one weight term's tile
+  static constexpr int kBStage = kTerms * kBTerm;  // exact: the three terms side by side
   static constexpr int kSmemBytes = kStages * (kAStage + kBStage) * 2;
   static constexpr int kRowsPerPass = kThreads / kChunks;  // rows one pass of chunks covers
   static constexpr int kAIters = kBM / kRowsPerPass;
@@ -64,9 +65,12 @@ struct TcShape {
 // that ldmatrix reads 8 rows without bank conflicts. A long kBK (256) makes each row's request
 // 512 contiguous bytes, which HBM serves far better than 128-byte pieces of random rows.
 // Split-K (splits > 1): each split writes its fp32 partial tile; SplitKReduceKernel sums them.
-template <typename T, int kBM, int kBN, int kBK, int kWM, int kWN, int kStages>
+// Exact precision (kTerms = 3): each A fragment meets the three weight terms in turn, into the
+// same fp32 accumulator (every bf16 x bf16 or fp16 x fp16 product is exact in fp32); the sum is
+// multiplied by acc_scale (1 / the terms' power-of-two scale) before the bias.
+template <typename T, int kBM, int kBN, int kBK, int kWM, int kWN, int kStages, int kTerms>
 __global__ void __launch_bounds__(kWM* kWN * 32) FusedTcKernel(const __grid_constant__ TcParams p) {
-  using S = TcShape<kBM, kBN, kBK, kWM, kWN, kStages>;
+  using S = TcShape<kBM, kBN, kBK, kWM, kWN, kStages, kTerms>;
   extern __shared__ uint4 tc_smem[];
   T* sa = reinterpret_cast<T*>(tc_smem);  // [kStages, kBM, kBK] swizzled
   T* sb = sa + kStages * S::kAStage;      // [kStages, kBN, kBK] swizzled
@@ -86,14 +90,17 @@ __global__ void __launch_bounds__(kWM* kWN * 32) FusedTcKernel(const __grid_cons
     const int k = kt * kBK + chunk * 8;
     const bool w_in = k < p.w_row_stride;  // W is zero-padded to w_row_stride columns
 #pragma unroll
-    for (int i = 0; i < S::kBIters; ++i) {
-      const int r = row0 + i * S::kRowsPerPass;
-      T* dst = sb + stage * S::kBStage + r * kBK + ((chunk ^ (r & 7)) * 8);
-      CpAsync16(
-          SmemAddr(dst),
-          w_in ? static_cast<const void*>(w + static_cast<int64_t>(n0 + r) * p.w_row_stride + k)
-               : p.weight,
-          w_in);
+    for (int term = 0; term < kTerms; ++term) {
+#pragma unroll
+      for (int i = 0; i < S::kBIters; ++i) {
+        const int r = row0 + i * S::kRowsPerPass;
+        T* dst = sb + stage * S::kBStage + term * S::kBTerm + r * kBK + ((chunk ^ (r & 7)) * 8);
+        CpAsync16(SmemAddr(dst),
+                  w_in ? static_cast<const void*>(w + term * p.term_stride +
+                                                  static_cast<int64_t>(n0 + r) * p.w_row_stride + k)
+                       : p.weight,
+                  w_in);
+      }
     }
   };
 
@@ -185,23 +192,34 @@ __global__ void __launch_bounds__(kWM* kWN * 32) FusedTcKernel(const __grid_cons
         LdMatrixX4(af[mt], SmemAddr(sa_st + r * kBK + ((c ^ (r & 7)) * 8)));
       }
 #pragma unroll
-      for (int np = 0; np < S::kNT / 2; ++np) {
-        const int r = warp_n * S::kWarpN + np * 16 + (lane / 16) * 8 + (lane % 8);
-        const int c = kk * 2 + (lane / 8) % 2;
-        uint32_t t[4];
-        LdMatrixX4(t, SmemAddr(sb_st + r * kBK + ((c ^ (r & 7)) * 8)));
-        bf[2 * np][0] = t[0];
-        bf[2 * np][1] = t[1];
-        bf[2 * np + 1][0] = t[2];
-        bf[2 * np + 1][1] = t[3];
+      for (int term = 0; term < kTerms; ++term) {
+#pragma unroll
+        for (int np = 0; np < S::kNT / 2; ++np) {
+          const int r = warp_n * S::kWarpN + np * 16 + (lane / 16) * 8 + (lane % 8);
+          const int c = kk * 2 + (lane / 8) % 2;
+          uint32_t t[4];
+          LdMatrixX4(t, SmemAddr(sb_st + term * S::kBTerm + r * kBK + ((c ^ (r & 7)) * 8)));
+          bf[2 * np][0] = t[0];
+          bf[2 * np][1] = t[1];
+          bf[2 * np + 1][0] = t[2];
+          bf[2 * np + 1][1] = t[3];
+        }
+#pragma unroll
+        for (int mt = 0; mt < S::kMT; ++mt)
+#pragma unroll
+          for (int nt = 0; nt < S::kNT; ++nt) Mma16816<T>(acc[mt][nt], af[mt], bf[nt]);
       }
-#pragma unroll
-      for (int mt = 0; mt < S::kMT; ++mt)
-#pragma unroll
-        for (int nt = 0; nt < S::kNT; ++nt) Mma16816<T>(acc[mt][nt], af[mt], bf[nt]);
     }
   }
   CpAsyncWait<0>();
+  if constexpr (kTerms > 1) {
+#pragma unroll
+    for (int i = 0; i < S::kMT; ++i)
+#pragma unroll
+      for (int j = 0; j < S::kNT; ++j)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) acc[i][j][e] *= p.acc_scale;
+  }
 
   // Fragment (mt, nt): c0, c1 at (row g, cols 2t, 2t+1), c2, c3 at (row g + 8, same cols).
   const int g = lane / 4, t4 = lane % 4;

@@ -10,14 +10,14 @@
 
 namespace probesidecar::kernels::probe_score_detail {
 
-// The kernel for `dtype` in tile configuration `config` (kTcConfigs index); nullptr for fp32 or a
-// configuration out of range.
-const void* FusedTcKernelFn(common::DType dtype, int config);
+// The kernel for `dtype` in tile configuration `config` (kTcConfigs index) with `terms` weight
+// terms (1: fast, 3: exact); nullptr for fp32, a configuration out of range or other terms.
+const void* FusedTcKernelFn(common::DType dtype, int config, int terms);
 
 // Grid `grid` = (n_tiles, m_tiles, splits), TcThreads(kTcConfigs[config]) threads,
-// TcSmemBytes(kTcConfigs[config]) of dynamic shared memory. Returns the launch status.
-cudaError_t LaunchFusedTc(common::DType dtype, int config, const TcParams& params, dim3 grid,
-                          cudaStream_t stream);
+// TcSmemBytes(kTcConfigs[config], terms) of dynamic shared memory. Returns the launch status.
+cudaError_t LaunchFusedTc(common::DType dtype, int config, int terms, const TcParams& params,
+                          dim3 grid, cudaStream_t stream);
 
 // The reduction over the splits' partial sums: grid `grid`, kSplitKReduceThreads threads.
 inline constexpr int kSplitKReduceThreads = 256;

@@ -143,16 +143,17 @@ struct HostWeights {
   std::vector<float> w, b;
 };
 
-// Weights drawn in the activation dtype's precision, so that every path and the reference see
-// the same numbers.
-HostWeights MakeWeights(int32_t P, int32_t H, common::DType dtype, uint64_t seed) {
+// Weights drawn in the activation dtype's precision (`round`), so that every path and the
+// reference see the same numbers; or full float32 weights, which exact precision must keep.
+HostWeights MakeWeights(int32_t P, int32_t H, common::DType dtype, uint64_t seed,
+                        bool round = true) {
   std::mt19937_64 rng(seed);
   std::uniform_real_distribution<float> u(-1.0f, 1.0f);
   HostWeights hw;
   hw.w.resize(static_cast<size_t>(P) * H);
   hw.b.resize(P);
   const float scale = 2.0f / std::sqrt(static_cast<float>(H));
-  for (auto& v : hw.w) v = RoundTo(dtype, u(rng) * scale);
+  for (auto& v : hw.w) v = round ? RoundTo(dtype, u(rng) * scale) : u(rng) * scale;
   for (auto& v : hw.b) v = u(rng) * 0.5f;
   return hw;
 }
@@ -177,6 +178,7 @@ struct Case {
   int64_t out_extra;  // output row stride = P + out_extra
   Activation act;
   uint64_t seed;
+  ProbePrecision precision = ProbePrecision::kFast;
 };
 
 std::string CaseName(const Case& c) {
@@ -185,6 +187,7 @@ std::string CaseName(const Case& c) {
                 common::DTypeName(c.dtype), c.R, c.max_rows, c.H, c.P, kLayouts[c.layout].name,
                 static_cast<long long>(c.out_extra),
                 c.act == Activation::kSigmoid ? "sigmoid" : "none");
+  if (c.precision == ProbePrecision::kExact) std::strncat(buf, " exact", sizeof(buf) - 1);
   return buf;
 }
 
@@ -311,7 +314,9 @@ class Problem {
     }
   }
 
-  ProbeScoreShape Shape() const { return ProbeScoreShape{c_.dtype, c_.max_rows, c_.P, c_.H}; }
+  ProbeScoreShape Shape() const {
+    return ProbeScoreShape{c_.dtype, c_.max_rows, c_.P, c_.H, c_.precision};
+  }
 
   ProbeScoreParams Params(const ProbeWeights* w) const {
     ProbeScoreParams p;
@@ -337,10 +342,12 @@ class Problem {
 
   // Every element of the R x P block within its bound (probe_score_compare.h: operands exact in
   // the dtype, fp32 accumulation); everything else still the poison.
-  Check Compare(const std::vector<float>& got, int32_t num_rows) const {
+  // `model`: ScoreErrorModel{} unless the kernel rounded W (fast precision on full fp32 weights).
+  Check Compare(const std::vector<float>& got, int32_t num_rows,
+                const ScoreErrorModel& model = ScoreErrorModel{}) const {
     Check ck;
-    ck.scores = CompareScores(ScoreErrorModel{}, got.data(), out_stride_, ref_.data(), mag_.data(),
-                              num_rows, c_.P, c_.H, c_.act);
+    ck.scores = CompareScores(model, got.data(), out_stride_, ref_.data(), mag_.data(), num_rows,
+                              c_.P, c_.H, c_.act);
     for (int64_t r = 0; r < c_.max_rows; ++r) {
       for (int64_t j = 0; j < out_stride_; ++j) {
         if (r < num_rows && j < c_.P) continue;

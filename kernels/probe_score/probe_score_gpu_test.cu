@@ -24,8 +24,13 @@ namespace probesidecar::kernels::probe_score_test {
 namespace {
 
 // The relative L2 error of a whole block, besides the per-element bound: fp32 paths (CUDA cores
-// and cuBLAS SGEMM, no TF32) stay within 1e-5, 16-bit inputs within 1e-3.
-double L2Tolerance(common::DType dtype) { return dtype == common::DType::kFloat32 ? 1e-5 : 1e-3; }
+// and cuBLAS SGEMM, no TF32) stay within 1e-5, 16-bit inputs within 1e-3; exact precision keeps
+// the float32 weights, so only fp32 accumulation remains (~u sqrt(H) ~ 5e-6 at H = 8192): 5e-5,
+// twenty times below what rounding the weights to bf16 costs (~1e-3, ExactPrecision... below).
+double L2Tolerance(common::DType dtype, ProbePrecision precision = ProbePrecision::kFast) {
+  if (dtype == common::DType::kFloat32) return 1e-5;
+  return precision == ProbePrecision::kExact ? 5e-5 : 1e-3;
+}
 
 struct Worst {
   double rel_l2 = 0.0, ratio = 0.0;  // ratio: max |err| / bound over the elements
@@ -61,10 +66,14 @@ class ProbeScoreGpuTest : public ::testing::Test {
 
   static const ProbeScoreResources& Resources() { return ProbeScoreWorkspaceResources(*ws_); }
 
-  // Weights for (dtype precision, P, H), created once.
-  static const std::pair<HostWeights, ProbeWeights>* Weights(common::DType dtype, int32_t P,
-                                                             int32_t H) {
-    const auto key = std::make_tuple(static_cast<int>(dtype), P, H);
+  // Weights for (dtype, P, H, precision, rounded), created once. Exact sets draw full float32
+  // weights unless `round`; fast sets draw them in the dtype's precision unless `!round`.
+  static const std::pair<HostWeights, ProbeWeights>* Weights(
+      common::DType dtype, int32_t P, int32_t H, ProbePrecision precision = ProbePrecision::kFast,
+      int round = -1) {
+    const bool rounded = round < 0 ? precision == ProbePrecision::kFast : round != 0;
+    const auto key = std::make_tuple(static_cast<int>(dtype), P, H,
+                                     static_cast<int>(precision) * 2 + (rounded ? 1 : 0));
     auto it = weights_.find(key);
     if (it != weights_.end()) return &it->second;
     // Keep the cache small: the big weight sets are only used by consecutive cases.
@@ -73,8 +82,9 @@ class ProbeScoreGpuTest : public ::testing::Test {
       weights_.clear();
     }
     std::pair<HostWeights, ProbeWeights> entry;
-    entry.first = MakeWeights(P, H, dtype, 1000003ull * P + 7919ull * H + static_cast<int>(dtype));
-    if (CreateProbeWeights(entry.first.w.data(), entry.first.b.data(), P, H, ProbePrecision::kFast,
+    entry.first =
+        MakeWeights(P, H, dtype, 1000003ull * P + 7919ull * H + static_cast<int>(dtype), rounded);
+    if (CreateProbeWeights(entry.first.w.data(), entry.first.b.data(), P, H, precision,
                            &entry.second) != cudaSuccess) {
       return nullptr;
     }
@@ -87,7 +97,7 @@ class ProbeScoreGpuTest : public ::testing::Test {
                 std::map<std::string, Worst>* worst) {
     for (const Case& c : cases) {
       SCOPED_TRACE(CaseName(c));
-      const auto* w = Weights(c.dtype, c.P, c.H);
+      const auto* w = Weights(c.dtype, c.P, c.H, c.precision);
       ASSERT_NE(w, nullptr);
       Problem prob;
       prob.Setup(c, w->first);
@@ -104,9 +114,9 @@ class ProbeScoreGpuTest : public ::testing::Test {
         const auto ck = prob.Compare(prob.Download(), c.R);
         EXPECT_TRUE(ck.scores.ok()) << DescribeComparison(ck.scores);
         EXPECT_EQ(ck.tail_touched, 0);
-        EXPECT_LE(ck.scores.rel_l2, L2Tolerance(c.dtype));
-        Worst& wst =
-            (*worst)[std::string(common::DTypeName(c.dtype)) + " " + ProbeScorePathName(path)];
+        EXPECT_LE(ck.scores.rel_l2, L2Tolerance(c.dtype, c.precision));
+        Worst& wst = (*worst)[std::string(common::DTypeName(c.dtype)) + " " +
+                              ProbeScorePathName(path) + " " + ProbePrecisionName(c.precision)];
         wst.ratio = std::max(wst.ratio, ck.scores.worst_ratio);
         if (ck.scores.rel_l2 >= wst.rel_l2) {
           wst.rel_l2 = ck.scores.rel_l2;
@@ -118,13 +128,14 @@ class ProbeScoreGpuTest : public ::testing::Test {
 
   static ProbeScoreWorkspace* ws_;
   static cudaError_t ws_status_;
-  static std::map<std::tuple<int, int32_t, int32_t>, std::pair<HostWeights, ProbeWeights>> weights_;
+  static std::map<std::tuple<int, int32_t, int32_t, int>, std::pair<HostWeights, ProbeWeights>>
+      weights_;
   cudaStream_t stream_ = nullptr;
 };
 
 ProbeScoreWorkspace* ProbeScoreGpuTest::ws_ = nullptr;
 cudaError_t ProbeScoreGpuTest::ws_status_ = cudaErrorUnknown;
-std::map<std::tuple<int, int32_t, int32_t>, std::pair<HostWeights, ProbeWeights>>
+std::map<std::tuple<int, int32_t, int32_t, int>, std::pair<HostWeights, ProbeWeights>>
     ProbeScoreGpuTest::weights_;
 
 void PrintWorst(const std::map<std::string, Worst>& worst) {
@@ -161,6 +172,7 @@ std::vector<Case> SweepCases(common::DType dtype) {
         c.out_extra = (n % 3 == 0) ? 3 : 0;
         c.act = (n % 4 == 1) ? Activation::kSigmoid : Activation::kNone;
         c.seed = n * 0x51ed27ull + 17;
+        c.precision = (n / 2) % 2 ? ProbePrecision::kExact : ProbePrecision::kFast;
         cases.push_back(c);
       }
     }
@@ -203,13 +215,19 @@ TEST_F(ProbeScoreGpuTest, ForcedConfigsAndSplits) {
       {common::DType::kBFloat16, 50, 1000, 16, 64, 3, 0, Activation::kNone, 15},
       {common::DType::kFloat16, 33, 40, 3, 40, 0, 1, Activation::kSigmoid, 16},
   };
+  std::vector<Case> both = cases;
+  for (Case c : cases) {
+    c.precision = ProbePrecision::kExact;
+    both.push_back(c);
+  }
   for (int config = 0; config < probe_score_detail::kNumTcConfigs; ++config) {
     for (int splits : {1, 3, 16}) {
       ProbeScoreTuning t;
       t.tc_config = config;
+      t.wgmma_config = config % probe_score_detail::kNumWgmmaConfigs;
       t.splits = splits;
       t.gather_chunk_rows = 64 * splits;
-      RunCases(cases, t, &worst);
+      RunCases(both, t, &worst);
     }
   }
   PrintWorst(worst);
@@ -278,18 +296,20 @@ TEST_F(ProbeScoreGpuTest, RejectsMismatches) {
 TEST_F(ProbeScoreGpuTest, GraphCaptureAndReplayWithNewArgs) {
   for (common::DType dtype : {common::DType::kBFloat16, common::DType::kFloat32}) {
     for (int32_t P : {16, 128}) {
-      for (int pi = 0; pi < kNumProbeScorePaths; ++pi) {
-        const auto path = static_cast<ProbeScorePath>(pi);
-        const ProbeScoreShape shape{dtype, 1024, P, 4096};
+      for (int pi = 0; pi < 2 * kNumProbeScorePaths; ++pi) {
+        const auto path = static_cast<ProbeScorePath>(pi % kNumProbeScorePaths);
+        const ProbePrecision precision =
+            pi < kNumProbeScorePaths ? ProbePrecision::kFast : ProbePrecision::kExact;
+        const ProbeScoreShape shape{dtype, 1024, P, 4096, precision};
         if (!ProbeScorePathSupports(path, shape, Resources().device)) continue;
         SCOPED_TRACE(std::string(common::DTypeName(dtype)) + " P=" + std::to_string(P) + " " +
-                     ProbeScorePathName(path));
+                     ProbeScorePathName(path) + " " + ProbePrecisionName(precision));
         const int32_t max_rows = shape.max_rows;
         ProbeScorePlan plan;
         CUDA_ASSERT(PlanProbeScore(shape, path, Resources(), ProbeScoreTuning{}, &plan));
-        const Case a{dtype, 1000, 4096, P, max_rows, 0, 0, Activation::kSigmoid, 77};
-        const Case b{dtype, 517, 4096, P, max_rows, 3, 0, Activation::kSigmoid, 78};
-        const auto* w = Weights(dtype, P, 4096);
+        const Case a{dtype, 1000, 4096, P, max_rows, 0, 0, Activation::kSigmoid, 77, precision};
+        const Case b{dtype, 517, 4096, P, max_rows, 3, 0, Activation::kSigmoid, 78, precision};
+        const auto* w = Weights(dtype, P, 4096, precision);
         ASSERT_NE(w, nullptr);
         Problem pa, pb;
         pa.Setup(a, w->first);
@@ -319,7 +339,7 @@ TEST_F(ProbeScoreGpuTest, GraphCaptureAndReplayWithNewArgs) {
         const std::vector<float> eager = pa.Download();
         const auto ck_eager = pa.Compare(eager, a.R);
         EXPECT_TRUE(ck_eager.scores.ok()) << DescribeComparison(ck_eager.scores);
-        EXPECT_LE(ck_eager.scores.rel_l2, L2Tolerance(dtype));
+        EXPECT_LE(ck_eager.scores.rel_l2, L2Tolerance(dtype, precision));
 
         // Capture: copies + launch.
         cudaGraph_t graph = nullptr;
@@ -351,7 +371,7 @@ TEST_F(ProbeScoreGpuTest, GraphCaptureAndReplayWithNewArgs) {
         const auto ck_b = pb.Compare(pa.Download(), b.R);
         EXPECT_TRUE(ck_b.scores.ok()) << DescribeComparison(ck_b.scores);
         EXPECT_EQ(ck_b.tail_touched, 0);
-        EXPECT_LE(ck_b.scores.rel_l2, L2Tolerance(dtype));
+        EXPECT_LE(ck_b.scores.rel_l2, L2Tolerance(dtype, precision));
 
         // Back to the first request: the same bits as the first replay.
         *pinned_args = pa.args();
@@ -366,6 +386,63 @@ TEST_F(ProbeScoreGpuTest, GraphCaptureAndReplayWithNewArgs) {
         CUDA_ASSERT(cudaGraphDestroy(graph));
         CUDA_ASSERT(cudaFreeHost(pinned_args));
         CUDA_ASSERT(cudaFreeHost(pinned_rows));
+      }
+    }
+  }
+}
+
+// Precision, on full float32 weights (what a probe file holds): exact keeps them on every path
+// (every element within the fp32-accumulation bound, and the block's relative L2 error under
+// 5e-5); fast rounds them to the activations' type on the tensor-core paths (the bound then
+// includes that rounding), which costs ~1e-3 relative L2: the test asserts exact is at least 10x
+// closer there, so that an "exact" path that rounds cannot pass.
+TEST_F(ProbeScoreGpuTest, ExactPrecisionKeepsFloat32Weights) {
+  uint64_t n = 4000;
+  for (common::DType dtype : {common::DType::kBFloat16, common::DType::kFloat16}) {
+    for (int32_t P : {1, 16, 128, 1024}) {
+      for (int32_t R : {1, 64, 1000, 8192}) {
+        ++n;
+        Case c{dtype, R, 4096, P, R, static_cast<int>(n % kNumLayouts), 0, Activation::kNone, n};
+        double rel_l2[2][kNumProbeScorePaths] = {};
+        for (ProbePrecision precision : {ProbePrecision::kExact, ProbePrecision::kFast}) {
+          c.precision = precision;
+          SCOPED_TRACE(CaseName(c));
+          const auto* w = Weights(dtype, P, c.H, precision, /*round=*/0);
+          ASSERT_NE(w, nullptr);
+          Problem prob;
+          prob.Setup(c, w->first);
+          ASSERT_FALSE(HasFatalFailure());
+          for (int pi = 0; pi < kNumProbeScorePaths; ++pi) {
+            const auto path = static_cast<ProbeScorePath>(pi);
+            if (!ProbeScorePathSupports(path, prob.Shape(), Resources().device)) continue;
+            SCOPED_TRACE(ProbeScorePathName(path));
+            ProbeScorePlan plan;
+            CUDA_ASSERT(PlanProbeScore(prob.Shape(), path, Resources(), {}, &plan));
+            CUDA_ASSERT(Poison(prob.out(), prob.out_elems(), stream_));
+            CUDA_ASSERT(LaunchProbeScore(plan, prob.Params(&w->second), ws_, stream_));
+            CUDA_ASSERT(cudaStreamSynchronize(stream_));
+            // fused_cuda reads the float32 weights whatever the precision.
+            const bool rounds =
+                precision == ProbePrecision::kFast && path != ProbeScorePath::kFusedCuda;
+            ScoreErrorModel model;
+            if (rounds) model.operand_u = UnitRoundoff(dtype);
+            const auto ck = prob.Compare(prob.Download(), c.R, model);
+            EXPECT_TRUE(ck.scores.ok()) << DescribeComparison(ck.scores);
+            EXPECT_EQ(ck.tail_touched, 0);
+            if (!rounds) EXPECT_LE(ck.scores.rel_l2, L2Tolerance(dtype, ProbePrecision::kExact));
+            rel_l2[static_cast<int>(precision)][pi] = ck.scores.rel_l2;
+          }
+        }
+        for (int pi = 0; pi < kNumProbeScorePaths; ++pi) {
+          const double exact = rel_l2[0][pi], fast = rel_l2[1][pi];
+          if (fast == 0.0 || static_cast<ProbeScorePath>(pi) == ProbeScorePath::kFusedCuda)
+            continue;
+          EXPECT_LE(10.0 * exact, fast)
+              << CaseName(c) << " " << ProbeScorePathName(static_cast<ProbeScorePath>(pi));
+          std::printf("[precision] %s R=%d P=%d %-12s rel L2 exact %.2e fast %.2e\n",
+                      common::DTypeName(dtype), R, P,
+                      ProbeScorePathName(static_cast<ProbeScorePath>(pi)), exact, fast);
+        }
       }
     }
   }

@@ -7,6 +7,7 @@
 #include "kernels/probe_score/probe_score_fused_cuda.h"
 #include "kernels/probe_score/probe_score_fused_tc.h"
 #include "kernels/probe_score/probe_score_gather_gemm.h"
+#include "kernels/probe_score/probe_score_wgmma.h"
 #include "kernels/probe_score/probe_score_workspace.h"
 
 namespace probesidecar::kernels {
@@ -20,6 +21,10 @@ using probe_score_detail::SplitKReduceParams;
 using probe_score_detail::TcParams;
 
 int32_t PaddedHidden(int32_t hidden) { return (hidden + kHiddenPad - 1) / kHiddenPad * kHiddenPad; }
+int32_t RoundUpProbes(int32_t probes) {
+  return (probes + probe_score_detail::kProbePad - 1) / probe_score_detail::kProbePad *
+         probe_score_detail::kProbePad;
+}
 
 dim3 Dim3(const ProbeScoreGrid& g) { return dim3(g.x, g.y, g.z); }
 
@@ -35,9 +40,10 @@ bool Matches(const ProbeScorePlan& plan, const ProbeScoreParams& params,
   const ProbeScoreWorkspaceNeeds& n = plan.needs;
   const int dtype = static_cast<int>(s.dtype);
   return dtype >= 0 && dtype < common::kNumDTypes && params.weights->num_probes == s.num_probes &&
-         params.weights->hidden == s.hidden && s.max_rows >= 0 && s.max_rows <= l.max_rows &&
-         n.partial_floats <= l.partial_floats && n.counters <= l.counters &&
-         n.staging_x_bytes <= l.staging_x_bytes && n.staging_c_bytes <= l.staging_c_bytes;
+         params.weights->precision == s.precision && params.weights->hidden == s.hidden &&
+         s.max_rows >= 0 && s.max_rows <= l.max_rows && n.partial_floats <= l.partial_floats &&
+         n.counters <= l.counters && n.staging_x_bytes <= l.staging_x_bytes &&
+         n.staging_c_bytes <= l.staging_c_bytes;
 }
 
 // The fields both fused kernels share: the request's pointers, the weights, the split-K
@@ -75,18 +81,26 @@ cudaError_t RunFusedCuda(const ProbeScorePlan& plan, const ProbeScoreParams& in,
                                              fp.smem_bytes, stream);
 }
 
-cudaError_t RunFusedTc(const ProbeScorePlan& plan, const ProbeScoreParams& in,
-                       const ProbeScoreWorkspace& ws, cudaStream_t stream) {
-  const FusedTcPlan& tp = plan.fused_tc;
+// fused_tc and gather_wgmma: one tensor-core kernel, then the split-K reduction when K is split.
+cudaError_t RunTensorCore(const ProbeScorePlan& plan, const ProbeScoreParams& in,
+                          const ProbeScoreWorkspace& ws, cudaStream_t stream) {
+  const bool wgmma = plan.path == ProbeScorePath::kGatherWgmma;
+  const FusedTcPlan& tp = wgmma ? plan.gather_wgmma : plan.fused_tc;
   TcParams p;
   BindFused(plan, in, ws, &p);
-  p.weight = in.weights->weight[static_cast<int>(plan.shape.dtype)];
+  const int dtype = static_cast<int>(plan.shape.dtype);
+  p.weight = in.weights->weight[dtype];
+  p.term_stride = in.weights->term_stride;
+  p.acc_scale = 1.0f / in.weights->term_scale[dtype];
   p.partial_rows = tp.partial_rows;
   p.partial_ld = tp.partial_ld;
   p.k_tiles = tp.k_tiles;
   p.splits = static_cast<int32_t>(tp.grid.z);
-  cudaError_t err =
-      probe_score_detail::LaunchFusedTc(plan.shape.dtype, tp.config, p, Dim3(tp.grid), stream);
+  p.w_rows = RoundUpProbes(in.weights->num_probes);
+  cudaError_t err = wgmma ? probe_score_detail::LaunchGatherWgmma(
+                                plan.shape.dtype, tp.config, tp.terms, p, Dim3(tp.grid), stream)
+                          : probe_score_detail::LaunchFusedTc(plan.shape.dtype, tp.config, tp.terms,
+                                                              p, Dim3(tp.grid), stream);
   if (err != cudaSuccess || p.splits == 1) return err;
   SplitKReduceParams r;
   r.args = in.args;
@@ -128,7 +142,11 @@ cudaError_t RunGatherGemm(const ProbeScorePlan& plan, const ProbeScoreParams& in
                             static_cast<size_t>(ws.resources.workspace.cublas_workspace_bytes));
   }
   if (st != CUBLAS_STATUS_SUCCESS) return FromCublas(st);
-  const float one = 1.0f, zero = 0.0f;
+  // Exact precision: one GEMM per weight term, the later ones adding into the first's result;
+  // alpha undoes the terms' power-of-two scale.
+  const float alpha = 1.0f / w.term_scale[static_cast<int>(dtype)], zero = 0.0f, one = 1.0f;
+  const char* w_base = static_cast<const char*>(w.weight[static_cast<int>(dtype)]);
+  const int64_t term_bytes = w.term_stride * common::DTypeSize(dtype);
   const cudaDataType_t type = CudaType(dtype);
   cudaError_t err = cudaSuccess;
   for (int64_t c = 0; c < gp.num_chunks; ++c) {
@@ -145,11 +163,13 @@ cudaError_t RunGatherGemm(const ProbeScorePlan& plan, const ProbeScoreParams& in
     if ((err = probe_score_detail::LaunchGatherRows(dtype, g, stream)) != cudaSuccess) return err;
     // Column-major view: C^T [P, n] = W [P, H] (row-major = col-major H x P, transposed) times
     // staging^T [H, n] (row-major [n, H] = col-major H x n).
-    st = cublasGemmEx(ws.cublas, CUBLAS_OP_T, CUBLAS_OP_N, P, n, H, &one,
-                      w.weight[static_cast<int>(dtype)], type, PaddedHidden(H), ws.staging_x, type,
-                      H, &zero, ws.staging_c, CUDA_R_32F, gp.ldc, CUBLAS_COMPUTE_32F,
-                      CUBLAS_GEMM_DEFAULT);
-    if (st != CUBLAS_STATUS_SUCCESS) return FromCublas(st);
+    for (int32_t term = 0; term < gp.terms; ++term) {
+      st = cublasGemmEx(ws.cublas, CUBLAS_OP_T, CUBLAS_OP_N, P, n, H, &alpha,
+                        w_base + term * term_bytes, type, PaddedHidden(H), ws.staging_x, type, H,
+                        term == 0 ? &zero : &one, ws.staging_c, CUDA_R_32F, gp.ldc,
+                        CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+      if (st != CUBLAS_STATUS_SUCCESS) return FromCublas(st);
+    }
     EpilogueParams e;
     e.args = in.args;
     e.c = ws.staging_c;
@@ -174,7 +194,8 @@ cudaError_t LaunchProbeScore(const ProbeScorePlan& plan, const ProbeScoreParams&
     case ProbeScorePath::kFusedCuda:
       return RunFusedCuda(plan, params, *workspace, stream);
     case ProbeScorePath::kFusedTensorCore:
-      return RunFusedTc(plan, params, *workspace, stream);
+    case ProbeScorePath::kGatherWgmma:
+      return RunTensorCore(plan, params, *workspace, stream);
     case ProbeScorePath::kGatherGemm:
       return RunGatherGemm(plan, params, *workspace, stream);
   }

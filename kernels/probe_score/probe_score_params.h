@@ -42,11 +42,13 @@ struct FusedCudaParams {
   int32_t activation = 0;    // Activation
 };
 
-// fused_tc (probe_score_fused_tc.cuh).
+// fused_tc (probe_score_fused_tc.cuh) and gather_wgmma (probe_score_wgmma_sm90a.cuh).
 struct TcParams {
   const ProbeScoreDeviceArgs* args = nullptr;  // [1] device
   const int32_t* rows = nullptr;               // [max_rows]
-  const void* weight = nullptr;  // [p_pad, w_row_stride] bf16/fp16 (the activation dtype)
+  const void* weight = nullptr;  // [terms, p_pad, w_row_stride] bf16/fp16 (the activation dtype)
+  int64_t term_stride = 0;       // elements between weight terms (exact precision: 3 terms)
+  float acc_scale = 1.0f;        // multiplies the sums (1 / the terms' power-of-two scale)
   const float* bias = nullptr;   // [P]
   float* partial = nullptr;      // [splits, partial_rows, partial_ld] fp32 (splits > 1 only)
   int32_t partial_rows = 0;      // m_tiles * BM
@@ -55,6 +57,7 @@ struct TcParams {
   int32_t hidden = 0;        // H, a multiple of 8
   int32_t num_probes = 0;    // P
   int32_t w_row_stride = 0;  // elements, multiple of kHiddenPad
+  int32_t w_rows = 0;        // rows of each W term (P padded to kProbePad); gather_wgmma only
   int32_t k_tiles = 0;       // ceil(H / BK)
   int32_t splits = 1;        // gridDim.z
   int32_t activation = 0;

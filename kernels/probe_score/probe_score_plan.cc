@@ -14,10 +14,14 @@ using probe_score_detail::kFusedRowsPerBlock;
 using probe_score_detail::kFusedSmemLimit;
 using probe_score_detail::kFusedThreads;
 using probe_score_detail::kNumTcConfigs;
+using probe_score_detail::kNumWgmmaConfigs;
 using probe_score_detail::kProbePad;
 using probe_score_detail::kTcConfigs;
+using probe_score_detail::kWgmmaConfigs;
 using probe_score_detail::TcSmemBytes;
 using probe_score_detail::TcTileConfig;
+using probe_score_detail::WgmmaSmemBytes;
+using probe_score_detail::WgmmaStages;
 
 namespace {
 
@@ -28,6 +32,13 @@ constexpr int64_t kCublasWorkspaceBytes = int64_t{32} << 20;  // cuBLAS's advice
 constexpr int64_t kPartialBytes = int64_t{32} << 20;          // split-K partial sums
 constexpr int32_t kNumCounters = 65536;                       // split-K tile counters
 constexpr int64_t kStagingCapBytes = int64_t{128} << 20;      // each gather_gemm staging buffer
+
+// Weight terms the 16-bit paths multiply by: exact precision splits each float32 weight into
+// three (float32 activations read the float32 weights whatever the precision).
+int32_t WeightTerms16(const ProbeScoreShape& shape) {
+  return shape.precision == ProbePrecision::kExact && shape.dtype != common::DType::kFloat32 ? 3
+                                                                                             : 1;
+}
 
 ProbeScoreGrid Grid(int64_t x, int64_t y, int64_t z) {
   return ProbeScoreGrid{static_cast<uint32_t>(x), static_cast<uint32_t>(y),
@@ -162,7 +173,8 @@ cudaError_t PlanFusedTc(const ProbeScoreShape& shape, const ProbeScoreResources&
   p.k_tiles = static_cast<int32_t>(k_tiles);
   p.partial_rows = static_cast<int32_t>(partial_rows);
   p.partial_ld = static_cast<int32_t>(partial_ld);
-  p.smem_bytes = TcSmemBytes(info);
+  p.terms = WeightTerms16(shape);
+  p.smem_bytes = TcSmemBytes(info, p.terms);
   p.grid = Grid(n_tiles, m_tiles, splits);
   if (splits > 1) {
     p.reduce_grid = Grid(CeilDiv(static_cast<int64_t>(shape.max_rows) * P, 256), 1, 1);
@@ -195,8 +207,60 @@ cudaError_t PlanGatherGemm(const ProbeScoreShape& shape, const ProbeScoreResourc
   p.chunk_rows = static_cast<int32_t>(chunk);
   p.num_chunks = static_cast<int32_t>(CeilDiv(shape.max_rows, chunk));
   p.ldc = static_cast<int32_t>(ldc);
+  p.terms = WeightTerms16(shape);
   plan->needs.staging_x_bytes = chunk * x_row;
   plan->needs.staging_c_bytes = chunk * c_row;
+  return cudaSuccess;
+}
+
+// gather_wgmma: the largest tile whose tiles still cover the SMs (128x256 needs fast precision:
+// three 256-probe terms do not fit), 64x128 with split-K over H for few rows; the splits bring
+// the CTAs to about one per SM, each split at least 4 K tiles long.
+int ChooseWgmmaConfig(int32_t max_rows, int32_t num_probes, int terms, int num_sms) {
+  const auto tiles = [&](int c) {
+    return CeilDiv(max_rows, 64 * kWgmmaConfigs[c].wgs) * CeilDiv(num_probes, kWgmmaConfigs[c].bn);
+  };
+  if (terms == 1 && tiles(0) >= num_sms) return 0;
+  if (tiles(1) >= num_sms) return 1;
+  return 2;
+}
+
+cudaError_t PlanGatherWgmma(const ProbeScoreShape& shape, const ProbeScoreResources& res,
+                            const ProbeScoreTuning& tuning, ProbeScorePlan* plan) {
+  const int32_t P = shape.num_probes, H = shape.hidden;
+  const int num_sms = res.device.num_sms;
+  const int terms = WeightTerms16(shape);
+  // A forced configuration that cannot hold these terms falls back to the planner's choice.
+  const bool forced = tuning.wgmma_config >= 0 && tuning.wgmma_config < kNumWgmmaConfigs &&
+                      WgmmaStages(kWgmmaConfigs[tuning.wgmma_config], terms) >= 2;
+  const int config =
+      forced ? tuning.wgmma_config : ChooseWgmmaConfig(shape.max_rows, P, terms, num_sms);
+  const int bm = 64 * kWgmmaConfigs[config].wgs, bn = kWgmmaConfigs[config].bn;
+  const int64_t m_tiles = CeilDiv(shape.max_rows, bm), n_tiles = CeilDiv(P, bn);
+  const int64_t tiles = m_tiles * n_tiles;
+  const int64_t k_tiles = CeilDiv(H, 64);
+  int64_t splits = 1;
+  if (tiles < num_sms) {
+    splits = std::min(std::max<int64_t>(1, k_tiles / 4), CeilDiv(num_sms, tiles));
+  }
+  if (tuning.splits > 0) splits = std::min<int64_t>(tuning.splits, k_tiles);
+  const int64_t partial_rows = m_tiles * bm, partial_ld = n_tiles * bn;
+  if (splits > 1 && splits * partial_rows * partial_ld > res.workspace.partial_floats) {
+    splits = std::max<int64_t>(1, res.workspace.partial_floats / (partial_rows * partial_ld));
+  }
+  if (n_tiles > 2147483647 || m_tiles > 65535 || splits > 65535) return cudaErrorInvalidValue;
+  FusedTcPlan& p = plan->gather_wgmma;
+  p.config = config;
+  p.terms = terms;
+  p.k_tiles = static_cast<int32_t>(k_tiles);
+  p.partial_rows = static_cast<int32_t>(partial_rows);
+  p.partial_ld = static_cast<int32_t>(partial_ld);
+  p.smem_bytes = WgmmaSmemBytes(kWgmmaConfigs[config], terms);
+  p.grid = Grid(n_tiles, m_tiles, splits);
+  if (splits > 1) {
+    p.reduce_grid = Grid(CeilDiv(static_cast<int64_t>(shape.max_rows) * P, 256), 1, 1);
+    plan->needs.partial_floats = splits * partial_rows * partial_ld;
+  }
   return cudaSuccess;
 }
 
@@ -246,6 +310,8 @@ cudaError_t PlanProbeScore(const ProbeScoreShape& shape, ProbeScorePath path,
       return PlanFusedTc(shape, resources, tuning, plan);
     case ProbeScorePath::kGatherGemm:
       return PlanGatherGemm(shape, resources, tuning, plan);
+    case ProbeScorePath::kGatherWgmma:
+      return PlanGatherWgmma(shape, resources, tuning, plan);
   }
   return cudaErrorInvalidValue;
 }
@@ -271,6 +337,13 @@ std::string DescribeProbeScorePlan(const ProbeScorePlan& plan) {
       std::snprintf(buf, sizeof(buf), "chunk_rows=%d chunks=%d", plan.gather_gemm.chunk_rows,
                     plan.gather_gemm.num_chunks);
       break;
+    case ProbeScorePath::kGatherWgmma: {
+      const FusedTcPlan& t = plan.gather_wgmma;
+      std::snprintf(buf, sizeof(buf), "tile=%s splits=%u grid=%ux%ux%u stages=%d",
+                    kWgmmaConfigs[t.config].name, t.grid.z, t.grid.x, t.grid.y, t.grid.z,
+                    WgmmaStages(kWgmmaConfigs[t.config], t.terms));
+      break;
+    }
   }
   return buf;
 }

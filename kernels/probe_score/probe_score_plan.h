@@ -11,6 +11,7 @@
 
 #include "common/dtype.h"
 #include "kernels/probe_score/probe_score_config.h"
+#include "kernels/probe_score/probe_score_precision.h"
 
 namespace probesidecar::kernels {
 
@@ -19,10 +20,12 @@ enum class ProbeScorePath : int32_t {
   kFusedCuda = 0,        // CUDA cores; each selected row read once; few probes
   kFusedTensorCore = 1,  // gather fused into a tensor-core GEMM (bf16/fp16 only)
   kGatherGemm = 2,       // gather into a staging buffer, then cuBLAS
+  kGatherWgmma = 3,      // gather fused into a wgmma GEMM (sm_90a, bf16/fp16 only)
 };
-inline constexpr int kNumProbeScorePaths = 3;
+inline constexpr int kNumProbeScorePaths = 4;
 
-// "fused_cuda", "fused_tc", "gather_gemm" (the names used in metrics and benchmarks).
+// "fused_cuda", "fused_tc", "gather_gemm", "gather_wgmma" (the names used in metrics and
+// benchmarks).
 const char* ProbeScorePathName(ProbeScorePath path);
 
 // The launch shape of a plan (and of one captured graph).
@@ -31,11 +34,14 @@ struct ProbeScoreShape {
   int32_t max_rows = 0;    // the row bucket: grids are sized for this many rows
   int32_t num_probes = 0;  // P
   int32_t hidden = 0;      // H
+  // Of the probe set's weights (ProbeWeights::precision): exact triples the tensor-core work.
+  ProbePrecision precision = ProbePrecision::kFast;
 };
 
 // What planning needs to know about the device: read once, when a workspace is created.
 struct ProbeScoreDeviceFacts {
   int32_t cc_major = 0, cc_minor = 0;  // compute capability (arch-specific paths key on it)
+  bool gather_wgmma = false;           // the sm_90a kernels are built and this is an sm_90 device
   int32_t num_sms = 0;
   int64_t smem_per_sm = 0;              // bytes
   int64_t reserved_smem_per_block = 0;  // bytes
@@ -73,6 +79,7 @@ struct ProbeScoreResources {
 // Overrides for the benchmark and tests; the defaults (all 0 / -1) let the planner decide.
 struct ProbeScoreTuning {
   int32_t tc_config = -1;         // fused_tc tile configuration (kTcConfigs index)
+  int32_t wgmma_config = -1;      // gather_wgmma tile configuration (kWgmmaConfigs index)
   int32_t splits = 0;             // K splits for fused_cuda / fused_tc (0: automatic)
   int32_t gather_chunk_rows = 0;  // gather_gemm rows per chunk (0: as few chunks as fit)
 };
@@ -90,10 +97,12 @@ struct FusedCudaPlan {
   ProbeScoreGrid grid;
 };
 
-// fused_tc: grid (n_tiles, m_tiles, splits), TcThreads(kTcConfigs[config]) threads; with
-// splits > 1 a reduction kernel follows (reduce_grid x 256 threads).
+// fused_tc and gather_wgmma: grid (n_tiles, m_tiles, splits), TcThreads(kTcConfigs[config])
+// (resp. 128 x kWgmmaConfigs[config].wgs) threads; with splits > 1 a reduction kernel follows
+// (reduce_grid x 256 threads).
 struct FusedTcPlan {
-  int32_t config = 0;        // kTcConfigs index
+  int32_t config = 0;        // kTcConfigs (resp. kWgmmaConfigs) index
+  int32_t terms = 1;         // weight terms per A tile: 3 for exact precision
   int32_t k_tiles = 0;       // ceil(H / bk)
   int32_t partial_rows = 0;  // m_tiles * bm
   int32_t partial_ld = 0;    // n_tiles * bn, elements
@@ -106,7 +115,8 @@ struct FusedTcPlan {
 struct GatherGemmPlan {
   int32_t chunk_rows = 0;
   int32_t num_chunks = 0;
-  int32_t ldc = 0;  // elements per row of the fp32 GEMM result
+  int32_t ldc = 0;    // elements per row of the fp32 GEMM result
+  int32_t terms = 1;  // GEMMs per chunk, one per weight term (exact: 3, accumulated by cuBLAS)
 };
 
 // What a plan uses of the workspace (checked against its limits when planning and at launch).
@@ -124,6 +134,7 @@ struct ProbeScorePlan {
   FusedCudaPlan fused_cuda;
   FusedTcPlan fused_tc;
   GatherGemmPlan gather_gemm;
+  FusedTcPlan gather_wgmma;
   ProbeScoreWorkspaceNeeds needs;
 };
 
@@ -145,7 +156,8 @@ cudaError_t PlanProbeScore(const ProbeScoreShape& shape, ProbeScorePath path,
 
 // The plan in one line, as the benchmark records it: "pt=1 splits=16 grid=1x16x1 smem=1024"
 // (fused_cuda), "tile=64x16 splits=16 grid=1x1x16" (fused_tc), "chunk_rows=8192 chunks=1"
-// (gather_gemm); "no rows" for an empty plan.
+// (gather_gemm), "tile=128x256 splits=1 grid=4x64x1 stages=4" (gather_wgmma); "no rows" for an
+// empty plan.
 std::string DescribeProbeScorePlan(const ProbeScorePlan& plan);
 
 }  // namespace probesidecar::kernels

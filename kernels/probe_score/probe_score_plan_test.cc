@@ -178,7 +178,7 @@ TEST(ProbeScorePlanTest, PlansCoverTheShapeAndFitTheWorkspace) {
               EXPECT_EQ(t.k_tiles, (H + tile.bk - 1) / tile.bk);
               EXPECT_GE(t.grid.z, 1u);
               EXPECT_LE(t.grid.z, static_cast<uint32_t>(t.k_tiles));  // every split has K tiles
-              EXPECT_EQ(t.smem_bytes, probe_score_detail::TcSmemBytes(tile));
+              EXPECT_EQ(t.smem_bytes, probe_score_detail::TcSmemBytes(tile, t.terms));
               if (t.grid.z > 1) {
                 EXPECT_GE(static_cast<int64_t>(t.reduce_grid.x) * 256, int64_t{R} * P);
               }

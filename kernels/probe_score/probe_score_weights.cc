@@ -1,11 +1,10 @@
 // Probe weights on the device: uploaded once, when a probe set is loaded, in the padded layout of
 // every dtype's kernels.
-#include <algorithm>
-#include <cmath>
 #include <new>
 #include <vector>
 
 #include "kernels/probe_score/probe_score.h"
+#include "kernels/probe_score/probe_score_weight_terms.h"
 
 namespace probesidecar::kernels {
 namespace {
@@ -14,28 +13,6 @@ using probe_score_detail::kHiddenPad;
 using probe_score_detail::kProbePad;
 
 constexpr int64_t RoundUp(int64_t a, int64_t b) { return (a + b - 1) / b * b; }
-
-// The exact terms of one 16-bit type: hi + mid + lo == v (each rounded from the remainder the
-// previous ones leave, which is exact in float32). 8 + 8 + 8 significand bits cover bf16's
-// float32; fp16's 11 + 11 + 11 cover it too, on weights pre-scaled into fp16's range.
-template <uint16_t (*Round)(float), float (*Widen)(uint16_t)>
-void SplitTerms(float v, uint16_t* hi, uint16_t* mid, uint16_t* lo) {
-  *hi = Round(v);
-  const float r1 = v - Widen(*hi);
-  *mid = Round(r1);
-  *lo = Round(r1 - Widen(*mid));
-}
-
-// The power of two that brings the largest |weight| into [2^13, 2^14): fp16 terms then keep
-// their significand bits for everything above ~2^-24 of it.
-float HalfTermScale(const float* weight, int64_t count) {
-  float max_abs = 0.0f;
-  for (int64_t i = 0; i < count; ++i) max_abs = std::max(max_abs, std::fabs(weight[i]));
-  if (max_abs == 0.0f || !std::isfinite(max_abs)) return 1.0f;
-  int exponent = 0;
-  std::frexp(max_abs, &exponent);  // max_abs = m * 2^exponent, m in [0.5, 1)
-  return std::ldexp(1.0f, std::clamp(14 - exponent, -100, 100));
-}
 
 }  // namespace
 
@@ -75,10 +52,8 @@ cudaError_t CreateProbeWeights(const float* weight, const float* bias, int32_t n
         w16[i] = common::FloatToHalf(v);
         wb16[i] = common::FloatToBf16(v);
       } else {
-        SplitTerms<common::FloatToHalf, common::HalfToFloat>(v * half_scale, &w16[i],
-                                                             &w16[i + plane], &w16[i + 2 * plane]);
-        SplitTerms<common::FloatToBf16, common::Bf16ToFloat>(v, &wb16[i], &wb16[i + plane],
-                                                             &wb16[i + 2 * plane]);
+        SplitHalfTerms(v * half_scale, &w16[i], &w16[i + plane], &w16[i + 2 * plane]);
+        SplitBf16Terms(v, &wb16[i], &wb16[i + plane], &wb16[i + 2 * plane]);
       }
     }
   }

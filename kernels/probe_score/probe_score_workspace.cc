@@ -5,6 +5,7 @@
 
 #include "kernels/probe_score/probe_score_fused_cuda.h"
 #include "kernels/probe_score/probe_score_fused_tc.h"
+#include "kernels/probe_score/probe_score_wgmma.h"
 
 namespace probesidecar::kernels {
 namespace {
@@ -38,6 +39,13 @@ cudaError_t ReadDeviceFactsAndSetAttributes(int device, ProbeScoreDeviceFacts* f
   }
   facts->smem_per_sm = smem_per_sm;
   facts->reserved_smem_per_block = reserved;
+  // sm_90a machine code runs on compute capability 9.0 exactly.
+  facts->gather_wgmma =
+      probe_score_detail::GatherWgmmaCompiled() && facts->cc_major == 9 && facts->cc_minor == 0;
+  if (facts->gather_wgmma &&
+      (err = probe_score_detail::SetGatherWgmmaAttributes()) != cudaSuccess) {
+    return err;
+  }
   for (int d = 0; d < common::kNumDTypes; ++d) {
     const common::DType dtype = static_cast<common::DType>(d);
     for (int i = 0; i < kNumFusedPT; ++i) {
@@ -51,12 +59,14 @@ cudaError_t ReadDeviceFactsAndSetAttributes(int device, ProbeScoreDeviceFacts* f
       facts->fused_cuda_regs[d][i] = attr.numRegs;
     }
     for (int c = 0; c < kNumTcConfigs; ++c) {
-      const void* fn = probe_score_detail::FusedTcKernelFn(dtype, c);
-      if (fn == nullptr) continue;
-      if ((err = cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                      probe_score_detail::TcSmemBytes(kTcConfigs[c]))) !=
-          cudaSuccess) {
-        return err;
+      for (int terms : {1, 3}) {
+        const void* fn = probe_score_detail::FusedTcKernelFn(dtype, c, terms);
+        if (fn == nullptr) continue;
+        if ((err = cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                        probe_score_detail::TcSmemBytes(kTcConfigs[c], terms))) !=
+            cudaSuccess) {
+          return err;
+        }
       }
     }
   }

@@ -312,7 +312,11 @@ void StreamSlot::PublishCounters() {
 
 StreamSlot::GraphKey StreamSlot::KeyFor(const ProbeSet& set, common::DType dtype, int32_t bucket,
                                         bool inline_x, RowSource rows, bool timed) const {
-  const kernels::ProbeScoreShape shape{dtype, bucket, set.num_probes, set.hidden};
+  // The set's device weights (PrepareProbeSet) carry its precision, which the dispatcher weighs.
+  const auto* weights = static_cast<const kernels::ProbeWeights*>(set.backend_state.get());
+  const kernels::ProbeScoreShape shape{dtype, bucket, set.num_probes, set.hidden,
+                                       weights != nullptr ? weights->precision
+                                                          : kernels::ProbePrecision::kFast};
   const kernels::ProbeScorePath path = kernels::ChooseProbeScorePath(
       shape, kernels::ProbeScoreWorkspaceResources(*workspace_).device);
   return GraphKey{set.id, path, dtype, bucket, inline_x, rows, timed};
@@ -383,7 +387,9 @@ absl::StatusOr<StreamSlot::GraphEntry> StreamSlot::Capture(const GraphKey& key,
   // Planned once here; every replay runs this plan.
   kernels::ProbeScorePlan plan;
   PS_RETURN_IF_CUDA(kernels::PlanProbeScore(
-      kernels::ProbeScoreShape{key.dtype, key.bucket, weights.num_probes, weights.hidden}, key.path,
+      kernels::ProbeScoreShape{key.dtype, key.bucket, weights.num_probes, weights.hidden,
+                               weights.precision},
+      key.path,
       kernels::ProbeScoreWorkspaceResources(*workspace_), {}, &plan));
   kernels::ProbeScoreParams params;
   params.args = &d_args_->score;

@@ -1,0 +1,257 @@
+// gather_wgmma: the gather fused into a Hopper warpgroup-MMA GEMM (wgmma, bf16/fp16 in, fp32
+// accumulation), for many probes. Compiled only for -gencode arch=compute_90a,code=sm_90a
+// (probe_score_wgmma_sm90a.cu).
+//
+// Block: kWGs warpgroups (128 threads each), a (64 kWGs) x kBN output tile: warpgroup w owns rows
+// [64 w, 64 w + 64) and every column, one wgmma m64nBNk16 per 16-deep k-step with both operands
+// read by the tensor cores from shared memory. K moves in 64-element tiles through a kStages-deep
+// ring: the A tile (64 kWGs gathered rows of x) and the B tile (kBN rows of W, kTerms of them for
+// exact precision) arrive by cp.async, 16 bytes a thread, the gathered rows zero-filled past
+// num_rows and H. Each tile row is 128 bytes, stored in the tensor cores' 128-byte swizzle (chunk
+// j of row r at chunk j ^ (r % 8)), so a 64 x 64 tile is one 8 KB "slab" the descriptors walk.
+//
+// Per k-tile: wait for its cp.async group, make it visible to the async proxy, wait for the
+// previous wgmma batch (its stage is the one refilled next), barrier; then issue this tile's
+// wgmmas without waiting and, while they run, the loads of the tile kStages - 1 ahead. Split-K
+// (gridDim.z > 1) writes fp32 partials that SplitKReduceKernel sums, as for fused_tc.
+#pragma once
+
+#include <cute/arch/mma_sm90_desc.hpp>
+#include <cute/arch/mma_sm90_gmma.hpp>
+#include <type_traits>
+#include <utility>
+
+#include "kernels/probe_score/probe_score_device_helpers.cuh"
+
+namespace probesidecar::kernels::probe_score_detail::sm90a {
+
+inline constexpr int kBK = 64;  // elements per k-tile: one 128-byte swizzled row
+inline constexpr int kSlabRowBytes = 128;
+
+template <int kWGs, int kBN, int kStages, int kTerms>
+struct WgmmaShape {
+  static constexpr int kThreads = 128 * kWGs;
+  static constexpr int kBM = 64 * kWGs;
+  static constexpr int kABytes = kBM * kSlabRowBytes;      // one stage of A
+  static constexpr int kBTermBytes = kBN * kSlabRowBytes;  // one term of B
+  static constexpr int kStageBytes = kABytes + kTerms * kBTermBytes;
+  // + 1024: the swizzle needs 1024-byte aligned slabs; the dynamic base is aligned by hand.
+  static constexpr int kSmemBytes = 1024 + kStages * kStageBytes;
+  static constexpr int kAIters = kBM * 8 / kThreads;  // 16-byte chunks of A per thread
+  static constexpr int kBIters = kBN * 8 / kThreads;  // of each B term
+  static constexpr int kAcc = kBN / 2;                // fp32 accumulators per thread
+  static_assert(kBN == 128 || kBN == 256, "wgmma N of 128 or 256");
+  static_assert(kAIters * kThreads == kBM * 8 && kBIters * kThreads == kBN * 8, "chunk split");
+};
+
+template <typename T, int kBN>
+struct WgmmaOp;
+template <>
+struct WgmmaOp<__nv_bfloat16, 128> {
+  using type = cute::SM90::GMMA::MMA_64x128x16_F32BF16BF16_SS<cute::SM90::GMMA::Major::K,
+                                                              cute::SM90::GMMA::Major::K>;
+};
+template <>
+struct WgmmaOp<__nv_bfloat16, 256> {
+  using type = cute::SM90::GMMA::MMA_64x256x16_F32BF16BF16_SS<cute::SM90::GMMA::Major::K,
+                                                              cute::SM90::GMMA::Major::K>;
+};
+template <>
+struct WgmmaOp<__half, 128> {
+  using type = cute::SM90::GMMA::MMA_64x128x16_F32F16F16_SS<cute::SM90::GMMA::Major::K,
+                                                            cute::SM90::GMMA::Major::K>;
+};
+template <>
+struct WgmmaOp<__half, 256> {
+  using type = cute::SM90::GMMA::MMA_64x256x16_F32F16F16_SS<cute::SM90::GMMA::Major::K,
+                                                            cute::SM90::GMMA::Major::K>;
+};
+
+template <typename Op, int N, size_t... I>
+__device__ __forceinline__ void WgmmaFma(uint64_t da, uint64_t db, float (&d)[N],
+                                         std::index_sequence<I...>) {
+  Op::fma(da, db, d[I]..., cute::SM90::GMMA::ScaleOut::One);
+}
+
+// Shared-memory matrix descriptor of a K-major, 128-byte-swizzled operand: 8-row groups 1024
+// bytes apart (sbo); a 16-deep k-step moves the start by 32 bytes.
+__device__ __forceinline__ uint64_t SwizzledKMajorDesc(uint32_t smem_addr) {
+  cute::GmmaDescriptor d;
+  d.bitfield.start_address_ = static_cast<uint16_t>(smem_addr >> 4);
+  d.bitfield.leading_byte_offset_ = 1;  // unused for swizzled K-major operands
+  d.bitfield.stride_byte_offset_ = 1024 >> 4;
+  d.bitfield.base_offset_ = 0;
+  d.bitfield.layout_type_ = 1;  // 128-byte swizzle
+  return d.desc_;
+}
+
+__device__ __forceinline__ uint32_t SwizzledOffset(int row, int chunk) {
+  return row * kSlabRowBytes + (((chunk ^ (row & 7)) & 7) << 4);
+}
+
+__device__ __forceinline__ void FenceProxyAsyncShared() {
+  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+}
+
+// Grid (n_tiles, m_tiles, splits), n fastest so that the CTAs sharing a gathered A tile run
+// together; block WgmmaShape::kThreads; dynamic shared memory WgmmaShape::kSmemBytes. TcParams
+// as fused_tc reads them, plus w_rows (W's padded row count: B rows at or past it are zeros).
+template <typename T, int kWGs, int kBN, int kStages, int kTerms>
+__global__ void __launch_bounds__(128 * kWGs, 1)
+    GatherWgmmaKernel(const __grid_constant__ TcParams p) {
+  using S = WgmmaShape<kWGs, kBN, kStages, kTerms>;
+  using Op = typename WgmmaOp<T, kBN>::type;
+  extern __shared__ __align__(128) uint8_t wgmma_smem_raw[];
+  uint8_t* smem = wgmma_smem_raw + ((1024 - (SmemAddr(wgmma_smem_raw) & 1023)) & 1023);
+  const uint32_t s0 = SmemAddr(smem);
+
+  const int n0 = blockIdx.x * kBN, m0 = blockIdx.y * S::kBM, split = blockIdx.z;
+  const int tid = threadIdx.x;
+  const int wg = tid / 128;
+  const int chunk = tid & 7;  // this thread's 16-byte column of every tile row it loads
+  const int row0 = tid >> 3;  // its first tile row; then every kThreads / 8 rows
+  constexpr int kRowStep = S::kThreads / 8;
+  const int kt_begin = (split * p.k_tiles) / p.splits;
+  const int kt_end = ((split + 1) * p.k_tiles) / p.splits;
+  const int nkt = kt_end - kt_begin;
+  const T* w = static_cast<const T*>(p.weight);
+
+  auto stage_addr = [&](int stage) { return s0 + stage * S::kStageBytes; };
+  auto load_b = [&](int stage, int kt) {
+    const int k = kt * kBK + chunk * 8;
+    const bool k_in = k < p.w_row_stride;
+#pragma unroll
+    for (int term = 0; term < kTerms; ++term) {
+      const uint32_t dst = stage_addr(stage) + S::kABytes + term * S::kBTermBytes;
+#pragma unroll
+      for (int i = 0; i < S::kBIters; ++i) {
+        const int r = row0 + i * kRowStep;
+        const bool ok = k_in && n0 + r < p.w_rows;
+        const T* src =
+            ok ? w + term * p.term_stride + static_cast<int64_t>(n0 + r) * p.w_row_stride + k : w;
+        CpAsync16(dst + SwizzledOffset(r, chunk), src, ok);
+      }
+    }
+  };
+
+  // Request-independent work first: the W tiles of the prologue, and this tile's row indices
+  // (read speculatively up to max_rows; indices past num_rows are never dereferenced).
+#pragma unroll
+  for (int st = 0; st < kStages - 1; ++st) {
+    if (st < nkt) load_b(st, kt_begin + st);
+  }
+  int32_t row_idx[S::kAIters];
+#pragma unroll
+  for (int i = 0; i < S::kAIters; ++i) {
+    row_idx[i] = __ldg(p.rows + min(m0 + row0 + i * kRowStep, p.max_rows - 1));
+  }
+  const ProbeScoreDeviceArgs a = *p.args;
+  const int num_rows = min(a.num_rows, p.max_rows);
+  if (m0 >= num_rows) {
+    CpAsyncWait<0>();
+    return;
+  }
+  const bool vec_ok = RowsAre16ByteAligned<T>(a);
+  const T* x = static_cast<const T*>(a.x);
+  const T* a_row[S::kAIters];
+  bool a_valid[S::kAIters];
+#pragma unroll
+  for (int i = 0; i < S::kAIters; ++i) {
+    a_valid[i] = m0 + row0 + i * kRowStep < num_rows;
+    a_row[i] = a_valid[i] ? x + static_cast<int64_t>(row_idx[i]) * a.x_row_stride : x;
+  }
+  auto load_a = [&](int stage, int kt) {
+    const int k = kt * kBK + chunk * 8;
+    const bool k_in = k < p.hidden;  // H % 8 == 0: a chunk is wholly in or out
+    const uint32_t dst = stage_addr(stage);
+#pragma unroll
+    for (int i = 0; i < S::kAIters; ++i) {
+      const int r = row0 + i * kRowStep;
+      const bool valid = a_valid[i] && k_in;
+      if (vec_ok) {
+        CpAsync16(dst + SwizzledOffset(r, chunk),
+                  valid ? static_cast<const void*>(a_row[i] + k) : p.weight, valid);
+      } else {  // rows only 2-byte aligned: element loads, stored synchronously
+        uint32_t h[8];
+        const uint16_t* src = reinterpret_cast<const uint16_t*>(a_row[i] + k);
+#pragma unroll
+        for (int e = 0; e < 8; ++e) h[e] = valid ? __ldg(src + e) : 0u;
+        *reinterpret_cast<uint4*>(smem + (dst - s0) + SwizzledOffset(r, chunk)) = make_uint4(
+            h[0] | (h[1] << 16), h[2] | (h[3] << 16), h[4] | (h[5] << 16), h[6] | (h[7] << 16));
+      }
+    }
+  };
+
+  float acc[S::kAcc];
+#pragma unroll
+  for (int i = 0; i < S::kAcc; ++i) acc[i] = 0.0f;
+
+#pragma unroll
+  for (int st = 0; st < kStages - 1; ++st) {
+    if (st < nkt) load_a(st, kt_begin + st);
+    CpAsyncCommit();
+  }
+
+  for (int it = 0; it < nkt; ++it) {
+    CpAsyncWait<kStages - 2>();
+    FenceProxyAsyncShared();  // cp.async wrote through the generic proxy; wgmma reads async
+#pragma unroll
+    for (int i = 0; i < S::kAcc; ++i) cute::warpgroup_fence_operand(acc[i]);
+    cute::warpgroup_wait<0>();  // the previous tile's wgmmas: their stage is refilled below
+    __syncthreads();
+    const int stage = it % kStages;
+    const uint32_t a_base = stage_addr(stage) + wg * 64 * kSlabRowBytes;
+    const uint32_t b_base = stage_addr(stage) + S::kABytes;
+    cute::warpgroup_arrive();
+#pragma unroll
+    for (int kk = 0; kk < kBK / 16; ++kk) {
+      const uint64_t da = SwizzledKMajorDesc(a_base + kk * 32);
+#pragma unroll
+      for (int term = 0; term < kTerms; ++term) {
+        WgmmaFma<Op>(da, SwizzledKMajorDesc(b_base + term * S::kBTermBytes + kk * 32), acc,
+                     std::make_index_sequence<S::kAcc>{});
+      }
+    }
+    cute::warpgroup_commit_batch();
+#pragma unroll
+    for (int i = 0; i < S::kAcc; ++i) cute::warpgroup_fence_operand(acc[i]);
+    const int next = it + kStages - 1;
+    if (next < nkt) {
+      load_a(next % kStages, kt_begin + next);
+      load_b(next % kStages, kt_begin + next);
+    }
+    CpAsyncCommit();
+  }
+  cute::warpgroup_wait<0>();
+#pragma unroll
+  for (int i = 0; i < S::kAcc; ++i) cute::warpgroup_fence_operand(acc[i]);
+  CpAsyncWait<0>();
+
+  // Accumulator layout of wgmma m64nN (per warpgroup): warp v of the group holds rows
+  // 16 v + lane / 4 and + 8; in each 8-column block j, columns 8 j + 2 (lane % 4) + {0, 1}:
+  // acc[4 j + {0, 1}] for the first row, acc[4 j + {2, 3}] for the second.
+  const int lane = tid & 31, warp_in_wg = (tid & 127) >> 5;
+  const int row_base = m0 + wg * 64 + warp_in_wg * 16 + lane / 4;
+#pragma unroll
+  for (int j = 0; j < kBN / 8; ++j) {
+    const int col = n0 + 8 * j + 2 * (lane & 3);
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int row = row_base + 8 * h;
+      if (row >= num_rows) continue;
+      const float v0 = acc[4 * j + 2 * h] * p.acc_scale, v1 = acc[4 * j + 2 * h + 1] * p.acc_scale;
+      if (p.splits == 1) {
+        float* o = a.out + static_cast<int64_t>(row) * a.out_row_stride;
+        if (col < p.num_probes) o[col] = Activate(p.activation, v0 + __ldg(p.bias + col));
+        if (col + 1 < p.num_probes)
+          o[col + 1] = Activate(p.activation, v1 + __ldg(p.bias + col + 1));
+      } else {
+        float* o =
+            p.partial + (static_cast<int64_t>(split) * p.partial_rows + row) * p.partial_ld + col;
+        __stcg(reinterpret_cast<float2*>(o), make_float2(v0, v1));
+      }
+    }
+  }
+}
+
+}  // namespace probesidecar::kernels::probe_score_detail::sm90a
