@@ -10,9 +10,10 @@
 // num_rows and H. Each tile row is 128 bytes, stored in the tensor cores' 128-byte swizzle (chunk
 // j of row r at chunk j ^ (r % 8)), so a 64 x 64 tile is one 8 KB "slab" the descriptors walk.
 //
-// Per k-tile: wait for its cp.async group, make it visible to the async proxy, wait for the
-// previous wgmma batch (its stage is the one refilled next), barrier; then issue this tile's
-// wgmmas without waiting and, while they run, the loads of the tile kStages - 1 ahead. Split-K
+// Per k-tile: wait for its cp.async group, make it visible to the async proxy, barrier; issue this
+// tile's wgmmas, then wait until only they are in flight (the previous batch is done), and load
+// the tile kStages - 2 ahead into the stage read two batches ago: every warpgroup finished that
+// batch before the barrier. One wgmma batch always runs while the next is issued. Split-K
 // (gridDim.z > 1) writes fp32 partials that SplitKReduceKernel sums, as for fused_tc.
 #pragma once
 
@@ -137,7 +138,7 @@ __global__ void __launch_bounds__(128 * kWGs, 1)
   // Request-independent work first: the W tiles of the prologue, and this tile's row indices
   // (read speculatively up to max_rows; indices past num_rows are never dereferenced).
 #pragma unroll
-  for (int st = 0; st < kStages - 1; ++st) {
+  for (int st = 0; st < kStages - 2; ++st) {  // the kAhead tiles of the prologue
     if (st < nkt) load_b(st, kt_begin + st);
   }
   int32_t row_idx[S::kAIters];
@@ -186,18 +187,17 @@ __global__ void __launch_bounds__(128 * kWGs, 1)
 #pragma unroll
   for (int i = 0; i < S::kAcc; ++i) acc[i] = 0.0f;
 
+  constexpr int kAhead = kStages - 2;  // tiles loading while one computes
+  static_assert(kAhead >= 1, "at least 3 stages");
 #pragma unroll
-  for (int st = 0; st < kStages - 1; ++st) {
+  for (int st = 0; st < kAhead; ++st) {
     if (st < nkt) load_a(st, kt_begin + st);
     CpAsyncCommit();
   }
 
   for (int it = 0; it < nkt; ++it) {
-    CpAsyncWait<kStages - 2>();
+    CpAsyncWait<kAhead - 1>();
     FenceProxyAsyncShared();  // cp.async wrote through the generic proxy; wgmma reads async
-#pragma unroll
-    for (int i = 0; i < S::kAcc; ++i) cute::warpgroup_fence_operand(acc[i]);
-    cute::warpgroup_wait<0>();  // the previous tile's wgmmas: their stage is refilled below
     __syncthreads();
     const int stage = it % kStages;
     const uint32_t a_base = stage_addr(stage) + wg * 64 * kSlabRowBytes;
@@ -213,9 +213,10 @@ __global__ void __launch_bounds__(128 * kWGs, 1)
       }
     }
     cute::warpgroup_commit_batch();
+    cute::warpgroup_wait<1>();  // the previous batch is done; this one runs on
 #pragma unroll
     for (int i = 0; i < S::kAcc; ++i) cute::warpgroup_fence_operand(acc[i]);
-    const int next = it + kStages - 1;
+    const int next = it + kAhead;
     if (next < nkt) {
       load_a(next % kStages, kt_begin + next);
       load_b(next % kStages, kt_begin + next);
