@@ -3,6 +3,8 @@
 #include <chrono>
 #include <cstring>
 
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
 #include "grpc/health/v1/health.grpc.pb.h"
 
 namespace probesidecar::client {
@@ -87,15 +89,35 @@ absl::StatusOr<std::vector<v1::ProbeSetInfo>> Client::ListProbeSets() {
   return std::vector<v1::ProbeSetInfo>(response.probe_sets().begin(), response.probe_sets().end());
 }
 
+const char* PrecisionName(v1::Precision precision) {
+  switch (precision) {
+    case v1::PRECISION_EXACT:
+      return "exact";
+    case v1::PRECISION_FAST:
+      return "fast";
+    default:
+      return "";
+  }
+}
+
+absl::StatusOr<v1::Precision> ParsePrecision(absl::string_view text) {
+  if (text == "default") return v1::PRECISION_UNSPECIFIED;
+  if (text == "exact") return v1::PRECISION_EXACT;
+  if (text == "fast") return v1::PRECISION_FAST;
+  return absl::InvalidArgumentError(
+      absl::StrCat("precision '", text, "': expected default, exact or fast"));
+}
+
 absl::StatusOr<v1::ProbeSetInfo> Client::LoadProbeSetFromPath(const std::string& name,
-                                                              const std::string& path,
-                                                              bool replace) {
+                                                              const std::string& path, bool replace,
+                                                              v1::Precision precision) {
   grpc::ClientContext context;
   PrepareAdmin(context);
   v1::LoadProbeSetRequest request;
   request.set_name(name);
   request.set_path(path);
   request.set_replace(replace);
+  request.set_precision(precision);
   v1::LoadProbeSetResponse response;
   const grpc::Status status = stub_->LoadProbeSet(&context, request, &response);
   if (!status.ok()) return FromGrpc(status);
@@ -104,13 +126,15 @@ absl::StatusOr<v1::ProbeSetInfo> Client::LoadProbeSetFromPath(const std::string&
 
 absl::StatusOr<v1::ProbeSetInfo> Client::LoadProbeSetFromBytes(const std::string& name,
                                                                std::string safetensors,
-                                                               bool replace) {
+                                                               bool replace,
+                                                               v1::Precision precision) {
   grpc::ClientContext context;
   PrepareAdmin(context);
   v1::LoadProbeSetRequest request;
   request.set_name(name);
   request.set_safetensors(std::move(safetensors));
   request.set_replace(replace);
+  request.set_precision(precision);
   v1::LoadProbeSetResponse response;
   const grpc::Status status = stub_->LoadProbeSet(&context, request, &response);
   if (!status.ok()) return FromGrpc(status);
@@ -135,6 +159,7 @@ ScoreResult ToScoreResult(const v1::ScoreResponse& response) {
   std::memcpy(result.scores.data(), response.scores().data(), result.scores.size() * sizeof(float));
   result.fired.assign(response.fired().begin(), response.fired().end());
   result.kernel_path = response.kernel_path();
+  result.precision = PrecisionName(response.precision());
   return result;
 }
 

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "absl/types/span.h"
 #include "probesidecar/v1/sidecar.grpc.pb.h"
 
@@ -31,7 +32,14 @@ struct ScoreResult {
   std::vector<int32_t> fired;  // flat indices r * P + p of finite scores at or above threshold
   std::string kernel_path;
   int32_t non_finite = 0;  // scores that are NaN or infinite (they never fire)
+  std::string precision;   // the probe set's: "exact" or "fast" (PrecisionName)
 };
+
+// "exact", "fast", or "" for PRECISION_UNSPECIFIED (a server that predates precision).
+const char* PrecisionName(v1::Precision precision);
+// "default" (PRECISION_UNSPECIFIED: the server's rule, exact up to 16 probes, fast above),
+// "exact" or "fast"; INVALID_ARGUMENT otherwise.
+absl::StatusOr<v1::Precision> ParsePrecision(absl::string_view text);
 
 // An inline activation tensor [rows, cols] (row_stride in elements, 0 = contiguous).
 v1::TensorRef InlineTensor(v1::DType dtype, int64_t rows, int64_t cols, std::string bytes,
@@ -52,12 +60,14 @@ class Client {
   absl::StatusOr<v1::ServerInfoResponse> ServerInfo();
   absl::StatusOr<std::vector<v1::ProbeSetInfo>> ListProbeSets();
   // path: on the server, inside its --probes directory.
-  absl::StatusOr<v1::ProbeSetInfo> LoadProbeSetFromPath(const std::string& name,
-                                                        const std::string& path,
-                                                        bool replace = false);
-  absl::StatusOr<v1::ProbeSetInfo> LoadProbeSetFromBytes(const std::string& name,
-                                                         std::string safetensors,
-                                                         bool replace = false);
+  // precision: PRECISION_UNSPECIFIED for the server's default rule; the result's precision is
+  // the one the set got.
+  absl::StatusOr<v1::ProbeSetInfo> LoadProbeSetFromPath(
+      const std::string& name, const std::string& path, bool replace = false,
+      v1::Precision precision = v1::PRECISION_UNSPECIFIED);
+  absl::StatusOr<v1::ProbeSetInfo> LoadProbeSetFromBytes(
+      const std::string& name, std::string safetensors, bool replace = false,
+      v1::Precision precision = v1::PRECISION_UNSPECIFIED);
   absl::Status UnloadProbeSet(const std::string& name);
 
   absl::StatusOr<ScoreResult> Score(const v1::TensorRef& activations,

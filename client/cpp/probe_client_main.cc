@@ -3,7 +3,8 @@
 //   probe-client [--target ADDR] [--timeout S] [--tls-ca F [--tls-cert F --tls-key F]]
 //                [--admin-token-file F] COMMAND [ARGS]
 //
-// Commands: health [SERVICE] | info | list | load NAME (--path P | --file F) [--replace] |
+// Commands: health [SERVICE] | info | list | load NAME (--path P | --file F) [--replace]
+//           [--precision default|exact|fast] |
 //           unload NAME | score --probe-set NAME (--file F [--tensor T] | --random T,H
 //           [--dtype bf16|fp16|fp32] [--seed N]) [--rows I,J,...] [--json]
 #include <cmath>
@@ -44,6 +45,9 @@ constexpr char kUsage[] =
     "  list                                 loaded probe sets\n"
     "  load NAME --path P [--replace]       load a probe set from a path on the server\n"
     "  load NAME --file F [--replace]       upload a local safetensors probe set\n"
+    "      [--precision default|exact|fast] exact: the file's float32 weights; fast: rounded\n"
+    "                                       to the activations' 16-bit type; default: exact\n"
+    "                                       up to 16 probes, fast above\n"
     "  unload NAME\n"
     "  score --probe-set NAME SOURCE [--rows I,J,...] [--json]\n"
     "      SOURCE: --file F.safetensors [--tensor NAME]   a 2-D activation tensor (default\n"
@@ -234,9 +238,10 @@ int Score(Client& client, const Args& args) {
   for (int32_t index : result->fired) fired[index] = true;
 
   if (args.switches.count("json")) {
-    std::string out = absl::StrCat("{\"probe_set\": \"", probe_set, "\", \"kernel_path\": \"",
-                                   result->kernel_path, "\", \"probes\": [\"",
-                                   absl::StrJoin(names, "\", \""), "\"], \"rows\": [");
+    std::string out =
+        absl::StrCat("{\"probe_set\": \"", probe_set, "\", \"kernel_path\": \"",
+                     result->kernel_path, "\", \"precision\": \"", result->precision,
+                     "\", \"probes\": [\"", absl::StrJoin(names, "\", \""), "\"], \"rows\": [");
     for (int32_t r = 0; r < result->num_rows; ++r) {
       absl::StrAppend(&out, r ? ", " : "", "{\"row\": ", rows[r], ", \"scores\": [");
       for (int32_t p = 0; p < result->num_probes; ++p) {
@@ -255,8 +260,11 @@ int Score(Client& client, const Args& args) {
     std::fputs(out.c_str(), stdout);
     return 0;
   }
-  std::printf("probe set %s: %d rows x %d probes (kernel path %s; * = at or above threshold)\n",
-              probe_set.c_str(), result->num_rows, result->num_probes, result->kernel_path.c_str());
+  std::printf(
+      "probe set %s: %d rows x %d probes (kernel path %s, precision %s; * = at or above "
+      "threshold)\n",
+      probe_set.c_str(), result->num_rows, result->num_probes, result->kernel_path.c_str(),
+      result->precision.c_str());
   std::printf("%8s", "row");
   for (const std::string& name : names) std::printf(" %14s", name.c_str());
   std::printf("\n");
@@ -357,9 +365,9 @@ int Run(int argc, char** argv) {
         probes.push_back(p.has_threshold() ? absl::StrCat(p.name(), ">=", p.threshold())
                                            : p.name());
       }
-      std::printf("%s: P=%d H=%d %s %s [%s] (%s)\n", set.name().c_str(), set.num_probes(),
+      std::printf("%s: P=%d H=%d %s %s %s [%s] (%s)\n", set.name().c_str(), set.num_probes(),
                   set.hidden_size(), v1::DType_Name(set.weight_dtype()).c_str(),
-                  v1::Activation_Name(set.activation()).c_str(),
+                  v1::Activation_Name(set.activation()).c_str(), PrecisionName(set.precision()),
                   absl::StrJoin(probes, ", ").c_str(), set.source().c_str());
     }
     return 0;
@@ -367,19 +375,26 @@ int Run(int argc, char** argv) {
   if (command == "load") {
     if (args.positional.size() != 1) return Fail("load NAME (--path P | --file F)");
     const bool replace = args.switches.count("replace") > 0;
+    v1::Precision precision = v1::PRECISION_UNSPECIFIED;
+    if (auto it = args.options.find("precision"); it != args.options.end()) {
+      absl::StatusOr<v1::Precision> parsed = ParsePrecision(it->second);
+      if (!parsed.ok()) return Fail(parsed.status());
+      precision = *parsed;
+    }
     absl::StatusOr<v1::ProbeSetInfo> info;
     if (auto it = args.options.find("path"); it != args.options.end()) {
-      info = client.LoadProbeSetFromPath(args.positional[0], it->second, replace);
+      info = client.LoadProbeSetFromPath(args.positional[0], it->second, replace, precision);
     } else if (auto file = args.options.find("file"); file != args.options.end()) {
       absl::StatusOr<std::string> bytes = ReadFile(file->second);
       if (!bytes.ok()) return Fail(bytes.status());
-      info = client.LoadProbeSetFromBytes(args.positional[0], std::move(*bytes), replace);
+      info =
+          client.LoadProbeSetFromBytes(args.positional[0], std::move(*bytes), replace, precision);
     } else {
       return Fail("load needs --path P (on the server) or --file F (local)");
     }
     if (!info.ok()) return Fail(info.status());
-    std::printf("loaded %s: P=%d H=%d\n", info->name().c_str(), info->num_probes(),
-                info->hidden_size());
+    std::printf("loaded %s: P=%d H=%d %s\n", info->name().c_str(), info->num_probes(),
+                info->hidden_size(), PrecisionName(info->precision()));
     return 0;
   }
   if (command == "unload") {

@@ -46,13 +46,40 @@ float Dot(const float* a, const float* b, int32_t n) {
 
 }  // namespace
 
+void RoundProbeWeights(const float* weight, int64_t count, common::DType dtype, float* out) {
+  switch (dtype) {
+    case common::DType::kFloat32:
+      for (int64_t i = 0; i < count; ++i) out[i] = weight[i];
+      break;
+    case common::DType::kFloat16:
+      for (int64_t i = 0; i < count; ++i)
+        out[i] = common::HalfToFloat(common::FloatToHalf(weight[i]));
+      break;
+    case common::DType::kBFloat16:
+      for (int64_t i = 0; i < count; ++i)
+        out[i] = common::Bf16ToFloat(common::FloatToBf16(weight[i]));
+      break;
+  }
+}
+
 void ScoreProbesCpu(const ProbeScoreCpuParams& p, int32_t row_begin, int32_t row_end) {
+  const float* weight = p.weight;
+  std::vector<float> rounded;  // only when the caller did not round them once for the set
+  if (UsesRoundedWeights(p.precision, p.x_dtype)) {
+    if (p.rounded_weight != nullptr) {
+      weight = p.rounded_weight;
+    } else {
+      rounded.resize(static_cast<size_t>(p.num_probes) * p.hidden);
+      RoundProbeWeights(p.weight, static_cast<int64_t>(rounded.size()), p.x_dtype, rounded.data());
+      weight = rounded.data();
+    }
+  }
   std::vector<float> x(static_cast<size_t>(p.hidden));
   for (int32_t r = row_begin; r < row_end; ++r) {
     RowToFloat(p, p.rows[r], x.data());
     float* out = p.out + static_cast<int64_t>(r) * p.out_row_stride;
     for (int32_t j = 0; j < p.num_probes; ++j) {
-      const float* w = p.weight + static_cast<int64_t>(j) * p.hidden;
+      const float* w = weight + static_cast<int64_t>(j) * p.hidden;
       out[j] = Activate(p.activation, Dot(x.data(), w, p.hidden) + p.bias[j]);
     }
   }

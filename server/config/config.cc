@@ -2,6 +2,7 @@
 
 #include <cmath>
 #include <functional>
+#include <string>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -264,6 +265,17 @@ const std::vector<Flag>& Flags() {
        "Fail the start when a file in --probes cannot be loaded (default: skip it, log the error "
        "and count it in probesidecar_probe_set_load_errors_total).",
        Switch(&Config::strict_probes)},
+      {"probe-precision", "default|exact|fast",
+       "Precision of the probe sets loaded at start (--probes, or the bundled demo set). exact: "
+       "the file's float32 weights, float32 math on every path; fast: the weights rounded to "
+       "the activations' 16-bit type on tensor cores. default (the default): exact for sets of "
+       "up to 16 probes, fast above. LoadProbeSet chooses its own.",
+       [](absl::string_view v, Config& c) -> absl::Status {
+         if (!kernels::ParseProbePrecisionRequest(std::string(v).c_str(), &c.probe_precision)) {
+           return BadValue("probe-precision", v, "expected default, exact or fast");
+         }
+         return absl::OkStatus();
+       }},
       {"log-level", "debug|info|warning|error",
        "Least severe level logged to stderr (default info).",
        [](absl::string_view v, Config& c) -> absl::Status {

@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "kernels/probe_score/probe_score_precision.h"
 
 namespace probesidecar::server {
 
@@ -66,6 +67,10 @@ struct Config {
   uint32_t max_probe_sets = 256;
   uint64_t max_probe_set_bytes = uint64_t{16} << 30;
   bool strict_probes = false;
+  // The precision asked for the sets loaded at start (--probes, or the bundled demo set):
+  // default (exact up to kExactByDefaultMaxProbes probes, fast above), exact or fast.
+  // LoadProbeSet asks for its own.
+  kernels::ProbePrecisionRequest probe_precision = kernels::ProbePrecisionRequest::kDefault;
   std::string log_level = "info";
 };
 

@@ -50,6 +50,26 @@ TEST(ConfigTest, ValuesAndSizeSuffixes) {
   EXPECT_TRUE(Parse({"--warmup-rows=none"})->config.warmup_rows.empty());
 }
 
+TEST(ConfigTest, ProbePrecision) {
+  using kernels::ProbePrecisionRequest;
+  EXPECT_EQ(Parse({})->config.probe_precision, ProbePrecisionRequest::kDefault);
+  EXPECT_EQ(Parse({"--probe-precision=exact"})->config.probe_precision,
+            ProbePrecisionRequest::kExact);
+  EXPECT_EQ(Parse({"--probe-precision", "fast"})->config.probe_precision,
+            ProbePrecisionRequest::kFast);
+  EXPECT_EQ(Parse({"--probe-precision=fast", "--probe-precision=default"})->config.probe_precision,
+            ProbePrecisionRequest::kDefault);
+  for (const char* bad : {"--probe-precision=", "--probe-precision=EXACT", "--probe-precision=bf16",
+                          "--probe-precision=exact "}) {
+    absl::StatusOr<ParsedFlags> parsed = Parse({bad});
+    ASSERT_FALSE(parsed.ok()) << bad;
+    EXPECT_EQ(parsed.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_NE(parsed.status().message().find("expected default, exact or fast"), std::string::npos)
+        << parsed.status();
+  }
+  EXPECT_NE(HelpText().find("--probe-precision=default|exact|fast"), std::string::npos);
+}
+
 TEST(ConfigTest, AccessControlAndLimits) {
   const Config defaults = Parse({})->config;
   EXPECT_EQ(defaults.unix_socket_mode, 0660u);

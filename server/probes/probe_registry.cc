@@ -43,9 +43,9 @@ absl::Status FilesystemError(const std::error_code& ec, absl::string_view what) 
 ProbeRegistry::ProbeRegistry(std::string probes_dir, ProbeSetLimits limits, PrepareFn prepare)
     : probes_dir_(std::move(probes_dir)), limits_(limits), prepare_(std::move(prepare)) {}
 
-absl::StatusOr<std::shared_ptr<const ProbeSet>> ProbeRegistry::LoadFromPath(absl::string_view name,
-                                                                            absl::string_view path,
-                                                                            bool replace) {
+absl::StatusOr<std::shared_ptr<const ProbeSet>> ProbeRegistry::LoadFromPath(
+    absl::string_view name, absl::string_view path, bool replace,
+    kernels::ProbePrecisionRequest precision) {
   if (absl::Status status = ValidateProbeSetName(name); !status.ok()) return status;
   // Cheap refusal before reading what may be a large file; Publish checks again under the lock.
   if (!replace && Find(name) != nullptr) {
@@ -61,24 +61,24 @@ absl::StatusOr<std::shared_ptr<const ProbeSet>> ProbeRegistry::LoadFromPath(absl
   if (!opened.ok()) return WithContext(opened.status(), SetContext(name));
   absl::StatusOr<common::SafetensorsFile> file =
       common::SafetensorsFile::ReadFrom(opened->fd(), opened->path(), limits_.file);
-  return Publish(name, std::move(file), opened->path(), replace);
+  return Publish(name, std::move(file), opened->path(), replace, precision);
 }
 
-absl::StatusOr<std::shared_ptr<const ProbeSet>> ProbeRegistry::LoadFromBytes(absl::string_view name,
-                                                                             std::string bytes,
-                                                                             bool replace) {
+absl::StatusOr<std::shared_ptr<const ProbeSet>> ProbeRegistry::LoadFromBytes(
+    absl::string_view name, std::string bytes, bool replace,
+    kernels::ProbePrecisionRequest precision) {
   if (absl::Status status = ValidateProbeSetName(name); !status.ok()) return status;
   if (!replace && Find(name) != nullptr) {
     return absl::AlreadyExistsError(
         absl::StrCat(SetContext(name), " is already loaded (set replace to swap it)"));
   }
   return Publish(name, common::SafetensorsFile::Parse(std::move(bytes), limits_.file), "inline",
-                 replace);
+                 replace, precision);
 }
 
 absl::StatusOr<std::shared_ptr<const ProbeSet>> ProbeRegistry::Publish(
     absl::string_view name, absl::StatusOr<common::SafetensorsFile> file, std::string source,
-    bool replace) {
+    bool replace, kernels::ProbePrecisionRequest precision) {
   if (!file.ok()) return WithContext(file.status(), SetContext(name));
   absl::StatusOr<std::shared_ptr<ProbeSet>> set;
   {
@@ -87,6 +87,7 @@ absl::StatusOr<std::shared_ptr<const ProbeSet>> ProbeRegistry::Publish(
     set = ProbeSetFromSafetensors(name, parsed, std::move(source), limits_);
   }
   if (!set.ok()) return WithContext(set.status(), SetContext(name));
+  (*set)->precision = kernels::ResolveProbePrecision(precision, (*set)->num_probes);
   // Checked before the prepare hook spends device memory, and again when publishing.
   {
     absl::ReaderMutexLock lock(&mu_);
@@ -177,7 +178,8 @@ uint64_t ProbeRegistry::total_bytes() const {
   return total_bytes_;
 }
 
-absl::StatusOr<std::vector<absl::Status>> ProbeRegistry::LoadDirectory() {
+absl::StatusOr<std::vector<absl::Status>> ProbeRegistry::LoadDirectory(
+    kernels::ProbePrecisionRequest precision) {
   std::vector<absl::Status> failed;
   if (probes_dir_.empty()) return failed;
   std::error_code ec;
@@ -193,7 +195,7 @@ absl::StatusOr<std::vector<absl::Status>> ProbeRegistry::LoadDirectory() {
   for (const std::string& file : files) {
     const std::string name = file.substr(0, file.size() - kExtension.size());
     absl::StatusOr<std::shared_ptr<const ProbeSet>> loaded =
-        LoadFromPath(name, file, /*replace=*/false);
+        LoadFromPath(name, file, /*replace=*/false, precision);
     if (!loaded.ok()) {
       failed.push_back(
           WithContext(loaded.status(), absl::StrCat("loading ", common::QuoteForMessage(file))));

@@ -30,11 +30,14 @@ class ProbeRegistry {
   // ALREADY_EXISTS if loaded and !replace; INVALID_ARGUMENT for bad names or files; NOT_FOUND
   // for missing files; PERMISSION_DENIED for paths outside probes_dir; RESOURCE_EXHAUSTED for
   // files over the size limit, or when the set would pass max_sets or max_total_bytes.
-  absl::StatusOr<std::shared_ptr<const ProbeSet>> LoadFromPath(absl::string_view name,
-                                                               absl::string_view path,
-                                                               bool replace);
-  absl::StatusOr<std::shared_ptr<const ProbeSet>> LoadFromBytes(absl::string_view name,
-                                                                std::string bytes, bool replace);
+  // `precision` is resolved for the set's shape (ResolveProbePrecision) before the prepare hook
+  // runs, so the hook lays the weights out for the precision the set reports.
+  absl::StatusOr<std::shared_ptr<const ProbeSet>> LoadFromPath(
+      absl::string_view name, absl::string_view path, bool replace,
+      kernels::ProbePrecisionRequest precision = kernels::ProbePrecisionRequest::kDefault);
+  absl::StatusOr<std::shared_ptr<const ProbeSet>> LoadFromBytes(
+      absl::string_view name, std::string bytes, bool replace,
+      kernels::ProbePrecisionRequest precision = kernels::ProbePrecisionRequest::kDefault);
   // NOT_FOUND when not loaded.
   absl::Status Unload(absl::string_view name);
   // nullptr when not loaded.
@@ -47,15 +50,16 @@ class ProbeRegistry {
 
   // Loads every *.safetensors file of probes_dir, named by its stem, in name order. An error
   // when the directory cannot be read; otherwise the files that failed to load, each with its
-  // status (they are skipped: the others load).
-  absl::StatusOr<std::vector<absl::Status>> LoadDirectory();
+  // status (they are skipped: the others load). Each at `precision` (--probe-precision).
+  absl::StatusOr<std::vector<absl::Status>> LoadDirectory(
+      kernels::ProbePrecisionRequest precision = kernels::ProbePrecisionRequest::kDefault);
 
   const std::string& probes_dir() const { return probes_dir_; }
 
  private:
   absl::StatusOr<std::shared_ptr<const ProbeSet>> Publish(
       absl::string_view name, absl::StatusOr<common::SafetensorsFile> file, std::string source,
-      bool replace);
+      bool replace, kernels::ProbePrecisionRequest precision);
   // RESOURCE_EXHAUSTED when loading `set` as `name` would pass max_sets or max_total_bytes.
   absl::Status CheckCaps(absl::string_view name, const ProbeSet& set) const
       ABSL_SHARED_LOCKS_REQUIRED(mu_);

@@ -359,6 +359,42 @@ TEST_F(ProbeRegistryTest, LoadDirectory) {
   EXPECT_EQ(list[1]->weight[0], 6.0f);
 }
 
+// The precision is resolved at load, for the set's shape, before the prepare hook lays out the
+// weights for it.
+TEST_F(ProbeRegistryTest, PrecisionIsResolvedAtLoadBeforePrepare) {
+  using kernels::ProbePrecision;
+  using kernels::ProbePrecisionRequest;
+  std::vector<ProbePrecision> prepared;
+  ProbeRegistry registry = MakeRegistry([&](ProbeSet& set) {
+    prepared.push_back(set.precision);
+    return absl::OkStatus();
+  });
+  const int64_t small = kernels::kExactByDefaultMaxProbes;
+  auto load = [&](absl::string_view name, int64_t p, ProbePrecisionRequest request) {
+    absl::StatusOr<std::shared_ptr<const ProbeSet>> set =
+        registry.LoadFromBytes(name, ProbeBytes(1.0f, p), false, request);
+    EXPECT_TRUE(set.ok()) << set.status();
+    return set.ok() ? (*set)->precision : ProbePrecision::kExact;
+  };
+  EXPECT_EQ(load("default_small", small, ProbePrecisionRequest::kDefault), ProbePrecision::kExact);
+  EXPECT_EQ(load("default_big", small + 1, ProbePrecisionRequest::kDefault), ProbePrecision::kFast);
+  EXPECT_EQ(load("fast_small", 1, ProbePrecisionRequest::kFast), ProbePrecision::kFast);
+  EXPECT_EQ(load("exact_big", small + 1, ProbePrecisionRequest::kExact), ProbePrecision::kExact);
+  EXPECT_EQ(prepared, (std::vector<ProbePrecision>{ProbePrecision::kExact, ProbePrecision::kFast,
+                                                   ProbePrecision::kFast, ProbePrecision::kExact}));
+  // Unspecified is the default rule; the path and directory loads take a request too.
+  EXPECT_EQ((*registry.LoadFromBytes("plain", ProbeBytes(1.0f), false))->precision,
+            ProbePrecision::kExact);
+  absl::StatusOr<std::shared_ptr<const ProbeSet>> by_path =
+      registry.LoadFromPath("by_path", "a.safetensors", false, ProbePrecisionRequest::kFast);
+  ASSERT_TRUE(by_path.ok()) << by_path.status();
+  EXPECT_EQ((*by_path)->precision, ProbePrecision::kFast);
+  ProbeRegistry dir = MakeRegistry();
+  ASSERT_TRUE(dir.LoadDirectory(ProbePrecisionRequest::kFast).ok());
+  ASSERT_EQ(dir.List().size(), 1u);
+  EXPECT_EQ(dir.Find("a")->precision, ProbePrecision::kFast);
+}
+
 TEST_F(ProbeRegistryTest, CapsOnCountAndBytes) {
   ProbeSetLimits limits;
   limits.max_sets = 2;

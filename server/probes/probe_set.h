@@ -21,6 +21,7 @@
 #include "common/dtype.h"
 #include "common/safetensors.h"
 #include "kernels/probe_score/probe_score_activation.h"
+#include "kernels/probe_score/probe_score_precision.h"
 
 namespace probesidecar::server {
 
@@ -45,6 +46,9 @@ struct ProbeSet {
   int32_t hidden = 0;      // H
   common::DType weight_dtype = common::DType::kFloat32;  // as stored in the file
   kernels::Activation activation = kernels::Activation::kNone;
+  // How its weights meet 16-bit activations (probe_score_precision.h), resolved once at load
+  // from what the load asked for (ResolveProbePrecision); every score of this set uses it.
+  kernels::ProbePrecision precision = kernels::ProbePrecision::kExact;
   std::vector<ProbeSpec> probes;  // [P]
   std::vector<float> weight;      // [P, H] float32
   std::vector<float> bias;        // [P]

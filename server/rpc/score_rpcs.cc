@@ -188,6 +188,7 @@ void ProbeSidecarService::RunScore(Rpc rpc, RequestLifetime lifetime,
       response->set_num_rows(job->num_rows);
       response->set_num_probes(set.num_probes);
       response->set_kernel_path(timings.kernel_path);
+      response->set_precision(ToProtoPrecision(set.precision));
       response->set_enqueued(timings.enqueued);
       if (job->host_out != nullptr) {
         env_.metrics->NonFiniteScores(FillFired(set, job->host_out, job->num_rows, response));

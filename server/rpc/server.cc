@@ -105,7 +105,7 @@ absl::StatusOr<std::string> AdminToken(const Config& config) {
 // start (an error, already logged); the bundled directory only warns.
 absl::StatusOr<uint64_t> LoadProbesAtStart(const Config& config, bool bundled,
                                            ProbeRegistry& probes) {
-  absl::StatusOr<std::vector<absl::Status>> failed = probes.LoadDirectory();
+  absl::StatusOr<std::vector<absl::Status>> failed = probes.LoadDirectory(config.probe_precision);
   if (!failed.ok()) {
     if (!bundled) {
       LogError("cannot start: --probes %s: %s", probes.probes_dir(), failed.status().message());
@@ -175,7 +175,8 @@ int RunServer(const Config& config) {
       warm.Notify();
     });
     warm.WaitForNotification();
-    loaded.push_back(set->name);
+    loaded.push_back(
+        absl::StrCat(set->name, " (", kernels::ProbePrecisionName(set->precision), ")"));
   }
   LogInfo("probe sets from %s: [%s]", probes_dir, absl::StrJoin(loaded, ", "));
 

@@ -49,6 +49,26 @@ std::string QuotePeer(absl::string_view peer) { return absl::StrCat("'", peer.su
 
 }  // namespace
 
+v1::Precision ToProtoPrecision(kernels::ProbePrecision precision) {
+  return precision == kernels::ProbePrecision::kFast ? v1::PRECISION_FAST : v1::PRECISION_EXACT;
+}
+
+absl::StatusOr<kernels::ProbePrecisionRequest> FromProtoPrecision(int value) {
+  switch (value) {
+    case v1::PRECISION_UNSPECIFIED:
+      return kernels::ProbePrecisionRequest::kDefault;
+    case v1::PRECISION_EXACT:
+      return kernels::ProbePrecisionRequest::kExact;
+    case v1::PRECISION_FAST:
+      return kernels::ProbePrecisionRequest::kFast;
+    default:
+      return absl::InvalidArgumentError(absl::StrCat(
+          "precision ", value,
+          " is not a Precision (PRECISION_UNSPECIFIED = 0 for the default, PRECISION_EXACT = 1, "
+          "PRECISION_FAST = 2)"));
+  }
+}
+
 void FillProbeSetInfo(const ProbeSet& set, v1::ProbeSetInfo* info) {
   info->set_name(set.name);
   info->set_num_probes(set.num_probes);
@@ -63,6 +83,7 @@ void FillProbeSetInfo(const ProbeSet& set, v1::ProbeSetInfo* info) {
   }
   info->set_source(set.source);
   info->set_file_bytes(set.file_bytes);
+  info->set_precision(ToProtoPrecision(set.precision));
 }
 
 ProbeSidecarService::ProbeSidecarService(ServiceEnv env)
@@ -316,20 +337,24 @@ grpc::ServerUnaryReactor* ProbeSidecarService::LoadProbeSet(grpc::CallbackServer
   if (absl::Status admin = AuthorizeAdmin(context); !admin.ok()) {
     return Refuse(context, Rpc::kLoadProbeSet, admin);
   }
+  // Checked here, before any work: a bad value loads nothing.
+  absl::StatusOr<kernels::ProbePrecisionRequest> precision =
+      FromProtoPrecision(request->precision());
+  if (!precision.ok()) return Refuse(context, Rpc::kLoadProbeSet, precision.status());
   // Reading the file, uploading the weights and capturing graphs all wait (disk, device): the
   // control worker loads, the executor's workers capture, and the last of them answers.
   return AnswerFromControlWorker(
       context, Rpc::kLoadProbeSet, /*refuse_while_draining=*/true,
-      [this, request, response](Finish finish) {
+      [this, request, response, precision = *precision](Finish finish) {
         absl::StatusOr<std::shared_ptr<const ProbeSet>> loaded;
         switch (request->source_case()) {
           case v1::LoadProbeSetRequest::kPath:
-            loaded =
-                env_.probes->LoadFromPath(request->name(), request->path(), request->replace());
+            loaded = env_.probes->LoadFromPath(request->name(), request->path(), request->replace(),
+                                               precision);
             break;
           case v1::LoadProbeSetRequest::kSafetensors:
             loaded = env_.probes->LoadFromBytes(request->name(), request->safetensors(),
-                                                request->replace());
+                                                request->replace(), precision);
             break;
           case v1::LoadProbeSetRequest::SOURCE_NOT_SET:
             loaded = absl::InvalidArgumentError(
@@ -342,8 +367,8 @@ grpc::ServerUnaryReactor* ProbeSidecarService::LoadProbeSet(grpc::CallbackServer
         }
         std::shared_ptr<const ProbeSet> set = std::move(*loaded);
         FillProbeSetInfo(*set, response->mutable_probe_set());
-        LogInfo("loaded probe set '%s': P=%d H=%d from %s", set->name, set->num_probes, set->hidden,
-                set->source);
+        LogInfo("loaded probe set '%s': P=%d H=%d %s from %s", set->name, set->num_probes,
+                set->hidden, kernels::ProbePrecisionName(set->precision), set->source);
         env_.executor->Warmup(
             set, [name = set->name, finish = std::move(finish)](absl::Status status) mutable {
               // The set is loaded either way: a failed warm-up only means first requests capture.

@@ -17,6 +17,7 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/functional/any_invocable.h"
+#include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "probesidecar/v1/sidecar.grpc.pb.h"
@@ -163,5 +164,10 @@ class ProbeSidecarService final : public v1::ProbeSidecar::CallbackService {
 
 // Fills `info` from a loaded probe set.
 void FillProbeSetInfo(const ProbeSet& set, v1::ProbeSetInfo* info);
+// PRECISION_EXACT or PRECISION_FAST (never UNSPECIFIED: a loaded set's precision is resolved).
+v1::Precision ToProtoPrecision(kernels::ProbePrecision precision);
+// What LoadProbeSetRequest.precision asks for; INVALID_ARGUMENT for a value outside the enum
+// (proto3 keeps unknown enum numbers).
+absl::StatusOr<kernels::ProbePrecisionRequest> FromProtoPrecision(int value);
 
 }  // namespace probesidecar::server

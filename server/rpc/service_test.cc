@@ -8,6 +8,7 @@
 
 #include <atomic>
 #include <cstdio>
+#include <map>
 #include <memory>
 #include <string>
 #include <thread>
@@ -176,6 +177,61 @@ TEST_F(ServiceTest, ServerInfoAndHealthStayFastWhileEveryScoreWaits) {
   for (std::thread& t : clients_) t.join();
   clients_.clear();
   EXPECT_EQ(ok->load(), kRequests);
+}
+
+// LoadProbeSet takes a precision (or the default rule), refuses a value outside the enum before
+// doing anything, and the set's resolved precision shows in ListProbeSets and in its scores.
+TEST_F(ServiceTest, ProbeSetPrecisionIsChosenAtLoadAndReported) {
+  stub_ = v1::ProbeSidecar::NewStub(channel_);
+  auto load = [&](const std::string& name, int precision, v1::LoadProbeSetResponse* response) {
+    v1::LoadProbeSetRequest request;
+    request.set_name(name);
+    request.set_safetensors(ProbeFile());
+    request.set_precision(static_cast<v1::Precision>(precision));
+    grpc::ClientContext context;
+    return stub_->LoadProbeSet(&context, request, response);
+  };
+  v1::LoadProbeSetResponse loaded;
+  ASSERT_TRUE(load("f", v1::PRECISION_FAST, &loaded).ok());
+  EXPECT_EQ(loaded.probe_set().precision(), v1::PRECISION_FAST);
+  ASSERT_TRUE(load("e", v1::PRECISION_EXACT, &loaded).ok());
+  EXPECT_EQ(loaded.probe_set().precision(), v1::PRECISION_EXACT);
+  ASSERT_TRUE(load("d", v1::PRECISION_UNSPECIFIED, &loaded).ok());
+  EXPECT_EQ(loaded.probe_set().precision(), v1::PRECISION_EXACT);  // P = 2: exact by default
+  for (int bad : {3, -1, 1000}) {
+    const grpc::Status status = load("bad", bad, &loaded);
+    EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << bad;
+    EXPECT_NE(status.error_message().find(absl::StrCat("precision ", bad, " is not a Precision")),
+              std::string::npos)
+        << status.error_message();
+  }
+  EXPECT_EQ(probes_->Find("bad"), nullptr);
+
+  v1::ListProbeSetsResponse list;
+  grpc::ClientContext list_context;
+  ASSERT_TRUE(stub_->ListProbeSets(&list_context, v1::ListProbeSetsRequest(), &list).ok());
+  std::map<std::string, v1::Precision> listed;
+  for (const v1::ProbeSetInfo& info : list.probe_sets()) listed[info.name()] = info.precision();
+  EXPECT_EQ(listed, (std::map<std::string, v1::Precision>{{"d", v1::PRECISION_EXACT},
+                                                          {"e", v1::PRECISION_EXACT},
+                                                          {"f", v1::PRECISION_FAST},
+                                                          {"p", v1::PRECISION_EXACT}}));
+
+  // A score carries the precision of the set that computed it.
+  v1::ScoreRequest request = ScoreRequest();
+  request.set_probe_set("f");
+  v1::ScoreResponse response;
+  grpc::Status status;
+  clients_.emplace_back([&] {
+    grpc::ClientContext context;
+    status = stub_->Score(&context, request, &response);
+  });
+  while (executor_.held() < 1) absl::SleepFor(absl::Milliseconds(1));
+  executor_.Release();
+  clients_.back().join();
+  clients_.pop_back();
+  ASSERT_TRUE(status.ok()) << status.error_message();
+  EXPECT_EQ(response.precision(), v1::PRECISION_FAST);
 }
 
 }  // namespace

@@ -46,6 +46,27 @@ def test_load_file_score_file_unload(sidecar, tmp_path):
     assert "unloaded cli_p" in cli(sidecar, "unload", "cli_p").stdout
 
 
+def test_load_with_a_precision_and_it_is_shown(sidecar, tmp_path):
+    (tmp_path / "p.safetensors").write_bytes(ProbeFile(2, 64, seed=5).data)
+    path = str(tmp_path / "p.safetensors")
+    assert "loaded cli_fast: P=2 H=64 fast" in cli(sidecar, "load", "cli_fast", "--file", path,
+                                                   "--precision=fast").stdout
+    assert "loaded cli_default: P=2 H=64 exact" in cli(sidecar, "load", "cli_default",
+                                                       "--file", path).stdout
+    listed = cli(sidecar, "list").stdout
+    assert "cli_fast: P=2 H=64 DTYPE_FLOAT32 ACTIVATION_NONE fast" in listed
+    assert any(line.startswith("demo: P=4 H=4096 ") and " exact [" in line
+               for line in listed.splitlines())
+    table = cli(sidecar, "score", "--probe-set=cli_fast", "--random=2,64", "--dtype=bf16").stdout
+    assert "precision fast" in table
+    out = json.loads(cli(sidecar, "score", "--probe-set=demo", "--random=1,4096", "--json").stdout)
+    assert out["precision"] == "exact"
+    result = cli(sidecar, "load", "cli_bad", "--file", path, "--precision=medium", check=False)
+    assert result.returncode == 1 and "expected default, exact or fast" in result.stderr
+    for name in ["cli_fast", "cli_default"]:
+        cli(sidecar, "unload", name)
+
+
 def test_errors_exit_nonzero_with_the_status(sidecar):
     result = cli(sidecar, "score", "--probe-set=missing", "--random=1,8", check=False)
     assert result.returncode == 1 and "NOT_FOUND" in result.stderr

@@ -35,7 +35,7 @@ def test_help_lists_every_flag():
                  "--tls-client-ca", "--admin-token-file", "--admin-tls-identity",
                  "--allow-remote-ipc", "--allow-sessionless-buffers",
                  "--max-session-buffer-bytes", "--max-probe-sets", "--max-probe-set-bytes",
-                 "--strict-probes"]:
+                 "--strict-probes", "--probe-precision"]:
         assert flag in result.stdout, flag
 
 

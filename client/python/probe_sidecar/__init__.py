@@ -6,7 +6,9 @@
         result.scores                                         # float32 [R, P]
 """
 
-from .client import DEFAULT_TARGET, Client, ProbeSidecarError, ScoreResult, score_request
+from .client import (DEFAULT_TARGET, Client, ProbeSetInfo, ProbeSidecarError, ScoreResult,
+                     score_request)
 
-__all__ = ["Client", "DEFAULT_TARGET", "ProbeSidecarError", "ScoreResult", "score_request"]
+__all__ = ["Client", "DEFAULT_TARGET", "ProbeSetInfo", "ProbeSidecarError", "ScoreResult",
+           "score_request"]
 __version__ = "0.1.0"

@@ -24,6 +24,51 @@ class ProbeSidecarError(Exception):
         self.message = message
 
 
+# A probe set's precision (docs/architecture.md, "Probe set precision"): "exact" (the file's
+# float32 weights, float32 math) or "fast" (weights rounded to the activations' 16-bit type on
+# tensor cores). None asks LoadProbeSet for the default rule (exact up to 16 probes, fast above).
+_PRECISIONS = {None: probes_pb2.PRECISION_UNSPECIFIED, "exact": probes_pb2.PRECISION_EXACT,
+               "fast": probes_pb2.PRECISION_FAST}
+
+
+def precision_name(value: int) -> str:
+    """"exact" or "fast" for a Precision enum value; "" for PRECISION_UNSPECIFIED (a server that
+    predates precision)."""
+    for name, number in _PRECISIONS.items():
+        if name is not None and number == value:
+            return name
+    return ""
+
+
+def precision_value(precision: str | None) -> int:
+    """The Precision enum value for None (the default rule), "exact" or "fast"."""
+    try:
+        return _PRECISIONS[precision]
+    except (KeyError, TypeError):
+        raise ValueError(f"precision must be None, 'exact' or 'fast', got {precision!r}") from None
+
+
+class ProbeSetInfo:
+    """A loaded probe set: the fields of probesidecar.v1.ProbeSetInfo (read through to ``proto``),
+    except that ``precision`` is "exact" or "fast"."""
+
+    __slots__ = ("proto",)
+
+    def __init__(self, proto: probes_pb2.ProbeSetInfo):
+        self.proto = proto
+
+    @property
+    def precision(self) -> str:
+        return precision_name(self.proto.precision)
+
+    def __getattr__(self, name: str):
+        return getattr(self.proto, name)
+
+    def __repr__(self) -> str:
+        return (f"ProbeSetInfo(name={self.proto.name!r}, num_probes={self.proto.num_probes}, "
+                f"hidden_size={self.proto.hidden_size}, precision={self.precision!r})")
+
+
 @dataclasses.dataclass(frozen=True)
 class ScoreResult:
     scores: np.ndarray  # float32 [R, P], after bias and activation
@@ -31,6 +76,7 @@ class ScoreResult:
     kernel_path: str  # "cpu", "fused_cuda", ...
     request_id: int = 0
     non_finite: int = 0  # scores that are NaN or infinite (they never fire)
+    precision: str = ""  # the probe set's: "exact" or "fast"
 
 
 def _result(response: score_pb2.ScoreResponse) -> ScoreResult:
@@ -40,7 +86,7 @@ def _result(response: score_pb2.ScoreResponse) -> ScoreResult:
     fired = np.zeros(rows * probes, dtype=bool)
     fired[np.asarray(response.fired, dtype=np.int64)] = True
     return ScoreResult(scores, fired.reshape(rows, probes), response.kernel_path, response.request_id,
-                       response.non_finite_scores)
+                       response.non_finite_scores, precision_name(response.precision))
 
 
 def _raise(error: grpc.RpcError) -> ProbeSidecarError:
@@ -134,8 +180,9 @@ class Client:
     def server_info(self) -> sidecar_pb2.ServerInfoResponse:
         return self._call(self._stub.ServerInfo, sidecar_pb2.ServerInfoRequest())
 
-    def list_probe_sets(self) -> list[probes_pb2.ProbeSetInfo]:
-        return list(self._call(self._stub.ListProbeSets, probes_pb2.ListProbeSetsRequest()).probe_sets)
+    def list_probe_sets(self) -> list[ProbeSetInfo]:
+        response = self._call(self._stub.ListProbeSets, probes_pb2.ListProbeSetsRequest())
+        return [ProbeSetInfo(info) for info in response.probe_sets]
 
     def load_probe_set(
         self,
@@ -144,16 +191,22 @@ class Client:
         path: str | None = None,
         data: bytes | None = None,
         replace: bool = False,
-    ) -> probes_pb2.ProbeSetInfo:
-        """Loads a safetensors probe set from a server-side ``path`` or from its bytes."""
+        precision: str | None = None,
+    ) -> ProbeSetInfo:
+        """Loads a safetensors probe set from a server-side ``path`` or from its bytes.
+
+        ``precision``: "exact", "fast", or None for the server's default rule (exact up to 16
+        probes, fast above); the result's ``precision`` says which one the set got.
+        """
         if (path is None) == (data is None):
             raise ValueError("give exactly one of path= (on the server) or data= (file bytes)")
-        request = probes_pb2.LoadProbeSetRequest(name=name, replace=replace)
+        request = probes_pb2.LoadProbeSetRequest(name=name, replace=replace,
+                                                 precision=precision_value(precision))
         if path is not None:
             request.path = path
         else:
             request.safetensors = data
-        return self._call(self._stub.LoadProbeSet, request, self._admin_metadata).probe_set
+        return ProbeSetInfo(self._call(self._stub.LoadProbeSet, request, self._admin_metadata).probe_set)
 
     def unload_probe_set(self, name: str) -> None:
         self._call(self._stub.UnloadProbeSet, probes_pb2.UnloadProbeSetRequest(name=name),

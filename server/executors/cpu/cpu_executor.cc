@@ -11,6 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "kernels/probe_score/probe_score_cpu.h"
+#include "server/executors/cpu/cpu_probe_weights.h"
 
 namespace probesidecar::server {
 namespace {
@@ -41,6 +42,11 @@ std::string CpuExecutor::device_name() const {
   return absl::StrCat("cpu (", pool_.workers(), " threads)");
 }
 
+absl::Status CpuExecutor::PrepareProbeSet(ProbeSet& set) {
+  set.backend_state = CpuProbeWeights::For(set);
+  return absl::OkStatus();
+}
+
 bool CpuExecutor::TryEnqueue() {
   uint64_t waiting = waiting_.load();
   do {
@@ -69,6 +75,7 @@ void CpuExecutor::Score(const ScoreJob* job, ScoreDone done) {
   params.hidden = set.hidden;
   params.num_probes = set.num_probes;
   params.activation = set.activation;
+  params.precision = set.precision;
   params.out = job->host_out;
   params.out_row_stride = set.num_probes;
 
@@ -109,7 +116,7 @@ void CpuExecutor::Score(const ScoreJob* job, ScoreDone done) {
   for (int32_t t = 0; t < num_tasks; ++t) {
     const int32_t begin = t * rows_per_task;
     const int32_t end = std::min(job->num_rows, begin + rows_per_task);
-    pool_.Submit([this, params, begin, end, shared, leave_queue](int worker) {
+    pool_.Submit([this, job, params, begin, end, shared, leave_queue](int worker) {
       leave_queue(*shared);
       if (worker == WorkerPool::kRefused) {
         shared->Fail(absl::UnavailableError("the CPU executor is shutting down"));
@@ -124,7 +131,10 @@ void CpuExecutor::Score(const ScoreJob* job, ScoreDone done) {
           int64_t seen = shared->first_start_ns.load();
           while (start_ns < seen && !shared->first_start_ns.compare_exchange_weak(seen, start_ns)) {
           }
-          kernels::ScoreProbesCpu(params, begin, end);
+          // On the worker, not the gRPC thread: the first fast request of a dtype rounds here.
+          kernels::ProbeScoreCpuParams task = params;
+          task.rounded_weight = CpuRoundedWeights(*job->probe_set, params.x_dtype);
+          kernels::ScoreProbesCpu(task, begin, end);
         }
       }
       if (shared->remaining.fetch_sub(1) == 1) {

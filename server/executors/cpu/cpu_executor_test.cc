@@ -239,5 +239,67 @@ TEST(CpuExecutorTest, ACancelledRequestStopsBetweenTasks) {
   EXPECT_EQ(executor.dropped().cancelled, 1u);
 }
 
+// A fast set scores bf16 activations with its weights rounded to bf16 (rounded once, in the
+// set's CPU state, from the worker threads of a job split into tasks); an exact set with the
+// file's weights. The weights are not bf16 values, so the two differ.
+TEST(CpuExecutorTest, EachSetScoresAtItsPrecision) {
+  CpuExecutor executor(3, 16);
+  OwnedJob exact_job(64, 4096, 32, 0.3f);
+  // bf16 activations: the float32 ones' upper halves, in place (row stride in elements stays H).
+  std::vector<uint16_t> bf16(exact_job.activations.size());
+  for (size_t i = 0; i < bf16.size(); ++i) bf16[i] = common::FloatToBf16(exact_job.activations[i]);
+  auto fast_set = std::make_shared<ProbeSet>(*exact_job.job.probe_set);
+  fast_set->precision = kernels::ProbePrecision::kFast;
+  ASSERT_TRUE(executor.PrepareProbeSet(*fast_set).ok());
+  ASSERT_NE(fast_set->backend_state, nullptr);
+  auto exact_set = std::make_shared<ProbeSet>(*exact_job.job.probe_set);
+  ASSERT_TRUE(executor.PrepareProbeSet(*exact_set).ok());
+  EXPECT_EQ(exact_set->backend_state, nullptr);  // exact needs no rounded copy
+
+  auto run = [&](std::shared_ptr<const ProbeSet> set) {
+    ScoreJob job;
+    job.probe_set = set;
+    job.activations = exact_job.job.activations;
+    job.activations.dtype = common::DType::kBFloat16;
+    job.activations.host = bf16.data();
+    job.rows = exact_job.row_ids.data();
+    job.num_rows = exact_job.job.num_rows;
+    std::vector<float> out(exact_job.scores.size());
+    job.host_out = out.data();
+    absl::Notification done;
+    executor.Score(&job, [&](absl::Status status, const ScoreTimings&) {
+      EXPECT_TRUE(status.ok()) << status;
+      done.Notify();
+    });
+    done.WaitForNotification();
+    return out;
+  };
+  auto alone = [&](const ProbeSet& set) {
+    kernels::ProbeScoreCpuParams params;
+    params.x = bf16.data();
+    params.x_dtype = common::DType::kBFloat16;
+    params.x_row_stride = set.hidden;
+    params.rows = exact_job.row_ids.data();
+    params.num_rows = exact_job.job.num_rows;
+    params.weight = set.weight.data();
+    params.bias = set.bias.data();
+    params.hidden = set.hidden;
+    params.num_probes = set.num_probes;
+    params.precision = set.precision;  // no cache: rounded by the scorer itself
+    std::vector<float> out(exact_job.scores.size());
+    params.out = out.data();
+    params.out_row_stride = set.num_probes;
+    kernels::ScoreProbesCpu(params, 0, params.num_rows);
+    return out;
+  };
+  const std::vector<float> fast = run(fast_set);
+  const std::vector<float> exact = run(exact_set);
+  EXPECT_EQ(fast, alone(*fast_set));
+  EXPECT_EQ(run(fast_set), fast);  // the second request reads the rounded copy made by the first
+  EXPECT_EQ(exact, alone(*exact_set));
+  EXPECT_NE(fast, exact);
+  executor.Shutdown();
+}
+
 }  // namespace
 }  // namespace probesidecar::server

@@ -125,7 +125,7 @@ class CudaExecutor final : public Executor {
     auto weights = std::make_unique<kernels::ProbeWeights>();
     if (cudaError_t e =
             kernels::CreateProbeWeights(set.weight.data(), set.bias.data(), set.num_probes,
-                                        set.hidden, kernels::ProbePrecision::kFast, weights.get());
+                                        set.hidden, set.precision, weights.get());
         e != cudaSuccess) {
       return CudaStatus(e, absl::StrCat("uploading the weights of probe set '", set.name, "'"));
     }

@@ -1,0 +1,29 @@
+#include "server/executors/cpu/cpu_probe_weights.h"
+
+#include "kernels/probe_score/probe_score_cpu.h"
+
+namespace probesidecar::server {
+
+std::shared_ptr<const void> CpuProbeWeights::For(const ProbeSet& set) {
+  if (set.precision != kernels::ProbePrecision::kFast) return nullptr;
+  return std::make_shared<const CpuProbeWeights>();
+}
+
+const float* CpuProbeWeights::Rounded(const ProbeSet& set, common::DType dtype) const {
+  const int i = static_cast<int>(dtype);
+  std::call_once(once_[i], [&] {
+    rounded_[i].resize(set.weight.size());
+    kernels::RoundProbeWeights(set.weight.data(), static_cast<int64_t>(set.weight.size()), dtype,
+                               rounded_[i].data());
+  });
+  return rounded_[i].data();
+}
+
+const float* CpuRoundedWeights(const ProbeSet& set, common::DType dtype) {
+  if (!kernels::UsesRoundedWeights(set.precision, dtype) || set.backend_state == nullptr) {
+    return nullptr;
+  }
+  return static_cast<const CpuProbeWeights*>(set.backend_state.get())->Rounded(set, dtype);
+}
+
+}  // namespace probesidecar::server

@@ -1,0 +1,35 @@
+// The CPU backend's state for a fast probe set: its weights rounded to each 16-bit activation
+// type, made once, on the first request of that type (so a set scored only on bf16 never holds
+// an fp16 copy, and no request pays the rounding again).
+#pragma once
+
+#include <memory>
+#include <mutex>
+#include <vector>
+
+#include "common/dtype.h"
+#include "server/probes/probe_set.h"
+
+namespace probesidecar::server {
+
+class CpuProbeWeights {
+ public:
+  // The state the CPU backend attaches to `set` (ProbeSet::backend_state): for a fast set, a
+  // CpuProbeWeights; an exact set scores its file weights and needs none (nullptr).
+  static std::shared_ptr<const void> For(const ProbeSet& set);
+
+  // `set`'s weights rounded to `dtype` ([P, H]), rounding them on the first call for that dtype;
+  // thread-safe (other callers wait for that first one). `set` is the set this state belongs to.
+  const float* Rounded(const ProbeSet& set, common::DType dtype) const;
+
+ private:
+  mutable std::once_flag once_[common::kNumDTypes];
+  mutable std::vector<float> rounded_[common::kNumDTypes];
+};
+
+// The rounded weights to score `set` on `dtype` activations with: null when the set's precision
+// does not round them there (exact, or float32 activations) or it has no CPU state (then the
+// scorer rounds per call).
+const float* CpuRoundedWeights(const ProbeSet& set, common::DType dtype);
+
+}  // namespace probesidecar::server
