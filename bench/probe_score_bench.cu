@@ -389,6 +389,15 @@ class Bench {
       chosen_shape.precision = ps::ResolveProbePrecision(ps::ProbePrecisionRequest::kDefault, s.P);
       const std::string chosen =
           ImplName(ps::ChooseProbeScorePath(chosen_shape, res.device), chosen_shape);
+      // And the dispatcher's pick for each precision ("dispatch:fast", "dispatch:exact"), which
+      // the report's crossover table holds against the fastest path of that precision.
+      std::string chosen_by[2];
+      for (ps::ProbePrecision precision : {ps::ProbePrecision::kExact, ps::ProbePrecision::kFast}) {
+        ps::ProbeScoreShape p_shape = shape;
+        p_shape.precision = precision;
+        chosen_by[static_cast<int>(precision)] =
+            ImplName(ps::ChooseProbeScorePath(p_shape, res.device), p_shape);
+      }
       struct Run {
         std::string impl;
         ps::ProbeScorePath path;
@@ -471,6 +480,14 @@ class Bench {
         rec.variant = ps::DescribeProbeScorePlan(plan);
         Print(rec);
         records->push_back(rec);
+        for (ps::ProbePrecision precision :
+             {ps::ProbePrecision::kExact, ps::ProbePrecision::kFast}) {
+          if (run.impl != chosen_by[static_cast<int>(precision)]) continue;
+          Record d = rec;
+          d.impl = std::string("dispatch:") + ps::ProbePrecisionName(precision);
+          d.path = run.impl;
+          records->push_back(d);
+        }
         if (run.impl == chosen) {
           Record d = rec;
           d.impl = "dispatch";

@@ -37,7 +37,7 @@ struct ScoreResult {
 
 // "exact", "fast", or "" for PRECISION_UNSPECIFIED (a server that predates precision).
 const char* PrecisionName(v1::Precision precision);
-// "default" (PRECISION_UNSPECIFIED: the server's rule, exact up to 16 probes, fast above),
+// "default" (PRECISION_UNSPECIFIED: the server's rule, exact up to 2 probes, fast above),
 // "exact" or "fast"; INVALID_ARGUMENT otherwise.
 absl::StatusOr<v1::Precision> ParsePrecision(absl::string_view text);
 

@@ -64,9 +64,16 @@ ProbeScorePath ChooseProbeScorePath(const ProbeScoreShape& shape,
     if (P <= 16 || (P <= 64 && R <= 64)) return ProbeScorePath::kFusedCuda;
     return ProbeScorePath::kGatherGemm;
   }
+  const bool wgmma = ProbeScorePathSupports(ProbeScorePath::kGatherWgmma, shape, device);
+  if (shape.precision == ProbePrecision::kExact) {
+    // Three weight terms: fused_tc up to a few hundred probes, then the GEMM paths (cuBLAS's
+    // three GEMMs for many rows, gather_wgmma's in-kernel terms for few).
+    if (P <= 256 && !(P > 128 && R > 256)) return ProbeScorePath::kFusedTensorCore;
+    if (R <= 64) return wgmma ? ProbeScorePath::kGatherWgmma : ProbeScorePath::kFusedTensorCore;
+    return ProbeScorePath::kGatherGemm;
+  }
   // gather_wgmma (sm_90a) where the GEMM dominates: many probes and rows (provisional).
-  if (ProbeScorePathSupports(ProbeScorePath::kGatherWgmma, shape, device) &&
-      ((P > 256 && R > 64) || (P > 128 && R > 256))) {
+  if (wgmma && ((P > 256 && R > 64) || (P > 128 && R > 256))) {
     return ProbeScorePath::kGatherWgmma;
   }
   if (P <= 8) return R <= 512 ? ProbeScorePath::kFusedCuda : ProbeScorePath::kFusedTensorCore;

@@ -22,9 +22,11 @@ enum class ProbePrecision : int32_t { kExact = 0, kFast = 1 };
 // What a load asks for: a precision, or the default for the set's shape.
 enum class ProbePrecisionRequest : int32_t { kDefault = 0, kExact = 1, kFast = 2 };
 
-// Probe counts up to this one default to exact: there the extra tensor-core work hides under the
-// row reads (bench/results/probe_score.md, "Precision").
-inline constexpr int32_t kExactByDefaultMaxProbes = 16;
+// Probe counts up to this one default to exact: there the dispatcher runs fused_cuda, which
+// multiplies the float32 weights anyway, so exact costs nothing. From P = 3 on, exact costs 6-12%
+// at R <= 64 and up to 2.9x at R = 8192 (three weight terms; bench/results/probe_score.md,
+// "Precision"), above the 5% a default may cost.
+inline constexpr int32_t kExactByDefaultMaxProbes = 2;
 
 inline ProbePrecision ResolveProbePrecision(ProbePrecisionRequest request, int32_t num_probes) {
   switch (request) {

@@ -55,11 +55,12 @@ def test_load_with_a_precision_and_it_is_shown(sidecar, tmp_path):
                                                        "--file", path).stdout
     listed = cli(sidecar, "list").stdout
     assert "cli_fast: P=2 H=64 DTYPE_FLOAT32 ACTIVATION_NONE fast" in listed
-    assert any(line.startswith("demo: P=4 H=4096 ") and " exact [" in line
+    assert any(line.startswith("demo: P=4 H=4096 ") and " fast [" in line
                for line in listed.splitlines())
     table = cli(sidecar, "score", "--probe-set=cli_fast", "--random=2,64", "--dtype=bf16").stdout
     assert "precision fast" in table
-    out = json.loads(cli(sidecar, "score", "--probe-set=demo", "--random=1,4096", "--json").stdout)
+    out = json.loads(
+        cli(sidecar, "score", "--probe-set=cli_default", "--random=1,64", "--json").stdout)
     assert out["precision"] == "exact"
     result = cli(sidecar, "load", "cli_bad", "--file", path, "--precision=medium", check=False)
     assert result.returncode == 1 and "expected default, exact or fast" in result.stderr

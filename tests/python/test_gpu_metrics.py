@@ -23,7 +23,7 @@ from probe_sidecar.torch import TorchClient  # noqa: E402
 
 H = 4096
 P = 16
-CUDA_PATHS = {"fused_cuda", "fused_tc", "gather_gemm"}
+CUDA_PATHS = {"fused_cuda", "fused_tc", "gather_gemm", "gather_wgmma"}
 STAGE = "probesidecar_score_stage_duration_seconds"
 
 

@@ -23,7 +23,7 @@ from probe_sidecar.torch import TorchClient  # noqa: E402
 
 T, H = 8192, 4096
 U32 = 2.0**-24  # float32's unit roundoff
-TENSOR_CORE_PATHS = {"fused_tc", "gather_gemm"}
+TENSOR_CORE_PATHS = {"fused_tc", "gather_gemm", "gather_wgmma"}
 
 
 def f32_probe_file(weight: torch.Tensor, bias: torch.Tensor) -> bytes:

@@ -1,4 +1,4 @@
-"""A probe set's precision on the CPU backend: the default rule (exact up to 16 probes, fast
+"""A probe set's precision on the CPU backend: the default rule (exact up to 2 probes, fast
 above), LoadProbeSet's choice, --probe-precision for the sets loaded at start, a bad value, and the
 scores: exact equals float64 with the file's own weights, fast equals float64 with the weights
 rounded to the activations' 16-bit type, and every response says which one it is."""
@@ -48,19 +48,19 @@ def _set(name: str, client) -> probes_pb2.ProbeSetInfo:
     return {s.name: s for s in client.list_probe_sets()}[name]
 
 
-def test_the_default_rule_is_exact_up_to_16_probes(sidecar, client):
-    small = ProbeFile(16, 64, seed=1)
-    big = ProbeFile(17, 64, seed=2)
-    assert client.load_probe_set("rule16", data=small.data).precision == "exact"
-    assert client.load_probe_set("rule17", data=big.data, precision=None).precision == "fast"
-    assert _set("rule16", client).precision == "exact"
-    assert _set("rule17", client).precision == "fast"
+def test_the_default_rule_is_exact_up_to_2_probes(sidecar, client):
+    small = ProbeFile(2, 64, seed=1)
+    big = ProbeFile(3, 64, seed=2)
+    assert client.load_probe_set("rule2", data=small.data).precision == "exact"
+    assert client.load_probe_set("rule3", data=big.data, precision=None).precision == "fast"
+    assert _set("rule2", client).precision == "exact"
+    assert _set("rule3", client).precision == "fast"
     # The bundled demo set (P = 4), loaded at start with the default rule.
-    assert _set("demo", client).precision == "exact"
+    assert _set("demo", client).precision == "fast"
     # ServerInfo lists the resolved precision too (the raw enum).
     infos = {s.name: s for s in client.server_info().probe_sets}
-    assert infos["rule17"].precision == probes_pb2.PRECISION_FAST
-    assert infos["rule16"].precision == probes_pb2.PRECISION_EXACT
+    assert infos["rule3"].precision == probes_pb2.PRECISION_FAST
+    assert infos["rule2"].precision == probes_pb2.PRECISION_EXACT
 
 
 def test_load_probe_set_chooses_the_precision(sidecar, client):

@@ -14,7 +14,7 @@ def probe(sidecar):
     probe = ProbeFile(5, 384, dtype="fp32", seed=1, activation="none",
                       thresholds=[0.0, None, 0.5, -0.25, None])
     with sidecar.client() as c:
-        c.load_probe_set("t5", data=probe.data)
+        c.load_probe_set("t5", data=probe.data, precision="exact")
     return probe
 
 
@@ -72,7 +72,7 @@ def test_strided_bf16_rows(client, probe):
 
 def test_sigmoid_probe_set(client):
     probe = ProbeFile(3, 256, dtype="bf16", seed=9, activation="sigmoid", thresholds=[0.5, 0.9, None])
-    client.load_probe_set("sig", data=probe.data)
+    client.load_probe_set("sig", data=probe.data, precision="exact")
     try:
         x = np.random.default_rng(1).standard_normal((8, 256)).astype(np.float32)
         result = client.score(x, range(8), "sig")
@@ -85,7 +85,7 @@ def test_sigmoid_probe_set(client):
 
 def test_large_request_is_split_across_threads(client):
     probe = ProbeFile(64, 1024, dtype="fp16", seed=5)
-    client.load_probe_set("big", data=probe.data)
+    client.load_probe_set("big", data=probe.data, precision="exact")
     try:
         x = np.random.default_rng(2).standard_normal((3000, 1024)).astype(np.float32)
         rows = np.random.default_rng(3).integers(0, 3000, 2048)

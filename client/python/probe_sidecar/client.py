@@ -26,7 +26,7 @@ class ProbeSidecarError(Exception):
 
 # A probe set's precision (docs/architecture.md, "Probe set precision"): "exact" (the file's
 # float32 weights, float32 math) or "fast" (weights rounded to the activations' 16-bit type on
-# tensor cores). None asks LoadProbeSet for the default rule (exact up to 16 probes, fast above).
+# tensor cores). None asks LoadProbeSet for the default rule (exact up to 2 probes, fast above).
 _PRECISIONS = {None: probes_pb2.PRECISION_UNSPECIFIED, "exact": probes_pb2.PRECISION_EXACT,
                "fast": probes_pb2.PRECISION_FAST}
 
@@ -195,7 +195,7 @@ class Client:
     ) -> ProbeSetInfo:
         """Loads a safetensors probe set from a server-side ``path`` or from its bytes.
 
-        ``precision``: "exact", "fast", or None for the server's default rule (exact up to 16
+        ``precision``: "exact", "fast", or None for the server's default rule (exact up to 2
         probes, fast above); the result's ``precision`` says which one the set got.
         """
         if (path is None) == (data is None):
