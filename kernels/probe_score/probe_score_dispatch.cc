@@ -66,14 +66,31 @@ ProbeScorePath ChooseProbeScorePath(const ProbeScoreShape& shape,
   }
   const bool wgmma = ProbeScorePathSupports(ProbeScorePath::kGatherWgmma, shape, device);
   if (shape.precision == ProbePrecision::kExact) {
-    // Three weight terms: fused_tc up to a few hundred probes, then the GEMM paths (cuBLAS's
-    // three GEMMs for many rows, gather_wgmma's in-kernel terms for few).
-    if (P <= 256 && !(P > 128 && R > 256)) return ProbeScorePath::kFusedTensorCore;
-    if (R <= 64) return wgmma ? ProbeScorePath::kGatherWgmma : ProbeScorePath::kFusedTensorCore;
-    return ProbeScorePath::kGatherGemm;
+    // Three weight terms per tensor-core tile (bench/results/probe_score.md, "Crossovers",
+    // exact): fused_cuda, which reads the float32 weights once, beats them up to 4 probes and for
+    // a handful of rows; fused_tc up to 128 probes short of ~8M gathered elements; then cuBLAS's
+    // three GEMMs for many rows, gather_wgmma's in-kernel terms for a few hundred rows, or for
+    // few rows of many probes at H <= 4096.
+    const int64_t gathered = static_cast<int64_t>(R) * shape.hidden;
+    if (P <= 4 || (R <= 8 && P <= 256)) return ProbeScorePath::kFusedCuda;
+    if (P <= 64) return ProbeScorePath::kFusedTensorCore;
+    if (P <= 128) {
+      return gathered >= (int64_t{8} << 20) ? ProbeScorePath::kGatherGemm
+                                            : ProbeScorePath::kFusedTensorCore;
+    }
+    if (P <= 256) {
+      if (R >= 1024) return ProbeScorePath::kGatherGemm;
+      return R >= 256 && wgmma ? ProbeScorePath::kGatherWgmma : ProbeScorePath::kFusedTensorCore;
+    }
+    if (R > 64) return ProbeScorePath::kGatherGemm;
+    return wgmma && shape.hidden <= 4096 ? ProbeScorePath::kGatherWgmma
+                                         : ProbeScorePath::kFusedTensorCore;
   }
-  // gather_wgmma (sm_90a) where the GEMM dominates: many probes and rows (provisional).
-  if (wgmma && ((P > 256 && R > 64) || (P > 128 && R > 256))) {
+  // gather_wgmma (sm_90a) where it measured fastest: the largest GEMMs (P > 256 at R = 8192,
+  // 128 < P <= 256 from R = 4096, and P > 64 at R = 8192 with H = 8192). Elsewhere cuBLAS's
+  // GEMM after a gather still wins for many probes (our wgmma tiles lack warp specialisation).
+  if (wgmma && ((P > 256 && R >= 8192) || (P > 128 && P <= 256 && R >= 4096) ||
+                (P > 64 && R >= 8192 && shape.hidden >= 8192))) {
     return ProbeScorePath::kGatherWgmma;
   }
   if (P <= 8) return R <= 512 ? ProbeScorePath::kFusedCuda : ProbeScorePath::kFusedTensorCore;
