@@ -224,6 +224,30 @@ def main():
                  f"{verdict(d['graph_us_p50'] <= 1.05 * adm)} |")
     L.append("")
 
+    # Roofline of the memory-bound shapes.
+    L.append("## Where the time goes at P <= 16 (roofline)\n")
+    L.append("A graph replay of the dispatched path costs a fixed part (its time at R = 1: launch, "
+             "argument reads, the first row's latency) plus the streaming of the rows. Predicted "
+             "= fixed + minimum bytes / copy ceiling; `stream GB/s` = minimum bytes / (measured "
+             "− fixed), the bandwidth the kernel reaches once it runs.\n")
+    L.append("| dtype | R | H | P | measured µs | fixed µs (R=1) | bytes / copy ceiling µs | "
+             "predicted µs | stream GB/s | stream / copy |")
+    L.append("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    for key in keys:
+        dtype, R, H, P = key
+        d = recs[key].get("dispatch")
+        base = recs.get((dtype, 1, H, P), {}).get("dispatch")
+        if dtype == "fp32" or P > 16 or R < 1024 or not d or not base:
+            continue
+        fixed = base["graph_us_p50"]
+        nbytes = d["gbps"] * 1e9 * d["graph_us_p50"] * 1e-6
+        ideal = nbytes / (ceil["copy_gbps"] * 1e9) * 1e6
+        stream = nbytes / (max(d["graph_us_p50"] - fixed, 1e-3) * 1e-6) / 1e9
+        L.append(f"| {dtype} | {R} | {H} | {P} | {d['graph_us_p50']:.1f} | {fixed:.1f} | "
+                 f"{ideal:.1f} | {fixed + ideal:.1f} | {stream:.0f} | "
+                 f"{stream / ceil['copy_gbps']:.2f} |")
+    L.append("")
+
     # Precision.
     L.append("## Precision: the fastest exact path vs the fastest fast path (graph replay µs)\n")
     L.append("Exact: the file's float32 weights (fused_cuda; the tensor-core paths with three "
