@@ -47,7 +47,7 @@ constexpr char kUsage[] =
     "  load NAME --file F [--replace]       upload a local safetensors probe set\n"
     "      [--precision default|exact|fast] exact: the file's float32 weights; fast: rounded\n"
     "                                       to the activations' 16-bit type; default: exact\n"
-    "                                       up to 16 probes, fast above\n"
+    "                                       up to 2 probes, fast above\n"
     "  unload NAME\n"
     "  score --probe-set NAME SOURCE [--rows I,J,...] [--json]\n"
     "      SOURCE: --file F.safetensors [--tensor NAME]   a 2-D activation tensor (default\n"

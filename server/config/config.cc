@@ -269,7 +269,7 @@ const std::vector<Flag>& Flags() {
        "Precision of the probe sets loaded at start (--probes, or the bundled demo set). exact: "
        "the file's float32 weights, float32 math on every path; fast: the weights rounded to "
        "the activations' 16-bit type on tensor cores. default (the default): exact for sets of "
-       "up to 16 probes, fast above. LoadProbeSet chooses its own.",
+       "up to 2 probes (free there), fast above. LoadProbeSet chooses its own.",
        [](absl::string_view v, Config& c) -> absl::Status {
          if (!kernels::ParseProbePrecisionRequest(std::string(v).c_str(), &c.probe_precision)) {
            return BadValue("probe-precision", v, "expected default, exact or fast");
