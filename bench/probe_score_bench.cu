@@ -423,7 +423,7 @@ class Bench {
         // gather_wgmma's tiles and split counts where the choice is open.
         for (int cfg = 0; cfg < ps::probe_score_detail::kNumWgmmaConfigs; ++cfg) {
           for (int sp : {0, 4, 8}) {
-            if (sp > 0 && s.R > 256) continue;
+            if (sp > 0 && (s.R > 256 || ps::probe_score_detail::kWgmmaConfigs[cfg].ws)) continue;
             ps::ProbeScoreTuning t;
             t.wgmma_config = cfg;
             t.splits = sp;

@@ -54,25 +54,32 @@ constexpr int TcSmemBytes(const TcTileConfig& c, int terms) {
 //   0 "128x256":  many rows and probes, fast precision only (three 256-row terms do not fit).
 //   1 "128x128":  many rows, fewer probes, or exact precision.
 //   2 "64x128":   few rows (split-K over H keeps the SMs busy).
+//   3 "128x256ws": 128x256 warp-specialised (a producer warpgroup, TMA for W, an mbarrier ring),
+//                  fast precision without split (probe_score_wgmma_ws_sm90a.cuh).
 struct WgmmaTileConfig {
   int wgs, bn;
   const char* name;
+  bool ws = false;  // warp-specialised: one more (producer) warpgroup, fast only, no split
 };
-inline constexpr int kNumWgmmaConfigs = 3;
+inline constexpr int kNumWgmmaConfigs = 4;
 inline constexpr WgmmaTileConfig kWgmmaConfigs[kNumWgmmaConfigs] = {
-    {2, 256, "128x256"}, {2, 128, "128x128"}, {1, 128, "64x128"}};
+    {2, 256, "128x256"}, {2, 128, "128x128"}, {1, 128, "64x128"}, {2, 256, "128x256ws", true}};
 inline constexpr int kWgmmaMaxStages = 6;
 inline constexpr int kWgmmaSmemBudget = 200 << 10;  // of the 227 KB a block may have
 constexpr int WgmmaStageBytes(const WgmmaTileConfig& c, int terms) {
   return (64 * c.wgs + terms * c.bn) * 128;  // 128 bytes per 64-element tile row
 }
-// Stages of the ring; below 2 the configuration cannot run these terms.
+// Stages of the ring; below 2 (3 for the plain kernel, which loads kStages - 2 ahead) the
+// configuration cannot run these terms. The warp-specialised one runs 4 stages, fast only.
 constexpr int WgmmaStages(const WgmmaTileConfig& c, int terms) {
+  if (c.ws) return terms == 1 ? 4 : 0;
   const int fit = kWgmmaSmemBudget / WgmmaStageBytes(c, terms);
   return fit < kWgmmaMaxStages ? fit : kWgmmaMaxStages;
 }
+constexpr int WgmmaThreads(const WgmmaTileConfig& c) { return 128 * (c.wgs + (c.ws ? 1 : 0)); }
+// + 1024: the swizzle's alignment; + 128: the warp-specialised ring's mbarriers.
 constexpr int WgmmaSmemBytes(const WgmmaTileConfig& c, int terms) {
-  return 1024 + WgmmaStages(c, terms) * WgmmaStageBytes(c, terms);
+  return 1024 + WgmmaStages(c, terms) * WgmmaStageBytes(c, terms) + (c.ws ? 128 : 0);
 }
 
 }  // namespace probesidecar::kernels::probe_score_detail

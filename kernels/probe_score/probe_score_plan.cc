@@ -213,14 +213,14 @@ cudaError_t PlanGatherGemm(const ProbeScoreShape& shape, const ProbeScoreResourc
   return cudaSuccess;
 }
 
-// gather_wgmma: the largest tile whose tiles still cover the SMs (128x256 needs fast precision:
-// three 256-probe terms do not fit), 64x128 with split-K over H for few rows; the splits bring
+// gather_wgmma: the largest tile whose tiles still cover the SMs (128x256, warp-specialised,
+// needs fast precision: three 256-probe terms do not fit), 64x128 with split-K over H for few rows; the splits bring
 // the CTAs to about one per SM, each split at least 4 K tiles long.
 int ChooseWgmmaConfig(int32_t max_rows, int32_t num_probes, int terms, int num_sms) {
   const auto tiles = [&](int c) {
     return CeilDiv(max_rows, 64 * kWgmmaConfigs[c].wgs) * CeilDiv(num_probes, kWgmmaConfigs[c].bn);
   };
-  if (terms == 1 && tiles(0) >= num_sms) return 0;
+  if (terms == 1 && tiles(0) >= num_sms) return 3;  // 128x256, warp-specialised
   if (tiles(1) >= num_sms) return 1;
   return 2;
 }
@@ -232,7 +232,7 @@ cudaError_t PlanGatherWgmma(const ProbeScoreShape& shape, const ProbeScoreResour
   const int terms = WeightTerms16(shape);
   // A forced configuration that cannot hold these terms falls back to the planner's choice.
   const bool forced = tuning.wgmma_config >= 0 && tuning.wgmma_config < kNumWgmmaConfigs &&
-                      WgmmaStages(kWgmmaConfigs[tuning.wgmma_config], terms) >= 2;
+                      WgmmaStages(kWgmmaConfigs[tuning.wgmma_config], terms) >= 3;
   const int config =
       forced ? tuning.wgmma_config : ChooseWgmmaConfig(shape.max_rows, P, terms, num_sms);
   const int bm = 64 * kWgmmaConfigs[config].wgs, bn = kWgmmaConfigs[config].bn;
@@ -244,6 +244,7 @@ cudaError_t PlanGatherWgmma(const ProbeScoreShape& shape, const ProbeScoreResour
     splits = std::min(std::max<int64_t>(1, k_tiles / 4), CeilDiv(num_sms, tiles));
   }
   if (tuning.splits > 0) splits = std::min<int64_t>(tuning.splits, k_tiles);
+  if (kWgmmaConfigs[config].ws) splits = 1;  // the warp-specialised kernel writes whole sums
   const int64_t partial_rows = m_tiles * bm, partial_ld = n_tiles * bn;
   if (splits > 1 && splits * partial_rows * partial_ld > res.workspace.partial_floats) {
     splits = std::max<int64_t>(1, res.workspace.partial_floats / (partial_rows * partial_ld));

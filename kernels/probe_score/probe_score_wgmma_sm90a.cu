@@ -1,12 +1,16 @@
 // gather_wgmma: the sm_90a instantiations (kWgmmaConfigs x {bf16, fp16} x {fast, exact} where the
 // stages fit) and their launcher. Built with -gencode arch=compute_90a,code=sm_90a only (see
 // CMakeLists.txt).
+#include <cuda.h>
+#include <cudaTypedefs.h>
+
 #include <type_traits>
 #include <utility>
 
 #include "kernels/probe_score/probe_score_config.h"
 #include "kernels/probe_score/probe_score_wgmma.h"
 #include "kernels/probe_score/probe_score_wgmma_sm90a.cuh"
+#include "kernels/probe_score/probe_score_wgmma_ws_sm90a.cuh"
 
 namespace probesidecar::kernels::probe_score_detail {
 namespace {
@@ -24,6 +28,57 @@ constexpr auto Kernel() {
                                    kStagesOf<kConfig, kTerms>, kTerms>;
 }
 
+constexpr int kWsConfig = 3;
+static_assert(kWgmmaConfigs[kWsConfig].ws && kWgmmaConfigs[kWsConfig].bn == sm90a::kWsBN &&
+              64 * kWgmmaConfigs[kWsConfig].wgs == sm90a::kWsBM &&
+              WgmmaStages(kWgmmaConfigs[kWsConfig], 1) == sm90a::kWsStages &&
+              WgmmaSmemBytes(kWgmmaConfigs[kWsConfig], 1) == sm90a::kWsSmemBytes &&
+              WgmmaThreads(kWgmmaConfigs[kWsConfig]) == sm90a::kWsThreads);
+
+// cuTensorMapEncodeTiled, looked up once through the runtime (no libcuda link).
+PFN_cuTensorMapEncodeTiled_v12000 EncodeTiled() {
+  static const PFN_cuTensorMapEncodeTiled_v12000 fn = [] {
+    void* f = nullptr;
+    cudaDriverEntryPointQueryResult query;
+    return cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &f, 12000, cudaEnableDefault,
+                                            &query) == cudaSuccess &&
+                   query == cudaDriverEntryPointSuccess
+               ? reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(f)
+               : nullptr;
+  }();
+  return fn;
+}
+
+// W's first term as a 2-D tensor [w_rows, w_row_stride] with 256 x 64 boxes in the 128-byte
+// swizzle the wgmma descriptors read; rows past w_rows come in as zeros.
+cudaError_t EncodeWeightMap(common::DType dtype, const TcParams& p, CUtensorMap* map) {
+  const PFN_cuTensorMapEncodeTiled_v12000 encode = EncodeTiled();
+  if (encode == nullptr) return cudaErrorNotSupported;
+  const cuuint64_t dims[2] = {static_cast<cuuint64_t>(p.w_row_stride),
+                              static_cast<cuuint64_t>(p.w_rows)};
+  const cuuint64_t strides[1] = {static_cast<cuuint64_t>(p.w_row_stride) * 2};
+  const cuuint32_t box[2] = {64, static_cast<cuuint32_t>(sm90a::kWsBN)};
+  const cuuint32_t elem_strides[2] = {1, 1};
+  const CUresult r = encode(map,
+                            dtype == common::DType::kBFloat16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16
+                                                              : CU_TENSOR_MAP_DATA_TYPE_FLOAT16,
+                            2, const_cast<void*>(p.weight), dims, strides, box, elem_strides,
+                            CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                            CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  return r == CUDA_SUCCESS ? cudaSuccess : cudaErrorInvalidValue;
+}
+
+template <typename T>
+cudaError_t LaunchWs(common::DType dtype, const TcParams& params, dim3 grid, cudaStream_t stream) {
+  sm90a::WsArgs args;
+  args.p = params;
+  if (cudaError_t err = EncodeWeightMap(dtype, params, &args.w_map); err != cudaSuccess) {
+    return err;
+  }
+  sm90a::GatherWgmmaWsKernel<T><<<grid, sm90a::kWsThreads, sm90a::kWsSmemBytes, stream>>>(args);
+  return cudaGetLastError();
+}
+
 // Calls f(T, config, terms) as compile-time types for the instantiated combinations.
 template <typename R, typename F>
 R Visit(common::DType dtype, int config, int terms, R none, F&& f) {
@@ -34,6 +89,9 @@ R Visit(common::DType dtype, int config, int terms, R none, F&& f) {
     } else {
       return VisitIndex<kNumWgmmaConfigs>(config, none, [&](auto index) {
         constexpr int kConfig = decltype(index)::value;
+        if constexpr (kWgmmaConfigs[kConfig].ws) {
+          return none;  // launched by LaunchWs
+        }
         if (terms == 1) return f(elem, index, std::integral_constant<int, 1>{});
         if constexpr (kStagesOf<kConfig, 3> >= 2) {
           if (terms == 3) return f(elem, index, std::integral_constant<int, 3>{});
@@ -46,7 +104,10 @@ R Visit(common::DType dtype, int config, int terms, R none, F&& f) {
 
 template <int... kConfig>
 constexpr bool PlannerAgreesWithKernels(std::integer_sequence<int, kConfig...>) {
-  return ((ShapeOf<kConfig, 1>::kSmemBytes == WgmmaSmemBytes(kWgmmaConfigs[kConfig], 1)) && ...);
+  return ((kWgmmaConfigs[kConfig].ws ||
+           (ShapeOf<kConfig, 1>::kSmemBytes == WgmmaSmemBytes(kWgmmaConfigs[kConfig], 1) &&
+            ShapeOf<kConfig, 1>::kThreads == WgmmaThreads(kWgmmaConfigs[kConfig]))) &&
+          ...);
 }
 static_assert(PlannerAgreesWithKernels(std::make_integer_sequence<int, kNumWgmmaConfigs>{}));
 
@@ -71,11 +132,24 @@ cudaError_t SetGatherWgmmaAttributes() {
       }
     }
   }
+  for (const void* fn : {reinterpret_cast<const void*>(&sm90a::GatherWgmmaWsKernel<__nv_bfloat16>),
+                         reinterpret_cast<const void*>(&sm90a::GatherWgmmaWsKernel<__half>)}) {
+    const cudaError_t err =
+        cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, sm90a::kWsSmemBytes);
+    if (first == cudaSuccess) first = err;
+  }
   return first;
 }
 
 cudaError_t LaunchGatherWgmma(common::DType dtype, int config, int terms, const TcParams& params,
                               dim3 grid, cudaStream_t stream) {
+  if (config == kWsConfig) {
+    if (terms != 1 || grid.z != 1) return cudaErrorInvalidValue;
+    if (dtype == common::DType::kBFloat16)
+      return LaunchWs<__nv_bfloat16>(dtype, params, grid, stream);
+    if (dtype == common::DType::kFloat16) return LaunchWs<__half>(dtype, params, grid, stream);
+    return cudaErrorInvalidValue;
+  }
   return Visit(dtype, config, terms, cudaErrorInvalidValue, [&](auto elem, auto index, auto t) {
     using T = typename decltype(elem)::type;
     constexpr int kConfig = decltype(index)::value, kTerms = decltype(t)::value;
