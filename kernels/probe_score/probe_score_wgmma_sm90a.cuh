@@ -11,9 +11,9 @@
 // j of row r at chunk j ^ (r % 8)), so a 64 x 64 tile is one 8 KB "slab" the descriptors walk.
 //
 // Per k-tile: wait for its cp.async group, make it visible to the async proxy, barrier; issue this
-// tile's wgmmas, then wait until only they are in flight (the previous batch is done), and load
-// the tile kStages - 2 ahead into the stage read two batches ago: every warpgroup finished that
-// batch before the barrier. One wgmma batch always runs while the next is issued. Split-K
+// tile's wgmmas, then (4+ stages) wait until only they are in flight and load the tile
+// kStages - 2 ahead into the stage read two batches ago, or (3 stages) load kStages - 1 ahead,
+// the previous batch having completed before the barrier. Split-K
 // (gridDim.z > 1) writes fp32 partials that SplitKReduceKernel sums, as for fused_tc.
 #pragma once
 
@@ -102,6 +102,12 @@ __global__ void __launch_bounds__(128 * kWGs, 1)
     GatherWgmmaKernel(const __grid_constant__ TcParams p) {
   using S = WgmmaShape<kWGs, kBN, kStages, kTerms>;
   using Op = typename WgmmaOp<T, kBN>::type;
+  // With 4 stages or more, one wgmma batch stays in flight while the next is issued, and loads
+  // run kStages - 2 tiles ahead; with 3 (exact precision's tiles) keeping two tiles loading
+  // matters more, so each batch completes before the barrier and loads run kStages - 1 ahead.
+  constexpr bool kOverlap = kStages >= 4;
+  constexpr int kAhead = kOverlap ? kStages - 2 : kStages - 1;
+  static_assert(kStages >= 3, "at least 3 stages");
   extern __shared__ __align__(128) uint8_t wgmma_smem_raw[];
   uint8_t* smem = wgmma_smem_raw + ((1024 - (SmemAddr(wgmma_smem_raw) & 1023)) & 1023);
   const uint32_t s0 = SmemAddr(smem);
@@ -138,7 +144,7 @@ __global__ void __launch_bounds__(128 * kWGs, 1)
   // Request-independent work first: the W tiles of the prologue, and this tile's row indices
   // (read speculatively up to max_rows; indices past num_rows are never dereferenced).
 #pragma unroll
-  for (int st = 0; st < kStages - 2; ++st) {  // the kAhead tiles of the prologue
+  for (int st = 0; st < kAhead; ++st) {  // the prologue's tiles
     if (st < nkt) load_b(st, kt_begin + st);
   }
   int32_t row_idx[S::kAIters];
@@ -187,8 +193,6 @@ __global__ void __launch_bounds__(128 * kWGs, 1)
 #pragma unroll
   for (int i = 0; i < S::kAcc; ++i) acc[i] = 0.0f;
 
-  constexpr int kAhead = kStages - 2;  // tiles loading while one computes
-  static_assert(kAhead >= 1, "at least 3 stages");
 #pragma unroll
   for (int st = 0; st < kAhead; ++st) {
     if (st < nkt) load_a(st, kt_begin + st);
@@ -198,6 +202,11 @@ __global__ void __launch_bounds__(128 * kWGs, 1)
   for (int it = 0; it < nkt; ++it) {
     CpAsyncWait<kAhead - 1>();
     FenceProxyAsyncShared();  // cp.async wrote through the generic proxy; wgmma reads async
+    if constexpr (!kOverlap) {
+#pragma unroll
+      for (int i = 0; i < S::kAcc; ++i) cute::warpgroup_fence_operand(acc[i]);
+      cute::warpgroup_wait<0>();  // the previous batch: its stage is refilled below
+    }
     __syncthreads();
     const int stage = it % kStages;
     const uint32_t a_base = stage_addr(stage) + wg * 64 * kSlabRowBytes;
@@ -213,7 +222,7 @@ __global__ void __launch_bounds__(128 * kWGs, 1)
       }
     }
     cute::warpgroup_commit_batch();
-    cute::warpgroup_wait<1>();  // the previous batch is done; this one runs on
+    if constexpr (kOverlap) cute::warpgroup_wait<1>();  // the previous batch is done
 #pragma unroll
     for (int i = 0; i < S::kAcc; ++i) cute::warpgroup_fence_operand(acc[i]);
     const int next = it + kAhead;
