@@ -41,16 +41,18 @@ bool ProbeScorePathSupports(ProbeScorePath path, const ProbeScoreShape& shape,
 // these rules disagree, the table's "picked …" cells show what it costs, and the rules are to be
 // brought back in line with the committed table, not with figures quoted here.
 //  - P <= 2: fused_cuda everywhere (one pass over each row on CUDA cores beats any GEMM).
-//  - 16-bit, 3 <= P <= 8: fused_cuda up to 512 rows, fused_tc beyond.
-//  - 16-bit, 9 <= P <= 128: fused_tc, except P > 16 at R <= 8, where fused_cuda wins.
-//  - 16-bit, 128 < P <= 256: fused_tc up to 256 rows, gather_gemm beyond.
-//  - 16-bit, P > 256: fused_tc up to 64 rows, gather_gemm beyond (cuBLAS's wgmma GEMM outruns
-//    our mma.sync tiles once the GEMM dominates).
+//  - 16-bit fast, 3 <= P <= 8: fused_cuda up to 512 rows, fused_tc beyond.
+//  - 16-bit fast, 9 <= P <= 128: fused_tc, except fused_cuda for P > 16 at R <= 8, and at
+//    H = 8192 above 64 probes gather_gemm from 1024 rows, gather_wgmma at 8192.
+//  - 16-bit fast, P > 128: gather_wgmma from 4096 rows (sm_90a); below, fused_tc up to 64 rows,
+//    gather_wgmma at 65-256 rows for P <= 256, gather_gemm otherwise.
+//  - 16-bit exact: in the code below (three weight terms shift every crossover).
 //  - fp32 (no tensor cores: TF32 would break the 1e-5 budget): fused_cuda for P <= 16, and up to
 //    P = 128 for R <= 64; gather_gemm (cuBLAS SGEMM) otherwise.
 //  - H % 8 != 0 (no fused_tc): fused_cuda for P <= 16 and for R <= 64 up to P = 64, gather_gemm
 //    otherwise (not measured separately: the fp32 rules, which are CUDA cores vs cuBLAS too).
-// Today's rules read the shape only; `device` is where arch-specific paths will key in.
+// `device` says whether gather_wgmma exists here; without it its shapes fall back to the path
+// that came second (fused_tc or gather_gemm).
 ProbeScorePath ChooseProbeScorePath(const ProbeScoreShape& shape,
                                     const ProbeScoreDeviceFacts& device) {
   const int32_t R = shape.max_rows, P = shape.num_probes;
@@ -65,39 +67,47 @@ ProbeScorePath ChooseProbeScorePath(const ProbeScoreShape& shape,
     return ProbeScorePath::kGatherGemm;
   }
   const bool wgmma = ProbeScorePathSupports(ProbeScorePath::kGatherWgmma, shape, device);
+  const ProbeScorePath wgmma_or_gemm =
+      wgmma ? ProbeScorePath::kGatherWgmma : ProbeScorePath::kGatherGemm;
+  const ProbeScorePath wgmma_or_tc =
+      wgmma ? ProbeScorePath::kGatherWgmma : ProbeScorePath::kFusedTensorCore;
+  const int32_t H = shape.hidden;
   if (shape.precision == ProbePrecision::kExact) {
-    // Three weight terms per tensor-core tile (bench/results/probe_score.md, "Crossovers",
-    // exact): fused_cuda, which reads the float32 weights once, beats them up to 4 probes and for
-    // a handful of rows; fused_tc up to 128 probes short of ~8M gathered elements; then cuBLAS's
-    // three GEMMs for many rows, gather_wgmma's in-kernel terms for a few hundred rows, or for
-    // few rows of many probes at H <= 4096.
-    const int64_t gathered = static_cast<int64_t>(R) * shape.hidden;
-    if (P <= 4 || (R <= 8 && P <= 256)) return ProbeScorePath::kFusedCuda;
+    // Three weight terms per tensor-core tile: fused_cuda, which reads the float32 weights once,
+    // wins up to 4 probes and for a handful of rows up to 256; fused_tc up to 64 probes; beyond,
+    // gather_wgmma's in-kernel terms where its tiles fill the SMs or the rows are few, cuBLAS's
+    // three GEMMs for many rows of many probes.
+    if (P <= 4 || (R <= 8 && P > 16 && P <= 256)) return ProbeScorePath::kFusedCuda;
     if (P <= 64) return ProbeScorePath::kFusedTensorCore;
     if (P <= 128) {
-      return gathered >= (int64_t{8} << 20) ? ProbeScorePath::kGatherGemm
-                                            : ProbeScorePath::kFusedTensorCore;
+      if (R <= 256) return ProbeScorePath::kFusedTensorCore;
+      if (R >= 8192 || (R <= 1024 && H <= 4096)) return wgmma_or_gemm;
+      return ProbeScorePath::kGatherGemm;
     }
     if (P <= 256) {
-      if (R >= 1024) return ProbeScorePath::kGatherGemm;
-      return R >= 256 && wgmma ? ProbeScorePath::kGatherWgmma : ProbeScorePath::kFusedTensorCore;
+      if (R <= 64) return ProbeScorePath::kFusedTensorCore;
+      return R <= 256 ? wgmma_or_tc : ProbeScorePath::kGatherGemm;
     }
     if (R > 64) return ProbeScorePath::kGatherGemm;
-    return wgmma && shape.hidden <= 4096 ? ProbeScorePath::kGatherWgmma
-                                         : ProbeScorePath::kFusedTensorCore;
-  }
-  // gather_wgmma (sm_90a) where it measured fastest: the largest GEMMs (P > 256 at R = 8192,
-  // 128 < P <= 256 from R = 4096, and P > 64 at R = 8192 with H = 8192). Elsewhere cuBLAS's
-  // GEMM after a gather still wins for many probes (our wgmma tiles lack warp specialisation).
-  if (wgmma && ((P > 256 && R >= 8192) || (P > 128 && P <= 256 && R >= 4096) ||
-                (P > 64 && R >= 8192 && shape.hidden >= 8192))) {
-    return ProbeScorePath::kGatherWgmma;
+    return H <= 4096 ? wgmma_or_tc : ProbeScorePath::kFusedTensorCore;
   }
   if (P <= 8) return R <= 512 ? ProbeScorePath::kFusedCuda : ProbeScorePath::kFusedTensorCore;
-  if (P <= 128) {
+  if (P <= 64) {
     return (P > 16 && R <= 8) ? ProbeScorePath::kFusedCuda : ProbeScorePath::kFusedTensorCore;
   }
-  if (P <= 256) return R <= 256 ? ProbeScorePath::kFusedTensorCore : ProbeScorePath::kGatherGemm;
+  if (P <= 128) {
+    if (R <= 8) return ProbeScorePath::kFusedCuda;
+    if (H >= 8192 && R >= 8192) return wgmma_or_tc;
+    if (H >= 8192 && R >= 1024) return ProbeScorePath::kGatherGemm;
+    return ProbeScorePath::kFusedTensorCore;
+  }
+  // Many probes: gather_wgmma (sm_90a) once its warp-specialised 128x256 tiles fill the SMs
+  // (R >= 4096), and at a few hundred rows of up to 256 probes; cuBLAS after a gather between.
+  if (R >= 4096) return wgmma_or_gemm;
+  if (P <= 256) {
+    if (R <= 64) return ProbeScorePath::kFusedTensorCore;
+    return R <= 256 ? wgmma_or_tc : ProbeScorePath::kGatherGemm;
+  }
   return R <= 64 ? ProbeScorePath::kFusedTensorCore : ProbeScorePath::kGatherGemm;
 }
 

@@ -295,20 +295,25 @@ TEST_F(ProbeScoreGpuTest, RejectsMismatches) {
 // leaves the tail poisoned.
 TEST_F(ProbeScoreGpuTest, GraphCaptureAndReplayWithNewArgs) {
   for (common::DType dtype : {common::DType::kBFloat16, common::DType::kFloat32}) {
-    for (int32_t P : {16, 128}) {
+    // P = 1024 at 4096 rows: gather_wgmma's warp-specialised tile (its W tensor map is encoded
+    // at capture and baked into the graph).
+    for (int32_t P : {16, 128, 1024}) {
+      const int32_t bucket = P == 1024 ? 4096 : 1024;
       for (int pi = 0; pi < 2 * kNumProbeScorePaths; ++pi) {
         const auto path = static_cast<ProbeScorePath>(pi % kNumProbeScorePaths);
         const ProbePrecision precision =
             pi < kNumProbeScorePaths ? ProbePrecision::kFast : ProbePrecision::kExact;
-        const ProbeScoreShape shape{dtype, 1024, P, 4096, precision};
+        const ProbeScoreShape shape{dtype, bucket, P, 4096, precision};
         if (!ProbeScorePathSupports(path, shape, Resources().device)) continue;
         SCOPED_TRACE(std::string(common::DTypeName(dtype)) + " P=" + std::to_string(P) + " " +
                      ProbeScorePathName(path) + " " + ProbePrecisionName(precision));
         const int32_t max_rows = shape.max_rows;
         ProbeScorePlan plan;
         CUDA_ASSERT(PlanProbeScore(shape, path, Resources(), ProbeScoreTuning{}, &plan));
-        const Case a{dtype, 1000, 4096, P, max_rows, 0, 0, Activation::kSigmoid, 77, precision};
-        const Case b{dtype, 517, 4096, P, max_rows, 3, 0, Activation::kSigmoid, 78, precision};
+        const Case a{dtype, bucket - 24,          4096, P,        max_rows, 0,
+                     0,     Activation::kSigmoid, 77,   precision};
+        const Case b{dtype, bucket / 2 + 5,       4096, P,        max_rows, 3,
+                     0,     Activation::kSigmoid, 78,   precision};
         const auto* w = Weights(dtype, P, 4096, precision);
         ASSERT_NE(w, nullptr);
         Problem pa, pb;
