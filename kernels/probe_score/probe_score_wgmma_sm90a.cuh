@@ -90,28 +90,6 @@ __device__ __forceinline__ uint32_t SwizzledOffset(int row, int chunk) {
   return row * kSlabRowBytes + (((chunk ^ (row & 7)) & 7) << 4);
 }
 
-// Scores (col, col + 1) of one output row (col even), bias and activation applied: one 8-byte
-// store when both are in range and the row is 8-byte aligned (`pairs`: out and its row stride
-// allow it), else one or two 4-byte stores.
-__device__ __forceinline__ void StoreScorePair(float* row_out, int col, float v0, float v1,
-                                               const TcParams& p, bool pairs) {
-  if (col + 1 < p.num_probes) {
-    v0 = Activate(p.activation, v0 + __ldg(p.bias + col));
-    v1 = Activate(p.activation, v1 + __ldg(p.bias + col + 1));
-    if (pairs) {
-      *reinterpret_cast<float2*>(row_out + col) = make_float2(v0, v1);
-    } else {
-      row_out[col] = v0;
-      row_out[col + 1] = v1;
-    }
-  } else if (col < p.num_probes) {
-    row_out[col] = Activate(p.activation, v0 + __ldg(p.bias + col));
-  }
-}
-__device__ __forceinline__ bool ScorePairsAligned(const ProbeScoreDeviceArgs& a) {
-  return reinterpret_cast<uintptr_t>(a.out) % 8 == 0 && a.out_row_stride % 2 == 0;
-}
-
 __device__ __forceinline__ void FenceProxyAsyncShared() {
   asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
 }
@@ -264,7 +242,6 @@ __global__ void __launch_bounds__(128 * kWGs, 1)
   // acc[4 j + {0, 1}] for the first row, acc[4 j + {2, 3}] for the second.
   const int lane = tid & 31, warp_in_wg = (tid & 127) >> 5;
   const int row_base = m0 + wg * 64 + warp_in_wg * 16 + lane / 4;
-  const bool pairs = ScorePairsAligned(a);
 #pragma unroll
   for (int j = 0; j < kBN / 8; ++j) {
     const int col = n0 + 8 * j + 2 * (lane & 3);
@@ -274,7 +251,10 @@ __global__ void __launch_bounds__(128 * kWGs, 1)
       if (row >= num_rows) continue;
       const float v0 = acc[4 * j + 2 * h] * p.acc_scale, v1 = acc[4 * j + 2 * h + 1] * p.acc_scale;
       if (p.splits == 1) {
-        StoreScorePair(a.out + static_cast<int64_t>(row) * a.out_row_stride, col, v0, v1, p, pairs);
+        float* o = a.out + static_cast<int64_t>(row) * a.out_row_stride;
+        if (col < p.num_probes) o[col] = Activate(p.activation, v0 + __ldg(p.bias + col));
+        if (col + 1 < p.num_probes)
+          o[col + 1] = Activate(p.activation, v1 + __ldg(p.bias + col + 1));
       } else {
         float* o =
             p.partial + (static_cast<int64_t>(split) * p.partial_rows + row) * p.partial_ld + col;

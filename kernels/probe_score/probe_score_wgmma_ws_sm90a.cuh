@@ -159,7 +159,6 @@ __global__ void __launch_bounds__(kWsThreads, 1)
   // Epilogue: the wgmma accumulator layout (probe_score_wgmma_sm90a.cuh), bias and activation.
   const int lane = tid & 31, warp_in_wg = (tid & 127) >> 5;
   const int row_base = m0 + wg * 64 + warp_in_wg * 16 + lane / 4;
-  const bool pairs = ScorePairsAligned(a);
 #pragma unroll
   for (int j = 0; j < kWsBN / 8; ++j) {
     const int col = n0 + 8 * j + 2 * (lane & 3);
@@ -167,8 +166,13 @@ __global__ void __launch_bounds__(kWsThreads, 1)
     for (int h = 0; h < 2; ++h) {
       const int row = row_base + 8 * h;
       if (row >= num_rows) continue;
-      StoreScorePair(a.out + static_cast<int64_t>(row) * a.out_row_stride, col, acc[4 * j + 2 * h],
-                     acc[4 * j + 2 * h + 1], p, pairs);
+      float* o = a.out + static_cast<int64_t>(row) * a.out_row_stride;
+      if (col < p.num_probes) {
+        o[col] = Activate(p.activation, acc[4 * j + 2 * h] + __ldg(p.bias + col));
+      }
+      if (col + 1 < p.num_probes) {
+        o[col + 1] = Activate(p.activation, acc[4 * j + 2 * h + 1] + __ldg(p.bias + col + 1));
+      }
     }
   }
 }
