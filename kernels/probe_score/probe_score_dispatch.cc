@@ -74,9 +74,11 @@ ProbeScorePath ChooseProbeScorePath(const ProbeScoreShape& shape,
   const int32_t H = shape.hidden;
   if (shape.precision == ProbePrecision::kExact) {
     // Three weight terms per tensor-core tile: fused_cuda, which reads the float32 weights once,
-    // wins up to 4 probes and for a handful of rows up to 256; fused_tc up to 64 probes; beyond,
+    // wins up to 4 probes (but for 3-4 probes at a few thousand rows, by 2-4%) and for a handful
+    // of rows up to 256; fused_tc up to 64 probes; beyond,
     // gather_wgmma's in-kernel terms where its tiles fill the SMs or the rows are few, cuBLAS's
     // three GEMMs for many rows of many probes.
+    if (P > 2 && P <= 4 && R >= 2048 && R < 8192) return ProbeScorePath::kFusedTensorCore;
     if (P <= 4 || (R <= 8 && P > 16 && P <= 256)) return ProbeScorePath::kFusedCuda;
     if (P <= 64) return ProbeScorePath::kFusedTensorCore;
     if (P <= 128) {
