@@ -23,9 +23,10 @@ enum class ProbePrecision : int32_t { kExact = 0, kFast = 1 };
 enum class ProbePrecisionRequest : int32_t { kDefault = 0, kExact = 1, kFast = 2 };
 
 // Probe counts up to this one default to exact: there the dispatcher runs fused_cuda, which
-// multiplies the float32 weights anyway, so exact costs nothing. From P = 3 on, exact costs 6-12%
-// at R <= 64 and up to 2.9x at R = 8192 (three weight terms; bench/results/probe_score.md,
-// "Precision"), above the 5% a default may cost.
+// multiplies the float32 weights anyway, so exact costs nothing. Above, the worst measured cost
+// is 1.20x at P = 4 and 1.9-2.9x from P = 16 (at R = 8192; 6-43% at R <= 64): three weight terms
+// per tensor-core tile (bench/results/probe_score.md, "Precision"), above the 5% a default may
+// cost.
 inline constexpr int32_t kExactByDefaultMaxProbes = 2;
 
 inline ProbePrecision ResolveProbePrecision(ProbePrecisionRequest request, int32_t num_probes) {
