@@ -101,6 +101,17 @@ __device__ __forceinline__ uint4 LdStream16(const void* p) {
   return v;
 }
 
+// Programmatic dependent launch (sm_90): a kernel followed by a dependent one (the split-K
+// reduction) lets it be scheduled early (LaunchDependents), and the dependent waits for the
+// whole first grid and its memory before reading it (WaitForPriorGrid). Both are no-ops when the
+// launch did not ask for it.
+__device__ __forceinline__ void LaunchDependents() {
+  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+}
+__device__ __forceinline__ void WaitForPriorGrid() {
+  asm volatile("griddepcontrol.wait;\n" ::: "memory");
+}
+
 // cp.async (16 bytes, zero-filled when !valid) and its groups.
 __device__ __forceinline__ uint32_t SmemAddr(const void* p) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(p));

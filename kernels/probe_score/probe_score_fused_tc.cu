@@ -69,9 +69,20 @@ cudaError_t LaunchFusedTc(common::DType dtype, int config, int terms, const TcPa
   });
 }
 
+// As a programmatic dependent of the GEMM kernel before it on the stream (that kernel triggers
+// early; the reduction waits for its completion in-kernel), so that its launch overlaps the
+// GEMM's tail instead of following it.
 cudaError_t LaunchSplitKReduce(const SplitKReduceParams& params, dim3 grid, cudaStream_t stream) {
-  SplitKReduceKernel<kSplitKReduceThreads><<<grid, kSplitKReduceThreads, 0, stream>>>(params);
-  return cudaGetLastError();
+  cudaLaunchConfig_t config{};
+  config.gridDim = grid;
+  config.blockDim = dim3(kSplitKReduceThreads);
+  config.stream = stream;
+  cudaLaunchAttribute attribute{};
+  attribute.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attribute.val.programmaticStreamSerializationAllowed = 1;
+  config.attrs = &attribute;
+  config.numAttrs = 1;
+  return cudaLaunchKernelEx(&config, SplitKReduceKernel<kSplitKReduceThreads>, params);
 }
 
 }  // namespace probesidecar::kernels::probe_score_detail

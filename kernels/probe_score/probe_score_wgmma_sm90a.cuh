@@ -111,6 +111,8 @@ __global__ void __launch_bounds__(128 * kWGs, 1)
   extern __shared__ __align__(128) uint8_t wgmma_smem_raw[];
   uint8_t* smem = wgmma_smem_raw + ((1024 - (SmemAddr(wgmma_smem_raw) & 1023)) & 1023);
   const uint32_t s0 = SmemAddr(smem);
+  // The split-K reduction may be scheduled now: it waits for this whole grid before reading.
+  if (p.splits > 1) LaunchDependents();
 
   const int n0 = blockIdx.x * kBN, m0 = blockIdx.y * S::kBM, split = blockIdx.z;
   const int tid = threadIdx.x;
