@@ -41,9 +41,10 @@ bool ProbeScorePathSupports(ProbeScorePath path, const ProbeScoreShape& shape,
 // these rules disagree, the table's "picked …" cells show what it costs, and the rules are to be
 // brought back in line with the committed table, not with figures quoted here.
 //  - P <= 2: fused_cuda everywhere (one pass over each row on CUDA cores beats any GEMM).
-//  - 16-bit fast, 3 <= P <= 8: fused_cuda up to 512 rows, fused_tc beyond.
-//  - 16-bit fast, 9 <= P <= 128: fused_tc, except fused_cuda for P > 16 at R <= 8, and at
-//    H = 8192 above 64 probes gather_gemm from 1024 rows, gather_wgmma at 8192.
+//  - 16-bit fast, 3 <= P <= 8: fused_cuda up to 64 rows, fused_tc beyond.
+//  - 16-bit fast, 9 <= P <= 128: fused_tc (its split-K reduction launched as a dependent), except
+//    at H = 8192 above 64 probes: fused_cuda up to 8 rows, gather_gemm from 1024, gather_wgmma
+//    at 8192.
 //  - 16-bit fast, P > 128: gather_wgmma from 4096 rows (sm_90a); below, fused_tc up to 64 rows,
 //    gather_wgmma at 65-256 rows for P <= 256, gather_gemm otherwise.
 //  - 16-bit exact: in the code below (three weight terms shift every crossover).
@@ -93,12 +94,10 @@ ProbeScorePath ChooseProbeScorePath(const ProbeScoreShape& shape,
     if (R > 64) return ProbeScorePath::kGatherGemm;
     return H <= 4096 ? wgmma_or_tc : ProbeScorePath::kFusedTensorCore;
   }
-  if (P <= 8) return R <= 512 ? ProbeScorePath::kFusedCuda : ProbeScorePath::kFusedTensorCore;
-  if (P <= 64) {
-    return (P > 16 && R <= 8) ? ProbeScorePath::kFusedCuda : ProbeScorePath::kFusedTensorCore;
-  }
+  if (P <= 8) return R <= 64 ? ProbeScorePath::kFusedCuda : ProbeScorePath::kFusedTensorCore;
+  if (P <= 64) return ProbeScorePath::kFusedTensorCore;
   if (P <= 128) {
-    if (R <= 8) return ProbeScorePath::kFusedCuda;
+    if (R <= 8) return H >= 8192 ? ProbeScorePath::kFusedCuda : ProbeScorePath::kFusedTensorCore;
     if (H >= 8192 && R >= 8192) return wgmma_or_tc;
     if (H >= 8192 && R >= 1024) return ProbeScorePath::kGatherGemm;
     return ProbeScorePath::kFusedTensorCore;
