@@ -8,6 +8,9 @@
 #                                   if the tree has changes: results then say so)
 #       BEFORE=path/to/old/probe-sidecar  also carry an older server binary, which the rpc step
 #                                   measures beside the current one (server_label "before")
+#       BINARIES="probe-score-bench probe_score_gpu_test"  bundle only these binaries: the whole
+#                                   bundle (~71 MB) exceeds what the device tool carries (64 MiB),
+#                                   so kernel work and server work go in separate calls
 #   tests/gpu/run.sh                on the GPU machine (through the device tool), from the
 #                                   repository root, with .gpu/ carried:
 #       run(command="STEPS='tests kernels rpc' tests/gpu/run.sh", carry=[".gpu"])
@@ -36,6 +39,9 @@ if [[ "${1:-}" == prepare ]]; then
   binaries=(probe-sidecar probe-client probe-bench probe-echo-server probe-score-bench
     mla-verify-bench metrics_bench probe_score_gpu_test probe_score_cpu_test
     request_staging_gpu_test verify_support_gpu_test mla_verify_gpu_test mla_verify_cpu_test)
+  # BINARIES: bundle only these (the device tool carries at most 64 MiB with the tree, and the
+  # whole bundle is ~71 MB); steps whose binaries are missing then fail (exit 127).
+  if [[ -n "${BINARIES:-}" ]]; then read -r -a binaries <<<"$BINARIES"; fi
   cmake --build "$build" -j "$(nproc)" --target "${binaries[@]}" demo_probe_set
   rm -rf "$gpu"
   deploy/bundle.sh "$build" "$gpu/bundle" "${binaries[@]}"
