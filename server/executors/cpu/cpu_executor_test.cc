@@ -19,6 +19,7 @@
 #include "absl/time/time.h"
 #include "gtest/gtest.h"
 #include "kernels/probe_score/probe_score_cpu.h"
+#include "server/executors/cpu/cpu_probe_weights.h"
 
 namespace probesidecar::server {
 namespace {
@@ -298,6 +299,32 @@ TEST(CpuExecutorTest, EachSetScoresAtItsPrecision) {
   EXPECT_EQ(run(fast_set), fast);  // the second request reads the rounded copy made by the first
   EXPECT_EQ(exact, alone(*exact_set));
   EXPECT_NE(fast, exact);
+  executor.Shutdown();
+}
+
+// A fast set whose file stored its weights in the activations' type needs no rounded copy (its
+// weights are their own rounding): none is made, and it scores what an exact set scores.
+TEST(CpuExecutorTest, FastWeightsStoredInTheActivationTypeAreNotCopied) {
+  auto bf16_set = std::make_shared<ProbeSet>();
+  bf16_set->hidden = 64;
+  bf16_set->num_probes = 3;
+  bf16_set->weight_dtype = common::DType::kBFloat16;
+  bf16_set->precision = kernels::ProbePrecision::kFast;
+  for (int i = 0; i < 64 * 3; ++i) {
+    bf16_set->weight.push_back(common::Bf16ToFloat(common::FloatToBf16(std::sin(0.7f * i))));
+  }
+  bf16_set->bias = {0.5f, -0.25f, 1.0f};
+  CpuExecutor executor(1, 4);
+  ASSERT_TRUE(executor.PrepareProbeSet(*bf16_set).ok());
+  EXPECT_TRUE(CpuRoundingIsIdentity(*bf16_set, common::DType::kBFloat16));
+  EXPECT_EQ(CpuRoundedWeights(*bf16_set, common::DType::kBFloat16), nullptr);
+  // On fp16 activations bf16 weights are not fp16 values: that dtype still gets its copy.
+  EXPECT_FALSE(CpuRoundingIsIdentity(*bf16_set, common::DType::kFloat16));
+  EXPECT_NE(CpuRoundedWeights(*bf16_set, common::DType::kFloat16), nullptr);
+  auto float_set = std::make_shared<ProbeSet>(*bf16_set);
+  float_set->weight_dtype = common::DType::kFloat32;
+  ASSERT_TRUE(executor.PrepareProbeSet(*float_set).ok());
+  EXPECT_NE(CpuRoundedWeights(*float_set, common::DType::kBFloat16), nullptr);
   executor.Shutdown();
 }
 

@@ -19,8 +19,13 @@ const float* CpuProbeWeights::Rounded(const ProbeSet& set, common::DType dtype) 
   return rounded_[i].data();
 }
 
+bool CpuRoundingIsIdentity(const ProbeSet& set, common::DType dtype) {
+  return set.weight_dtype == dtype;
+}
+
 const float* CpuRoundedWeights(const ProbeSet& set, common::DType dtype) {
-  if (!kernels::UsesRoundedWeights(set.precision, dtype) || set.backend_state == nullptr) {
+  if (!kernels::UsesRoundedWeights(set.precision, dtype) || set.backend_state == nullptr ||
+      CpuRoundingIsIdentity(set, dtype)) {
     return nullptr;
   }
   return static_cast<const CpuProbeWeights*>(set.backend_state.get())->Rounded(set, dtype);

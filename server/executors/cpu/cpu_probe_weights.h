@@ -27,9 +27,13 @@ class CpuProbeWeights {
   mutable std::vector<float> rounded_[common::kNumDTypes];
 };
 
+// Whether rounding `set`'s weights to `dtype` changes nothing: the file stored them in that type
+// (e.g. bf16 weights scored on bf16 activations), so no rounded copy is needed.
+bool CpuRoundingIsIdentity(const ProbeSet& set, common::DType dtype);
+
 // The rounded weights to score `set` on `dtype` activations with: null when the set's precision
-// does not round them there (exact, or float32 activations) or it has no CPU state (then the
-// scorer rounds per call).
+// does not round them there (exact, or float32 activations), when rounding is the identity, or
+// when it has no CPU state (then the scorer rounds per call).
 const float* CpuRoundedWeights(const ProbeSet& set, common::DType dtype);
 
 }  // namespace probesidecar::server
