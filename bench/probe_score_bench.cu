@@ -383,14 +383,9 @@ class Bench {
       if (!SetupSlots(s)) return false;
       const ps::ProbeScoreShape shape{s.dtype, s.R, s.P, s.H, ps::ProbePrecision::kFast};
       const ps::ProbeScoreResources& res = ps::ProbeScoreWorkspaceResources(*ws_);
-      // The dispatch record: the precision a probe set of P probes gets by default, and the path
-      // the dispatcher picks for it.
-      ps::ProbeScoreShape chosen_shape = shape;
-      chosen_shape.precision = ps::ResolveProbePrecision(ps::ProbePrecisionRequest::kDefault, s.P);
-      const std::string chosen =
-          ImplName(ps::ChooseProbeScorePath(chosen_shape, res.device), chosen_shape);
-      // And the dispatcher's pick for each precision ("dispatch:fast", "dispatch:exact"), which
-      // the report's crossover table holds against the fastest path of that precision.
+      // The dispatcher's pick for each precision ("dispatch:fast", "dispatch:exact"), which the
+      // report's crossover table holds against the fastest path of that precision; "dispatch" is
+      // the pick at the precision a probe set of P probes gets by default.
       std::string chosen_by[2];
       for (ps::ProbePrecision precision : {ps::ProbePrecision::kExact, ps::ProbePrecision::kFast}) {
         ps::ProbeScoreShape p_shape = shape;
@@ -398,6 +393,8 @@ class Bench {
         chosen_by[static_cast<int>(precision)] =
             ImplName(ps::ChooseProbeScorePath(p_shape, res.device), p_shape);
       }
+      const std::string& chosen = chosen_by[static_cast<int>(
+          ps::ResolveProbePrecision(ps::ProbePrecisionRequest::kDefault, s.P))];
       struct Run {
         std::string impl;
         ps::ProbeScorePath path;
