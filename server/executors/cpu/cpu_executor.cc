@@ -133,11 +133,6 @@ void CpuExecutor::Score(const ScoreJob* job, ScoreDone done) {
           }
           // On the worker, not the gRPC thread: the first fast request of a dtype rounds here.
           kernels::ProbeScoreCpuParams task = params;
-          // Weights stored in the activations' type are their own rounding: scored as they are,
-          // without a rounded copy (same values, none of its memory).
-          if (CpuRoundingIsIdentity(*job->probe_set, params.x_dtype)) {
-            task.precision = kernels::ProbePrecision::kExact;
-          }
           task.rounded_weight = CpuRoundedWeights(*job->probe_set, params.x_dtype);
           kernels::ScoreProbesCpu(task, begin, end);
         }

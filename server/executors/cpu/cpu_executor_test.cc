@@ -303,7 +303,7 @@ TEST(CpuExecutorTest, EachSetScoresAtItsPrecision) {
 }
 
 // A fast set whose file stored its weights in the activations' type needs no rounded copy (its
-// weights are their own rounding): none is made, and it scores what an exact set scores.
+// weights are their own rounding): the lookup hands back the file's weights and makes none.
 TEST(CpuExecutorTest, FastWeightsStoredInTheActivationTypeAreNotCopied) {
   auto bf16_set = std::make_shared<ProbeSet>();
   bf16_set->hidden = 64;
@@ -317,7 +317,7 @@ TEST(CpuExecutorTest, FastWeightsStoredInTheActivationTypeAreNotCopied) {
   CpuExecutor executor(1, 4);
   ASSERT_TRUE(executor.PrepareProbeSet(*bf16_set).ok());
   EXPECT_TRUE(CpuRoundingIsIdentity(*bf16_set, common::DType::kBFloat16));
-  EXPECT_EQ(CpuRoundedWeights(*bf16_set, common::DType::kBFloat16), nullptr);
+  EXPECT_EQ(CpuRoundedWeights(*bf16_set, common::DType::kBFloat16), bf16_set->weight.data());
   // On fp16 activations bf16 weights are not fp16 values: that dtype still gets its copy.
   EXPECT_FALSE(CpuRoundingIsIdentity(*bf16_set, common::DType::kFloat16));
   EXPECT_NE(CpuRoundedWeights(*bf16_set, common::DType::kFloat16), nullptr);

@@ -24,10 +24,10 @@ bool CpuRoundingIsIdentity(const ProbeSet& set, common::DType dtype) {
 }
 
 const float* CpuRoundedWeights(const ProbeSet& set, common::DType dtype) {
-  if (!kernels::UsesRoundedWeights(set.precision, dtype) || set.backend_state == nullptr ||
-      CpuRoundingIsIdentity(set, dtype)) {
+  if (!kernels::UsesRoundedWeights(set.precision, dtype) || set.backend_state == nullptr) {
     return nullptr;
   }
+  if (CpuRoundingIsIdentity(set, dtype)) return set.weight.data();  // their own rounding
   return static_cast<const CpuProbeWeights*>(set.backend_state.get())->Rounded(set, dtype);
 }
 

@@ -31,9 +31,9 @@ class CpuProbeWeights {
 // (e.g. bf16 weights scored on bf16 activations), so no rounded copy is needed.
 bool CpuRoundingIsIdentity(const ProbeSet& set, common::DType dtype);
 
-// The rounded weights to score `set` on `dtype` activations with: null when the set's precision
-// does not round them there (exact, or float32 activations), when rounding is the identity, or
-// when it has no CPU state (then the scorer rounds per call).
+// The rounded weights to score `set` on `dtype` activations with: the file's own weights when
+// rounding is the identity (no copy is made); null when the set's precision does not round them
+// there (exact, or float32 activations) or it has no CPU state (then the scorer rounds per call).
 const float* CpuRoundedWeights(const ProbeSet& set, common::DType dtype);
 
 }  // namespace probesidecar::server
