@@ -41,7 +41,7 @@ def test_pipelined_requests_resolve_in_order_with_their_own_answers(server):
         for i in range(200):
             rows = [i % 32, (7 * i) % 32]
             request = score_request(x, rows, "p", request_id=i)
-            pendings.append((rows, pipeline.submit(request, on_answer=lambda i=i: answered.append(i))))
+            pendings.append((rows, pipeline.submit(request, on_answer=lambda *_, i=i: answered.append(i))))
         for i, (rows, pending) in enumerate(pendings):
             result = _result(pending.response(timeout=30))
             assert result.request_id == i

@@ -229,6 +229,31 @@ class Client:
         request = score_request(activations, rows, probe_set, dtype=dtype, request_id=request_id)
         return _result(self._call(self._stub.Score, request))
 
+    def probe_set_info(self, name: str) -> ProbeSetInfo:
+        """The loaded probe set `name`; ProbeSidecarError NOT_FOUND if there is none."""
+        for info in self.list_probe_sets():
+            if info.name == name:
+                return info
+        raise ProbeSidecarError(grpc.StatusCode.NOT_FOUND, f"no probe set named {name!r} is loaded")
+
+    def tap(self, probe_set: str, *, max_batch: int, window: int = 16,
+            dtype: str = "float32", hidden_size: int | None = None, **options):
+        """A host tap (probe_sidecar.tap): rows from numpy arrays or CPU torch tensors, each
+        window of `window` steps sent inline as one Score. For CUDA tensors use TorchClient.tap.
+
+        `dtype`: "float32", "float16" or "bfloat16" (raw bits as uint16, or ml_dtypes). Options:
+        see probe_sidecar.tap.Tap (max_window_s, on_window, host_results, max_queued_windows,
+        raise_errors)."""
+        from .pipeline import ScoreStreamPipeline
+        from .tap import HostRing, Tap, check_tap_shape
+
+        info = self.probe_set_info(probe_set)
+        hidden_size = info.hidden_size if hidden_size is None else hidden_size
+        check_tap_shape(info, hidden_size, max_batch, window, self.server_info().limits.max_rows)
+        ring = HostRing(probe_set, 0, hidden_size, max_batch, window, dtype)
+        pipeline = ScoreStreamPipeline(self.stub)
+        return Tap(ring, pipeline, info, on_close=pipeline.close, **options)
+
     def score_stream(
         self, requests: Iterable[score_pb2.ScoreRequest]
     ) -> Iterator[ScoreResult | ProbeSidecarError]:

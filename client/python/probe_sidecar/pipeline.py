@@ -26,7 +26,7 @@ class Pending:
 
     __slots__ = ("_event", "_response", "_error", "_on_answer")
 
-    def __init__(self, on_answer: Callable[[], None] | None):
+    def __init__(self, on_answer: Callable[[object, object], None] | None):
         self._event = threading.Event()
         self._response: score_pb2.ScoreResponse | None = None
         self._error: ProbeSidecarError | None = None
@@ -46,7 +46,7 @@ class Pending:
     def _resolve(self, response=None, error=None) -> None:
         self._response, self._error = response, error
         if self._on_answer is not None:
-            self._on_answer()
+            self._on_answer(response, error)
         self._event.set()
 
 
@@ -62,9 +62,10 @@ class ScoreStreamPipeline:
         self._reader: threading.Thread | None = None
 
     def submit(self, request: score_pb2.ScoreRequest,
-               on_answer: Callable[[], None] | None = None) -> Pending:
-        """Queues `request` on the stream; `on_answer` runs on the reader thread when its answer
-        (or failure) arrives, before anyone waiting on the Pending wakes."""
+               on_answer: Callable[[object, object], None] | None = None) -> Pending:
+        """Queues `request` on the stream; `on_answer(response, error)` runs on the reader thread
+        when its answer (or failure: `error` is a ProbeSidecarError, `response` None) arrives,
+        before anyone waiting on the Pending wakes."""
         pending = Pending(on_answer)
         with self._lock:
             if self._requests is None:

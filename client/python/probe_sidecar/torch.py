@@ -37,6 +37,7 @@ from probesidecar.v1 import buffers_pb2, score_pb2, tensor_pb2, verify_pb2
 from ._tensors import rows_array
 from .client import Client, ProbeSidecarError, ScoreResult, _raise, _result
 from .pipeline import Pending, ScoreStreamPipeline
+from .tap import Tap, TapError, TapWindow, check_tap_shape
 
 _DTYPES = {
     torch.float32: tensor_pb2.DTYPE_FLOAT32,
@@ -147,6 +148,7 @@ class TorchClient:
         self._pipeline = ScoreStreamPipeline(self.client.stub)
         self._templates: dict[tuple, score_pb2.ScoreRequest] = {}
         self._lock = threading.Lock()
+        self._taps: list[Tap] = []
         # The session lease: the server releases our buffers when this call ends.
         self._session_call = self.client.stub.OpenSession(
             buffers_pb2.OpenSessionRequest(client_pid=os.getpid())
@@ -157,6 +159,11 @@ class TorchClient:
             raise _raise(error) from None
 
     def close(self) -> None:
+        for tap in list(self._taps):
+            try:
+                tap.close()
+            except Exception:  # a server that is gone: the session's end releases the rest
+                pass
         self._pipeline.close()
         for registration, _ in list(self._registered.values()):
             try:
@@ -302,8 +309,63 @@ class TorchClient:
         request.done_event = pair.done_id
         request.session_id = self.session_id
         request.request_id = request_id
-        pending = self._pipeline.submit(request, on_answer=lambda: pool.release(pair))
+        pending = self._pipeline.submit(request, on_answer=lambda *_: pool.release(pair))
         return ScoreHandle(pending, pair, out)
+
+    def tap(self, probe_set: str, *, max_batch: int, window: int = 16,
+            dtype: torch.dtype = torch.bfloat16, hidden_size: int | None = None,
+            device: torch.device | str | int | None = None,
+            stream: torch.cuda.Stream | None = None, submit: str = "gpu", **options) -> Tap:
+        """A CUDA tap (probe_sidecar.tap.Tap) for a decode loop on this GPU.
+
+        It owns a ring of 2 x `window` slots of [max_batch, H] `dtype` rows and their float32
+        scores, in one cudaMalloc'd allocation registered once (so it works whatever the process's
+        allocator settings, expandable segments included). `write(hidden)` is one kernel on the
+        current stream that copies the rows into the slot a device-resident counter names:
+        capture it in your decode graph and every replay writes the next slot. `step()` after
+        each step; every `window` steps one Score covers the window: the sidecar's stream waits on
+        the GPU for the window's writes, and the half of the ring a window used is rewritten only
+        after the decode stream has waited (on the GPU) for the call that read it.
+
+        `stream`: the decode stream for the per-window event operations (default: the current
+        stream at each step()). `submit`: "gpu" sends each window at once and the sidecar's
+        stream waits for its writes; "host" sends it from a background thread once its writes
+        have landed, so the sidecar's stream never waits (docs/mps.md compares the two).
+        Other options (max_window_s, on_window, host_results, max_queued_windows, raise_errors):
+        probe_sidecar.tap.Tap. Graph capture while windows are in flight: capture with
+        capture_error_mode="thread_local", because the tap's threads call CUDA meanwhile.
+        """
+        from ._cuda_ring import CudaRing
+
+        info = self.client.probe_set_info(probe_set)
+        check_tap_shape(info, info.hidden_size if hidden_size is None else hidden_size,
+                        max_batch, window, self.client.server_info().limits.max_rows)
+        if device is None:
+            device = torch.device("cuda", torch.cuda.current_device())
+        device = torch.device(device) if not isinstance(device, int) else torch.device("cuda", device)
+        if device.type != "cuda":
+            raise TapError(f"TorchClient.tap needs a CUDA device, got {device}; for CPU rows use "
+                           "Client.tap")
+        if device.index is None:
+            device = torch.device("cuda", torch.cuda.current_device())
+        ring = CudaRing(self, probe_set, info, max_batch=max_batch, window=window, dtype=dtype,
+                        device=device, stream=stream, host_ready=submit == "host")
+        pipeline = ScoreStreamPipeline(self.client.stub)
+
+        def closed():
+            pipeline.close()
+            with self._lock:
+                if tap in self._taps:
+                    self._taps.remove(tap)
+
+        try:
+            tap = Tap(ring, pipeline, info, submit=submit, on_close=closed, **options)
+        except BaseException:
+            ring.release()
+            raise
+        with self._lock:
+            self._taps.append(tap)
+        return tap
 
     def verify(
         self,
@@ -459,4 +521,4 @@ def mps_enabled(device: int = 0) -> bool:
 
 
 __all__ = ["TorchClient", "Registration", "ScoreHandle", "VerifyResult", "ProbeSidecarError",
-           "mps_enabled"]
+           "Tap", "TapError", "TapWindow", "mps_enabled"]
