@@ -90,12 +90,14 @@ def aggregate(runs: list[dict]) -> list[dict]:
             "server_mps": first.get("server_mps"), "worker_mps": first.get("worker_mps"),
             "added_us_per_step": None, "kept": None, "kept_vs_no_mps": None,
         }
-        calls = [x for r in group for x in r.get("call_us", [])]
-        if calls:
-            # Wall time on the decode thread per step: a tap's write (when eager) and step(); the
-            # whole score_async or blocking score call otherwise.
-            record["decode_cpu_us_per_step"] = {"mean": _r(statistics.fmean(calls)),
-                                                **_p50_p99(calls)}
+        # On the decode thread per step: a tap's write (when eager) and step(); the whole
+        # score_async or blocking score call otherwise. CPU time of the thread (what the calls
+        # cost the host) and wall time (which also counts waits, e.g. for a free host copy).
+        for field, name in (("call_cpu_us", "decode_cpu_us_per_step"),
+                            ("call_us", "decode_wall_us_per_step")):
+            calls = [x for r in group for x in r.get(field, [])]
+            if calls:
+                record[name] = {"mean": _r(statistics.fmean(calls)), **_p50_p99(calls)}
         if first["impl"] == "tap":
             record.update(_latencies(group))
         checks = [r["check"] for r in group if "check" in r]

@@ -137,7 +137,8 @@ def timed_run(variant: Variant, steps: int, stepper: Stepper, scoring: Scoring, 
                                 dtype=scores_dtype, device=hidden.device)
     stream = device.current_stream()
     marks = [device.event() for _ in range(steps + 1)]
-    call_us: list[float] = []
+    call_us: list[float] = []  # wall time of the variant's calls on the decode thread
+    call_cpu_us: list[float] = []  # CPU time of this thread in them (a wait for the GPU is none)
     outstanding: dict[int, object] = {}
     tap = scoring.taps.get(variant.name)
     first_tap_step = tap.stats.steps if tap is not None else 0
@@ -166,11 +167,12 @@ def timed_run(variant: Variant, steps: int, stepper: Stepper, scoring: Scoring, 
             if variant.impl == "in_process":
                 history_scores[index[t]].copy_(scoring.local[slot])
         if tap is not None:
-            start = time.perf_counter()
+            start, cpu = time.perf_counter(), time.thread_time()
             if variant.tap == "eager":
                 tap.write(hidden[slot])
             tap.step()
             call_us.append((time.perf_counter() - start) * 1e6)
+            call_cpu_us.append((time.thread_time() - cpu) * 1e6)
         elif variant.impl == "sidecar_sync":
             start = time.perf_counter()
             scoring.client.score(hidden[slot], scoring.rows_host, scoring.probe_set,
@@ -197,6 +199,8 @@ def timed_run(variant: Variant, steps: int, stepper: Stepper, scoring: Scoring, 
                step_us=[round(x, 2) for x in step_us])
     if call_us:
         run["call_us"] = [round(x, 2) for x in call_us]
+    if call_cpu_us:
+        run["call_cpu_us"] = [round(x, 2) for x in call_cpu_us]
     if tap is not None:
         tap.flush()  # nothing when steps is a multiple of the window
         tap.wait_delivered()

@@ -348,7 +348,9 @@ def progress(mps, mode, batch, rep, reps, run, tokens_per_step) -> None:
             f"{run['variant']:<19} {mean_us:9.1f} us/step {tokens_per_s:9.0f} tok/s")
     if "call_us" in run:
         calls = run["call_us"]
-        line += f"  decode-thread {sum(calls) / len(calls):.1f} us/step"
+        line += f"  decode-thread {sum(calls) / len(calls):.1f} us/step wall"
+        cpu = run.get("call_cpu_us") or [0]
+        line += f" {sum(cpu) / len(cpu):.1f} cpu"
     if run.get("windows"):
         latencies = sorted(w[1] for w in run["windows"] if w[1] is not None)
         if latencies:

@@ -24,7 +24,8 @@ def run(variant, batch, mode, mps, step_us, rep=0, call_us=None, check_ok=True, 
                 worker_mps=mps, window=window, tap="graph" if variant.endswith("_graph") else
                 "eager" if impl == "tap" else None, submit="gpu" if impl == "tap" else None)
     if call_us is not None:
-        line["call_us"] = call_us
+        line["call_us"] = [x * 10 for x in call_us]  # wall: waits included
+        line["call_cpu_us"] = call_us
     if impl == "tap":
         # One window per `window` steps: 0.5 ms to device memory, 0.6 ms to host memory.
         line["windows"] = windows if windows is not None else [
@@ -89,6 +90,7 @@ def test_records_carry_throughput_kept_fractions_and_latency():
     assert tapped["kept"] == pytest.approx(1300 / 1310, abs=1e-4)
     assert tapped["kept_vs_no_mps"] == pytest.approx(1000 / 1310, abs=1e-4)
     assert tapped["decode_cpu_us_per_step"]["mean"] == 2.0
+    assert tapped["decode_wall_us_per_step"]["mean"] == 20.0
     # A row written first in a 16-step window waits 15 steps of 1.31 ms, then 0.5 ms.
     assert tapped["score_latency_ms"]["p99"] == pytest.approx(15 * 1.31 + 0.5, rel=1e-2)
     assert tapped["window_to_host_memory_ms"] == {"p50": 0.6, "p99": 0.6}
@@ -137,7 +139,7 @@ def test_slow_decode_thread_and_late_host_scores_fail_their_targets():
     lines = grid(COSTS)
     for line in lines:
         if line["variant"] == "tap_k16_graph":
-            line["call_us"] = [4.0, 5.0]
+            line["call_cpu_us"] = [4.0, 5.0]
         if line["variant"] == "tap_k64":
             line["windows"] = [[64, 0.0005, 0.0030, 0.004]]
     doc = doc_of(lines)

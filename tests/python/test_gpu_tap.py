@@ -125,14 +125,17 @@ def test_graph_captured_writes_and_device_rows(setup, kernel):
             for _ in range(steps):
                 graph.replay()
                 tap.step()
+            tap.flush()
+            tap.wait_delivered()
+            windows = list(tap.windows())
+            # The last window's scores also stay in the device ring, for readers on the GPU.
+            last = windows[-1]
+            device = tap.device_scores(last.index).cpu().numpy()
+            with pytest.raises(TapError, match="no longer in the ring"):
+                tap.device_scores(last.index - 2)
             tap.close()
-        windows = list(tap.windows())
         batch_of = lambda t: max_batch - (t % 5) * 3  # noqa: E731
         assert check_windows(windows, list(noise), weight, bias, batch_of) == steps
-        # The last window's scores also stay in the device ring (half = index % 2).
-        last = windows[-1]
-        half = last.index % 2
-        device = tap.ring.scores[half * k:half * k + last.steps].cpu().numpy()
         for i in range(last.steps):
             n = batch_of(last.first_step + i)
             np.testing.assert_array_equal(device[i, :n], last.scores[i, :n])

@@ -31,6 +31,9 @@ from .tap import Ring, TapError, _Window
 
 _ALIGN = 256
 _META = 8
+# Host copies of the scores in flight: the reader thread waits for a free one only when the
+# delivery thread is this many windows behind (a window's timing events: twice as many).
+_HOST_SLOTS = 4
 _TORCH_DTYPES = {torch.float32: tensor_pb2.DTYPE_FLOAT32, torch.float16: tensor_pb2.DTYPE_FLOAT16,
                  torch.bfloat16: tensor_pb2.DTYPE_BFLOAT16}
 
@@ -208,12 +211,13 @@ class CudaRing(Ring):
             raise
         self._requests: dict[tuple[int, int], score_pb2.ScoreRequest] = {}
         self._delivery = torch.cuda.Stream(device)
-        self._host_scores = [torch.empty((window * max_batch, info.num_probes), dtype=torch.float32,
-                                         pin_memory=True) for _ in range(2)]
-        self._host_counts = [torch.empty(window, dtype=torch.int32, pin_memory=True)
-                             for _ in range(2)]
-        self._host_writes = [torch.empty(1, dtype=torch.int64, pin_memory=True) for _ in range(2)]
-        self._host_free = [threading.Semaphore(1), threading.Semaphore(1)]
+        self._host = [(torch.empty((window * max_batch, info.num_probes), dtype=torch.float32,
+                                   pin_memory=True),
+                       torch.empty(window, dtype=torch.int32, pin_memory=True),
+                       torch.empty(1, dtype=torch.int64, pin_memory=True))
+                      for _ in range(_HOST_SLOTS)]
+        self._host_free = [threading.Semaphore(1) for _ in range(_HOST_SLOTS)]
+        self._copied = [torch.cuda.Event(blocking=True) for _ in range(_HOST_SLOTS)]
 
     # --- set-up -------------------------------------------------------------------------------
 
@@ -228,15 +232,15 @@ class CudaRing(Ring):
 
         self._ready = [ipc_event(), ipc_event()]
         self._done = [ipc_event(), ipc_event()]
-        # Blocking events (the host sleeps instead of spinning): writes landed (submit="host"),
-        # scores copied to the host.
+        # A blocking event (the host sleeps instead of spinning): the writes landed (submit=
+        # "host").
         self._ready_host = [torch.cuda.Event(blocking=True) for _ in range(2)]
-        self._copied = [torch.cuda.Event(blocking=True) for _ in range(2)]
-        # Per window index mod 4: a pair is re-recorded only after fetch() has read it (fetch of
-        # window w ends before window w + 2's copy is queued, which comes before w + 4 closes).
-        # (window closed, scores in device memory, scores copied to host memory).
+        # (window closed, scores in device memory, scores copied to host memory), per window index
+        # mod 2 x _HOST_SLOTS: window w + 2 x _HOST_SLOTS closes only after window w's fetch()
+        # (the close of a window waits for the answer to the one before, and the answer to w +
+        # _HOST_SLOTS waits for w's host copy to be free).
         self._timing = [tuple(torch.cuda.Event(enable_timing=True) for _ in range(3))
-                        for _ in range(4)]
+                        for _ in range(2 * _HOST_SLOTS)]
 
     def _warm_up(self) -> None:
         """Compiles and loads the kernels now: not later inside a caller's graph capture."""
@@ -244,8 +248,20 @@ class CudaRing(Ring):
         count = torch.ones((), dtype=torch.int32, device=self.device)
         self.write(probe, None)
         self.write(probe, count)
-        self._close_kernel(torch.cuda.current_stream(self.device), half=1, next_base=0,
-                           next_limit=self.window)
+        self._close_ops(half=1, next_base=0, next_limit=self.window)
+        torch.cuda.synchronize(self.device)
+        # Closing a window is the same work every time for a half: one small graph each, so that
+        # a close costs the decode thread a graph launch. Captured thread-locally: the tap's own
+        # threads may call CUDA meanwhile.
+        self._close_graphs = []
+        side = torch.cuda.Stream(self.device)
+        for half in (0, 1):
+            graph = torch.cuda.CUDAGraph()
+            next_base = (1 - half) * self.window
+            with torch.cuda.stream(side), torch.cuda.graph(graph, stream=side,
+                                                           capture_error_mode="thread_local"):
+                self._close_ops(half, next_base, next_base + self.window)
+            self._close_graphs.append(graph)
         torch.cuda.synchronize(self.device)
 
     # --- the decode thread ------------------------------------------------------------------
@@ -292,23 +308,24 @@ class CudaRing(Ring):
         torch.minimum(meta[0:1] + 1, meta[1:2], out=meta[0:1])
         meta[3:4].add_(1)
 
-    def _close_kernel(self, stream, half: int, next_base: int, next_limit: int) -> None:
-        with torch.cuda.stream(stream):
-            if self._kernels is not None:
-                self._kernels[1][(1,)](self.meta, half, next_base, next_limit)
-                return
-            self.meta[4 + half:5 + half].copy_(self.meta[3:4])
-            self.meta[0].fill_(next_base)
-            self.meta[1].fill_(next_limit)
-            self.meta[3].zero_()
+    def _close_ops(self, half: int, next_base: int, next_limit: int) -> None:
+        """On the current stream: keep the window's write count for its half, point the counters
+        at the next window."""
+        if self._kernels is not None:
+            self._kernels[1][(1,)](self.meta, half, next_base, next_limit)
+            return
+        self.meta[4 + half:5 + half].copy_(self.meta[3:4])
+        self.meta[0].fill_(next_base)
+        self.meta[1].fill_(next_limit)
+        self.meta[3].zero_()
 
     def close_window(self, window: _Window) -> None:
         stream = self._stream or torch.cuda.current_stream(self.device)
         half, steps = window.half, window.steps
-        next_base = (1 - half) * self.window
-        self._close_kernel(stream, half, next_base, next_base + self.window)
+        with torch.cuda.stream(stream):
+            self._close_graphs[half].replay()
         self._ready[half].record(stream)
-        self._timing[window.index % 4][0].record(stream)  # the close's GPU time: latency
+        self._timing[window.index % len(self._timing)][0].record(stream)  # for the latency
         if self._host_ready:
             self._ready_host[half].record(stream)
         window.request = self._request(half, steps)
@@ -357,35 +374,43 @@ class CudaRing(Ring):
             return  # a failed window (or device-only results): nothing to copy
         half, steps = window.half, window.steps
         rows = steps * self.max_batch
-        self._host_free[half].acquire()  # released by fetch() of the half's previous window
+        slot = window.index % _HOST_SLOTS
+        self._host_free[slot].acquire()  # released by fetch() of window index - _HOST_SLOTS
+        scores, counts, writes = self._host[slot]
+        timing = self._timing[window.index % len(self._timing)]
         with torch.cuda.device(self.device), torch.cuda.stream(self._delivery):
             self._delivery.wait_event(self._done[half])
-            self._timing[window.index % 4][1].record(self._delivery)
+            timing[1].record(self._delivery)
             base = half * self.window
-            self._host_scores[half][:rows].copy_(
-                self.scores[base:base + steps].reshape(rows, self.num_probes), non_blocking=True)
-            self._host_counts[half][:steps].copy_(self.counts[base:base + steps],
-                                                  non_blocking=True)
-            self._host_writes[half].copy_(self.meta[4 + half:5 + half], non_blocking=True)
-            self._timing[window.index % 4][2].record(self._delivery)
-            self._copied[half].record(self._delivery)
-        window.ring_state = self._copied[half]  # it follows the done event
+            scores[:rows].copy_(self.scores[base:base + steps].reshape(rows, self.num_probes),
+                                non_blocking=True)
+            counts[:steps].copy_(self.counts[base:base + steps], non_blocking=True)
+            writes.copy_(self.meta[4 + half:5 + half], non_blocking=True)
+            timing[2].record(self._delivery)
+            self._copied[slot].record(self._delivery)
+        window.ring_state = self._copied[slot]  # it follows the done event
 
     def fetch(self, window: _Window):
-        half, steps = window.half, window.steps
+        steps = window.steps
+        slot = window.index % _HOST_SLOTS
         try:
-            self._copied[half].synchronize()
+            self._copied[slot].synchronize()
+            scores, counts, writes = self._host[slot]
             rows = steps * self.max_batch
-            scores = self._host_scores[half][:rows].numpy().reshape(
-                steps, self.max_batch, self.num_probes).copy()
-            num_rows = self._host_counts[half][:steps].numpy().copy()
-            writes = int(self._host_writes[half][0])
-            closed, scored, copied = self._timing[window.index % 4]
+            scores = scores[:rows].numpy().reshape(steps, self.max_batch, self.num_probes).copy()
+            num_rows = counts[:steps].numpy().copy()
+            writes = int(writes[0])
+            closed, scored, copied = self._timing[window.index % len(self._timing)]
             latency = (max(closed.elapsed_time(scored) * 1e-3, 0.0),
                        max(closed.elapsed_time(copied) * 1e-3, 0.0))
         finally:
-            self._host_free[half].release()
+            self._host_free[slot].release()
         return scores, num_rows, writes, latency
+
+    def device_scores(self, window: _Window, stream) -> torch.Tensor:
+        (stream or torch.cuda.current_stream(self.device)).wait_event(self._done[window.half])
+        half = window.half
+        return self.scores[half * self.window:half * self.window + window.steps]
 
     def release(self) -> None:
         if getattr(self, "_pointer", 0) == 0:

@@ -149,6 +149,10 @@ class Ring:
         (device, host memory) seconds on the GPU's clock, or None."""
         raise NotImplementedError
 
+    def device_scores(self, window: _Window, stream):
+        """The window's scores where the sidecar wrote them, with `stream` ordered after them."""
+        raise TapError("a host tap has no device ring: its scores come with the windows")
+
     def release(self) -> None:
         """Gives back what the ring holds (the tap is closed and every window is done)."""
 
@@ -350,6 +354,19 @@ class Tap:
                          window.closed_at, now, *(latencies or (None, None)))
 
     # --- results ------------------------------------------------------------------------------
+
+    def device_scores(self, index: int, stream=None):
+        """Window `index`'s scores in the CUDA tap's ring, float32 [steps, max_batch, P], for
+        readers on the GPU: `stream` (default: the current one) is made to wait, on the GPU, for
+        the sidecar's writes. Only the last window of each half is there; the view is valid until
+        the window two after it starts writing its half (read it before then)."""
+        window = next((w for w in self._last if w is not None and w.index == index), None)
+        if window is None:
+            raise TapError(f"window {index} is no longer in the ring (the last two windows are)")
+        window.settled.wait()
+        if window.error is not None:
+            raise window.error
+        return self.ring.device_scores(window, stream)
 
     def get(self, timeout: float | None = None) -> TapWindow | None:
         """The oldest delivered window not taken yet; None if none comes within `timeout`."""
