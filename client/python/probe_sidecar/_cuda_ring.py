@@ -218,6 +218,19 @@ class CudaRing(Ring):
                       for _ in range(_HOST_SLOTS)]
         self._host_free = [threading.Semaphore(1) for _ in range(_HOST_SLOTS)]
         self._copied = [torch.cuda.Event(blocking=True) for _ in range(_HOST_SLOTS)]
+        try:
+            self._warm_server()
+        except BaseException:
+            self.release()
+            raise
+
+    def _warm_server(self) -> None:
+        """One Score of a full window now, waited for: the sidecar captures the graph a window
+        replays before the loop's first window needs it (its scores are overwritten later)."""
+        stream = torch.cuda.current_stream(self.device)
+        self._ready[0].record(stream)
+        self._client.client._call(self._client.client.stub.Score, self._request(0, self.window))
+        self._done[0].synchronize()
 
     # --- set-up -------------------------------------------------------------------------------
 

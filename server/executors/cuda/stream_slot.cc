@@ -1,8 +1,5 @@
 #include "server/executors/cuda/stream_slot.h"
 
-#include <cstdlib>
-#include <string_view>
-
 #include <algorithm>
 #include <cstring>
 #include <utility>
@@ -46,14 +43,6 @@ StreamSlot::StreamSlot(int device, const Config& config, std::atomic<int64_t>* d
 StreamSlot::~StreamSlot() {
   cudaSetDevice(device_);
   Quiesce();
-  if (watcher_.joinable()) {
-    {
-      absl::MutexLock lock(&watch_mu_);
-      stop_watching_ = true;
-    }
-    watcher_.join();
-  }
-  for (cudaEvent_t e : spare_events_) cudaEventDestroy(e);
   graphs_.Clear();
   if (workspace_ != nullptr) kernels::DestroyProbeScoreWorkspace(workspace_);
   for (cudaEvent_t e : events_) {
@@ -243,7 +232,6 @@ void StreamSlot::FillStageParams(const ScoreJob& job, const GraphKey& key) {
 }
 
 absl::Status StreamSlot::HoldUntilDone(Holds holds) {
-  if (watch_events_) return WatchUntilDone(std::move(holds));
   auto* callback = new DoneCallback{this, std::move(holds)};
   if (cudaError_t e = cudaLaunchHostFunc(stream_, &StreamSlot::OnStreamDone, callback);
       e != cudaSuccess) {
@@ -266,66 +254,6 @@ void CUDART_CB StreamSlot::OnStreamDone(void* data) {
   slot->nudge_();
 }
 
-bool StreamSlot::CompletionByEvents() {
-  const char* mode = std::getenv("PROBESIDECAR_COMPLETION");
-  return mode != nullptr && std::string_view(mode) == "event";
-}
-
-absl::Status StreamSlot::WatchUntilDone(Holds holds) {
-  cudaEvent_t event = nullptr;
-  {
-    absl::MutexLock lock(&watch_mu_);
-    if (!spare_events_.empty()) {
-      event = spare_events_.back();
-      spare_events_.pop_back();
-    }
-  }
-  if (event == nullptr) {
-    // Blocking sync: the watcher sleeps until the GPU reaches the event, it does not spin.
-    PS_RETURN_IF_CUDA(
-        cudaEventCreateWithFlags(&event, cudaEventDisableTiming | cudaEventBlockingSync));
-  }
-  if (cudaError_t e = cudaEventRecord(event, stream_); e != cudaSuccess) {
-    cudaStreamSynchronize(stream_);  // not recorded: wait here, so that the holds outlive it
-    cudaEventDestroy(event);
-    return CudaStatus(e, "cudaEventRecord");
-  }
-  absl::MutexLock lock(&watch_mu_);
-  watched_.push_back({event, std::move(holds)});
-  if (!watcher_.joinable()) watcher_ = std::thread([this] { WatchLoop(); });
-  return absl::OkStatus();
-}
-
-void StreamSlot::WatchLoop() {
-  cudaSetDevice(device_);
-  for (;;) {
-    cudaEvent_t event;
-    {
-      absl::MutexLock lock(&watch_mu_);
-      watch_mu_.Await(absl::Condition(
-          +[](StreamSlot* s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(s->watch_mu_) {
-            return s->stop_watching_ || !s->watched_.empty();
-          },
-          this));
-      if (watched_.empty()) return;  // stopping, and nothing is left to wait for
-      event = watched_.front().event;
-    }
-    cudaEventSynchronize(event);  // an error (a failed context) releases the holds all the same
-    Holds holds;
-    {
-      absl::MutexLock lock(&watch_mu_);
-      holds = std::move(watched_.front().holds);
-      watched_.pop_front();
-      spare_events_.push_back(event);
-    }
-    {
-      absl::MutexLock lock(&done_mu_);
-      done_.push_back(std::move(holds));
-    }
-    nudge_();
-  }
-}
-
 void StreamSlot::DrainCompleted() {
   std::vector<Holds> done;
   {
@@ -337,14 +265,6 @@ void StreamSlot::DrainCompleted() {
 
 void StreamSlot::Quiesce() {
   if (stream_ != nullptr) cudaStreamSynchronize(stream_);
-  {
-    absl::MutexLock lock(&watch_mu_);  // the watcher hands over what the stream has finished
-    watch_mu_.Await(absl::Condition(
-        +[](StreamSlot* s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(s->watch_mu_) {
-          return s->watched_.empty();
-        },
-        this));
-  }
   DrainCompleted();
 }
 

@@ -16,9 +16,7 @@
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
-#include <deque>
 #include <memory>
-#include <thread>
 #include <tuple>
 #include <vector>
 
@@ -138,11 +136,6 @@ class StreamSlot {
   // Keeps `holds` until the work queued so far on the stream has finished.
   absl::Status HoldUntilDone(Holds holds);
   static void CUDART_CB OnStreamDone(void* data);
-  // The other way to learn that: an event recorded after the work, waited for by the watcher
-  // thread (PROBESIDECAR_COMPLETION=event), so that the stream holds no host function.
-  absl::Status WatchUntilDone(Holds holds);
-  void WatchLoop();
-  static bool CompletionByEvents();
 
   const int device_;
   const int32_t max_bucket_;
@@ -170,18 +163,6 @@ class StreamSlot {
   // thread, released on the worker thread).
   absl::Mutex done_mu_;
   std::vector<Holds> done_ ABSL_GUARDED_BY(done_mu_);
-  // Completion by events (WatchUntilDone): recorded events in stream order, their holds, and
-  // events to reuse; the watcher thread waits for the oldest.
-  struct Watched {
-    cudaEvent_t event;
-    Holds holds;
-  };
-  const bool watch_events_ = CompletionByEvents();
-  absl::Mutex watch_mu_;
-  std::deque<Watched> watched_ ABSL_GUARDED_BY(watch_mu_);
-  std::vector<cudaEvent_t> spare_events_ ABSL_GUARDED_BY(watch_mu_);
-  bool stop_watching_ ABSL_GUARDED_BY(watch_mu_) = false;
-  std::thread watcher_;
 };
 
 }  // namespace probesidecar::server
