@@ -62,7 +62,8 @@ def main() -> int:
                         help="graph and/or eager (eager steps are host-bound and noisy: see "
                              "docs/benchmarks.md)")
     parser.add_argument("--variants", help="comma-separated, see variants.py (default: "
-                                           "none, in_process, tap_k1/4/16/64, tap_k16_graph)")
+                                           "none, in_process, tap_k1/4/16/64, tap_k16/64_graph, "
+                                           "tap_k16_host)")
     parser.add_argument("--profile", action="store_true",
                         help="profile the plain graphed step's kernels at the first batch, for "
                              "each MPS setting")

@@ -31,7 +31,8 @@ import time
 
 import torch
 
-DEFAULT = ("none", "in_process", "tap_k1", "tap_k4", "tap_k16", "tap_k64", "tap_k16_graph")
+DEFAULT = ("none", "in_process", "tap_k1", "tap_k4", "tap_k16", "tap_k64", "tap_k16_graph",
+           "tap_k64_graph", "tap_k16_host")
 # Relative error bounds (||got - ref|| / ||ref||, ref = float64 of the same bf16 inputs): the
 # sidecar accumulates in fp32 and writes fp32; the in-process tap writes bf16 (8 bits of
 # mantissa, so about 2e-3 of rounding).
