@@ -333,8 +333,9 @@ def markdown(doc: dict) -> str:
         "tokens/s is the median over repeats, step p50/p99 pool all steps (CUDA events between "
         "steps). `kept` = tokens/s over `none`'s with the same MPS setting; **`vs no MPS`** = "
         "over `none`'s without MPS: what the loop keeps of what it runs today without the "
-        "sidecar. `decode thread` = wall time per step spent in the variant's calls on the "
-        "decode thread (a tap's write and step(), amortised over its windows). Score latency: "
+        "sidecar. `decode thread` = CPU time of the decode thread per step in the variant's calls "
+        "(a tap's write and step(), amortised over its windows; the JSON also has their wall "
+        "time). Score latency: "
         "from a row's step to its scores in device memory (p50 / p99 over rows); window -> host: "
         "from a window's close on the GPU to its scores in host memory. Scored variants copy 8 "
         "steps' hidden states on the GPU into a history, checked after the run against float64.",

@@ -83,12 +83,13 @@ for _ in range(STEPS):
 tap.close()  # scores a partial window, waits for every window's scores
 elapsed = time.perf_counter() - start
 
-expected = torch.sigmoid(seen.double() @ weight.bfloat16().double().T + bias.bfloat16().double())
+expected = torch.sigmoid(seen.cpu().double() @ weight.bfloat16().double().T
+                         + bias.bfloat16().double())
 error = 0.0
 for window in windows:
     for record in window.records():
         got = torch.from_numpy(record.scores).double()
-        error = max(error, float((got - expected[record.step, record.row].cpu()).abs().max()))
+        error = max(error, float((got - expected[record.step, record.row]).abs().max()))
 print(f"{STEPS} steps x {BATCH} sequences in {elapsed * 1e3:.1f} ms, {len(windows)} windows; "
       f"window latency (GPU, close -> scores): "
       f"{max(w.device_latency_s for w in windows) * 1e3:.2f} ms at most")
