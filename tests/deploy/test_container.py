@@ -1,6 +1,6 @@
 """The sidecar image alone (deploy/container/Dockerfile, built by tests/deploy/run.sh on a local
 Debian base from a bundle of the build): started with no network and as it ships (non-root, its
-entrypoint, auto backend: the CPU here), it answers health and a Score from probe-client in
+entrypoint, auto backend: the CPU here; read-only, without capabilities), it answers health and a Score from probe-client in
 another container through the shared socket volume, and stops with exit 0 within its grace."""
 
 import json
@@ -21,7 +21,9 @@ def sidecar():
     name = f"probe-sidecar-test-{uuid.uuid4().hex[:8]}"
     volume = f"{name}-socket"
     docker("volume", "create", volume)
-    docker("run", "-d", "--name", name, "--network", "none", "-v", f"{volume}:{SOCKET_DIR}", image)
+    # As the Kubernetes manifest runs it too: read-only root, no capabilities, no privilege gain.
+    docker("run", "-d", "--name", name, "--network", "none", "--read-only", "--cap-drop", "ALL",
+           "--security-opt", "no-new-privileges", "-v", f"{volume}:{SOCKET_DIR}", image)
     try:
         yield {"name": name, "volume": volume, "image": image}
     finally:
