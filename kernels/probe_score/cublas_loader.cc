@@ -9,7 +9,8 @@
 // dlopen searches the executable's RPATH first ($ORIGIN/../lib, /usr/local/cuda/lib64), then
 // LD_LIBRARY_PATH and the system's library paths, as the loader did for a linked cuBLAS. In a
 // binary that also links cuBLAS itself (the benchmarks), these definitions take the calls and
-// forward them to the same library.
+// forward them to the same library. A cuBLAS function the kernels start to call needs a forwarder
+// here: without one the link fails (undefined reference), since cuBLAS itself is not linked.
 #include <cublas_v2.h>
 #include <dlfcn.h>
 
