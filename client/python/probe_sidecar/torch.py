@@ -315,7 +315,7 @@ class TorchClient:
     def tap(self, probe_set: str, *, max_batch: int, window: int = 16,
             dtype: torch.dtype = torch.bfloat16, hidden_size: int | None = None,
             device: torch.device | str | int | None = None,
-            stream: torch.cuda.Stream | None = None, submit: str = "gpu", **options) -> Tap:
+            stream: torch.cuda.Stream | None = None, submit: str = "auto", **options) -> Tap:
         """A CUDA tap (probe_sidecar.tap.Tap) for a decode loop on this GPU.
 
         It owns a ring of 2 x `window` slots of [max_batch, H] `dtype` rows and their float32
@@ -329,8 +329,10 @@ class TorchClient:
 
         `stream`: the decode stream for the per-window event operations (default: the current
         stream at each step()). `submit`: "gpu" sends each window at once and the sidecar's
-        stream waits for its writes; "host" sends it from a background thread once its writes
-        have landed, so the sidecar's stream never waits (docs/mps.md compares the two).
+        stream waits on the GPU for its writes (lowest latency); "host" sends it from a background
+        thread once its writes have landed, so the sidecar's stream never waits; "auto" (the
+        default) is "host" when the sidecar is an MPS client (a stream of one MPS client waiting
+        on another's event slowed the decode loop: docs/mps.md) and "gpu" otherwise.
         Other options (max_window_s, on_window, host_results, max_queued_windows, raise_errors):
         probe_sidecar.tap.Tap. Graph capture while windows are in flight: capture with
         capture_error_mode="thread_local", because the tap's threads call CUDA meanwhile.
@@ -338,8 +340,11 @@ class TorchClient:
         from ._cuda_ring import CudaRing
 
         info = self.client.probe_set_info(probe_set)
+        server = self.client.server_info()
         check_tap_shape(info, info.hidden_size if hidden_size is None else hidden_size,
-                        max_batch, window, self.client.server_info().limits.max_rows)
+                        max_batch, window, server.limits.max_rows)
+        if submit == "auto":
+            submit = "host" if server.mps else "gpu"
         if device is None:
             device = torch.device("cuda", torch.cuda.current_device())
         device = torch.device(device) if not isinstance(device, int) else torch.device("cuda", device)
