@@ -49,8 +49,8 @@ def precision_value(precision: str | None) -> int:
 
 
 class ProbeSetInfo:
-    """A loaded probe set: the fields of probesidecar.v1.ProbeSetInfo (read through to ``proto``),
-    except that ``precision`` is "exact" or "fast"."""
+    """A loaded probe set (probesidecar.v1.ProbeSetInfo, in ``proto``), with ``precision`` as
+    "exact" or "fast"."""
 
     __slots__ = ("proto",)
 
@@ -58,11 +58,41 @@ class ProbeSetInfo:
         self.proto = proto
 
     @property
+    def name(self) -> str:
+        return self.proto.name
+
+    @property
+    def num_probes(self) -> int:
+        return self.proto.num_probes
+
+    @property
+    def hidden_size(self) -> int:
+        return self.proto.hidden_size
+
+    @property
+    def weight_dtype(self) -> int:
+        return self.proto.weight_dtype
+
+    @property
+    def activation(self) -> int:
+        return self.proto.activation
+
+    @property
+    def probes(self) -> Sequence[probes_pb2.Probe]:
+        """Name and threshold of each probe (``threshold`` unset: it never fires)."""
+        return self.proto.probes
+
+    @property
+    def source(self) -> str:
+        return self.proto.source
+
+    @property
+    def file_bytes(self) -> int:
+        return self.proto.file_bytes
+
+    @property
     def precision(self) -> str:
         return precision_name(self.proto.precision)
-
-    def __getattr__(self, name: str):
-        return getattr(self.proto, name)
 
     def __repr__(self) -> str:
         return (f"ProbeSetInfo(name={self.proto.name!r}, num_probes={self.proto.num_probes}, "
@@ -164,7 +194,7 @@ class Client:
         try:
             return method(request, timeout=self.timeout, metadata=metadata)
         except grpc.RpcError as error:
-            raise _raise(error) from None
+            raise _raise(error) from error
 
     def health(self, service: str = "") -> str:
         """The grpc.health.v1 status name ("SERVING", "NOT_SERVING", ...).
@@ -255,21 +285,22 @@ class Client:
         return Tap(ring, pipeline, info, on_close=pipeline.close, **options)
 
     def score_stream(
-        self, requests: Iterable[score_pb2.ScoreRequest]
+        self, requests: Iterable[score_pb2.ScoreRequest], *, timeout: float | None = None
     ) -> Iterator[ScoreResult | ProbeSidecarError]:
         """Scores a stream of requests (see score_request) on one ScoreStream call, in order.
 
         A message the server refuses yields a ProbeSidecarError in its place and the stream goes
-        on; a failure of the stream itself raises ProbeSidecarError.
+        on; a failure of the stream itself raises ProbeSidecarError. `timeout` bounds the whole
+        stream (default: none; the client's per-call timeout is for unary calls).
         """
         try:
-            for response in self._stub.ScoreStream(iter(requests), timeout=self.timeout):
+            for response in self._stub.ScoreStream(iter(requests), timeout=timeout):
                 if response.HasField("error"):
                     yield ProbeSidecarError(_status_code(response.error.code), response.error.message)
                 else:
                     yield _result(response)
         except grpc.RpcError as error:
-            raise _raise(error) from None
+            raise _raise(error) from error
 
 
 def _status_code(value: int) -> grpc.StatusCode:

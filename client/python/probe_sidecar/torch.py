@@ -147,7 +147,8 @@ class TorchClient:
         self._event_pools: dict[int, _EventPool] = {}
         self._pipeline = ScoreStreamPipeline(self.client.stub)
         self._templates: dict[tuple, score_pb2.ScoreRequest] = {}
-        self._lock = threading.Lock()
+        self._lock = threading.Lock()  # templates, event pools, taps
+        self._registry_lock = threading.Lock()  # _registered (held across the RegisterBuffer call)
         self._taps: list[Tap] = []
         # The session lease: the server releases our buffers when this call ends.
         self._session_call = self.client.stub.OpenSession(
@@ -156,7 +157,7 @@ class TorchClient:
         try:
             self.session_id = next(self._session_call).session_id
         except grpc.RpcError as error:
-            raise _raise(error) from None
+            raise _raise(error) from error
 
     def close(self) -> None:
         for tap in list(self._taps):
@@ -165,7 +166,9 @@ class TorchClient:
             except Exception:  # a server that is gone: the session's end releases the rest
                 pass
         self._pipeline.close()
-        for registration, _ in list(self._registered.values()):
+        with self._registry_lock:
+            registered = list(self._registered.values())
+        for registration, _ in registered:
             try:
                 self.client.stub.UnregisterBuffer(
                     buffers_pb2.UnregisterBufferRequest(buffer_id=registration.buffer_id,
@@ -189,8 +192,12 @@ class TorchClient:
             raise ValueError("register() needs a CUDA tensor")
         storage = tensor.untyped_storage()
         key = (storage.data_ptr(), storage.nbytes())
-        if key in self._registered:
-            return self._registered[key][0]
+        with self._registry_lock:
+            if key in self._registered:
+                return self._registered[key][0]
+            return self._register_storage(storage, key, name)
+
+    def _register_storage(self, storage, key, name: str) -> Registration:
         # (device, handle, storage bytes, offset of the storage in its cudaMalloc block, ...)
         shared = storage._share_cuda_()
         device, handle, size_bytes, offset_bytes = shared[0], shared[1], shared[2], shared[3]
@@ -211,7 +218,8 @@ class TorchClient:
     def unregister(self, tensor: torch.Tensor) -> bool:
         """Releases the registration of ``tensor``'s storage; True when the server deferred it."""
         storage = tensor.untyped_storage()
-        entry = self._registered.pop((storage.data_ptr(), storage.nbytes()), None)
+        with self._registry_lock:
+            entry = self._registered.pop((storage.data_ptr(), storage.nbytes()), None)
         if entry is None:
             raise KeyError("tensor's storage is not registered")
         with self._lock:
@@ -228,12 +236,15 @@ class TorchClient:
             raise TypeError(f"dtype {tensor.dtype} is not bfloat16, float16 or float32")
         if tensor.shape[1] > 1 and tensor.stride(1) != 1:
             raise ValueError("the tensor's rows must be contiguous (stride(1) == 1)")
+        return self._buffer_ref(tensor, _DTYPES[tensor.dtype], tensor.shape, tensor.stride(0))
+
+    def _buffer_ref(self, tensor: torch.Tensor, dtype: int, shape, row_stride: int
+                    ) -> tensor_pb2.TensorRef:
+        """A TensorRef to `tensor` inside its (registered, once) storage."""
         registration = self.register(tensor)
-        offset = tensor.data_ptr() - registration.storage_ptr
-        ref = tensor_pb2.TensorRef(dtype=_DTYPES[tensor.dtype], shape=list(tensor.shape),
-                                   row_stride=tensor.stride(0))
+        ref = tensor_pb2.TensorRef(dtype=dtype, shape=list(shape), row_stride=row_stride)
         ref.buffer.buffer_id = registration.buffer_id
-        ref.buffer.offset_bytes = offset
+        ref.buffer.offset_bytes = tensor.data_ptr() - registration.storage_ptr
         return ref
 
     def score(
@@ -434,12 +445,7 @@ class TorchClient:
             raise TypeError(f"expected a CUDA {dtype} tensor, got {tensor.device} {tensor.dtype}")
         if not tensor[0].is_contiguous():
             raise ValueError("every dimension but the first must be contiguous")
-        registration = self.register(tensor)
-        ref = tensor_pb2.TensorRef(dtype=_DTYPES[dtype], shape=list(tensor.shape),
-                                   row_stride=tensor.stride(0))
-        ref.buffer.buffer_id = registration.buffer_id
-        ref.buffer.offset_bytes = tensor.data_ptr() - registration.storage_ptr
-        return ref
+        return self._buffer_ref(tensor, _DTYPES[dtype], tensor.shape, tensor.stride(0))
 
     def _ref_int32(self, tensor: torch.Tensor) -> tensor_pb2.TensorRef:
         """An int32 TensorRef: by reference on the GPU, inline from the CPU."""
@@ -449,12 +455,8 @@ class TorchClient:
             inner = tensor[0] if tensor.dim() > 1 else tensor
             if not inner.is_contiguous():
                 raise ValueError("the last dimension must be contiguous")
-            registration = self.register(tensor)
-            ref = tensor_pb2.TensorRef(dtype=tensor_pb2.DTYPE_INT32, shape=list(tensor.shape),
-                                       row_stride=tensor.stride(0) if tensor.dim() > 1 else 0)
-            ref.buffer.buffer_id = registration.buffer_id
-            ref.buffer.offset_bytes = tensor.data_ptr() - registration.storage_ptr
-            return ref
+            return self._buffer_ref(tensor, tensor_pb2.DTYPE_INT32, tensor.shape,
+                                    tensor.stride(0) if tensor.dim() > 1 else 0)
         data = tensor.contiguous().numpy().astype("<i4").tobytes()
         return tensor_pb2.TensorRef(dtype=tensor_pb2.DTYPE_INT32, shape=list(tensor.shape),
                                     data=data)
@@ -475,8 +477,8 @@ class TorchClient:
             if device_rows:
                 if rows.dtype != torch.int32 or rows.dim() != 1 or not rows.is_contiguous():
                     raise TypeError("device rows must be a contiguous 1-D torch.int32 tensor")
-                ref = self._ref_1d(rows)
-                template.device_rows.CopyFrom(ref)
+                template.device_rows.CopyFrom(
+                    self._buffer_ref(rows, tensor_pb2.DTYPE_INT32, [rows.numel()], 0))
             if out is not None:
                 if out.dtype != torch.float32:
                     raise TypeError("out must be float32")
@@ -486,13 +488,6 @@ class TorchClient:
                     self._templates.pop(next(iter(self._templates)))
                 self._templates[key] = template
         return template
-
-    def _ref_1d(self, tensor: torch.Tensor) -> tensor_pb2.TensorRef:
-        registration = self.register(tensor)
-        ref = tensor_pb2.TensorRef(dtype=tensor_pb2.DTYPE_INT32, shape=[tensor.numel()])
-        ref.buffer.buffer_id = registration.buffer_id
-        ref.buffer.offset_bytes = tensor.data_ptr() - registration.storage_ptr
-        return ref
 
     def _event_pool(self, device: torch.device) -> _EventPool:
         pool = self._event_pools.get(device.index)
