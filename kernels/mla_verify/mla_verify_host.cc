@@ -25,11 +25,8 @@ const char* MlaVerifyPathName(MlaVerifyPath path) {
 }
 
 MlaVerifyPath ChooseMlaVerifyPath(const MlaVerifyWorkspace& ws, int32_t rows) {
-  // The wgmma path computes 64-row tiles whatever the row count; below kSm90aMinRows the
-  // portable path's 16-row tiles (two blocks per SM) stream the cache at least as fast.
-  constexpr int32_t kSm90aMinRows = 32;
-  return ws.has_sm90a && rows >= kSm90aMinRows ? MlaVerifyPath::kSplitKvSm90a
-                                               : MlaVerifyPath::kSplitKv;
+  (void)rows;
+  return ws.has_sm90a ? MlaVerifyPath::kSplitKvSm90a : MlaVerifyPath::kSplitKv;
 }
 
 cudaError_t CheckMlaVerifyParams(const MlaVerifyParams& p, const MlaVerifyWorkspace* ws) {

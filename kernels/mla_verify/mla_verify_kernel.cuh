@@ -82,6 +82,9 @@ __global__ void __launch_bounds__(1024) MlaVerifyPlanKernel(const int32_t* __res
                                                             int32_t batch, int32_t num_parts,
                                                             int32_t* __restrict__ plan) {
   __shared__ int32_t warp_sums[32];
+  // The sm_90a tile kernel after this one is a programmatic dependent: it may be scheduled now
+  // (it waits for this grid before reading the plan).
+  cudaTriggerProgrammaticLaunchCompletion();
   int32_t* cum = plan + kPlanCum;
   int32_t* slot_base = cum + batch + 1;
   int32_t* split_list = slot_base + batch;
@@ -388,8 +391,11 @@ __global__ void __launch_bounds__(TileConfig<kRowGroups>::kThreads,
 // plan's list: out = sum_s w_s O_s / sum_s w_s with w_s = 2^(lse_s - max_s lse_s). The 8 warps
 // take the splits round-robin (a lane holds 4 columns), 4 splits in flight per warp, then add up
 // their sums in shared memory: a request split over every SM (batch 1) merges in a few
-// microseconds, and a step with no split request costs one small launch.
+// microseconds, and a step with no split request costs one small launch, which overlaps the
+// tile kernel's tail (programmatic dependent launch).
 __global__ void __launch_bounds__(256) MlaVerifyCombineKernel(const __grid_constant__ KernelArgs args) {
+  // Launched as a programmatic dependent of the tile kernel: nothing it wrote is read before this.
+  cudaGridDependencySynchronize();
   const MlaVerifyParams& p = args.p;
   const int32_t* plan = args.plan;
   const int32_t* cum = plan + kPlanCum;
