@@ -51,6 +51,7 @@ KernelArgs MakeArgs(const MlaVerifyParams& params, const MlaVerifyWorkspace* ws)
   args.partial_out = ws->partial_out;
   args.partial_lse = ws->partial_lse;
   args.scale_log2 = params.softmax_scale * mla::kLog2e;
+  args.l2_prefetch = ws->sm90a_l2_prefetch;
   return args;
 }
 
@@ -95,6 +96,7 @@ cudaError_t CreateMlaVerifyWorkspace(const MlaVerifyWorkspaceConfig& config,
   ws->num_sms = num_sms;
   ws->max_batch = config.max_batch;
   ws->has_sm90a = sm90a_available;
+  ws->sm90a_l2_prefetch = config.sm90a_l2_prefetch;
   ws->partial_rows = mla::PartialRowsFor(num_sms);
   const size_t plan_bytes = static_cast<size_t>(mla::PlanInts(config.max_batch)) * 4;
   const size_t out_bytes = static_cast<size_t>(ws->partial_rows) * kMlaHeadDimV * 4;
@@ -123,12 +125,16 @@ void DestroyMlaVerifyWorkspace(MlaVerifyWorkspace* ws) {
 namespace {
 
 // The combine, as a programmatic dependent of the tile kernel before it (which lets it be
-// scheduled early; it waits for that grid in-kernel before reading the partials).
-cudaError_t LaunchCombine(const KernelArgs& args, int32_t parts, cudaStream_t stream) {
+// scheduled early; it waits for that grid in-kernel before reading the partials). A warp per
+// query row of each split request when requests split into a few parts each; otherwise up to
+// 16 blocks per (row, column quarter) loop over the split requests the plan lists, with the
+// splits of a request spread over a block's warps.
+cudaError_t LaunchCombine(const KernelArgs& args, const MlaVerifyPlan& plan, cudaStream_t stream) {
   const int32_t rows = args.p.s_q * args.p.h_q;
+  const int32_t listed = mla::MaxSplitRequests(args.p.batch, plan.num_parts);
   cudaLaunchConfig_t config{};
-  // Up to 16 blocks per (row, column quarter) loop over the split requests the plan lists.
-  config.gridDim = dim3(rows * 4, std::min(16, mla::MaxSplitRequests(args.p.batch, parts)));
+  config.gridDim = plan.combine_rows ? dim3((rows + 7) / 8, listed)
+                                     : dim3(rows * 4, std::min(16, listed));
   config.blockDim = dim3(256);
   config.stream = stream;
   cudaLaunchAttribute attribute{};
@@ -136,7 +142,9 @@ cudaError_t LaunchCombine(const KernelArgs& args, int32_t parts, cudaStream_t st
   attribute.val.programmaticStreamSerializationAllowed = 1;
   config.attrs = &attribute;
   config.numAttrs = 1;
-  return cudaLaunchKernelEx(&config, mla::MlaVerifyCombineKernel, args);
+  return plan.combine_rows
+             ? cudaLaunchKernelEx(&config, mla::MlaVerifyCombineRowsKernel, args)
+             : cudaLaunchKernelEx(&config, mla::MlaVerifyCombineKernel, args);
 }
 
 }  // namespace
@@ -165,6 +173,9 @@ cudaError_t PlanMlaVerify(const MlaVerifyParams& params, MlaVerifyPath path,
     made.row_tiles = mla::NumRowTiles(rows);
     made.num_parts = mla::NumParts(ws->num_sms, rows);
   }
+  // A request splits into about num_parts / batch + 1 parts: with up to ~5, a warp per row
+  // merges them in two rounds of loads.
+  made.combine_rows = made.num_parts <= 4 * params.batch;
   made.workspace = ws;
   made.id = ++ws->plans_made;
   mla::MlaVerifyPlanKernel<<<1, 1024, 0, stream>>>(params.cache_seqlens, params.batch,
@@ -197,7 +208,7 @@ cudaError_t RunMlaVerify(const MlaVerifyPlan& plan, const MlaVerifyParams& param
       return cudaErrorInvalidValue;
   }
   if (err != cudaSuccess) return err;
-  return LaunchCombine(args, plan.num_parts, stream);
+  return LaunchCombine(args, plan, stream);
 }
 
 cudaError_t LaunchMlaVerify(const MlaVerifyParams& params, MlaVerifyWorkspace* ws,

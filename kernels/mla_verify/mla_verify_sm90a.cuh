@@ -55,8 +55,10 @@ inline constexpr int kSlabs = kMlaHeadDimQk / 64;        // 9 slabs of 64 column
 inline constexpr int kSlabBytes = 64 * 128;              // 64 rows x 64 bf16
 inline constexpr int kTileBytes = kSlabs * kSlabBytes;   // 73728: the Q tile, or one page
 inline constexpr int kPSlab = 8;                         // the rope slab, reused for P
-inline constexpr uint64_t kEvictFirst =
+inline constexpr uint64_t kEvictFirst =  // cache pages: read once (or by sibling tiles at once)
     static_cast<uint64_t>(cute::TMA::CacheHintSm90::EVICT_FIRST);
+inline constexpr uint64_t kEvictLast =  // a Q tile: read by every block of its request
+    static_cast<uint64_t>(cute::TMA::CacheHintSm90::EVICT_LAST);
 
 struct SharedStorage {
   uint8_t q[kTileBytes];     // 1024-byte aligned (the swizzle's period)
@@ -222,34 +224,78 @@ __device__ __forceinline__ void ZeroRowsPastEnd(uint8_t* page, int half, int val
 
 // The pairs of pages of a block's range [u0, u1) of the flattened batch: each request's part of
 // the range two pages at a time from its first page there (a part's last pair may hold one page).
+// What the next steps need from global memory is read a step ahead, so that no load is waited for
+// where it is used: the cache page indices of the pair and of the one after it in the same part
+// (for the L2 prefetch) when the cursor arrives at a pair, the next request's prefix entry and
+// length when it arrives at a request.
 struct PairCursor {
   int32_t r;          // request
   int32_t u;          // unit (flattened page) of the pair's first page
   int32_t req_begin;  // the request's first unit (cum[r])
   int32_t seg_begin, seg_end;  // the request's units inside the range
   int32_t len;        // the request's length
+  int32_t next_end, next_len;  // cum[r + 2] and the length of request r + 1 (if it exists)
+  int32_t page[4];    // cache pages of units u .. u + 3 (where HasPage)
 
   __device__ __forceinline__ bool Valid(int32_t u1) const { return u < u1; }
   __device__ __forceinline__ int32_t Page() const { return u - req_begin; }
   __device__ __forceinline__ int32_t Key0() const { return Page() * kMlaPageSize; }
-  __device__ __forceinline__ bool Has0() const { return Key0() < len; }
-  __device__ __forceinline__ bool Has1() const {
-    return u + 1 < seg_end && Key0() + kMlaPageSize < len;
+  // Unit u + i is in this request's part of the range and holds keys.
+  __device__ __forceinline__ bool HasPage(int i) const {
+    return u + i < seg_end && Key0() + i * kMlaPageSize < len;
   }
+  __device__ __forceinline__ bool Has0() const { return Key0() < len; }
+  __device__ __forceinline__ bool Has1() const { return HasPage(1); }
   __device__ __forceinline__ bool First() const { return u == seg_begin; }
   __device__ __forceinline__ bool Last() const { return u + 2 >= seg_end; }
+
+  __device__ __forceinline__ void LoadNextRequest(const MlaVerifyParams& p, const int32_t* cum) {
+    if (r + 1 < p.batch) {
+      next_end = cum[r + 2];
+      next_len = p.cache_seqlens[r + 1];
+    }
+  }
+  __device__ __forceinline__ const int32_t* Table(const MlaVerifyParams& p) const {
+    return p.block_table + static_cast<int64_t>(r) * p.block_table_batch_stride;
+  }
+  __device__ __forceinline__ void LoadPages(const MlaVerifyParams& p, int begin) {
+    const int32_t* table = Table(p);
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      if (i >= begin) page[i] = (i == 0 ? Has0() : HasPage(i)) ? table[Page() + i] : 0;
+    }
+  }
+  __device__ __forceinline__ void Init(const MlaVerifyParams& p, const int32_t* cum,
+                                       const RequestCursor& start, int32_t u0, int32_t u1) {
+    r = start.r;
+    u = seg_begin = u0;
+    req_begin = start.begin;
+    seg_end = min(u1, start.end);
+    len = start.len;
+    next_end = next_len = 0;
+    LoadNextRequest(p, cum);
+    LoadPages(p, 0);
+  }
   __device__ __forceinline__ void Advance(const MlaVerifyParams& p, const int32_t* cum,
                                           int32_t u1) {
+    if (u >= u1) return;
     u += 2;
-    if (u < seg_end) return;
+    if (u < seg_end) {
+      page[0] = page[2];
+      page[1] = page[3];
+      LoadPages(p, 2);
+      return;
+    }
     if (seg_end >= u1) {
       u = u1;
       return;
     }
     ++r;
     req_begin = seg_begin = u = seg_end;
-    seg_end = min(u1, cum[r + 1]);
-    len = p.cache_seqlens[r];
+    seg_end = min(u1, next_end);
+    len = next_len;
+    LoadNextRequest(p, cum);
+    LoadPages(p, 0);
   }
 };
 
@@ -293,20 +339,21 @@ __global__ void __launch_bounds__(kThreads, 1)
   if (!SplitRange(args, blockIdx.y, &u0, &u1, &start)) return;
   const int32_t* cum = args.plan + kPlanCum;
   const int32_t per = args.plan[0];
-  PairCursor cur{start.r, u0, start.begin, u0, min(u1, start.end), start.len};
+  // The pair being computed and the next one (its pages are loaded during this one; the pages of
+  // the one after it go into L2 then).
+  PairCursor cur;
+  cur.Init(p, cum, start, u0, u1);
   PairCursor nxt = cur;
   nxt.Advance(p, cum, u1);
 
-  // This thread's two query rows: token j and whether they exist.
-  int32_t row_g[2], row_j[2];
-#pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    row_g[h] = tile * kM + row0 + 8 * h;
-    row_j[h] = row_g[h] < rows ? row_g[h] / p.h_q : -1;
-  }
+  // This thread's two query rows (h = 0, 1) in the request: g, its token j (-1 past the rows).
+  // Recomputed where used (cheap) rather than held in registers across the loop.
+  auto row_g = [&](int h) { return tile * kM + row0 + 8 * h; };
+  auto row_j = [&](int h) { return row_g(h) < rows ? row_g(h) / p.h_q : -1; };
   // Keys [0, border) are visible to the row: min(L, L - s_q + 1 + j); L for padding rows.
   auto border_of = [&](int h, int32_t len) {
-    return row_j[h] < 0 ? len : min(len, len - p.s_q + 1 + row_j[h]);
+    const int32_t j = row_j(h);
+    return j < 0 ? len : min(len, len - p.s_q + 1 + j);
   };
 
   // Q tile of request r: nine boxes of 64 columns x (heads x tokens) = 64 rows.
@@ -314,41 +361,53 @@ __global__ void __launch_bounds__(kThreads, 1)
     const int32_t g0 = tile * kM;
     cutlass::arch::ClusterTransactionBarrier::arrive_and_expect_tx(&sm.bar_q, kTileBytes);
     for (int slab = 0; slab < kSlabs; ++slab) {
-      cute::SM90_TMA_LOAD_4D::copy(&targs.q_map, &sm.bar_q, kEvictFirst,
+      cute::SM90_TMA_LOAD_4D::copy(&targs.q_map, &sm.bar_q, kEvictLast,
                                    sm.q + slab * kSlabBytes, slab * 64, g0 % p.h_q,
                                    g0 / p.h_q, r);
     }
   };
-  auto table_of = [&](const PairCursor& c) {
-    return p.block_table + static_cast<int64_t>(c.r) * p.block_table_batch_stride;
-  };
 
+  // The pages of the pair after next (when in the same part of a request) into L2, so that their
+  // TMA loads a pair later wait for L2 rather than HBM: more of the cache is in flight per SM than
+  // the two page buffers hold.
+  auto prefetch_l2 = [&](const PairCursor& c) {
+    for (int i = 2; i < 4; ++i) {
+      if (c.HasPage(i)) {
+        for (int slab = 0; slab < kSlabs; ++slab)
+          cute::SM90_TMA_LOAD_3D::PREFETCH::copy(&targs.kv_map, slab * 64, 0, c.page[i]);
+      }
+    }
+  };
   // A page slot of a pair with no page in it gets its barriers' phases completed without data,
-  // and its stale (finite) contents run through the wgmma with all-zero probabilities: every
-  // pair issues the same wgmma sequence, so no accumulator is in flight where control flow
-  // merges. The page buffers start as zeros, so that even a never-loaded buffer is finite.
+  // and its stale contents run through the wgmma with all-zero probabilities: every pair issues
+  // the same wgmma sequence, so no accumulator is in flight where control flow merges. Stale V
+  // is finite: a buffer holds zeros until its first load, and the rows past a sequence's end
+  // that a load brings are zeroed in the pair that uses them.
   auto load_or_skip = [&](const PairCursor& c, int which, int begin, int end) {
     const bool has = which == 0 ? c.Has0() : c.Has1();
     if (has) {
-      const int32_t page = table_of(c)[c.Page() + which];
-      LoadPageBoxes(&targs.kv_map, sm.k[which], sm.bar_k[which], page, begin, end);
+      LoadPageBoxes(&targs.kv_map, sm.k[which], sm.bar_k[which], c.page[which], begin, end);
     } else {
       for (int slab = begin; slab < end; ++slab)
         cutlass::arch::ClusterTransactionBarrier::arrive(&sm.bar_k[which][slab]);
     }
   };
-  for (int c = tid; c < 2 * kTileBytes / 16; c += kThreads) {
-    reinterpret_cast<uint4*>(sm.k[0])[c] = make_uint4(0, 0, 0, 0);
-  }
-  FenceProxyAsync();  // the zeros before the TMA writes
-  __syncthreads();
-
-  // Prologue: the first pair's Q and pages, and its scores.
+  // Prologue: the first pair's Q and pages, and its scores. A buffer the first pair leaves
+  // unloaded is zeroed (once the other loads are under way), the TMA writes into it later.
   if (tid == 0) {
     load_q(cur.r);
     load_or_skip(cur, 0, 0, kSlabs);
     load_or_skip(cur, 1, 0, kSlabs);
   }
+#pragma unroll 1
+  for (int b = 0; b < 2; ++b) {
+    if (b == 0 ? cur.Has0() : cur.Has1()) continue;
+    for (int c = tid; c < kTileBytes / 16; c += kThreads) {
+      reinterpret_cast<uint4*>(sm.k[b])[c] = make_uint4(0, 0, 0, 0);
+    }
+  }
+  FenceProxyAsync();
+  __syncthreads();
 
   float o[128];
 #pragma unroll
@@ -438,6 +497,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         }
       }
       Arrive(kScale0Ready);
+      if (tid == 0 && args.l2_prefetch && nxt_valid) prefetch_l2(nxt);
       // ---- O_L = O_L scale0 + P0 V0_L.
       if (__any_sync(0xffffffffu, sc_o[0] != 1.0f || sc_o[1] != 1.0f)) {
 #pragma unroll
@@ -628,12 +688,12 @@ __global__ void __launch_bounds__(kThreads, 1)
                                         (blockIdx.y - FirstPart(cum[r], per));
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
-        const int32_t g = row_g[h];
+        const int32_t g = row_g(h);
         if (g >= rows) continue;
         const float l = sm.row_sum[0][row0 + 8 * h] + sm.row_sum[1][row0 + 8 * h];
         const float inv = l > 0.0f ? 1.0f / l : 0.0f;
         const float lse2 = l > 0.0f ? m_run[h] + __log2f(l) : -INFINITY;
-        const int32_t j = row_j[h], head = g - j * p.h_q;
+        const int32_t j = g / p.h_q, head = g - j * p.h_q;
         const int col = wg * 256 + quad * 2;
         if (direct) {
           __nv_bfloat16* dst = p.out + r * p.out_batch_stride + j * p.out_token_stride +
