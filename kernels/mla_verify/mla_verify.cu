@@ -51,7 +51,6 @@ KernelArgs MakeArgs(const MlaVerifyParams& params, const MlaVerifyWorkspace* ws)
   args.partial_out = ws->partial_out;
   args.partial_lse = ws->partial_lse;
   args.scale_log2 = params.softmax_scale * mla::kLog2e;
-  args.l2_prefetch = ws->sm90a_l2_prefetch;
   return args;
 }
 
@@ -96,7 +95,6 @@ cudaError_t CreateMlaVerifyWorkspace(const MlaVerifyWorkspaceConfig& config,
   ws->num_sms = num_sms;
   ws->max_batch = config.max_batch;
   ws->has_sm90a = sm90a_available;
-  ws->sm90a_l2_prefetch = config.sm90a_l2_prefetch;
   ws->partial_rows = mla::PartialRowsFor(num_sms);
   const size_t plan_bytes = static_cast<size_t>(mla::PlanInts(config.max_batch)) * 4;
   const size_t out_bytes = static_cast<size_t>(ws->partial_rows) * kMlaHeadDimV * 4;

@@ -102,8 +102,6 @@ struct MlaVerifyParams {
 struct MlaVerifyWorkspaceConfig {
   int32_t max_batch = 256;
   int32_t device = -1;  // -1: the current device
-  bool sm90a_l2_prefetch = true;  // sm_90a path: the pages of the pair after next into L2 (a
-                                  // switch for the benchmark to measure what it brings)
 };
 
 struct MlaVerifyWorkspace {
@@ -112,7 +110,6 @@ struct MlaVerifyWorkspace {
   int32_t max_batch = 0;
   bool has_sm90a = false;  // compute capability 9.0, this build holds the sm_90a kernels, and the
                            // driver's tensor-map encoder was found (their loads are TMA)
-  bool sm90a_l2_prefetch = true;  // from the config
   int32_t* plan = nullptr;         // device, see mla_verify_plan.h
   float* partial_out = nullptr;    // device [partial_rows, 512]
   float* partial_lse = nullptr;    // device [partial_rows], log2 domain

@@ -82,10 +82,8 @@ struct Sm90aArgs {
 // Named barriers (ids after CUTLASS's reserved ones). The 256-thread ones pair an arrive of one
 // warpgroup with a wait of the other.
 enum NamedBarrierId : uint32_t {
-  kScale0Ready = 0,  // wg0 -> wg1: max0 / scale0 of this pair
-  kScale1Ready,      // wg1 -> wg0: max1 / scale1
-  kP0Ready,          // wg0 -> wg1: P0 scale1 in K0's slab 8
-  kP1Ready,          // wg1 -> wg0: P1 in K1's slab 8
+  kScale0Ready = 0,  // wg0 -> wg1: max0 / scale0 of this pair, P0 in K0's slab 8
+  kScale1Ready,      // wg1 -> wg0: max1 / scale1, P1 in K1's slab 8
   kRowSums,          // both: row sums exchanged at the end of a request
   kWarpgroup0,       // 128 threads of one warpgroup (after zeroing V rows)
   kWarpgroup1,
@@ -224,18 +222,15 @@ __device__ __forceinline__ void ZeroRowsPastEnd(uint8_t* page, int half, int val
 
 // The pairs of pages of a block's range [u0, u1) of the flattened batch: each request's part of
 // the range two pages at a time from its first page there (a part's last pair may hold one page).
-// What the next steps need from global memory is read a step ahead, so that no load is waited for
-// where it is used: the cache page indices of the pair and of the one after it in the same part
-// (for the L2 prefetch) when the cursor arrives at a pair, the next request's prefix entry and
-// length when it arrives at a request.
+// The pair's cache page indices are read when the cursor arrives at the pair, a pair before the
+// TMA loads that use them, so that no issuing thread waits for a global load there.
 struct PairCursor {
   int32_t r;          // request
   int32_t u;          // unit (flattened page) of the pair's first page
   int32_t req_begin;  // the request's first unit (cum[r])
   int32_t seg_begin, seg_end;  // the request's units inside the range
   int32_t len;        // the request's length
-  int32_t next_end, next_len;  // cum[r + 2] and the length of request r + 1 (if it exists)
-  int32_t page[4];    // cache pages of units u .. u + 3 (where HasPage)
+  int32_t page[2];    // cache pages of units u, u + 1 (where Has0 / Has1)
 
   __device__ __forceinline__ bool Valid(int32_t u1) const { return u < u1; }
   __device__ __forceinline__ int32_t Page() const { return u - req_begin; }
@@ -249,41 +244,29 @@ struct PairCursor {
   __device__ __forceinline__ bool First() const { return u == seg_begin; }
   __device__ __forceinline__ bool Last() const { return u + 2 >= seg_end; }
 
-  __device__ __forceinline__ void LoadNextRequest(const MlaVerifyParams& p, const int32_t* cum) {
-    if (r + 1 < p.batch) {
-      next_end = cum[r + 2];
-      next_len = p.cache_seqlens[r + 1];
-    }
-  }
   __device__ __forceinline__ const int32_t* Table(const MlaVerifyParams& p) const {
     return p.block_table + static_cast<int64_t>(r) * p.block_table_batch_stride;
   }
-  __device__ __forceinline__ void LoadPages(const MlaVerifyParams& p, int begin) {
+  __device__ __forceinline__ void LoadPages(const MlaVerifyParams& p) {
     const int32_t* table = Table(p);
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      if (i >= begin) page[i] = (i == 0 ? Has0() : HasPage(i)) ? table[Page() + i] : 0;
-    }
+    page[0] = Has0() ? table[Page()] : 0;
+    page[1] = Has1() ? table[Page() + 1] : 0;
   }
-  __device__ __forceinline__ void Init(const MlaVerifyParams& p, const int32_t* cum,
-                                       const RequestCursor& start, int32_t u0, int32_t u1) {
+  __device__ __forceinline__ void Init(const MlaVerifyParams& p, const RequestCursor& start,
+                                       int32_t u0, int32_t u1) {
     r = start.r;
     u = seg_begin = u0;
     req_begin = start.begin;
     seg_end = min(u1, start.end);
     len = start.len;
-    next_end = next_len = 0;
-    LoadNextRequest(p, cum);
-    LoadPages(p, 0);
+    LoadPages(p);
   }
   __device__ __forceinline__ void Advance(const MlaVerifyParams& p, const int32_t* cum,
                                           int32_t u1) {
     if (u >= u1) return;
     u += 2;
     if (u < seg_end) {
-      page[0] = page[2];
-      page[1] = page[3];
-      LoadPages(p, 2);
+      LoadPages(p);
       return;
     }
     if (seg_end >= u1) {
@@ -292,10 +275,9 @@ struct PairCursor {
     }
     ++r;
     req_begin = seg_begin = u = seg_end;
-    seg_end = min(u1, next_end);
-    len = next_len;
-    LoadNextRequest(p, cum);
-    LoadPages(p, 0);
+    seg_end = min(u1, cum[r + 1]);
+    len = p.cache_seqlens[r];
+    LoadPages(p);
   }
 };
 
@@ -339,10 +321,9 @@ __global__ void __launch_bounds__(kThreads, 1)
   if (!SplitRange(args, blockIdx.y, &u0, &u1, &start)) return;
   const int32_t* cum = args.plan + kPlanCum;
   const int32_t per = args.plan[0];
-  // The pair being computed and the next one (its pages are loaded during this one; the pages of
-  // the one after it go into L2 then).
+  // The pair being computed and the next one (its pages are loaded during this one).
   PairCursor cur;
-  cur.Init(p, cum, start, u0, u1);
+  cur.Init(p, start, u0, u1);
   PairCursor nxt = cur;
   nxt.Advance(p, cum, u1);
 
@@ -367,17 +348,6 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
   };
 
-  // The pages of the pair after next (when in the same part of a request) into L2, so that their
-  // TMA loads a pair later wait for L2 rather than HBM: more of the cache is in flight per SM than
-  // the two page buffers hold.
-  auto prefetch_l2 = [&](const PairCursor& c) {
-    for (int i = 2; i < 4; ++i) {
-      if (c.HasPage(i)) {
-        for (int slab = 0; slab < kSlabs; ++slab)
-          cute::SM90_TMA_LOAD_3D::PREFETCH::copy(&targs.kv_map, slab * 64, 0, c.page[i]);
-      }
-    }
-  };
   // A page slot of a pair with no page in it gets its barriers' phases completed without data,
   // and its stale contents run through the wgmma with all-zero probabilities: every pair issues
   // the same wgmma sequence, so no accumulator is in flight where control flow merges. Stale V
@@ -468,15 +438,41 @@ __global__ void __launch_bounds__(kThreads, 1)
       mx[h] = QuadMax(v) * args.scale_log2;  // -inf stays -inf (scale > 0)
     }
 
-    uint32_t pk[8][2];  // this warpgroup's P as bf16 pairs (the RS operand)
-    float sc_o[2];      // the factor O is multiplied by before this warpgroup's own P·V
+    uint32_t pk[8][2];  // this warpgroup's P as bf16 pairs (the RS operand, and P in smem)
+    // P (bf16 pairs) into the page's slab 8 (K-major, swizzled) for the other warpgroup's SS
+    // wgmma; the slab's rope keys are dead once the page's scores are done.
+    auto store_p = [&](uint8_t* page_buf) {
+      uint8_t* dst = page_buf + kPSlab * kSlabBytes;
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int r = row0 + 8 * h;
+#pragma unroll
+        for (int n = 0; n < 8; ++n) {
+          *reinterpret_cast<uint32_t*>(dst + r * 128 + ((n ^ (r & 7)) << 4) + quad * 4) = pk[n][h];
+        }
+      }
+      FenceProxyAsync();
+    };
+    auto rescale_o = [&](const float (&sc)[2]) {
+      if (__any_sync(0xffffffffu, sc[0] != 1.0f || sc[1] != 1.0f)) {  // the max moved
+#pragma unroll
+        for (int n = 0; n < 32; ++n) {
+          o[n * 4] *= sc[0];
+          o[n * 4 + 1] *= sc[0];
+          o[n * 4 + 2] *= sc[1];
+          o[n * 4 + 3] *= sc[1];
+        }
+      }
+    };
     if (wg == 0) {
-      // ---- Warpgroup 0: m0 = max(m, rowmax S0); scale0 = 2^(m - m0).
+      // ---- Warpgroup 0: m0 = max(m, rowmax S0), scale0 = 2^(m - m0), P0 relative to m0
+      // (published with m0 and scale0 for wg1, before anything waits on the tensor cores).
+      float sc0[2];
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
         const float m_new = fmaxf(m_run[h], mx[h]);
         const float m_use = m_new == -INFINITY ? 0.0f : m_new;
-        const float sc = exp2f(m_run[h] - m_use);
+        sc0[h] = exp2f(m_run[h] - m_use);
         float sum = 0.0f;
 #pragma unroll
         for (int n = 0; n < 8; ++n) {
@@ -488,26 +484,17 @@ __global__ void __launch_bounds__(kThreads, 1)
           }
           pk[n][h] = PackBf16(s[n * 4 + h * 2], s[n * 4 + h * 2 + 1]);
         }
-        l_run[h] = l_run[h] * sc + sum;
+        l_run[h] = l_run[h] * sc0[h] + sum;
         m_run[h] = m_new;
-        sc_o[h] = sc;
         if (quad == 0) {
           sm.max0[row0 + 8 * h] = m_new;
-          sm.scale0[row0 + 8 * h] = sc;
+          sm.scale0[row0 + 8 * h] = sc0[h];
         }
       }
+      store_p(sm.k[0]);
       Arrive(kScale0Ready);
-      if (tid == 0 && args.l2_prefetch && nxt_valid) prefetch_l2(nxt);
       // ---- O_L = O_L scale0 + P0 V0_L.
-      if (__any_sync(0xffffffffu, sc_o[0] != 1.0f || sc_o[1] != 1.0f)) {
-#pragma unroll
-        for (int n = 0; n < 32; ++n) {
-          o[n * 4] *= sc_o[0];
-          o[n * 4 + 1] *= sc_o[0];
-          o[n * 4 + 2] *= sc_o[1];
-          o[n * 4 + 3] *= sc_o[1];
-        }
-      }
+      rescale_o(sc0);
       if (has0 && valid0 < kMlaPageSize) ZeroRowsPastEnd(sm.k[0], 0, valid0, t, 0);
       FenceRegs(o);
       FenceRegs(pk);
@@ -517,54 +504,27 @@ __global__ void __launch_bounds__(kThreads, 1)
       cute::warpgroup_wait<0>();
       FenceRegs(o);
       FenceRegs(pk);
-      // K0's boxes 0..3 (V0_L) are dead: the next even page's first boxes. After wg1's softmax
-      // (its last scores of this request are done, so Q is dead too): the next request's Q.
+      // K0's boxes 0..3 (V0_L) are dead: the next even page's first boxes.
+      if (tid == 0 && nxt_valid) load_or_skip(nxt, 0, 0, 4);
+      // ---- wg1's m1, scale1 (and P1 in K1's slab 8): O_L = O_L scale1 + P1 V1_L. wg1's scores
+      // of this pair are done, so Q is dead: the next request's Q.
       Wait(kScale1Ready);
       float sc1[2];
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
         sc1[h] = sm.scale1[row0 + 8 * h];
         m_run[h] = sm.max1[row0 + 8 * h];
+        l_run[h] *= sc1[h];
       }
-      if (tid == 0 && nxt_valid) {
-        load_or_skip(nxt, 0, 0, 4);
-        if (nxt.First()) load_q(nxt.r);
-      }
-      // ---- P0 scale1 into K0's slab 8 for wg1 (this page's scores are done).
-      {
-        uint8_t* dst = sm.k[0] + kPSlab * kSlabBytes;
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          const int r = row0 + 8 * h;
-#pragma unroll
-          for (int n = 0; n < 8; ++n) {
-            *reinterpret_cast<uint32_t*>(dst + r * 128 + ((n ^ (r & 7)) << 4) + quad * 4) =
-                PackBf16(s[n * 4 + h * 2] * sc1[h], s[n * 4 + h * 2 + 1] * sc1[h]);
-          }
-        }
-        FenceProxyAsync();
-      }
-      Arrive(kP0Ready);
-      // ---- O_L = O_L scale1 + P1 V1_L.
-#pragma unroll
-      for (int h = 0; h < 2; ++h) l_run[h] *= sc1[h];
-      if (__any_sync(0xffffffffu, sc1[0] != 1.0f || sc1[1] != 1.0f)) {
-#pragma unroll
-        for (int n = 0; n < 32; ++n) {
-          o[n * 4] *= sc1[0];
-          o[n * 4 + 1] *= sc1[0];
-          o[n * 4 + 2] *= sc1[1];
-          o[n * 4 + 3] *= sc1[1];
-        }
-      }
+      if (tid == 0 && nxt_valid && nxt.First()) load_q(nxt.r);
+      rescale_o(sc1);
       if (has1 && valid1 < kMlaPageSize) ZeroRowsPastEnd(sm.k[1], 0, valid1, t, 0);
-      Wait(kP1Ready);
       FenceRegs(o);
       cute::warpgroup_arrive();
       PvFromShared(k_addr[1], k_addr[1], 0, o);
       cute::warpgroup_commit_batch();
       // ---- The next even page's scores: boxes 0..3 (loaded above), then, once P1 V1_L is done
-      // (K1's boxes 0..3 and 8 are dead: the next odd page's), boxes 4..8 (loaded by wg1).
+      // (K1's boxes 0..3 and 8 are dead: the next odd page's), boxes 4..8 (loaded by wg1 early).
       if (nxt_valid) {
         if (nxt.First()) cutlass::arch::ClusterTransactionBarrier::wait(&sm.bar_q, q_phase);
         FenceRegs(s);
@@ -584,15 +544,27 @@ __global__ void __launch_bounds__(kThreads, 1)
         FenceRegs(o);
       }
     } else {
-      // ---- Warpgroup 1: m1 = max(m0, rowmax S1); scale1 = 2^(m0 - m1).
+      // ---- Warpgroup 1: O_R = O_R scale0 + P0 V0_R first (its operands are all there), with
+      // the softmax of S1 under it: m1 = max(m0, rowmax S1), scale1 = 2^(m0 - m1).
       Wait(kScale0Ready);
+      float m0[2], sc0[2];
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
-        const float m0 = sm.max0[row0 + 8 * h];
-        const float sc0 = sm.scale0[row0 + 8 * h];
-        const float m_new = fmaxf(m0, mx[h]);
+        m0[h] = sm.max0[row0 + 8 * h];
+        sc0[h] = sm.scale0[row0 + 8 * h];
+      }
+      rescale_o(sc0);
+      if (has0 && valid0 < kMlaPageSize) ZeroRowsPastEnd(sm.k[0], 1, valid0, t, 1);
+      FenceRegs(o);
+      cute::warpgroup_arrive();
+      PvFromShared(k_addr[0], k_addr[0], 1, o);
+      cute::warpgroup_commit_batch();
+      float sc1[2];
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const float m_new = fmaxf(m0[h], mx[h]);
         const float m_use = m_new == -INFINITY ? 0.0f : m_new;
-        const float sc = exp2f(m0 - m_use);
+        sc1[h] = exp2f(m0[h] - m_use);
         float sum = 0.0f;
 #pragma unroll
         for (int n = 0; n < 8; ++n) {
@@ -604,65 +576,39 @@ __global__ void __launch_bounds__(kThreads, 1)
           }
           pk[n][h] = PackBf16(s[n * 4 + h * 2], s[n * 4 + h * 2 + 1]);
         }
-        sc_o[h] = sc0 * sc;
-        l_run[h] = l_run[h] * sc_o[h] + sum;
+        l_run[h] = l_run[h] * (sc0[h] * sc1[h]) + sum;
         m_run[h] = m_new;
         if (quad == 0) {
           sm.max1[row0 + 8 * h] = m_new;
-          sm.scale1[row0 + 8 * h] = sc;
+          sm.scale1[row0 + 8 * h] = sc1[h];
         }
       }
+      store_p(sm.k[1]);
       Arrive(kScale1Ready);
-      // ---- P1 into K1's slab 8 for wg0 (this page's scores are done).
-      {
-        uint8_t* dst = sm.k[1] + kPSlab * kSlabBytes;
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          const int r = row0 + 8 * h;
-#pragma unroll
-          for (int n = 0; n < 8; ++n) {
-            *reinterpret_cast<uint32_t*>(dst + r * 128 + ((n ^ (r & 7)) << 4) + quad * 4) =
-                pk[n][h];
-          }
-        }
-        FenceProxyAsync();
-      }
-      // ---- O_R = O_R scale0 scale1 + P1 V1_R, then O_R += (P0 scale1) V0_R.
-      if (__any_sync(0xffffffffu, sc_o[0] != 1.0f || sc_o[1] != 1.0f)) {
-#pragma unroll
-        for (int n = 0; n < 32; ++n) {
-          o[n * 4] *= sc_o[0];
-          o[n * 4 + 1] *= sc_o[0];
-          o[n * 4 + 2] *= sc_o[1];
-          o[n * 4 + 3] *= sc_o[1];
-        }
-      }
+      // Once P0 V0_R is done, K0's boxes 4..8 are dead: the next even page's last boxes.
+      cute::warpgroup_wait<0>();
+      FenceRegs(o);
+      if (t == 0 && nxt_valid) load_or_skip(nxt, 0, 4, kSlabs);
+      // ---- O_R = O_R scale1 + P1 V1_R.
+      rescale_o(sc1);
       if (has1 && valid1 < kMlaPageSize) ZeroRowsPastEnd(sm.k[1], 1, valid1, t, 1);
-      if (has0 && valid0 < kMlaPageSize) ZeroRowsPastEnd(sm.k[0], 1, valid0, t, 1);
       FenceRegs(o);
       FenceRegs(pk);
       cute::warpgroup_arrive();
       PvFromRegisters(pk, k_addr[1], 1, o);
       cute::warpgroup_commit_batch();
-      Arrive(kP1Ready);
-      Wait(kP0Ready);
-      cute::warpgroup_arrive();
-      PvFromShared(k_addr[0], k_addr[0], 1, o);
-      cute::warpgroup_commit_batch();
-      // Once P1 V1_R is done, K1's boxes 4..7 are dead; once (P0 scale1) V0_R is, K0's 4..8.
-      cute::warpgroup_wait<1>();
-      FenceRegs(pk);
-      if (t == 0 && nxt_valid) load_or_skip(nxt, 1, 4, kPSlab);
       cute::warpgroup_wait<0>();
       FenceRegs(o);
-      if (t == 0 && nxt_valid) load_or_skip(nxt, 0, 4, kSlabs);
-      // ---- The next odd page's scores: boxes 4..7 (loaded just above), 0..3 and 8 (by wg0).
+      FenceRegs(pk);
+      // K1's boxes 4..7 (V1_R) are dead: the next odd page's.
+      if (t == 0 && nxt_valid) load_or_skip(nxt, 1, 4, kPSlab);
+      // ---- The next odd page's scores: boxes 0..3 and 8 (loaded by wg0), then 4..7.
       if (nxt_valid) {
         if (nxt.First()) cutlass::arch::ClusterTransactionBarrier::wait(&sm.bar_q, q_phase);
         FenceRegs(s);
-        ScoreSlabs<4, kPSlab, true>(q_addr, k_addr[1], sm.bar_k[1], phase, s);
-        ScoreSlabs<0, 4, false>(q_addr, k_addr[1], sm.bar_k[1], phase, s);
+        ScoreSlabs<0, 4, true>(q_addr, k_addr[1], sm.bar_k[1], phase, s);
         ScoreSlabs<kPSlab, kSlabs, false>(q_addr, k_addr[1], sm.bar_k[1], phase, s);
+        ScoreSlabs<4, kPSlab, false>(q_addr, k_addr[1], sm.bar_k[1], phase, s);
         cute::warpgroup_wait<0>();
         FenceRegs(s);
         phase ^= 1;
