@@ -3,8 +3,7 @@
 // GEMM ceiling measured in the same run. Plain CUDA events (no Google Benchmark).
 //
 //   mla-verify-bench --out FILE.json --git HASH [--allow-dirty] [--sweep full|quick|targets]
-//                    [--impls split_kv,split_kv_sm90a,split_kv_sm90a_l2pf,baseline]
-//                    [--points H:S:B:L,...]
+//                    [--impls split_kv,split_kv_sm90a,baseline] [--points H:S:B:L,...]
 //                    [--skip-ceilings]
 //
 // --sweep targets: the points the issue's targets name (and a few short ones); --points: only
@@ -178,8 +177,7 @@ bool Fits(const Point& p, const Pools& pools) {
          static_cast<size_t>(sets) * p.batch * ((p.len + 63) / 64) <= pools.table_ints;
 }
 
-// An impl: a path on a workspace ("split_kv_sm90a_l2pf": the sm_90a path on a workspace whose
-// plans prefetch each next pair of pages into L2, to measure what that brings).
+// An impl: a path on a workspace.
 struct Impl {
   MlaVerifyPath path;
   MlaVerifyWorkspace* ws;
@@ -299,7 +297,7 @@ std::string JsonEscape(const std::string& s) {
 
 int main(int argc, char** argv) {
   std::string out_path, git, sweep = "full", points_arg,
-              impls_arg = "split_kv,split_kv_sm90a,split_kv_sm90a_l2pf,baseline";
+              impls_arg = "split_kv,split_kv_sm90a,baseline";
   bool allow_dirty = false, skip_ceilings = false;
   std::string command;
   for (int i = 0; i < argc; ++i) command += (i ? " " : "") + std::string(argv[i]);
@@ -382,18 +380,13 @@ int main(int argc, char** argv) {
     FillRandomBf16<<<4096, 256>>>(pools.q, pools.q_elems, 12, 2.0f);
     CHECK_CUDA(cudaGetLastError());
     CHECK_CUDA(cudaDeviceSynchronize());
-    MlaVerifyWorkspace *ws = nullptr, *ws_pf = nullptr;
+    MlaVerifyWorkspace* ws = nullptr;
     CHECK_CUDA(probesidecar::kernels::CreateMlaVerifyWorkspace({}, &ws));
-    probesidecar::kernels::MlaVerifyWorkspaceConfig pf_config;
-    pf_config.sm90a_l2_prefetch = true;
-    CHECK_CUDA(probesidecar::kernels::CreateMlaVerifyWorkspace(pf_config, &ws_pf));
     std::printf("sm_90a path: %s\n", ws->has_sm90a ? "yes" : "no");
     std::vector<Impl> impls;
     if (want("split_kv")) impls.push_back({MlaVerifyPath::kSplitKv, ws, "split_kv"});
     if (want("split_kv_sm90a") && ws->has_sm90a)
       impls.push_back({MlaVerifyPath::kSplitKvSm90a, ws, "split_kv_sm90a"});
-    if (want("split_kv_sm90a_l2pf") && ws->has_sm90a)
-      impls.push_back({MlaVerifyPath::kSplitKvSm90a, ws_pf, "split_kv_sm90a_l2pf"});
     if (want("baseline")) impls.push_back({MlaVerifyPath::kBaseline, ws, "baseline"});
     cudaStream_t stream;
     CHECK_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
@@ -417,7 +410,6 @@ int main(int argc, char** argv) {
       std::fflush(stdout);
     }
     probesidecar::kernels::DestroyMlaVerifyWorkspace(ws);
-    probesidecar::kernels::DestroyMlaVerifyWorkspace(ws_pf);
     FILE* f = std::fopen(out_path.c_str(), "w");
     if (f == nullptr) {
       std::fprintf(stderr, "cannot write %s\n", out_path.c_str());

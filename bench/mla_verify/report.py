@@ -14,8 +14,7 @@ import json
 import os
 from collections import defaultdict
 
-ORDER = ("split_kv", "split_kv_sm90a", "split_kv_sm90a_l2pf", "baseline", "flashinfer_fa3",
-         "torch_ref")
+ORDER = ("split_kv", "split_kv_sm90a", "baseline", "flashinfer_fa3", "torch_ref")
 # "ours" in the targets: the split path LaunchMlaVerify dispatches to for the shape (the
 # record the benchmark marks "dispatched").
 OURS = "ours"
@@ -184,8 +183,8 @@ def plot(by_point, impls, path, merged):
         print("report: matplotlib missing, no PNG")
         return
     fig, axes = plt.subplots(2, 2, figsize=(12, 9))
-    styles = {"split_kv": "-o", "split_kv_sm90a": "-D", "split_kv_sm90a_l2pf": ":D",
-              "baseline": "--s", "flashinfer_fa3": "-.^", "torch_ref": ":x"}
+    styles = {"split_kv": "-o", "split_kv_sm90a": "-D", "baseline": "--s", "flashinfer_fa3": "-.^",
+              "torch_ref": ":x"}
     for row, h in enumerate((16, 128)):
         for col, b in enumerate((1, 64)):
             ax = axes[row][col]

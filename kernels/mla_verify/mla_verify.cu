@@ -95,7 +95,6 @@ cudaError_t CreateMlaVerifyWorkspace(const MlaVerifyWorkspaceConfig& config,
   ws->num_sms = num_sms;
   ws->max_batch = config.max_batch;
   ws->has_sm90a = sm90a_available;
-  ws->sm90a_l2_prefetch = config.sm90a_l2_prefetch;
   ws->partial_rows = mla::PartialRowsFor(num_sms);
   const size_t plan_bytes = static_cast<size_t>(mla::PlanInts(config.max_batch)) * 4;
   const size_t out_bytes = static_cast<size_t>(ws->partial_rows) * kMlaHeadDimV * 4;
@@ -175,7 +174,6 @@ cudaError_t PlanMlaVerify(const MlaVerifyParams& params, MlaVerifyPath path,
   // A request splits into about num_parts / batch + 1 parts: with up to ~5, a warp per row
   // merges them in two rounds of loads.
   made.combine_rows = made.num_parts <= 4 * params.batch;
-  made.l2_prefetch = path == MlaVerifyPath::kSplitKvSm90a && ws->sm90a_l2_prefetch;
   made.workspace = ws;
   made.id = ++ws->plans_made;
   mla::MlaVerifyPlanKernel<<<1, 1024, 0, stream>>>(params.cache_seqlens, params.batch,
@@ -195,8 +193,7 @@ cudaError_t RunMlaVerify(const MlaVerifyPlan& plan, const MlaVerifyParams& param
   }
   const cudaError_t check = CheckMlaVerifyParams(params, ws);
   if (check != cudaSuccess) return check;
-  KernelArgs args = MakeArgs(params, ws);
-  args.l2_prefetch = plan.l2_prefetch;
+  const KernelArgs args = MakeArgs(params, ws);
   cudaError_t err = cudaSuccess;
   switch (plan.path) {
     case MlaVerifyPath::kSplitKvSm90a:

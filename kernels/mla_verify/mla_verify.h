@@ -101,9 +101,7 @@ struct MlaVerifyParams {
 // row-tiles exist at once.
 struct MlaVerifyWorkspaceConfig {
   int32_t max_batch = 256;
-  int32_t device = -1;         // -1: the current device
-  bool sm90a_l2_prefetch = false;  // sm_90a plans prefetch each next pair of pages into L2 (a
-                                   // switch for the benchmark, which measures it)
+  int32_t device = -1;  // -1: the current device
 };
 
 struct MlaVerifyWorkspace {
@@ -112,7 +110,6 @@ struct MlaVerifyWorkspace {
   int32_t max_batch = 0;
   bool has_sm90a = false;  // compute capability 9.0, this build holds the sm_90a kernels, and the
                            // driver's tensor-map encoder was found (their loads are TMA)
-  bool sm90a_l2_prefetch = false;  // from the config
   int32_t* plan = nullptr;         // device, see mla_verify_plan.h
   float* partial_out = nullptr;    // device [partial_rows, 512]
   float* partial_lse = nullptr;    // device [partial_rows], log2 domain
@@ -131,7 +128,6 @@ struct MlaVerifyPlan {
   int32_t row_tiles = 0;  // grid.x of the attention kernel: query-row tiles of a request
   int32_t num_parts = 0;  // grid.y: ranges of the flattened batch (one block per SM in all)
   bool combine_rows = false;  // combine with a warp per query row (few splits per request)
-  bool l2_prefetch = false;   // sm_90a: each next pair of pages into L2 at the start of a pair
   const MlaVerifyWorkspace* workspace = nullptr;
   uint64_t id = 0;        // workspace->plans_made when this plan was made
 };

@@ -28,7 +28,6 @@ struct KernelArgs {
   float* partial_out = nullptr;   // [slots * rows, 512]
   float* partial_lse = nullptr;   // [slots * rows], log2 domain
   float scale_log2 = 0.0f;        // softmax_scale * log2(e)
-  bool l2_prefetch = false;       // sm_90a kernel: pages of the pair after next into L2
 };
 
 // ---------------------------------------------------------------------------------------------

@@ -329,23 +329,17 @@ class MlaVerifyGpuTest : public ::testing::Test {
  protected:
   void SetUp() override {
     ASSERT_EQ(CreateMlaVerifyWorkspace(MlaVerifyWorkspaceConfig{}, &ws_), cudaSuccess);
-    MlaVerifyWorkspaceConfig pf_config;
-    pf_config.sm90a_l2_prefetch = true;  // the sm_90a plans' L2 prefetch switched on
-    ASSERT_EQ(CreateMlaVerifyWorkspace(pf_config, &ws_pf_), cudaSuccess);
     CUDA_ASSERT(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
   }
   void TearDown() override {
     DestroyMlaVerifyWorkspace(ws_);
-    DestroyMlaVerifyWorkspace(ws_pf_);
     cudaStreamDestroy(stream_);
   }
 
   // Runs `path` on a poisoned output and compares every element with the reference.
-  void RunAndCheck(Problem* pr, MlaVerifyPath path, const Reference& ref, const char* what,
-                   MlaVerifyWorkspace* ws = nullptr) {
-    if (ws == nullptr) ws = ws_;
+  void RunAndCheck(Problem* pr, MlaVerifyPath path, const Reference& ref, const char* what) {
     Poison(pr);
-    CUDA_ASSERT(LaunchMlaVerifyPath(pr->params, path, ws, stream_));
+    CUDA_ASSERT(LaunchMlaVerifyPath(pr->params, path, ws_, stream_));
     CUDA_ASSERT(cudaStreamSynchronize(stream_));
     Fetch(pr);
     std::vector<float> out, lse;
@@ -355,9 +349,9 @@ class MlaVerifyGpuTest : public ::testing::Test {
     const MlaCompareResult rl = CompareMlaLse(lse.data(), ref.lse.data(), lse.size());
     char line[400];
     std::snprintf(line, sizeof(line),
-                  "[worst] %-14s%s %-30s out: max_abs %.3g err/bound %.3f rel_l2 %.3g bad %lld "
+                  "[worst] %-14s %-30s out: max_abs %.3g err/bound %.3f rel_l2 %.3g bad %lld "
                   "nan %lld | lse: max_abs %.3g bad %lld",
-                  MlaVerifyPathName(path), ws->sm90a_l2_prefetch ? "+pf" : "", what, r.max_abs_err, r.max_err_over_bound, r.rel_l2,
+                  MlaVerifyPathName(path), what, r.max_abs_err, r.max_err_over_bound, r.rel_l2,
                   static_cast<long long>(r.bad), static_cast<long long>(r.nan), rl.max_abs_err,
                   static_cast<long long>(rl.bad));
     std::printf("%s\n", line);
@@ -380,7 +374,6 @@ class MlaVerifyGpuTest : public ::testing::Test {
       RunAndCheck(&pr, path, ref, what.c_str());
       if (HasFatalFailure()) return;
     }
-    if (ws_pf_->has_sm90a) RunAndCheck(&pr, MlaVerifyPath::kSplitKvSm90a, ref, what.c_str(), ws_pf_);
   }
 
   // Every path this device runs (the sm_90a one where it exists).
@@ -391,7 +384,6 @@ class MlaVerifyGpuTest : public ::testing::Test {
   }
 
   MlaVerifyWorkspace* ws_ = nullptr;
-  MlaVerifyWorkspace* ws_pf_ = nullptr;
   cudaStream_t stream_ = nullptr;
 };
 

@@ -348,18 +348,6 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
   };
 
-  // Optional (args.l2_prefetch): the next pair's pages into L2 at the start of a pair, issued by
-  // wg1 while it waits for wg0's softmax. Their TMA loads are issued only as this pair's readers
-  // finish (from the middle of the pair on); the prefetch keeps HBM streaming in the part of the
-  // pair before that, where no load would be outstanding, and the loads then come from L2.
-  auto prefetch_l2 = [&](const PairCursor& c) {
-    for (int i = 0; i < 2; ++i) {
-      if (i == 0 ? c.Has0() : c.Has1()) {
-        for (int slab = 0; slab < kSlabs; ++slab)
-          cute::SM90_TMA_LOAD_3D::PREFETCH::copy(&targs.kv_map, slab * 64, 0, c.page[i]);
-      }
-    }
-  };
   // A page slot of a pair with no page in it gets its barriers' phases completed without data,
   // and its stale contents run through the wgmma with all-zero probabilities: every pair issues
   // the same wgmma sequence, so no accumulator is in flight where control flow merges. Stale V
@@ -558,7 +546,6 @@ __global__ void __launch_bounds__(kThreads, 1)
     } else {
       // ---- Warpgroup 1: O_R = O_R scale0 + P0 V0_R first (its operands are all there), with
       // the softmax of S1 under it: m1 = max(m0, rowmax S1), scale1 = 2^(m0 - m1).
-      if (t == 0 && args.l2_prefetch && nxt_valid) prefetch_l2(nxt);
       Wait(kScale0Ready);
       float m0[2], sc0[2];
 #pragma unroll
