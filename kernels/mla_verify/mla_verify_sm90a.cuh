@@ -13,20 +13,19 @@
 // one (K1). Each warpgroup computes its page's scores S = Q K^T (64 x 64: 36 wgmma m64n64k16,
 // both operands in shared memory). O (64 x 512 float32) is split by columns: warpgroup 0 holds
 // O_L = O[:, 0:256], warpgroup 1 O_R = O[:, 256:512] (128 registers per thread). Per pair:
-//   wg0: softmax of S0 against the running max m -> m0, scale0 (published in shared memory);
-//        O_L = O_L scale0 + P0 V0_L                  (P0 from registers)
-//   wg1: softmax of S1 against m0 -> m1, scale1;     O_R = O_R scale0 scale1 + P1 V1_R, and P1
-//        to shared memory
-//   wg0: P0 scale1 to shared memory                  wg1: O_R += (P0 scale1) V0_R
+//   wg0: softmax of S0 against the running max m -> m0, scale0; P0 (relative to m0) into
+//        shared memory; m0, scale0 published         O_L = O_L scale0 + P0 V0_L  (P0 in registers)
+//   wg1: O_R = O_R scale0 + P0 V0_R, and under it the softmax of S1 against m0 -> m1, scale1;
+//        P1, m1, scale1 published                   O_R = O_R scale1 + P1 V1_R  (P1 in registers)
 //   wg0: O_L = O_L scale1 + P1 V1_L
 //   each: the scores of its page of the next pair
 // so one warpgroup's softmax runs while the other's wgmma keep the tensor cores busy. A page
 // arrives as nine 64 x 64 TMA boxes with an mbarrier each; each box is reloaded with the next
-// pair's page as soon as its last reader is done, and the score wgmma of a page start on its
-// first boxes while the last are still arriving. P0 and P1 are kept in the rope box (columns
-// 512..575) of their own page, which is dead once that page's scores are done. The next request's
-// Q tile is loaded as soon as the current request's last scores are done, so a block streams its
-// whole range without draining at request boundaries.
+// pair's page as soon as its last reader is done (the even page's first), and the score wgmma of
+// a page start on its first boxes while the last are still arriving. P0 and P1 are kept in the
+// rope box (columns 512..575) of their own page, which is dead once that page's scores are done.
+// The next request's Q tile is loaded as soon as the current request's last scores are done, so a
+// block streams its whole range without draining at request boundaries.
 //
 // Shared tiles use the tensor cores' 128-byte-swizzled layout (what TMA writes): a 64-row tile is
 // 9 slabs of 64 columns; in a slab, row r takes bytes [128 r, 128 r + 128) and its 16-byte chunk
