@@ -24,7 +24,8 @@
 #   rpc      the end-to-end RPC benchmark (probe-bench against probe-sidecar and a bare gRPC
 #            echo, over a Unix socket and loopback TCP; closed and open loop; before/after)
 #   decode   the decode-loop benchmark (bench/decode_loop): taps and in-process scoring, with and
-#            without MPS, and the graphed step's kernels profiled under both
+#            without MPS, and the graphed step's kernels profiled under both; then what a tap's
+#            calls cost the decode thread's CPU (host_cost.py)
 # Everything goes into $OUT/gpu_results.tgz (results files and logs) and $OUT/run.log; a summary is
 # printed last.
 set -uo pipefail
@@ -212,6 +213,9 @@ if [[ " $steps " == *" decode "* ]]; then
     --runs "$out/decode_loop_runs.jsonl" ${ALLOW_DIRTY:+--allow-dirty} ${DECODE_ARGS:-} \
     >"$out/decode_loop_run.log" 2>&1
   note "decode-loop bench" $? " (decode_loop.md)"
+  timeout 120 python3 bench/decode_loop/host_cost.py --out-dir "$out" --server "$bin/probe-sidecar" \
+    ${ALLOW_DIRTY:+--allow-dirty} >"$out/tap_host_cost_run.log" 2>&1
+  note "tap host cost" $? " (tap_host_cost.md)"
 fi
 
 echo "== summary" | tee -a "$log"
