@@ -1,0 +1,124 @@
+// The client side of a windowed tap: a decode loop copies each step's rows into the next slot of a
+// ring it owns, and a sidecar scores one window of K slots per request. The slot a write goes to
+// is named by a counter in device memory, so the write can be captured in the caller's CUDA graph
+// and every replay writes the next slot with no host work; closing a window (once per K steps,
+// on the host's count) points the counter at the other half of the ring.
+//
+// The ring (one allocation, TapRingLayout below) has 2K + 1 slots of [max_batch, H] rows: slots
+// [0, K) are half 0, [K, 2K) half 1, and slot 2K is a spare that takes the writes past a window's
+// end (so a window never reads rows of the next one; the write count tells the host). Counters:
+//
+//   meta [kTapMetaSize] int64
+//     [kTapMetaNextSlot]    the slot the next write goes to; stops at the limit
+//     [kTapMetaLimit]       the end (exclusive) of the current window's slots
+//     [kTapMetaTicket]      the write kernel's blocks count themselves here (0 between launches)
+//     [kTapMetaWrites]      writes in the current window, those past its end included
+//     [kTapMetaHalfWrites + h]  the write count of half h's last closed window
+//   counts [2K + 1] int32   rows written at each slot
+//
+// Plain C++ and CUDA runtime types only (no gRPC, protobuf or absl).
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+#include "common/dtype.h"
+
+namespace probesidecar::kernels {
+
+inline constexpr int kTapMetaNextSlot = 0;
+inline constexpr int kTapMetaLimit = 1;
+inline constexpr int kTapMetaTicket = 2;
+inline constexpr int kTapMetaWrites = 3;
+inline constexpr int kTapMetaHalfWrites = 4;
+inline constexpr int kTapMetaSize = 8;
+
+// One decode step's write: rows [0, n) of `src` into the slot meta[kTapMetaNextSlot] names (the
+// spare slot once it has reached the limit), counts[slot] = the row count, then the slot
+// advances (saturating at the limit) and the window's write count goes up by one.
+struct TapWriteParams {
+  const void* src = nullptr;  // [n, src_row_stride] elements of `dtype`, columns contiguous
+  void* slots = nullptr;      // [overflow_slot + 1, max_batch, hidden] elements of `dtype`
+  int64_t* meta = nullptr;    // [kTapMetaSize]
+  int32_t* counts = nullptr;  // [overflow_slot + 1]
+  // The row count to record, read on the GPU (a batch padded to a graph's size writes n rows of
+  // which this many are real); at most one of the two, neither: n. Clamped to [0, n].
+  const int32_t* num_rows32 = nullptr;  // [1]
+  const int64_t* num_rows64 = nullptr;  // [1]
+  int64_t src_row_stride = 0;           // elements between consecutive rows of src, >= hidden
+  int32_t n = 0;                        // rows copied, 1..max_batch
+  int32_t max_batch = 0;
+  int32_t hidden = 0;         // H
+  int32_t overflow_slot = 0;  // 2K: the spare slot
+  common::DType dtype = common::DType::kBFloat16;
+};
+
+// Grid (n, blocks per row), 256 threads; one launch, capturable. cudaErrorInvalidValue for params
+// TapWriteParamsValid refuses (nothing is launched then).
+cudaError_t LaunchTapWrite(const TapWriteParams& params, cudaStream_t stream);
+
+// Closing half `half`'s window: meta[kTapMetaHalfWrites + half] = meta[kTapMetaWrites], the next
+// writes go to [next_base, next_limit), and the write count starts again from 0.
+struct TapCloseParams {
+  int64_t* meta = nullptr;  // [kTapMetaSize]
+  int32_t half = 0;         // 0 or 1
+  int64_t next_base = 0;    // the next window's first slot
+  int64_t next_limit = 0;   // the end (exclusive) of its slots, >= next_base
+};
+
+// One thread; capturable. cudaErrorInvalidValue for params TapCloseParamsValid refuses.
+cudaError_t LaunchTapClose(const TapCloseParams& params, cudaStream_t stream);
+
+inline bool TapWriteParamsValid(const TapWriteParams& p) {
+  const bool dtype_ok = p.dtype == common::DType::kFloat32 || p.dtype == common::DType::kFloat16 ||
+                        p.dtype == common::DType::kBFloat16;
+  if (!dtype_ok || p.src == nullptr || p.slots == nullptr || p.meta == nullptr ||
+      p.counts == nullptr || (p.num_rows32 != nullptr && p.num_rows64 != nullptr)) {
+    return false;
+  }
+  const auto element = static_cast<uintptr_t>(common::DTypeSize(p.dtype));
+  return p.n >= 1 && p.n <= p.max_batch && p.hidden >= 1 && p.src_row_stride >= p.hidden &&
+         p.overflow_slot >= 1 && reinterpret_cast<uintptr_t>(p.src) % element == 0 &&
+         reinterpret_cast<uintptr_t>(p.slots) % element == 0;
+}
+
+inline bool TapCloseParamsValid(const TapCloseParams& p) {
+  return p.meta != nullptr && (p.half == 0 || p.half == 1) && p.next_base >= 0 &&
+         p.next_limit >= p.next_base;
+}
+
+// Where the parts of a tap's ring lie in its one allocation (byte offsets, each part 256-byte
+// aligned): what the client allocates and registers, and what its requests name.
+struct TapRingLayout {
+  int64_t slots = 0;   // [2K + 1, max_batch, H] of the rows' dtype
+  int64_t scores = 0;  // [2K, max_batch, P] float32, written by the sidecar
+  int64_t rows = 0;    // [K * max_batch] int32 = 0, 1, ...: every window's device rows
+  int64_t counts = 0;  // [2K + 1] int32
+  int64_t meta = 0;    // [kTapMetaSize] int64
+  int64_t total_bytes = 0;
+  int64_t slot_bytes = 0;  // one slot: max_batch * H elements
+};
+
+inline TapRingLayout MakeTapRingLayout(int32_t window, int32_t max_batch, int32_t hidden,
+                                       int32_t num_probes, common::DType dtype) {
+  constexpr int64_t kAlign = 256;
+  const int64_t k2 = 2 * int64_t{window};
+  TapRingLayout layout;
+  layout.slot_bytes = int64_t{max_batch} * hidden * common::DTypeSize(dtype);
+  int64_t at = 0;
+  auto place = [&at](int64_t bytes) {
+    const int64_t start = at;
+    at += (bytes + kAlign - 1) / kAlign * kAlign;
+    return start;
+  };
+  layout.slots = place((k2 + 1) * layout.slot_bytes);
+  layout.scores = place(k2 * max_batch * num_probes * int64_t{4});
+  layout.rows = place(int64_t{window} * max_batch * 4);
+  layout.counts = place((k2 + 1) * 4);
+  layout.meta = place(kTapMetaSize * 8);
+  layout.total_bytes = at;
+  return layout;
+}
+
+}  // namespace probesidecar::kernels
