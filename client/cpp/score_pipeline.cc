@@ -14,7 +14,7 @@ class ScorePipeline::Call final
   using Answer = absl::StatusOr<v1::ScoreResponse>;
   struct Pending {
     std::promise<Answer> promise;
-    std::function<void()> on_answer;
+    std::function<void(const Answer&)> on_answer;
   };
 
   explicit Call(v1::ProbeSidecar::Stub& stub) {
@@ -38,6 +38,8 @@ class ScorePipeline::Call final
     closing_ = true;
     if (!writing_ && !done_) StartWritesDone();
   }
+
+  void Cancel() { context_.TryCancel(); }
 
   void WaitDone() {
     std::unique_lock<std::mutex> lock(mu_);
@@ -69,7 +71,7 @@ class ScorePipeline::Call final
             ? Answer(absl::Status(static_cast<absl::StatusCode>(response_.error().code()),
                                   response_.error().message()))
             : Answer(response_);
-    if (pending->on_answer) pending->on_answer();
+    if (pending->on_answer) pending->on_answer(answer);
     pending->promise.set_value(std::move(answer));
     StartRead(&response_);
   }
@@ -84,7 +86,7 @@ class ScorePipeline::Call final
     const absl::Status failure =
         status.ok() ? absl::UnavailableError("the stream ended") : FromGrpc(status);
     for (auto& pending : orphans) {
-      if (pending->on_answer) pending->on_answer();
+      if (pending->on_answer) pending->on_answer(failure);
       pending->promise.set_value(failure);
     }
     finished_.notify_all();
@@ -124,8 +126,24 @@ ScorePipeline::~ScorePipeline() {
   }
 }
 
-std::shared_future<absl::StatusOr<v1::ScoreResponse>> ScorePipeline::Submit(
-    v1::ScoreRequest request, std::function<void()> on_answer) {
+std::shared_future<ScorePipeline::Answer> ScorePipeline::Submit(v1::ScoreRequest request,
+                                                                std::function<void()> on_answer) {
+  std::function<void(const Answer&)> wrapped;
+  if (on_answer) wrapped = [on_answer = std::move(on_answer)](const Answer&) { on_answer(); };
+  return Submit(std::move(request), std::move(wrapped));
+}
+
+void ScorePipeline::Cancel() {
+  std::shared_ptr<Call> call;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    call = call_;
+  }
+  if (call != nullptr) call->Cancel();
+}
+
+std::shared_future<ScorePipeline::Answer> ScorePipeline::Submit(
+    v1::ScoreRequest request, std::function<void(const Answer&)> on_answer) {
   auto pending = std::make_shared<Call::Pending>();
   pending->on_answer = std::move(on_answer);
   std::shared_future<absl::StatusOr<v1::ScoreResponse>> future =
@@ -137,8 +155,9 @@ std::shared_future<absl::StatusOr<v1::ScoreResponse>> ScorePipeline::Submit(
     if (call_->Submit(request, pending)) return future;
     ended = std::move(call_);  // it ended: open a new one
   }
-  if (pending->on_answer) pending->on_answer();
-  pending->promise.set_value(absl::UnavailableError("could not open a ScoreStream"));
+  const Answer failure = absl::UnavailableError("could not open a ScoreStream");
+  if (pending->on_answer) pending->on_answer(failure);
+  pending->promise.set_value(failure);
   return future;
 }
 

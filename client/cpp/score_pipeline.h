@@ -35,10 +35,17 @@ class ScorePipeline {
   ScorePipeline(const ScorePipeline&) = delete;
   ScorePipeline& operator=(const ScorePipeline&) = delete;
 
+  using Answer = absl::StatusOr<v1::ScoreResponse>;
   // `on_answer` runs on the stream's thread when the answer (or failure) arrives, before the
   // future is ready.
-  std::shared_future<absl::StatusOr<v1::ScoreResponse>> Submit(
-      v1::ScoreRequest request, std::function<void()> on_answer = nullptr);
+  std::shared_future<Answer> Submit(v1::ScoreRequest request,
+                                    std::function<void()> on_answer = nullptr);
+  // The same, with the answer handed to `on_answer` (the future gets it after).
+  std::shared_future<Answer> Submit(v1::ScoreRequest request,
+                                    std::function<void(const Answer&)> on_answer);
+  // Cancels the open stream: what is pending fails (CANCELLED) and the next Submit opens a new
+  // one. For a caller that gives up waiting for answers.
+  void Cancel();
 
  private:
   class Call;

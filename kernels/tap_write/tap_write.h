@@ -70,6 +70,11 @@ struct TapCloseParams {
 // One thread; capturable. cudaErrorInvalidValue for params TapCloseParamsValid refuses.
 cudaError_t LaunchTapClose(const TapCloseParams& params, cudaStream_t stream);
 
+// Loads every variant of the write and close kernels on the current device now: with lazy module
+// loading a kernel is otherwise loaded at its first launch, which may be inside a caller's graph
+// capture. Call it once per device before the first write.
+cudaError_t PrepareTapKernels();
+
 inline bool TapWriteParamsValid(const TapWriteParams& p) {
   const bool dtype_ok = p.dtype == common::DType::kFloat32 || p.dtype == common::DType::kFloat16 ||
                         p.dtype == common::DType::kBFloat16;

@@ -53,7 +53,7 @@ TEST(TapWriteRef, WritesFillTheWindowThenGoToTheSpareSlotAndCloseSwitchesHalves)
   EXPECT_EQ(ring.meta[kTapMetaNextSlot], 1);
   EXPECT_EQ(ring.meta[kTapMetaWrites], 1);
   EXPECT_EQ(ring.At(0, 1, 3), 113);
-  EXPECT_EQ(ring.At(0, 2, 0), -1.0f);  // past n: untouched
+  EXPECT_EQ(ring.At(0, 2, 0), -1.0f);                    // past n: untouched
   ASSERT_TRUE(TapWriteRef(ring.Write(b.data(), 3, 6)));  // strided source
   EXPECT_EQ(ring.counts[1], 3);
   EXPECT_EQ(ring.At(1, 2, 3), 223);

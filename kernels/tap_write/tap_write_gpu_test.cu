@@ -21,14 +21,14 @@ namespace {
 
 using common::DType;
 
-#define ASSERT_CUDA(call)                                                       \
-  do {                                                                          \
-    const cudaError_t error_ = (call);                                          \
+#define ASSERT_CUDA(call)                                                          \
+  do {                                                                             \
+    const cudaError_t error_ = (call);                                             \
     ASSERT_EQ(error_, cudaSuccess) << #call << ": " << cudaGetErrorString(error_); \
   } while (0)
-#define EXPECT_CUDA(call)                                                       \
-  do {                                                                          \
-    const cudaError_t error_ = (call);                                          \
+#define EXPECT_CUDA(call)                                                          \
+  do {                                                                             \
+    const cudaError_t error_ = (call);                                             \
     EXPECT_EQ(error_, cudaSuccess) << #call << ": " << cudaGetErrorString(error_); \
   } while (0)
 
@@ -38,7 +38,10 @@ using common::DType;
 class Ring {
  public:
   Ring(int32_t window, int32_t max_batch, int32_t hidden, DType dtype)
-      : window_(window), max_batch_(max_batch), hidden_(hidden), dtype_(dtype),
+      : window_(window),
+        max_batch_(max_batch),
+        hidden_(hidden),
+        dtype_(dtype),
         layout_(MakeTapRingLayout(window, max_batch, hidden, /*num_probes=*/3, dtype)),
         host_(layout_.total_bytes, 0xff) {
     int64_t meta[kTapMetaSize] = {0, window, 0, 0, 0, 0, 0, 0};
@@ -123,7 +126,8 @@ class Ring {
 class Source {
  public:
   Source(int32_t rows, int64_t stride, int64_t offset, DType dtype, uint32_t seed)
-      : element_(common::DTypeSize(dtype)), offset_(offset),
+      : element_(common::DTypeSize(dtype)),
+        offset_(offset),
         host_((rows * stride + offset) * element_) {
     std::mt19937 rng(seed);
     std::normal_distribution<float> normal(0.0f, 3.0f);
@@ -132,8 +136,8 @@ class Source {
       if (dtype == DType::kFloat32) {
         std::memcpy(&host_[i * 4], &v, 4);
       } else {
-        const uint16_t bits = dtype == DType::kFloat16 ? common::FloatToHalf(v)
-                                                       : common::FloatToBf16(v);
+        const uint16_t bits =
+            dtype == DType::kFloat16 ? common::FloatToHalf(v) : common::FloatToBf16(v);
         std::memcpy(&host_[i * 2], &bits, 2);
       }
     }
@@ -170,7 +174,10 @@ class Source {
 
 class TapWriteTest : public ::testing::TestWithParam<DType> {
  protected:
-  void SetUp() override { ASSERT_CUDA(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking)); }
+  void SetUp() override {
+    ASSERT_CUDA(PrepareTapKernels());
+    ASSERT_CUDA(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+  }
   void TearDown() override { EXPECT_CUDA(cudaStreamDestroy(stream_)); }
 
   // One write on both copies of `ring` (device rows from `src`), with an optional row count at

@@ -10,6 +10,7 @@
 
 #include "client/cpp/client.h"
 #include "client/cpp/score_pipeline.h"
+#include "client/cpp/tap.h"
 #include "common/dtype.h"
 #include "common/safetensors.h"
 #include "gtest/gtest.h"
@@ -262,6 +263,33 @@ TEST_F(IntegrationTest, SigtermDuringTrafficExitsZero) {
   for (std::thread& t : threads) t.join();
   EXPECT_GT(ok.load(), 4);
   EXPECT_EQ(unexpected.load(), 0);
+}
+
+// What Tap::Create refuses from the server's answers alone, before it touches a GPU (the CUDA tap
+// itself: tap_gpu_test.cc).
+TEST_F(IntegrationTest, TapCreateRefusesMisuseBeforeAnyCudaWork) {
+  Client c(sidecar_.uds_target());
+  const uint64_t session = 7;  // never used: sessions need the CUDA backend, refusals come first
+  client::TapOptions options;
+  options.max_batch = 4;
+  options.window = 4;
+  auto create = [&](const client::TapOptions& o, const std::string& set, uint64_t id) {
+    return client::Tap::Create(c, id, set, o).status();
+  };
+  EXPECT_EQ(create(options, "demo", 0).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(create(options, "no_such_set", session).code(), absl::StatusCode::kNotFound);
+  client::TapOptions bad = options;
+  bad.hidden_size = 100;
+  absl::Status s = create(bad, "demo", session);
+  EXPECT_NE(s.message().find("does not match probe set 'demo' (H = 4096)"), std::string::npos) << s;
+  bad = options;
+  bad.max_batch = bad.window = 1 << 12;  // past the server's --max-rows (65536 by default)
+  s = create(bad, "demo", session);
+  EXPECT_NE(s.message().find("more than the server's --max-rows (65536)"), std::string::npos) << s;
+  bad = options;
+  bad.dtype = v1::DTYPE_INT32;
+  s = create(bad, "demo", session);
+  EXPECT_NE(s.message().find("dtype"), std::string::npos) << s;
 }
 
 }  // namespace

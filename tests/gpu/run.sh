@@ -17,8 +17,9 @@
 #
 # Steps (STEPS, default "tests kernels metrics rpc decode"):
 #   tests    every GPU test: the kernel tests (probe scoring, request staging, verify support, MLA
-#            verify) and the two-process Python tests (IPC, executor, ordering and device rows,
-#            metrics, Verify, taps and the transformers integration). PROBESIDECAR_REQUIRE_GPU=1: a test that would skip fails here.
+#            verify, tap writes), the C++ tap against the server (tap_gpu_test), and the two-process
+#            Python tests (IPC, executor, ordering and device rows, metrics, Verify, taps and the
+#            transformers integration). PROBESIDECAR_REQUIRE_GPU=1: a test that would skip fails here.
 #   kernels  the probe-scoring benchmark with its torch and Triton peers (bench/run_probe_score.sh)
 #   metrics  the metrics-recording micro-benchmark on this host's CPUs (raw Google Benchmark JSON)
 #   rpc      the end-to-end RPC benchmark (probe-bench against probe-sidecar and a bare gRPC
@@ -40,7 +41,8 @@ if [[ "${1:-}" == prepare ]]; then
     -DPython3_EXECUTABLE="$root/.venv/bin/python" >/dev/null
   binaries=(probe-sidecar probe-client probe-bench probe-echo-server probe-score-bench
     mla-verify-bench metrics_bench probe_score_gpu_test probe_score_cpu_test
-    request_staging_gpu_test verify_support_gpu_test mla_verify_gpu_test mla_verify_cpu_test)
+    request_staging_gpu_test verify_support_gpu_test mla_verify_gpu_test mla_verify_cpu_test
+    tap_write_gpu_test tap_gpu_test)
   # BINARIES: bundle only these (the device tool carries at most 64 MiB with the tree, and the
   # whole bundle is ~71 MB); steps whose binaries are missing then fail (exit 127).
   if [[ -n "${BINARIES:-}" ]]; then read -r -a binaries <<<"$BINARIES"; fi
@@ -100,17 +102,17 @@ note() {
 }
 
 if [[ " $steps " == *" tests "* ]]; then
-  echo "== tests: kernel GPU tests"
+  echo "== tests: kernel and C++ GPU tests"
   rc=0
   for t in probe_score_gpu_test request_staging_gpu_test verify_support_gpu_test \
-           mla_verify_gpu_test; do
+           mla_verify_gpu_test tap_write_gpu_test tap_gpu_test; do
     timeout 300 "$bin/$t" --gtest_brief=1 >"$out/$t.log" 2>&1
     r=$?
     # 77 is "no CUDA device": a failure here.
     echo "$t: exit $r $(grep -E '^\[  (PASSED|FAILED)' "$out/$t.log" | tr '\n' ' ')" | tee -a "$log"
     ((r)) && rc=1
   done
-  note "kernel GPU tests" $rc ""
+  note "kernel and C++ GPU tests" $rc ""
   echo "== tests: two-process Python tests"
   timeout 400 python3 -m pytest -q -rs -p no:cacheprovider tests/python/test_gpu_*.py \
     >"$out/python_gpu_tests.log" 2>&1
