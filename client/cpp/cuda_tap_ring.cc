@@ -33,10 +33,10 @@ namespace {
 // Host copies of the scores in flight: an answer waits for a free one only when the delivery
 // thread is this many windows behind.
 constexpr int kHostSlots = 4;
-// Timing events (closed, scored, copied) per window index mod kTimingSets: window w + kTimingSets
-// closes only after window w's Fetch (its close waits for the answer to the window before it,
-// whose copy waits for a host slot that w + 2 frees... which frees only after w's Fetch: the
-// delivery thread fetches in order).
+// Timing events (closed, scored, copied) per window index mod kTimingSets. Window w's are read by
+// its Fetch and recorded again at the close of window w + 8, which comes after the answer to
+// window w + 6 (the close of w + 7 waited for it); that answer's copy took host slot (w + 6) mod 4,
+// which only the Fetch of window w + 2 frees, and the delivery thread fetches in order.
 constexpr int kTimingSets = 2 * kHostSlots;
 
 absl::Status Cuda(cudaError_t error, absl::string_view what) {
@@ -238,7 +238,6 @@ absl::Status CudaTapRing::Init() {
 }
 
 // --- the decode thread
-// ----------------------------------------------------------------------------
 
 absl::Status CudaTapRing::Write(const TapRows& rows) {
   DeviceGuard guard(device_);
@@ -302,7 +301,6 @@ absl::Status CudaTapRing::BeforeReuse(const Window& window) {
 }
 
 // --- the answer and delivery threads
-// ---------------------------------------------------------------
 
 absl::Status CudaTapRing::Answered(const Window& window, bool copy_scores) {
   if (!copy_scores) return absl::OkStatus();  // the half's next writes follow done[h]

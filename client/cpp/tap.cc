@@ -118,7 +118,6 @@ Tap::Tap(std::unique_ptr<TapRing> ring, TapSubmitter submitter, const v1::ProbeS
 Tap::~Tap() { Close().IgnoreError(); }
 
 // --- the decode thread
-// ----------------------------------------------------------------------------
 
 absl::Status Tap::CheckOpen() const {
   if (closed_) {
@@ -173,7 +172,7 @@ absl::Status Tap::Flush() {
   return PopError();
 }
 
-absl::Status Tap::CloseWindow() {
+absl::Status Tap::CloseWindow(Clock::time_point deadline) {
   const int32_t half = half_;
   auto window = std::make_shared<Pending>();
   window->ring = TapRing::Window{windows_, half, in_window_};
@@ -197,9 +196,9 @@ absl::Status Tap::CloseWindow() {
   const std::shared_ptr<Pending> previous = last_[half_];
   absl::Status reuse;
   if (previous != nullptr) {
-    {
-      std::unique_lock<std::mutex> lock(mu_);
-      settled_cv_.wait(lock, [&] { return previous->settled; });
+    if (!WaitSettled(*previous, deadline)) {
+      return absl::DeadlineExceededError(absl::StrCat(
+          "window ", previous->ring.index, " not answered in time: its half is not reused"));
     }
     reuse = ring_->BeforeReuse(previous->ring);
   }
@@ -242,15 +241,19 @@ void Tap::PushError(absl::Status error) {
 
 bool Tap::WaitSettled(Pending& window, Clock::time_point deadline) {
   std::unique_lock<std::mutex> lock(mu_);
+  if (deadline == Clock::time_point::max()) {
+    settled_cv_.wait(lock, [&] { return window.settled; });
+    return true;
+  }
   return settled_cv_.wait_until(lock, deadline, [&] { return window.settled; });
 }
 
 absl::Status Tap::Close(double timeout_s) {
   if (closed_) return absl::OkStatus();
   absl::Status status;
-  if (in_window_ > 0) status.Update(CloseWindow());
-  bool answered = true;
   const Clock::time_point deadline = DeadlineAfter(timeout_s);
+  if (in_window_ > 0) status.Update(CloseWindow(deadline));
+  bool answered = true;
   for (const std::shared_ptr<Pending>& w : last_) {
     if (w != nullptr && !WaitSettled(*w, deadline)) answered = false;
   }
@@ -289,17 +292,16 @@ absl::Status Tap::Close(double timeout_s) {
 }
 
 // --- the answer and delivery threads
-// ---------------------------------------------------------------
 
 void Tap::Answered(const std::shared_ptr<Pending>& window, const TapSubmitter::Answer& answer) {
   absl::Status error = answer.ok() ? absl::OkStatus() : answer.status();
   if (error.ok()) error = ring_->Answered(window->ring, host_results_);
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    window->error = std::move(error);
-    window->settled = true;
-    deliveries_.push_back(window);
-  }
+  // Notified under the lock: a waiter that sees the window settled may go on to destroy the tap
+  // (Close), and must not do so while this thread still uses the condition variables.
+  std::lock_guard<std::mutex> lock(mu_);
+  window->error = std::move(error);
+  window->settled = true;
+  deliveries_.push_back(window);
   settled_cv_.notify_all();
   delivery_cv_.notify_one();
 }
@@ -409,7 +411,6 @@ std::optional<TapWindow> Tap::Finish(Pending& window) {
 }
 
 // --- results
-// ---------------------------------------------------------------------------------------
 
 std::optional<TapWindow> Tap::Get(double timeout_s) {
   const Clock::time_point deadline = DeadlineAfter(timeout_s);

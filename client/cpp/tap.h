@@ -192,7 +192,7 @@ class Tap {
   Tap(const Tap&) = delete;
   Tap& operator=(const Tap&) = delete;
 
-  // --- the decode thread ------------------------------------------------------------------------
+  // --- the decode thread
 
   // Copies `rows` into the current slot: one kernel on the tap's stream, capturable in the
   // caller's CUDA graph (a device-resident counter picks the slot, so every replay writes the
@@ -220,7 +220,7 @@ class Tap {
   // Call from the decode thread.
   absl::StatusOr<const float*> DeviceScores(int64_t index, cudaStream_t stream);
 
-  // --- results (any thread) ---------------------------------------------------------------------
+  // --- results (any thread)
 
   // The oldest delivered window not taken yet; nullopt if none comes within `timeout_s`.
   std::optional<TapWindow> Get(double timeout_s = 0.0);
@@ -239,7 +239,10 @@ class Tap {
   Tap(std::unique_ptr<TapRing> ring, TapSubmitter submitter, const v1::ProbeSetInfo& info,
       const TapOptions& options);
   absl::Status CheckOpen() const;
-  absl::Status CloseWindow();
+  // Closes the current window and waits (until `deadline`) for the answer to the other half's
+  // previous window before ordering the next writes after its reads.
+  absl::Status CloseWindow(
+      std::chrono::steady_clock::time_point deadline = std::chrono::steady_clock::time_point::max());
   absl::Status PopError();
   void PushError(absl::Status error);
   void Answered(const std::shared_ptr<Pending>& window, const TapSubmitter::Answer& answer);
