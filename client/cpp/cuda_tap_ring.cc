@@ -95,6 +95,7 @@ class CudaTapRing final : public TapRing {
 
   absl::Status Write(const TapRows& rows) override;
   absl::StatusOr<v1::ScoreRequest> CloseWindow(const Window& window) override;
+  absl::Status ReadyWait(const Window& window) override;
   absl::Status BeforeReuse(const Window& window) override;
   absl::Status Answered(const Window& window, bool copy_scores) override;
   absl::Status Fetch(const Window& window, Fetched* out) override;
@@ -115,11 +116,13 @@ class CudaTapRing final : public TapRing {
         num_probes_(info.num_probes()),
         dtype_(dtype),
         proto_dtype_(options.dtype),
+        submit_from_host_(options.submit == TapSubmit::kHost),
         layout_(kernels::MakeTapRingLayout(window_, max_batch_, hidden_, num_probes_, dtype)),
         host_scores_(int64_t{window_} * max_batch_ * num_probes_),
         host_slot_bytes_(host_scores_ * 4 + int64_t{window_} * 4 + 8) {}
 
   absl::Status Init();
+  absl::Status WarmServer();
   uint8_t* HalfScores(int32_t half) const {
     return base_ + layout_.scores + int64_t{half} * window_ * max_batch_ * num_probes_ * 4;
   }
@@ -136,6 +139,7 @@ class CudaTapRing final : public TapRing {
   const int32_t window_, max_batch_, hidden_, num_probes_;
   const common::DType dtype_;
   const v1::DType proto_dtype_;
+  const bool submit_from_host_;
   const kernels::TapRingLayout layout_;
   const int64_t host_scores_;      // floats of one window's scores
   const int64_t host_slot_bytes_;  // scores, then counts [K] int32, then the write count int64
@@ -143,6 +147,7 @@ class CudaTapRing final : public TapRing {
   uint8_t* base_ = nullptr;
   uint64_t buffer_id_ = 0;
   IpcEvent ready_[2], done_[2];
+  cudaEvent_t ready_host_[2] = {};  // TapSubmit::kHost: blocking, for the submit thread
   cudaStream_t delivery_ = nullptr;
   uint8_t* host_ = nullptr;  // pinned, kHostSlots x host_slot_bytes_
   cudaEvent_t copied_[kHostSlots] = {};
@@ -227,6 +232,11 @@ absl::Status CudaTapRing::Init() {
       RETURN_IF_CUDA_ERROR(cudaEventCreate(&event), "cudaEventCreate");
     }
   }
+  for (cudaEvent_t& event : ready_host_) {
+    RETURN_IF_CUDA_ERROR(
+        cudaEventCreateWithFlags(&event, cudaEventBlockingSync | cudaEventDisableTiming),
+        "cudaEventCreateWithFlags");
+  }
   write_.slots = base_ + layout_.slots;
   write_.meta = reinterpret_cast<int64_t*>(base_ + layout_.meta);
   write_.counts = reinterpret_cast<int32_t*>(base_ + layout_.counts);
@@ -234,6 +244,21 @@ absl::Status CudaTapRing::Init() {
   write_.hidden = hidden_;
   write_.overflow_slot = 2 * window_;
   write_.dtype = dtype_;
+  return WarmServer();
+}
+
+absl::Status CudaTapRing::WarmServer() {
+  // One Score of a full window now, waited for: the sidecar captures the graph a window replays
+  // before the loop's first window needs it (the scores it writes are overwritten later).
+  RETURN_IF_CUDA_ERROR(cudaEventRecord(ready_[0].event, stream_), "cudaEventRecord");
+  absl::StatusOr<v1::ScoreResponse> warmed = client_.Score(Request(0, window_));
+  if (!warmed.ok()) {
+    return absl::Status(warmed.status().code(),
+                        absl::StrCat("the tap's first Score (a full window, made to warm the "
+                                     "sidecar): ",
+                                     warmed.status().message()));
+  }
+  RETURN_IF_CUDA_ERROR(cudaEventSynchronize(done_[0].event), "cudaEventSynchronize");
   return absl::OkStatus();
 }
 
@@ -269,6 +294,9 @@ absl::StatusOr<v1::ScoreRequest> CudaTapRing::CloseWindow(const Window& window) 
   RETURN_IF_CUDA_ERROR(cudaEventRecord(ready_[half].event, stream_), "cudaEventRecord");
   RETURN_IF_CUDA_ERROR(cudaEventRecord(timing_[window.index % kTimingSets][0], stream_),
                        "cudaEventRecord");
+  if (submit_from_host_) {
+    RETURN_IF_CUDA_ERROR(cudaEventRecord(ready_host_[half], stream_), "cudaEventRecord");
+  }
   reuse_after_[half] = done_[half].event;
   return Request(half, window.steps);
 }
@@ -293,6 +321,11 @@ const v1::ScoreRequest& CudaTapRing::Request(int32_t half, int32_t steps) {
   *request.mutable_output() = BufferTensor(v1::DTYPE_FLOAT32, rows, num_probes_, buffer_id_,
                                            HalfScores(half) - base_, num_probes_);
   return request;
+}
+
+absl::Status CudaTapRing::ReadyWait(const Window& window) {
+  DeviceGuard guard(device_);
+  return Cuda(cudaEventSynchronize(ready_host_[window.half]), "cudaEventSynchronize");
 }
 
 absl::Status CudaTapRing::BeforeReuse(const Window& window) {
@@ -410,6 +443,10 @@ absl::Status CudaTapRing::Release() {
       event = nullptr;
     }
   }
+  for (cudaEvent_t& event : ready_host_) {
+    if (event != nullptr) cudaEventDestroy(event);
+    event = nullptr;
+  }
   if (delivery_ != nullptr) cudaStreamDestroy(delivery_);
   delivery_ = nullptr;
   if (host_ != nullptr) status.Update(Cuda(cudaFreeHost(host_), "cudaFreeHost"));
@@ -446,12 +483,16 @@ absl::StatusOr<std::unique_ptr<Tap>> Tap::Create(Client& client, uint64_t sessio
   if (absl::StatusOr<common::DType> dtype = RowType(options.dtype); !dtype.ok()) {
     return dtype.status();
   }
+  TapOptions resolved = options;
+  if (resolved.submit == TapSubmit::kAuto) {
+    resolved.submit = server->mps() ? TapSubmit::kHost : TapSubmit::kGpu;
+  }
   int device = options.device;
   if (device < 0) {
     if (absl::Status s = Cuda(cudaGetDevice(&device), "cudaGetDevice"); !s.ok()) return s;
   }
   absl::StatusOr<std::unique_ptr<CudaTapRing>> ring =
-      CudaTapRing::Create(client, session_id, *info, options, device);
+      CudaTapRing::Create(client, session_id, *info, resolved, device);
   if (!ring.ok()) return ring.status();
   auto pipeline = std::make_unique<ScorePipeline>(client);
   ScorePipeline* stream = pipeline.get();
@@ -462,7 +503,7 @@ absl::StatusOr<std::unique_ptr<Tap>> Tap::Create(Client& client, uint64_t sessio
   };
   submitter.cancel = [stream] { stream->Cancel(); };
   absl::StatusOr<std::unique_ptr<Tap>> tap =
-      WithRing(*std::move(ring), std::move(submitter), *info, options);
+      WithRing(*std::move(ring), std::move(submitter), *info, resolved);
   if (!tap.ok()) return tap.status();
   (*tap)->pipeline_ = std::move(pipeline);
   return tap;

@@ -111,8 +111,10 @@ Tap::Tap(std::unique_ptr<TapRing> ring, TapSubmitter submitter, const v1::ProbeS
       max_window_seconds_(options.max_window_seconds),
       on_window_(options.on_window),
       host_results_(options.host_results || options.on_window != nullptr),
-      max_queued_windows_(options.max_queued_windows) {
+      max_queued_windows_(options.max_queued_windows),
+      submit_from_host_(options.submit == TapSubmit::kHost) {
   delivery_ = std::thread([this] { DeliverLoop(); });
+  if (submit_from_host_) submit_thread_ = std::thread([this] { SubmitLoop(); });
 }
 
 Tap::~Tap() { Close().IgnoreError(); }
@@ -184,12 +186,14 @@ absl::Status Tap::CloseWindow(Clock::time_point deadline) {
   last_[half] = window;
   half_ = 1 - half;
   in_window_ = 0;
-  if (request.ok()) {
-    submitter_.submit(*std::move(request), [this, window](const TapSubmitter::Answer& answer) {
-      Answered(window, answer);
-    });
-  } else {
+  if (!request.ok()) {
     Answered(window, request.status());  // delivered as failed
+  } else if (submit_from_host_) {
+    std::lock_guard<std::mutex> lock(mu_);
+    submissions_.emplace_back(window, *std::move(request));
+    submit_cv_.notify_one();
+  } else {
+    Send(window, *std::move(request));
   }
   // The other half's previous window: its answer is normally in long ago (a whole window of
   // steps has passed); the ring's GPU-side wait then makes the next writes follow its reads.
@@ -261,6 +265,10 @@ absl::Status Tap::Close(double timeout_s) {
     status.Update(absl::DeadlineExceededError(absl::StrCat("the tap on probe set '", probe_set_,
                                                            "': windows not answered within ",
                                                            timeout_s, " s (cancelled)")));
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      stopping_ = true;
+    }
     if (submitter_.cancel) submitter_.cancel();
     const Clock::time_point again = DeadlineAfter(timeout_s);
     for (const std::shared_ptr<Pending>& w : last_) {
@@ -269,9 +277,18 @@ absl::Status Tap::Close(double timeout_s) {
   }
   status.Update(WaitDelivered(timeout_s));
   closed_ = true;
-  // The transport first (it waits for any answer still on its way, while the delivery thread
-  // still frees what those answers wait for), then the delivery thread (it drains what is
-  // queued), then the ring.
+  // The submit thread first (every window is sent or cancelled), then the transport (it waits
+  // for any answer still on its way, while the delivery thread still frees what those answers
+  // wait for), then the delivery thread (it drains what is queued), then the ring.
+  if (submit_thread_.joinable()) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      stopping_ = true;
+      submissions_.emplace_back(nullptr, v1::ScoreRequest());
+      submit_cv_.notify_one();
+    }
+    submit_thread_.join();
+  }
   pipeline_.reset();
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -291,7 +308,39 @@ absl::Status Tap::Close(double timeout_s) {
   return status;
 }
 
-// --- the answer and delivery threads
+// --- the submit, answer and delivery threads
+
+void Tap::Send(const std::shared_ptr<Pending>& window, v1::ScoreRequest request) {
+  submitter_.submit(std::move(request), [this, window](const TapSubmitter::Answer& answer) {
+    Answered(window, answer);
+  });
+}
+
+void Tap::SubmitLoop() {
+  for (;;) {
+    std::pair<std::shared_ptr<Pending>, v1::ScoreRequest> next;
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      submit_cv_.wait(lock, [this] { return !submissions_.empty(); });
+      next = std::move(submissions_.front());
+      submissions_.pop_front();
+    }
+    if (next.first == nullptr) return;
+    const absl::Status ready = ring_->ReadyWait(next.first->ring);
+    bool stopping = false;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      stopping = stopping_;
+    }
+    if (stopping) {
+      Answered(next.first, absl::CancelledError("the tap was closed before the window was sent"));
+    } else if (!ready.ok()) {
+      Answered(next.first, ready);
+    } else {
+      Send(next.first, std::move(next.second));
+    }
+  }
+}
 
 void Tap::Answered(const std::shared_ptr<Pending>& window, const TapSubmitter::Answer& answer) {
   absl::Status error = answer.ok() ? absl::OkStatus() : answer.status();

@@ -84,6 +84,19 @@ struct TapStats {
   int64_t windows_dropped = 0;    // the oldest delivered window, dropped from a full Get() queue
 };
 
+// When a closed window's request is sent.
+enum class TapSubmit {
+  // kHost when the sidecar is an MPS client (ServerInfo.mps: a stream of one MPS client waiting on
+  // another's event slows the decode loop), else kGpu.
+  kAuto,
+  // When the window closes; the sidecar's stream waits, on the GPU, for its writes (the lowest
+  // latency).
+  kGpu,
+  // From the tap's submit thread once the window's writes have landed (the host waits on an
+  // event): the sidecar's stream never waits.
+  kHost,
+};
+
 struct TapOptions {
   int32_t max_batch = 0;                 // rows per step, at most
   int32_t window = 16;                   // K: steps per Score
@@ -92,7 +105,7 @@ struct TapOptions {
   int device = -1;                       // the CUDA device; -1: the current one
   // The decode stream: Write() launches on it, and each window's close, its ready event and the
   // GPU-side waits before a half is reused go on it. Capture the writes on this stream, or replay
-  // them on it. nullptr: the legacy default stream.
+  // them on it; it must outlive the tap. nullptr: the legacy default stream.
   cudaStream_t stream = nullptr;
   // > 0: a Step() at least this long after its window's first step closes the window early.
   double max_window_seconds = 0;
@@ -102,6 +115,7 @@ struct TapOptions {
   // False: the scores stay in the device ring (DeviceScores) and nothing is copied to the host.
   bool host_results = true;
   size_t max_queued_windows = 1024;
+  TapSubmit submit = TapSubmit::kAuto;  // WithRing takes kAuto as kGpu
 };
 
 // The misuses a tap refuses when it is made (INVALID_ARGUMENT): H that does not match the probe
@@ -146,6 +160,9 @@ class TapRing {
   // (decode thread) Marks the end of `window` in its half, after its writes; sends the next
   // writes to the start of the other half; returns the Score request that reads the window.
   virtual absl::StatusOr<v1::ScoreRequest> CloseWindow(const Window& window) = 0;
+  // (the submit thread, TapSubmit::kHost) Waits on the host until the window's writes have
+  // landed.
+  virtual absl::Status ReadyWait(const Window& window) = 0;
   // (decode thread) Orders the next writes into window.half after everything that reads it;
   // called once the window's answer is in and Answered has returned.
   virtual absl::Status BeforeReuse(const Window& window) = 0;
@@ -241,11 +258,13 @@ class Tap {
   absl::Status CheckOpen() const;
   // Closes the current window and waits (until `deadline`) for the answer to the other half's
   // previous window before ordering the next writes after its reads.
-  absl::Status CloseWindow(
-      std::chrono::steady_clock::time_point deadline = std::chrono::steady_clock::time_point::max());
+  absl::Status CloseWindow(std::chrono::steady_clock::time_point deadline =
+                               std::chrono::steady_clock::time_point::max());
   absl::Status PopError();
   void PushError(absl::Status error);
+  void Send(const std::shared_ptr<Pending>& window, v1::ScoreRequest request);
   void Answered(const std::shared_ptr<Pending>& window, const TapSubmitter::Answer& answer);
+  void SubmitLoop();
   void DeliverLoop();
   std::optional<TapWindow> Finish(Pending& window);
   bool WaitSettled(Pending& window, std::chrono::steady_clock::time_point deadline);
@@ -260,6 +279,7 @@ class Tap {
   const std::function<void(const TapWindow&)> on_window_;
   const bool host_results_;
   const size_t max_queued_windows_;
+  const bool submit_from_host_;
 
   // The decode thread's.
   bool closed_ = false;
@@ -272,9 +292,13 @@ class Tap {
 
   // Shared with the answer and delivery threads.
   mutable std::mutex mu_;
-  std::condition_variable settled_cv_;               // a window settled
-  std::condition_variable delivery_cv_;              // deliveries_ grew
-  std::condition_variable results_cv_;               // a window was delivered
+  std::condition_variable settled_cv_;   // a window settled
+  std::condition_variable delivery_cv_;  // deliveries_ grew
+  std::condition_variable results_cv_;   // a window was delivered
+  std::condition_variable submit_cv_;    // submissions_ grew
+  // Closed windows for the submit thread (kHost), with their requests (a null window: stop).
+  std::deque<std::pair<std::shared_ptr<Pending>, v1::ScoreRequest>> submissions_;
+  bool stopping_ = false;  // Close gave up on the answers: the submit thread sends nothing more
   std::deque<std::shared_ptr<Pending>> deliveries_;  // settled, not delivered yet (null: stop)
   std::deque<TapWindow> results_;
   std::deque<absl::Status> errors_;
@@ -282,6 +306,7 @@ class Tap {
   std::atomic<int64_t> steps_counted_{0}, windows_closed_{0};  // written by the decode thread
   TapStats stats_;                                             // the delivery counts
   std::thread delivery_;
+  std::thread submit_thread_;  // kHost only
 };
 
 }  // namespace probesidecar::client

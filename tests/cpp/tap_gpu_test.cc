@@ -1,9 +1,9 @@
 // The C++ CUDA tap (client/cpp/tap.h) against the real probe-sidecar binary on the GPU, across two
 // processes: random rows written on the GPU (eagerly, late behind a busy stream, and inside a
 // captured CUDA graph with a device-resident row count) into the tap's own ring, one Score per
-// window ordered by CUDA IPC events, every written row's scores checked against float64 of the
-// same rows, on the host and in the device ring; misuse refused; a refused window delivered as an
-// error; the ring unregistered on close.
+// window ordered by CUDA IPC events (or sent once the writes have landed), every written row's
+// scores checked against float64 of the same rows, on the host and in the device ring; misuse
+// refused; a refused window delivered as an error; the ring unregistered on close.
 //
 // GPU only: exits 77 (skipped) without a CUDA device. PROBE_SIDECAR_BIN names the server.
 #include <cuda_runtime_api.h>
@@ -171,12 +171,14 @@ class TapGpuTest : public ::testing::Test {
     }
   }
 
-  std::unique_ptr<Tap> MakeTap(int32_t max_batch, int32_t window, bool host_results = true) {
+  std::unique_ptr<Tap> MakeTap(int32_t max_batch, int32_t window, bool host_results = true,
+                               client::TapSubmit submit = client::TapSubmit::kAuto) {
     TapOptions options;
     options.max_batch = max_batch;
     options.window = window;
     options.stream = stream_;
     options.host_results = host_results;
+    options.submit = submit;
     absl::StatusOr<std::unique_ptr<Tap>> tap =
         Tap::Create(*client_, session_->id(), "tap16", options);
     EXPECT_TRUE(tap.ok()) << tap.status();
@@ -240,6 +242,33 @@ TEST_F(TapGpuTest, EagerWritesEveryWindowAgainstFloat64) {
                 [&](int64_t t) { return batches[t % 6]; }),
             steps);
   ASSERT_CUDA(cudaFree(staging));
+}
+
+// Each window sent from the tap's submit thread once its writes have landed (late, behind a busy
+// stream): the same scores.
+TEST_F(TapGpuTest, HostSubmittedWindowsScoreTheSame) {
+  const int32_t max_batch = 4, window = 4, steps = 16;
+  std::unique_ptr<Tap> tap = MakeTap(max_batch, window, true, client::TapSubmit::kHost);
+  ASSERT_NE(tap, nullptr);
+  std::mt19937 rng(5);
+  const std::vector<uint16_t> all = RandomRows(rng, int64_t{steps} * max_batch);
+  void* rows = nullptr;
+  ASSERT_CUDA(cudaMalloc(&rows, all.size() * 2));
+  ASSERT_CUDA(cudaMemcpy(rows, all.data(), all.size() * 2, cudaMemcpyHostToDevice));
+  for (int t = 0; t < steps; ++t) {
+    ASSERT_CUDA(testing::LaunchGpuDelay(500'000, stream_));
+    ASSERT_TRUE(
+        tap->Write(static_cast<uint8_t*>(rows) + int64_t{t} * max_batch * kHidden * 2, max_batch)
+            .ok());
+    absl::Status s = tap->Step();
+    ASSERT_TRUE(s.ok()) << s;
+  }
+  ASSERT_TRUE(tap->Close().ok());
+  EXPECT_EQ(CheckWindows(
+                Drain(*tap), [&](int64_t t) { return all.data() + t * max_batch * kHidden; },
+                [&](int64_t) { return max_batch; }),
+            steps);
+  ASSERT_CUDA(cudaFree(rows));
 }
 
 // The write inside a captured CUDA graph: each replay plays a step (its rows and row count picked

@@ -145,6 +145,11 @@ class FakeRing final : public TapRing {
     return request;
   }
 
+  absl::Status ReadyWait(const Window& window) override {
+    log_->Add(absl::StrCat("ready wait ", window.index));
+    return absl::OkStatus();
+  }
+
   absl::Status BeforeReuse(const Window& window) override {
     log_->Add(absl::StrCat("reuse ", window.index));
     return absl::OkStatus();
@@ -239,6 +244,7 @@ class FakeSidecar {
       std::lock_guard<std::mutex> lock(mu_);
       queue_.push_back({std::move(request), std::move(on_answer)});
       ++submitted_;
+      submitting_threads_.insert(std::this_thread::get_id());
       cv_.notify_all();
     };
     s.cancel = [this] {
@@ -260,6 +266,10 @@ class FakeSidecar {
   int submitted() {
     std::lock_guard<std::mutex> lock(mu_);
     return submitted_;
+  }
+  std::set<std::thread::id> submitting_threads() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return submitting_threads_;
   }
 
  private:
@@ -305,6 +315,7 @@ class FakeSidecar {
   std::map<int64_t, absl::Status> refuse_;
   bool hold_ = false, cancelled_ = false, stop_ = false;
   int submitted_ = 0;
+  std::set<std::thread::id> submitting_threads_;
   std::thread thread_;
 };
 
@@ -399,6 +410,30 @@ TEST(Tap, WindowsCoverEveryStepAndRowAgainstFloat64) {
   EXPECT_EQ(stats.windows_failed, 0);
   EXPECT_EQ(f.sidecar.submitted(), 3);  // one request per window, not per step
   EXPECT_EQ(f.log.events().back(), "release");
+}
+
+TEST(Tap, HostSubmissionSendsEachWindowFromItsOwnThreadAfterItsWrites) {
+  TapOptions options = Options(3, 2);
+  options.submit = client::TapSubmit::kHost;
+  Fixture f(options);
+  ASSERT_NE(f.tap, nullptr);
+  Rows rows(13);
+  for (int t = 0; t < 8; ++t) {  // two full windows and a partial one
+    ASSERT_TRUE(f.tap->Write(rows.Next(2).data(), 2).ok());
+    ASSERT_TRUE(f.tap->Step().ok());
+  }
+  ASSERT_TRUE(f.tap->Close().ok());
+  const std::vector<TapWindow> windows = Drain(*f.tap);
+  ASSERT_EQ(windows.size(), 3u);
+  for (const TapWindow& window : windows) ExpectScores(window, rows);
+  for (int w = 0; w < 3; ++w) {
+    EXPECT_LT(f.log.Find(absl::StrCat("close ", w)), f.log.Find(absl::StrCat("ready wait ", w)));
+    EXPECT_LT(f.log.Find(absl::StrCat("ready wait ", w)),
+              f.log.Find(absl::StrCat("answered ", w, " copy")));
+  }
+  const std::set<std::thread::id> threads = f.sidecar.submitting_threads();
+  EXPECT_EQ(threads.size(), 1u);
+  EXPECT_EQ(threads.count(std::this_thread::get_id()), 0u);
 }
 
 TEST(Tap, AHalfIsRewrittenOnlyAfterTheAnswerToItsWindow) {
