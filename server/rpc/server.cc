@@ -1,5 +1,6 @@
 #include "server/rpc/server.h"
 
+#include <grpc/grpc.h>
 #include <grpcpp/ext/proto_server_reflection_plugin.h>
 #include <grpcpp/grpcpp.h>
 #include <grpcpp/health_check_service_interface.h>
@@ -9,11 +10,14 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <memory>
 #include <sstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/strings/match.h"
@@ -132,10 +136,9 @@ std::string UnixPath(const std::string& address) {
   return std::string(path);
 }
 
-}  // namespace
-
-int RunServer(const Config& config) {
-  SetLogLevel(ParseLogLevel(config.log_level));
+// Starts the service, serves until SIGINT or SIGTERM, drains and stops it; every gRPC object it
+// made is gone when it returns.
+int Serve(const Config& config) {
 
   // Every thread started from here on inherits this mask; main takes the signals with sigwait.
   sigset_t signals;
@@ -348,6 +351,53 @@ int RunServer(const Config& config) {
   }
   LogInfo("stopped");
   return 0;
+}
+
+// How long the process waits for gRPC's own library shutdown once the service has stopped.
+constexpr absl::Duration kGrpcLibraryShutdownWait = absl::Milliseconds(300);
+
+// Drops the process's last reference to the gRPC library (taken in RunServer) and returns, or,
+// when gRPC's shutdown does not finish within kGrpcLibraryShutdownWait, ends the process with
+// `exit_code` without waiting for it.
+//
+// Why: the last grpc_shutdown() joins gRPC's executor threads, and in gRPC 1.51 one of them may
+// be the TCP backup poller (src/core/lib/iomgr/tcp_posix.cc). On a polling engine that does not
+// poll in the background (epoll1, Linux's), a write to a client's socket that would block
+// (EAGAIN: e.g. a 1 MiB Score response the client has not read yet) starts that poller on an
+// executor thread, in epoll_wait with a 10 s deadline. When the write completes nothing wakes it,
+// so it sleeps out the rest of its 10 s, and the join waited with it: "stopped" was logged and
+// the process then exited up to 10 s later. By now the service has stopped (no listener, no
+// call, no work, sockets removed): nothing is lost by leaving the rest to the kernel.
+void ReleaseGrpcLibrary(int exit_code) {
+  const absl::Time start = absl::Now();
+  auto done = std::make_shared<absl::Notification>();
+  std::thread shutdown([done] {
+    grpc_shutdown();
+    done->Notify();
+  });
+  if (done->WaitForNotificationWithTimeout(kGrpcLibraryShutdownWait)) {
+    shutdown.join();
+    LogDebug("gRPC library shut down in %.3f s", absl::ToDoubleSeconds(absl::Now() - start));
+    return;
+  }
+  LogInfo(
+      "gRPC's library shutdown is still waiting for its TCP backup poller (gRPC 1.51 lets it "
+      "sleep up to 10 s after a blocked write); exiting without it");
+  std::fflush(nullptr);
+  std::_Exit(exit_code);
+}
+
+}  // namespace
+
+int RunServer(const Config& config) {
+  SetLogLevel(ParseLogLevel(config.log_level));
+  // This reference outlives every gRPC object Serve makes, so that the library's final shutdown
+  // happens here, with a bound (ReleaseGrpcLibrary), and not in the destructor of whichever of
+  // them goes last.
+  grpc_init();
+  const int exit_code = Serve(config);
+  ReleaseGrpcLibrary(exit_code);
+  return exit_code;
 }
 
 }  // namespace probesidecar::server
