@@ -1,5 +1,6 @@
 #include "server/rpc/server.h"
 
+#include <grp.h>
 #include <grpc/grpc.h>
 #include <grpcpp/ext/proto_server_reflection_plugin.h>
 #include <grpcpp/grpcpp.h>
@@ -15,12 +16,14 @@
 #include <filesystem>
 #include <fstream>
 #include <memory>
+#include <optional>
 #include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/strip.h"
@@ -36,6 +39,7 @@
 #include "server/probes/probe_registry.h"
 #include "server/rpc/exposer_stop.h"
 #include "server/rpc/service.h"
+#include "server/rpc/unix_listener.h"
 
 namespace probesidecar::server {
 namespace {
@@ -129,6 +133,23 @@ absl::StatusOr<uint64_t> LoadProbesAtStart(const Config& config, bool bundled,
   return failed->size();
 }
 
+// --admin-unix-group as a gid: a group name, or a number; nullopt when not set.
+absl::StatusOr<std::optional<gid_t>> AdminUnixGroup(const Config& config) {
+  if (config.admin_unix_group.empty()) return std::optional<gid_t>();
+  if (gid_t gid = 0; absl::SimpleAtoi(config.admin_unix_group, &gid)) return std::optional(gid);
+  std::vector<char> buffer(16384);
+  group entry{};
+  group* found = nullptr;
+  const int error =
+      ::getgrnam_r(config.admin_unix_group.c_str(), &entry, buffer.data(), buffer.size(), &found);
+  if (error != 0 || found == nullptr) {
+    return absl::NotFoundError(absl::StrCat("--admin-unix-group=", config.admin_unix_group,
+                                            ": no such group", error != 0 ? ": " : "",
+                                            error != 0 ? strerror(error) : ""));
+  }
+  return std::optional(found->gr_gid);
+}
+
 std::string UnixPath(const std::string& address) {
   absl::string_view path = address;
   if (!absl::ConsumePrefix(&path, "unix:")) return "";
@@ -139,7 +160,6 @@ std::string UnixPath(const std::string& address) {
 // Starts the service, serves until SIGINT or SIGTERM, drains and stops it; every gRPC object it
 // made is gone when it returns.
 int Serve(const Config& config) {
-
   // Every thread started from here on inherits this mask; main takes the signals with sigwait.
   sigset_t signals;
   sigemptyset(&signals);
@@ -240,13 +260,33 @@ int Serve(const Config& config) {
       return 1;
     }
   }
-  std::vector<int> ports(config.listen.size(), 0);
-  for (size_t i = 0; i < config.listen.size(); ++i) {
-    const bool unix_socket = absl::StartsWith(config.listen[i], "unix:");
-    builder.AddListeningPort(config.listen[i],
-                             unix_socket ? grpc::InsecureServerCredentials() : *tcp_credentials,
-                             &ports[i]);
+  absl::StatusOr<std::optional<gid_t>> admin_unix_gid = AdminUnixGroup(config);
+  if (!admin_unix_gid.ok()) {
+    LogError("cannot start: %s", admin_unix_gid.status().message());
+    executor->Shutdown();
+    return 1;
   }
+  // TCP listeners are gRPC's; Unix sockets are the service's own (unix_listener.h: it accepts
+  // them itself to learn each peer's uid), created with --unix-socket-mode from the start.
+  std::vector<int> ports(config.listen.size(), 0);
+  std::vector<std::unique_ptr<UnixListener>> unix_listeners;
+  for (size_t i = 0; i < config.listen.size(); ++i) {
+    if (const std::string path = UnixPath(config.listen[i]); !path.empty()) {
+      absl::StatusOr<std::unique_ptr<UnixListener>> listener =
+          UnixListener::Listen(path, config.unix_socket_mode);
+      if (!listener.ok()) {
+        LogError("cannot start: could not listen on %s: %s", config.listen[i],
+                 listener.status().message());
+        unix_listeners.clear();
+        executor->Shutdown();
+        return 1;
+      }
+      unix_listeners.push_back(*std::move(listener));
+      continue;
+    }
+    builder.AddListeningPort(config.listen[i], *tcp_credentials, &ports[i]);
+  }
+  UnixPeers unix_peers;
 
   ServiceEnv env;
   env.config = config;
@@ -255,18 +295,19 @@ int Serve(const Config& config) {
   env.executor = executor.get();
   env.metrics = &metrics;
   env.admin_token = *admin_token;
+  env.admin_unix_gid = *admin_unix_gid;
+  env.unix_peers = &unix_peers;
+  env.server_uid = ::geteuid();
   ProbeSidecarService service(env);
   builder.RegisterService(&service);
-  // The Unix sockets are created with --unix-socket-mode from the start (no window in which the
-  // umask's wider mode applies), then set to it exactly.
-  const mode_t old_umask = ::umask(0777 & ~config.unix_socket_mode);
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
-  ::umask(old_umask);
   if (server == nullptr) {
     LogError("cannot start: could not listen on %s", absl::StrJoin(config.listen, ", "));
+    unix_listeners.clear();
     executor->Shutdown();
     return 1;
   }
+  for (const auto& listener : unix_listeners) listener->Start(server.get(), &unix_peers);
   std::vector<std::string> listening;
   for (size_t i = 0; i < config.listen.size(); ++i) {
     const std::string& address = config.listen[i];
@@ -274,6 +315,7 @@ int Serve(const Config& config) {
       listening.push_back(address);
     } else if (ports[i] == 0) {
       LogError("cannot start: could not listen on %s", address);
+      unix_listeners.clear();
       server->Shutdown();
       executor->Shutdown();
       return 1;
@@ -289,23 +331,9 @@ int Serve(const Config& config) {
                           absl::StartsWith(address, "[::1]") ||
                           absl::StartsWith(address, "localhost:");
     if (loopback) continue;
+    // (Without an admin credential, TCP clients are never admin: nothing more to say.)
     if (config.tls_cert_file.empty()) {
       LogWarning("%s is reachable from other hosts in plaintext (no --tls-cert)", address);
-    }
-    if (config.admin_token_file.empty() && config.admin_tls_identity.empty()) {
-      LogWarning(
-          "%s: anyone who can connect may load and unload probe sets (no "
-          "--admin-token-file or --admin-tls-identity)",
-          address);
-    }
-  }
-  for (const std::string& address : config.listen) {
-    if (const std::string path = UnixPath(address);
-        !path.empty() && ::chmod(path.c_str(), config.unix_socket_mode) != 0) {
-      LogError("cannot start: chmod %o %s: %s", config.unix_socket_mode, path, strerror(errno));
-      server->Shutdown();
-      executor->Shutdown();
-      return 1;
     }
   }
 
@@ -340,15 +368,14 @@ int Serve(const Config& config) {
   // connection after GOAWAY. Both used to hold the process for the rest of the grace period; they
   // get a short moment to end cleanly, then gRPC cancels them. Cancelled calls whose work is still
   // queued or running are skipped or stopped early by the executor, so this returns promptly.
+  // No new Unix-socket connection is handed to gRPC from here on (and the socket files go).
+  for (const auto& listener : unix_listeners) listener->Stop();
   server->Shutdown(absl::ToChronoTime(std::min(deadline, absl::Now() + absl::Milliseconds(100))));
   server->Wait();
   service.StopControlWorker();  // releases of ended sessions use the executor's buffers
   executor->Shutdown();
   StopExposer(std::move(exposer),
               config.metrics_listen.substr(0, config.metrics_listen.rfind(':')));
-  for (const std::string& address : config.listen) {
-    if (const std::string path = UnixPath(address); !path.empty()) ::unlink(path.c_str());
-  }
   LogInfo("stopped");
   return 0;
 }

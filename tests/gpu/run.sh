@@ -136,12 +136,16 @@ fi
 if [[ " $steps " == *" rpc "* ]]; then
   echo "== rpc: end-to-end benchmark"
   tmp="$(mktemp -d)"
+  # probe-bench loads its probe sets over the transport it measures: over TCP that needs the admin
+  # token (without an admin credential only the server's own user may load, over the Unix socket).
+  head -c 24 /dev/urandom | od -An -tx1 | tr -d ' \n' >"$tmp/admin-token"
+  admin=(--admin-token-file="$tmp/admin-token")
   # serve NAME BINARY FLAGS...: starts a server, sets $<NAME>_pid, _uds, _tcp, _metrics.
   serve() {
     local name=$1 binary=$2
     shift 2
-    "$binary" --backend=cuda --listen="unix:$tmp/$name.sock" --listen=127.0.0.1:0 "$@" \
-      >"$tmp/$name.log" 2>&1 &
+    "$binary" --backend=cuda --listen="unix:$tmp/$name.sock" --listen=127.0.0.1:0 "${admin[@]}" \
+      "$@" >"$tmp/$name.log" 2>&1 &
     eval "${name}_pid=$!"
     for _ in $(seq 300); do grep -q "serving on" "$tmp/$name.log" && break; sleep 0.1; done
     eval "${name}_uds=unix:$tmp/$name.sock"
@@ -155,14 +159,14 @@ if [[ " $steps " == *" rpc "* ]]; then
   for _ in $(seq 300); do grep -q "serving on" "$tmp/echo.log" && break; sleep 0.1; done
   echo_tcp="$(grep -o '127\.0\.0\.1:[0-9]*' "$tmp/echo.log" | head -1)"
   rc=0
-  receipt=(--git="$git_hash" ${ALLOW_DIRTY:+--allow-dirty})
+  receipt=(--git="$git_hash" ${ALLOW_DIRTY:+--allow-dirty} "${admin[@]}")
   seconds="${RPC_SECONDS:-0.8}"
   # Where one client's small requests spend their time on the server (stage histogram means).
   probe-bench --target="$after_uds" --transport=uds --rows=1,64 --probes=1 --concurrency=1 \
-    --modes=score_ipc --seconds=1 --quiet >/dev/null 2>&1
+    --modes=score_ipc --seconds=1 --quiet "${admin[@]}" >/dev/null 2>&1
   python3 bench/stage_means.py "$after_metrics" --save "$tmp/metrics_c0.txt"
   probe-bench --target="$after_uds" --transport=uds --rows=1 --probes=1 --concurrency=1 \
-    --modes=score_ipc --seconds=2 --quiet >/dev/null 2>&1
+    --modes=score_ipc --seconds=2 --quiet "${admin[@]}" >/dev/null 2>&1
   python3 bench/stage_means.py "$after_metrics" --since "$tmp/metrics_c0.txt" \
     --title "server-side stage means, 1 client, R=1 P=1, uds" >>"$log" 2>&1
   for transport in uds tcp; do
