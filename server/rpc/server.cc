@@ -157,9 +157,26 @@ std::string UnixPath(const std::string& address) {
   return std::string(path);
 }
 
-// Starts the service, serves until SIGINT or SIGTERM, drains and stops it; every gRPC object it
-// made is gone when it returns.
-int Serve(const Config& config) {
+// The exit status when the GPU's CUDA context was lost (a sticky CUDA error): the process must be
+// restarted to use the GPU again.
+constexpr int kExitDeviceLost = 3;
+
+// Ends the process with `exit_code` at `at` unless it has ended by then: whatever shutdown waits
+// for, an orchestrator that waits for the exit never sees a stuck process.
+void StartExitWatchdog(absl::Time at, int exit_code) {
+  std::thread([at, exit_code] {
+    absl::SleepFor(at - absl::Now());
+    LogError("shutdown did not finish in time: exiting now (status %d)", exit_code);
+    std::fflush(nullptr);
+    std::_Exit(exit_code);
+  }).detach();
+}
+
+// Starts the service, serves until SIGINT or SIGTERM (or until the executor can no longer serve:
+// a lost CUDA context), drains and stops it; every gRPC object it made is gone when it returns.
+// `*device_abandoned` is set when work was left pending on the device (the process must then end
+// without the CUDA runtime's teardown, which could wait for it).
+int Serve(const Config& config, bool* device_abandoned) {
   // Every thread started from here on inherits this mask; main takes the signals with sigwait.
   sigset_t signals;
   sigemptyset(&signals);
@@ -217,6 +234,8 @@ int Serve(const Config& config) {
     state.cancelled_requests = dropped.cancelled;
     state.invalid_device_rows = executor->invalid_device_rows();
     state.invalid_verify_requests = executor->invalid_verify_requests();
+    state.non_finite_device_scores = executor->non_finite_device_scores();
+    state.parked_slots = executor->parked_slots();
     state.mps = executor->mps();
     if (const BufferRegistry* buffers = executor->buffers(); buffers != nullptr) {
       const BufferCounters counters = buffers->counters();
@@ -308,6 +327,23 @@ int Serve(const Config& config) {
     return 1;
   }
   for (const auto& listener : unix_listeners) listener->Start(server.get(), &unix_peers);
+  grpc::HealthCheckServiceInterface* health = server->GetHealthCheckService();
+  // A lost CUDA context: NOT_SERVING at once, then the drain a signal starts (every request fails
+  // fast by then), and exit status 3 so that the supervisor restarts the server.
+  struct Fatal {
+    absl::Mutex mu;
+    absl::Status why ABSL_GUARDED_BY(mu);
+  };
+  auto fatal = std::make_shared<Fatal>();
+  executor->SetFatalHandler([fatal, health](const absl::Status& why) {
+    {
+      absl::MutexLock lock(&fatal->mu);
+      fatal->why = why;
+    }
+    health->SetServingStatus(false);
+    health->SetServingStatus(kServiceName, false);
+    ::kill(::getpid(), SIGTERM);  // wakes the sigwait below
+  });
   std::vector<std::string> listening;
   for (size_t i = 0; i < config.listen.size(); ++i) {
     const std::string& address = config.listen[i];
@@ -337,7 +373,6 @@ int Serve(const Config& config) {
     }
   }
 
-  grpc::HealthCheckServiceInterface* health = server->GetHealthCheckService();
   health->SetServingStatus(true);
   health->SetServingStatus(kServiceName, true);
   LogInfo("probe-sidecar %s (%s) serving on %s; metrics on %s; backend %s (%s)", kVersion,
@@ -347,14 +382,26 @@ int Serve(const Config& config) {
 
   int signal_number = 0;
   sigwait(&signals, &signal_number);
-  LogInfo("%s: draining in-flight requests (up to %.1f s)", strsignal(signal_number),
-          config.shutdown_grace_seconds);
+  int exit_code = 0;
+  absl::Status lost;
+  {
+    absl::MutexLock lock(&fatal->mu);
+    lost = fatal->why;
+  }
+  if (!lost.ok()) {
+    exit_code = kExitDeviceLost;
+    LogError("stopping (exit status %d): %s", exit_code, lost.message());
+  } else {
+    LogInfo("%s: draining in-flight requests (up to %.1f s)", strsignal(signal_number),
+            config.shutdown_grace_seconds);
+  }
   health->SetServingStatus(false);
   health->SetServingStatus(kServiceName, false);
   // New work is refused with UNAVAILABLE (retryable) while the work in progress finishes; only
   // then does gRPC shut down, so no admitted request is cut off before the grace period ends.
   const absl::Time deadline =
       absl::Now() + absl::Microseconds(static_cast<int64_t>(config.shutdown_grace_seconds * 1e6));
+  StartExitWatchdog(deadline + absl::Milliseconds(900), exit_code);
   service.BeginDrain();
   if (!service.WaitUntilIdle(deadline)) {
     LogWarning("grace period over with requests still in progress: cancelling them");
@@ -373,11 +420,22 @@ int Serve(const Config& config) {
   server->Shutdown(absl::ToChronoTime(std::min(deadline, absl::Now() + absl::Milliseconds(100))));
   server->Wait();
   service.StopControlWorker();  // releases of ended sessions use the executor's buffers
-  executor->Shutdown();
+  // Every call is answered; what the GPU still runs is ms away, unless a stream waits for a
+  // client's event that never comes: that is not waited for past a short moment.
+  const absl::Time now = absl::Now();
+  const bool clean = executor->ShutdownBy(
+      std::max(now + absl::Milliseconds(50), std::min(deadline, now + absl::Milliseconds(500))));
+  executor->SetFatalHandler({});
   StopExposer(std::move(exposer),
               config.metrics_listen.substr(0, config.metrics_listen.rfind(':')));
+  if (!clean) {
+    // Its device memory, streams and IPC mappings stay as they are: freeing them could wait for
+    // the pending work. The process's exit reclaims them.
+    *device_abandoned = true;
+    executor.release();  // NOLINT(bugprone-unused-return-value): left to the exit
+  }
   LogInfo("stopped");
-  return 0;
+  return exit_code;
 }
 
 // How long the process waits for gRPC's own library shutdown once the service has stopped.
@@ -422,7 +480,14 @@ int RunServer(const Config& config) {
   // happens here, with a bound (ReleaseGrpcLibrary), and not in the destructor of whichever of
   // them goes last.
   grpc_init();
-  const int exit_code = Serve(config);
+  bool device_abandoned = false;
+  const int exit_code = Serve(config, &device_abandoned);
+  if (device_abandoned) {
+    // Neither gRPC's library shutdown nor the CUDA runtime's teardown at exit: the device still
+    // has work of ours pending (or a lost context), and both could wait for it.
+    std::fflush(nullptr);
+    std::_Exit(exit_code);
+  }
   ReleaseGrpcLibrary(exit_code);
   return exit_code;
 }
