@@ -422,12 +422,17 @@ int Serve(const Config& config, bool* device_abandoned) {
   service.StopControlWorker();  // releases of ended sessions use the executor's buffers
   // Every call is answered; what the GPU still runs is ms away, unless a stream waits for a
   // client's event that never comes: that is not waited for past a short moment.
+  // (The metrics endpoint stops first: a scrape reads the executor's slots.)
+  StopExposer(std::move(exposer),
+              config.metrics_listen.substr(0, config.metrics_listen.rfind(':')));
   const absl::Time now = absl::Now();
   const bool clean = executor->ShutdownBy(
       std::max(now + absl::Milliseconds(50), std::min(deadline, now + absl::Milliseconds(500))));
   executor->SetFatalHandler({});
-  StopExposer(std::move(exposer),
-              config.metrics_listen.substr(0, config.metrics_listen.rfind(':')));
+  {
+    absl::MutexLock lock(&fatal->mu);
+    if (!fatal->why.ok()) exit_code = kExitDeviceLost;  // also when it was lost while stopping
+  }
   if (!clean) {
     // Its device memory, streams and IPC mappings stay as they are: freeing them could wait for
     // the pending work. The process's exit reclaims them.
