@@ -2,7 +2,10 @@
 # Makes a relocatable bundle of a build: the binaries, the demo probe set, and the Debian shared
 # libraries they need (gRPC, protobuf, absl, c-ares, re2, OpenSSL, prometheus-cpp, civetweb...),
 # but not what every target machine has or must provide itself: libc, libstdc++, libgcc, the
-# CUDA driver and cuBLAS. The binaries look in ../lib first (RUNPATH $ORIGIN/../lib).
+# CUDA driver and cuBLAS. The binaries look in ../lib first (RPATH $ORIGIN/../lib). The server
+# and the kernel tests open cuBLAS only when their CUDA code first uses it (~570 MB with
+# cuBLASLt: too large to carry), so a bundle starts on a host without the CUDA libraries and
+# the server serves there on its CPU backend; the benchmarks link cuBLAS and need it to start.
 #
 #   deploy/bundle.sh BUILD_DIR OUT_DIR [BINARY...]     (default binaries: probe-sidecar,
 #                                                      probe-client, probe-bench, probe-echo-server)

@@ -5,7 +5,7 @@
 #                                 embedded defaults and show a scored request (Ctrl-C stops it)
 #   deploy/setup-debian.sh test   install what is missing, build, run every test (CI runs this)
 #
-# `test` runs four stages, in this order; TEST_STAGES runs some of them alone (a space-separated
+# `test` runs five stages, in this order; TEST_STAGES runs some of them alone (a space-separated
 # list, e.g. TEST_STAGES=fuzz FUZZ_SECONDS=120 deploy/setup-debian.sh test):
 #   release   the normal build (build/) and every CTest test: unit, C++ and Python integration
 #   asan      clang AddressSanitizer + UndefinedBehaviorSanitizer build (build-asan/, with the
@@ -13,6 +13,9 @@
 #             sanitized server, and the fuzz corpora replayed
 #   tsan      clang ThreadSanitizer build (build-tsan/): the executors' and registries' tests
 #   fuzz      each libFuzzer target of build-asan/ for FUZZ_SECONDS (default 30) seconds
+#   deploy    deploy/ run for real (tests/deploy/run.sh): the image built from a bundle of build/
+#             and started, the compose stack brought up and scraped, the Kubernetes manifests
+#             checked; installs docker.io, docker-compose and debootstrap (needs root or sudo)
 # Any sanitizer report fails the stage; reports are kept in <build dir>/sanitizer-reports/.
 #
 # Debian packages come from apt-get, Python packages from pip into .venv/. Safe to run again:
@@ -74,11 +77,11 @@ configure() {  # configure BUILD_DIR [cmake args...]
 }
 
 if [[ "$mode" == test ]]; then
-  stages="${TEST_STAGES:-release asan tsan fuzz}"
+  stages="${TEST_STAGES:-release asan tsan fuzz deploy}"
   for stage in $stages; do
     case "$stage" in
-      release | asan | tsan | fuzz) ;;
-      *) echo "error: unknown stage '$stage' in TEST_STAGES (release asan tsan fuzz)" >&2; exit 2 ;;
+      release | asan | tsan | fuzz | deploy) ;;
+      *) echo "error: unknown stage '$stage' in TEST_STAGES (release asan tsan fuzz deploy)" >&2; exit 2 ;;
     esac
   done
   for stage in $stages; do
@@ -124,6 +127,13 @@ if [[ "$mode" == test ]]; then
         cmake --build "$root/build-tsan" -j "$jobs" --target tsan_tests
         echo "== tests under TSan"
         tests/sanitizers/ctest.sh "$root/build-tsan" -L tsan -j "$jobs"
+        ;;
+      deploy)
+        # The release build's binaries, bundled into the image (built here if missing).
+        echo "== build ($build: probe-sidecar, probe-client)"
+        configure "$build" -DCMAKE_BUILD_TYPE=Release
+        cmake --build "$build" -j "$jobs" --target probe-sidecar probe-client demo_probe_set
+        tests/deploy/run.sh "$build"
         ;;
     esac
     echo "== stage $stage: $((SECONDS - start)) s"

@@ -1,13 +1,19 @@
 """Stand-ins for CUDA and the sidecar, for a dry run of the benchmark on a CPU (worker.py
 --cpu-dry-run): they run every line of the loop, the bookkeeping and the report, but time
-nothing real. The fake client scores in float32 at once, on the host."""
+nothing real. The fake client scores in float32 at once, on the host; its taps are the client's
+real taps (probe_sidecar.tap, host ring) over a stand-in for the ScoreStream."""
 
 from __future__ import annotations
 
 import time
 import types
 
+import numpy as np
 import torch
+
+from probe_sidecar.client import ProbeSetInfo
+from probe_sidecar.tap import HostRing, Tap
+from probesidecar.v1 import probes_pb2, score_pb2
 
 # The fake server's probe sets: they outlive a client, as the real server's do.
 _PROBE_SETS: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
@@ -46,6 +52,12 @@ class CpuDevice:
 
     def capture(self, decoder, slot, tap, pool) -> CpuGraph:
         return CpuGraph(lambda: decoder.step(slot, tap))
+
+    def capturing(self) -> bool:
+        return True  # a CpuGraph "replays" by running the step, hooks included
+
+    def profile(self, graph, replays: int = 2) -> dict:
+        return {"replays": replays, "kernels": [["cpu-step", 1, 0.0]]}
 
     def description(self) -> str:
         return "cpu (dry run)"
@@ -87,6 +99,30 @@ class FakeTorchClient:
         pair = self._free.pop()
         self._free.append(pair)  # answered at once: released at once, reused next
         return FakeHandle(pair)
+
+    def tap(self, probe_set, *, max_batch, window, submit="gpu", **options):
+        weight, _ = _PROBE_SETS[probe_set]
+        info = ProbeSetInfo(probes_pb2.ProbeSetInfo(
+            name=probe_set, num_probes=weight.shape[0], hidden_size=weight.shape[1],
+            probes=[probes_pb2.Probe(name=f"p{i}") for i in range(weight.shape[0])]))
+        ring = HostRing(probe_set, 0, weight.shape[1], max_batch, window, "bfloat16")
+        return Tap(ring, FakeStream(), info, submit=submit, **options)
+
+    def close(self) -> None:
+        pass
+
+
+class FakeStream:
+    """The ScoreStreamPipeline's submit(), answered at once from the inline bf16 rows."""
+
+    def submit(self, request, on_answer):
+        weight, bias = _PROBE_SETS[request.probe_set]
+        rows, hidden = request.activations.shape
+        bits = np.frombuffer(request.activations.data, dtype=np.uint16).reshape(rows, hidden)
+        x = torch.from_numpy(bits.astype(np.int16)).view(torch.bfloat16).float()
+        scores = torch.addmm(bias, x, weight.t()).numpy().astype("<f4")
+        on_answer(score_pb2.ScoreResponse(num_rows=rows, num_probes=weight.shape[0],
+                                          scores=scores.tobytes()), None)
 
     def close(self) -> None:
         pass

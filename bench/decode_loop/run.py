@@ -1,10 +1,11 @@
 #!/usr/bin/env python3
 """The decode-loop benchmark: what scoring every decode step with P=16 probes costs a ~1B-parameter
-Llama-style model's greedy decode loop, eager and CUDA-graphed, with no scoring, an in-process
-tap, the sidecar synchronous (v1) and the sidecar asynchronous (IPC events, device rows, an output
-buffer), each sidecar variant with and without MPS.
+Llama-style model's CUDA-graphed greedy decode loop (or its eager loop, --modes), with no scoring,
+an in-process tap, and the sidecar through a tap (one Score per window of K steps; variants.py
+lists every variant), with and without MPS. `kept` is measured against the loop without MPS and
+without scoring (what a user runs today without the sidecar), and against the same MPS setting.
 
-    python3 bench/decode_loop/run.py --out-dir "$OUT"           # full: under 6 min on an H200
+    python3 bench/decode_loop/run.py --out-dir "$OUT"           # full: about 6 min on an H200
     python3 bench/decode_loop/run.py --out-dir "$OUT" --quick   # smoke: about 1 min
 
 For each MPS setting (without first) it starts, in this order: the MPS control daemon (private
@@ -42,8 +43,8 @@ import receipt  # noqa: E402
 import mps  # noqa: E402
 import results  # noqa: E402
 
-QUICK = dict(batches="8", steps=32, graph_reps=2, eager_reps=1, budget_s=60)
-FULL = dict(batches="1,8,32,64", steps=128, graph_reps=5, eager_reps=3, budget_s=330)
+QUICK = dict(batches="8", steps=64, graph_reps=2, eager_reps=1, budget_s=80)
+FULL = dict(batches="1,8,32,64", steps=256, graph_reps=3, eager_reps=2, budget_s=330)
 FINAL_S = 6.0  # kept for the last render
 GRACE_S = 20.0  # past its deadline, a worker is stopped
 RENDER_EVERY_S = 20.0
@@ -57,7 +58,15 @@ def main() -> int:
     parser.add_argument("--quick", action="store_true",
                         help=f"a smoke run: {QUICK} (explicit flags still win)")
     parser.add_argument("--batches", help=f"default {FULL['batches']}")
-    parser.add_argument("--modes", default="graph,eager")
+    parser.add_argument("--modes", default="graph",
+                        help="graph and/or eager (eager steps are host-bound and noisy: see "
+                             "docs/benchmarks.md)")
+    parser.add_argument("--variants", help="comma-separated, see variants.py (default: "
+                                           "none, in_process, tap_k1/4/16/64, tap_k16/64_graph, "
+                                           "tap_k16_host)")
+    parser.add_argument("--profile", action="store_true",
+                        help="profile the plain graphed step's kernels at the first batch, for "
+                             "each MPS setting")
     parser.add_argument("--steps", type=int, help=f"decode steps per run (default {FULL['steps']})")
     parser.add_argument("--graph-reps", type=int, help="repeats per variant, graph mode")
     parser.add_argument("--eager-reps", type=int, help="repeats per variant, eager mode")
@@ -137,6 +146,10 @@ def run_setting(args, mps_on: bool, deadline: float, runs: pathlib.Path, first: 
                    f"--mps={int(mps_on)}", f"--batches={args.batches}", f"--modes={args.modes}",
                    f"--steps={args.steps}", f"--graph-reps={args.graph_reps}",
                    f"--eager-reps={args.eager_reps}", f"--deadline={deadline}", f"--out={runs}"]
+        if args.variants:
+            command.append(f"--variants={args.variants}")
+        if args.profile:
+            command.append("--profile")
         if first:
             command.append("--ceilings")
         if args.cpu_dry_run:

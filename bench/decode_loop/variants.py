@@ -4,35 +4,68 @@ at every step:
   none                 no scoring
   in_process           `h @ W.T + b` on the decode stream, inside the step (a ProbeX-style tap;
                        captured in the graph in graph mode)
+  tap_k<K>             the sidecar through a tap (TorchClient.tap): after each step one write
+                       of the step's rows into the tap's ring (an eager kernel after the replay),
+                       one Score per window of K steps
+  tap_k<K>_graph       the same with the write captured inside the step's graph: the loop only
+                       counts steps (graph mode only)
+  tap_k<K>_host        the same as tap_k<K>, each window sent once its writes have landed (the
+                       sidecar's stream never waits on the GPU)
   sidecar_sync         TorchClient.score (v1): host sync, then a unary Score, every step
-  sidecar_async        TorchClient.score_async: GPU-side ordering through IPC events, rows and
-                       scores in registered device buffers; the stream waits for step t's scores
-                       only before step t + 2 overwrites the hidden-state slot they were read from
-  sidecar_async_ring1  the same with one slot: the stream waits for step t's scores before step
-                       t + 1 (an extra, to show what the second slot buys; graph mode only)
+  sidecar_async        TorchClient.score_async every step: GPU-side ordering through IPC events;
+                       the stream waits for step t's scores before step t + 2 overwrites them
 
 Timing: a CUDA event is recorded on the decode stream at every step boundary; step t's time is
 the interval between its two events and tokens/s is batch x steps over the first-to-last
 interval. The host never waits for the GPU inside the loop, except where the variant itself
-does (sidecar_sync). Scores of some steps are copied, on the GPU, into a history and compared
-after the run with float64 scores of the same hidden states.
+does (sidecar_sync). Scores of some steps are compared after the run with float64 scores of the
+same hidden states (copied on the GPU into a history at those steps).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
+import re
 import time
 
 import torch
 
-IMPLS = ("none", "in_process", "sidecar_sync", "sidecar_async")
-RING1 = "sidecar_async_ring1"
+DEFAULT = ("none", "in_process", "tap_k1", "tap_k4", "tap_k16", "tap_k64", "tap_k16_graph",
+           "tap_k64_graph", "tap_k16_host")
 # Relative error bounds (||got - ref|| / ||ref||, ref = float64 of the same bf16 inputs): the
 # sidecar accumulates in fp32 and writes fp32; the in-process tap writes bf16 (8 bits of
 # mantissa, so about 2e-3 of rounding).
 SIDECAR_TOL = 1e-3
 IN_PROCESS_TOL = 1e-2
+_TAP = re.compile(r"tap_k(?P<window>[1-9][0-9]*)(?:_(?P<kind>graph|host))?$")
+
+
+@dataclasses.dataclass(frozen=True)
+class Variant:
+    name: str
+    impl: str  # none, in_process, tap, sidecar_sync, sidecar_async
+    window: int | None = None  # tap: steps per Score
+    tap: str | None = None  # tap: "eager" (write after the replay) or "graph" (write inside it)
+    submit: str | None = None  # tap: "gpu" or "host" (TorchClient.tap's submit)
+
+    @property
+    def graph_key(self) -> str:
+        """Which captured step it replays in graph mode."""
+        return self.name if self.tap == "graph" else "in_process" if self.impl == "in_process" \
+            else "plain"
+
+
+def parse(name: str) -> Variant:
+    if name in ("none", "in_process", "sidecar_sync", "sidecar_async"):
+        return Variant(name, name)
+    match = _TAP.match(name)
+    if match is None:
+        raise ValueError(f"unknown variant {name!r} (none, in_process, sidecar_sync, "
+                         "sidecar_async, tap_k<K>, tap_k<K>_graph, tap_k<K>_host)")
+    kind = match.group("kind")
+    return Variant(name, "tap", int(match.group("window")), "graph" if kind == "graph" else "eager",
+                   "host" if kind == "host" else "gpu")
 
 
 @dataclasses.dataclass
@@ -44,11 +77,12 @@ class Scoring:
     probe_set: str
     rows: torch.Tensor  # [B] int32, on the device: 0..B-1 (every sequence's hidden state)
     rows_host: list  # the same rows for the v1 call
-    out: torch.Tensor  # [ring, B, P] float32: where the sidecar writes (registered)
-    local: torch.Tensor  # [ring, B, P] bf16: where the in-process tap writes
+    out: torch.Tensor  # [2, B, P] float32: where sidecar_async/sync write (registered)
+    local: torch.Tensor  # [2, B, P] bf16: where the in-process tap writes
     client: object  # TorchClient (or the CPU dry run's stand-in)
+    taps: dict = dataclasses.field(default_factory=dict)  # variant name -> Tap
 
-    def tap(self, hidden: torch.Tensor):
+    def in_process(self, hidden: torch.Tensor):
         """The in-process probe hook: scores hidden[slot] into local[slot], on the same stream."""
         weight_t = self.weight.t()
 
@@ -58,17 +92,28 @@ class Scoring:
         return run
 
 
+def graph_write(tap, hidden: torch.Tensor, capturing):
+    """The hook a graph-captured tap's step is captured with: it writes only while capturing (the
+    capture's eager warm-up steps must not advance the tap)."""
+
+    def run(slot: int) -> None:
+        if capturing():
+            tap.write(hidden[slot])
+
+    return run
+
+
 class Stepper:
     """Advances the decoder by one step: a graph replay (graph mode) or the eager forward."""
 
-    def __init__(self, decoder, mode: str, graphs: dict | None, tap):
-        self.decoder, self.mode, self.graphs, self.tap = decoder, mode, graphs, tap
+    def __init__(self, decoder, mode: str, graphs: dict | None, in_process):
+        self.decoder, self.mode, self.graphs, self.in_process = decoder, mode, graphs, in_process
 
-    def __call__(self, slot: int, tapped: bool) -> None:
+    def __call__(self, slot: int, variant: Variant) -> None:
         if self.mode == "graph":
-            self.graphs[tapped][slot].replay()
+            self.graphs[variant.graph_key][slot].replay()
         else:
-            self.decoder.step(slot, self.tap if tapped else None)
+            self.decoder.step(slot, self.in_process if variant.impl == "in_process" else None)
 
 
 def check_steps(steps: int, count: int = 8) -> list[int]:
@@ -78,34 +123,31 @@ def check_steps(steps: int, count: int = 8) -> list[int]:
     return list(range(every - 1, steps, every))
 
 
-def timed_run(impl: str, steps: int, stepper: Stepper, scoring: Scoring, device) -> dict:
-    """Runs `steps` decode steps with `impl` from the decoder's reset state; returns the raw
+def timed_run(variant: Variant, steps: int, stepper: Stepper, scoring: Scoring, device) -> dict:
+    """Runs `steps` decode steps with `variant` from the decoder's reset state; returns the raw
     measurements (a JSON-ready dict)."""
     decoder = stepper.decoder
     hidden = decoder.hidden
-    ring = 1 if impl == RING1 else hidden.shape[0]
-    asynchronous = impl in ("sidecar_async", RING1)
-    checks = check_steps(steps) if impl != "none" else []
+    ring = hidden.shape[0]
+    checks = check_steps(steps) if variant.impl != "none" else []
     index = {t: k for k, t in enumerate(checks)}
     history_hidden = torch.empty((len(checks),) + tuple(hidden.shape[1:]), dtype=hidden.dtype,
                                  device=hidden.device)
-    scores_dtype = scoring.local.dtype if impl == "in_process" else torch.float32
-    history_scores = torch.empty((len(checks),) + tuple(scoring.out.shape[1:]), dtype=scores_dtype,
-                                 device=hidden.device)
+    scores_dtype = scoring.local.dtype if variant.impl == "in_process" else torch.float32
+    history_scores = torch.full((len(checks),) + tuple(scoring.out.shape[1:]), float("nan"),
+                                dtype=scores_dtype, device=hidden.device)
     stream = device.current_stream()
     marks = [device.event() for _ in range(steps + 1)]
-    call_us: list[float] = []
-    wait_us: list[float] = []
+    call_us: list[float] = []  # wall time of the variant's calls on the decode thread
+    call_cpu_us: list[float] = []  # CPU time of this thread in them (a wait for the GPU is none)
     outstanding: dict[int, object] = {}
-    early_reuse = 0
+    tap = scoring.taps.get(variant.name)
+    first_tap_step = tap.stats.steps if tap is not None else 0
 
     def settle(t: int) -> None:
-        """Step t's scores: the stream waits (on the GPU) until the sidecar has written them and
-        read step t's hidden state; then they may be copied, and the slot reused."""
+        """sidecar_async: step t's scores are waited for (on the GPU) before the slot is reused."""
         handle = outstanding.pop(t)
-        start = time.perf_counter()
         handle.wait_stream(stream)
-        wait_us.append((time.perf_counter() - start) * 1e6)
         if t in index:
             history_scores[index[t]].copy_(scoring.out[t % ring])
 
@@ -118,27 +160,33 @@ def timed_run(impl: str, steps: int, stepper: Stepper, scoring: Scoring, device)
     for t in range(steps):
         slot = t % ring
         marks[t].record(stream)
-        if asynchronous and t - ring in outstanding:
+        if variant.impl == "sidecar_async" and t - ring in outstanding:
             settle(t - ring)  # before this step overwrites hidden[slot] and out[slot]
-        stepper(slot, tapped=impl == "in_process")
+        stepper(slot, variant)
         if t in index:
             history_hidden[index[t]].copy_(hidden[slot])
-            if impl == "in_process":
+            if variant.impl == "in_process":
                 history_scores[index[t]].copy_(scoring.local[slot])
-        if impl == "sidecar_sync":
+        if tap is not None:
+            start, cpu = time.perf_counter(), time.thread_time()
+            if variant.tap == "eager":
+                tap.write(hidden[slot])
+            tap.step()
+            call_us.append((time.perf_counter() - start) * 1e6)
+            call_cpu_us.append((time.thread_time() - cpu) * 1e6)
+        elif variant.impl == "sidecar_sync":
             start = time.perf_counter()
             scoring.client.score(hidden[slot], scoring.rows_host, scoring.probe_set,
                                  out=scoring.out[slot])
             call_us.append((time.perf_counter() - start) * 1e6)
             if t in index:  # v1 answers once the scores are written
                 history_scores[index[t]].copy_(scoring.out[slot])
-        elif asynchronous:
+        elif variant.impl == "sidecar_async":
             start = time.perf_counter()
-            handle = scoring.client.score_async(hidden[slot], scoring.rows, scoring.probe_set,
-                                                out=scoring.out[slot], stream=stream)
+            outstanding[t] = scoring.client.score_async(hidden[slot], scoring.rows,
+                                                        scoring.probe_set, out=scoring.out[slot],
+                                                        stream=stream)
             call_us.append((time.perf_counter() - start) * 1e6)
-            early_reuse += _shares_events(handle, outstanding.values())
-            outstanding[t] = handle
     for t in sorted(outstanding):
         settle(t)
     marks[steps].record(stream)
@@ -146,28 +194,32 @@ def timed_run(impl: str, steps: int, stepper: Stepper, scoring: Scoring, device)
     wall_s = time.perf_counter() - wall_start
 
     step_us = [marks[t].elapsed_time(marks[t + 1]) * 1e3 for t in range(steps)]
-    run = dict(impl=impl, steps=steps, ring=ring if impl != "none" else None,
+    run = dict(impl=variant.impl, variant=variant.name, window=variant.window, tap=variant.tap,
+               submit=variant.submit, steps=steps,
                total_us=marks[0].elapsed_time(marks[steps]) * 1e3, wall_s=wall_s,
                step_us=[round(x, 2) for x in step_us])
     if call_us:
         run["call_us"] = [round(x, 2) for x in call_us]
-    if wait_us:
-        run["wait_us"] = [round(x, 2) for x in wait_us]
-    if asynchronous:
-        run["event_pair_reused_before_wait"] = early_reuse
+    if call_cpu_us:
+        run["call_cpu_us"] = [round(x, 2) for x in call_cpu_us]
+    if tap is not None:
+        tap.flush()  # nothing when steps is a multiple of the window
+        tap.wait_delivered()
+        windows = [w for w in tap.windows() if w.first_step >= first_tap_step]
+        # Per window: steps, GPU time from its close to its scores in device memory and in host
+        # memory, and host time from step() closing it to delivery (seconds).
+        run["windows"] = [[w.steps, w.device_latency_s, w.host_memory_latency_s, w.latency_s]
+                          for w in windows]
+        run["window_errors"] = [str(w.error) for w in windows if w.error is not None]
+        for w in windows:
+            for i in range(w.steps):
+                t = w.first_step - first_tap_step + i
+                if t in index and w.error is None:
+                    history_scores[index[t]].copy_(torch.from_numpy(w.scores[i, :hidden.shape[1]]))
     if checks:
         run["check"] = _check(history_hidden, history_scores, scoring,
-                              IN_PROCESS_TOL if impl == "in_process" else SIDECAR_TOL)
+                              IN_PROCESS_TOL if variant.impl == "in_process" else SIDECAR_TOL)
     return run
-
-
-def _shares_events(handle, outstanding) -> int:
-    """1 when the client gave this request the IPC event pair of a request whose scores the
-    stream has not waited for yet: the server re-records that pair's done event, so the earlier
-    wait waits for this later request instead (correct, but it takes the overlap away). A
-    diagnostic that reads the client's private `_pair`; 0 where the client has none."""
-    pair = getattr(handle, "_pair", None)
-    return int(pair is not None and any(getattr(h, "_pair", None) is pair for h in outstanding))
 
 
 def _check(history_hidden, history_scores, scoring: Scoring, tolerance: float) -> dict:

@@ -60,6 +60,32 @@ class CudaDevice:
     def capture(self, decoder, slot, tap, pool):
         return decoder.capture(slot, tap, pool)
 
+    def capturing(self) -> bool:
+        return torch.cuda.is_current_stream_capturing()
+
+    def profile(self, graph, replays: int = 20) -> dict:
+        """GPU time per kernel over `replays` replays of `graph` (torch.profiler, CUPTI):
+        {"replays", "kernels": [[name, count per replay, us per replay], ...] by time}."""
+        from torch.profiler import ProfilerActivity, profile
+
+        for _ in range(3):
+            graph.replay()
+        torch.cuda.synchronize()
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            for _ in range(replays):
+                graph.replay()
+            torch.cuda.synchronize()
+        totals: dict[str, list] = {}
+        for event in prof.events():
+            if event.device_type.name != "CUDA":
+                continue
+            entry = totals.setdefault(event.name, [0, 0.0])
+            entry[0] += 1
+            entry[1] += event.device_time
+        kernels = sorted(([name, round(c / replays, 2), round(us / replays, 2)]
+                          for name, (c, us) in totals.items()), key=lambda k: -k[2])
+        return {"replays": replays, "kernels": kernels}
+
     def description(self) -> str:
         return torch.cuda.get_device_name()
 
@@ -131,9 +157,15 @@ def main() -> int:
     parser.add_argument("--mps", type=int, choices=(0, 1), required=True,
                         help="whether this worker runs under MPS (checked against the server)")
     parser.add_argument("--batches", default="1,8,32,64")
-    parser.add_argument("--modes", default="graph,eager")
-    parser.add_argument("--steps", type=int, default=128)
-    parser.add_argument("--graph-reps", type=int, default=5)
+    parser.add_argument("--modes", default="graph")
+    parser.add_argument("--variants", default=",".join(variants.DEFAULT),
+                        help="comma-separated (variants.py): none, in_process, tap_k<K>, "
+                             "tap_k<K>_graph, tap_k<K>_host, sidecar_sync, sidecar_async")
+    parser.add_argument("--profile", action="store_true",
+                        help="profile the plain graphed step's kernels (torch.profiler) at the "
+                             "first batch")
+    parser.add_argument("--steps", type=int, default=256)
+    parser.add_argument("--graph-reps", type=int, default=3)
     parser.add_argument("--eager-reps", type=int, default=3)
     parser.add_argument("--deadline", type=float, required=True, help="time.time() to end by")
     parser.add_argument("--ceilings", action="store_true", help="measure the ceilings first")
@@ -216,43 +248,69 @@ def run_batch(args, emit, device, model, weight, bias, batch, modes, share_end, 
         rows=torch.arange(batch, dtype=torch.int32, device=where), rows_host=list(range(batch)),
         out=torch.full((2, batch, PROBES), float("nan"), dtype=torch.float32, device=where),
         local=torch.zeros(2, batch, PROBES, dtype=torch.bfloat16, device=where), client=client)
-    tap = scoring.tap(decoder.hidden)
+    in_process = scoring.in_process(decoder.hidden)
+    chosen = [variants.parse(name) for name in args.variants.split(",")]
+    for variant in chosen:
+        if variant.impl == "tap":
+            try:
+                scoring.taps[variant.name] = client.tap(PROBE_SET, max_batch=batch,
+                                                        window=variant.window,
+                                                        submit=variant.submit)
+            except Exception as error:
+                emit("error", where=f"b={batch} {variant.name} tap",
+                     message=f"{type(error).__name__}: {error}")
+    chosen = [v for v in chosen if v.impl != "tap" or v.name in scoring.taps]
     emit("meta", what="prefill", batch=batch, seconds=round(time.perf_counter() - start, 2))
     for j, mode in enumerate(modes):
         graphs = None
+        impls = [v for v in chosen if mode == "graph" or v.tap != "graph"]
         if mode == "graph":
             start = time.perf_counter()
             try:
-                graphs, pool = {False: [], True: []}, None
-                for tapped in (False, True):  # plain steps, and steps with the in-process tap
+                graphs, pool = {}, None
+                hooks = {"plain": None, "in_process": in_process}
+                for v in impls:
+                    if v.tap == "graph":
+                        hooks[v.name] = variants.graph_write(scoring.taps[v.name], decoder.hidden,
+                                                             device.capturing)
+                for key, hook in hooks.items():  # plain steps, in-process tap, captured writes
+                    graphs[key] = []
                     for slot in range(decoder.hidden.shape[0]):
-                        graph = device.capture(decoder, slot, tap if tapped else None, pool)
+                        graph = device.capture(decoder, slot, hook, pool)
                         pool = pool or graph.pool()
-                        graphs[tapped].append(graph)
+                        graphs[key].append(graph)
             except Exception as error:
                 emit("error", where=f"graph b={batch} capture",
                      message=f"{type(error).__name__}: {error}")
                 continue
             emit("meta", what="capture", batch=batch,
                  seconds=round(time.perf_counter() - start, 2))
-        stepper = variants.Stepper(decoder, mode, graphs, tap)
-        impls = list(variants.IMPLS) + ([variants.RING1] if mode == "graph" else [])
+            if args.profile and batch == int(args.batches.split(",")[0]):
+                try:
+                    emit("profile", batch=batch, **device.profile(graphs["plain"][0]))
+                except Exception as error:
+                    emit("error", where=f"graph b={batch} profile",
+                         message=f"{type(error).__name__}: {error}")
+        stepper = variants.Stepper(decoder, mode, graphs, in_process)
         warm = {}
-        for impl in list(impls):
+        for v in list(impls):
+            steps = max(WARM_STEPS[mode], v.window or 0)  # a tap's first window too
             try:
-                run = variants.timed_run(impl, WARM_STEPS[mode], stepper, scoring, device)
-                warm[impl] = max(run["wall_s"], run["total_us"] * 1e-6) / run["steps"]
+                run = variants.timed_run(v, steps, stepper, scoring, device)
+                warm[v.name] = max(run["wall_s"], run["total_us"] * 1e-6) / run["steps"]
             except Exception as error:
-                emit("error", where=f"{mode} b={batch} {impl} warm-up",
+                emit("error", where=f"{mode} b={batch} {v.name} warm-up",
                      message=f"{type(error).__name__}: {error}")
-                impls.remove(impl)
+                impls.remove(v)
         if not impls:
             continue
         wanted = args.graph_reps if mode == "graph" else args.eager_reps
         # This mode's part of what is left of the batch's share (graph mode leaves what it does
         # not use to eager mode).
         available = (share_end - time.time()) / (len(modes) - j)
-        steps, reps = plan(warm, impls, args.steps, wanted, available)
+        windows = [v.window for v in impls if v.window]
+        steps, reps = plan(warm, [v.name for v in impls], args.steps, wanted, available,
+                           multiple=max(windows, default=8))
         if steps < 8:
             emit("note", message=f"{mode} b={batch} skipped: no time left in this batch's share")
             continue
@@ -261,21 +319,23 @@ def run_batch(args, emit, device, model, weight, bias, batch, modes, share_end, 
                                  f"time budget")
         failed = set()
         for rep in range(reps):
-            for impl in rotate(impls, rep):
-                if impl in failed:
+            for v in rotate(impls, rep):
+                if v.name in failed:
                     continue  # once is enough: a broken variant would only eat the budget
                 try:
-                    run = variants.timed_run(impl, steps, stepper, scoring, device)
+                    run = variants.timed_run(v, steps, stepper, scoring, device)
                 except Exception as error:
-                    emit("error", where=f"{mode} b={batch} {impl} rep {rep}",
+                    emit("error", where=f"{mode} b={batch} {v.name} rep {rep}",
                          message=f"{type(error).__name__}: {error}")
-                    failed.add(impl)
+                    failed.add(v.name)
                     continue
                 emit("run", batch=batch, mode=mode, rep=rep, **labels, **run)
                 progress(labels["server_mps"], mode, batch, rep, reps, run, batch)
         del stepper, graphs
+    for tap in scoring.taps.values():
+        tap.close()
     client.close()
-    del decoder, scoring, tap
+    del decoder, scoring
     gc.collect()
     if device.name == "cuda":
         torch.cuda.empty_cache()
@@ -285,10 +345,18 @@ def progress(mps, mode, batch, rep, reps, run, tokens_per_step) -> None:
     mean_us = run["total_us"] / run["steps"]
     tokens_per_s = tokens_per_step / mean_us * 1e6
     line = (f"[mps={'on' if mps else 'off'} {mode:5} b={batch:<2} rep {rep + 1}/{reps}] "
-            f"{run['impl']:<19} {mean_us:9.1f} us/step {tokens_per_s:9.0f} tok/s")
+            f"{run['variant']:<19} {mean_us:9.1f} us/step {tokens_per_s:9.0f} tok/s")
     if "call_us" in run:
-        calls = sorted(run["call_us"])
-        line += f"  call p50 {calls[len(calls) // 2]:.1f} us"
+        calls = run["call_us"]
+        line += f"  decode-thread {sum(calls) / len(calls):.1f} us/step wall"
+        cpu = run.get("call_cpu_us") or [0]
+        line += f" {sum(cpu) / len(cpu):.1f} cpu"
+    if run.get("windows"):
+        latencies = sorted(w[1] for w in run["windows"] if w[1] is not None)
+        if latencies:
+            line += f"  window->scores p50 {latencies[len(latencies) // 2] * 1e3:.2f} ms"
+    if run.get("window_errors"):
+        line += f"  WINDOW ERRORS {run['window_errors'][:2]}"
     if "check" in run and not run["check"]["ok"]:
         line += f"  CHECK FAILED {run['check']}"
     print(line, flush=True)

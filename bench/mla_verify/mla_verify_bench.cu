@@ -2,8 +2,12 @@
 // ceiling (cudaMemcpy device to device, bytes read + written per second) and the cuBLAS bf16
 // GEMM ceiling measured in the same run. Plain CUDA events (no Google Benchmark).
 //
-//   mla-verify-bench --out FILE.json --git HASH [--allow-dirty] [--sweep full|quick]
-//                    [--impls split_kv,split_kv_sm90a,split_kv_sm90a_cpasync,baseline]
+//   mla-verify-bench --out FILE.json --git HASH [--allow-dirty] [--sweep full|quick|targets]
+//                    [--impls split_kv,split_kv_sm90a,baseline] [--points H:S:B:L,...]
+//                    [--skip-ceilings]
+//
+// --sweep targets: the points the issue's targets name (and a few short ones); --points: only
+// these points (h_q:s_q:batch:len) of the sweep chosen.
 //
 // Each point: the median of many graph replays after warm-up, rotating over as many input sets
 // (cache pages, q, out, tables) as keep the working set above 400 MB (the L2 is 60 MB). Bytes
@@ -173,8 +177,7 @@ bool Fits(const Point& p, const Pools& pools) {
          static_cast<size_t>(sets) * p.batch * ((p.len + 63) / 64) <= pools.table_ints;
 }
 
-// An impl: a path on a workspace ("split_kv_sm90a_cpasync" is the sm_90a path on a workspace
-// made with use_tma = false, timed to show what TMA brings).
+// An impl: a path on a workspace.
 struct Impl {
   MlaVerifyPath path;
   MlaVerifyWorkspace* ws;
@@ -293,9 +296,9 @@ std::string JsonEscape(const std::string& s) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  std::string out_path, git, sweep = "full",
-              impls_arg = "split_kv,split_kv_sm90a,split_kv_sm90a_cpasync,baseline";
-  bool allow_dirty = false;
+  std::string out_path, git, sweep = "full", points_arg,
+              impls_arg = "split_kv,split_kv_sm90a,baseline";
+  bool allow_dirty = false, skip_ceilings = false;
   std::string command;
   for (int i = 0; i < argc; ++i) command += (i ? " " : "") + std::string(argv[i]);
   for (int i = 1; i < argc; ++i) {
@@ -306,6 +309,8 @@ int main(int argc, char** argv) {
     else if (a == "--allow-dirty") allow_dirty = true;
     else if (a == "--sweep") sweep = next();
     else if (a == "--impls") impls_arg = next();
+    else if (a == "--points") points_arg = next();
+    else if (a == "--skip-ceilings") skip_ceilings = true;  // profiling runs
     else {
       std::fprintf(stderr, "unknown argument %s\n", a.c_str());
       return 2;
@@ -324,19 +329,42 @@ int main(int argc, char** argv) {
     cudaDeviceProp prop;
     CHECK_CUDA(cudaGetDeviceProperties(&prop, 0));
     Ceilings ceil;
-    if (!MeasureCeilings(&ceil)) return false;
+    if (!skip_ceilings && !MeasureCeilings(&ceil)) return false;
     std::printf("device %s: copy %.0f GB/s, bf16 GEMM %.0f TFLOP/s\n", prop.name, ceil.copy_gbps,
                 ceil.bf16_tflops);
     std::vector<Point> points;
-    const std::vector<int> sqs = sweep == "quick" ? std::vector<int>{1, 4} : std::vector<int>{1, 2, 4, 8};
-    const std::vector<int> batches =
-        sweep == "quick" ? std::vector<int>{1, 64} : std::vector<int>{1, 8, 64, 128};
-    const std::vector<int> lens = sweep == "quick" ? std::vector<int>{4096, 65536}
-                                                   : std::vector<int>{1024, 4096, 16384, 65536};
-    for (int h : {16, 128})
-      for (int s : sqs)
-        for (int b : batches)
-          for (int l : lens) points.push_back({h, s, b, l});
+    if (sweep == "targets") {
+      for (int s : {1, 2, 4})
+        for (auto [b, l] : {std::pair{64, 4096}, {64, 16384}, {128, 4096}, {128, 65536}})
+          points.push_back({16, s, b, l});
+      for (int s : {1, 2, 4, 8}) points.push_back({128, s, 64, 16384});
+      for (int s : {1, 2, 4, 8}) points.push_back({16, s, 1, 65536});
+      points.push_back({16, 1, 128, 1024});
+      points.push_back({16, 8, 64, 4096});
+      points.push_back({128, 1, 8, 1024});
+      points.push_back({128, 8, 1, 1024});
+    } else {
+      const std::vector<int> sqs =
+          sweep == "quick" ? std::vector<int>{1, 4} : std::vector<int>{1, 2, 4, 8};
+      const std::vector<int> batches =
+          sweep == "quick" ? std::vector<int>{1, 64} : std::vector<int>{1, 8, 64, 128};
+      const std::vector<int> lens = sweep == "quick" ? std::vector<int>{4096, 65536}
+                                                     : std::vector<int>{1024, 4096, 16384, 65536};
+      for (int h : {16, 128})
+        for (int s : sqs)
+          for (int b : batches)
+            for (int l : lens) points.push_back({h, s, b, l});
+    }
+    if (!points_arg.empty()) {
+      std::vector<Point> only;
+      const std::string list = "," + points_arg + ",";
+      for (const Point& pt : points) {
+        const std::string key = "," + std::to_string(pt.h_q) + ":" + std::to_string(pt.s_q) + ":" +
+                                std::to_string(pt.batch) + ":" + std::to_string(pt.len) + ",";
+        if (list.find(key) != std::string::npos) only.push_back(pt);
+      }
+      points = only;
+    }
     // Pools: 11 GB of pages (the largest point, 128 x 64k, is 9.7 GB), q / out for 8 sets.
     Pools pools;
     pools.kv_pages = static_cast<size_t>(11e9 / (64 * 576 * 2));
@@ -352,19 +380,13 @@ int main(int argc, char** argv) {
     FillRandomBf16<<<4096, 256>>>(pools.q, pools.q_elems, 12, 2.0f);
     CHECK_CUDA(cudaGetLastError());
     CHECK_CUDA(cudaDeviceSynchronize());
-    MlaVerifyWorkspace *ws = nullptr, *ws_cp = nullptr;
+    MlaVerifyWorkspace* ws = nullptr;
     CHECK_CUDA(probesidecar::kernels::CreateMlaVerifyWorkspace({}, &ws));
-    probesidecar::kernels::MlaVerifyWorkspaceConfig cp_config;
-    cp_config.use_tma = false;
-    CHECK_CUDA(probesidecar::kernels::CreateMlaVerifyWorkspace(cp_config, &ws_cp));
-    std::printf("sm_90a path: %s, keys by %s\n", ws->has_sm90a ? "yes" : "no",
-                ws->sm90a_tma ? "TMA" : "cp.async");
+    std::printf("sm_90a path: %s\n", ws->has_sm90a ? "yes" : "no");
     std::vector<Impl> impls;
     if (want("split_kv")) impls.push_back({MlaVerifyPath::kSplitKv, ws, "split_kv"});
     if (want("split_kv_sm90a") && ws->has_sm90a)
       impls.push_back({MlaVerifyPath::kSplitKvSm90a, ws, "split_kv_sm90a"});
-    if (want("split_kv_sm90a_cpasync") && ws->sm90a_tma)
-      impls.push_back({MlaVerifyPath::kSplitKvSm90a, ws_cp, "split_kv_sm90a_cpasync"});
     if (want("baseline")) impls.push_back({MlaVerifyPath::kBaseline, ws, "baseline"});
     cudaStream_t stream;
     CHECK_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
@@ -388,7 +410,6 @@ int main(int argc, char** argv) {
       std::fflush(stdout);
     }
     probesidecar::kernels::DestroyMlaVerifyWorkspace(ws);
-    probesidecar::kernels::DestroyMlaVerifyWorkspace(ws_cp);
     FILE* f = std::fopen(out_path.c_str(), "w");
     if (f == nullptr) {
       std::fprintf(stderr, "cannot write %s\n", out_path.c_str());

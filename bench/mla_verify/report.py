@@ -14,8 +14,7 @@ import json
 import os
 from collections import defaultdict
 
-ORDER = ("split_kv", "split_kv_sm90a", "split_kv_sm90a_cpasync", "baseline", "flashinfer_fa3",
-         "torch_ref")
+ORDER = ("split_kv", "split_kv_sm90a", "baseline", "flashinfer_fa3", "torch_ref")
 # "ours" in the targets: the split path LaunchMlaVerify dispatches to for the shape (the
 # record the benchmark marks "dispatched").
 OURS = "ours"
@@ -105,13 +104,18 @@ def main():
 
 
 def targets(by_point, ceil):
-    out = ["## Targets (issue 10)", "",
+    """The targets of issue 17, each with our value, FlashInfer's and whether it is met."""
+    out = ["## Targets (issue 17)", "",
            "| target | ours | flashinfer_fa3 | met |", "|---|---|---|---|"]
 
     def frac(r):
         return r["gbps"] / ceil["copy_gbps"]
 
-    # 1. h_q=16, s_q<=4, KV >= 300 MB: >= 90% of copy.
+    def fi_cell(k, fn, fmt):
+        fi = by_point[k].get("flashinfer_fa3")
+        return fmt % fn(fi) if fi else "–"
+
+    # 1. h_q=16, s_q 1/2/4, KV >= 300 MB: >= 0.88 of copy at the worst such point.
     pts = [k for k in by_point if k[0] == 16 and k[1] <= 4 and k[2] * k[3] * 1152 >= 300e6]
     for s in (1, 2, 4):
         ks = [k for k in pts if k[1] == s and OURS in by_point[k]]
@@ -119,50 +123,53 @@ def targets(by_point, ceil):
             continue
         worst = min(ks, key=lambda k: frac(by_point[k][OURS]))
         sp = frac(by_point[worst][OURS])
-        fi = by_point[worst].get("flashinfer_fa3")
         out.append(f"| h_q=16 s_q={s}, KV >= 300 MB (worst of {len(ks)} points: batch {worst[2]} x "
-                   f"{worst[3]}): >= 0.90 of copy | {sp:.2f} | "
-                   f"{frac(fi):.2f} | {'yes' if sp >= 0.9 else 'no'} |" if fi else
-                   f"| h_q=16 s_q={s}, KV >= 300 MB (worst: batch {worst[2]} x {worst[3]}) | {sp:.2f} | – | "
-                   f"{'yes' if sp >= 0.9 else 'no'} |")
-    # 2. h_q=128: >= 600 TFLOP/s (best point per s_q, and batch 64 x 16k).
+                   f"{worst[3]}): >= 0.88 of copy | {sp:.2f} | {fi_cell(worst, frac, '%.2f')} | "
+                   f"{'yes' if sp >= 0.88 else 'no'} |")
+    # 2. h_q=128, batch 64 x 16k, s_q 1/2/4/8: >= 620 TFLOP/s.
     for s in (1, 2, 4, 8):
         k = (128, s, 64, 16384)
         if k in by_point and OURS in by_point[k]:
             sp = by_point[k][OURS]["tflops"]
-            fi = by_point[k].get("flashinfer_fa3")
-            out.append(f"| h_q=128 s_q={s}, batch 64 x 16k: >= 600 TFLOP/s | {sp:.0f} | "
-                       f"{fi['tflops']:.0f} | {'yes' if sp >= 600 else 'no'} |" if fi else
-                       f"| h_q=128 s_q={s}, batch 64 x 16k | {sp:.0f} | – | {'yes' if sp >= 600 else 'no'} |")
-    # 3. batch 1 x 64k, h_q=16: >= 60% of copy.
+            out.append(f"| h_q=128 s_q={s}, batch 64 x 16k: >= 620 TFLOP/s | {sp:.0f} | "
+                       f"{fi_cell(k, lambda r: r['tflops'], '%.0f')} | {'yes' if sp >= 620 else 'no'} |")
+    # 3. batch 1 x 64k, h_q=16, s_q 1..8: >= 0.55 of copy.
     for s in (1, 2, 4, 8):
         k = (16, s, 1, 65536)
         if k in by_point and OURS in by_point[k]:
             sp = frac(by_point[k][OURS])
-            fi = by_point[k].get("flashinfer_fa3")
-            out.append(f"| batch 1 x 64k h_q=16 s_q={s}: >= 0.60 of copy | {sp:.2f} | "
-                       f"{frac(fi):.2f} | {'yes' if sp >= 0.6 else 'no'} |" if fi else
-                       f"| batch 1 x 64k h_q=16 s_q={s} | {sp:.2f} | – | {'yes' if sp >= 0.6 else 'no'} |")
-    # 4. never slower than the baseline; 5. faster than FlashInfer.
+            out.append(f"| batch 1 x 64k h_q=16 s_q={s}: >= 0.55 of copy | {sp:.2f} | "
+                       f"{fi_cell(k, frac, '%.2f')} | {'yes' if sp >= 0.55 else 'no'} |")
+    # 4. Never slower than the baseline.
     both = [k for k in by_point if OURS in by_point[k] and "baseline" in by_point[k]]
     slower = [k for k in both if by_point[k][OURS]["graph_us_p50"] >
               by_point[k]["baseline"]["graph_us_p50"]]
     out.append(f"| never slower than baseline | slower at {len(slower)} of {len(both)} points | – | "
                f"{'yes' if not slower else 'no'} |")
+    # 5. Faster than FlashInfer at every point, or within 3% where both are >= 0.90 of copy.
     vs = [k for k in by_point if OURS in by_point[k] and "flashinfer_fa3" in by_point[k]]
+
+    def excused(k):
+        o, f = by_point[k][OURS], by_point[k]["flashinfer_fa3"]
+        return (frac(o) >= 0.90 and frac(f) >= 0.90 and
+                o["graph_us_p50"] <= 1.03 * f["graph_us_p50"])
     lose = [k for k in vs if by_point[k][OURS]["graph_us_p50"] >
             by_point[k]["flashinfer_fa3"]["graph_us_p50"]]
-    out.append(f"| faster than FlashInfer everywhere | slower at {len(lose)} of {len(vs)} points | – | "
-               f"{'yes' if vs and not lose else 'no'} |")
+    lose_unexcused = [k for k in lose if not excused(k)]
+    out.append(f"| faster than FlashInfer at every point (or within 3% where both >= 0.90 of copy) | "
+               f"slower at {len(lose)} of {len(vs)} points, {len(lose) - len(lose_unexcused)} of them "
+               f"within the 3% | – | {'yes' if vs and not lose_unexcused else 'no'} |")
     if slower:
         out += ["", "Points where ours is slower than the baseline (ours / baseline time): " +
                 ", ".join(f"h{k[0]} s{k[1]} b{k[2]} {k[3]}: "
                           f"{by_point[k][OURS]['graph_us_p50'] / by_point[k]['baseline']['graph_us_p50']:.2f}"
                           for k in sorted(slower))]
     if lose:
-        out += ["", "Points where FlashInfer is faster (ours / FlashInfer time): " +
+        out += ["", "Points where FlashInfer is faster (ours / FlashInfer time; * = within 3% with both "
+                ">= 0.90 of copy): " +
                 ", ".join(f"h{k[0]} s{k[1]} b{k[2]} {k[3]}: "
                           f"{by_point[k][OURS]['graph_us_p50'] / by_point[k]['flashinfer_fa3']['graph_us_p50']:.2f}"
+                          f"{'*' if excused(k) else ''}"
                           for k in sorted(lose))]
     return out
 
@@ -176,8 +183,8 @@ def plot(by_point, impls, path, merged):
         print("report: matplotlib missing, no PNG")
         return
     fig, axes = plt.subplots(2, 2, figsize=(12, 9))
-    styles = {"split_kv": "-o", "split_kv_sm90a": "-D", "split_kv_sm90a_cpasync": ":D",
-              "baseline": "--s", "flashinfer_fa3": "-.^", "torch_ref": ":x"}
+    styles = {"split_kv": "-o", "split_kv_sm90a": "-D", "baseline": "--s", "flashinfer_fa3": "-.^",
+              "torch_ref": ":x"}
     for row, h in enumerate((16, 128)):
         for col, b in enumerate((1, 64)):
             ax = axes[row][col]

@@ -78,9 +78,11 @@ cudaError_t CreateMlaVerifyWorkspace(const MlaVerifyWorkspaceConfig& config,
     return err;
   }
   // sm_90a machine code runs on compute capability 9.0 exactly.
-  const bool has_sm90a = mla::Sm90aCompiled() && major == 9 && minor == 0;
-  bool tma_available = false;
-  if (has_sm90a && (err = mla::SetSm90aAttributes(&tma_available)) != cudaSuccess) return err;
+  bool sm90a_available = false;
+  if (mla::Sm90aCompiled() && major == 9 && minor == 0 &&
+      (err = mla::SetSm90aAttributes(&sm90a_available)) != cudaSuccess) {
+    return err;
+  }
   // Shared-memory limits of every instantiation, once.
   const cudaError_t attr[] = {SetTileAttributes<1, true>(), SetTileAttributes<2, true>(),
                               SetTileAttributes<4, true>(), SetTileAttributes<1, false>(),
@@ -92,8 +94,7 @@ cudaError_t CreateMlaVerifyWorkspace(const MlaVerifyWorkspaceConfig& config,
   ws->device = device;
   ws->num_sms = num_sms;
   ws->max_batch = config.max_batch;
-  ws->has_sm90a = has_sm90a;
-  ws->sm90a_tma = has_sm90a && tma_available && config.use_tma;
+  ws->has_sm90a = sm90a_available;
   ws->partial_rows = mla::PartialRowsFor(num_sms);
   const size_t plan_bytes = static_cast<size_t>(mla::PlanInts(config.max_batch)) * 4;
   const size_t out_bytes = static_cast<size_t>(ws->partial_rows) * kMlaHeadDimV * 4;
@@ -121,57 +122,98 @@ void DestroyMlaVerifyWorkspace(MlaVerifyWorkspace* ws) {
 
 namespace {
 
-int32_t PartsFor(MlaVerifyPath path, int32_t num_sms, int32_t rows) {
-  return path == MlaVerifyPath::kSplitKvSm90a ? mla::NumPartsSm90a(num_sms, rows)
-                                              : mla::NumParts(num_sms, rows);
-}
-
-cudaError_t PlanFor(MlaVerifyPath path, const MlaVerifyParams& params, MlaVerifyWorkspace* ws,
-                    cudaStream_t stream) {
-  const cudaError_t check = CheckMlaVerifyParams(params, ws);
-  if (check != cudaSuccess) return check;
-  const int32_t parts = PartsFor(path, ws->num_sms, params.s_q * params.h_q);
-  mla::MlaVerifyPlanKernel<<<1, 1024, 0, stream>>>(params.cache_seqlens, params.batch, parts,
-                                                   ws->plan);
-  return cudaGetLastError();
-}
-
-cudaError_t RunFor(MlaVerifyPath path, const MlaVerifyParams& params, MlaVerifyWorkspace* ws,
-                   cudaStream_t stream) {
-  const cudaError_t check = CheckMlaVerifyParams(params, ws);
-  if (check != cudaSuccess) return check;
-  const KernelArgs args = MakeArgs(params, ws);
-  const int32_t rows = params.s_q * params.h_q;
-  const int32_t parts = PartsFor(path, ws->num_sms, rows);
-  cudaError_t err = path == MlaVerifyPath::kSplitKvSm90a
-                        ? mla::LaunchTileSm90a(args, parts, /*split=*/true, ws->sm90a_tma, stream)
-                        : LaunchTileFor<true>(args, parts, stream);
-  if (err != cudaSuccess) return err;
-  // Up to 16 blocks per (row, column quarter) loop over the split requests the plan lists.
-  const dim3 grid(rows * 4, std::min(16, mla::MaxSplitRequests(params.batch, parts)));
-  mla::MlaVerifyCombineKernel<<<grid, 256, 0, stream>>>(args);
-  return cudaGetLastError();
+// The combine, as a programmatic dependent of the tile kernel before it (which lets it be
+// scheduled early; it waits for that grid in-kernel before reading the partials). A warp per
+// query row of each split request when requests split into a few parts each; otherwise up to
+// 16 blocks per (row, column quarter) loop over the split requests the plan lists, with the
+// splits of a request spread over a block's warps.
+cudaError_t LaunchCombine(const KernelArgs& args, const MlaVerifyPlan& plan, cudaStream_t stream) {
+  const int32_t rows = args.p.s_q * args.p.h_q;
+  const int32_t listed = mla::MaxSplitRequests(args.p.batch, plan.num_parts);
+  cudaLaunchConfig_t config{};
+  config.gridDim = plan.combine_rows ? dim3((rows + 7) / 8, listed)
+                                     : dim3(rows * 4, std::min(16, listed));
+  config.blockDim = dim3(256);
+  config.stream = stream;
+  cudaLaunchAttribute attribute{};
+  attribute.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attribute.val.programmaticStreamSerializationAllowed = 1;
+  config.attrs = &attribute;
+  config.numAttrs = 1;
+  return plan.combine_rows
+             ? cudaLaunchKernelEx(&config, mla::MlaVerifyCombineRowsKernel, args)
+             : cudaLaunchKernelEx(&config, mla::MlaVerifyCombineKernel, args);
 }
 
 }  // namespace
 
-cudaError_t PlanMlaVerify(const MlaVerifyParams& params, MlaVerifyWorkspace* ws,
-                          cudaStream_t stream) {
-  if (ws == nullptr) return cudaErrorInvalidValue;
-  return PlanFor(ChooseMlaVerifyPath(*ws, params.s_q * params.h_q), params, ws, stream);
+cudaError_t PlanMlaVerify(const MlaVerifyParams& params, MlaVerifyPath path,
+                          MlaVerifyWorkspace* ws, cudaStream_t stream, MlaVerifyPlan* plan) {
+  if (ws == nullptr || plan == nullptr) return cudaErrorInvalidValue;
+  if (path != MlaVerifyPath::kSplitKv && path != MlaVerifyPath::kSplitKvSm90a) {
+    return cudaErrorInvalidValue;  // the baseline has no plan
+  }
+  if (path == MlaVerifyPath::kSplitKvSm90a && !ws->has_sm90a) {
+    return cudaErrorInvalidDeviceFunction;
+  }
+  const cudaError_t check = CheckMlaVerifyParams(params, ws);
+  if (check != cudaSuccess) return check;
+  const int32_t rows = params.s_q * params.h_q;
+  MlaVerifyPlan made;
+  made.path = path;
+  made.batch = params.batch;
+  made.s_q = params.s_q;
+  made.h_q = params.h_q;
+  if (path == MlaVerifyPath::kSplitKvSm90a) {
+    made.row_tiles = (rows + 63) / 64;
+    made.num_parts = mla::NumPartsSm90a(ws->num_sms, rows);
+  } else {
+    made.row_tiles = mla::NumRowTiles(rows);
+    made.num_parts = mla::NumParts(ws->num_sms, rows);
+  }
+  // A request splits into about num_parts / batch + 1 parts: with up to ~5, a warp per row
+  // merges them in two rounds of loads.
+  made.combine_rows = made.num_parts <= 4 * params.batch;
+  made.workspace = ws;
+  made.id = ++ws->plans_made;
+  mla::MlaVerifyPlanKernel<<<1, 1024, 0, stream>>>(params.cache_seqlens, params.batch,
+                                                   made.num_parts, ws->plan);
+  const cudaError_t err = cudaGetLastError();
+  if (err != cudaSuccess) return err;
+  *plan = made;
+  return cudaSuccess;
 }
 
-cudaError_t RunMlaVerify(const MlaVerifyParams& params, MlaVerifyWorkspace* ws,
+cudaError_t RunMlaVerify(const MlaVerifyPlan& plan, const MlaVerifyParams& params,
                          cudaStream_t stream) {
-  if (ws == nullptr) return cudaErrorInvalidValue;
-  return RunFor(ChooseMlaVerifyPath(*ws, params.s_q * params.h_q), params, ws, stream);
+  const MlaVerifyWorkspace* ws = plan.workspace;
+  if (ws == nullptr || plan.id == 0 || plan.id != ws->plans_made) return cudaErrorInvalidValue;
+  if (params.batch != plan.batch || params.s_q != plan.s_q || params.h_q != plan.h_q) {
+    return cudaErrorInvalidValue;
+  }
+  const cudaError_t check = CheckMlaVerifyParams(params, ws);
+  if (check != cudaSuccess) return check;
+  const KernelArgs args = MakeArgs(params, ws);
+  cudaError_t err = cudaSuccess;
+  switch (plan.path) {
+    case MlaVerifyPath::kSplitKvSm90a:
+      err = mla::LaunchTileSm90a(args, dim3(plan.row_tiles, plan.num_parts), stream);
+      break;
+    case MlaVerifyPath::kSplitKv:
+      err = LaunchTileFor<true>(args, plan.num_parts, stream);
+      break;
+    default:
+      return cudaErrorInvalidValue;
+  }
+  if (err != cudaSuccess) return err;
+  return LaunchCombine(args, plan, stream);
 }
 
 cudaError_t LaunchMlaVerify(const MlaVerifyParams& params, MlaVerifyWorkspace* ws,
                             cudaStream_t stream) {
-  const cudaError_t err = PlanMlaVerify(params, ws, stream);
-  if (err != cudaSuccess) return err;
-  return RunMlaVerify(params, ws, stream);
+  if (ws == nullptr) return cudaErrorInvalidValue;
+  return LaunchMlaVerifyPath(params, ChooseMlaVerifyPath(*ws, params.s_q * params.h_q), ws,
+                             stream);
 }
 
 cudaError_t LaunchMlaVerifyBaseline(const MlaVerifyParams& params, const MlaVerifyWorkspace* ws,
@@ -183,21 +225,11 @@ cudaError_t LaunchMlaVerifyBaseline(const MlaVerifyParams& params, const MlaVeri
 
 cudaError_t LaunchMlaVerifyPath(const MlaVerifyParams& params, MlaVerifyPath path,
                                 MlaVerifyWorkspace* ws, cudaStream_t stream) {
-  switch (path) {
-    case MlaVerifyPath::kSplitKv:
-    case MlaVerifyPath::kSplitKvSm90a: {
-      if (ws == nullptr) return cudaErrorInvalidValue;
-      if (path == MlaVerifyPath::kSplitKvSm90a && !ws->has_sm90a) {
-        return cudaErrorInvalidDeviceFunction;
-      }
-      const cudaError_t err = PlanFor(path, params, ws, stream);
-      if (err != cudaSuccess) return err;
-      return RunFor(path, params, ws, stream);
-    }
-    case MlaVerifyPath::kBaseline:
-      return LaunchMlaVerifyBaseline(params, ws, stream);
-  }
-  return cudaErrorInvalidValue;
+  if (path == MlaVerifyPath::kBaseline) return LaunchMlaVerifyBaseline(params, ws, stream);
+  MlaVerifyPlan plan;
+  const cudaError_t err = PlanMlaVerify(params, path, ws, stream, &plan);
+  if (err != cudaSuccess) return err;
+  return RunMlaVerify(plan, params, stream);
 }
 
 }  // namespace probesidecar::kernels

@@ -9,17 +9,20 @@
 //
 // Paths (MlaVerifyPath): the split-KV paths spread every request's keys over all SMs with a plan
 // made on the device, then merge the partial results by their LSEs: kSplitKv (portable:
-// mma.sync, 16/32/64-row tiles) and kSplitKvSm90a (wgmma + TMA, 64-row tiles, sm_90a machine
-// code, used on compute capability 9.0 for s_q * h_q >= 32, see ChooseMlaVerifyPath); the
-// baseline runs one block per (request, row tile) over the whole sequence. Every launch is graph-capturable: no
-// allocation, no host synchronisation, no device-property query; lengths and page tables are
-// read on the device, so one captured graph serves any lengths of its (batch, s_q, h_q).
+// mma.sync, 16/32/64-row tiles) and kSplitKvSm90a (wgmma + TMA, 64-row tiles, two warpgroups on
+// alternate cache pages, sm_90a machine code; ChooseMlaVerifyPath says where it is used); the
+// baseline runs one block per (request, row tile) over the whole sequence. Every launch is
+// graph-capturable: no allocation, no host synchronisation, no device-property query; lengths
+// and page tables are read on the device, so one captured graph serves any lengths of its
+// (batch, s_q, h_q).
 //
 // Use in a decode step with many layers (one stream):
-//   PlanMlaVerify(params_of_any_layer, ws, stream);          // once, after cache_seqlens is written
-//   for each layer: RunMlaVerify(params_of_layer, ws, stream); // same batch, s_q, h_q, lengths
-// or LaunchMlaVerify() for both. All of it can sit inside one captured graph. The plan and the
-// partial buffers live in the workspace, so one workspace serves one stream at a time.
+//   MlaVerifyPlan plan;
+//   PlanMlaVerify(params_of_any_layer, path, ws, stream, &plan);  // after cache_seqlens is written
+//   for each layer: RunMlaVerify(plan, params_of_layer, stream);    // same batch, s_q, h_q, lengths
+// or LaunchMlaVerify() / LaunchMlaVerifyPath() for both. All of it can sit inside one captured
+// graph. The plan's device part lives in the workspace, so one workspace serves one stream at a
+// time, and a plan is valid until the next PlanMlaVerify on its workspace.
 //
 // Query rows of a request are ordered token-major (row = j * h_q + h) and tiled 16/32/64 at a
 // time; beyond 64 rows (h_q = 128, or h_q = 64 with s_q > 1) the 64-row tiles of one key range
@@ -29,8 +32,8 @@
 //   q, kv_cache, out 16-byte aligned; every stride below a multiple of 8 elements (16 bytes);
 //   block_table[i, 0 : ceil(L/64)] valid page indices; 1 <= batch <= workspace max_batch;
 //   s_q in 1..16; h_q in {16, 32, 64, 128}; L <= max_pages * 64 and L < 2^31 / 64 pages in total.
-// LaunchMlaVerify* returns cudaErrorInvalidValue for what it can check on the host (sizes,
-// alignment, a missing workspace).
+// The launchers return cudaErrorInvalidValue for what they can check on the host (sizes,
+// alignment, a missing workspace, a plan that does not match).
 #pragma once
 
 #include <cuda_bf16.h>
@@ -50,7 +53,7 @@ inline constexpr int kMlaMaxHeads = 128;
 enum class MlaVerifyPath : int32_t {
   kSplitKv = 0,       // portable split-KV (mma.sync + cp.async), sm_90 machine code
   kBaseline = 1,      // one block per (request, row tile), no split: the in-tree A/B baseline
-  kSplitKvSm90a = 2,  // split-KV with wgmma (sm_90a machine code), same plan and combine
+  kSplitKvSm90a = 2,  // split-KV with wgmma + TMA (sm_90a machine code), same plan and combine
 };
 inline constexpr int kNumMlaVerifyPaths = 3;
 
@@ -98,43 +101,58 @@ struct MlaVerifyParams {
 // row-tiles exist at once.
 struct MlaVerifyWorkspaceConfig {
   int32_t max_batch = 256;
-  int32_t device = -1;   // -1: the current device
-  bool use_tma = true;   // sm_90a path: keys by TMA (else cp.async; for tests and fallbacks)
+  int32_t device = -1;  // -1: the current device
 };
 
 struct MlaVerifyWorkspace {
   int32_t device = 0;
   int32_t num_sms = 0;     // read once at creation
   int32_t max_batch = 0;
-  bool has_sm90a = false;  // the device is sm_90 and this build holds the sm_90a kernels
-  bool sm90a_tma = false;  // the sm_90a path loads keys by TMA (driver encoder found, config)
+  bool has_sm90a = false;  // compute capability 9.0, this build holds the sm_90a kernels, and the
+                           // driver's tensor-map encoder was found (their loads are TMA)
   int32_t* plan = nullptr;         // device, see mla_verify_plan.h
   float* partial_out = nullptr;    // device [partial_rows, 512]
   float* partial_lse = nullptr;    // device [partial_rows], log2 domain
   int64_t partial_rows = 0;
   size_t bytes = 0;  // device bytes held
+  uint64_t plans_made = 0;  // PlanMlaVerify calls on this workspace (a plan names the one it is)
+};
+
+// What RunMlaVerify launches: the path, its grid and the shape it was made for. The plan kernel
+// PlanMlaVerify enqueues writes the device part (per-request split bookkeeping, from the lengths
+// on the device) into the workspace; RunMlaVerify only reads it and refuses a plan that is not
+// the workspace's latest, or params of another shape.
+struct MlaVerifyPlan {
+  MlaVerifyPath path = MlaVerifyPath::kSplitKv;
+  int32_t batch = 0, s_q = 0, h_q = 0;
+  int32_t row_tiles = 0;  // grid.x of the attention kernel: query-row tiles of a request
+  int32_t num_parts = 0;  // grid.y: ranges of the flattened batch (one block per SM in all)
+  bool combine_rows = false;  // combine with a warp per query row (few splits per request)
+  const MlaVerifyWorkspace* workspace = nullptr;
+  uint64_t id = 0;        // workspace->plans_made when this plan was made
 };
 
 cudaError_t CreateMlaVerifyWorkspace(const MlaVerifyWorkspaceConfig& config,
                                      MlaVerifyWorkspace** out);
 void DestroyMlaVerifyWorkspace(MlaVerifyWorkspace* workspace);
 
-// The split path LaunchMlaVerify / PlanMlaVerify / RunMlaVerify take for s_q * h_q query rows
-// on this workspace's device (kSplitKvSm90a where it exists and wins, see the definition).
+// The split path LaunchMlaVerify takes for s_q * h_q query rows on this workspace's device
+// (kSplitKvSm90a where it exists and wins, see the definition).
 MlaVerifyPath ChooseMlaVerifyPath(const MlaVerifyWorkspace& workspace, int32_t rows);
 
 // Host-side checks of a launch's sizes and alignment: cudaSuccess or cudaErrorInvalidValue.
 cudaError_t CheckMlaVerifyParams(const MlaVerifyParams& params, const MlaVerifyWorkspace* ws);
 
-// The split plan for params.batch / s_q / h_q and the lengths in params.cache_seqlens (read on
-// the device). One small kernel.
-cudaError_t PlanMlaVerify(const MlaVerifyParams& params, MlaVerifyWorkspace* workspace,
-                          cudaStream_t stream);
-// Attention + combine with the plan made last on this workspace (same batch, s_q, h_q and
-// lengths; the pointers may differ, e.g. per layer).
-cudaError_t RunMlaVerify(const MlaVerifyParams& params, MlaVerifyWorkspace* workspace,
+// The plan of a split path (kSplitKv or kSplitKvSm90a; the latter needs workspace->has_sm90a,
+// else cudaErrorInvalidDeviceFunction) for params.batch / s_q / h_q and the lengths in
+// params.cache_seqlens (read on the device): fills *plan and enqueues one small kernel.
+cudaError_t PlanMlaVerify(const MlaVerifyParams& params, MlaVerifyPath path,
+                          MlaVerifyWorkspace* workspace, cudaStream_t stream, MlaVerifyPlan* plan);
+// Attention + combine as planned (same batch, s_q, h_q and lengths; the pointers may differ,
+// e.g. per layer).
+cudaError_t RunMlaVerify(const MlaVerifyPlan& plan, const MlaVerifyParams& params,
                          cudaStream_t stream);
-// PlanMlaVerify then RunMlaVerify.
+// Plan and run on the path ChooseMlaVerifyPath picks.
 cudaError_t LaunchMlaVerify(const MlaVerifyParams& params, MlaVerifyWorkspace* workspace,
                             cudaStream_t stream);
 // The baseline: no plan, no partials (the workspace is only for its launch settings).

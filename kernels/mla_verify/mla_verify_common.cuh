@@ -1,5 +1,6 @@
-// Shared by the MLA verify tile kernels (portable and sm_90a): launch arguments, cp.async and
-// shuffle helpers, and the cursor that walks a block's range of the flattened batch.
+// Shared by the MLA verify tile kernels (portable and sm_90a): launch arguments, cp.async,
+// ldmatrix, mma.sync and shuffle helpers, and the cursor that walks a block's range of the
+// flattened batch.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -37,14 +38,19 @@ __device__ __forceinline__ uint32_t SmemAddr(const void* p) {
 }
 
 // 16-byte asynchronous copy; src_bytes = 0 fills the destination with zeros without reading.
+// The "memory" clobbers keep the compiler from moving ordinary shared-memory accesses across the
+// copy, its commit and its wait (the data the wait makes visible is read by plain loads after it).
 __device__ __forceinline__ void CpAsync16(uint32_t dst, const void* src, int src_bytes) {
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src),
-               "r"(src_bytes));
+               "r"(src_bytes)
+               : "memory");
 }
-__device__ __forceinline__ void CpAsyncCommit() { asm volatile("cp.async.commit_group;\n" ::); }
+__device__ __forceinline__ void CpAsyncCommit() {
+  asm volatile("cp.async.commit_group;\n" ::: "memory");
+}
 template <int kN>
 __device__ __forceinline__ void CpAsyncWait() {
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(kN));
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(kN) : "memory");
 }
 
 __device__ __forceinline__ void LdMatrixX4(uint32_t addr, uint32_t& r0, uint32_t& r1,

@@ -3,7 +3,10 @@
 // table slots past each request's pages; NaN-poisoned outputs (every element must be written,
 // and padding between strided output rows must stay untouched); shuffled page tables; variable
 // lengths; s_q 1..16; h_q 16..128; lengths below one page, on page boundaries and past 64k;
-// graph replay bit for bit equal to eager; split_kv and baseline within the bound of each other.
+// graph replay bit for bit equal to eager; split_kv and baseline within the bound of each other;
+// plans refused where they do not match. Every path runs through LaunchMlaVerifyPath (the
+// dispatcher's entry) with the path forced, so each kernel and tile size is checked wherever
+// the device has it.
 //
 // The float64 reference runs on the GPU (one block per query row, double arithmetic) so that
 // long sequences and 128 heads stay quick; the first test checks it against the CPU reference.
@@ -24,6 +27,7 @@
 #include <random>
 #include <string>
 #include <thread>
+#include <tuple>
 #include <vector>
 
 #include "common/dtype.h"
@@ -150,6 +154,7 @@ struct Shape {
   int32_t s_q = 1, h_q = 16;
   std::vector<int32_t> lens;
   int64_t q_head_stride = kDqk;   // > 576: q is a strided view
+  int64_t q_token_pad = 0;        // elements between one token's last head and the next token
   int64_t out_head_stride = kDv;  // > 512: out is a strided view (padding must stay poisoned)
   int64_t kv_row_stride = kDqk;
   int64_t lse_head_pad = 0;
@@ -203,11 +208,13 @@ void Build(const Shape& shape, Problem* pr) {
       }
     }
   }
-  const int64_t token_stride = shape.h_q * shape.q_head_stride;
+  const int64_t token_stride = shape.h_q * shape.q_head_stride + shape.q_token_pad;
   std::vector<uint16_t> q(static_cast<size_t>(pr->batch) * shape.s_q * token_stride, kNanBf16);
-  for (int64_t row = 0; row < static_cast<int64_t>(pr->batch) * shape.s_q * shape.h_q; ++row)
-    for (int d = 0; d < kDqk; ++d)
-      q[row * shape.q_head_stride + d] = RandBf16(seed + 1, row * kDqk + d, 2.0f);
+  for (int64_t tok = 0; tok < static_cast<int64_t>(pr->batch) * shape.s_q; ++tok)
+    for (int32_t h = 0; h < shape.h_q; ++h)
+      for (int d = 0; d < kDqk; ++d)
+        q[tok * token_stride + h * shape.q_head_stride + d] =
+            RandBf16(seed + 1, (tok * shape.h_q + h) * kDqk + d, 2.0f);
   const int64_t out_token_stride = shape.h_q * shape.out_head_stride;
   const size_t out_n = static_cast<size_t>(pr->batch) * shape.s_q * out_token_stride;
   const int64_t lse_head_stride = shape.s_q + shape.lse_head_pad;
@@ -322,23 +329,17 @@ class MlaVerifyGpuTest : public ::testing::Test {
  protected:
   void SetUp() override {
     ASSERT_EQ(CreateMlaVerifyWorkspace(MlaVerifyWorkspaceConfig{}, &ws_), cudaSuccess);
-    MlaVerifyWorkspaceConfig cp_config;
-    cp_config.use_tma = false;  // the sm_90a kernel's cp.async variant
-    ASSERT_EQ(CreateMlaVerifyWorkspace(cp_config, &ws_cp_), cudaSuccess);
     CUDA_ASSERT(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
   }
   void TearDown() override {
     DestroyMlaVerifyWorkspace(ws_);
-    DestroyMlaVerifyWorkspace(ws_cp_);
     cudaStreamDestroy(stream_);
   }
 
   // Runs `path` on a poisoned output and compares every element with the reference.
-  void RunAndCheck(Problem* pr, MlaVerifyPath path, const Reference& ref, const char* what,
-                   MlaVerifyWorkspace* ws = nullptr) {
-    if (ws == nullptr) ws = ws_;
+  void RunAndCheck(Problem* pr, MlaVerifyPath path, const Reference& ref, const char* what) {
     Poison(pr);
-    CUDA_ASSERT(LaunchMlaVerifyPath(pr->params, path, ws, stream_));
+    CUDA_ASSERT(LaunchMlaVerifyPath(pr->params, path, ws_, stream_));
     CUDA_ASSERT(cudaStreamSynchronize(stream_));
     Fetch(pr);
     std::vector<float> out, lse;
@@ -348,11 +349,9 @@ class MlaVerifyGpuTest : public ::testing::Test {
     const MlaCompareResult rl = CompareMlaLse(lse.data(), ref.lse.data(), lse.size());
     char line[400];
     std::snprintf(line, sizeof(line),
-                  "[worst] %-8s%s %-30s out: max_abs %.3g err/bound %.3f rel_l2 %.3g bad %lld "
+                  "[worst] %-14s %-30s out: max_abs %.3g err/bound %.3f rel_l2 %.3g bad %lld "
                   "nan %lld | lse: max_abs %.3g bad %lld",
-                  MlaVerifyPathName(path),
-                  path == MlaVerifyPath::kSplitKvSm90a ? (ws->sm90a_tma ? "(tma)" : "(cp.async)") : "",
-                  what, r.max_abs_err, r.max_err_over_bound, r.rel_l2,
+                  MlaVerifyPathName(path), what, r.max_abs_err, r.max_err_over_bound, r.rel_l2,
                   static_cast<long long>(r.bad), static_cast<long long>(r.nan), rl.max_abs_err,
                   static_cast<long long>(rl.bad));
     std::printf("%s\n", line);
@@ -375,7 +374,6 @@ class MlaVerifyGpuTest : public ::testing::Test {
       RunAndCheck(&pr, path, ref, what.c_str());
       if (HasFatalFailure()) return;
     }
-    if (ws_cp_->has_sm90a) RunAndCheck(&pr, MlaVerifyPath::kSplitKvSm90a, ref, what.c_str(), ws_cp_);
   }
 
   // Every path this device runs (the sm_90a one where it exists).
@@ -386,7 +384,6 @@ class MlaVerifyGpuTest : public ::testing::Test {
   }
 
   MlaVerifyWorkspace* ws_ = nullptr;
-  MlaVerifyWorkspace* ws_cp_ = nullptr;
   cudaStream_t stream_ = nullptr;
 };
 
@@ -435,9 +432,8 @@ TEST_F(MlaVerifyGpuTest, GpuReferenceMatchesCpuReference) {
     }
   }
   RunAndCheck(&pr, MlaVerifyPath::kSplitKv, gpu, "cpu-ref case");
-  std::printf("sm_90a path %s, keys by %s\n",
-              ws_->has_sm90a ? "present: tested beside the others" : "absent on this device or build",
-              ws_->sm90a_tma ? "TMA" : "cp.async");
+  std::printf("sm_90a path %s\n",
+              ws_->has_sm90a ? "present: tested beside the others" : "absent on this device or build");
 }
 
 // Every s_q x h_q with short, page-boundary and random lengths (variable within a batch).
@@ -462,8 +458,9 @@ TEST_F(MlaVerifyGpuTest, StridedViewsAndEmptyRows) {
   Shape shape;
   shape.s_q = 4;
   shape.h_q = 16;
-  shape.lens = {3, 70, 1, 4, 640};  // 3 and 1 < s_q: rows with no key (out 0, lse -inf)
+  shape.lens = {3, 70, 1, 4, 640, 0};  // 3, 1, 0 < s_q: rows with no key (out 0, lse -inf)
   shape.q_head_stride = 640;
+  shape.q_token_pad = 8 * 7;
   shape.out_head_stride = 576;
   shape.kv_row_stride = 600;
   shape.lse_head_pad = 3;
@@ -560,7 +557,7 @@ TEST_F(MlaVerifyGpuTest, GraphReplayEqualsEagerBitForBit) {
   }
 }
 
-// One plan serves several layers: plan once, run twice with different q / out.
+// One plan serves several layers: plan once, run twice with different q / out (each split path).
 TEST_F(MlaVerifyGpuTest, OnePlanServesSeveralLayers) {
   Shape shape;
   shape.s_q = 2;
@@ -573,18 +570,84 @@ TEST_F(MlaVerifyGpuTest, OnePlanServesSeveralLayers) {
   Reference ra, rb;
   GpuReference(a, &ra);
   GpuReference(b, &rb);
-  Poison(&a);
-  Poison(&b);
-  CUDA_ASSERT(PlanMlaVerify(a.params, ws_, stream_));
-  CUDA_ASSERT(RunMlaVerify(a.params, ws_, stream_));
-  CUDA_ASSERT(RunMlaVerify(b.params, ws_, stream_));
+  for (MlaVerifyPath path : Paths()) {
+    if (path == MlaVerifyPath::kBaseline) continue;
+    SCOPED_TRACE(MlaVerifyPathName(path));
+    Poison(&a);
+    Poison(&b);
+    MlaVerifyPlan plan;
+    CUDA_ASSERT(PlanMlaVerify(a.params, path, ws_, stream_, &plan));
+    EXPECT_EQ(plan.path, path);
+    CUDA_ASSERT(RunMlaVerify(plan, a.params, stream_));
+    CUDA_ASSERT(RunMlaVerify(plan, b.params, stream_));
+    CUDA_ASSERT(cudaStreamSynchronize(stream_));
+    for (auto [pr, ref] : {std::pair{&a, &ra}, std::pair{&b, &rb}}) {
+      Fetch(pr);
+      std::vector<float> out, lse;
+      Densify(*pr, &out, &lse);
+      EXPECT_TRUE(CompareMlaOutput(out.data(), ref->out.data(), ref->absw.data(), out.size()).ok());
+      EXPECT_TRUE(CompareMlaLse(lse.data(), ref->lse.data(), lse.size()).ok());
+    }
+  }
+}
+
+// A plan runs only what it was made for: its shape, on its workspace, until the next plan there.
+TEST_F(MlaVerifyGpuTest, PlansRefuseWhatTheyWereNotMadeFor) {
+  Shape shape;
+  shape.s_q = 2;
+  shape.h_q = 16;
+  shape.lens = {500, 64};
+  Problem pr;
+  Build(shape, &pr);
+  MlaVerifyPlan plan;
+  EXPECT_EQ(PlanMlaVerify(pr.params, MlaVerifyPath::kBaseline, ws_, stream_, &plan),
+            cudaErrorInvalidValue);
+  EXPECT_EQ(RunMlaVerify(plan, pr.params, stream_), cudaErrorInvalidValue);  // never made
+  CUDA_ASSERT(PlanMlaVerify(pr.params, MlaVerifyPath::kSplitKv, ws_, stream_, &plan));
+  MlaVerifyParams other = pr.params;
+  other.s_q = 1;
+  EXPECT_EQ(RunMlaVerify(plan, other, stream_), cudaErrorInvalidValue);
+  other = pr.params;
+  other.h_q = 32;
+  EXPECT_EQ(RunMlaVerify(plan, other, stream_), cudaErrorInvalidValue);
+  other = pr.params;
+  other.batch = 1;
+  EXPECT_EQ(RunMlaVerify(plan, other, stream_), cudaErrorInvalidValue);
+  MlaVerifyPlan newer;
+  CUDA_ASSERT(PlanMlaVerify(pr.params, MlaVerifyPath::kSplitKv, ws_, stream_, &newer));
+  EXPECT_EQ(RunMlaVerify(plan, pr.params, stream_), cudaErrorInvalidValue);  // superseded
+  CUDA_ASSERT(RunMlaVerify(newer, pr.params, stream_));
+  if (!ws_->has_sm90a) {
+    EXPECT_EQ(PlanMlaVerify(pr.params, MlaVerifyPath::kSplitKvSm90a, ws_, stream_, &plan),
+              cudaErrorInvalidDeviceFunction);
+  }
   CUDA_ASSERT(cudaStreamSynchronize(stream_));
-  for (auto [pr, ref] : {std::pair{&a, &ra}, std::pair{&b, &rb}}) {
-    Fetch(pr);
-    std::vector<float> out, lse;
-    Densify(*pr, &out, &lse);
-    EXPECT_TRUE(CompareMlaOutput(out.data(), ref->out.data(), ref->absw.data(), out.size()).ok());
-    EXPECT_TRUE(CompareMlaLse(lse.data(), ref->lse.data(), lse.size()).ok());
+  CUDA_ASSERT(cudaGetLastError());
+}
+
+// Many requests per block range with page counts of both parities, so that the sm_90a kernel's
+// page pairs start at odd and even offsets, hold one page at a part's end, cross request
+// boundaries (the next request's Q and pages loaded during the last pair) and meet the causal
+// mask across a page boundary (s_q = 16).
+TEST_F(MlaVerifyGpuTest, PagePairsAcrossRequests) {
+  std::mt19937_64 rng(FreshSeed());
+  for (auto [s_q, h_q, batch] : {std::tuple{1, 16, 90}, std::tuple{3, 16, 70},
+                                 std::tuple{16, 16, 40}, std::tuple{2, 128, 30},
+                                 std::tuple{16, 64, 12}}) {
+    Shape shape;
+    shape.s_q = s_q;
+    shape.h_q = h_q;
+    shape.lens.resize(batch);
+    for (size_t i = 0; i < shape.lens.size(); ++i) {
+      const int kind = static_cast<int>(rng() % 6);
+      int32_t& l = shape.lens[i];
+      l = kind == 0 ? 64 * (1 + static_cast<int32_t>(rng() % 40))        // whole pages
+          : kind == 1 ? 64 * (1 + static_cast<int32_t>(rng() % 40)) + s_q / 2  // mask across
+          : kind == 2 ? static_cast<int32_t>(rng() % (s_q + 2))               // tiny, maybe < s_q
+                      : 1 + static_cast<int32_t>(rng() % 5000);
+    }
+    CheckShape(shape, "pairs s_q=" + std::to_string(s_q) + " h_q=" + std::to_string(h_q));
+    if (HasFatalFailure()) return;
   }
 }
 

@@ -12,12 +12,12 @@ struct KernelArgs;
 
 // Whether this build holds the sm_90a kernels (CUTLASS/CuTe headers were found).
 bool Sm90aCompiled();
-// Raises the dynamic shared-memory limit of the sm_90a kernels and looks up the driver's
-// tensor-map encoder (once, at workspace creation); *tma_available says whether it was found.
-cudaError_t SetSm90aAttributes(bool* tma_available);
-// The sm_90a tile kernel: grid (64-row tiles, grid_y), split or baseline mode, keys by TMA
-// (tma) or by cp.async.
-cudaError_t LaunchTileSm90a(const KernelArgs& args, int32_t grid_y, bool split, bool tma,
-                            cudaStream_t stream);
+// Looks up the driver's tensor-map encoder and raises the sm_90a kernel's dynamic shared-memory
+// limit (once, at workspace creation); *available says whether the kernel can run (the encoder
+// was found).
+cudaError_t SetSm90aAttributes(bool* available);
+// The sm_90a tile kernel (split mode) on grid (64-row tiles, ranges), as a programmatic
+// dependent of the plan kernel launched just before it.
+cudaError_t LaunchTileSm90a(const KernelArgs& args, dim3 grid, cudaStream_t stream);
 
 }  // namespace probesidecar::kernels::mla

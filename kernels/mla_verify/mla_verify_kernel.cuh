@@ -82,6 +82,9 @@ __global__ void __launch_bounds__(1024) MlaVerifyPlanKernel(const int32_t* __res
                                                             int32_t batch, int32_t num_parts,
                                                             int32_t* __restrict__ plan) {
   __shared__ int32_t warp_sums[32];
+  // The sm_90a tile kernel after this one is a programmatic dependent: it may be scheduled now
+  // (it waits for this grid before reading the plan).
+  cudaTriggerProgrammaticLaunchCompletion();
   int32_t* cum = plan + kPlanCum;
   int32_t* slot_base = cum + batch + 1;
   int32_t* split_list = slot_base + batch;
@@ -386,10 +389,13 @@ __global__ void __launch_bounds__(TileConfig<kRowGroups>::kThreads,
 // Combine kernel. Grid: (rows * 4, up to 16); block: 256 threads. Block (x, y) merges 128
 // output columns (x % 4) of query row x / 4 for split requests y, y + gridDim.y, ... of the
 // plan's list: out = sum_s w_s O_s / sum_s w_s with w_s = 2^(lse_s - max_s lse_s). The 8 warps
-// take the splits round-robin (a lane holds 4 columns), 4 splits in flight per warp, then add up
+// take the splits round-robin (a lane holds 4 columns), 8 splits in flight per warp, then add up
 // their sums in shared memory: a request split over every SM (batch 1) merges in a few
-// microseconds, and a step with no split request costs one small launch.
+// microseconds, and a step with no split request costs one small launch, which overlaps the
+// tile kernel's tail (programmatic dependent launch).
 __global__ void __launch_bounds__(256) MlaVerifyCombineKernel(const __grid_constant__ KernelArgs args) {
+  // Launched as a programmatic dependent of the tile kernel: nothing it wrote is read before this.
+  cudaGridDependencySynchronize();
   const MlaVerifyParams& p = args.p;
   const int32_t* plan = args.plan;
   const int32_t* cum = plan + kPlanCum;
@@ -419,11 +425,11 @@ __global__ void __launch_bounds__(256) MlaVerifyCombineKernel(const __grid_const
     float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
     float wsum = 0.0f;
     if (mx != -INFINITY) {
-      for (int s0 = warp; s0 < splits; s0 += 32) {
-        float w[4];
-        float4 v[4];
+      for (int s0 = warp; s0 < splits; s0 += 64) {
+        float w[8];
+        float4 v[8];
 #pragma unroll
-        for (int u = 0; u < 4; ++u) {
+        for (int u = 0; u < 8; ++u) {
           const int s = s0 + u * 8;
           if (s < splits) {
             const int64_t row = (slot0 + s) * rows + g;
@@ -436,7 +442,7 @@ __global__ void __launch_bounds__(256) MlaVerifyCombineKernel(const __grid_const
           }
         }
 #pragma unroll
-        for (int u = 0; u < 4; ++u) {
+        for (int u = 0; u < 8; ++u) {
           wsum += w[u];
           acc.x += w[u] * v[u].x;
           acc.y += w[u] * v[u].y;
@@ -476,6 +482,68 @@ __global__ void __launch_bounds__(256) MlaVerifyCombineKernel(const __grid_const
       }
     }
     __syncthreads();  // red / acc_sm are reused by the next request
+  }
+}
+
+// Combine kernel for plans whose requests split into a few parts each (batch comparable to the
+// number of ranges). Grid: (ceil(rows / 8), MaxSplitRequests); block: 256 threads. Warp w of
+// block (x, y) merges query row 8 x + w of split request y of the plan's list over all its splits
+// and all 512 columns (a lane holds 16: four float4 at 128-column strides, so each load of a
+// split's row is one coalesced 2 KB read), up to four splits in flight.
+__global__ void __launch_bounds__(256) MlaVerifyCombineRowsKernel(const __grid_constant__ KernelArgs args) {
+  // Launched as a programmatic dependent of the tile kernel: nothing it wrote is read before this.
+  cudaGridDependencySynchronize();
+  const MlaVerifyParams& p = args.p;
+  const int32_t* plan = args.plan;
+  const int32_t* cum = plan + kPlanCum;
+  const int32_t rows = p.s_q * p.h_q;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int32_t g = blockIdx.x * 8 + warp;
+  const int32_t idx = blockIdx.y;
+  if (g >= rows || idx >= plan[4]) return;
+  const int32_t r = plan[kPlanCum + 2 * p.batch + 1 + idx];
+  const int32_t splits = NumSplits(cum[r], cum[r + 1], plan[0]);
+  const int64_t slot0 = plan[kPlanCum + p.batch + 1 + r];
+  float mx = -INFINITY;
+  for (int s = lane; s < splits; s += 32) mx = fmaxf(mx, args.partial_lse[(slot0 + s) * rows + g]);
+  for (int d = 16; d > 0; d >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, d));
+  float4 acc[4];
+#pragma unroll
+  for (int c = 0; c < 4; ++c) acc[c] = make_float4(0.f, 0.f, 0.f, 0.f);
+  float wsum = 0.0f;
+  if (mx != -INFINITY) {
+#pragma unroll 4
+    for (int s = 0; s < splits; ++s) {
+      const int64_t row = (slot0 + s) * rows + g;
+      const float w = exp2f(args.partial_lse[row] - mx);
+      const float4* src = reinterpret_cast<const float4*>(args.partial_out + row * kMlaHeadDimV);
+      wsum += w;
+#pragma unroll
+      for (int c = 0; c < 4; ++c) {
+        const float4 v = src[c * 32 + lane];
+        acc[c].x += w * v.x;
+        acc[c].y += w * v.y;
+        acc[c].z += w * v.z;
+        acc[c].w += w * v.w;
+      }
+    }
+  }
+  const float inv = wsum > 0.0f ? 1.0f / wsum : 0.0f;
+  const int32_t j = g / p.h_q, h = g - j * p.h_q;
+  __nv_bfloat16* dst =
+      p.out + r * p.out_batch_stride + j * p.out_token_stride + h * p.out_head_stride;
+#pragma unroll
+  for (int c = 0; c < 4; ++c) {
+    const __nv_bfloat162 lo = __floats2bfloat162_rn(acc[c].x * inv, acc[c].y * inv);
+    const __nv_bfloat162 hi = __floats2bfloat162_rn(acc[c].z * inv, acc[c].w * inv);
+    uint2 packed;
+    packed.x = *reinterpret_cast<const uint32_t*>(&lo);
+    packed.y = *reinterpret_cast<const uint32_t*>(&hi);
+    *reinterpret_cast<uint2*>(dst + (c * 32 + lane) * 4) = packed;
+  }
+  if (p.lse != nullptr && lane == 0) {
+    p.lse[r * p.lse_batch_stride + h * p.lse_head_stride + j] =
+        wsum > 0.0f ? (mx + __log2f(wsum)) * kLn2 : -INFINITY;
   }
 }
 

@@ -1,10 +1,8 @@
-// The sm_90a (wgmma) tile kernel's instantiations, its tensor map and launcher. Built with
+// The sm_90a (wgmma) tile kernel's tensor maps and launcher. Built with
 // -gencode arch=compute_90a,code=sm_90a only (see CMakeLists.txt); the plan and combine kernels
 // it shares with the portable path live in mla_verify.cu.
 #include <cuda.h>
 #include <cudaTypedefs.h>
-
-#include <cstring>
 
 #include "kernels/mla_verify/mla_verify_internal.h"
 #include "kernels/mla_verify/mla_verify_sm90a.cuh"
@@ -15,23 +13,16 @@ namespace {
 // cuTensorMapEncodeTiled, looked up once through the runtime (no libcuda link).
 PFN_cuTensorMapEncodeTiled_v12000 g_encode_tiled = nullptr;
 
-template <bool kSplit, bool kTma>
-cudaError_t SetAttributes() {
-  return cudaFuncSetAttribute(sm90a::MlaVerifyTileSm90aKernel<kSplit, kTma>,
-                              cudaFuncAttributeMaxDynamicSharedMemorySize, sm90a::kSmemBytes);
-}
-
-// The cache as a 3-D tensor [pages, 64, 576] with the caller's strides; boxes of 32 rows x 64
-// columns (128 bytes), swizzled as the wgmma descriptors expect. The page count is not known
-// here: the bound is set high and the block table is trusted (as everywhere in the kernels).
+// The cache as a 3-D tensor [pages, 64, 576] with the caller's strides; boxes of 64 rows x 64
+// columns (128 bytes), swizzled as the wgmma descriptors expect. Without a page count the bound
+// is set high and the block table is trusted (as everywhere in the kernels).
 cudaError_t EncodeKvMap(const MlaVerifyParams& p, CUtensorMap* map) {
-  if (g_encode_tiled == nullptr) return cudaErrorNotSupported;
   const cuuint64_t dims[3] = {static_cast<cuuint64_t>(kMlaHeadDimQk), kMlaPageSize,
                               p.num_pages > 0 ? static_cast<cuuint64_t>(p.num_pages)
                                               : (cuuint64_t{1} << 31)};
   const cuuint64_t strides[2] = {static_cast<cuuint64_t>(p.kv_row_stride) * 2,
                                  static_cast<cuuint64_t>(p.kv_page_stride) * 2};
-  const cuuint32_t box[3] = {64, sm90a::kN, 1};
+  const cuuint32_t box[3] = {64, kMlaPageSize, 1};
   const cuuint32_t elem_strides[3] = {1, 1, 1};
   const CUresult r = g_encode_tiled(
       map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 3, const_cast<__nv_bfloat16*>(p.kv_cache), dims,
@@ -40,51 +31,71 @@ cudaError_t EncodeKvMap(const MlaVerifyParams& p, CUtensorMap* map) {
   return r == CUDA_SUCCESS ? cudaSuccess : cudaErrorInvalidValue;
 }
 
+// q as a 4-D tensor [b, s_q, h_q, 576]; a box is one 64-row tile of a request: 64 columns x
+// min(h_q, 64) heads x 64 / min(h_q, 64) tokens, so its rows land token-major (row = j * h_q + h)
+// and the rows past s_q * h_q (tokens past s_q) come in as zeros.
+cudaError_t EncodeQMap(const MlaVerifyParams& p, CUtensorMap* map) {
+  const cuuint32_t heads = static_cast<cuuint32_t>(p.h_q < sm90a::kM ? p.h_q : sm90a::kM);
+  const cuuint64_t dims[4] = {static_cast<cuuint64_t>(kMlaHeadDimQk),
+                              static_cast<cuuint64_t>(p.h_q), static_cast<cuuint64_t>(p.s_q),
+                              static_cast<cuuint64_t>(p.batch)};
+  // The stride of a dimension of extent 1 is never used; a valid one stands in for it.
+  const int64_t token_stride = p.s_q > 1 ? p.q_token_stride : p.h_q * p.q_head_stride;
+  const int64_t batch_stride = p.batch > 1 ? p.q_batch_stride : p.s_q * token_stride;
+  const cuuint64_t strides[3] = {static_cast<cuuint64_t>(p.q_head_stride) * 2,
+                                 static_cast<cuuint64_t>(token_stride) * 2,
+                                 static_cast<cuuint64_t>(batch_stride) * 2};
+  const cuuint32_t box[4] = {64, heads, sm90a::kM / heads, 1};
+  const cuuint32_t elem_strides[4] = {1, 1, 1, 1};
+  const CUresult r = g_encode_tiled(
+      map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 4, const_cast<__nv_bfloat16*>(p.q), dims, strides,
+      box, elem_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+      CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  return r == CUDA_SUCCESS ? cudaSuccess : cudaErrorInvalidValue;
+}
+
 }  // namespace
 
 bool Sm90aCompiled() { return true; }
 
-cudaError_t SetSm90aAttributes(bool* tma_available) {
-  *tma_available = false;
+cudaError_t SetSm90aAttributes(bool* available) {
+  *available = false;
   void* fn = nullptr;
   cudaDriverEntryPointQueryResult query;
   if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault,
-                                       &query) == cudaSuccess &&
-      query == cudaDriverEntryPointSuccess && fn != nullptr) {
-    g_encode_tiled = reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(fn);
-    *tma_available = true;
+                                       &query) != cudaSuccess ||
+      query != cudaDriverEntryPointSuccess || fn == nullptr) {
+    return cudaSuccess;  // no tensor maps: the portable path serves every shape
   }
-  const cudaError_t errs[] = {SetAttributes<true, true>(), SetAttributes<false, true>(),
-                              SetAttributes<true, false>(), SetAttributes<false, false>()};
-  for (cudaError_t e : errs) {
-    if (e != cudaSuccess) return e;
-  }
+  g_encode_tiled = reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(fn);
+  const cudaError_t err =
+      cudaFuncSetAttribute(sm90a::MlaVerifyTileSm90aKernel,
+                           cudaFuncAttributeMaxDynamicSharedMemorySize, sm90a::kSmemBytes);
+  if (err != cudaSuccess) return err;
+  *available = true;
   return cudaSuccess;
 }
 
-cudaError_t LaunchTileSm90a(const KernelArgs& args, int32_t grid_y, bool split, bool tma,
-                            cudaStream_t stream) {
+cudaError_t LaunchTileSm90a(const KernelArgs& args, dim3 grid, cudaStream_t stream) {
+  if (g_encode_tiled == nullptr) return cudaErrorInvalidDeviceFunction;
   sm90a::Sm90aArgs targs;
   targs.args = args;
-  if (tma) {
-    const cudaError_t err = EncodeKvMap(args.p, &targs.kv_map);
-    if (err != cudaSuccess) return err;
-  } else {
-    std::memset(&targs.kv_map, 0, sizeof(targs.kv_map));
-  }
-  const int32_t rows = args.p.s_q * args.p.h_q;
-  const dim3 grid((rows + sm90a::kM - 1) / sm90a::kM, grid_y);
-  constexpr int kT = sm90a::kThreads, kB = sm90a::kSmemBytes;
-  if (split && tma) {
-    sm90a::MlaVerifyTileSm90aKernel<true, true><<<grid, kT, kB, stream>>>(targs);
-  } else if (split) {
-    sm90a::MlaVerifyTileSm90aKernel<true, false><<<grid, kT, kB, stream>>>(targs);
-  } else if (tma) {
-    sm90a::MlaVerifyTileSm90aKernel<false, true><<<grid, kT, kB, stream>>>(targs);
-  } else {
-    sm90a::MlaVerifyTileSm90aKernel<false, false><<<grid, kT, kB, stream>>>(targs);
-  }
-  return cudaGetLastError();
+  cudaError_t err = EncodeKvMap(args.p, &targs.kv_map);
+  if (err == cudaSuccess) err = EncodeQMap(args.p, &targs.q_map);
+  if (err != cudaSuccess) return err;
+  // A programmatic dependent of the plan kernel before it: its set-up overlaps the plan's tail,
+  // and it waits for the plan in-kernel before reading anything global.
+  cudaLaunchConfig_t config{};
+  config.gridDim = grid;
+  config.blockDim = dim3(sm90a::kThreads);
+  config.dynamicSmemBytes = sm90a::kSmemBytes;
+  config.stream = stream;
+  cudaLaunchAttribute attribute{};
+  attribute.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attribute.val.programmaticStreamSerializationAllowed = 1;
+  config.attrs = &attribute;
+  config.numAttrs = 1;
+  return cudaLaunchKernelEx(&config, sm90a::MlaVerifyTileSm90aKernel, targs);
 }
 
 }  // namespace probesidecar::kernels::mla

@@ -1,27 +1,37 @@
-// MLA verify tile kernel for sm_90a: wgmma (warpgroup MMA) with both QK^T operands and V read
-// by the tensor cores straight from shared memory, keys brought in by the tensor-memory
-// accelerator (TMA). Compiled only for -gencode arch=compute_90a,code=sm_90a
-// (mla_verify_sm90a.cu).
+// MLA verify tile kernel for sm_90a: wgmma with every operand read by the tensor cores where it
+// lands in shared memory, Q and keys brought in by the tensor-memory accelerator (TMA), split-KV
+// mode with the plan of mla_verify_plan.h. Compiled only for -gencode
+// arch=compute_90a,code=sm_90a (mla_verify_sm90a.cu).
 //
-// Block: 2 warpgroups (256 threads), one 64-row query tile (the wgmma M; rows past s_q * h_q are
-// zero and their results dropped), keys in stages of 32 (half a page) through a 3-deep ring.
-// Per stage:
-//   S = Q K^T  : split over the depth: warpgroup w multiplies depth columns [288 w, 288 w + 288)
-//                (18 wgmma m64n32k16, Q and K from shared memory), then the two partial 64 x 32
-//                score tiles are added through shared memory. Each score is computed once, and
-//                both warpgroups end with the same (bitwise) scores, so their softmax state
-//                (running max and sum per row) agrees without further exchange.
-//   softmax    : online, in registers (the wgmma accumulator layout: a thread holds 2 rows).
-//   O += P V   : warpgroup w owns O[64 rows, columns 256 w .. +256] (128 float32 per thread) and
-//                runs 2 wgmma m64n256k16 with P from registers and V from shared memory.
-// Shared tiles use the tensor cores' 128-byte-swizzled layout: a tile of R rows x 576 is 9 slabs
-// of 64 columns; in a slab, row r takes bytes [128 r, 128 r + 128) and its 16-byte chunk j sits
-// at chunk j ^ (r % 8). The same bytes serve as K (K-major: 8-row groups 1024 bytes apart) and
-// as V (MN-major: 64-column groups one slab apart). Key stages come in by TMA (one thread issues
-// 9 boxes of 32 rows x 64 columns per stage, completing on an mbarrier); the Q tile, once per
-// request, by cp.async. A variant loads keys by cp.async too (kTma = false), for devices or
-// drivers without tensor maps. Rows past a sequence's end that a TMA box brings in are zeroed
-// before use, so NaN in unused cache rows cannot leak in through 0 * NaN.
+// Grid: (64-row query tiles, ranges of the flattened batch); one block per SM. Block: 2
+// warpgroups (256 threads) on one 64-row tile (the wgmma M; rows past s_q * h_q are zeros that
+// TMA fills in, and their results are dropped). Dynamic shared memory kSmemBytes: the Q tile and
+// two cache pages of 64 x 576 bf16.
+//
+// Schedule (after FlashMLA's dense decode kernel, "seesaw"): keys come one cache page (64 keys)
+// at a time, in pairs; warpgroup 0 owns the even page of a pair (buffer K0), warpgroup 1 the odd
+// one (K1). Each warpgroup computes its page's scores S = Q K^T (64 x 64: 36 wgmma m64n64k16,
+// both operands in shared memory). O (64 x 512 float32) is split by columns: warpgroup 0 holds
+// O_L = O[:, 0:256], warpgroup 1 O_R = O[:, 256:512] (128 registers per thread). Per pair:
+//   wg0: softmax of S0 against the running max m -> m0, scale0; P0 (relative to m0) into
+//        shared memory; m0, scale0 published         O_L = O_L scale0 + P0 V0_L  (P0 in registers)
+//   wg1: O_R = O_R scale0 + P0 V0_R, and under it the softmax of S1 against m0 -> m1, scale1;
+//        P1, m1, scale1 published                   O_R = O_R scale1 + P1 V1_R  (P1 in registers)
+//   wg0: O_L = O_L scale1 + P1 V1_L
+//   each: the scores of its page of the next pair
+// so one warpgroup's softmax runs while the other's wgmma keep the tensor cores busy. A page
+// arrives as nine 64 x 64 TMA boxes with an mbarrier each; each box is reloaded with the next
+// pair's page as soon as its last reader is done (the even page's first), and the score wgmma of
+// a page start on its first boxes while the last are still arriving. P0 and P1 are kept in the
+// rope box (columns 512..575) of their own page, which is dead once that page's scores are done.
+// The next request's Q tile is loaded as soon as the current request's last scores are done, so a
+// block streams its whole range without draining at request boundaries.
+//
+// Shared tiles use the tensor cores' 128-byte-swizzled layout (what TMA writes): a 64-row tile is
+// 9 slabs of 64 columns; in a slab, row r takes bytes [128 r, 128 r + 128) and its 16-byte chunk
+// c sits at chunk c ^ (r % 8). The same bytes serve as K (K-major) and as V (MN-major). Key rows
+// past a sequence's end that a box brings in are zeroed in V before use, so NaN in unused cache
+// rows cannot leak in through 0 * NaN; their scores are masked.
 #pragma once
 
 #include <cuda.h>
@@ -39,38 +49,65 @@
 namespace probesidecar::kernels::mla::sm90a {
 
 inline constexpr int kThreads = 256;
-inline constexpr int kM = 64;
-inline constexpr int kN = 32;                       // keys per stage
-inline constexpr int kStages = 3;
-inline constexpr int kSlabs = kMlaHeadDimQk / 64;           // 9 slabs of 64 columns
-inline constexpr int kQSlabBytes = kM * 128;                 // 8192
-inline constexpr int kKSlabBytes = kN * 128;                 // 4096
-inline constexpr int kQBytes = kSlabs * kQSlabBytes;         // 73728
-inline constexpr int kStageBytes = kSlabs * kKSlabBytes;     // 36864
-inline constexpr int kXBytes = 2 * 16 * kThreads / 2 * 4;    // 2 x (64 x 32 float32)
-inline constexpr int kBarBytes = 64;                         // kStages mbarriers
-// + 1024: the swizzle needs 1024-byte aligned slabs; the dynamic base is aligned by hand.
-inline constexpr int kSmemBytes = 1024 + kQBytes + kStages * kStageBytes + kXBytes + kBarBytes;
+inline constexpr int kM = 64;                            // query rows per tile
+inline constexpr int kSlabs = kMlaHeadDimQk / 64;        // 9 slabs of 64 columns
+inline constexpr int kSlabBytes = 64 * 128;              // 64 rows x 64 bf16
+inline constexpr int kTileBytes = kSlabs * kSlabBytes;   // 73728: the Q tile, or one page
+inline constexpr int kPSlab = 8;                         // the rope slab, reused for P
+inline constexpr uint64_t kEvictFirst =  // cache pages: read once (or by sibling tiles at once)
+    static_cast<uint64_t>(cute::TMA::CacheHintSm90::EVICT_FIRST);
+inline constexpr uint64_t kEvictLast =  // a Q tile: read by every block of its request
+    static_cast<uint64_t>(cute::TMA::CacheHintSm90::EVICT_LAST);
 
-// Launch arguments plus the cache's tensor map (a __grid_constant__ parameter, as TMA needs).
+struct SharedStorage {
+  uint8_t q[kTileBytes];     // 1024-byte aligned (the swizzle's period)
+  uint8_t k[2][kTileBytes];  // K0 (even pages), K1 (odd pages)
+  float max0[kM], scale0[kM];  // written by warpgroup 0, read by warpgroup 1
+  float max1[kM], scale1[kM];  // written by warpgroup 1, read by warpgroup 0
+  float row_sum[2][kM];        // per warpgroup, at the end of a request
+  uint64_t bar_k[2][kSlabs];   // one per box of each page buffer
+  uint64_t bar_q;
+};
+// + 1024: the dynamic base is aligned to 1024 bytes by hand.
+inline constexpr int kSmemBytes = static_cast<int>(sizeof(SharedStorage)) + 1024;
+
+// Launch arguments plus the tensor maps (__grid_constant__, as TMA needs).
 struct Sm90aArgs {
-  CUtensorMap kv_map;  // [pages, 64, 576] bf16, box 32 x 64, 128-byte swizzle
+  CUtensorMap kv_map;  // [pages, 64, 576] bf16, box 64 x 64, 128-byte swizzle
+  CUtensorMap q_map;   // [b, s_q, h_q, 576] bf16, box 64 rows (heads x tokens) x 64 columns
   KernelArgs args;
 };
 
-// Byte offset of 16-byte chunk c (0..71) of row r in a swizzled tile with slabs of slab_bytes.
-__device__ __forceinline__ uint32_t SwizzledChunk(int r, int c, int slab_bytes) {
-  return (c >> 3) * slab_bytes + r * 128 + (((c & 7) ^ (r & 7)) << 4);
+// Named barriers (ids after CUTLASS's reserved ones). The 256-thread ones pair an arrive of one
+// warpgroup with a wait of the other.
+enum NamedBarrierId : uint32_t {
+  kScale0Ready = 0,  // wg0 -> wg1: max0 / scale0 of this pair, P0 in K0's slab 8
+  kScale1Ready,      // wg1 -> wg0: max1 / scale1, P1 in K1's slab 8
+  kRowSums,          // both: row sums exchanged at the end of a request
+  kWarpgroup0,       // 128 threads of one warpgroup (after zeroing V rows)
+  kWarpgroup1,
+};
+__device__ __forceinline__ void Arrive(uint32_t id) {
+  cutlass::arch::NamedBarrier::arrive(kThreads, id);
+}
+__device__ __forceinline__ void Wait(uint32_t id) {
+  cutlass::arch::NamedBarrier::arrive_and_wait(kThreads, id);
+}
+__device__ __forceinline__ void SyncWarpgroup(int wg) {
+  cutlass::arch::NamedBarrier::arrive_and_wait(128, kWarpgroup0 + wg);
 }
 
+using cute::SM90::GMMA::ScaleOut;
 using GmmaMajor = cute::SM90::GMMA::Major;
-using MmaS = cute::SM90::GMMA::MMA_64x32x16_F32BF16BF16_SS<GmmaMajor::K, GmmaMajor::K>;
-using MmaO = cute::SM90::GMMA::MMA_64x256x16_F32BF16BF16_RS<GmmaMajor::K, GmmaMajor::MN>;
+using MmaS = cute::SM90::GMMA::MMA_64x64x16_F32BF16BF16_SS<GmmaMajor::K, GmmaMajor::K>;
+using MmaPvRs = cute::SM90::GMMA::MMA_64x256x16_F32BF16BF16_RS<GmmaMajor::K, GmmaMajor::MN>;
+using MmaPvSs = cute::SM90::GMMA::MMA_64x256x16_F32BF16BF16_SS<GmmaMajor::K, GmmaMajor::MN>;
 
-// A shared-memory matrix descriptor, 128-byte swizzle. K-major operands (Q, K): sbo = 1024 (the
-// next 8 rows), lbo unused; a k-step inside a slab moves the start by 32 bytes (the swizzle is
-// applied on the address bits, so the slab must be 1024-byte aligned). The MN-major V operand:
-// sbo = 1024 (the next 8 keys, along K), lbo = the slab size (the next 64 columns, along N).
+// A shared-memory matrix descriptor, 128-byte swizzle. K-major operands (Q, K, P): sbo = 1024
+// (the next 8 rows), lbo unused; a k-step of 16 inside a slab moves the start by 32 bytes (the
+// swizzle applies to address bits, so slabs are 1024-byte aligned). The MN-major V operand:
+// sbo = 1024 (the next 8 keys, along K), lbo = one slab (the next 64 columns, along N); a k-step
+// of 16 keys moves the start by 16 rows (2048 bytes).
 __device__ __forceinline__ uint64_t Desc(uint32_t smem_addr, uint32_t lbo, uint32_t sbo) {
   cute::GmmaDescriptor d;
   d.bitfield.start_address_ = static_cast<uint16_t>(smem_addr >> 4);
@@ -80,327 +117,563 @@ __device__ __forceinline__ uint64_t Desc(uint32_t smem_addr, uint32_t lbo, uint3
   d.bitfield.layout_type_ = 1;  // 128-byte swizzle
   return d.desc_;
 }
+__device__ __forceinline__ uint64_t DescK(uint32_t addr) { return Desc(addr, 16, 1024); }
+__device__ __forceinline__ uint64_t DescV(uint32_t addr) { return Desc(addr, kSlabBytes, 1024); }
 
 template <size_t... I>
-__device__ __forceinline__ void WgmmaS(uint64_t da, uint64_t db, float (&d)[16],
+__device__ __forceinline__ void WgmmaS(uint64_t da, uint64_t db, float (&d)[32], ScaleOut scale,
                                        std::index_sequence<I...>) {
-  MmaS::fma(da, db, d[I]..., cute::SM90::GMMA::ScaleOut::One);
+  MmaS::fma(da, db, d[I]..., scale);
 }
 template <size_t... I>
-__device__ __forceinline__ void WgmmaO(const uint32_t (&a)[4], uint64_t db, float (&d)[128],
-                                       std::index_sequence<I...>) {
-  MmaO::fma(a[0], a[1], a[2], a[3], db, d[I]..., cute::SM90::GMMA::ScaleOut::One);
+__device__ __forceinline__ void WgmmaPvRs(uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
+                                          uint64_t db, float (&d)[128], std::index_sequence<I...>) {
+  MmaPvRs::fma(a0, a1, a2, a3, db, d[I]..., ScaleOut::One);
 }
-template <int kN2>
-__device__ __forceinline__ void FenceRegs(float (&r)[kN2]) {
+template <size_t... I>
+__device__ __forceinline__ void WgmmaPvSs(uint64_t da, uint64_t db, float (&d)[128],
+                                          std::index_sequence<I...>) {
+  MmaPvSs::fma(da, db, d[I]..., ScaleOut::One);
+}
+template <typename T, int kN>
+__device__ __forceinline__ void FenceRegs(T (&r)[kN]) {
 #pragma unroll
-  for (int i = 0; i < kN2; ++i) cute::warpgroup_fence_operand(r[i]);
+  for (int i = 0; i < kN; ++i) cute::warpgroup_fence_operand(r[i]);
+}
+__device__ __forceinline__ void FenceRegs(uint32_t (&r)[8][2]) {
+#pragma unroll
+  for (int i = 0; i < 8; ++i) {
+    cute::warpgroup_fence_operand(r[i][0]);
+    cute::warpgroup_fence_operand(r[i][1]);
+  }
 }
 
 __device__ __forceinline__ void FenceProxyAsync() {
   asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
 }
-// Barrier of the block's 256 threads other than __syncthreads (id 1), for the score exchange.
-__device__ __forceinline__ void ExchangeBarrier() { asm volatile("bar.sync 1, 256;\n" ::: "memory"); }
 
-template <bool kSplit, bool kTma>
+// Scores over slabs [kBegin, kEnd) of a page (4 k-steps each), each slab after its box arrived;
+// one commit group per slab. kZeroFirst: the first k-step overwrites s instead of adding.
+template <int kBegin, int kEnd, bool kZeroFirst>
+__device__ __forceinline__ void ScoreSlabs(uint32_t sq, uint32_t sk, uint64_t* bars, int phase,
+                                           float (&s)[32]) {
+#pragma unroll
+  for (int slab = kBegin; slab < kEnd; ++slab) {
+    cutlass::arch::ClusterTransactionBarrier::wait(&bars[slab], phase);
+    cute::warpgroup_arrive();
+#pragma unroll
+    for (int ks = 0; ks < 4; ++ks) {
+      const uint32_t off = slab * kSlabBytes + ks * 32;
+      WgmmaS(DescK(sq + off), DescK(sk + off), s,
+             kZeroFirst && slab == kBegin && ks == 0 ? ScaleOut::Zero : ScaleOut::One,
+             std::make_index_sequence<32>{});
+    }
+    cute::warpgroup_commit_batch();
+  }
+}
+
+// O_half += P V[:, 256 half ..] with P from registers (pk[n][r]: the bf16 pair of keys
+// n * 8 + quad * 2 of row r of this thread) and V from the page in shared memory.
+__device__ __forceinline__ void PvFromRegisters(const uint32_t (&pk)[8][2], uint32_t page,
+                                                int half, float (&o)[128]) {
+#pragma unroll
+  for (int ks = 0; ks < 4; ++ks) {
+    WgmmaPvRs(pk[2 * ks][0], pk[2 * ks][1], pk[2 * ks + 1][0], pk[2 * ks + 1][1],
+              DescV(page + half * 4 * kSlabBytes + ks * 16 * 128), o,
+              std::make_index_sequence<128>{});
+  }
+}
+// O_half += P V[:, 256 half ..] with P from the page's slab 8 (the other warpgroup put it there).
+__device__ __forceinline__ void PvFromShared(uint32_t p_page, uint32_t v_page, int half,
+                                             float (&o)[128]) {
+#pragma unroll
+  for (int ks = 0; ks < 4; ++ks) {
+    WgmmaPvSs(DescK(p_page + kPSlab * kSlabBytes + ks * 32),
+              DescV(v_page + half * 4 * kSlabBytes + ks * 16 * 128), o,
+              std::make_index_sequence<128>{});
+  }
+}
+
+// One thread: boxes [begin, end) of cache page `page` into a page buffer, each completing on its
+// own barrier.
+__device__ __forceinline__ void LoadPageBoxes(const CUtensorMap* map, uint8_t* dst, uint64_t* bars,
+                                              int32_t page, int begin, int end) {
+  for (int slab = begin; slab < end; ++slab) {
+    cutlass::arch::ClusterTransactionBarrier::arrive_and_expect_tx(&bars[slab], kSlabBytes);
+    cute::SM90_TMA_LOAD_3D::copy(map, &bars[slab], kEvictFirst, dst + slab * kSlabBytes,
+                                 slab * 64, 0, page);
+  }
+}
+
+// Zeroes key rows [valid, 64) of slabs [4 half, 4 half + 4) of a page (one warpgroup, t = its
+// thread), then makes the zeros visible to the tensor cores of the warpgroup.
+__device__ __forceinline__ void ZeroRowsPastEnd(uint8_t* page, int half, int valid, int t, int wg) {
+  const int per_slab = (64 - valid) * 8;  // 16-byte chunks
+  for (int c = t; c < 4 * per_slab; c += 128) {
+    const int slab = 4 * half + c / per_slab;
+    const int rest = c - (c / per_slab) * per_slab;
+    *reinterpret_cast<uint4*>(page + slab * kSlabBytes + valid * 128 + rest * 16) =
+        make_uint4(0, 0, 0, 0);
+  }
+  FenceProxyAsync();
+  SyncWarpgroup(wg);
+}
+
+// The pairs of pages of a block's range [u0, u1) of the flattened batch: each request's part of
+// the range two pages at a time from its first page there (a part's last pair may hold one page).
+// The pair's cache page indices are read when the cursor arrives at the pair, a pair before the
+// TMA loads that use them, so that no issuing thread waits for a global load there.
+struct PairCursor {
+  int32_t r;          // request
+  int32_t u;          // unit (flattened page) of the pair's first page
+  int32_t req_begin;  // the request's first unit (cum[r])
+  int32_t seg_begin, seg_end;  // the request's units inside the range
+  int32_t len;        // the request's length
+  int32_t page[2];    // cache pages of units u, u + 1 (where Has0 / Has1)
+
+  __device__ __forceinline__ bool Valid(int32_t u1) const { return u < u1; }
+  __device__ __forceinline__ int32_t Page() const { return u - req_begin; }
+  __device__ __forceinline__ int32_t Key0() const { return Page() * kMlaPageSize; }
+  // Unit u + i is in this request's part of the range and holds keys.
+  __device__ __forceinline__ bool HasPage(int i) const {
+    return u + i < seg_end && Key0() + i * kMlaPageSize < len;
+  }
+  __device__ __forceinline__ bool Has0() const { return Key0() < len; }
+  __device__ __forceinline__ bool Has1() const { return HasPage(1); }
+  __device__ __forceinline__ bool First() const { return u == seg_begin; }
+  __device__ __forceinline__ bool Last() const { return u + 2 >= seg_end; }
+
+  __device__ __forceinline__ const int32_t* Table(const MlaVerifyParams& p) const {
+    return p.block_table + static_cast<int64_t>(r) * p.block_table_batch_stride;
+  }
+  __device__ __forceinline__ void LoadPages(const MlaVerifyParams& p) {
+    const int32_t* table = Table(p);
+    page[0] = Has0() ? table[Page()] : 0;
+    page[1] = Has1() ? table[Page() + 1] : 0;
+  }
+  __device__ __forceinline__ void Init(const MlaVerifyParams& p, const RequestCursor& start,
+                                       int32_t u0, int32_t u1) {
+    r = start.r;
+    u = seg_begin = u0;
+    req_begin = start.begin;
+    seg_end = min(u1, start.end);
+    len = start.len;
+    LoadPages(p);
+  }
+  __device__ __forceinline__ void Advance(const MlaVerifyParams& p, const int32_t* cum,
+                                          int32_t u1) {
+    if (u >= u1) return;
+    u += 2;
+    if (u < seg_end) {
+      LoadPages(p);
+      return;
+    }
+    if (seg_end >= u1) {
+      u = u1;
+      return;
+    }
+    ++r;
+    req_begin = seg_begin = u = seg_end;
+    seg_end = min(u1, cum[r + 1]);
+    len = p.cache_seqlens[r];
+    LoadPages(p);
+  }
+};
+
 __global__ void __launch_bounds__(kThreads, 1)
     MlaVerifyTileSm90aKernel(const __grid_constant__ Sm90aArgs targs) {
-  // Grid: (64-row tiles, ranges) in split mode, (64-row tiles, batch) without split.
-  // Block: 256 threads (2 warpgroups); dynamic shared memory kSmemBytes.
+  // Grid: (64-row tiles, ranges); block: 256 threads (2 warpgroups); dynamic shared memory
+  // kSmemBytes. Launched as a programmatic dependent of the plan kernel: nothing global is read
+  // before the wait below.
   const KernelArgs& args = targs.args;
   const MlaVerifyParams& p = args.p;
   extern __shared__ __align__(128) uint8_t smem_raw[];
-  uint8_t* smem = smem_raw + ((1024 - (SmemAddr(smem_raw) & 1023)) & 1023);
-  const uint32_t sq = SmemAddr(smem);
-  const uint32_t skv = sq + kQBytes;
-  float* sx = reinterpret_cast<float*>(smem + kQBytes + kStages * kStageBytes);
-  uint64_t* bars = reinterpret_cast<uint64_t*>(smem + kQBytes + kStages * kStageBytes + kXBytes);
-  if constexpr (kTma) {
-    if (threadIdx.x == 0) {
-      for (int s = 0; s < kStages; ++s) cutlass::arch::ClusterTransactionBarrier::init(&bars[s], 1);
-      cutlass::arch::fence_barrier_init();
-    }
-    __syncthreads();
-  }
+  SharedStorage& sm = *reinterpret_cast<SharedStorage*>(
+      smem_raw + ((1024 - (SmemAddr(smem_raw) & 1023)) & 1023));
+  const uint32_t sq = SmemAddr(sm.q);
+  const uint32_t sk[2] = {SmemAddr(sm.k[0]), SmemAddr(sm.k[1])};
 
   const int tid = threadIdx.x;
-  const int wg = tid >> 7;             // warpgroup: depth half for S, column half for O
-  const int t = tid & 127;             // thread within the warpgroup
+  const int wg = tid >> 7;  // 0: even pages, O[:, 0:256]; 1: odd pages, O[:, 256:512]
+  const int t = tid & 127;
   const int lane = tid & 31, quad = lane & 3;
-  const int row0 = ((t >> 5) << 4) + (lane >> 2);  // this thread's rows: row0 and row0 + 8
+  const int row0 = ((t >> 5) << 4) + (lane >> 2);  // this thread's rows: row0, row0 + 8
   const int tile = blockIdx.x;
   const int32_t rows = p.s_q * p.h_q;
 
-  int32_t u0, u1;
-  RequestCursor load_cur, comp_cur;
-  if constexpr (kSplit) {
-    if (!SplitRange(args, blockIdx.y, &u0, &u1, &load_cur)) return;
-  } else {
-    const int32_t r = blockIdx.y;
-    u0 = 0;
-    u1 = UnitsOf(p.cache_seqlens[r]);
-    load_cur = {nullptr, r, 0, u1, 0, nullptr};
-    load_cur.Load(p);
+  if (tid == 0) {
+    for (int b = 0; b < 2; ++b)
+      for (int s = 0; s < kSlabs; ++s)
+        cutlass::arch::ClusterTransactionBarrier::init(&sm.bar_k[b][s], 1);
+    cutlass::arch::ClusterTransactionBarrier::init(&sm.bar_q, 1);
+    cutlass::arch::fence_barrier_init();
+    cute::prefetch_tma_descriptor(reinterpret_cast<const cute::TmaDescriptor*>(&targs.kv_map));
+    cute::prefetch_tma_descriptor(reinterpret_cast<const cute::TmaDescriptor*>(&targs.q_map));
   }
-  comp_cur = load_cur;
-  const int32_t num_blocks = 2 * (u1 - u0);
+  __syncthreads();
+  cudaGridDependencySynchronize();           // the plan is written
+  cudaTriggerProgrammaticLaunchCompletion();  // the combine may be scheduled (it waits too)
 
-  // Stage block i (32 keys, half a page) into ring slot `slot`. Returns the valid key rows.
-  auto load_block = [&](int32_t i, int slot) {
-    const int32_t u = u0 + (i >> 1);
-    load_cur.Advance(p, u);
-    const int32_t page_in_req = u - load_cur.begin;
-    const int32_t k0 = page_in_req * kMlaPageSize + (i & 1) * kN;
-    const int32_t valid = min(kN, max(0, load_cur.len - k0));
-    const uint32_t dst = skv + slot * kStageBytes;
-    if constexpr (kTma) {
-      // One thread: expect the bytes, then 9 boxes (rows past the end come too; zeroed later).
-      if (threadIdx.x == 0) {
-        cutlass::arch::ClusterTransactionBarrier::arrive_and_expect_tx(&bars[slot],
-                                                                      valid > 0 ? kStageBytes : 0);
-        if (valid > 0) {
-          const int32_t page = load_cur.table[page_in_req];
-#pragma unroll
-          for (int sl = 0; sl < kSlabs; ++sl) {
-            cute::SM90_TMA_LOAD_3D::copy(&targs.kv_map, &bars[slot],
-                                         static_cast<uint64_t>(cute::TMA::CacheHintSm90::EVICT_NORMAL),
-                                         smem + kQBytes + slot * kStageBytes + sl * kKSlabBytes,
-                                         sl * 64, (i & 1) * kN, page);
-          }
-        }
-      }
-    } else {
-      const __nv_bfloat16* src = p.kv_cache;
-      if (valid > 0) {
-        src += static_cast<int64_t>(load_cur.table[page_in_req]) * p.kv_page_stride +
-               static_cast<int64_t>((i & 1) * kN) * p.kv_row_stride;
-      }
-#pragma unroll 3
-      for (int c = tid; c < kN * kChunksPerRow; c += kThreads) {
-        const int row = c / kChunksPerRow, chunk = c - row * kChunksPerRow;
-        const bool ok = row < valid;
-        const __nv_bfloat16* g = ok ? src + row * p.kv_row_stride + chunk * 8 : p.kv_cache;
-        CpAsync16(dst + SwizzledChunk(row, chunk, kKSlabBytes), g, ok ? 16 : 0);
-      }
-    }
+  // This block's range and the request it starts in.
+  int32_t u0, u1;
+  RequestCursor start;
+  if (!SplitRange(args, blockIdx.y, &u0, &u1, &start)) return;
+  const int32_t* cum = args.plan + kPlanCum;
+  const int32_t per = args.plan[0];
+  // The pair being computed and the next one (its pages are loaded during this one).
+  PairCursor cur;
+  cur.Init(p, start, u0, u1);
+  PairCursor nxt = cur;
+  nxt.Advance(p, cum, u1);
+
+  // This thread's two query rows (h = 0, 1) in the request: g, its token j (-1 past the rows).
+  // Recomputed where used (cheap) rather than held in registers across the loop.
+  auto row_g = [&](int h) { return tile * kM + row0 + 8 * h; };
+  auto row_j = [&](int h) { return row_g(h) < rows ? row_g(h) / p.h_q : -1; };
+  // Keys [0, border) are visible to the row: min(L, L - s_q + 1 + j); L for padding rows.
+  auto border_of = [&](int h, int32_t len) {
+    const int32_t j = row_j(h);
+    return j < 0 ? len : min(len, len - p.s_q + 1 + j);
   };
+
+  // Q tile of request r: nine boxes of 64 columns x (heads x tokens) = 64 rows.
   auto load_q = [&](int32_t r) {
-    for (int c = tid; c < kM * kChunksPerRow; c += kThreads) {
-      const int row = c / kChunksPerRow, chunk = c - row * kChunksPerRow;
-      const int32_t g = tile * kM + row;
-      const bool ok = g < rows;
-      const __nv_bfloat16* src = p.q;
-      if (ok) {
-        const int32_t j = g / p.h_q, h = g - j * p.h_q;
-        src += r * p.q_batch_stride + j * p.q_token_stride + h * p.q_head_stride + chunk * 8;
-      }
-      CpAsync16(sq + SwizzledChunk(row, chunk, kQSlabBytes), src, ok ? 16 : 0);
+    const int32_t g0 = tile * kM;
+    cutlass::arch::ClusterTransactionBarrier::arrive_and_expect_tx(&sm.bar_q, kTileBytes);
+    for (int slab = 0; slab < kSlabs; ++slab) {
+      cute::SM90_TMA_LOAD_4D::copy(&targs.q_map, &sm.bar_q, kEvictLast,
+                                   sm.q + slab * kSlabBytes, slab * 64, g0 % p.h_q,
+                                   g0 / p.h_q, r);
     }
   };
+
+  // A page slot of a pair with no page in it gets its barriers' phases completed without data,
+  // and its stale contents run through the wgmma with all-zero probabilities: every pair issues
+  // the same wgmma sequence, so no accumulator is in flight where control flow merges. Stale V
+  // is finite: a buffer holds zeros until its first load, and the rows past a sequence's end
+  // that a load brings are zeroed in the pair that uses them.
+  auto load_or_skip = [&](const PairCursor& c, int which, int begin, int end) {
+    const bool has = which == 0 ? c.Has0() : c.Has1();
+    if (has) {
+      LoadPageBoxes(&targs.kv_map, sm.k[which], sm.bar_k[which], c.page[which], begin, end);
+    } else {
+      for (int slab = begin; slab < end; ++slab)
+        cutlass::arch::ClusterTransactionBarrier::arrive(&sm.bar_k[which][slab]);
+    }
+  };
+  // Prologue: the first pair's Q and pages, and its scores. A buffer the first pair leaves
+  // unloaded is zeroed (once the other loads are under way), the TMA writes into it later.
+  if (tid == 0) {
+    load_q(cur.r);
+    load_or_skip(cur, 0, 0, kSlabs);
+    load_or_skip(cur, 1, 0, kSlabs);
+  }
+#pragma unroll 1
+  for (int b = 0; b < 2; ++b) {
+    if (b == 0 ? cur.Has0() : cur.Has1()) continue;
+    for (int c = tid; c < kTileBytes / 16; c += kThreads) {
+      reinterpret_cast<uint4*>(sm.k[b])[c] = make_uint4(0, 0, 0, 0);
+    }
+  }
+  FenceProxyAsync();
+  __syncthreads();
 
   float o[128];
-  float m_run[2], l_run[2];
-  auto reset_state = [&]() {
 #pragma unroll
-    for (int i = 0; i < 128; ++i) o[i] = 0.0f;
-    m_run[0] = m_run[1] = -INFINITY;
-    l_run[0] = l_run[1] = 0.0f;
-  };
-  reset_state();
+  for (int i = 0; i < 128; ++i) o[i] = 0.0f;
+  float s[32];  // this warpgroup's page scores, then its probabilities
+  float m_run[2] = {-INFINITY, -INFINITY};  // running max (log2 domain) after the last pair
+  float l_run[2] = {0.0f, 0.0f};            // this thread's share of the row sums
+  int phase = 0;                            // of this warpgroup's page buffer's barriers
+  int q_phase = 0;
 
-  auto finalize = [&](const RequestCursor& cur) {
-    int64_t slot = 0;
-    bool direct = true;
-    if constexpr (kSplit) direct = !PartialSlot(args, cur, blockIdx.y, &slot);
-#pragma unroll
-    for (int half = 0; half < 2; ++half) {
-      const int32_t g = tile * kM + row0 + half * 8;
-      if (g >= rows) continue;
-      const float l = l_run[half];
-      const float inv = l > 0.0f ? 1.0f / l : 0.0f;
-      const float lse2 = l > 0.0f ? m_run[half] + __log2f(l) : -INFINITY;
-      const int32_t j = g / p.h_q, h = g - j * p.h_q;
-      const int col = wg * 256 + quad * 2;
-      if (direct) {
-        __nv_bfloat16* dst = p.out + cur.r * p.out_batch_stride + j * p.out_token_stride +
-                             h * p.out_head_stride + col;
-#pragma unroll
-        for (int n = 0; n < 32; ++n) {
-          *reinterpret_cast<__nv_bfloat162*>(dst + n * 8) =
-              __floats2bfloat162_rn(o[n * 4 + half * 2] * inv, o[n * 4 + half * 2 + 1] * inv);
-        }
-        if (p.lse != nullptr && wg == 0 && quad == 0) {
-          p.lse[cur.r * p.lse_batch_stride + h * p.lse_head_stride + j] =
-              l > 0.0f ? lse2 * kLn2 : -INFINITY;
-        }
-      } else {
-        float* dst = args.partial_out + (slot * rows + g) * kMlaHeadDimV + col;
-#pragma unroll
-        for (int n = 0; n < 32; ++n) {
-          *reinterpret_cast<float2*>(dst + n * 8) =
-              make_float2(o[n * 4 + half * 2] * inv, o[n * 4 + half * 2 + 1] * inv);
-        }
-        if (wg == 0 && quad == 0) args.partial_lse[slot * rows + g] = lse2;
-      }
-    }
-  };
+  cutlass::arch::ClusterTransactionBarrier::wait(&sm.bar_q, q_phase);
+  q_phase ^= 1;
+  FenceRegs(s);
+  ScoreSlabs<0, kSlabs, true>(sq, wg == 0 ? sk[0] : sk[1], wg == 0 ? sm.bar_k[0] : sm.bar_k[1],
+                              phase, s);
+  cute::warpgroup_wait<0>();
+  FenceRegs(s);
+  phase ^= 1;
 
-#pragma unroll
-  for (int i = 0; i < kStages - 1; ++i) {
-    if (i < num_blocks) load_block(i, i);
-    if constexpr (!kTma) CpAsyncCommit();
-  }
+  while (true) {
+    // Shared-memory addresses made opaque to the compiler once per pair, so that the ~50 wgmma
+    // descriptors are rebuilt from them here instead of being hoisted out of the loop (they
+    // would not fit in the registers next to O).
+    uint32_t q_addr = sq, k_addr[2] = {sk[0], sk[1]};
+    asm volatile("" : "+r"(q_addr), "+r"(k_addr[0]), "+r"(k_addr[1]));
+    const int32_t len = cur.len;
+    // This warpgroup's page of the pair: first key, and whether its scores need the mask.
+    const int32_t k_page = cur.Key0() + wg * kMlaPageSize;
+    const bool has_mine = wg == 0 ? cur.Has0() : cur.Has1();
+    const bool has0 = cur.Has0(), has1 = cur.Has1();
+    const int32_t valid0 = len - cur.Key0(), valid1 = valid0 - kMlaPageSize;  // keys in a page
+    const bool nxt_valid = nxt.Valid(u1);
 
-  // P of the stage whose P·V is in flight: wgmma reads these registers asynchronously, so they
-  // live outside the loop and are "touched" (fenced) only after each wait.
-  uint32_t pa[2][4] = {};
-  auto fence_pa = [&]() {
+    // ---- Softmax of this warpgroup's page: mask (causal and past the end; a page that is not
+    // there is all masked), row max in log2 units. s[n * 4 + e]: row row0 + 8 (e / 2), key
+    // k_page + n * 8 + quad * 2 + e % 2.
+    float mx[2];
+    const bool masked = !has_mine || k_page + kMlaPageSize > len - p.s_q + 1;
 #pragma unroll
-    for (int k = 0; k < 8; ++k) cute::warpgroup_fence_operand(pa[k >> 2][k & 3]);
-  };
-  int32_t q_request = -1;
-  for (int32_t i = 0; i < num_blocks; ++i) {
-    if constexpr (kTma) {
-      cutlass::arch::ClusterTransactionBarrier::wait(&bars[i % kStages], (i / kStages) & 1);
-    } else {
-      CpAsyncWait<kStages - 2>();
-      FenceProxyAsync();  // cp.async writes via the generic proxy; wgmma reads via the async one
-    }
-    __syncthreads();
-    const int32_t u = u0 + (i >> 1);
-    comp_cur.Advance(p, u);
-    if (comp_cur.r != q_request) {
-      load_q(comp_cur.r);
-      CpAsyncCommit();
-      CpAsyncWait<0>();
-      FenceProxyAsync();
-      __syncthreads();
-      q_request = comp_cur.r;
-    }
-    // The next stage's loads go into the slot of stage i - 1, whose P·V may still run (it is
-    // waited for together with this stage's scores): issued after the exchange barrier below.
-    auto issue_next = [&]() {
-      if (i + kStages - 1 < num_blocks) load_block(i + kStages - 1, (i + kStages - 1) % kStages);
-      if constexpr (!kTma) CpAsyncCommit();
-    };
-
-    const int slot = i % kStages;
-    const uint32_t stage = skv + slot * kStageBytes;
-    const int32_t k_block = (u - comp_cur.begin) * kMlaPageSize + (i & 1) * kN;
-    const int32_t len = comp_cur.len;
-    if (kTma && k_block < len && len - k_block < kN) {
-      // The last, partial stage of a sequence: zero the rows past its end that the box brought.
-      const int valid = len - k_block;
-      uint4* base = reinterpret_cast<uint4*>(smem + kQBytes + slot * kStageBytes);
-      for (int c = tid; c < kSlabs * (kN - valid) * 8; c += kThreads) {
-        const int sl = c / ((kN - valid) * 8), rest = c - sl * ((kN - valid) * 8);
-        base[(sl * kKSlabBytes + (valid + (rest >> 3)) * 128) / 16 + (rest & 7)] = make_uint4(0, 0, 0, 0);
-      }
-      FenceProxyAsync();
-      __syncthreads();
-    }
-    if (k_block < len) {
-      // ---- S partial over this warpgroup's depth half: 18 k-steps of 16.
-      float s[16];
+    for (int h = 0; h < 2; ++h) {
+      float v = -INFINITY;
+      if (masked) {
+        const int32_t border = has_mine ? border_of(h, len) - k_page : 0;
 #pragma unroll
-      for (int k = 0; k < 16; ++k) s[k] = 0.0f;
-      FenceRegs(s);
-      cute::warpgroup_arrive();
-#pragma unroll
-      for (int kk = 0; kk < 18; ++kk) {
-        const int d0 = wg * 288 + kk * 16;  // depth of this k-step
-        const uint32_t in_row = (d0 & 63) * 2;
-        WgmmaS(Desc(sq + (d0 >> 6) * kQSlabBytes + in_row, 16, 1024),
-               Desc(stage + (d0 >> 6) * kKSlabBytes + in_row, 16, 1024), s,
-               std::make_index_sequence<16>{});
-      }
-      cute::warpgroup_commit_batch();
-      cute::warpgroup_wait<0>();  // these scores, and the previous stage's P·V
-      FenceRegs(s);
-      FenceRegs(o);
-      fence_pa();
-      // ---- Add the other warpgroup's partial (same register positions, thread-major).
-#pragma unroll
-      for (int k = 0; k < 16; ++k) sx[(wg * 16 + k) * 128 + t] = s[k];
-      ExchangeBarrier();
-      issue_next();
-#pragma unroll
-      for (int k = 0; k < 16; ++k) s[k] += sx[((1 - wg) * 16 + k) * 128 + t];
-      // ---- Scale, mask, online softmax. s[n * 4 + e]: row row0 + 8 * (e / 2), key
-      // k_block + n * 8 + quad * 2 + e % 2.
-#pragma unroll
-      for (int half = 0; half < 2; ++half) {
-        const int32_t g = tile * kM + row0 + half * 8;
-        const int32_t j = g / p.h_q;
-        const int32_t last_key = min(len - 1, len - p.s_q + j);
-        float v[8];
-        float mx = -INFINITY;
-#pragma unroll
-        for (int n = 0; n < 4; ++n) {
+        for (int n = 0; n < 8; ++n) {
 #pragma unroll
           for (int e = 0; e < 2; ++e) {
-            const int32_t key = k_block + n * 8 + quad * 2 + e;
-            const float x = key <= last_key ? s[n * 4 + half * 2 + e] * args.scale_log2 : -INFINITY;
-            v[n * 2 + e] = x;
-            mx = fmaxf(mx, x);
+            const int key = n * 8 + quad * 2 + e;
+            float& x = s[n * 4 + h * 2 + e];
+            x = key < border ? x : -INFINITY;
+            v = fmaxf(v, x);
           }
         }
-        mx = QuadMax(mx);
-        const float m_new = fmaxf(m_run[half], mx);
-        const float m_use = m_new == -INFINITY ? 0.0f : m_new;
-        const float alpha = exp2f(m_run[half] - m_use);
-        m_run[half] = m_new;
-        float rs = 0.0f;
+      } else {
 #pragma unroll
-        for (int k = 0; k < 8; ++k) {
-          v[k] = exp2f(v[k] - m_use);
-          rs += v[k];
-        }
-        rs = QuadSum(rs);
-        l_run[half] = l_run[half] * alpha + rs;
-        if (alpha != 1.0f) {  // the running max moved (rare once it has settled)
-#pragma unroll
-          for (int n = 0; n < 32; ++n) {
-            o[n * 4 + half * 2] *= alpha;
-            o[n * 4 + half * 2 + 1] *= alpha;
-          }
-        }
-        // A fragment of k-step ks: keys ks*16 + quad*2 (regs 0/1: rows row0 / row0+8) and
-        // + 8 (regs 2/3): n-chunks 2 ks and 2 ks + 1.
-        pa[0][half] = PackBf16(v[0], v[1]);
-        pa[0][half + 2] = PackBf16(v[2], v[3]);
-        pa[1][half] = PackBf16(v[4], v[5]);
-        pa[1][half + 2] = PackBf16(v[6], v[7]);
+        for (int n = 0; n < 8; ++n) v = fmaxf(v, fmaxf(s[n * 4 + h * 2], s[n * 4 + h * 2 + 1]));
       }
-      // ---- O += P V for this warpgroup's 256 columns: keys 16 ks .. +16. Not waited for
-      // here: it runs on while the next stage's barrier wait and score wgmmas are issued.
+      mx[h] = QuadMax(v) * args.scale_log2;  // -inf stays -inf (scale > 0)
+    }
+
+    uint32_t pk[8][2];  // this warpgroup's P as bf16 pairs (the RS operand, and P in smem)
+    // P (bf16 pairs) into the page's slab 8 (K-major, swizzled) for the other warpgroup's SS
+    // wgmma; the slab's rope keys are dead once the page's scores are done.
+    auto store_p = [&](uint8_t* page_buf) {
+      uint8_t* dst = page_buf + kPSlab * kSlabBytes;
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int r = row0 + 8 * h;
+#pragma unroll
+        for (int n = 0; n < 8; ++n) {
+          *reinterpret_cast<uint32_t*>(dst + r * 128 + ((n ^ (r & 7)) << 4) + quad * 4) = pk[n][h];
+        }
+      }
+      FenceProxyAsync();
+    };
+    auto rescale_o = [&](const float (&sc)[2]) {
+      if (__any_sync(0xffffffffu, sc[0] != 1.0f || sc[1] != 1.0f)) {  // the max moved
+#pragma unroll
+        for (int n = 0; n < 32; ++n) {
+          o[n * 4] *= sc[0];
+          o[n * 4 + 1] *= sc[0];
+          o[n * 4 + 2] *= sc[1];
+          o[n * 4 + 3] *= sc[1];
+        }
+      }
+    };
+    if (wg == 0) {
+      // ---- Warpgroup 0: m0 = max(m, rowmax S0), scale0 = 2^(m - m0), P0 relative to m0
+      // (published with m0 and scale0 for wg1, before anything waits on the tensor cores).
+      float sc0[2];
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const float m_new = fmaxf(m_run[h], mx[h]);
+        const float m_use = m_new == -INFINITY ? 0.0f : m_new;
+        sc0[h] = exp2f(m_run[h] - m_use);
+        float sum = 0.0f;
+#pragma unroll
+        for (int n = 0; n < 8; ++n) {
+#pragma unroll
+          for (int e = 0; e < 2; ++e) {
+            float& x = s[n * 4 + h * 2 + e];
+            x = exp2f(fmaf(x, args.scale_log2, -m_use));
+            sum += x;
+          }
+          pk[n][h] = PackBf16(s[n * 4 + h * 2], s[n * 4 + h * 2 + 1]);
+        }
+        l_run[h] = l_run[h] * sc0[h] + sum;
+        m_run[h] = m_new;
+        if (quad == 0) {
+          sm.max0[row0 + 8 * h] = m_new;
+          sm.scale0[row0 + 8 * h] = sc0[h];
+        }
+      }
+      store_p(sm.k[0]);
+      Arrive(kScale0Ready);
+      // ---- O_L = O_L scale0 + P0 V0_L.
+      rescale_o(sc0);
+      if (has0 && valid0 < kMlaPageSize) ZeroRowsPastEnd(sm.k[0], 0, valid0, t, 0);
+      FenceRegs(o);
+      FenceRegs(pk);
+      cute::warpgroup_arrive();
+      PvFromRegisters(pk, k_addr[0], 0, o);
+      cute::warpgroup_commit_batch();
+      cute::warpgroup_wait<0>();
+      FenceRegs(o);
+      FenceRegs(pk);
+      // K0's boxes 0..3 (V0_L) are dead: the next even page's first boxes.
+      if (tid == 0 && nxt_valid) load_or_skip(nxt, 0, 0, 4);
+      // ---- wg1's m1, scale1 (and P1 in K1's slab 8): O_L = O_L scale1 + P1 V1_L. wg1's scores
+      // of this pair are done, so Q is dead: the next request's Q.
+      Wait(kScale1Ready);
+      float sc1[2];
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        sc1[h] = sm.scale1[row0 + 8 * h];
+        m_run[h] = sm.max1[row0 + 8 * h];
+        l_run[h] *= sc1[h];
+      }
+      if (tid == 0 && nxt_valid && nxt.First()) load_q(nxt.r);
+      rescale_o(sc1);
+      if (has1 && valid1 < kMlaPageSize) ZeroRowsPastEnd(sm.k[1], 0, valid1, t, 0);
       FenceRegs(o);
       cute::warpgroup_arrive();
-#pragma unroll
-      for (int ks = 0; ks < 2; ++ks) {
-        const uint32_t off = wg * 4 * kKSlabBytes + ks * 16 * 128;
-        WgmmaO(pa[ks], Desc(stage + off, kKSlabBytes, 1024), o, std::make_index_sequence<128>{});
-      }
+      PvFromShared(k_addr[1], k_addr[1], 0, o);
       cute::warpgroup_commit_batch();
-      fence_pa();
+      // ---- The next even page's scores: boxes 0..3 (loaded above), then, once P1 V1_L is done
+      // (K1's boxes 0..3 and 8 are dead: the next odd page's), boxes 4..8 (loaded by wg1 early).
+      if (nxt_valid) {
+        if (nxt.First()) cutlass::arch::ClusterTransactionBarrier::wait(&sm.bar_q, q_phase);
+        FenceRegs(s);
+        ScoreSlabs<0, 4, true>(q_addr, k_addr[0], sm.bar_k[0], phase, s);
+        cute::warpgroup_wait<4>();
+        FenceRegs(o);
+        if (tid == 0) {
+          load_or_skip(nxt, 1, 0, 4);
+          load_or_skip(nxt, 1, kPSlab, kSlabs);
+        }
+        ScoreSlabs<4, kSlabs, false>(q_addr, k_addr[0], sm.bar_k[0], phase, s);
+        cute::warpgroup_wait<0>();
+        FenceRegs(s);
+        phase ^= 1;
+      } else {
+        cute::warpgroup_wait<0>();
+        FenceRegs(o);
+      }
     } else {
+      // ---- Warpgroup 1: O_R = O_R scale0 + P0 V0_R first (its operands are all there), with
+      // the softmax of S1 under it: m1 = max(m0, rowmax S1), scale1 = 2^(m0 - m1).
+      Wait(kScale0Ready);
+      float m0[2], sc0[2];
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        m0[h] = sm.max0[row0 + 8 * h];
+        sc0[h] = sm.scale0[row0 + 8 * h];
+      }
+      rescale_o(sc0);
+      if (has0 && valid0 < kMlaPageSize) ZeroRowsPastEnd(sm.k[0], 1, valid0, t, 1);
+      FenceRegs(o);
+      cute::warpgroup_arrive();
+      PvFromShared(k_addr[0], k_addr[0], 1, o);
+      cute::warpgroup_commit_batch();
+      float sc1[2];
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const float m_new = fmaxf(m0[h], mx[h]);
+        const float m_use = m_new == -INFINITY ? 0.0f : m_new;
+        sc1[h] = exp2f(m0[h] - m_use);
+        float sum = 0.0f;
+#pragma unroll
+        for (int n = 0; n < 8; ++n) {
+#pragma unroll
+          for (int e = 0; e < 2; ++e) {
+            float& x = s[n * 4 + h * 2 + e];
+            x = exp2f(fmaf(x, args.scale_log2, -m_use));
+            sum += x;
+          }
+          pk[n][h] = PackBf16(s[n * 4 + h * 2], s[n * 4 + h * 2 + 1]);
+        }
+        l_run[h] = l_run[h] * (sc0[h] * sc1[h]) + sum;
+        m_run[h] = m_new;
+        if (quad == 0) {
+          sm.max1[row0 + 8 * h] = m_new;
+          sm.scale1[row0 + 8 * h] = sc1[h];
+        }
+      }
+      store_p(sm.k[1]);
+      Arrive(kScale1Ready);
+      // Once P0 V0_R is done, K0's boxes 4..8 are dead: the next even page's last boxes.
       cute::warpgroup_wait<0>();
       FenceRegs(o);
-      fence_pa();
-      ExchangeBarrier();
-      issue_next();
-    }
-    const bool last = i + 1 == num_blocks || u0 + ((i + 1) >> 1) >= comp_cur.end;
-    if (last) {
+      if (t == 0 && nxt_valid) load_or_skip(nxt, 0, 4, kSlabs);
+      // ---- O_R = O_R scale1 + P1 V1_R.
+      rescale_o(sc1);
+      if (has1 && valid1 < kMlaPageSize) ZeroRowsPastEnd(sm.k[1], 1, valid1, t, 1);
+      FenceRegs(o);
+      FenceRegs(pk);
+      cute::warpgroup_arrive();
+      PvFromRegisters(pk, k_addr[1], 1, o);
+      cute::warpgroup_commit_batch();
       cute::warpgroup_wait<0>();
       FenceRegs(o);
-      fence_pa();
-      finalize(comp_cur);
-      reset_state();
+      FenceRegs(pk);
+      // K1's boxes 4..7 (V1_R) are dead: the next odd page's.
+      if (t == 0 && nxt_valid) load_or_skip(nxt, 1, 4, kPSlab);
+      // ---- The next odd page's scores: boxes 0..3 and 8 (loaded by wg0), then 4..7.
+      if (nxt_valid) {
+        if (nxt.First()) cutlass::arch::ClusterTransactionBarrier::wait(&sm.bar_q, q_phase);
+        FenceRegs(s);
+        ScoreSlabs<0, 4, true>(q_addr, k_addr[1], sm.bar_k[1], phase, s);
+        ScoreSlabs<kPSlab, kSlabs, false>(q_addr, k_addr[1], sm.bar_k[1], phase, s);
+        ScoreSlabs<4, kPSlab, false>(q_addr, k_addr[1], sm.bar_k[1], phase, s);
+        cute::warpgroup_wait<0>();
+        FenceRegs(s);
+        phase ^= 1;
+      }
     }
+    if (nxt_valid && nxt.First()) q_phase ^= 1;
+
+    // ---- The request's last pair in this range: row sums of both warpgroups, then this
+    // warpgroup's half of O to out (or to a partial slot when the request is split).
+    if (cur.Last()) {
+      float l_tot[2];
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        l_tot[h] = QuadSum(l_run[h]);
+        if (quad == 0) sm.row_sum[wg][row0 + 8 * h] = l_tot[h];
+      }
+      Wait(kRowSums);
+      const int32_t r = cur.r;
+      const int32_t splits = NumSplits(cum[r], cum[r + 1], per);
+      const bool direct = splits < 2;
+      const int64_t slot = direct ? 0
+                                  : static_cast<int64_t>(args.plan[kPlanCum + p.batch + 1 + r]) +
+                                        (blockIdx.y - FirstPart(cum[r], per));
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int32_t g = row_g(h);
+        if (g >= rows) continue;
+        const float l = sm.row_sum[0][row0 + 8 * h] + sm.row_sum[1][row0 + 8 * h];
+        const float inv = l > 0.0f ? 1.0f / l : 0.0f;
+        const float lse2 = l > 0.0f ? m_run[h] + __log2f(l) : -INFINITY;
+        const int32_t j = g / p.h_q, head = g - j * p.h_q;
+        const int col = wg * 256 + quad * 2;
+        if (direct) {
+          __nv_bfloat16* dst = p.out + r * p.out_batch_stride + j * p.out_token_stride +
+                               head * p.out_head_stride + col;
+#pragma unroll
+          for (int n = 0; n < 32; ++n) {
+            *reinterpret_cast<__nv_bfloat162*>(dst + n * 8) =
+                __floats2bfloat162_rn(o[n * 4 + h * 2] * inv, o[n * 4 + h * 2 + 1] * inv);
+          }
+          if (p.lse != nullptr && wg == 0 && quad == 0) {
+            p.lse[r * p.lse_batch_stride + head * p.lse_head_stride + j] =
+                l > 0.0f ? lse2 * kLn2 : -INFINITY;
+          }
+        } else {
+          float* dst = args.partial_out + (slot * rows + g) * kMlaHeadDimV + col;
+#pragma unroll
+          for (int n = 0; n < 32; ++n) {
+            *reinterpret_cast<float2*>(dst + n * 8) =
+                make_float2(o[n * 4 + h * 2] * inv, o[n * 4 + h * 2 + 1] * inv);
+          }
+          if (wg == 0 && quad == 0) args.partial_lse[slot * rows + g] = lse2;
+        }
+      }
+#pragma unroll
+      for (int i = 0; i < 128; ++i) o[i] = 0.0f;
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        m_run[h] = -INFINITY;
+        l_run[h] = 0.0f;
+      }
+    }
+    if (!nxt_valid) break;
+    cur = nxt;
+    nxt.Advance(p, cum, u1);
   }
-  CpAsyncWait<0>();
 }
 
 }  // namespace probesidecar::kernels::mla::sm90a

@@ -5,11 +5,11 @@
 namespace probesidecar::kernels::mla {
 
 bool Sm90aCompiled() { return false; }
-cudaError_t SetSm90aAttributes(bool* tma_available) {
-  *tma_available = false;
+cudaError_t SetSm90aAttributes(bool* available) {
+  *available = false;
   return cudaSuccess;
 }
-cudaError_t LaunchTileSm90a(const KernelArgs&, int32_t, bool, bool, cudaStream_t) {
+cudaError_t LaunchTileSm90a(const KernelArgs&, dim3, cudaStream_t) {
   return cudaErrorInvalidDeviceFunction;
 }
 

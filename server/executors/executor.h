@@ -92,6 +92,9 @@ class Executor {
   // Whether the device context is a client of an MPS control daemon (the CUDA backend asks the
   // driver at start-up).
   virtual bool mps() const { return false; }
+  // Requests that a worker ran on the GPU so far (Score and Verify). Without MPS each one makes
+  // the GPU switch between the inference server's context and this one (docs/mps.md).
+  virtual uint64_t gpu_requests() const { return 0; }
   // Row indices from device buffers found outside [0, T) on the GPU so far.
   virtual uint64_t invalid_device_rows() const { return 0; }
   // Verify requests whose device page tables or lengths were found out of range on the GPU.

@@ -39,6 +39,7 @@ class FaultInjectingExecutor final : public Executor {
   uint64_t queue_capacity() const override { return inner_->queue_capacity(); }
   DroppedRequests dropped() const override { return inner_->dropped(); }
   bool mps() const override { return inner_->mps(); }
+  uint64_t gpu_requests() const override { return inner_->gpu_requests(); }
   uint64_t invalid_device_rows() const override { return inner_->invalid_device_rows(); }
   uint64_t invalid_verify_requests() const override { return inner_->invalid_verify_requests(); }
   uint64_t non_finite_device_scores() const override { return inner_->non_finite_device_scores(); }

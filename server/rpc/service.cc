@@ -483,6 +483,7 @@ grpc::ServerUnaryReactor* ProbeSidecarService::ServerInfo(grpc::CallbackServerCo
   response->set_cuda_runtime(kCudaRuntime);
   response->set_mps(env_.executor->mps());
   response->set_queued_requests(env_.executor->queued());
+  response->set_gpu_requests(env_.executor->gpu_requests());
   return Answer(context, Rpc::kServerInfo, start, absl::OkStatus());
 }
 

@@ -18,12 +18,13 @@
 # Steps (STEPS, default "tests kernels metrics rpc decode"):
 #   tests    every GPU test: the kernel tests (probe scoring, request staging, verify support, MLA
 #            verify) and the two-process Python tests (IPC, executor, ordering and device rows,
-#            metrics, Verify). PROBESIDECAR_REQUIRE_GPU=1: a test that would skip fails here.
+#            metrics, Verify, taps and the transformers integration). PROBESIDECAR_REQUIRE_GPU=1: a test that would skip fails here.
 #   kernels  the probe-scoring benchmark with its torch and Triton peers (bench/run_probe_score.sh)
 #   metrics  the metrics-recording micro-benchmark on this host's CPUs (raw Google Benchmark JSON)
 #   rpc      the end-to-end RPC benchmark (probe-bench against probe-sidecar and a bare gRPC
 #            echo, over a Unix socket and loopback TCP; closed and open loop; before/after)
-#   decode   the decode-loop benchmark (bench/decode_loop), with and without MPS
+#   decode   the decode-loop benchmark (bench/decode_loop): taps and in-process scoring, with and
+#            without MPS, and the graphed step's kernels profiled under both
 # Everything goes into $OUT/gpu_results.tgz (results files and logs) and $OUT/run.log; a summary is
 # printed last.
 set -uo pipefail
@@ -211,7 +212,7 @@ fi
 if [[ " $steps " == *" decode "* ]]; then
   echo "== decode: the decode-loop benchmark"
   # Its own time budget (330 s, cut repeats first) plus model builds; raw runs kept in the log dir.
-  timeout "${DECODE_TIMEOUT:-420}" python3 bench/decode_loop/run.py --out-dir "$out" \
+  timeout "${DECODE_TIMEOUT:-420}" python3 bench/decode_loop/run.py --out-dir "$out" --profile \
     --runs "$out/decode_loop_runs.jsonl" ${ALLOW_DIRTY:+--allow-dirty} ${DECODE_ARGS:-} \
     >"$out/decode_loop_run.log" 2>&1
   note "decode-loop bench" $? " (decode_loop.md)"

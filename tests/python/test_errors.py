@@ -27,10 +27,10 @@ def probe(sidecar):
 def still_serving(sidecar, probe):
     """After the test: the probe sets are as before and a good request still scores right."""
     with sidecar.client() as c:
-        before = [s.SerializeToString() for s in c.list_probe_sets()]
+        before = [s.proto.SerializeToString() for s in c.list_probe_sets()]
     yield
     with sidecar.client() as c:
-        assert [s.SerializeToString() for s in c.list_probe_sets()] == before
+        assert [s.proto.SerializeToString() for s in c.list_probe_sets()] == before
         x = np.random.default_rng(0).standard_normal((3, H)).astype(np.float32)
         np.testing.assert_allclose(c.score(x, [2, 0], "p2").scores, probe.reference(x, [2, 0]),
                                    rtol=1e-5, atol=1e-6)

@@ -41,7 +41,7 @@ def test_pipelined_requests_resolve_in_order_with_their_own_answers(server):
         for i in range(200):
             rows = [i % 32, (7 * i) % 32]
             request = score_request(x, rows, "p", request_id=i)
-            pendings.append((rows, pipeline.submit(request, on_answer=lambda i=i: answered.append(i))))
+            pendings.append((rows, pipeline.submit(request, on_answer=lambda *_, i=i: answered.append(i))))
         for i, (rows, pending) in enumerate(pendings):
             result = _result(pending.response(timeout=30))
             assert result.request_id == i
@@ -129,3 +129,39 @@ def test_a_broken_stream_fails_what_is_pending_and_reopens(tmp_path):
                         raise
                     threading.Event().wait(0.1)  # the channel reconnects with backoff
         pipeline.close()
+
+
+def test_a_pending_answer_is_a_future(server):
+    s, _, _ = server
+    x = np.zeros((2, H), np.float32)
+    with s.client() as c:
+        pipeline = ScoreStreamPipeline(c.stub)
+        pending = pipeline.submit(score_request(x, [0, 1], "p"))
+        done = threading.Event()
+        pending.add_done_callback(lambda _: done.set())
+        assert pending.result(timeout=30).num_rows == 2 and done.wait(30)
+        failed = pipeline.submit(score_request(x, [0], "no_such_set"))
+        assert isinstance(failed.exception(timeout=30), ProbeSidecarError)
+        pipeline.close()
+
+
+def test_a_stream_outlives_the_unary_timeout(server):
+    """The client's per-call timeout bounds unary calls, not a ScoreStream: a stream whose
+    producer takes longer than it still completes."""
+    s, _, _ = server
+    x = np.zeros((1, H), np.float32)
+    released = threading.Event()
+
+    def requests():
+        yield score_request(x, [0], "p")
+        released.wait(30)  # the producer is slow: here until the first answer has been seen
+        yield score_request(x, [0], "p")
+
+    with s.client(timeout=0.2) as c:
+        results = []
+        for result in c.score_stream(requests()):
+            results.append(result)
+            timer = threading.Timer(0.5, released.set)  # well past the 0.2 s unary timeout
+            timer.start()
+        assert len(results) == 2
+        assert not any(isinstance(r, ProbeSidecarError) for r in results)

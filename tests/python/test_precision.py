@@ -79,7 +79,7 @@ def test_load_probe_set_chooses_the_precision(sidecar, client):
 
 @pytest.mark.parametrize("value", [3, 7, -1])
 def test_a_precision_outside_the_enum_is_invalid_and_loads_nothing(sidecar, client, value):
-    before = [s.SerializeToString() for s in client.list_probe_sets()]
+    before = [s.proto.SerializeToString() for s in client.list_probe_sets()]
     request = probes_pb2.LoadProbeSetRequest(name="bad_precision", safetensors=ProbeFile(2, 8).data,
                                              precision=value)
     with pytest.raises(grpc.RpcError) as error:
@@ -91,7 +91,7 @@ def test_a_precision_outside_the_enum_is_invalid_and_loads_nothing(sidecar, clie
     with pytest.raises(grpc.RpcError) as error:
         client.stub.LoadProbeSet(request, timeout=10)
     assert error.value.code() == grpc.StatusCode.INVALID_ARGUMENT
-    assert [s.SerializeToString() for s in client.list_probe_sets()] == before
+    assert [s.proto.SerializeToString() for s in client.list_probe_sets()] == before
 
 
 def test_probe_precision_flag_sets_the_precision_of_the_sets_loaded_at_start(tmp_path):

@@ -460,7 +460,7 @@ def test_alert_rules_load_and_evaluate(stack):
     assert by_name["ProbeSidecarDown"] == []
     assert by_name["ProbeSidecarCudaErrors"] == []
     assert by_name["ProbeSidecarShadowMismatch"] == []
-    assert by_name["ProbeSidecarWithoutMPS"] == []  # a CPU-backend sidecar: not concerned
+    assert by_name["ProbeSidecarFrequentContextSwitches"] == []  # a CPU-backend sidecar
     assert by_name["ProbeSidecarProbeSetsSkipped"] == []
     assert by_name["ProbeSidecarNonFiniteScores"] == []
     (ratio,) = by_name["ProbeSidecarHighErrorRatio"]

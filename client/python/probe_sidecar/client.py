@@ -49,8 +49,8 @@ def precision_value(precision: str | None) -> int:
 
 
 class ProbeSetInfo:
-    """A loaded probe set: the fields of probesidecar.v1.ProbeSetInfo (read through to ``proto``),
-    except that ``precision`` is "exact" or "fast"."""
+    """A loaded probe set (probesidecar.v1.ProbeSetInfo, in ``proto``), with ``precision`` as
+    "exact" or "fast"."""
 
     __slots__ = ("proto",)
 
@@ -58,11 +58,41 @@ class ProbeSetInfo:
         self.proto = proto
 
     @property
+    def name(self) -> str:
+        return self.proto.name
+
+    @property
+    def num_probes(self) -> int:
+        return self.proto.num_probes
+
+    @property
+    def hidden_size(self) -> int:
+        return self.proto.hidden_size
+
+    @property
+    def weight_dtype(self) -> int:
+        return self.proto.weight_dtype
+
+    @property
+    def activation(self) -> int:
+        return self.proto.activation
+
+    @property
+    def probes(self) -> Sequence[probes_pb2.Probe]:
+        """Name and threshold of each probe (``threshold`` unset: it never fires)."""
+        return self.proto.probes
+
+    @property
+    def source(self) -> str:
+        return self.proto.source
+
+    @property
+    def file_bytes(self) -> int:
+        return self.proto.file_bytes
+
+    @property
     def precision(self) -> str:
         return precision_name(self.proto.precision)
-
-    def __getattr__(self, name: str):
-        return getattr(self.proto, name)
 
     def __repr__(self) -> str:
         return (f"ProbeSetInfo(name={self.proto.name!r}, num_probes={self.proto.num_probes}, "
@@ -164,7 +194,7 @@ class Client:
         try:
             return method(request, timeout=self.timeout, metadata=metadata)
         except grpc.RpcError as error:
-            raise _raise(error) from None
+            raise _raise(error) from error
 
     def health(self, service: str = "") -> str:
         """The grpc.health.v1 status name ("SERVING", "NOT_SERVING", ...).
@@ -229,22 +259,48 @@ class Client:
         request = score_request(activations, rows, probe_set, dtype=dtype, request_id=request_id)
         return _result(self._call(self._stub.Score, request))
 
+    def probe_set_info(self, name: str) -> ProbeSetInfo:
+        """The loaded probe set `name`; ProbeSidecarError NOT_FOUND if there is none."""
+        for info in self.list_probe_sets():
+            if info.name == name:
+                return info
+        raise ProbeSidecarError(grpc.StatusCode.NOT_FOUND, f"no probe set named {name!r} is loaded")
+
+    def tap(self, probe_set: str, *, max_batch: int, window: int = 16,
+            dtype: str = "float32", hidden_size: int | None = None, **options):
+        """A host tap (probe_sidecar.tap): rows from numpy arrays or CPU torch tensors, each
+        window of `window` steps sent inline as one Score. For CUDA tensors use TorchClient.tap.
+
+        `dtype`: "float32", "float16" or "bfloat16" (raw bits as uint16, or ml_dtypes). Options:
+        see probe_sidecar.tap.Tap (max_window_s, on_window, host_results, max_queued_windows,
+        raise_errors)."""
+        from .pipeline import ScoreStreamPipeline
+        from .tap import HostRing, Tap, check_tap_shape
+
+        info = self.probe_set_info(probe_set)
+        hidden_size = info.hidden_size if hidden_size is None else hidden_size
+        check_tap_shape(info, hidden_size, max_batch, window, self.server_info().limits.max_rows)
+        ring = HostRing(probe_set, 0, hidden_size, max_batch, window, dtype)
+        pipeline = ScoreStreamPipeline(self.stub)
+        return Tap(ring, pipeline, info, on_close=pipeline.close, **options)
+
     def score_stream(
-        self, requests: Iterable[score_pb2.ScoreRequest]
+        self, requests: Iterable[score_pb2.ScoreRequest], *, timeout: float | None = None
     ) -> Iterator[ScoreResult | ProbeSidecarError]:
         """Scores a stream of requests (see score_request) on one ScoreStream call, in order.
 
         A message the server refuses yields a ProbeSidecarError in its place and the stream goes
-        on; a failure of the stream itself raises ProbeSidecarError.
+        on; a failure of the stream itself raises ProbeSidecarError. `timeout` bounds the whole
+        stream (default: none; the client's per-call timeout is for unary calls).
         """
         try:
-            for response in self._stub.ScoreStream(iter(requests), timeout=self.timeout):
+            for response in self._stub.ScoreStream(iter(requests), timeout=timeout):
                 if response.HasField("error"):
                     yield ProbeSidecarError(_status_code(response.error.code), response.error.message)
                 else:
                     yield _result(response)
         except grpc.RpcError as error:
-            raise _raise(error) from None
+            raise _raise(error) from error
 
 
 def _status_code(value: int) -> grpc.StatusCode:

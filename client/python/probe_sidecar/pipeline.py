@@ -8,6 +8,7 @@ client never waits for an answer before sending the next request.
 from __future__ import annotations
 
 import collections
+import concurrent.futures
 import queue
 import threading
 from collections.abc import Callable
@@ -21,33 +22,28 @@ from .client import ProbeSidecarError, _raise, _status_code
 _CLOSE = object()
 
 
-class Pending:
-    """The answer to one submitted request, once it has come."""
+class Pending(concurrent.futures.Future):
+    """The answer to one submitted request: a Future of its ScoreResponse (a ProbeSidecarError
+    when it failed)."""
 
-    __slots__ = ("_event", "_response", "_error", "_on_answer")
-
-    def __init__(self, on_answer: Callable[[], None] | None):
-        self._event = threading.Event()
-        self._response: score_pb2.ScoreResponse | None = None
-        self._error: ProbeSidecarError | None = None
+    def __init__(self, on_answer: Callable[[object, object], None] | None):
+        super().__init__()
         self._on_answer = on_answer
-
-    def done(self) -> bool:
-        return self._event.is_set()
 
     def response(self, timeout: float | None = None) -> score_pb2.ScoreResponse:
         """Waits for the answer; raises ProbeSidecarError when the request failed."""
-        if not self._event.wait(timeout):
-            raise TimeoutError(f"no answer from probe-sidecar within {timeout} s")
-        if self._error is not None:
-            raise self._error
-        return self._response
+        try:
+            return self.result(timeout)
+        except concurrent.futures.TimeoutError:
+            raise TimeoutError(f"no answer from probe-sidecar within {timeout} s") from None
 
     def _resolve(self, response=None, error=None) -> None:
-        self._response, self._error = response, error
         if self._on_answer is not None:
-            self._on_answer()
-        self._event.set()
+            self._on_answer(response, error)  # before anyone waiting on the answer wakes
+        if error is not None:
+            self.set_exception(error)
+        else:
+            self.set_result(response)
 
 
 class ScoreStreamPipeline:
@@ -62,9 +58,10 @@ class ScoreStreamPipeline:
         self._reader: threading.Thread | None = None
 
     def submit(self, request: score_pb2.ScoreRequest,
-               on_answer: Callable[[], None] | None = None) -> Pending:
-        """Queues `request` on the stream; `on_answer` runs on the reader thread when its answer
-        (or failure) arrives, before anyone waiting on the Pending wakes."""
+               on_answer: Callable[[object, object], None] | None = None) -> Pending:
+        """Queues `request` on the stream; `on_answer(response, error)` runs on the reader thread
+        when its answer (or failure: `error` is a ProbeSidecarError, `response` None) arrives,
+        before anyone waiting on the Pending wakes."""
         pending = Pending(on_answer)
         with self._lock:
             if self._requests is None:

@@ -37,6 +37,7 @@ from probesidecar.v1 import buffers_pb2, score_pb2, tensor_pb2, verify_pb2
 from ._tensors import rows_array
 from .client import Client, ProbeSidecarError, ScoreResult, _raise, _result
 from .pipeline import Pending, ScoreStreamPipeline
+from .tap import Tap, TapError, TapWindow, check_tap_shape
 
 _DTYPES = {
     torch.float32: tensor_pb2.DTYPE_FLOAT32,
@@ -146,7 +147,9 @@ class TorchClient:
         self._event_pools: dict[int, _EventPool] = {}
         self._pipeline = ScoreStreamPipeline(self.client.stub)
         self._templates: dict[tuple, score_pb2.ScoreRequest] = {}
-        self._lock = threading.Lock()
+        self._lock = threading.Lock()  # templates, event pools, taps
+        self._registry_lock = threading.Lock()  # _registered (held across the RegisterBuffer call)
+        self._taps: list[Tap] = []
         # The session lease: the server releases our buffers when this call ends.
         self._session_call = self.client.stub.OpenSession(
             buffers_pb2.OpenSessionRequest(client_pid=os.getpid())
@@ -154,11 +157,18 @@ class TorchClient:
         try:
             self.session_id = next(self._session_call).session_id
         except grpc.RpcError as error:
-            raise _raise(error) from None
+            raise _raise(error) from error
 
     def close(self) -> None:
+        for tap in list(self._taps):
+            try:
+                tap.close()
+            except Exception:  # a server that is gone: the session's end releases the rest
+                pass
         self._pipeline.close()
-        for registration, _ in list(self._registered.values()):
+        with self._registry_lock:
+            registered = list(self._registered.values())
+        for registration, _ in registered:
             try:
                 self.client.stub.UnregisterBuffer(
                     buffers_pb2.UnregisterBufferRequest(buffer_id=registration.buffer_id,
@@ -182,8 +192,12 @@ class TorchClient:
             raise ValueError("register() needs a CUDA tensor")
         storage = tensor.untyped_storage()
         key = (storage.data_ptr(), storage.nbytes())
-        if key in self._registered:
-            return self._registered[key][0]
+        with self._registry_lock:
+            if key in self._registered:
+                return self._registered[key][0]
+            return self._register_storage(storage, key, name)
+
+    def _register_storage(self, storage, key, name: str) -> Registration:
         # (device, handle, storage bytes, offset of the storage in its cudaMalloc block, ...)
         shared = storage._share_cuda_()
         device, handle, size_bytes, offset_bytes = shared[0], shared[1], shared[2], shared[3]
@@ -204,7 +218,8 @@ class TorchClient:
     def unregister(self, tensor: torch.Tensor) -> bool:
         """Releases the registration of ``tensor``'s storage; True when the server deferred it."""
         storage = tensor.untyped_storage()
-        entry = self._registered.pop((storage.data_ptr(), storage.nbytes()), None)
+        with self._registry_lock:
+            entry = self._registered.pop((storage.data_ptr(), storage.nbytes()), None)
         if entry is None:
             raise KeyError("tensor's storage is not registered")
         with self._lock:
@@ -221,12 +236,15 @@ class TorchClient:
             raise TypeError(f"dtype {tensor.dtype} is not bfloat16, float16 or float32")
         if tensor.shape[1] > 1 and tensor.stride(1) != 1:
             raise ValueError("the tensor's rows must be contiguous (stride(1) == 1)")
+        return self._buffer_ref(tensor, _DTYPES[tensor.dtype], tensor.shape, tensor.stride(0))
+
+    def _buffer_ref(self, tensor: torch.Tensor, dtype: int, shape, row_stride: int
+                    ) -> tensor_pb2.TensorRef:
+        """A TensorRef to `tensor` inside its (registered, once) storage."""
         registration = self.register(tensor)
-        offset = tensor.data_ptr() - registration.storage_ptr
-        ref = tensor_pb2.TensorRef(dtype=_DTYPES[tensor.dtype], shape=list(tensor.shape),
-                                   row_stride=tensor.stride(0))
+        ref = tensor_pb2.TensorRef(dtype=dtype, shape=list(shape), row_stride=row_stride)
         ref.buffer.buffer_id = registration.buffer_id
-        ref.buffer.offset_bytes = offset
+        ref.buffer.offset_bytes = tensor.data_ptr() - registration.storage_ptr
         return ref
 
     def score(
@@ -302,8 +320,68 @@ class TorchClient:
         request.done_event = pair.done_id
         request.session_id = self.session_id
         request.request_id = request_id
-        pending = self._pipeline.submit(request, on_answer=lambda: pool.release(pair))
+        pending = self._pipeline.submit(request, on_answer=lambda *_: pool.release(pair))
         return ScoreHandle(pending, pair, out)
+
+    def tap(self, probe_set: str, *, max_batch: int, window: int = 16,
+            dtype: torch.dtype = torch.bfloat16, hidden_size: int | None = None,
+            device: torch.device | str | int | None = None,
+            stream: torch.cuda.Stream | None = None, submit: str = "auto", **options) -> Tap:
+        """A CUDA tap (probe_sidecar.tap.Tap) for a decode loop on this GPU.
+
+        It owns a ring of 2 x `window` slots of [max_batch, H] `dtype` rows and their float32
+        scores, in one cudaMalloc'd allocation registered once (so it works whatever the process's
+        allocator settings, expandable segments included). `write(hidden)` is one kernel on the
+        current stream that copies the rows into the slot a device-resident counter names:
+        capture it in your decode graph and every replay writes the next slot. `step()` after
+        each step; every `window` steps one Score covers the window: the sidecar's stream waits on
+        the GPU for the window's writes, and the half of the ring a window used is rewritten only
+        after the decode stream has waited (on the GPU) for the call that read it.
+
+        `stream`: the decode stream for the per-window event operations (default: the current
+        stream at each step()). `submit`: "gpu" sends each window at once and the sidecar's
+        stream waits on the GPU for its writes (lowest latency); "host" sends it from a background
+        thread once its writes have landed, so the sidecar's stream never waits; "auto" (the
+        default) is "host" when the sidecar is an MPS client (a stream of one MPS client waiting
+        on another's event slowed the decode loop: docs/mps.md) and "gpu" otherwise.
+        Other options (max_window_s, on_window, host_results, max_queued_windows, raise_errors):
+        probe_sidecar.tap.Tap. Graph capture while windows are in flight: capture with
+        capture_error_mode="thread_local", because the tap's threads call CUDA meanwhile.
+        """
+        from ._cuda_ring import CudaRing
+
+        info = self.client.probe_set_info(probe_set)
+        server = self.client.server_info()
+        check_tap_shape(info, info.hidden_size if hidden_size is None else hidden_size,
+                        max_batch, window, server.limits.max_rows)
+        if submit == "auto":
+            submit = "host" if server.mps else "gpu"
+        if device is None:
+            device = torch.device("cuda", torch.cuda.current_device())
+        device = torch.device(device) if not isinstance(device, int) else torch.device("cuda", device)
+        if device.type != "cuda":
+            raise TapError(f"TorchClient.tap needs a CUDA device, got {device}; for CPU rows use "
+                           "Client.tap")
+        if device.index is None:
+            device = torch.device("cuda", torch.cuda.current_device())
+        ring = CudaRing(self, probe_set, info, max_batch=max_batch, window=window, dtype=dtype,
+                        device=device, stream=stream, host_ready=submit == "host")
+        pipeline = ScoreStreamPipeline(self.client.stub)
+
+        def closed():
+            pipeline.close()
+            with self._lock:
+                if tap in self._taps:
+                    self._taps.remove(tap)
+
+        try:
+            tap = Tap(ring, pipeline, info, submit=submit, on_close=closed, **options)
+        except BaseException:
+            ring.release()
+            raise
+        with self._lock:
+            self._taps.append(tap)
+        return tap
 
     def verify(
         self,
@@ -367,12 +445,7 @@ class TorchClient:
             raise TypeError(f"expected a CUDA {dtype} tensor, got {tensor.device} {tensor.dtype}")
         if not tensor[0].is_contiguous():
             raise ValueError("every dimension but the first must be contiguous")
-        registration = self.register(tensor)
-        ref = tensor_pb2.TensorRef(dtype=_DTYPES[dtype], shape=list(tensor.shape),
-                                   row_stride=tensor.stride(0))
-        ref.buffer.buffer_id = registration.buffer_id
-        ref.buffer.offset_bytes = tensor.data_ptr() - registration.storage_ptr
-        return ref
+        return self._buffer_ref(tensor, _DTYPES[dtype], tensor.shape, tensor.stride(0))
 
     def _ref_int32(self, tensor: torch.Tensor) -> tensor_pb2.TensorRef:
         """An int32 TensorRef: by reference on the GPU, inline from the CPU."""
@@ -382,12 +455,8 @@ class TorchClient:
             inner = tensor[0] if tensor.dim() > 1 else tensor
             if not inner.is_contiguous():
                 raise ValueError("the last dimension must be contiguous")
-            registration = self.register(tensor)
-            ref = tensor_pb2.TensorRef(dtype=tensor_pb2.DTYPE_INT32, shape=list(tensor.shape),
-                                       row_stride=tensor.stride(0) if tensor.dim() > 1 else 0)
-            ref.buffer.buffer_id = registration.buffer_id
-            ref.buffer.offset_bytes = tensor.data_ptr() - registration.storage_ptr
-            return ref
+            return self._buffer_ref(tensor, tensor_pb2.DTYPE_INT32, tensor.shape,
+                                    tensor.stride(0) if tensor.dim() > 1 else 0)
         data = tensor.contiguous().numpy().astype("<i4").tobytes()
         return tensor_pb2.TensorRef(dtype=tensor_pb2.DTYPE_INT32, shape=list(tensor.shape),
                                     data=data)
@@ -408,8 +477,8 @@ class TorchClient:
             if device_rows:
                 if rows.dtype != torch.int32 or rows.dim() != 1 or not rows.is_contiguous():
                     raise TypeError("device rows must be a contiguous 1-D torch.int32 tensor")
-                ref = self._ref_1d(rows)
-                template.device_rows.CopyFrom(ref)
+                template.device_rows.CopyFrom(
+                    self._buffer_ref(rows, tensor_pb2.DTYPE_INT32, [rows.numel()], 0))
             if out is not None:
                 if out.dtype != torch.float32:
                     raise TypeError("out must be float32")
@@ -419,13 +488,6 @@ class TorchClient:
                     self._templates.pop(next(iter(self._templates)))
                 self._templates[key] = template
         return template
-
-    def _ref_1d(self, tensor: torch.Tensor) -> tensor_pb2.TensorRef:
-        registration = self.register(tensor)
-        ref = tensor_pb2.TensorRef(dtype=tensor_pb2.DTYPE_INT32, shape=[tensor.numel()])
-        ref.buffer.buffer_id = registration.buffer_id
-        ref.buffer.offset_bytes = tensor.data_ptr() - registration.storage_ptr
-        return ref
 
     def _event_pool(self, device: torch.device) -> _EventPool:
         pool = self._event_pools.get(device.index)
@@ -459,4 +521,4 @@ def mps_enabled(device: int = 0) -> bool:
 
 
 __all__ = ["TorchClient", "Registration", "ScoreHandle", "VerifyResult", "ProbeSidecarError",
-           "mps_enabled"]
+           "Tap", "TapError", "TapWindow", "mps_enabled"]

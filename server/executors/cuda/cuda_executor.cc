@@ -278,6 +278,7 @@ class CudaExecutor final : public Executor {
   uint64_t queue_capacity() const override { return config_.max_queued_requests; }
   DroppedRequests dropped() const override { return drops_.counts(); }
   bool mps() const override { return mps_; }
+  uint64_t gpu_requests() const override { return gpu_requests_.load(std::memory_order_relaxed); }
 
   uint64_t invalid_device_rows() const override {
     uint64_t total = 0;
@@ -359,6 +360,7 @@ class CudaExecutor final : public Executor {
         std::move(done)(alive, timings);
         return;
       }
+      gpu_requests_.fetch_add(1, std::memory_order_relaxed);
       absl::Status status = slots_[worker]->Run(*job, &timings, &timings.enqueued, fault);
       status = Checked(std::move(status), "Score");
       drops_.Count(status);  // given up at its deadline, or for a caller gone, on the GPU
@@ -388,6 +390,7 @@ class CudaExecutor final : public Executor {
         std::move(done)(alive, outcome);
         return;
       }
+      gpu_requests_.fetch_add(1, std::memory_order_relaxed);
       absl::Status status = Checked(verifiers_[worker]->Run(*job, &outcome), "Verify");
       drops_.Count(status);
       ParkIfBusy(worker);
@@ -530,6 +533,7 @@ class CudaExecutor final : public Executor {
   const Config config_;
   const std::string device_name_;
   const bool mps_;
+  std::atomic<uint64_t> gpu_requests_{0};
   CudaIpcOpener opener_;
   BufferRegistry buffers_;
   const std::shared_ptr<SharedState> state_;
@@ -581,15 +585,18 @@ absl::StatusOr<std::unique_ptr<Executor>> CreateCudaExecutor(const Config& confi
                mps.status().message());
   } else if (*mps) {
     LogInfo(
-        "CUDA device %d: this context is an MPS client (kernels share the GPU with the "
-        "inference server's instead of being time-sliced)",
+        "CUDA device %d: this context is an MPS client: its kernels run beside the inference "
+        "server's. MPS suits Verify on the decode loop's critical path; it can also slow the "
+        "inference server's own step (measured +29%% on a graphed transformers step of 747 "
+        "kernels): docs/mps.md says how to check yours",
         config.device);
   }
   if (!mps.ok() || !*mps) {
-    LogWarning(
-        "CUDA device %d: no MPS control daemon serves this context. The GPU then time-slices "
-        "between the sidecar's context and the inference server's, which can cost a busy decode "
-        "loop much of its throughput. Run both under one MPS daemon (docs/mps.md).",
+    LogInfo(
+        "CUDA device %d: no MPS: the GPU time-slices between this context and the inference "
+        "server's, one switch per request that runs here. Probe scoring through a tap that "
+        "sends a window of 16+ decode steps per Score keeps the switches rare (docs/mps.md); "
+        "ServerInfo.gpu_requests and the alert ProbeSidecarFrequentContextSwitches count them",
         config.device);
   }
   auto executor = std::make_unique<CudaExecutor>(config, prop.name, mps.value_or(false));

@@ -1,0 +1,537 @@
+"""A tap: the way a decode loop scores its hidden states — one Score per window of K steps.
+
+Each decode step writes its rows (the hidden state of every sequence) into the next slot of a
+ring the tap owns; every K steps one Score covers the window. Between the inference server and
+the sidecar, the GPU then switches contexts once per window instead of once per step, which is
+what makes scoring cheap without MPS (docs/mps.md has the measurements).
+
+    tap = client.tap("demo", hidden_size=4096, max_batch=64, window=16)
+    for step in range(steps):
+        hidden = decode_step()        # [batch, H]: e.g. a CUDA graph replay
+        tap.write(hidden)             # copies the rows into the ring (capturable, on the GPU)
+        tap.step()                    # host-side count: closes a window every K steps
+    for window in tap.windows():      # or on_window=callback: delivered on a background thread
+        for record in window.records():
+            print(record.step, record.row, record.scores, record.fired)
+    tap.close()
+
+The ring has 2K slots in two halves: while the sidecar scores one half, the loop writes the other,
+and a half is rewritten only after the call that read it is done (on the GPU for a CUDA tap). The
+decode thread only counts steps and, once per window, queues the request; answers, copies of the
+scores to the host and the callback run on background threads.
+
+This module holds what every tap shares (windows, halves, delivery, results) and the host tap
+over numpy arrays, which sends each window inline: for CPU-backend servers, other hosts and tests.
+The CUDA tap (device ring, CUDA IPC, GPU-side ordering, capturable writes) is
+`probe_sidecar.torch.TorchClient.tap`.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import queue
+import threading
+import time
+from collections.abc import Callable, Iterator
+
+import numpy as np
+
+from probesidecar.v1 import score_pb2, tensor_pb2
+
+from .client import ProbeSidecarError, ProbeSetInfo
+from .pipeline import Pending, ScoreStreamPipeline
+
+
+class TapError(RuntimeError):
+    """A misuse of a tap, or a window that could not be scored (``window.error``)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class TapRecord:
+    step: int  # the tap's step number (0 = the first step() after the tap was made)
+    row: int  # the row's index in that step's write
+    scores: np.ndarray  # float32 [P], after bias and activation
+    fired: np.ndarray  # bool [P]: a finite score at or above its probe's threshold
+
+
+@dataclasses.dataclass(frozen=True)
+class TapWindow:
+    """One window's scores, as delivered to `on_window` or `Tap.windows()`."""
+
+    index: int  # windows are numbered from 0, in the order they closed
+    first_step: int  # the step number of the window's first slot
+    num_rows: np.ndarray  # int32 [steps]: rows written at each step of the window
+    scores: np.ndarray  # float32 [steps, max_batch, P]; rows past num_rows[i] mean nothing
+    fired: np.ndarray  # bool [steps, max_batch, P], likewise
+    non_finite: int  # scores of written rows that are NaN or infinite (they never fire)
+    closed_at: float  # time.monotonic() when step() closed the window
+    delivered_at: float  # time.monotonic() when the scores were ready on the host
+    # GPU time from the window's close (after its last write) to its scores in device memory,
+    # and to their copy in host memory (CUDA tap; else None).
+    device_latency_s: float | None = None
+    host_memory_latency_s: float | None = None
+    error: Exception | None = None  # set when the window could not be scored: no scores then
+
+    @property
+    def steps(self) -> int:
+        return len(self.num_rows)
+
+    @property
+    def latency_s(self) -> float:
+        """Host time from the window's close (step()) to its delivery."""
+        return self.delivered_at - self.closed_at
+
+    def records(self) -> Iterator[TapRecord]:
+        """Every written row of the window, step by step."""
+        for i, count in enumerate(self.num_rows.tolist()):
+            for row in range(count):
+                yield TapRecord(self.first_step + i, row, self.scores[i, row], self.fired[i, row])
+
+
+@dataclasses.dataclass
+class TapStats:
+    steps: int = 0  # step() calls
+    windows_closed: int = 0
+    windows_delivered: int = 0  # delivered with scores (device-only taps: answered)
+    windows_failed: int = 0  # delivered with an error
+    windows_dropped: int = 0  # delivered while the windows() queue was full: the oldest went
+
+
+@dataclasses.dataclass
+class _Window:
+    """A closed window on its way: made on the decode thread, finished on the delivery thread."""
+
+    index: int
+    half: int
+    first_step: int
+    steps: int
+    closed_at: float
+    request: score_pb2.ScoreRequest | None = None  # made by the ring's close_window()
+    pending: Pending | None = None
+    ring_state: object = None  # what the ring keeps of the window (its own business)
+    # Set once the answer is in and what the ring does with it is queued (the copy of the scores,
+    # for a CUDA tap): the half may then be reused.
+    settled: threading.Event = dataclasses.field(default_factory=threading.Event)
+    error: Exception | None = None
+
+
+class Ring:
+    """Where a tap's rows and scores live. Subclasses: HostRing (below), the CUDA ring
+    (probe_sidecar.torch). Methods marked (decode thread) are called from step()/write(), the
+    others from the tap's background threads."""
+
+    max_batch: int
+    hidden_size: int
+    window: int
+
+    def write(self, hidden, num_rows=None) -> None:  # (decode thread)
+        raise NotImplementedError
+
+    def close_window(self, window: _Window) -> None:  # (decode thread)
+        """Marks the end of `window` (in `window.half`: its writes come before anything the
+        request reads), sends the next writes to the start of the other half, and sets
+        `window.request`."""
+        raise NotImplementedError
+
+    def ready_wait(self, window: _Window) -> None:
+        """Waits on the host until the window's writes have landed (only for submit="host")."""
+
+    def before_reuse(self, window: _Window) -> None:  # (decode thread)
+        """Orders the next writes into `window.half` after everything that reads it."""
+
+    def answered(self, window: _Window, response: score_pb2.ScoreResponse | None) -> None:
+        """The server's answer is in (reader thread): queue whatever fetch() needs."""
+
+    def fetch(self, window: _Window) -> tuple[np.ndarray, np.ndarray, int, tuple | None]:
+        """(scores [steps, max_batch, P], num_rows [steps], writes, latencies) of an answered
+        window (delivery thread): `writes` is how many write() calls landed in it; latencies are
+        (device, host memory) seconds on the GPU's clock, or None."""
+        raise NotImplementedError
+
+    def device_scores(self, window: _Window, stream):
+        """The window's scores where the sidecar wrote them, with `stream` ordered after them."""
+        raise TapError("a host tap has no device ring: its scores come with the windows")
+
+    def release(self) -> None:
+        """Gives back what the ring holds (the tap is closed and every window is done)."""
+
+
+class Tap:
+    """Scores a decode loop's rows one window of `window` steps at a time; made by
+    `Client.tap` (host ring) or `TorchClient.tap` (CUDA ring)."""
+
+    def __init__(self, ring: Ring, pipeline: ScoreStreamPipeline, info: ProbeSetInfo, *,
+                 max_window_s: float | None = None,
+                 on_window: Callable[[TapWindow], None] | None = None,
+                 host_results: bool = True, max_queued_windows: int = 1024,
+                 raise_errors: bool = True, submit: str = "gpu",
+                 on_close: Callable[[], None] | None = None):
+        if max_window_s is not None and not max_window_s > 0:
+            raise ValueError(f"max_window_s must be positive, got {max_window_s!r}")
+        if submit not in ("gpu", "host"):
+            raise ValueError(f"submit must be 'gpu' or 'host', got {submit!r}")
+        if max_queued_windows < 1:
+            raise ValueError("max_queued_windows must be at least 1")
+        self.ring = ring
+        self.window = ring.window
+        self.probe_set = info.name
+        self.num_probes = info.num_probes
+        self.stats = TapStats()
+        self._pipeline = pipeline
+        self._thresholds = np.array(
+            [p.threshold if p.HasField("threshold") else np.inf for p in info.probes],
+            dtype=np.float32)
+        self._max_window_s = max_window_s
+        self._on_window = on_window
+        self._host_results = host_results or on_window is not None
+        self._raise_errors = raise_errors
+        self._submit_after_ready = submit == "host"
+        self._on_close = on_close
+        self._closed = False
+        self._step = 0
+        self._half = 0
+        self._in_window = 0
+        self._window_started = 0.0
+        self._windows = 0
+        self._last: list[_Window | None] = [None, None]  # the last window of each half
+        self._errors: collections.deque[Exception] = collections.deque()
+        self._results: collections.deque[TapWindow] = collections.deque()
+        self._results_cv = threading.Condition()
+        self._max_queued = max_queued_windows
+        self._deliveries: queue.SimpleQueue = queue.SimpleQueue()
+        self._delivery = threading.Thread(target=self._deliver_loop, daemon=True,
+                                          name="probe-sidecar-tap-delivery")
+        self._delivery.start()
+        self._submissions: queue.SimpleQueue | None = None
+        if self._submit_after_ready:
+            self._submissions = queue.SimpleQueue()
+            self._submitter = threading.Thread(target=self._submit_loop, daemon=True,
+                                               name="probe-sidecar-tap-submit")
+            self._submitter.start()
+
+    # --- the decode thread ------------------------------------------------------------------
+
+    def write(self, hidden, num_rows=None) -> None:
+        """Copies `hidden` [n, H] (n <= max_batch) into the current slot. On a CUDA tap this is
+        GPU work on the current stream, capturable in the caller's CUDA graph: each replay writes
+        the next slot (a device-resident counter picks it). `num_rows`: for a batch padded to a
+        graph's size, the rows that are real (a CUDA int32 scalar tensor on a CUDA tap, written by
+        the loop; an int on a host tap); default n. Call step() once per write."""
+        self._check_open()
+        self.ring.write(hidden, num_rows)
+
+    def step(self) -> None:
+        """Counts one decode step (call it after the step's write has been queued, replayed or
+        not). Every `window` steps, or once `max_window_s` has passed since the window's first
+        step, the window closes: one Score is queued for it. Raises TapError for a window that
+        failed since the last call, unless the tap was made with raise_errors=False."""
+        self._check_open()
+        if self._in_window == 0:
+            self._window_started = time.monotonic()
+        self._in_window += 1
+        self._step += 1
+        self.stats.steps += 1
+        if self._in_window >= self.window or (
+                self._max_window_s is not None
+                and time.monotonic() - self._window_started >= self._max_window_s):
+            self._close_window()
+        if self._errors and self._raise_errors:
+            raise self._errors.popleft()
+
+    def flush(self) -> None:
+        """Closes the current window now, if it has a step (e.g. when the loop goes idle)."""
+        self._check_open()
+        if self._in_window:
+            self._close_window()
+        if self._errors and self._raise_errors:
+            raise self._errors.popleft()
+
+    def _close_window(self) -> None:
+        half, steps = self._half, self._in_window
+        window = _Window(self._windows, half, self._step - steps, steps, time.monotonic())
+        self.ring.close_window(window)
+        self._windows += 1
+        self.stats.windows_closed += 1
+        self._last[half] = window
+        if self._submissions is not None:
+            self._submissions.put(window)
+        else:
+            self._send(window)
+        self._half, self._in_window = 1 - half, 0
+        previous = self._last[self._half]
+        if previous is not None:
+            # The half's previous window: its answer is normally in long ago (a whole window of
+            # steps has passed); the GPU-side wait makes the next writes follow its reads.
+            previous.settled.wait()
+            self.ring.before_reuse(previous)
+
+    def _send(self, window: _Window) -> None:
+        window.pending = self._pipeline.submit(
+            window.request,
+            on_answer=lambda response, error, w=window: self._answered(w, response, error))
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise TapError(f"the tap on probe set {self.probe_set!r} is closed")
+
+    # --- background threads -------------------------------------------------------------------
+
+    def _submit_loop(self) -> None:
+        while True:
+            window = self._submissions.get()
+            if window is None:
+                return
+            self.ring.ready_wait(window)
+            self._send(window)
+
+    def _answered(self, window: _Window, response, error) -> None:
+        """On the stream's reader thread, as soon as the answer is in."""
+        window.error = error
+        try:
+            self.ring.answered(window, response if self._host_results else None)
+        except Exception as error:  # never lose the window: deliver it with the error
+            window.error = window.error or error
+        window.settled.set()
+        self._deliveries.put(window)
+
+    def _deliver_loop(self) -> None:
+        while True:
+            window = self._deliveries.get()
+            if window is None:
+                return
+            delivered = self._finish(window)
+            if delivered is None:  # scores stay on the device: answered is all there is
+                with self._results_cv:
+                    self.stats.windows_delivered += 1
+                    self._results_cv.notify_all()
+                continue
+            if delivered.error is not None:
+                self._errors.append(delivered.error)
+            if self._on_window is not None:
+                try:
+                    self._on_window(delivered)
+                except Exception as error:  # the callback's bug must not stop delivery
+                    self._errors.append(TapError(f"on_window raised {error!r}"))
+            with self._results_cv:
+                if self._on_window is None:
+                    if len(self._results) >= self._max_queued:
+                        self._results.popleft()
+                        self.stats.windows_dropped += 1
+                    self._results.append(delivered)
+                if delivered.error is not None:
+                    self.stats.windows_failed += 1
+                else:
+                    self.stats.windows_delivered += 1
+                self._results_cv.notify_all()
+
+    def _finish(self, window: _Window) -> TapWindow | None:
+        empty = np.zeros((0,), np.int32)
+        if window.error is None and not self._host_results:
+            return None  # scores stay on the device; nothing to deliver
+        if window.error is None:
+            try:
+                scores, num_rows, writes, latencies = self.ring.fetch(window)
+            except Exception as error:
+                window.error = error
+            else:
+                if writes != window.steps:
+                    window.error = TapError(
+                        f"window {window.index}: write() landed {writes} times but step() was "
+                        f"called {window.steps} times (one write per step, and at most "
+                        f"{self.window} writes per window)")
+        now = time.monotonic()
+        if window.error is not None:
+            shape = (0, self.ring.max_batch, self.num_probes)
+            return TapWindow(window.index, window.first_step, empty,
+                             np.zeros(shape, np.float32), np.zeros(shape, bool), 0,
+                             window.closed_at, now, error=window.error)
+        finite = np.isfinite(scores)
+        fired = finite & (scores >= self._thresholds)
+        written = np.arange(self.ring.max_batch)[None, :] < num_rows[:, None]
+        non_finite = int((~finite & written[:, :, None]).sum())
+        return TapWindow(window.index, window.first_step, num_rows, scores, fired, non_finite,
+                         window.closed_at, now, *(latencies or (None, None)))
+
+    # --- results ------------------------------------------------------------------------------
+
+    def device_scores(self, index: int, stream=None):
+        """Window `index`'s scores in the CUDA tap's ring, float32 [steps, max_batch, P], for
+        readers on the GPU: `stream` (default: the current one) is made to wait, on the GPU, for
+        the sidecar's writes. Only the last window of each half is there; the view is valid until
+        the window two after it starts writing its half (read it before then)."""
+        window = next((w for w in self._last if w is not None and w.index == index), None)
+        if window is None:
+            raise TapError(f"window {index} is no longer in the ring (the last two windows are)")
+        window.settled.wait()
+        if window.error is not None:
+            raise window.error
+        return self.ring.device_scores(window, stream)
+
+    def get(self, timeout: float | None = None) -> TapWindow | None:
+        """The oldest delivered window not taken yet; None if none comes within `timeout`."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        with self._results_cv:
+            while not self._results:
+                left = None if deadline is None else deadline - time.monotonic()
+                if left is not None and left <= 0:
+                    return None
+                self._results_cv.wait(left)
+            return self._results.popleft()
+
+    def windows(self, timeout: float = 0.0) -> Iterator[TapWindow]:
+        """Delivered windows, oldest first, until none arrives within `timeout` seconds (0: only
+        those delivered already)."""
+        while (window := self.get(timeout)) is not None:
+            yield window
+
+    def wait_delivered(self, timeout: float = 30.0) -> None:
+        """Waits until every closed window has been delivered (or failed)."""
+        done = lambda: (self.stats.windows_delivered + self.stats.windows_failed  # noqa: E731
+                        >= self.stats.windows_closed)
+        with self._results_cv:
+            if not self._results_cv.wait_for(done, timeout):
+                raise TimeoutError(f"{self.stats.windows_closed} windows closed, "
+                                   f"{self.stats.windows_delivered + self.stats.windows_failed} "
+                                   f"delivered after {timeout} s")
+
+    def close(self, timeout: float = 30.0) -> None:
+        """Scores the partial window, waits for every window, then releases the ring."""
+        if self._closed:
+            return
+        try:
+            if self._in_window:
+                self._close_window()
+            for window in self._last:
+                if window is not None and not window.settled.wait(timeout):
+                    raise TimeoutError(f"window {window.index} not answered within {timeout} s")
+            if self._host_results:
+                self.wait_delivered(timeout)
+        finally:
+            self._closed = True
+            if self._submissions is not None:
+                self._submissions.put(None)
+            self._deliveries.put(None)
+            self._delivery.join(timeout)
+            for window in self._last:
+                if window is not None and window.settled.is_set():
+                    self.ring.before_reuse(window)  # the GPU is done with both halves
+            self.ring.release()
+            if self._on_close is not None:
+                self._on_close()
+
+    def __enter__(self) -> "Tap":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def check_tap_shape(info: ProbeSetInfo, hidden_size: int, max_batch: int, window: int,
+                    max_rows: int) -> None:
+    """The misuses a tap refuses when it is made."""
+    if hidden_size != info.hidden_size:
+        raise TapError(f"hidden_size {hidden_size} does not match probe set {info.name!r} "
+                       f"(H = {info.hidden_size})")
+    if max_batch < 1 or window < 1:
+        raise TapError(f"max_batch and window must be at least 1, got {max_batch} and {window}")
+    if max_rows and window * max_batch > max_rows:
+        raise TapError(f"a window of {window} steps x {max_batch} rows is {window * max_batch} "
+                       f"rows, more than the server's --max-rows ({max_rows}): use a smaller "
+                       f"window or max_batch")
+
+
+# --- the host tap ---------------------------------------------------------------------------
+
+_HOST_DTYPES = {"float32": (np.float32, tensor_pb2.DTYPE_FLOAT32),
+                "float16": (np.float16, tensor_pb2.DTYPE_FLOAT16),
+                "bfloat16": (np.uint16, tensor_pb2.DTYPE_BFLOAT16)}  # bf16 as its raw bits
+
+
+class HostRing(Ring):
+    """A ring in host memory whose windows travel inline (no GPU needed anywhere)."""
+
+    def __init__(self, probe_set: str, session_id: int, hidden_size: int, max_batch: int,
+                 window: int, dtype: str):
+        if dtype not in _HOST_DTYPES:
+            raise TapError(f"dtype must be one of {sorted(_HOST_DTYPES)}, got {dtype!r}")
+        self.max_batch, self.hidden_size, self.window, self.dtype = (max_batch, hidden_size,
+                                                                     window, dtype)
+        element, self._proto_dtype = _HOST_DTYPES[dtype]
+        self._slots = np.zeros((2 * window, max_batch, hidden_size), element)
+        self._num_rows = np.zeros(2 * window, np.int32)
+        self._slot = 0
+        self._limit = window
+        self._writes = 0
+        self._probe_set, self._session_id = probe_set, session_id
+        self._rows = {}  # steps -> the rows list of a window of that many steps
+
+    def write(self, hidden, num_rows=None) -> None:
+        hidden = _host_array(hidden, self.dtype)
+        if hidden.ndim != 2 or hidden.shape[1] != self.hidden_size:
+            raise TapError(f"write() needs [n, {self.hidden_size}] rows, got {hidden.shape}")
+        if hidden.shape[0] > self.max_batch:
+            raise TapError(f"write() of {hidden.shape[0]} rows: the tap holds at most max_batch "
+                           f"= {self.max_batch} per step")
+        count = hidden.shape[0] if num_rows is None else int(num_rows)
+        if not 0 <= count <= hidden.shape[0]:
+            raise TapError(f"num_rows {count} is outside [0, {hidden.shape[0]}]")
+        self._writes += 1
+        if self._slot < self._limit:  # like the CUDA ring: a write past the window is not kept
+            self._slots[self._slot, :hidden.shape[0]] = hidden
+            self._num_rows[self._slot] = count
+            self._slot += 1
+
+    def close_window(self, window: _Window) -> None:
+        base, steps = window.half * self.window, window.steps
+        rows = steps * self.max_batch
+        request = score_pb2.ScoreRequest(probe_set=self._probe_set, session_id=self._session_id)
+        request.activations.dtype = self._proto_dtype
+        request.activations.shape.extend([rows, self.hidden_size])
+        # The window's rows travel in the request: the half may be rewritten at once.
+        request.activations.data = self._slots[base:base + steps].tobytes()
+        if steps not in self._rows:
+            self._rows[steps] = list(range(rows))
+        request.rows.extend(self._rows[steps])
+        window.request = request
+        window.ring_state = [self._num_rows[base:base + steps].copy(), self._writes, None]
+        next_base = (1 - window.half) * self.window
+        self._slot, self._limit, self._writes = next_base, next_base + self.window, 0
+
+    def answered(self, window: _Window, response) -> None:
+        if response is not None:
+            window.ring_state[2] = np.frombuffer(response.scores, dtype="<f4").reshape(
+                window.steps, self.max_batch, -1)
+
+    def fetch(self, window: _Window):
+        num_rows, writes, scores = window.ring_state
+        return scores, num_rows, writes, None
+
+
+def _host_array(hidden, dtype: str) -> np.ndarray:
+    """A numpy view of host rows: numpy arrays as they are; CPU torch tensors through numpy (bf16
+    as its raw bits)."""
+    if isinstance(hidden, np.ndarray):
+        if dtype == "bfloat16" and hidden.dtype != np.uint16:
+            if hidden.dtype.name == "bfloat16":  # ml_dtypes
+                return hidden.view(np.uint16)
+            raise TapError(f"a bfloat16 tap takes bf16 rows (ml_dtypes or raw uint16 bits), got "
+                           f"{hidden.dtype}")
+        expected = _HOST_DTYPES[dtype][0]
+        if hidden.dtype != expected:
+            raise TapError(f"a {dtype} tap takes {np.dtype(expected).name} rows, got {hidden.dtype}")
+        return hidden
+    module = type(hidden).__module__
+    if module.startswith("torch"):
+        import torch
+
+        if hidden.is_cuda:
+            raise TapError("a host tap takes CPU rows; for CUDA tensors use TorchClient.tap")
+        names = {torch.float32: "float32", torch.float16: "float16", torch.bfloat16: "bfloat16"}
+        if names.get(hidden.dtype) != dtype:
+            raise TapError(f"a {dtype} tap takes {dtype} rows, got {hidden.dtype}")
+        hidden = hidden.detach()
+        if hidden.dtype == torch.bfloat16:
+            return hidden.view(torch.int16).numpy().view(np.uint16)
+        return hidden.numpy()
+    raise TapError(f"write() takes a numpy array or a CPU torch tensor, got {type(hidden)}")

@@ -1,0 +1,215 @@
+"""The host tap (Client.tap) against the real server on its CPU backend: windows of K steps, one
+Score each, delivered with the right steps, rows, scores and fired flags; partial windows; every
+misuse refused with a clear error. The CUDA tap is tested in test_gpu_tap.py."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import numpy as np
+import pytest
+from safetensors.numpy import save
+
+from probe_sidecar import ProbeSidecarError
+from probe_sidecar.tap import TapError
+
+H, P = 64, 3
+METADATA = {"activation": "none", "probe_names": '["a", "b", "c"]', "thresholds": "[0, 1, -1]"}
+
+
+@pytest.fixture(scope="module")
+def probe_set(sidecar):
+    """A small probe set with thresholds and no activation, so scores are plain x @ W.T + b."""
+    rng = np.random.default_rng(7)
+    weight = rng.standard_normal((P, H)).astype(np.float32)
+    bias = rng.standard_normal(P).astype(np.float32)
+    data = save({"weight": weight, "bias": bias},
+                metadata=METADATA)
+    with sidecar.client() as c:
+        c.load_probe_set("tap_test", data=data, replace=True)
+    return weight.astype(np.float64), bias.astype(np.float64), np.array([0, 1, -1], np.float64)
+
+
+def reference(hidden: np.ndarray, weight, bias) -> np.ndarray:
+    return hidden.astype(np.float64) @ weight.T + bias
+
+
+def run_loop(tap, rng, steps: int, batches):
+    """Writes `steps` steps of random rows (step t has batches[t % len] rows); returns them."""
+    written = []
+    for t in range(steps):
+        rows = rng.standard_normal((batches[t % len(batches)], H)).astype(np.float32)
+        tap.write(rows)
+        tap.step()
+        written.append(rows)
+    return written
+
+
+def test_windows_cover_every_step_and_row_against_float64(client, probe_set):
+    weight, bias, thresholds = probe_set
+    rng = np.random.default_rng(1)
+    tap = client.tap("tap_test", max_batch=5, window=4)
+    written = run_loop(tap, rng, 10, batches=[5, 3, 1, 4])  # 2 full windows, then 2 steps
+    tap.close()  # scores the partial window
+    windows = list(tap.windows())
+    assert [w.index for w in windows] == [0, 1, 2]
+    assert [w.steps for w in windows] == [4, 4, 2]
+    assert [w.first_step for w in windows] == [0, 4, 8]
+    records = [r for w in windows for r in w.records()]
+    assert [(r.step, r.row) for r in records] == [
+        (t, row) for t, rows in enumerate(written) for row in range(len(rows))]
+    for r in records:
+        expected = reference(written[r.step][r.row], weight, bias)
+        np.testing.assert_allclose(r.scores, expected, rtol=1e-5, atol=1e-5)
+        np.testing.assert_array_equal(r.fired, r.scores >= thresholds)
+    assert all(w.error is None and w.non_finite == 0 for w in windows)
+    assert all(w.latency_s >= 0 for w in windows)
+    assert tap.stats.windows_closed == tap.stats.windows_delivered == 3
+    assert tap.stats.steps == 10
+
+
+def test_one_score_per_window(sidecar, client, probe_set):
+    """The point of a tap: K steps cost one request, not K."""
+    def scores_counted():
+        text = sidecar.metrics_text()
+        return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+                   if line.startswith("probesidecar_rpc_requests_total")
+                   and 'rpc="ScoreStream"' in line)
+
+    before = scores_counted()
+    tap = client.tap("tap_test", max_batch=2, window=8)
+    run_loop(tap, np.random.default_rng(2), 32, batches=[2])
+    tap.close()
+    assert tap.stats.windows_delivered == 4
+    assert scores_counted() - before == 4
+
+
+def test_a_callback_gets_each_window_on_another_thread(client, probe_set):
+    got, threads = [], set()
+    done = threading.Event()
+
+    def on_window(window):
+        got.append(window.index)
+        threads.add(threading.get_ident())
+        if window.index == 2:
+            done.set()
+
+    tap = client.tap("tap_test", max_batch=1, window=2, on_window=on_window)
+    run_loop(tap, np.random.default_rng(3), 6, batches=[1])
+    assert done.wait(30)
+    tap.close()
+    assert got == [0, 1, 2]
+    assert threading.get_ident() not in threads
+    assert list(tap.windows()) == []  # a callback takes the windows instead of the queue
+
+
+def test_a_time_bound_closes_a_partial_window(client, probe_set):
+    tap = client.tap("tap_test", max_batch=1, window=1000, max_window_s=0.05)
+    rng = np.random.default_rng(4)
+    tap.write(rng.standard_normal((1, H)).astype(np.float32))
+    tap.step()
+    time.sleep(0.06)  # the bound is what is tested: a step after it closes the window
+    tap.write(rng.standard_normal((1, H)).astype(np.float32))
+    tap.step()
+    window = tap.get(timeout=30)
+    assert window is not None and window.steps == 2
+    tap.close()
+
+
+def test_padded_rows_are_not_delivered(client, probe_set):
+    tap = client.tap("tap_test", max_batch=4, window=2)
+    rows = np.random.default_rng(5).standard_normal((4, H)).astype(np.float32)
+    tap.write(rows, num_rows=2)  # a batch padded to 4, 2 real
+    tap.step()
+    tap.write(rows, num_rows=3)
+    tap.step()
+    window = tap.get(timeout=30)
+    tap.close()
+    assert window.num_rows.tolist() == [2, 3]
+    assert [(r.step, r.row) for r in window.records()] == [(0, 0), (0, 1), (1, 0), (1, 1), (1, 2)]
+
+
+def test_16_bit_rows(client, probe_set):
+    weight, bias, _ = probe_set
+    tap = client.tap("tap_test", max_batch=3, window=2, dtype="float16")
+    rows = np.random.default_rng(6).standard_normal((3, H)).astype(np.float16)
+    for _ in range(2):
+        tap.write(rows)
+        tap.step()
+    window = tap.get(timeout=30)
+    tap.close()
+    np.testing.assert_allclose(window.scores[1, :3], reference(rows, weight, bias),
+                               rtol=1e-3, atol=1e-3)
+
+
+def test_non_finite_rows_are_counted_and_never_fire(client, probe_set):
+    tap = client.tap("tap_test", max_batch=2, window=1)
+    rows = np.ones((2, H), np.float32)
+    rows[1, 0] = np.nan
+    tap.write(rows)
+    tap.step()
+    window = tap.get(timeout=30)
+    tap.close()
+    assert window.non_finite == P
+    assert not window.fired[0, 1].any()
+
+
+def test_misuse_is_refused_clearly(client, probe_set):
+    with pytest.raises(TapError, match="does not match probe set"):
+        client.tap("tap_test", max_batch=1, window=1, hidden_size=H + 1)
+    with pytest.raises(TapError, match="max-rows"):
+        client.tap("tap_test", max_batch=1 << 12, window=1 << 12)
+    with pytest.raises(ProbeSidecarError, match="NOT_FOUND"):
+        client.tap("no_such_set", max_batch=1, window=1)
+    with pytest.raises(TapError, match="dtype"):
+        client.tap("tap_test", max_batch=1, window=1, dtype="int8")
+    tap = client.tap("tap_test", max_batch=2, window=4)
+    with pytest.raises(TapError, match="max_batch"):
+        tap.write(np.zeros((3, H), np.float32))
+    with pytest.raises(TapError, match=r"\[n, 64\]"):
+        tap.write(np.zeros((2, H + 1), np.float32))
+    with pytest.raises(TapError, match="float32"):
+        tap.write(np.zeros((2, H), np.float16))
+    with pytest.raises(TapError, match="num_rows"):
+        tap.write(np.zeros((2, H), np.float32), num_rows=3)
+    tap.close()
+    with pytest.raises(TapError, match="closed"):
+        tap.write(np.zeros((1, H), np.float32))
+    with pytest.raises(TapError, match="closed"):
+        tap.step()
+
+
+def test_steps_without_writes_fail_the_window_and_say_why(client, probe_set):
+    tap = client.tap("tap_test", max_batch=1, window=2)
+    tap.write(np.zeros((1, H), np.float32))
+    tap.step()
+    tap.step()  # no write for this step
+    tap.flush()
+    window = tap.get(timeout=30)
+    assert isinstance(window.error, TapError)
+    assert "write() landed 1 times but step() was called 2 times" in str(window.error)
+    with pytest.raises(TapError, match="landed 1 times"):
+        tap.step()  # the decode thread hears about it at its next call
+    tap.close()
+
+
+def test_a_window_the_server_refuses_is_an_error_not_stale_scores(sidecar, probe_set):
+    client = sidecar.client()
+    tap = client.tap("tap_test", max_batch=1, window=1, raise_errors=False)
+    client.unload_probe_set("tap_test")  # the next window names a set that is gone
+    try:
+        tap.write(np.zeros((1, H), np.float32))
+        tap.step()
+        window = tap.get(timeout=30)
+        assert isinstance(window.error, ProbeSidecarError)
+        assert window.error.code.name == "NOT_FOUND"
+        assert window.scores.shape[0] == 0
+        assert tap.stats.windows_failed == 1
+    finally:
+        tap.close()
+        weight, bias, _ = probe_set
+        client.load_probe_set("tap_test", replace=True, data=save(
+            {"weight": weight.astype(np.float32), "bias": bias.astype(np.float32)},
+            metadata=METADATA))
+        client.close()
