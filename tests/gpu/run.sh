@@ -18,7 +18,10 @@
 # Steps (STEPS, default "tests kernels metrics rpc decode"):
 #   tests    every GPU test: the kernel tests (probe scoring, request staging, verify support, MLA
 #            verify) and the two-process Python tests (IPC, executor, ordering and device rows,
-#            metrics, Verify, taps and the transformers integration). PROBESIDECAR_REQUIRE_GPU=1: a test that would skip fails here.
+#            metrics, Verify, taps and the transformers integration, real CUDA faults and stuck
+#            or killed clients: test_gpu_faults.py, test_gpu_stuck.py). PROBESIDECAR_REQUIRE_GPU=1:
+#            a test that would skip fails here. KERNEL_TESTS and PYTHON_TESTS (space-separated)
+#            run a subset, e.g. with a BINARIES bundle.
 #   kernels  the probe-scoring benchmark with its torch and Triton peers (bench/run_probe_score.sh)
 #   metrics  the metrics-recording micro-benchmark on this host's CPUs (raw Google Benchmark JSON)
 #   rpc      the end-to-end RPC benchmark (probe-bench against probe-sidecar and a bare gRPC
@@ -101,8 +104,8 @@ note() {
 if [[ " $steps " == *" tests "* ]]; then
   echo "== tests: kernel GPU tests"
   rc=0
-  for t in probe_score_gpu_test request_staging_gpu_test verify_support_gpu_test \
-           mla_verify_gpu_test; do
+  for t in ${KERNEL_TESTS:-probe_score_gpu_test request_staging_gpu_test verify_support_gpu_test \
+           mla_verify_gpu_test}; do
     timeout 300 "$bin/$t" --gtest_brief=1 >"$out/$t.log" 2>&1
     r=$?
     # 77 is "no CUDA device": a failure here.
@@ -111,9 +114,12 @@ if [[ " $steps " == *" tests "* ]]; then
   done
   note "kernel GPU tests" $rc ""
   echo "== tests: two-process Python tests"
-  timeout 400 python3 -m pytest -q -rs -p no:cacheprovider tests/python/test_gpu_*.py \
-    >"$out/python_gpu_tests.log" 2>&1
+  # PYTHON_TESTS: a subset of the files (with a BINARIES bundle, say).
+  timeout "${PYTHON_TIMEOUT:-400}" python3 -m pytest -q -rs -p no:cacheprovider --durations=20 \
+    ${PYTHON_TESTS:-tests/python/test_gpu_*.py} >"$out/python_gpu_tests.log" 2>&1
   rc=$?
+  # The figures the reliability tests record (gpu_faults.json, gpu_stuck.json).
+  cp "$gpu"/bundle/reliability/*.json "$out/" 2>/dev/null
   note "python GPU tests" $rc ": $(tail -1 "$out/python_gpu_tests.log")"
 fi
 
