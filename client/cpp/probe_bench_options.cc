@@ -25,6 +25,9 @@ Where
   --target=ADDR         probe-sidecar: unix:/path or host:port (needed by the score modes)
   --echo-target=ADDR    probe-echo-server, for the echo modes (they are skipped without it)
   --transport=uds|tcp   recorded in each record (default: uds for unix: targets, else tcp)
+  --admin-token-file=F  the admin token (first line of F), sent when loading the probe sets: a
+                        server run with --admin-token-file, or any server over TCP (without an
+                        admin credential only its own user, over its Unix socket, may load)
 
 What
   --modes=LIST          default echo,score_ipc,score_inline; one or more of:
@@ -169,6 +172,7 @@ absl::StatusOr<Options> ParseOptions(int argc, char** argv) {
       {"target", text(&o.target)},
       {"echo-target", text(&o.echo_target)},
       {"transport", text(&o.transport)},
+      {"admin-token-file", text(&o.admin_token_file)},
       {"out", text(&o.out)},
       {"csv", text(&o.csv)},
       {"git", text(&o.git)},

@@ -16,6 +16,8 @@ struct Options {
   std::string target;       // probe-sidecar
   std::string echo_target;  // probe-echo-server (bench/rpc), for the echo modes
   std::string transport;    // "uds" or "tcp"; derived from the targets when not given
+  // Sent with the probe sets' LoadProbeSet (a server run with --admin-token-file); "": none.
+  std::string admin_token_file;
   // What.
   std::vector<std::string> modes = {"echo", "score_ipc", "score_inline"};
   std::vector<int> rows = {1, 64, 1024, 8192};

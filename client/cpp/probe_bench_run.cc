@@ -2,12 +2,15 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <fstream>
 #include <memory>
 #include <optional>
+#include <string>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/strip.h"
 #include "client/cpp/client.h"
 #include "client/cpp/probe_bench_gpu.h"
 #include "client/cpp/probe_bench_load.h"
@@ -149,8 +152,17 @@ absl::Status Run(const Options& o, const std::string& git) {
   if (score) {
     // Set-up calls (ServerInfo, loading probe sets) are not measured: a --timeout meant for the
     // measured calls (a short one, to study deadlines) must not fail them.
-    client = std::make_unique<Client>(
-        o.target, ClientOptions{std::max(o.timeout_seconds, kSetupTimeoutSeconds), 1 << 30});
+    ClientOptions options{std::max(o.timeout_seconds, kSetupTimeoutSeconds), 1 << 30};
+    if (!o.admin_token_file.empty()) {
+      std::ifstream in(o.admin_token_file);
+      std::string line;
+      if (!in || !std::getline(in, line)) {
+        return absl::NotFoundError(
+            absl::StrCat("--admin-token-file=", o.admin_token_file, ": cannot read"));
+      }
+      options.admin_token = std::string(absl::StripAsciiWhitespace(line));
+    }
+    client = std::make_unique<Client>(o.target, options);
     absl::StatusOr<nlohmann::json> server = DescribeServer(*client, o.target);
     if (!server.ok()) return server.status();
     run.server = *server;

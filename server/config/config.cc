@@ -234,7 +234,10 @@ const std::vector<Flag>& Flags() {
        }},
       {"admin-token-file", "FILE",
        "LoadProbeSet and UnloadProbeSet need the token in this file (first line), sent as gRPC "
-       "metadata 'authorization: Bearer <token>' (or --admin-tls-identity).",
+       "metadata 'authorization: Bearer <token>' (or --admin-tls-identity, "
+       "--admin-unix-group). Without any of the three, only the server's own user and root may "
+       "load and unload probe sets, over the Unix socket (their uid is read from the socket); "
+       "TCP clients may not.",
        [](absl::string_view v, Config& c) {
          return NonEmpty("admin-token-file", v, &c.admin_token_file);
        }},
@@ -243,6 +246,12 @@ const std::vector<Flag>& Flags() {
        "sets (or --admin-token-file).",
        [](absl::string_view v, Config& c) {
          return NonEmpty("admin-tls-identity", v, &c.admin_tls_identity);
+       }},
+      {"admin-unix-group", "GROUP",
+       "Unix-socket clients in GROUP (a name or a gid; primary or supplementary group of the "
+       "connecting process) may load and unload probe sets, whatever other admin flag is set.",
+       [](absl::string_view v, Config& c) {
+         return NonEmpty("admin-unix-group", v, &c.admin_unix_group);
        }},
       {"allow-remote-ipc", nullptr,
        "Accept RegisterBuffer and RegisterEvent from TCP peers not on this host "

@@ -52,9 +52,13 @@ struct Config {
   std::string tls_client_ca_file;
   // Loading and unloading probe sets need the token in the token file (metadata
   // "authorization: Bearer <token>"), or a mutual-TLS client certificate whose common name is
-  // `admin_tls_identity`. Both empty: administrative RPCs are open to every client.
+  // `admin_tls_identity`.
   std::string admin_token_file;
   std::string admin_tls_identity;
+  // Unix-socket clients in this group (a name or a numeric gid) may load and unload probe sets.
+  // With no admin credential at all, only the server's own user and root may, over the Unix
+  // socket (their uid read with SO_PEERCRED); TCP clients never may.
+  std::string admin_unix_group;
   // IPC registrations (buffers, events, sessions) from TCP peers that are not on this host.
   bool allow_remote_ipc = false;
   // Buffers registered without a session (usable by any client that knows their id).

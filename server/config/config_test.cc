@@ -75,6 +75,7 @@ TEST(ConfigTest, AccessControlAndLimits) {
   EXPECT_EQ(defaults.unix_socket_mode, 0660u);
   EXPECT_TRUE(defaults.tls_cert_file.empty());
   EXPECT_TRUE(defaults.admin_token_file.empty());
+  EXPECT_TRUE(defaults.admin_unix_group.empty());
   EXPECT_FALSE(defaults.allow_remote_ipc);
   EXPECT_FALSE(defaults.allow_sessionless_buffers);
   EXPECT_EQ(defaults.max_session_buffer_bytes, uint64_t{1} << 40);
@@ -82,11 +83,11 @@ TEST(ConfigTest, AccessControlAndLimits) {
   EXPECT_EQ(defaults.max_probe_set_bytes, uint64_t{16} << 30);
   EXPECT_FALSE(defaults.strict_probes);
 
-  absl::StatusOr<ParsedFlags> parsed =
-      Parse({"--unix-socket-mode=600", "--tls-cert=/c.pem", "--tls-key=/k.pem",
-             "--tls-client-ca=/ca.pem", "--admin-token-file=/t", "--admin-tls-identity=ops",
-             "--allow-remote-ipc", "--allow-sessionless-buffers", "--max-session-buffer-bytes=4Gi",
-             "--max-probe-sets=3", "--max-probe-set-bytes=1Mi", "--strict-probes"});
+  absl::StatusOr<ParsedFlags> parsed = Parse(
+      {"--unix-socket-mode=600", "--tls-cert=/c.pem", "--tls-key=/k.pem", "--tls-client-ca=/ca.pem",
+       "--admin-token-file=/t", "--admin-tls-identity=ops", "--admin-unix-group=ops",
+       "--allow-remote-ipc", "--allow-sessionless-buffers", "--max-session-buffer-bytes=4Gi",
+       "--max-probe-sets=3", "--max-probe-set-bytes=1Mi", "--strict-probes"});
   ASSERT_TRUE(parsed.ok()) << parsed.status();
   const Config& c = parsed->config;
   EXPECT_EQ(c.unix_socket_mode, 0600u);
@@ -95,6 +96,7 @@ TEST(ConfigTest, AccessControlAndLimits) {
   EXPECT_EQ(c.tls_client_ca_file, "/ca.pem");
   EXPECT_EQ(c.admin_token_file, "/t");
   EXPECT_EQ(c.admin_tls_identity, "ops");
+  EXPECT_EQ(c.admin_unix_group, "ops");
   EXPECT_TRUE(c.allow_remote_ipc);
   EXPECT_TRUE(c.allow_sessionless_buffers);
   EXPECT_EQ(c.max_session_buffer_bytes, uint64_t{4} << 30);
@@ -142,6 +144,7 @@ TEST(ConfigTest, HelpAndVersion) {
                            "--tls-client-ca",
                            "--admin-token-file",
                            "--admin-tls-identity",
+                           "--admin-unix-group",
                            "--allow-remote-ipc",
                            "--allow-sessionless-buffers",
                            "--max-session-buffer-bytes",
@@ -183,6 +186,7 @@ TEST(ConfigTest, BadFlagsNameTheFlag) {
            {{"--admin-tls-identity=ops"}, "needs mutual TLS"},
            {{"--tls-cert=/c", "--tls-key=/k", "--admin-tls-identity=ops"}, "needs mutual TLS"},
            {{"--admin-token-file="}, "--admin-token-file"},
+           {{"--admin-unix-group="}, "--admin-unix-group"},
            {{"--max-probe-sets=0"}, "--max-probe-sets=0"},
            {{"--max-session-buffer-bytes=0"}, "--max-session-buffer-bytes"},
            {{"--allow-remote-ipc=yes"}, "--allow-remote-ipc"},

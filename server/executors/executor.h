@@ -16,6 +16,7 @@
 
 #include "absl/functional/any_invocable.h"
 #include "absl/status/status.h"
+#include "absl/time/time.h"
 #include "server/observability/stage_timings.h"
 #include "server/probes/probe_set.h"
 #include "server/requests/score_job.h"
@@ -99,8 +100,29 @@ class Executor {
   // Verify requests whose device page tables or lengths were found out of range on the GPU.
   virtual uint64_t invalid_verify_requests() const { return 0; }
 
+  // NaN or infinite scores the GPU found in device outputs (CUDA backend; host outputs are
+  // counted by the service).
+  virtual uint64_t non_finite_device_scores() const { return 0; }
+  // Stream slots out of service because their stream still waits on the GPU for work answered
+  // already (CUDA backend).
+  virtual uint64_t parked_slots() const { return 0; }
+
+  // `handler` is called once, from any thread, when the executor can no longer serve at all
+  // (the GPU's CUDA context is lost after a sticky error); requests then fail with UNAVAILABLE.
+  // Set before serving; an empty handler removes it.
+  using FatalHandler = absl::AnyInvocable<void(const absl::Status& why)>;
+  virtual void SetFatalHandler(FatalHandler handler) {}
+
   // Finishes queued work and stops the threads. No Score after this.
   virtual void Shutdown() = 0;
+  // Shutdown, waiting for the device until `deadline` at most: false when work was still pending
+  // there (a stream waiting for a client's event that never came, or a lost context). The device
+  // resources are then left to the process's exit, which must not wait for the device either
+  // (RunServer ends the process without the CUDA runtime's teardown).
+  virtual bool ShutdownBy(absl::Time deadline) {
+    Shutdown();
+    return true;
+  }
 };
 
 }  // namespace probesidecar::server

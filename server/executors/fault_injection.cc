@@ -42,7 +42,13 @@ class FaultInjectingExecutor final : public Executor {
   uint64_t gpu_requests() const override { return inner_->gpu_requests(); }
   uint64_t invalid_device_rows() const override { return inner_->invalid_device_rows(); }
   uint64_t invalid_verify_requests() const override { return inner_->invalid_verify_requests(); }
+  uint64_t non_finite_device_scores() const override { return inner_->non_finite_device_scores(); }
+  uint64_t parked_slots() const override { return inner_->parked_slots(); }
+  void SetFatalHandler(FatalHandler handler) override {
+    inner_->SetFatalHandler(std::move(handler));
+  }
   void Shutdown() override { inner_->Shutdown(); }
+  bool ShutdownBy(absl::Time deadline) override { return inner_->ShutdownBy(deadline); }
 
  private:
   bool NextFails() { return (submitted_.fetch_add(1) + 1) % every_ == 0; }

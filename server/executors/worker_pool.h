@@ -7,6 +7,9 @@
 // cannot be queued (the queue is full, or the pool is shutting down) runs at once on the calling
 // thread with worker == kRefused, so every task runs exactly once and its owner always learns
 // the outcome.
+//
+// A worker can be told to take no shared tasks for a while (SetTakesShared): the CUDA executor
+// parks a worker whose stream slot still waits on the GPU, and its own queue still runs.
 #pragma once
 
 #include <cstddef>
@@ -44,7 +47,16 @@ class WorkerPool {
   // now when the pool is shutting down or `worker` is out of range.
   void SubmitTo(int worker, Task task);
 
-  // Refuses new tasks, lets the workers finish every queued one, and joins them. Idempotent.
+  // Puts `task` back at the head of the shared queue (a worker took it and cannot run it); runs
+  // task(kRefused) now when the pool is shutting down.
+  void SubmitFront(Task task);
+
+  // Whether `worker` takes tasks from the shared queue (initially true). Its own queue runs
+  // either way.
+  void SetTakesShared(int worker, bool takes);
+
+  // Refuses new tasks, lets the workers finish every queued one, and joins them; shared tasks
+  // that no worker took (every one was parked) then run here with kRefused. Idempotent.
   void Shutdown();
 
   int workers() const { return static_cast<int>(threads_.size()); }
@@ -60,6 +72,7 @@ class WorkerPool {
   mutable absl::Mutex mu_;
   std::deque<Task> shared_ ABSL_GUARDED_BY(mu_);
   std::vector<std::deque<Task>> own_ ABSL_GUARDED_BY(mu_);
+  std::vector<bool> takes_shared_ ABSL_GUARDED_BY(mu_);
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   std::vector<std::thread> threads_;
   absl::Mutex join_mu_;  // one Shutdown joins

@@ -124,6 +124,50 @@ TEST(WorkerPoolTest, SubmitToRunsOnThatWorkerBeforeItsNextSharedTask) {
   }
 }
 
+// A parked worker (SetTakesShared false) runs its own tasks but no shared one; a task put back
+// with SubmitFront runs before those queued behind it; shared tasks that no worker can take at
+// shutdown still run once, refused.
+TEST(WorkerPoolTest, AParkedWorkerTakesOnlyItsOwnTasks) {
+  WorkerPool pool(2, 100);
+  pool.SetTakesShared(0, false);
+  std::vector<std::pair<int, int>> log;  // (task, worker)
+  absl::Mutex mu;
+  absl::Notification own_ran;
+  auto record = [&](int task) {
+    return [&, task](int worker) {
+      absl::MutexLock lock(&mu);
+      log.emplace_back(task, worker);
+    };
+  };
+  Blocker blocker;
+  blocker.Occupy(pool, 1);  // worker 1 (the only one taking shared tasks) is busy
+  pool.Submit(record(10));
+  pool.Submit(record(11));
+  pool.SubmitFront(record(9));
+  pool.SubmitTo(0, [&](int worker) {
+    record(1)(worker);
+    own_ran.Notify();
+  });
+  own_ran.WaitForNotification();
+  {
+    absl::MutexLock lock(&mu);
+    EXPECT_EQ(log, (std::vector<std::pair<int, int>>{{1, 0}}));  // no shared task on worker 0
+  }
+  blocker.Release();
+  pool.Shutdown();
+  EXPECT_EQ(log, (std::vector<std::pair<int, int>>{{1, 0}, {9, 1}, {10, 1}, {11, 1}}));
+
+  WorkerPool parked(2, 100);
+  parked.SetTakesShared(0, false);
+  parked.SetTakesShared(1, false);
+  int refused = 0;
+  for (int i = 0; i < 3; ++i) {
+    parked.Submit([&](int worker) { refused += worker == WorkerPool::kRefused; });
+  }
+  parked.Shutdown();
+  EXPECT_EQ(refused, 3);
+}
+
 TEST(WorkerPoolTest, AfterShutdownEveryTaskIsRefusedAndStillRuns) {
   WorkerPool pool(2, 10);
   pool.Shutdown();

@@ -337,6 +337,8 @@ class Metrics::Impl final : public prometheus::Collectable {
   std::vector<MetricFamily> Collect() const override {
     std::vector<MetricFamily> out;
     out.reserve(20);
+    // Sampled state.
+    const MetricsState s = state_ ? state_() : MetricsState{};
 
     // Requests by RPC and code; in flight by RPC.
     std::array<std::array<uint64_t, kNumCodes>, kNumRpcs> requests{};
@@ -409,10 +411,11 @@ class Metrics::Impl final : public prometheus::Collectable {
              static_cast<double>(cuda_errors));
     AddValue(out.emplace_back(Family(
                  "probesidecar_non_finite_scores_total",
-                 "Scores returned in responses that were NaN or infinite (their probes never fire; "
-                 "usually NaN or Inf activations).",
+                 "Scores that were NaN or infinite, returned in responses or written to device "
+                 "output buffers (counted there on the GPU); their probes never fire; usually NaN "
+                 "or Inf activations.",
                  MetricType::Counter)),
-             static_cast<double>(non_finite_scores));
+             static_cast<double>(non_finite_scores + s.non_finite_device_scores));
     {
       absl::MutexLock lock(&shadow_mu_);
       ClientMetric metric;
@@ -438,8 +441,6 @@ class Metrics::Impl final : public prometheus::Collectable {
                static_cast<double>(shadow_mismatched_));
     }
 
-    // Sampled state.
-    const MetricsState s = state_ ? state_() : MetricsState{};
     auto add = [&out](const char* name, const char* help, MetricType type, uint64_t value) {
       AddValue(out.emplace_back(Family(name, help, type)), static_cast<double>(value));
     };
@@ -467,6 +468,10 @@ class Metrics::Impl final : public prometheus::Collectable {
         "Verify requests whose device page table or lengths were out of range (checked on the GPU; "
         "they were refused and their outputs are NaN).",
         MetricType::Counter, s.invalid_verify_requests);
+    add("probesidecar_stream_slots_parked",
+        "GPU stream slots taking no requests because their stream still waits on the GPU for work "
+        "answered already (e.g. a client's ready event that has not fired).",
+        MetricType::Gauge, s.parked_slots);
     add("probesidecar_executor_queued_requests",
         "Requests waiting in the executor's queue for a worker (a stream slot on the GPU).",
         MetricType::Gauge, s.queued_requests);

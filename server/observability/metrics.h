@@ -16,13 +16,15 @@
 //   probesidecar_score_stage_duration_seconds{stage,probe_set,kernel_path}  histogram
 //       stage: queue, h2d, kernel (GPU time from CUDA events on the CUDA backend), d2h, total
 //   probesidecar_cuda_errors_total                                  counter
-//   probesidecar_non_finite_scores_total                            counter
+//   probesidecar_non_finite_scores_total                            counter (responses, plus
+//       MetricsState.non_finite_device_scores: device outputs, counted on the GPU)
 //   probesidecar_shadow_rel_l2_error                                histogram (kErrorBucketBounds)
 //   probesidecar_shadow_mismatched_requests_total                   counter
 //   probesidecar_registered_buffers, probesidecar_registered_buffer_bytes,
 //   probesidecar_ipc_handles_open, probesidecar_probe_sets_loaded,
 //   probesidecar_device_memory_bytes, probesidecar_executor_queued_requests,
 //   probesidecar_executor_queue_capacity, probesidecar_mps_client,
+//   probesidecar_stream_slots_parked,
 //   probesidecar_graph_cache_entries,
 //   probesidecar_graph_cache_capacity                               gauges (MetricsState)
 //   probesidecar_graph_cache_{hits,misses,captures,evictions}_total,
@@ -115,15 +117,17 @@ struct MetricsState {
   uint64_t registered_buffer_bytes = 0;  // their byte_size, summed
   uint64_t open_ipc_handles = 0;         // distinct allocations opened with cudaIpcOpenMemHandle
   uint64_t probe_sets = 0;
-  uint64_t device_memory_bytes = 0;      // device memory the service allocated itself
-  uint64_t queued_requests = 0;          // waiting in the executor's queue for a worker
-  uint64_t queue_capacity = 0;           // how many may wait (--max-queued-requests)
-  uint64_t expired_requests = 0;         // dropped by the executor: deadline passed
-  uint64_t cancelled_requests = 0;       // dropped by the executor: caller gone
-  uint64_t invalid_device_rows = 0;      // device row indices found outside [0, T) on the GPU
-  uint64_t invalid_verify_requests = 0;  // Verify requests whose device tables were out of range
-  uint64_t probe_set_load_errors = 0;    // files of the probes directory skipped at start
-  bool mps = false;                      // the CUDA context is an MPS client
+  uint64_t device_memory_bytes = 0;       // device memory the service allocated itself
+  uint64_t queued_requests = 0;           // waiting in the executor's queue for a worker
+  uint64_t queue_capacity = 0;            // how many may wait (--max-queued-requests)
+  uint64_t expired_requests = 0;          // dropped by the executor: deadline passed
+  uint64_t cancelled_requests = 0;        // dropped by the executor: caller gone
+  uint64_t invalid_device_rows = 0;       // device row indices found outside [0, T) on the GPU
+  uint64_t invalid_verify_requests = 0;   // Verify requests whose device tables were out of range
+  uint64_t non_finite_device_scores = 0;  // NaN/Inf scores the GPU found in device outputs
+  uint64_t parked_slots = 0;           // stream slots waiting on the GPU for work answered already
+  uint64_t probe_set_load_errors = 0;  // files of the probes directory skipped at start
+  bool mps = false;                    // the CUDA context is an MPS client
   GraphCacheCounters graph_cache;
 };
 

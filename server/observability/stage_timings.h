@@ -16,6 +16,9 @@ struct ScoreTimings {
   const char* kernel_path = "";
   // The request was answered as soon as its work was queued on the GPU (GPU stages not timed).
   bool enqueued = false;
+  // Scores written to a device output found NaN or infinite on the GPU (-1: not counted there:
+  // host outputs are counted by the service, enqueue-only requests only in the metric).
+  int64_t device_non_finite = -1;
 };
 
 struct GraphCacheCounters {

@@ -192,6 +192,10 @@ void ProbeSidecarService::RunScore(Rpc rpc, RequestLifetime lifetime,
       response->set_enqueued(timings.enqueued);
       if (job->host_out != nullptr) {
         env_.metrics->NonFiniteScores(FillFired(set, job->host_out, job->num_rows, response));
+      } else if (timings.device_non_finite >= 0) {
+        // Counted on the GPU (and in the metric by the executor); an enqueue-only request is
+        // answered before the count exists: the metric alone has it.
+        response->set_non_finite_scores(static_cast<int32_t>(timings.device_non_finite));
       }
       env_.metrics->ScoreStages(set.name, timings, SecondsSince(start));
     } else if (status.code() == absl::StatusCode::kInternal) {

@@ -1,5 +1,7 @@
 #include "server/rpc/server.h"
 
+#include <grp.h>
+#include <grpc/grpc.h>
 #include <grpcpp/ext/proto_server_reflection_plugin.h>
 #include <grpcpp/grpcpp.h>
 #include <grpcpp/health_check_service_interface.h>
@@ -9,14 +11,19 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <memory>
+#include <optional>
 #include <sstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/strip.h"
@@ -32,6 +39,7 @@
 #include "server/probes/probe_registry.h"
 #include "server/rpc/exposer_stop.h"
 #include "server/rpc/service.h"
+#include "server/rpc/unix_listener.h"
 
 namespace probesidecar::server {
 namespace {
@@ -125,6 +133,23 @@ absl::StatusOr<uint64_t> LoadProbesAtStart(const Config& config, bool bundled,
   return failed->size();
 }
 
+// --admin-unix-group as a gid: a group name, or a number; nullopt when not set.
+absl::StatusOr<std::optional<gid_t>> AdminUnixGroup(const Config& config) {
+  if (config.admin_unix_group.empty()) return std::optional<gid_t>();
+  if (gid_t gid = 0; absl::SimpleAtoi(config.admin_unix_group, &gid)) return std::optional(gid);
+  std::vector<char> buffer(16384);
+  group entry{};
+  group* found = nullptr;
+  const int error =
+      ::getgrnam_r(config.admin_unix_group.c_str(), &entry, buffer.data(), buffer.size(), &found);
+  if (error != 0 || found == nullptr) {
+    return absl::NotFoundError(absl::StrCat("--admin-unix-group=", config.admin_unix_group,
+                                            ": no such group", error != 0 ? ": " : "",
+                                            error != 0 ? strerror(error) : ""));
+  }
+  return std::optional(found->gr_gid);
+}
+
 std::string UnixPath(const std::string& address) {
   absl::string_view path = address;
   if (!absl::ConsumePrefix(&path, "unix:")) return "";
@@ -132,11 +157,26 @@ std::string UnixPath(const std::string& address) {
   return std::string(path);
 }
 
-}  // namespace
+// The exit status when the GPU's CUDA context was lost (a sticky CUDA error): the process must be
+// restarted to use the GPU again.
+constexpr int kExitDeviceLost = 3;
 
-int RunServer(const Config& config) {
-  SetLogLevel(ParseLogLevel(config.log_level));
+// Ends the process with `exit_code` at `at` unless it has ended by then: whatever shutdown waits
+// for, an orchestrator that waits for the exit never sees a stuck process.
+void StartExitWatchdog(absl::Time at, int exit_code) {
+  std::thread([at, exit_code] {
+    absl::SleepFor(at - absl::Now());
+    LogError("shutdown did not finish in time: exiting now (status %d)", exit_code);
+    std::fflush(nullptr);
+    std::_Exit(exit_code);
+  }).detach();
+}
 
+// Starts the service, serves until SIGINT or SIGTERM (or until the executor can no longer serve:
+// a lost CUDA context), drains and stops it; every gRPC object it made is gone when it returns.
+// `*device_abandoned` is set when work was left pending on the device (the process must then end
+// without the CUDA runtime's teardown, which could wait for it).
+int Serve(const Config& config, bool* device_abandoned) {
   // Every thread started from here on inherits this mask; main takes the signals with sigwait.
   sigset_t signals;
   sigemptyset(&signals);
@@ -194,6 +234,8 @@ int RunServer(const Config& config) {
     state.cancelled_requests = dropped.cancelled;
     state.invalid_device_rows = executor->invalid_device_rows();
     state.invalid_verify_requests = executor->invalid_verify_requests();
+    state.non_finite_device_scores = executor->non_finite_device_scores();
+    state.parked_slots = executor->parked_slots();
     state.mps = executor->mps();
     if (const BufferRegistry* buffers = executor->buffers(); buffers != nullptr) {
       const BufferCounters counters = buffers->counters();
@@ -237,13 +279,33 @@ int RunServer(const Config& config) {
       return 1;
     }
   }
-  std::vector<int> ports(config.listen.size(), 0);
-  for (size_t i = 0; i < config.listen.size(); ++i) {
-    const bool unix_socket = absl::StartsWith(config.listen[i], "unix:");
-    builder.AddListeningPort(config.listen[i],
-                             unix_socket ? grpc::InsecureServerCredentials() : *tcp_credentials,
-                             &ports[i]);
+  absl::StatusOr<std::optional<gid_t>> admin_unix_gid = AdminUnixGroup(config);
+  if (!admin_unix_gid.ok()) {
+    LogError("cannot start: %s", admin_unix_gid.status().message());
+    executor->Shutdown();
+    return 1;
   }
+  // TCP listeners are gRPC's; Unix sockets are the service's own (unix_listener.h: it accepts
+  // them itself to learn each peer's uid), created with --unix-socket-mode from the start.
+  std::vector<int> ports(config.listen.size(), 0);
+  std::vector<std::unique_ptr<UnixListener>> unix_listeners;
+  for (size_t i = 0; i < config.listen.size(); ++i) {
+    if (const std::string path = UnixPath(config.listen[i]); !path.empty()) {
+      absl::StatusOr<std::unique_ptr<UnixListener>> listener =
+          UnixListener::Listen(path, config.unix_socket_mode);
+      if (!listener.ok()) {
+        LogError("cannot start: could not listen on %s: %s", config.listen[i],
+                 listener.status().message());
+        unix_listeners.clear();
+        executor->Shutdown();
+        return 1;
+      }
+      unix_listeners.push_back(*std::move(listener));
+      continue;
+    }
+    builder.AddListeningPort(config.listen[i], *tcp_credentials, &ports[i]);
+  }
+  UnixPeers unix_peers;
 
   ServiceEnv env;
   env.config = config;
@@ -252,18 +314,36 @@ int RunServer(const Config& config) {
   env.executor = executor.get();
   env.metrics = &metrics;
   env.admin_token = *admin_token;
+  env.admin_unix_gid = *admin_unix_gid;
+  env.unix_peers = &unix_peers;
+  env.server_uid = ::geteuid();
   ProbeSidecarService service(env);
   builder.RegisterService(&service);
-  // The Unix sockets are created with --unix-socket-mode from the start (no window in which the
-  // umask's wider mode applies), then set to it exactly.
-  const mode_t old_umask = ::umask(0777 & ~config.unix_socket_mode);
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
-  ::umask(old_umask);
   if (server == nullptr) {
     LogError("cannot start: could not listen on %s", absl::StrJoin(config.listen, ", "));
+    unix_listeners.clear();
     executor->Shutdown();
     return 1;
   }
+  for (const auto& listener : unix_listeners) listener->Start(server.get(), &unix_peers);
+  grpc::HealthCheckServiceInterface* health = server->GetHealthCheckService();
+  // A lost CUDA context: NOT_SERVING at once, then the drain a signal starts (every request fails
+  // fast by then), and exit status 3 so that the supervisor restarts the server.
+  struct Fatal {
+    absl::Mutex mu;
+    absl::Status why ABSL_GUARDED_BY(mu);
+  };
+  auto fatal = std::make_shared<Fatal>();
+  executor->SetFatalHandler([fatal, health](const absl::Status& why) {
+    {
+      absl::MutexLock lock(&fatal->mu);
+      fatal->why = why;
+    }
+    health->SetServingStatus(false);
+    health->SetServingStatus(kServiceName, false);
+    ::kill(::getpid(), SIGTERM);  // wakes the sigwait below
+  });
   std::vector<std::string> listening;
   for (size_t i = 0; i < config.listen.size(); ++i) {
     const std::string& address = config.listen[i];
@@ -271,6 +351,7 @@ int RunServer(const Config& config) {
       listening.push_back(address);
     } else if (ports[i] == 0) {
       LogError("cannot start: could not listen on %s", address);
+      unix_listeners.clear();
       server->Shutdown();
       executor->Shutdown();
       return 1;
@@ -286,27 +367,12 @@ int RunServer(const Config& config) {
                           absl::StartsWith(address, "[::1]") ||
                           absl::StartsWith(address, "localhost:");
     if (loopback) continue;
+    // (Without an admin credential, TCP clients are never admin: nothing more to say.)
     if (config.tls_cert_file.empty()) {
       LogWarning("%s is reachable from other hosts in plaintext (no --tls-cert)", address);
     }
-    if (config.admin_token_file.empty() && config.admin_tls_identity.empty()) {
-      LogWarning(
-          "%s: anyone who can connect may load and unload probe sets (no "
-          "--admin-token-file or --admin-tls-identity)",
-          address);
-    }
-  }
-  for (const std::string& address : config.listen) {
-    if (const std::string path = UnixPath(address);
-        !path.empty() && ::chmod(path.c_str(), config.unix_socket_mode) != 0) {
-      LogError("cannot start: chmod %o %s: %s", config.unix_socket_mode, path, strerror(errno));
-      server->Shutdown();
-      executor->Shutdown();
-      return 1;
-    }
   }
 
-  grpc::HealthCheckServiceInterface* health = server->GetHealthCheckService();
   health->SetServingStatus(true);
   health->SetServingStatus(kServiceName, true);
   LogInfo("probe-sidecar %s (%s) serving on %s; metrics on %s; backend %s (%s)", kVersion,
@@ -316,14 +382,26 @@ int RunServer(const Config& config) {
 
   int signal_number = 0;
   sigwait(&signals, &signal_number);
-  LogInfo("%s: draining in-flight requests (up to %.1f s)", strsignal(signal_number),
-          config.shutdown_grace_seconds);
+  int exit_code = 0;
+  absl::Status lost;
+  {
+    absl::MutexLock lock(&fatal->mu);
+    lost = fatal->why;
+  }
+  if (!lost.ok()) {
+    exit_code = kExitDeviceLost;
+    LogError("stopping (exit status %d): %s", exit_code, lost.message());
+  } else {
+    LogInfo("%s: draining in-flight requests (up to %.1f s)", strsignal(signal_number),
+            config.shutdown_grace_seconds);
+  }
   health->SetServingStatus(false);
   health->SetServingStatus(kServiceName, false);
   // New work is refused with UNAVAILABLE (retryable) while the work in progress finishes; only
   // then does gRPC shut down, so no admitted request is cut off before the grace period ends.
   const absl::Time deadline =
       absl::Now() + absl::Microseconds(static_cast<int64_t>(config.shutdown_grace_seconds * 1e6));
+  StartExitWatchdog(deadline + absl::Milliseconds(900), exit_code);
   service.BeginDrain();
   if (!service.WaitUntilIdle(deadline)) {
     LogWarning("grace period over with requests still in progress: cancelling them");
@@ -337,17 +415,86 @@ int RunServer(const Config& config) {
   // connection after GOAWAY. Both used to hold the process for the rest of the grace period; they
   // get a short moment to end cleanly, then gRPC cancels them. Cancelled calls whose work is still
   // queued or running are skipped or stopped early by the executor, so this returns promptly.
+  // No new Unix-socket connection is handed to gRPC from here on (and the socket files go).
+  for (const auto& listener : unix_listeners) listener->Stop();
   server->Shutdown(absl::ToChronoTime(std::min(deadline, absl::Now() + absl::Milliseconds(100))));
   server->Wait();
   service.StopControlWorker();  // releases of ended sessions use the executor's buffers
-  executor->Shutdown();
+  // Every call is answered; what the GPU still runs is ms away, unless a stream waits for a
+  // client's event that never comes: that is not waited for past a short moment.
+  // (The metrics endpoint stops first: a scrape reads the executor's slots.)
   StopExposer(std::move(exposer),
               config.metrics_listen.substr(0, config.metrics_listen.rfind(':')));
-  for (const std::string& address : config.listen) {
-    if (const std::string path = UnixPath(address); !path.empty()) ::unlink(path.c_str());
+  const absl::Time now = absl::Now();
+  const bool clean = executor->ShutdownBy(
+      std::max(now + absl::Milliseconds(50), std::min(deadline, now + absl::Milliseconds(500))));
+  executor->SetFatalHandler({});
+  {
+    absl::MutexLock lock(&fatal->mu);
+    if (!fatal->why.ok()) exit_code = kExitDeviceLost;  // also when it was lost while stopping
+  }
+  if (!clean) {
+    // Its device memory, streams and IPC mappings stay as they are: freeing them could wait for
+    // the pending work. The process's exit reclaims them.
+    *device_abandoned = true;
+    executor.release();  // NOLINT(bugprone-unused-return-value): left to the exit
   }
   LogInfo("stopped");
-  return 0;
+  return exit_code;
+}
+
+// How long the process waits for gRPC's own library shutdown once the service has stopped.
+constexpr absl::Duration kGrpcLibraryShutdownWait = absl::Milliseconds(300);
+
+// Drops the process's last reference to the gRPC library (taken in RunServer) and returns, or,
+// when gRPC's shutdown does not finish within kGrpcLibraryShutdownWait, ends the process with
+// `exit_code` without waiting for it.
+//
+// Why: the last grpc_shutdown() joins gRPC's executor threads, and in gRPC 1.51 one of them may
+// be the TCP backup poller (src/core/lib/iomgr/tcp_posix.cc). On a polling engine that does not
+// poll in the background (epoll1, Linux's), a write to a client's socket that would block
+// (EAGAIN: e.g. a 1 MiB Score response the client has not read yet) starts that poller on an
+// executor thread, in epoll_wait with a 10 s deadline. When the write completes nothing wakes it,
+// so it sleeps out the rest of its 10 s, and the join waited with it: "stopped" was logged and
+// the process then exited up to 10 s later. By now the service has stopped (no listener, no
+// call, no work, sockets removed): nothing is lost by leaving the rest to the kernel.
+void ReleaseGrpcLibrary(int exit_code) {
+  const absl::Time start = absl::Now();
+  auto done = std::make_shared<absl::Notification>();
+  std::thread shutdown([done] {
+    grpc_shutdown();
+    done->Notify();
+  });
+  if (done->WaitForNotificationWithTimeout(kGrpcLibraryShutdownWait)) {
+    shutdown.join();
+    LogDebug("gRPC library shut down in %.3f s", absl::ToDoubleSeconds(absl::Now() - start));
+    return;
+  }
+  LogInfo(
+      "gRPC's library shutdown is still waiting for its TCP backup poller (gRPC 1.51 lets it "
+      "sleep up to 10 s after a blocked write); exiting without it");
+  std::fflush(nullptr);
+  std::_Exit(exit_code);
+}
+
+}  // namespace
+
+int RunServer(const Config& config) {
+  SetLogLevel(ParseLogLevel(config.log_level));
+  // This reference outlives every gRPC object Serve makes, so that the library's final shutdown
+  // happens here, with a bound (ReleaseGrpcLibrary), and not in the destructor of whichever of
+  // them goes last.
+  grpc_init();
+  bool device_abandoned = false;
+  const int exit_code = Serve(config, &device_abandoned);
+  if (device_abandoned) {
+    // Neither gRPC's library shutdown nor the CUDA runtime's teardown at exit: the device still
+    // has work of ours pending (or a lost context), and both could wait for it.
+    std::fflush(nullptr);
+    std::_Exit(exit_code);
+  }
+  ReleaseGrpcLibrary(exit_code);
+  return exit_code;
 }
 
 }  // namespace probesidecar::server

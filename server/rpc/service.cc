@@ -121,10 +121,42 @@ bool ProbeSidecarService::WaitUntilIdle(absl::Time deadline) {
 
 void ProbeSidecarService::StopControlWorker() { control_.Shutdown(); }
 
+bool ProbeSidecarService::IsAdminPeer(const UnixPeer& peer) const {
+  // The server's own user and root, unless an admin credential (token, TLS identity) says who is
+  // admin; --admin-unix-group's members always.
+  const bool credential = !env_.admin_token.empty() || !env_.config.admin_tls_identity.empty();
+  if (!credential && (peer.uid == env_.server_uid || peer.uid == 0)) return true;
+  return env_.admin_unix_gid.has_value() && peer.InGroup(*env_.admin_unix_gid);
+}
+
 absl::Status ProbeSidecarService::AuthorizeAdmin(grpc::CallbackServerContext* context) const {
   const std::string& token = env_.admin_token;
   const std::string& identity = env_.config.admin_tls_identity;
-  if (token.empty() && identity.empty()) return absl::OkStatus();
+  const std::string peer_name = context->peer();
+  const std::optional<UnixPeer> unix_peer =
+      env_.unix_peers != nullptr ? env_.unix_peers->Find(peer_name) : std::nullopt;
+  if (unix_peer.has_value() && IsAdminPeer(*unix_peer)) return absl::OkStatus();
+  if (token.empty() && identity.empty()) {
+    // No admin credential: the Unix socket's peer credentials decide, and TCP is never admin.
+    const std::string allowed = absl::StrCat(
+        "only the server's own user (uid ", env_.server_uid, ") and root",
+        env_.admin_unix_gid.has_value()
+            ? absl::StrCat(", or members of group ", *env_.admin_unix_gid, " (--admin-unix-group),")
+            : "",
+        " may load and unload probe sets, over the Unix socket");
+    const std::string more =
+        "; start the server with --admin-token-file (a token sent as metadata 'authorization: "
+        "Bearer <token>'), --admin-tls-identity (a mutual-TLS client certificate) or "
+        "--admin-unix-group (a group of local users) to allow more";
+    if (!unix_peer.has_value()) {
+      return absl::PermissionDeniedError(absl::StrCat("with no admin credential configured, ",
+                                                      allowed, "; this call came from ",
+                                                      QuotePeer(peer_name), more));
+    }
+    return absl::PermissionDeniedError(
+        absl::StrCat("with no admin credential configured, ", allowed, "; this call came from uid ",
+                     unix_peer->uid, " (pid ", unix_peer->pid, ")", more));
+  }
   bool presented = false;
   if (!token.empty()) {
     const auto& metadata = context->client_metadata();
@@ -144,9 +176,10 @@ absl::Status ProbeSidecarService::AuthorizeAdmin(grpc::CallbackServerContext* co
     }
   }
   if (!presented) {
-    return absl::UnauthenticatedError(
+    return absl::UnauthenticatedError(absl::StrCat(
         "loading and unloading probe sets needs the admin token (metadata 'authorization: Bearer "
-        "<token>') or the admin's TLS client certificate");
+        "<token>') or the admin's TLS client certificate",
+        env_.admin_unix_gid.has_value() ? ", or a Unix-socket client in --admin-unix-group" : ""));
   }
   return absl::PermissionDeniedError("these credentials may not load or unload probe sets");
 }
@@ -155,6 +188,9 @@ absl::Status ProbeSidecarService::CheckLocalPeer(grpc::CallbackServerContext* co
   if (env_.config.allow_remote_ipc) return absl::OkStatus();
   const std::string peer = context->peer();
   if (IsLocalPeer(peer)) return absl::OkStatus();
+  if (env_.unix_peers != nullptr && env_.unix_peers->Find(peer).has_value()) {
+    return absl::OkStatus();  // the Unix socket
+  }
   return absl::PermissionDeniedError(
       absl::StrCat("CUDA IPC registrations are accepted from this host only (Unix socket or "
                    "loopback), not from ",

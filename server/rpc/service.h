@@ -9,8 +9,11 @@
 // one thread, which finishes those RPCs.
 #pragma once
 
+#include <sys/types.h>
+
 #include <atomic>
 #include <chrono>
+#include <optional>
 #include <set>
 #include <string>
 #include <vector>
@@ -26,6 +29,7 @@
 #include "server/executors/worker_pool.h"
 #include "server/observability/metrics.h"
 #include "server/probes/probe_registry.h"
+#include "server/rpc/unix_listener.h"
 
 namespace probesidecar::server {
 
@@ -34,6 +38,13 @@ struct ServiceEnv {
   std::string metrics_listening;  // the bound metrics address, "" when off
   // Read from --admin-token-file at start ("" when not set).
   std::string admin_token;
+  // --admin-unix-group, resolved at start.
+  std::optional<gid_t> admin_unix_gid;
+  // Who is on the other end of the Unix-socket connections (unix_listener.h); nullptr: no
+  // Unix-socket peer is known (and none is admin without a credential).
+  const UnixPeers* unix_peers = nullptr;
+  // The server's effective uid: its own user is admin on the Unix socket by default.
+  uid_t server_uid = 0;
   ProbeRegistry* probes = nullptr;
   Executor* executor = nullptr;
   Metrics* metrics = nullptr;
@@ -140,10 +151,15 @@ class ProbeSidecarService final : public v1::ProbeSidecar::CallbackService {
 
   // UNAVAILABLE once draining.
   absl::Status Draining() const;
-  // Administrative RPCs (loading and unloading probe sets): OK without --admin-token-file and
-  // --admin-tls-identity; else the caller must present the token or the mutual-TLS identity
-  // (UNAUTHENTICATED without credentials, PERMISSION_DENIED with wrong ones).
+  // Administrative RPCs (loading and unloading probe sets). Without --admin-token-file and
+  // --admin-tls-identity: only Unix-socket peers whose uid is the server's or root (or who are in
+  // --admin-unix-group), PERMISSION_DENIED for everyone else, TCP included, naming the flags that
+  // allow more. With either: the caller must present the token or the mutual-TLS identity, or be
+  // a Unix-socket peer in --admin-unix-group (UNAUTHENTICATED without credentials,
+  // PERMISSION_DENIED with wrong ones).
   absl::Status AuthorizeAdmin(grpc::CallbackServerContext* context) const;
+  // Whether a Unix-socket peer is admin by its credentials alone.
+  bool IsAdminPeer(const UnixPeer& peer) const;
   // IPC registrations come from this host: Unix socket or loopback TCP peers (PERMISSION_DENIED
   // otherwise, unless --allow-remote-ipc).
   absl::Status CheckLocalPeer(grpc::CallbackServerContext* context) const;

@@ -5,6 +5,7 @@
 
 #include <grpcpp/grpcpp.h>
 #include <grpcpp/health_check_service_interface.h>
+#include <unistd.h>
 
 #include <atomic>
 #include <cstdio>
@@ -100,19 +101,27 @@ class ServiceTest : public ::testing::Test {
     env.probes = probes_.get();
     env.executor = &executor_;
     env.metrics = metrics_.get();
+    // The Unix socket is the service's own, as in the server: its peer (this process, the same
+    // uid) is then admin without a credential.
+    env.unix_peers = &unix_peers_;
+    env.server_uid = ::geteuid();
     service_ = std::make_unique<ProbeSidecarService>(env);
+    absl::StatusOr<std::unique_ptr<UnixListener>> listener = UnixListener::Listen(socket_, 0600);
+    ASSERT_TRUE(listener.ok()) << listener.status();
+    listener_ = *std::move(listener);
     grpc::EnableDefaultHealthCheckService(true);
     grpc::ServerBuilder builder;
-    builder.AddListeningPort("unix:" + socket_, grpc::InsecureServerCredentials());
     builder.RegisterService(service_.get());
     server_ = builder.BuildAndStart();
     ASSERT_NE(server_, nullptr);
+    listener_->Start(server_.get(), &unix_peers_);
     channel_ = grpc::CreateChannel("unix:" + socket_, grpc::InsecureChannelCredentials());
   }
 
   void TearDown() override {
     executor_.Release();
     for (std::thread& t : clients_) t.join();
+    if (listener_ != nullptr) listener_->Stop();
     server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(5));
     server_->Wait();
     service_->StopControlWorker();
@@ -123,6 +132,8 @@ class ServiceTest : public ::testing::Test {
   HoldingExecutor executor_;
   std::unique_ptr<ProbeRegistry> probes_;
   std::unique_ptr<Metrics> metrics_;
+  UnixPeers unix_peers_;
+  std::unique_ptr<UnixListener> listener_;
   std::unique_ptr<ProbeSidecarService> service_;
   std::unique_ptr<grpc::Server> server_;
   std::shared_ptr<grpc::Channel> channel_;

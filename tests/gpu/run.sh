@@ -19,7 +19,10 @@
 #   tests    every GPU test: the kernel tests (probe scoring, request staging, verify support, MLA
 #            verify, tap writes), the C++ tap against the server (tap_gpu_test), and the two-process
 #            Python tests (IPC, executor, ordering and device rows, metrics, Verify, taps and the
-#            transformers integration). PROBESIDECAR_REQUIRE_GPU=1: a test that would skip fails here.
+#            transformers integration, real CUDA faults and stuck or killed clients:
+#            test_gpu_faults.py, test_gpu_stuck.py). PROBESIDECAR_REQUIRE_GPU=1: a test that would
+#            skip fails here. KERNEL_TESTS and PYTHON_TESTS (space-separated) run a subset, e.g.
+#            with a BINARIES bundle.
 #   kernels  the probe-scoring benchmark with its torch and Triton peers (bench/run_probe_score.sh)
 #   metrics  the metrics-recording micro-benchmark on this host's CPUs (raw Google Benchmark JSON)
 #   rpc      the end-to-end RPC benchmark (probe-bench against probe-sidecar and a bare gRPC
@@ -104,8 +107,8 @@ note() {
 if [[ " $steps " == *" tests "* ]]; then
   echo "== tests: kernel and C++ GPU tests"
   rc=0
-  for t in probe_score_gpu_test request_staging_gpu_test verify_support_gpu_test \
-           mla_verify_gpu_test tap_write_gpu_test tap_gpu_test; do
+  for t in ${KERNEL_TESTS:-probe_score_gpu_test request_staging_gpu_test verify_support_gpu_test \
+           mla_verify_gpu_test tap_write_gpu_test tap_gpu_test}; do
     timeout 300 "$bin/$t" --gtest_brief=1 >"$out/$t.log" 2>&1
     r=$?
     # 77 is "no CUDA device": a failure here.
@@ -114,9 +117,12 @@ if [[ " $steps " == *" tests "* ]]; then
   done
   note "kernel and C++ GPU tests" $rc ""
   echo "== tests: two-process Python tests"
-  timeout 400 python3 -m pytest -q -rs -p no:cacheprovider tests/python/test_gpu_*.py \
-    >"$out/python_gpu_tests.log" 2>&1
+  # PYTHON_TESTS: a subset of the files (with a BINARIES bundle, say).
+  timeout "${PYTHON_TIMEOUT:-400}" python3 -m pytest -q -rs -p no:cacheprovider --durations=20 \
+    ${PYTHON_TESTS:-tests/python/test_gpu_*.py} >"$out/python_gpu_tests.log" 2>&1
   rc=$?
+  # The figures the reliability tests record (gpu_faults.json, gpu_stuck.json).
+  cp "$gpu"/bundle/reliability/*.json "$out/" 2>/dev/null
   note "python GPU tests" $rc ": $(tail -1 "$out/python_gpu_tests.log")"
 fi
 
@@ -140,12 +146,16 @@ fi
 if [[ " $steps " == *" rpc "* ]]; then
   echo "== rpc: end-to-end benchmark"
   tmp="$(mktemp -d)"
+  # probe-bench loads its probe sets over the transport it measures: over TCP that needs the admin
+  # token (without an admin credential only the server's own user may load, over the Unix socket).
+  head -c 24 /dev/urandom | od -An -tx1 | tr -d ' \n' >"$tmp/admin-token"
+  admin=(--admin-token-file="$tmp/admin-token")
   # serve NAME BINARY FLAGS...: starts a server, sets $<NAME>_pid, _uds, _tcp, _metrics.
   serve() {
     local name=$1 binary=$2
     shift 2
-    "$binary" --backend=cuda --listen="unix:$tmp/$name.sock" --listen=127.0.0.1:0 "$@" \
-      >"$tmp/$name.log" 2>&1 &
+    "$binary" --backend=cuda --listen="unix:$tmp/$name.sock" --listen=127.0.0.1:0 "${admin[@]}" \
+      "$@" >"$tmp/$name.log" 2>&1 &
     eval "${name}_pid=$!"
     for _ in $(seq 300); do grep -q "serving on" "$tmp/$name.log" && break; sleep 0.1; done
     eval "${name}_uds=unix:$tmp/$name.sock"
@@ -159,14 +169,14 @@ if [[ " $steps " == *" rpc "* ]]; then
   for _ in $(seq 300); do grep -q "serving on" "$tmp/echo.log" && break; sleep 0.1; done
   echo_tcp="$(grep -o '127\.0\.0\.1:[0-9]*' "$tmp/echo.log" | head -1)"
   rc=0
-  receipt=(--git="$git_hash" ${ALLOW_DIRTY:+--allow-dirty})
+  receipt=(--git="$git_hash" ${ALLOW_DIRTY:+--allow-dirty} "${admin[@]}")
   seconds="${RPC_SECONDS:-0.8}"
   # Where one client's small requests spend their time on the server (stage histogram means).
   probe-bench --target="$after_uds" --transport=uds --rows=1,64 --probes=1 --concurrency=1 \
-    --modes=score_ipc --seconds=1 --quiet >/dev/null 2>&1
+    --modes=score_ipc --seconds=1 --quiet "${admin[@]}" >/dev/null 2>&1
   python3 bench/stage_means.py "$after_metrics" --save "$tmp/metrics_c0.txt"
   probe-bench --target="$after_uds" --transport=uds --rows=1 --probes=1 --concurrency=1 \
-    --modes=score_ipc --seconds=2 --quiet >/dev/null 2>&1
+    --modes=score_ipc --seconds=2 --quiet "${admin[@]}" >/dev/null 2>&1
   python3 bench/stage_means.py "$after_metrics" --since "$tmp/metrics_c0.txt" \
     --title "server-side stage means, 1 client, R=1 P=1, uds" >>"$log" 2>&1
   for transport in uds tcp; do

@@ -4,9 +4,13 @@ TLS and mutual TLS with an admin identity, and CUDA IPC registrations from local
 from __future__ import annotations
 
 import os
+import pathlib
+import re
+import shutil
 import socket
 import stat
 import subprocess
+import tempfile
 import types
 
 import grpc
@@ -49,6 +53,145 @@ def test_unix_socket_mode(flags, umask, mode):
         assert stat.S_IMODE(os.stat(s.socket).st_mode) == mode
         assert stat.S_ISSOCK(os.stat(s.socket).st_mode)
         c.server_info()
+
+
+# --- admin rights without an admin credential: the Unix socket's peer uid ---------------------
+
+OTHER_UID = 65534  # nobody
+ADMIN_FLAGS = ("--admin-token-file", "--admin-tls-identity", "--admin-unix-group")
+needs_root = pytest.mark.skipif(os.geteuid() != 0,
+                                reason="switching a client process to another uid needs root")
+
+
+def _as_user(s: Sidecar, uid: int, gid: int, groups: list[int], *command: str) -> tuple[str, str]:
+    """Runs probe-client COMMAND over the Unix socket in a process with these credentials (what
+    the server reads with SO_PEERCRED and SO_PEERGROUPS); returns "OK" or the status code's name,
+    and probe-client's stderr."""
+
+    def become():
+        os.setgroups(groups)
+        os.setgid(gid)
+        os.setuid(uid)
+
+    result = subprocess.run([str(CLIENT_BIN), f"--target=unix:{s.socket}", *command],
+                            capture_output=True, text=True, timeout=60, preexec_fn=become,
+                            cwd="/")
+    if result.returncode == 0:
+        return "OK", result.stderr
+    found = re.search(r"probe-client: ([A-Z_]+):", result.stderr)
+    assert found, result.stderr
+    return found.group(1), result.stderr
+
+
+@pytest.fixture
+def shared_workdir():
+    """Makes directories other users can reach the socket and a probe file in (a test's own
+    temporary directories are 0700); removed after the test."""
+    made = []
+
+    def make() -> pathlib.Path:
+        path = pathlib.Path(tempfile.mkdtemp(prefix="probe-sidecar-shared-"))
+        path.chmod(0o755)
+        (path / "mine.safetensors").write_bytes(PROBES.data)
+        made.append(path)
+        return path
+
+    yield make
+    for path in made:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+def _load_mine(s: Sidecar) -> list[str]:
+    return ["load", "mine", "--file", str(s.workdir / "mine.safetensors")]
+
+
+def test_without_an_admin_credential_tcp_clients_may_not_load_or_unload():
+    with Sidecar(["--backend=cpu"]) as s:
+        with s.client("tcp") as tcp:
+            for call in (lambda: tcp.load_probe_set("p", data=PROBES.data),
+                         lambda: tcp.unload_probe_set("demo")):
+                error = _refused(call, grpc.StatusCode.PERMISSION_DENIED, "over the Unix socket")
+                assert f"uid {os.geteuid()}" in error.message and "ipv4:127.0.0.1:" in error.message
+                for flag in ADMIN_FLAGS:
+                    assert flag in error.message, error.message
+            _scores_demo(tcp)  # everything else is open
+        # Refused, nothing changed; the same user over the Unix socket may.
+        with s.client() as local:
+            assert [p.name for p in local.list_probe_sets()] == ["demo"]
+            assert local.load_probe_set("p", data=PROBES.data).num_probes == 2
+            local.unload_probe_set("p")
+            local.unload_probe_set("demo")
+            assert local.list_probe_sets() == []
+        text = s.metrics_text()
+        assert 'probesidecar_rpc_requests_total{rpc="LoadProbeSet",code="PERMISSION_DENIED"} 1' in text
+        assert 'probesidecar_rpc_requests_total{rpc="UnloadProbeSet",code="PERMISSION_DENIED"} 1' in text
+
+
+@needs_root
+def test_without_an_admin_credential_other_users_on_the_unix_socket_may_not(shared_workdir):
+    # 0666: any local user may connect (and score), but only the server's user and root are admin.
+    with Sidecar(["--backend=cpu", "--unix-socket-mode=0666"], workdir=shared_workdir()) as s:
+        for command in (_load_mine(s), ["unload", "demo"]):
+            code, message = _as_user(s, OTHER_UID, OTHER_UID, [], *command)
+            assert code == "PERMISSION_DENIED", message
+            assert f"from uid {OTHER_UID} (pid " in message and "uid 0" in message
+            for flag in ADMIN_FLAGS:
+                assert flag in message, message
+        assert _as_user(s, OTHER_UID, OTHER_UID, [], "score", "--probe-set", "demo", "--random",
+                        "2,4096")[0] == "OK"
+        with s.client() as c:
+            assert [p.name for p in c.list_probe_sets()] == ["demo"]
+
+
+@needs_root
+def test_admin_unix_group_members_may_load_and_unload(shared_workdir):
+    group = 4242  # a numeric gid: no entry in /etc/group is needed
+    flags = ["--backend=cpu", "--unix-socket-mode=0666", f"--admin-unix-group={group}"]
+    with Sidecar(flags, workdir=shared_workdir()) as s:
+        # As the connecting process's primary group, or as one of its supplementary groups.
+        assert _as_user(s, OTHER_UID, group, [], *_load_mine(s))[0] == "OK"
+        assert _as_user(s, OTHER_UID, OTHER_UID, [group], "unload", "mine")[0] == "OK"
+        code, message = _as_user(s, OTHER_UID, OTHER_UID, [4243], *_load_mine(s))
+        assert code == "PERMISSION_DENIED" and "members of group 4242" in message, message
+        with s.client() as c:  # the server's own user still is admin
+            assert [p.name for p in c.list_probe_sets()] == ["demo"]
+            c.load_probe_set("p", data=PROBES.data)
+    # With a token configured the token decides, except for the group's members on the socket.
+    workdir = shared_workdir()
+    (workdir / "token").write_text(TOKEN)
+    with Sidecar([*flags, f"--admin-token-file={workdir / 'token'}"], workdir=workdir) as s:
+        assert _as_user(s, OTHER_UID, group, [], *_load_mine(s))[0] == "OK"
+        with s.client() as c:
+            error = _refused(lambda: c.unload_probe_set("mine"), grpc.StatusCode.UNAUTHENTICATED)
+            assert "--admin-unix-group" in error.message
+        with s.client(admin_token=TOKEN) as admin:
+            admin.unload_probe_set("mine")
+
+
+def test_an_unknown_admin_unix_group_fails_the_start(tmp_path):
+    result = subprocess.run(
+        [str(BIN), "--backend=cpu", f"--listen=unix:{tmp_path}/s.sock", "--metrics-listen=none",
+         "--admin-unix-group=no-such-group-here"], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 1
+    assert "--admin-unix-group=no-such-group-here: no such group" in result.stderr, result.stderr
+
+
+def test_a_unix_socket_another_server_listens_on_is_not_taken_over(tmp_path):
+    with Sidecar(["--backend=cpu"], workdir=tmp_path) as s:
+        result = subprocess.run(
+            [str(BIN), "--backend=cpu", f"--listen=unix:{s.socket}", "--metrics-listen=none"],
+            capture_output=True, text=True, timeout=60)
+        assert result.returncode == 1
+        assert "another process is listening on" in result.stderr, result.stderr
+        with s.client() as c:
+            _scores_demo(c)
+    # A stale socket file (its server is gone without removing it) is replaced.
+    stale = tmp_path / "stale.sock"
+    with socket.socket(socket.AF_UNIX) as left:
+        left.bind(str(stale))
+    with Sidecar(["--backend=cpu", f"--listen=unix:{stale}"]) as s, \
+            Client(f"unix://{stale}") as c:
+        _scores_demo(c)
 
 
 # --- the admin token ---------------------------------------------------------------------------
@@ -265,6 +408,7 @@ def test_listeners_reachable_from_other_hosts_are_warned_about():
     with Sidecar(["--backend=cpu", f"--listen={address}:0"]) as s:
         log = s.log()
         assert f"{address}:0 is reachable from other hosts in plaintext" in log
-        assert "anyone who can connect may load and unload probe sets" in log
+        # Without an admin credential, TCP clients are not admin: no warning about that.
+        assert "may load and unload probe sets" not in log
     with Sidecar(["--backend=cpu"]) as s:  # loopback and the Unix socket only: nothing to say
         assert "reachable from other hosts" not in s.log()

@@ -111,9 +111,12 @@ def test_a_broken_stream_fails_what_is_pending_and_reopens(tmp_path):
         with pytest.raises(ProbeSidecarError):
             pipeline.submit(score_request(x, [0], "p")).response(timeout=30)
         # A new server on the same socket: the next submit opens a new stream. (The probe set is
-        # loaded over TCP: a second channel to the socket would share the first one's backoff.)
-        with Sidecar(["--backend=cpu"], workdir=tmp_path) as second, \
-                second.client(transport="tcp") as c2:
+        # loaded over TCP, with an admin token: a second channel to the socket would share the
+        # first one's backoff, and without an admin credential TCP clients may not load.)
+        token = tmp_path / "token"
+        token.write_text("pipeline-test-admin-token\n")
+        with Sidecar(["--backend=cpu", f"--admin-token-file={token}"], workdir=tmp_path) as second, \
+                second.client(transport="tcp", admin_token="pipeline-test-admin-token") as c2:
             c2.load_probe_set("p", data=data)
             deadline = 50
             while True:

@@ -15,7 +15,7 @@ import urllib.request
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from conftest import BIN
+from conftest import BIN, Sidecar
 
 BENCH_BIN = pathlib.Path(os.environ.get("PROBE_BENCH_BIN", BIN.parent / "probe-bench")).resolve()
 ECHO_BIN = pathlib.Path(
@@ -126,12 +126,32 @@ def test_open_loop_meets_its_rate_and_counts_what_the_server_counts(sidecar, out
     check_csv_matches_json(csv_path, out)
 
 
+@pytest.fixture(scope="module")
+def token_sidecar(tmp_path_factory):
+    """A server with an admin token: over TCP, probe-bench loads its probe sets with it."""
+    token = tmp_path_factory.mktemp("admin") / "token"
+    token.write_text("probe-bench-admin-token-0123\n")
+    with Sidecar(["--backend=cpu", f"--admin-token-file={token}"]) as s:
+        s.token_file = token
+        yield s
+
+
 @pytest.mark.parametrize("transport", ["uds", "tcp"])
-def test_closed_loop_counts_what_the_server_counts(sidecar, out, transport):
-    target = sidecar.uds_target if transport == "uds" else sidecar.tcp_target
+def test_closed_loop_counts_what_the_server_counts(sidecar, token_sidecar, out, transport):
+    if transport == "uds":
+        target, admin = sidecar.uds_target, []
+    else:
+        # Without an admin credential a server lets only its own user load probe sets, over its
+        # Unix socket: probe-bench says so over TCP, and loads with the token where there is one.
+        refused = bench(f"--target={sidecar.tcp_target}", "--modes=score_inline", *SMALL,
+                        "--concurrency=1", "--seconds=0.1", "--warmup=0", "--quiet")
+        assert refused.returncode != 0
+        assert "PERMISSION_DENIED" in refused.stderr and "--admin-token-file" in refused.stderr
+        sidecar = token_sidecar
+        target, admin = sidecar.tcp_target, [f"--admin-token-file={sidecar.token_file}"]
     record, counted, stderr = measure(
         sidecar, "Score", out, f"--target={target}", "--modes=score_inline", *SMALL,
-        "--concurrency=2", "--seconds=1", "--warmup=0", "--bad-fraction=0.25", "--quiet")
+        "--concurrency=2", "--seconds=1", "--warmup=0", "--bad-fraction=0.25", "--quiet", *admin)
     assert record["shape"]["concurrency"] == 2 and record["shape"]["arrivals"] == "closed"
     assert record["shape"]["transport"] == transport
     assert record["offered_rps"] is None and record["scheduled"] is None

@@ -7,12 +7,16 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <cstdlib>
+#include <thread>
 #include <utility>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/time/clock.h"
 #include "kernels/probe_score/probe_score.h"
 #include "server/buffers/buffer_registry.h"
 #include "server/buffers/cuda_ipc.h"
@@ -28,6 +32,9 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
+// A parked slot is logged about once it has waited this long.
+constexpr double kParkedWarnSeconds = 1.0;
+
 double SecondsSince(Clock::time_point start) {
   return std::chrono::duration<double>(Clock::now() - start).count();
 }
@@ -40,9 +47,14 @@ struct SharedState {
   std::atomic<int64_t> device_bytes{0};
   absl::Mutex mu;
   WorkerPool* pool ABSL_GUARDED_BY(mu) = nullptr;
+  // Set when the executor stopped with work still pending on the device (or its context lost):
+  // freeing then could wait for that work (cudaFree synchronizes), so the memory is left to the
+  // process's exit.
+  bool abandoned ABSL_GUARDED_BY(mu) = false;
 
   void Free(absl::AnyInvocable<void() &&> free) {
     absl::MutexLock lock(&mu);
+    if (abandoned) return;
     if (pool == nullptr) {
       std::move(free)();
       return;
@@ -93,26 +105,45 @@ class CudaExecutor final : public Executor {
   ~CudaExecutor() override { Shutdown(); }
 
   absl::Status Init() {
+    if (const char* at = std::getenv(kIllegalAddressAtEnv); at != nullptr) {
+      if (absl::SimpleAtoi(at, &illegal_address_at_) && illegal_address_at_ > 0) {
+        LogWarning(
+            "%s=%d: Score request number %d will first launch a kernel that writes out of bounds "
+            "(a test-only fault hook: the CUDA context is then lost and the server stops)",
+            kIllegalAddressAtEnv, illegal_address_at_, illegal_address_at_);
+      } else {
+        illegal_address_at_ = 0;
+      }
+    }
+    PS_RETURN_IF_CUDA(cudaSetDevice(config_.device));
+    PS_RETURN_IF_CUDA(cudaEventCreateWithFlags(&probe_event_, cudaEventDisableTiming));
+    PS_RETURN_IF_CUDA(cudaStreamCreateWithFlags(&probe_stream_, cudaStreamNonBlocking));
     // One worker thread per stream slot, fed from one queue of --max-queued-requests.
     pool_ = std::make_unique<WorkerPool>(static_cast<int>(config_.cuda_workers),
                                          config_.max_queued_requests);
     for (uint32_t i = 0; i < config_.cuda_workers; ++i) {
-      // When the GPU finishes an enqueue-only request, the slot's worker releases what it held
-      // (the nudge comes from CUDA's callback thread, which may only queue work).
+      // When the GPU finishes work answered before it ran (enqueue-only, or given up at a
+      // deadline), the slot's worker releases what it held and, if the slot was parked, takes
+      // requests again (the nudge comes from CUDA's callback thread, which may only queue work).
       auto nudge = [this, worker = static_cast<int>(i)] {
         pool_->SubmitTo(worker, [this](int w) {
-          if (w != WorkerPool::kRefused) slots_[w]->DrainCompleted();
+          if (w == WorkerPool::kRefused) return;
+          slots_[w]->DrainCompleted();
+          MaybeUnpark(w);
         });
       };
       auto slot = std::make_unique<StreamSlot>(config_.device, config_, &state_->device_bytes,
-                                               std::move(nudge));
+                                               std::move(nudge), &stopping_);
       if (absl::Status s = slot->Init(config_); !s.ok()) return s;
       verifiers_.push_back(std::make_unique<VerifyRunner>(
-          config_.device, slot->stream(), &state_->device_bytes, config_.graph_cache_entries));
+          config_.device, slot.get(), &state_->device_bytes, config_.graph_cache_entries));
       slots_.push_back(std::move(slot));
     }
-    absl::MutexLock lock(&state_->mu);
-    state_->pool = pool_.get();
+    {
+      absl::MutexLock lock(&state_->mu);
+      state_->pool = pool_.get();
+    }
+    monitor_ = std::thread([this] { Monitor(); });
     return absl::OkStatus();
   }
 
@@ -164,9 +195,15 @@ class CudaExecutor final : public Executor {
     countdown->done = std::move(done);
     for (int i = 0; i < static_cast<int>(slots_.size()); ++i) {
       pool_->SubmitTo(i, [this, set, countdown](int worker) {
-        absl::Status status = worker == WorkerPool::kRefused
-                                  ? absl::UnavailableError("the CUDA executor is shutting down")
-                                  : WarmupSlot(*slots_[worker], set);
+        // A parked slot (its stream still waits on the GPU) is skipped: it captures on first use.
+        absl::Status status;
+        if (worker == WorkerPool::kRefused) {
+          status = absl::UnavailableError("the CUDA executor is shutting down");
+        } else if (lost_.load()) {
+          status = LostStatus();
+        } else if (!slots_[worker]->parked() && slots_[worker]->Idle()) {
+          status = WarmupSlot(*slots_[worker], set);
+        }
         WarmupDone finished;
         {
           absl::MutexLock lock(&countdown->mu);
@@ -179,47 +216,38 @@ class CudaExecutor final : public Executor {
   }
 
   void Score(const ScoreJob* job, ScoreDone done) override {
-    const Clock::time_point submitted = Clock::now();
-    pool_->Submit([this, job, submitted, done = std::move(done)](int worker) mutable {
-      ScoreTimings timings;
-      if (worker == WorkerPool::kRefused) {
-        std::move(done)(Refused(), timings);
-        return;
-      }
-      timings.queue = SecondsSince(submitted);
-      if (absl::Status alive = job->lifetime.Check(); !alive.ok()) {
-        drops_.Count(alive);
-        std::move(done)(alive, timings);
-        return;
-      }
-      gpu_requests_.fetch_add(1, std::memory_order_relaxed);
-      absl::Status status = slots_[worker]->Run(*job, &timings, &timings.enqueued);
-      if (!status.ok()) LogError("CUDA Score failed: %s", status.message());
-      std::move(done)(status, timings);
-    });
+    if (lost_.load()) {
+      std::move(done)(LostStatus(), ScoreTimings{});
+      return;
+    }
+    const bool fault =
+        illegal_address_at_ != 0 && score_requests_.fetch_add(1) + 1 == illegal_address_at_;
+    pool_->Submit(ScoreTask(job, Clock::now(), fault, std::move(done)));
   }
 
   void Verify(const VerifyJob* job, VerifyDone done) override {
-    const Clock::time_point submitted = Clock::now();
-    pool_->Submit([this, job, submitted, done = std::move(done)](int worker) mutable {
-      VerifyOutcome outcome;
-      if (worker == WorkerPool::kRefused) {
-        std::move(done)(Refused(), outcome);
-        return;
-      }
-      outcome.queue_seconds = SecondsSince(submitted);
-      if (absl::Status alive = job->lifetime.Check(); !alive.ok()) {
-        drops_.Count(alive);
-        std::move(done)(alive, outcome);
-        return;
-      }
-      gpu_requests_.fetch_add(1, std::memory_order_relaxed);
-      absl::Status status = verifiers_[worker]->Run(*job, &outcome);
-      if (status.code() == absl::StatusCode::kInternal) {
-        LogError("CUDA Verify failed: %s", status.message());
-      }
-      std::move(done)(status, outcome);
-    });
+    if (lost_.load()) {
+      std::move(done)(LostStatus(), VerifyOutcome{});
+      return;
+    }
+    pool_->Submit(VerifyTask(job, Clock::now(), std::move(done)));
+  }
+
+  uint64_t non_finite_device_scores() const override {
+    uint64_t total = 0;
+    for (const auto& slot : slots_) total += slot->non_finite_scores();
+    return total;
+  }
+
+  uint64_t parked_slots() const override {
+    uint64_t parked = 0;
+    for (const auto& slot : slots_) parked += slot->parked() ? 1 : 0;
+    return parked;
+  }
+
+  void SetFatalHandler(FatalHandler handler) override {
+    absl::MutexLock lock(&fatal_mu_);
+    fatal_handler_ = std::move(handler);
   }
 
   uint64_t invalid_verify_requests() const override {
@@ -250,9 +278,7 @@ class CudaExecutor final : public Executor {
   uint64_t queue_capacity() const override { return config_.max_queued_requests; }
   DroppedRequests dropped() const override { return drops_.counts(); }
   bool mps() const override { return mps_; }
-  uint64_t gpu_requests() const override {
-    return gpu_requests_.load(std::memory_order_relaxed);
-  }
+  uint64_t gpu_requests() const override { return gpu_requests_.load(std::memory_order_relaxed); }
 
   uint64_t invalid_device_rows() const override {
     uint64_t total = 0;
@@ -260,18 +286,45 @@ class CudaExecutor final : public Executor {
     return total;
   }
 
-  void Shutdown() override {
-    if (pool_ == nullptr) return;
+  void Shutdown() override { ShutdownBy(absl::Now() + absl::Seconds(5)); }
+
+  bool ShutdownBy(absl::Time deadline) override {
+    if (pool_ == nullptr) return clean_;
+    stopping_.store(true);
+    {
+      absl::MutexLock lock(&monitor_mu_);
+      monitor_stop_ = true;
+    }
+    if (monitor_.joinable()) monitor_.join();
     {
       absl::MutexLock lock(&state_->mu);
       state_->pool = nullptr;
     }
-    pool_->Shutdown();  // queued requests finish first
-    // Then the GPU: what enqueue-only requests still hold is released here.
-    for (const auto& slot : slots_) slot->Quiesce();
+    pool_->Shutdown();  // queued requests finish first (waits for the GPU give up: stopping_)
+    // Then the GPU: what enqueue-only requests still hold is released here, unless a stream
+    // still waits (for a client's event that never came) or the context is lost: then nothing
+    // is freed (freeing would wait for that work), and the process's exit reclaims it all.
+    clean_ = !lost_.load();
+    for (const auto& slot : slots_) {
+      if (clean_ && !slot->QuiesceBy(deadline)) clean_ = false;
+    }
+    if (!clean_) {
+      {
+        absl::MutexLock lock(&state_->mu);
+        state_->abandoned = true;
+      }
+      LogWarning("%s: the device's memory, streams and IPC mappings are left to the process's exit",
+                 lost_.load()
+                     ? "the CUDA context is lost"
+                     : "a stream slot still waits on the GPU (a client's ready event never "
+                       "fired)");
+      for (auto& verifier : verifiers_) verifier.release();  // NOLINT: left to the exit
+      for (auto& slot : slots_) slot.release();              // NOLINT: left to the exit
+    }
     verifiers_.clear();  // before the slots: they run on the slots' streams
     slots_.clear();
     pool_.reset();
+    return clean_;
   }
 
  private:
@@ -282,8 +335,196 @@ class CudaExecutor final : public Executor {
     return absl::OkStatus();
   }
 
+  // A Score (or Verify) for whichever worker takes it: on that worker's slot when the slot is idle;
+  // else the worker is parked (no shared work until its stream is past what it waits for) and
+  // the task goes back to the head of the queue for another worker.
+  WorkerPool::Task ScoreTask(const ScoreJob* job, Clock::time_point submitted, bool fault,
+                             ScoreDone done) {
+    return [this, job, submitted, fault, done = std::move(done)](int worker) mutable {
+      ScoreTimings timings;
+      if (worker == WorkerPool::kRefused) {
+        std::move(done)(Refused(), timings);
+        return;
+      }
+      if (lost_.load()) {
+        std::move(done)(LostStatus(), timings);
+        return;
+      }
+      if (!Admit(worker)) {
+        pool_->SubmitFront(ScoreTask(job, submitted, fault, std::move(done)));
+        return;
+      }
+      timings.queue = SecondsSince(submitted);
+      if (absl::Status alive = job->lifetime.Check(); !alive.ok()) {
+        drops_.Count(alive);
+        std::move(done)(alive, timings);
+        return;
+      }
+      gpu_requests_.fetch_add(1, std::memory_order_relaxed);
+      absl::Status status = slots_[worker]->Run(*job, &timings, &timings.enqueued, fault);
+      status = Checked(std::move(status), "Score");
+      drops_.Count(status);  // given up at its deadline, or for a caller gone, on the GPU
+      ParkIfBusy(worker);
+      std::move(done)(status, timings);
+    };
+  }
+
+  WorkerPool::Task VerifyTask(const VerifyJob* job, Clock::time_point submitted, VerifyDone done) {
+    return [this, job, submitted, done = std::move(done)](int worker) mutable {
+      VerifyOutcome outcome;
+      if (worker == WorkerPool::kRefused) {
+        std::move(done)(Refused(), outcome);
+        return;
+      }
+      if (lost_.load()) {
+        std::move(done)(LostStatus(), outcome);
+        return;
+      }
+      if (!Admit(worker)) {
+        pool_->SubmitFront(VerifyTask(job, submitted, std::move(done)));
+        return;
+      }
+      outcome.queue_seconds = SecondsSince(submitted);
+      if (absl::Status alive = job->lifetime.Check(); !alive.ok()) {
+        drops_.Count(alive);
+        std::move(done)(alive, outcome);
+        return;
+      }
+      gpu_requests_.fetch_add(1, std::memory_order_relaxed);
+      absl::Status status = Checked(verifiers_[worker]->Run(*job, &outcome), "Verify");
+      drops_.Count(status);
+      ParkIfBusy(worker);
+      std::move(done)(status, outcome);
+    };
+  }
+
+  // Whether `worker`'s slot may take a request now: its stream is idle. Otherwise the worker is
+  // parked until the GPU is past the pending work (the host callback that follows that work
+  // nudges the worker, MaybeUnpark).
+  bool Admit(int worker) {
+    if (slots_[worker]->Idle()) return true;
+    Park(worker);
+    return false;
+  }
+
+  // After a request: a slot whose stream still has its work pending (enqueue-only, or given up
+  // at the deadline) is parked at once, so that no request is queued behind work that may wait
+  // on a client's event for long.
+  void ParkIfBusy(int worker) {
+    if (!slots_[worker]->Idle()) Park(worker);
+  }
+
+  void Park(int worker) {
+    StreamSlot& slot = *slots_[worker];
+    if (!slot.parked()) slot.SetParked(true);
+    pool_->SetTakesShared(worker, false);
+    // The work may have finished meanwhile, its nudge already handled: check again.
+    MaybeUnpark(worker);
+  }
+
+  void MaybeUnpark(int worker) {
+    StreamSlot& slot = *slots_[worker];
+    if (!slot.parked() || !slot.Idle()) return;
+    const double seconds = slot.parked_seconds();
+    slot.SetParked(false);
+    pool_->SetTakesShared(worker, true);
+    if (seconds >= kParkedWarnSeconds) {
+      LogInfo("stream slot %d takes requests again after %.1f s waiting on the GPU", worker,
+              seconds);
+    }
+  }
+
+  // A request's status, after a look at the device when it is a CUDA error: where the context
+  // is lost, every request from now on fails and the fatal handler is told.
+  absl::Status Checked(absl::Status status, const char* what) {
+    if (status.code() != absl::StatusCode::kInternal) return status;
+    if (lost_.load() || ContextLost(status)) {
+      return absl::InternalError(
+          absl::StrCat(status.message(), " (the GPU's CUDA context is lost: the server stops)"));
+    }
+    LogError("CUDA %s failed: %s", what, status.message());
+    return status;
+  }
+
+  // Whether the context is unusable (a sticky error: an illegal address, a kernel fault, an
+  // uncorrectable ECC error...): after clearing this thread's last error, work enqueued on a
+  // stream of its own still fails. Non-sticky errors (an out-of-memory, a bad argument) leave the
+  // context usable. Marks it lost (once) when it is. (The slots' streams are not queried: one may
+  // be capturing a graph on its worker, and a query would break the capture.)
+  bool ContextLost(const absl::Status& seen) {
+    cudaError_t e = cudaSuccess;
+    {
+      absl::MutexLock lock(&probe_mu_);
+      cudaSetDevice(config_.device);
+      cudaGetLastError();
+      e = cudaEventRecord(probe_event_, probe_stream_);
+      if (e == cudaSuccess) e = cudaStreamSynchronize(probe_stream_);  // nothing else runs there
+      if (e == cudaSuccess) e = cudaEventQuery(probe_event_);
+    }
+    if (e == cudaSuccess) return false;
+    MarkLost(seen.ok() ? CudaStatus(e, "checking the CUDA context") : seen, e);
+    return true;
+  }
+
+  void MarkLost(const absl::Status& seen, cudaError_t error) {
+    if (lost_.exchange(true)) return;
+    {
+      absl::MutexLock lock(&lost_mu_);
+      lost_status_ = absl::UnavailableError(
+          absl::StrCat("the GPU's CUDA context is lost (", cudaGetErrorName(error), ": ",
+                       cudaGetErrorString(error), ", first seen in: ", seen.message(),
+                       "); this server stops: retry on its replacement"));
+    }
+    LogError(
+        "the CUDA context of device %d is lost: %s: %s (first seen in: %s). Health reports "
+        "NOT_SERVING, every request fails, and the server exits (status 3) for its supervisor to "
+        "restart it",
+        config_.device, cudaGetErrorName(error), cudaGetErrorString(error), seen.message());
+    FatalHandler handler;
+    {
+      absl::MutexLock lock(&fatal_mu_);
+      handler = std::move(fatal_handler_);
+    }
+    if (handler) std::move(handler)(LostStatus());
+  }
+
+  absl::Status LostStatus() const {
+    absl::MutexLock lock(&lost_mu_);
+    return lost_status_;
+  }
+
+  // Every 100 ms: whether the context is still usable (a fault in work answered already, e.g.
+  // enqueue-only, shows here even when no request comes), and slots parked for long, said once.
+  void Monitor() {
+    cudaSetDevice(config_.device);
+    while (true) {
+      {
+        absl::MutexLock lock(&monitor_mu_);
+        if (monitor_mu_.AwaitWithTimeout(absl::Condition(&monitor_stop_),
+                                         absl::Milliseconds(100))) {
+          return;
+        }
+      }
+      if (!lost_.load()) ContextLost(absl::OkStatus());
+      for (size_t i = 0; i < slots_.size(); ++i) {
+        StreamSlot& slot = *slots_[i];
+        if (slot.parked() && slot.parked_seconds() >= kParkedWarnSeconds &&
+            slot.TakeParkWarning()) {
+          LogWarning(
+              "stream slot %d has waited %.1f s on the GPU for work whose ready event has not "
+              "fired (a client's stream is stuck, or the client is gone); it takes no request "
+              "until the GPU is past that work; %d of %d slots serve meanwhile",
+              static_cast<int>(i), slot.parked_seconds(),
+              static_cast<int>(slots_.size() - parked_slots()), static_cast<int>(slots_.size()));
+        }
+      }
+    }
+  }
+
   absl::Status Refused() const {
-    if (pool_ == nullptr) return absl::UnavailableError("the CUDA executor has stopped");
+    if (pool_ == nullptr || stopping_.load()) {
+      return absl::UnavailableError("the CUDA executor has stopped");
+    }
     return absl::ResourceExhaustedError(absl::StrCat(
         "the CUDA executor's queue is full (", pool_->capacity(), " requests wait for ",
         slots_.size(), " stream slots; --max-queued-requests); retry later"));
@@ -301,6 +542,23 @@ class CudaExecutor final : public Executor {
   std::vector<std::unique_ptr<VerifyRunner>> verifiers_;  // one per slot, on its stream
   std::unique_ptr<WorkerPool> pool_;
   DropCounter drops_;
+  std::atomic<bool> stopping_{false};
+  bool clean_ = true;
+  // Device health: the context is lost after a sticky error.
+  absl::Mutex probe_mu_;
+  cudaStream_t probe_stream_ = nullptr;  // only the device check records on it
+  cudaEvent_t probe_event_ = nullptr;
+  std::atomic<bool> lost_{false};
+  mutable absl::Mutex lost_mu_;
+  absl::Status lost_status_ ABSL_GUARDED_BY(lost_mu_);
+  absl::Mutex fatal_mu_;
+  FatalHandler fatal_handler_ ABSL_GUARDED_BY(fatal_mu_);
+  std::thread monitor_;
+  absl::Mutex monitor_mu_;
+  bool monitor_stop_ ABSL_GUARDED_BY(monitor_mu_) = false;
+  // TEST-ONLY (kIllegalAddressAtEnv): the Score request that first launches a faulting kernel.
+  uint64_t illegal_address_at_ = 0;
+  std::atomic<uint64_t> score_requests_{0};
 };
 
 }  // namespace

@@ -1,11 +1,15 @@
 #include "server/executors/cuda/stream_slot.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cstring>
+#include <thread>
 #include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "kernels/test_faults/test_faults.h"
 #include "server/executors/cuda/cuda_status.h"
 #include "server/executors/cuda/row_buckets.h"
 
@@ -27,10 +31,11 @@ struct DoneCallback {
 }  // namespace
 
 StreamSlot::StreamSlot(int device, const Config& config, std::atomic<int64_t>* device_bytes,
-                       Nudge nudge)
+                       Nudge nudge, const std::atomic<bool>* stopping)
     : device_(device),
       max_bucket_(RowBucket(static_cast<int32_t>(config.max_rows))),
       timing_every_(config.gpu_timing_every),
+      stopping_(stopping),
       device_bytes_(device_bytes),
       nudge_(std::move(nudge)),
       graphs_(config.graph_cache_entries, [this](GraphEntry& entry) {
@@ -42,18 +47,20 @@ StreamSlot::StreamSlot(int device, const Config& config, std::atomic<int64_t>* d
 
 StreamSlot::~StreamSlot() {
   cudaSetDevice(device_);
-  Quiesce();
+  QuiesceBy(absl::InfiniteFuture());
   graphs_.Clear();
   if (workspace_ != nullptr) kernels::DestroyProbeScoreWorkspace(workspace_);
   for (cudaEvent_t e : events_) {
     if (e != nullptr) cudaEventDestroy(e);
   }
-  for (void* p :
-       {static_cast<void*>(d_args_), static_cast<void*>(d_rows_), static_cast<void*>(d_invalid_),
-        static_cast<void*>(d_identity_rows_), d_rows_staged_.ptr, d_x_.ptr}) {
+  if (completion_ != nullptr) cudaEventDestroy(completion_);
+  for (void* p : {static_cast<void*>(d_args_), static_cast<void*>(d_rows_),
+                  static_cast<void*>(d_invalid_), static_cast<void*>(d_identity_rows_),
+                  static_cast<void*>(d_count_scratch_), d_rows_staged_.ptr, d_x_.ptr}) {
     cudaFree(p);
   }
-  for (void* p : {static_cast<void*>(h_invalid_), h_rows_.ptr, h_x_.ptr, h_out_.ptr}) {
+  for (void* p : {static_cast<void*>(h_invalid_), static_cast<void*>(h_non_finite_), h_rows_.ptr,
+                  h_x_.ptr, h_out_.ptr}) {
     cudaFreeHost(p);
   }
   if (stream_ != nullptr) cudaStreamDestroy(stream_);
@@ -63,6 +70,7 @@ absl::Status StreamSlot::Init(const Config& config) {
   PS_RETURN_IF_CUDA(cudaSetDevice(device_));
   PS_RETURN_IF_CUDA(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
   for (cudaEvent_t& e : events_) PS_RETURN_IF_CUDA(cudaEventCreate(&e));
+  PS_RETURN_IF_CUDA(cudaEventCreateWithFlags(&completion_, cudaEventDisableTiming));
   PS_RETURN_IF_CUDA(cudaMalloc(reinterpret_cast<void**>(&d_args_), kernels::kMaxStagedArgsBytes));
   PS_RETURN_IF_CUDA(cudaMalloc(reinterpret_cast<void**>(&d_rows_), sizeof(int32_t) * max_bucket_));
   PS_RETURN_IF_CUDA(cudaMalloc(reinterpret_cast<void**>(&d_invalid_), max_bucket_));
@@ -77,6 +85,13 @@ absl::Status StreamSlot::Init(const Config& config) {
   h_invalid_[0] = h_invalid_[1] = 0;
   PS_RETURN_IF_CUDA(
       cudaHostGetDevicePointer(reinterpret_cast<void**>(&d_invalid_alias_), h_invalid_, 0));
+  PS_RETURN_IF_CUDA(cudaHostAlloc(reinterpret_cast<void**>(&h_non_finite_), 2 * sizeof(uint32_t),
+                                  cudaHostAllocMapped));
+  h_non_finite_[0] = h_non_finite_[1] = 0;
+  PS_RETURN_IF_CUDA(
+      cudaHostGetDevicePointer(reinterpret_cast<void**>(&d_non_finite_alias_), h_non_finite_, 0));
+  PS_RETURN_IF_CUDA(cudaMalloc(reinterpret_cast<void**>(&d_count_scratch_), 2 * sizeof(uint32_t)));
+  PS_RETURN_IF_CUDA(cudaMemset(d_count_scratch_, 0, 2 * sizeof(uint32_t)));
   stage_ = std::make_unique<kernels::StageRequestParams>();
   kernels::ProbeScoreWorkspaceConfig ws;
   ws.max_rows = max_bucket_;
@@ -94,7 +109,8 @@ StreamSlot::RowSource StreamSlot::RowSourceOf(const ScoreJob& job) {
   return job.num_rows <= kernels::kMaxInlineRows ? RowSource::kParams : RowSource::kStaged;
 }
 
-absl::Status StreamSlot::Run(const ScoreJob& job, ScoreTimings* timings, bool* enqueued) {
+absl::Status StreamSlot::Run(const ScoreJob& job, ScoreTimings* timings, bool* enqueued,
+                             bool inject_fault) {
   *enqueued = false;
   const std::shared_ptr<const ProbeSet>& set = job.probe_set;
   PS_RETURN_IF_CUDA(cudaSetDevice(device_));
@@ -142,6 +158,7 @@ absl::Status StreamSlot::Run(const ScoreJob& job, ScoreTimings* timings, bool* e
   if (job.ready.event != nullptr) {
     PS_RETURN_IF_CUDA(cudaStreamWaitEvent(stream_, static_cast<cudaEvent_t>(job.ready.event), 0));
   }
+  if (inject_fault) PS_RETURN_IF_CUDA(kernels::LaunchTestIllegalAddress(stream_));
   if (source == RowSource::kStaged) {
     PS_RETURN_IF_CUDA(cudaMemcpyAsync(d_rows_staged_.ptr, h_rows_.ptr, sizeof(int32_t) * rows,
                                       cudaMemcpyHostToDevice, stream_));
@@ -150,27 +167,34 @@ absl::Status StreamSlot::Run(const ScoreJob& job, ScoreTimings* timings, bool* e
   if (job.done.event != nullptr) {
     PS_RETURN_IF_CUDA(cudaEventRecord(static_cast<cudaEvent_t>(job.done.event), stream_));
   }
+  // What the GPU reads and writes for this request, kept open until it is done whenever the
+  // answer comes first.
+  Holds holds = {set,
+                 job.activations.device.hold,
+                 job.device_rows.device.hold,
+                 job.device_out.device.hold,
+                 job.ready.hold,
+                 job.done.hold};
   if (async) {
     // The GPU reads the caller's buffers after we answer: keep them (and the weights) open.
-    if (absl::Status s =
-            HoldUntilDone({set, job.activations.device.hold, job.device_rows.device.hold,
-                           job.device_out.device.hold, job.ready.hold, job.done.hold});
-        !s.ok()) {
-      return s;
-    }
+    PS_RETURN_IF_CUDA(cudaEventRecord(completion_, stream_));
+    if (absl::Status s = HoldUntilDone(std::move(holds)); !s.ok()) return s;
     *enqueued = true;
     return absl::OkStatus();
   }
+  // (The done event, if any, follows the graph: waiting for the stream covers it too.) The wait
+  // ends at the deadline even where the stream still waits for the client's ready event.
+  if (absl::Status s = FinishOnGpu(job.lifetime, std::move(holds)); !s.ok()) return s;
   if (key.timed) {
-    PS_RETURN_IF_CUDA(cudaEventSynchronize(events_[2]));
     float staged_ms = 0, kernel_ms = 0;
     PS_RETURN_IF_CUDA(cudaEventElapsedTime(&staged_ms, events_[0], events_[1]));
     PS_RETURN_IF_CUDA(cudaEventElapsedTime(&kernel_ms, events_[1], events_[2]));
     timings->h2d = staged_ms * 1e-3;
     timings->kernel = kernel_ms * 1e-3;
   }
-  // (The done event, if any, follows the graph: waiting for the stream covers it too.)
-  PS_RETURN_IF_CUDA(cudaStreamSynchronize(stream_));
+  if (job.host_out == nullptr) {
+    timings->device_non_finite = reinterpret_cast<volatile uint32_t*>(h_non_finite_)[1];
+  }
   if (source == RowSource::kDevice) {
     const uint32_t invalid = reinterpret_cast<volatile uint32_t*>(h_invalid_)[1];
     if (invalid != 0) {
@@ -214,6 +238,9 @@ void StreamSlot::FillStageParams(const ScoreJob& job, const GraphKey& key) {
   }
   args.poison =
       kernels::PoisonDescriptor{args.score.out, args.score.out_row_stride, job.num_rows, 0};
+  // Scores bound for the response are counted on the host (their bytes are read there anyway).
+  args.non_finite = kernels::NonFiniteDescriptor{args.score.out, args.score.out_row_stride,
+                                                 job.num_rows, job.host_out == nullptr ? 1 : 0};
   std::memcpy(stage.args, &args, sizeof(args));
   stage.device_rows = nullptr;
   switch (key.rows) {
@@ -235,8 +262,10 @@ absl::Status StreamSlot::HoldUntilDone(Holds holds) {
   auto* callback = new DoneCallback{this, std::move(holds)};
   if (cudaError_t e = cudaLaunchHostFunc(stream_, &StreamSlot::OnStreamDone, callback);
       e != cudaSuccess) {
-    // Not queued: wait here instead, so that the holds outlive the work.
-    cudaStreamSynchronize(stream_);
+    // Not queued (a CUDA error: the context may be lost): the holds must still outlive the work,
+    // which may never finish, so they are kept for as long as the slot lives (waiting for the
+    // stream here could block forever).
+    never_released_.push_back(std::move(callback->holds));
     delete callback;
     return CudaStatus(e, "cudaLaunchHostFunc");
   }
@@ -263,9 +292,75 @@ void StreamSlot::DrainCompleted() {
   // `done` goes out of scope here: leases end (deferred unregisters complete) on this thread.
 }
 
-void StreamSlot::Quiesce() {
-  if (stream_ != nullptr) cudaStreamSynchronize(stream_);
+absl::Status StreamSlot::FinishOnGpu(const RequestLifetime& lifetime, Holds holds) {
+  PS_RETURN_IF_CUDA(cudaEventRecord(completion_, stream_));
+  using std::chrono::microseconds;
+  const auto start = std::chrono::steady_clock::now();
+  auto next_check = start + microseconds(100);
+  while (true) {
+    const cudaError_t e = cudaEventQuery(completion_);
+    if (e == cudaSuccess) return absl::OkStatus();
+    if (e != cudaErrorNotReady) return CudaStatus(e, "waiting for the GPU");
+    const auto now = std::chrono::steady_clock::now();
+    if (now >= next_check) {
+      // The caller's deadline, its cancellation, and the server stopping end the wait (about
+      // every 100 µs); the GPU work cannot be taken back, so what it uses stays held.
+      next_check = now + microseconds(100);
+      absl::Status ended = lifetime.Check();
+      if (ended.ok() && stopping_ != nullptr && stopping_->load(std::memory_order_acquire)) {
+        ended = absl::UnavailableError(
+            "the server is stopping and the GPU had not finished this request");
+      }
+      if (!ended.ok()) {
+        if (absl::Status s = HoldUntilDone(std::move(holds)); !s.ok()) return s;
+        return ended;
+      }
+    }
+    // Spin (yielding) through the first 2 ms, which is where nearly every request ends (as
+    // cudaStreamSynchronize would); then sleep in steps of a twentieth of the wait so far (at
+    // most 500 µs) so that a long wait does not burn a core.
+    const auto waited = now - start;
+    if (waited < microseconds(2000)) {
+      std::this_thread::yield();
+    } else {
+      std::this_thread::sleep_for(
+          std::min<std::chrono::steady_clock::duration>(waited / 20, microseconds(500)));
+    }
+  }
+}
+
+bool StreamSlot::Idle() const {
+  if (completion_ == nullptr) return true;
+  return cudaEventQuery(completion_) != cudaErrorNotReady;
+}
+
+void StreamSlot::SetParked(bool parked) {
+  if (parked) {
+    parked_at_ns_.store(absl::GetCurrentTimeNanos(), std::memory_order_relaxed);
+    park_warned_.store(false, std::memory_order_relaxed);
+  }
+  parked_.store(parked, std::memory_order_release);
+}
+
+double StreamSlot::parked_seconds() const {
+  if (!parked()) return 0;
+  return 1e-9 * static_cast<double>(absl::GetCurrentTimeNanos() -
+                                    parked_at_ns_.load(std::memory_order_relaxed));
+}
+
+bool StreamSlot::TakeParkWarning() { return !park_warned_.exchange(true); }
+
+bool StreamSlot::QuiesceBy(absl::Time deadline) {
+  if (stream_ != nullptr) {
+    while (true) {
+      const cudaError_t e = cudaStreamQuery(stream_);
+      if (e != cudaErrorNotReady) break;  // idle, or a CUDA error: nothing more will complete
+      if (absl::Now() >= deadline) return false;
+      absl::SleepFor(absl::Microseconds(200));
+    }
+  }
   DrainCompleted();
+  return true;
 }
 
 absl::Status StreamSlot::Warmup(const std::shared_ptr<const ProbeSet>& set, int32_t bucket) {
@@ -303,6 +398,11 @@ uint64_t StreamSlot::invalid_rows() const {
   return h_invalid_ == nullptr ? 0 : reinterpret_cast<const volatile uint32_t*>(h_invalid_)[0];
 }
 
+uint64_t StreamSlot::non_finite_scores() const {
+  return h_non_finite_ == nullptr ? 0
+                                  : reinterpret_cast<const volatile uint32_t*>(h_non_finite_)[0];
+}
+
 void StreamSlot::PublishCounters() {
   entries_.store(graphs_.size(), std::memory_order_relaxed);
   hits_.store(graphs_.hits(), std::memory_order_relaxed);
@@ -314,9 +414,9 @@ StreamSlot::GraphKey StreamSlot::KeyFor(const ProbeSet& set, common::DType dtype
                                         bool inline_x, RowSource rows, bool timed) const {
   // The set's device weights (PrepareProbeSet) carry its precision, which the dispatcher weighs.
   const auto* weights = static_cast<const kernels::ProbeWeights*>(set.backend_state.get());
-  const kernels::ProbeScoreShape shape{dtype, bucket, set.num_probes, set.hidden,
-                                       weights != nullptr ? weights->precision
-                                                          : kernels::ProbePrecision::kFast};
+  const kernels::ProbeScoreShape shape{
+      dtype, bucket, set.num_probes, set.hidden,
+      weights != nullptr ? weights->precision : kernels::ProbePrecision::kFast};
   const kernels::ProbeScorePath path = kernels::ChooseProbeScorePath(
       shape, kernels::ProbeScoreWorkspaceResources(*workspace_).device);
   return GraphKey{set.id, path, dtype, bucket, inline_x, rows, timed};
@@ -389,8 +489,7 @@ absl::StatusOr<StreamSlot::GraphEntry> StreamSlot::Capture(const GraphKey& key,
   PS_RETURN_IF_CUDA(kernels::PlanProbeScore(
       kernels::ProbeScoreShape{key.dtype, key.bucket, weights.num_probes, weights.hidden,
                                weights.precision},
-      key.path,
-      kernels::ProbeScoreWorkspaceResources(*workspace_), {}, &plan));
+      key.path, kernels::ProbeScoreWorkspaceResources(*workspace_), {}, &plan));
   kernels::ProbeScoreParams params;
   params.args = &d_args_->score;
   params.rows = key.rows == RowSource::kIdentity ? d_identity_rows_ : d_rows_;
@@ -438,6 +537,17 @@ absl::StatusOr<StreamSlot::GraphEntry> StreamSlot::Capture(const GraphKey& key,
     poison.bucket = key.bucket;
     poison.num_columns = weights.num_probes;
     error = kernels::LaunchPoisonInvalidRows(poison, stream_);
+  }
+  if (error == cudaSuccess) {
+    // NaN and Inf in device outputs are counted on the GPU (the staged descriptor says whether
+    // this request's output is on the device); the count comes back in mapped host memory.
+    kernels::CountNonFiniteParams count;
+    count.descriptor = &d_args_->non_finite;
+    count.bucket = key.bucket;
+    count.num_columns = weights.num_probes;
+    count.scratch = d_count_scratch_;
+    count.counts = d_non_finite_alias_;
+    error = kernels::LaunchCountNonFinite(count, stream_);
   }
   if (error == cudaSuccess) error = mark(2);
   const cudaError_t end = cudaStreamEndCapture(stream_, &entry.graph);

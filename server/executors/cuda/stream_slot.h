@@ -7,8 +7,15 @@
 // A graph is: [event] staging kernel (its parameters carry the request's argument block and up to
 // kMaxInlineRows row indices, updated per request on the instantiated graph) -> [copy of staged
 // inline activations] -> [event] scoring kernels -> [poison kernel for rows found invalid on the
-// device] -> [event]. Scores meant for the response are written straight into mapped host memory,
-// so a graph has no device-to-host copy either.
+// device] -> count of NaN or infinite scores (device outputs) -> [event]. Scores meant for the
+// response are written straight into mapped host memory, so a graph has no device-to-host copy
+// either.
+//
+// A slot takes a request only when its stream is idle (Idle): the work of a request answered
+// before the GPU finished it (enqueue-only, or given up at its deadline while the stream still
+// waited for the client's ready event) keeps the slot out of service until the GPU is past it, so
+// a client whose stream never gets there cannot hold up the requests of others (CudaExecutor
+// parks the slot's worker meanwhile).
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -25,12 +32,14 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
 #include "kernels/probe_score/probe_score.h"
 #include "kernels/request_staging/request_staging.h"
 #include "server/config/config.h"
 #include "server/executors/cuda/lru_cache.h"
 #include "server/observability/stage_timings.h"
 #include "server/probes/probe_set.h"
+#include "server/requests/request_lifetime.h"
 #include "server/requests/score_job.h"
 
 namespace probesidecar::server {
@@ -43,8 +52,10 @@ class StreamSlot {
   // thread: it must not call CUDA (queueing work for the worker is fine).
   using Nudge = absl::AnyInvocable<void()>;
 
-  // `device_bytes` counts the device memory the slot holds (shared with the executor).
-  StreamSlot(int device, const Config& config, std::atomic<int64_t>* device_bytes, Nudge nudge);
+  // `device_bytes` counts the device memory the slot holds (shared with the executor); once
+  // `*stopping` is true, waits for the GPU give up (the server is stopping).
+  StreamSlot(int device, const Config& config, std::atomic<int64_t>* device_bytes, Nudge nudge,
+             const std::atomic<bool>* stopping);
   ~StreamSlot();
   StreamSlot(const StreamSlot&) = delete;
   StreamSlot& operator=(const StreamSlot&) = delete;
@@ -54,8 +65,27 @@ class StreamSlot {
 
   // Scores one job on the slot's stream, capturing its graph on first use. Waits for the GPU
   // unless the job is enqueue-only (then `*enqueued` is set and the job's holds are kept until
-  // the GPU has finished; the job itself may go away at once). Runs on the slot's worker thread.
-  absl::Status Run(const ScoreJob& job, ScoreTimings* timings, bool* enqueued);
+  // the GPU has finished; the job itself may go away at once). The wait ends at the job's
+  // deadline or when its caller goes (FinishOnGpu). Runs on the slot's worker thread, on an idle
+  // slot. TEST-ONLY: `inject_fault` first enqueues a kernel that writes out of bounds.
+  absl::Status Run(const ScoreJob& job, ScoreTimings* timings, bool* enqueued,
+                   bool inject_fault = false);
+
+  // Marks the end of the work queued so far and waits for the GPU to get there: OK then;
+  // DEADLINE_EXCEEDED or CANCELLED when `lifetime` ends first, UNAVAILABLE when the server
+  // stops first: the work stays queued (a stream cannot be interrupted), `holds` are kept until
+  // the GPU is done with it, and the slot is not idle until then. INTERNAL: a CUDA error.
+  absl::Status FinishOnGpu(const RequestLifetime& lifetime, Holds holds);
+
+  // No work of this slot is pending on the GPU (a CUDA error counts as idle: the next request
+  // sees it).
+  bool Idle() const;
+  // The executor's bookkeeping of a slot whose worker takes no new requests until Idle: when it
+  // was parked, and whether that was warned about.
+  void SetParked(bool parked);
+  bool parked() const { return parked_.load(std::memory_order_acquire); }
+  double parked_seconds() const;
+  bool TakeParkWarning();  // true once per parking, past the first call
 
   // Captures the graphs of `set` for `bucket` rows ahead of traffic (activations staged and from
   // IPC buffers, bf16, rows from the request).
@@ -63,8 +93,9 @@ class StreamSlot {
 
   // Releases the holds of enqueue-only requests the GPU has finished (worker thread).
   void DrainCompleted();
-  // Waits until the stream is idle, then releases what it held (shutdown).
-  void Quiesce();
+  // Waits until the stream is idle, then releases what it held (shutdown); false when
+  // `deadline` came first (the stream still waits on the GPU: its resources must not be freed).
+  bool QuiesceBy(absl::Time deadline);
 
   // The slot's stream (other work of the same worker, e.g. Verify, runs on it too).
   cudaStream_t stream() const { return stream_; }
@@ -73,6 +104,8 @@ class StreamSlot {
   GraphCacheCounters counters() const;
   // Row indices found outside [0, T) on the GPU so far (device rows).
   uint64_t invalid_rows() const;
+  // NaN or infinite scores written to device outputs so far (counted on the GPU).
+  uint64_t non_finite_scores() const;
 
  private:
   enum class RowSource : int8_t {
@@ -111,6 +144,7 @@ class StreamSlot {
   struct StagedArgs {
     kernels::ProbeScoreDeviceArgs score;
     kernels::PoisonDescriptor poison;
+    kernels::NonFiniteDescriptor non_finite;
   };
   static_assert(sizeof(StagedArgs) <= kernels::kMaxStagedArgsBytes);
 
@@ -140,20 +174,25 @@ class StreamSlot {
   const int device_;
   const int32_t max_bucket_;
   const uint32_t timing_every_;
+  const std::atomic<bool>* const stopping_;
   uint64_t requests_ = 0;
   std::atomic<int64_t>* const device_bytes_;
   Nudge nudge_;
   cudaStream_t stream_ = nullptr;
   cudaEvent_t events_[3] = {nullptr, nullptr, nullptr};  // start, staged, scored
-  StagedArgs* d_args_ = nullptr;                         // the staged argument block
-  int32_t* d_rows_ = nullptr;                            // [max_bucket] staged rows
-  uint8_t* d_invalid_ = nullptr;                         // [max_bucket] rows found invalid
-  int32_t* d_identity_rows_ = nullptr;                   // 0, 1, 2 ... for staged activations
+  cudaEvent_t completion_ = nullptr;     // recorded after each request's work (FinishOnGpu, async)
+  StagedArgs* d_args_ = nullptr;         // the staged argument block
+  int32_t* d_rows_ = nullptr;            // [max_bucket] staged rows
+  uint8_t* d_invalid_ = nullptr;         // [max_bucket] rows found invalid
+  int32_t* d_identity_rows_ = nullptr;   // 0, 1, 2 ... for staged activations
   uint32_t* h_invalid_ = nullptr;        // mapped [2]: invalid rows so far, and in the last request
   uint32_t* d_invalid_alias_ = nullptr;  // its device address
-  Staging h_rows_, d_rows_staged_;       // host rows past kMaxInlineRows, and their device copy
-  Staging h_x_, d_x_;                    // staged activation rows [bucket, H]
-  Staging h_out_;                        // mapped: scores for the response [R, P]
+  uint32_t* h_non_finite_ = nullptr;     // mapped [2]: non-finite device scores so far, in the last
+  uint32_t* d_non_finite_alias_ = nullptr;  // its device address
+  uint32_t* d_count_scratch_ = nullptr;     // [2] the count kernel's scratch
+  Staging h_rows_, d_rows_staged_;          // host rows past kMaxInlineRows, and their device copy
+  Staging h_x_, d_x_;                       // staged activation rows [bucket, H]
+  Staging h_out_;                           // mapped: scores for the response [R, P]
   std::unique_ptr<kernels::StageRequestParams> stage_;  // ~4 KB, reused per request
   kernels::ProbeScoreWorkspace* workspace_ = nullptr;
   LruCache<GraphKey, GraphEntry> graphs_;
@@ -163,6 +202,10 @@ class StreamSlot {
   // thread, released on the worker thread).
   absl::Mutex done_mu_;
   std::vector<Holds> done_ ABSL_GUARDED_BY(done_mu_);
+  std::vector<Holds> never_released_;  // holds whose host callback could not be queued
+  std::atomic<bool> parked_{false};
+  std::atomic<int64_t> parked_at_ns_{0};  // absl::GetCurrentTimeNanos() when parked
+  std::atomic<bool> park_warned_{false};
 };
 
 }  // namespace probesidecar::server

@@ -31,10 +31,11 @@ const __nv_bfloat16* Bf16(const BufferLease& lease) {
 
 }  // namespace
 
-VerifyRunner::VerifyRunner(int device, cudaStream_t stream, std::atomic<int64_t>* device_bytes,
+VerifyRunner::VerifyRunner(int device, StreamSlot* slot, std::atomic<int64_t>* device_bytes,
                            size_t graph_cache_entries)
     : device_(device),
-      stream_(stream),
+      slot_(slot),
+      stream_(slot->stream()),
       device_bytes_(device_bytes),
       graphs_(graph_cache_entries, [this](Graph& graph) {
         if (graph.exec != nullptr) {
@@ -186,7 +187,15 @@ absl::Status VerifyRunner::Run(const VerifyJob& job, VerifyOutcome* outcome) {
   if (job.done.event != nullptr) {
     PS_RETURN_IF_CUDA(cudaEventRecord(static_cast<cudaEvent_t>(job.done.event), stream_));
   }
-  PS_RETURN_IF_CUDA(cudaStreamSynchronize(stream_));
+  // Until the deadline (or the caller going away): the stream may still wait for the client's
+  // ready event, and then what the graph reads and writes stays held until the GPU is done.
+  if (absl::Status s = slot_->FinishOnGpu(
+          job.lifetime, {job.q.hold, job.kv_cache.hold, job.block_table.device.hold,
+                         job.cache_seqlens.device.hold, job.out.hold, job.lse.hold,
+                         job.compare_to.hold, job.ready.hold, job.done.hold});
+      !s.ok()) {
+    return s;
+  }
   const uint32_t invalid = reinterpret_cast<volatile uint32_t*>(h_counts_)[1];
   if (invalid != 0) {
     return absl::InvalidArgumentError(absl::StrCat(

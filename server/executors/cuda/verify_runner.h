@@ -19,6 +19,7 @@
 #include "kernels/mla_verify/mla_verify.h"
 #include "kernels/verify_support/verify_support.h"
 #include "server/executors/cuda/lru_cache.h"
+#include "server/executors/cuda/stream_slot.h"
 #include "server/executors/executor.h"
 #include "server/requests/verify_job.h"
 
@@ -26,13 +27,15 @@ namespace probesidecar::server {
 
 class VerifyRunner {
  public:
-  VerifyRunner(int device, cudaStream_t stream, std::atomic<int64_t>* device_bytes,
+  // Runs on `slot`'s stream (and waits for the GPU through it: FinishOnGpu).
+  VerifyRunner(int device, StreamSlot* slot, std::atomic<int64_t>* device_bytes,
                size_t graph_cache_entries);
   ~VerifyRunner();
   VerifyRunner(const VerifyRunner&) = delete;
   VerifyRunner& operator=(const VerifyRunner&) = delete;
 
-  // Runs `job` and waits for the GPU (the slot's worker thread).
+  // Runs `job` and waits for the GPU (the slot's worker thread, on an idle slot), until the job's
+  // deadline or its caller going away at most (then its buffers stay held until the GPU is done).
   absl::Status Run(const VerifyJob& job, VerifyOutcome* outcome);
 
   // Requests whose device page tables or lengths were out of range so far (any thread).
@@ -67,6 +70,7 @@ class VerifyRunner {
   cudaError_t GrowHost(void** ptr, size_t* bytes, size_t need);
 
   const int device_;
+  StreamSlot* const slot_;
   const cudaStream_t stream_;
   std::atomic<int64_t>* const device_bytes_;
   kernels::MlaVerifyWorkspace* workspace_ = nullptr;

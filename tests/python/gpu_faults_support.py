@@ -1,0 +1,106 @@
+"""What the GPU fault tests share: a probe set and its float64 reference, a GPU stream that stays
+busy for a chosen time (torch.cuda._sleep: the "client whose GPU work never completes"), Score
+requests ordered behind such a stream through the client's IPC ready event, and the server's
+figures read from /metrics. Imported only by GPU test modules (it needs torch)."""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import torch
+
+from probe_files import safetensors_bytes
+from probesidecar.v1 import score_pb2
+from server_state import metric
+
+T, H, P = 4096, 4096, 16
+
+
+def probe_file(weight: torch.Tensor, bias: torch.Tensor) -> bytes:
+    as_u16 = lambda t: t.cpu().view(torch.int16).numpy().view(np.uint16)  # noqa: E731
+    return safetensors_bytes({"weight": (as_u16(weight), "bf16"), "bias": (as_u16(bias), "bf16")},
+                             {"activation": "none"})
+
+
+def make_probes(seed: int = 7) -> tuple[torch.Tensor, torch.Tensor, bytes]:
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    weight = (torch.randn(P, H, device="cuda", generator=g) / H**0.5).to(torch.bfloat16)
+    bias = (torch.randn(P, device="cuda", generator=g) * 0.1).to(torch.bfloat16)
+    return weight, bias, probe_file(weight, bias)
+
+
+def reference(x: torch.Tensor, rows, weight: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+    idx = torch.as_tensor(rows, device=x.device).long()
+    return torch.addmm(bias.double(), x.index_select(0, idx).double(), weight.double().t())
+
+
+def rel_error(got, want: torch.Tensor) -> float:
+    got = torch.as_tensor(np.asarray(got), device=want.device).double()
+    return float(torch.linalg.norm(got - want) / torch.linalg.norm(want))
+
+
+_CYCLES_PER_SECOND: list[float] = []
+
+
+def cycles_per_second() -> float:
+    """GPU clock cycles per second as torch.cuda._sleep counts them (measured once)."""
+    if not _CYCLES_PER_SECOND:
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        torch.cuda._sleep(10_000_000)  # warm
+        start.record()
+        torch.cuda._sleep(200_000_000)
+        end.record()
+        end.synchronize()
+        _CYCLES_PER_SECOND.append(200_000_000 / (start.elapsed_time(end) / 1e3))
+    return _CYCLES_PER_SECOND[0]
+
+
+def busy_stream(seconds: float) -> torch.cuda.Stream:
+    """A new stream that spins on the GPU for about `seconds` (a client's stuck decode step)."""
+    stream = torch.cuda.Stream()
+    cycles = int(seconds * cycles_per_second())
+    with torch.cuda.stream(stream):
+        torch.cuda._sleep(cycles)
+    return stream
+
+
+def request_after(tc, stream: torch.cuda.Stream, x: torch.Tensor, rows, probe_set: str,
+                  out: torch.Tensor | None = None) -> score_pb2.ScoreRequest:
+    """A Score whose ready event is recorded on `stream` now: the server's stream waits on the
+    GPU until `stream` gets there. Host rows; scores inline unless `out` is given (then a done
+    event too: enqueue-only)."""
+    pool = tc._event_pool(x.device)
+    pair = pool.acquire()  # not given back (make the TorchClient with events_in_flight to spare)
+    pair.ready.record(stream)
+    request = score_pb2.ScoreRequest(probe_set=probe_set, session_id=tc.session_id,
+                                     ready_event=pair.ready_id)
+    request.activations.CopyFrom(tc.tensor_ref(x))
+    request.rows.extend(int(r) for r in rows)
+    if out is not None:
+        request.output.CopyFrom(tc.tensor_ref(out))
+        request.done_event = pair.done_id
+    return request
+
+
+def parked(server) -> float:
+    return metric(server, "probesidecar_stream_slots_parked")
+
+
+def in_flight(server, rpc: str = "Score") -> float:
+    return metric(server, "probesidecar_rpc_in_flight", rpc=rpc)
+
+
+def latencies_ms(call, n: int) -> list[float]:
+    out = []
+    for _ in range(n):
+        start = time.perf_counter()
+        call()
+        out.append((time.perf_counter() - start) * 1e3)
+    return out
+
+
+def summary(values: list[float]) -> dict:
+    v = sorted(values)
+    return {"n": len(v), "p50_ms": round(v[len(v) // 2], 3),
+            "p99_ms": round(v[min(len(v) - 1, int(len(v) * 0.99))], 3), "max_ms": round(v[-1], 3)}
