@@ -5,18 +5,21 @@
 // done event the sidecar records once the scores are written.
 //
 // Ordering: the sidecar's stream waits for ready[h] before it reads the half; before the decode
-// stream writes half h again it waits (cudaStreamWaitEvent, on the GPU) for the last thing that
-// reads it — done[h] of its previous window (the host has seen the server's answer, so the
-// server's record is already queued), or, with host results, the event after the delivery
-// stream's copy of the scores (which itself follows done[h]).
+// stream writes half h again the host checks (polls, up to the reuse timeout) that the last thing
+// that reads it has finished — done[h] of its previous window, or, with host results, the event
+// after the delivery stream's copy of the scores (which itself follows done[h]). The decode
+// stream itself never waits on the GPU for the sidecar: a sidecar that dies or hangs with a
+// record queued could otherwise hold the inference server's stream forever.
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
+#include <chrono>
 #include <condition_variable>
 #include <cstring>
 #include <map>
 #include <mutex>
 #include <numeric>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -117,12 +120,15 @@ class CudaTapRing final : public TapRing {
         dtype_(dtype),
         proto_dtype_(options.dtype),
         submit_from_host_(options.submit == TapSubmit::kHost),
+        reuse_timeout_(std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+            std::chrono::duration<double>(options.reuse_timeout_seconds))),
         layout_(kernels::MakeTapRingLayout(window_, max_batch_, hidden_, num_probes_, dtype)),
         host_scores_(int64_t{window_} * max_batch_ * num_probes_),
         host_slot_bytes_(host_scores_ * 4 + int64_t{window_} * 4 + 8) {}
 
   absl::Status Init();
   absl::Status WarmServer();
+  absl::Status PollEvent(cudaEvent_t event, int64_t index, const char* what);
   uint8_t* HalfScores(int32_t half) const {
     return base_ + layout_.scores + int64_t{half} * window_ * max_batch_ * num_probes_ * 4;
   }
@@ -140,6 +146,7 @@ class CudaTapRing final : public TapRing {
   const common::DType dtype_;
   const v1::DType proto_dtype_;
   const bool submit_from_host_;
+  const std::chrono::steady_clock::duration reuse_timeout_;
   const kernels::TapRingLayout layout_;
   const int64_t host_scores_;      // floats of one window's scores
   const int64_t host_slot_bytes_;  // scores, then counts [K] int32, then the write count int64
@@ -330,7 +337,26 @@ absl::Status CudaTapRing::ReadyWait(const Window& window) {
 
 absl::Status CudaTapRing::BeforeReuse(const Window& window) {
   DeviceGuard guard(device_);
-  return Cuda(cudaStreamWaitEvent(stream_, reuse_after_[window.half], 0), "cudaStreamWaitEvent");
+  return PollEvent(reuse_after_[window.half], window.index, "finished");
+}
+
+// Polls `event` from the host (sleeping between polls) until it completes or reuse_timeout_
+// passes: the decode stream never waits on the GPU for the sidecar.
+absl::Status CudaTapRing::PollEvent(cudaEvent_t event, int64_t index, const char* what) {
+  const auto deadline = std::chrono::steady_clock::now() + reuse_timeout_;
+  auto pause = std::chrono::microseconds(20);
+  for (;;) {
+    const cudaError_t e = cudaEventQuery(event);
+    if (e == cudaSuccess) return absl::OkStatus();
+    if (e != cudaErrorNotReady) return Cuda(e, "cudaEventQuery");
+    if (std::chrono::steady_clock::now() >= deadline) {
+      return absl::DeadlineExceededError(absl::StrCat(
+          "window ", index, " not ", what, " by the sidecar within the reuse timeout (",
+          std::chrono::duration<double>(reuse_timeout_).count(), " s)"));
+    }
+    std::this_thread::sleep_for(pause);
+    pause = std::min(pause * 2, std::chrono::microseconds(1000));
+  }
 }
 
 // --- the answer and delivery threads
@@ -408,10 +434,11 @@ absl::Status CudaTapRing::Fetch(const Window& window, Fetched* out) {
   return status;
 }
 
-absl::StatusOr<const float*> CudaTapRing::DeviceScores(const Window& window, cudaStream_t stream) {
+absl::StatusOr<const float*> CudaTapRing::DeviceScores(const Window& window, cudaStream_t) {
   DeviceGuard guard(device_);
-  RETURN_IF_CUDA_ERROR(cudaStreamWaitEvent(stream, done_[window.half].event, 0),
-                       "cudaStreamWaitEvent");
+  if (absl::Status s = PollEvent(done_[window.half].event, window.index, "scored"); !s.ok()) {
+    return s;
+  }
   return reinterpret_cast<const float*>(HalfScores(window.half));
 }
 

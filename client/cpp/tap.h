@@ -103,10 +103,15 @@ struct TapOptions {
   v1::DType dtype = v1::DTYPE_BFLOAT16;  // of the rows: bf16, fp16 or fp32
   int32_t hidden_size = 0;               // H; 0: the probe set's (else it must match)
   int device = -1;                       // the CUDA device; -1: the current one
-  // The decode stream: Write() launches on it, and each window's close, its ready event and the
-  // GPU-side waits before a half is reused go on it. Capture the writes on this stream, or replay
-  // them on it; it must outlive the tap. nullptr: the legacy default stream.
+  // The decode stream: Write() launches on it, and each window's close and its ready event go on
+  // it. Capture the writes on this stream, or replay them on it; it must outlive the tap.
+  // nullptr: the legacy default stream.
   cudaStream_t stream = nullptr;
+  // Before a half of the ring is written again, the host checks that the call that read it has
+  // finished (never a GPU-side wait on the decode stream, which a dead or stuck sidecar could
+  // hold forever); past this many seconds Step() returns DEADLINE_EXCEEDED and the half is
+  // reused all the same.
+  double reuse_timeout_seconds = 10;
   // > 0: a Step() at least this long after its window's first step closes the window early.
   double max_window_seconds = 0;
   // Called with each window on the tap's delivery thread (never the decode thread); empty: the
@@ -173,6 +178,7 @@ class TapRing {
   virtual absl::Status Fetch(const Window& window, Fetched* out) = 0;
   // The window's scores in device memory, float32 [steps, max_batch, P], with `stream` ordered
   // after the sidecar's writes of them.
+  // The window's scores in device memory once they are written (waited for on the host).
   virtual absl::StatusOr<const float*> DeviceScores(const Window& window, cudaStream_t stream) = 0;
   // (decode thread, last) Gives back what the ring holds; every window is done with it.
   virtual absl::Status Release() = 0;

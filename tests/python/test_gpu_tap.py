@@ -236,3 +236,50 @@ def test_works_with_expandable_segments(setup, tmp_path):
                           timeout=300)
     assert done.returncode == 0, done.stdout + done.stderr
     assert done.stdout.startswith("ok")
+
+
+def test_a_sidecar_killed_mid_loop_never_stops_the_decode_stream(tmp_path):
+    """SIGKILL the sidecar while windows are in flight: the loop's stream must go on (the tap
+    never makes it wait on the GPU for the sidecar), the tap must fail loudly within its
+    reuse_timeout_s, and the process must exit. Run in a child process, so that a hang fails the
+    test instead of stalling it."""
+    torch.manual_seed(3)
+    weight = (torch.randn(P, H) / H**0.5).to(torch.bfloat16)
+    bias = torch.zeros(P, dtype=torch.bfloat16)
+    server = Sidecar(["--backend=cuda", "--warmup-rows=none"]).start()
+    with server.client() as c:
+        c.load_probe_set("tap16", data=probe_file(weight, bias))
+    script = tmp_path / "loop.py"
+    script.write_text(textwrap.dedent(f"""
+        import os, signal, time, torch
+        from probe_sidecar.tap import TapError
+        from probe_sidecar.torch import TorchClient
+        tc = TorchClient({server.uds_target!r})
+        tap = tc.tap("tap16", max_batch=8, window=4, reuse_timeout_s=2.0, raise_errors=True)
+        x = torch.randn(8, {H}, device="cuda", dtype=torch.bfloat16)
+        failed_at = None
+        start = time.monotonic()
+        for t in range(400):
+            torch.cuda._sleep(1_000_000)  # ~0.5 ms of GPU work per step
+            tap.write(x)
+            if t == 40:
+                os.kill({server.process.pid}, signal.SIGKILL)
+            try:
+                tap.step()
+            except (TapError, Exception) as error:
+                failed_at = failed_at if failed_at is not None else (t, repr(error)[:200])
+        torch.cuda.synchronize()  # the decode stream finished: nothing of ours waits on the sidecar
+        print("failed_at", failed_at, "seconds", round(time.monotonic() - start, 1), flush=True)
+        try:
+            tap.close(timeout=3)
+        except Exception as error:
+            print("close:", repr(error)[:200])
+        os._exit(0)  # the session's gRPC channel to a dead server need not be torn down
+    """))
+    try:
+        done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
+                              timeout=120)
+    finally:
+        server.close()
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "failed_at (" in done.stdout, done.stdout + done.stderr

@@ -21,6 +21,7 @@ from __future__ import annotations
 import ctypes
 import os
 import threading
+import time
 
 import numpy as np
 import torch
@@ -36,6 +37,18 @@ _META = 8
 _HOST_SLOTS = 4
 _TORCH_DTYPES = {torch.float32: tensor_pb2.DTYPE_FLOAT32, torch.float16: tensor_pb2.DTYPE_FLOAT16,
                  torch.bfloat16: tensor_pb2.DTYPE_BFLOAT16}
+
+
+def _poll(event: torch.cuda.Event, deadline: float) -> bool:
+    """Whether `event` completes before time.monotonic() reaches `deadline`, polled from the host
+    (sleeping between polls, not spinning)."""
+    pause = 20e-6
+    while not event.query():
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(pause)
+        pause = min(pause * 2, 1e-3)
+    return True
 
 
 class _Driver:
@@ -149,7 +162,7 @@ def _kernels():
 class CudaRing(Ring):
     def __init__(self, client, probe_set: str, info, *, max_batch: int, window: int,
                  dtype: torch.dtype, device: torch.device, stream: torch.cuda.Stream | None,
-                 host_ready: bool = False):
+                 host_ready: bool = False, reuse_timeout_s: float = 10.0):
         if dtype not in _TORCH_DTYPES:
             raise TapError(f"dtype must be torch.bfloat16, float16 or float32, got {dtype}")
         self.max_batch, self.window, self.hidden_size = max_batch, window, info.hidden_size
@@ -159,6 +172,7 @@ class CudaRing(Ring):
         self._probe_set = probe_set
         self._stream = stream
         self._host_ready = host_ready  # submit="host": the host waits for each window's writes
+        self._reuse_timeout_s = reuse_timeout_s
         self._driver = _Driver()
         self._ordinal = device.index
         self._context = self._driver.context(self._ordinal)
@@ -376,9 +390,11 @@ class CudaRing(Ring):
     def ready_wait(self, window: _Window) -> None:
         self._ready_host[window.half].synchronize()
 
-    def before_reuse(self, window: _Window) -> None:
-        stream = self._stream or torch.cuda.current_stream(self.device)
-        stream.wait_event(window.ring_state)
+    def finished(self, window: _Window, deadline: float) -> bool:
+        # The event after the window's host copy (or, without one, the sidecar's done event).
+        # Polled, never waited for on the GPU: a sidecar that never records it must not stop
+        # the decode stream.
+        return _poll(window.ring_state, deadline)
 
     # --- background threads -------------------------------------------------------------------
 
@@ -407,7 +423,9 @@ class CudaRing(Ring):
         steps = window.steps
         slot = window.index % _HOST_SLOTS
         try:
-            self._copied[slot].synchronize()
+            if not _poll(self._copied[slot], time.monotonic() + self._reuse_timeout_s):
+                raise TapError(f"window {window.index}: the sidecar did not write its scores "
+                               f"within {self._reuse_timeout_s:g} s")
             scores, counts, writes = self._host[slot]
             rows = steps * self.max_batch
             scores = scores[:rows].numpy().reshape(steps, self.max_batch, self.num_probes).copy()
@@ -420,16 +438,15 @@ class CudaRing(Ring):
             self._host_free[slot].release()
         return scores, num_rows, writes, latency
 
-    def device_scores(self, window: _Window, stream) -> torch.Tensor:
-        (stream or torch.cuda.current_stream(self.device)).wait_event(self._done[window.half])
+    def device_scores(self, window: _Window) -> torch.Tensor:
         half = window.half
         return self.scores[half * self.window:half * self.window + window.steps]
 
-    def release(self) -> None:
+    def release(self, finished: bool = True) -> None:
         if getattr(self, "_pointer", 0) == 0:
             return
         try:
-            torch.cuda.synchronize(self.device)
+            torch.cuda.current_stream(self.device).synchronize()  # our own writes and closes
         except RuntimeError:
             pass  # a failed device: the memory goes with the process
         stub = self._client.client.stub
@@ -445,5 +462,8 @@ class CudaRing(Ring):
                     buffer_id=self._buffer_id, session_id=self._client.session_id), timeout=10)
             except Exception:
                 pass
-        self._driver.free(self._context, self._ordinal, self._pointer)
+        if finished:
+            self._driver.free(self._context, self._ordinal, self._pointer)
+        # else: a window the sidecar never finished may still be read or written by the GPU (a
+        # copy queued behind its done event): the allocation stays until the process ends.
         self._pointer = 0

@@ -16,7 +16,10 @@ what makes scoring cheap without MPS (docs/mps.md has the measurements).
     tap.close()
 
 The ring has 2K slots in two halves: while the sidecar scores one half, the loop writes the other,
-and a half is rewritten only after the call that read it is done (on the GPU for a CUDA tap). The
+and a half is rewritten only after the call that read it has finished. For a CUDA tap the decode
+thread checks that on the host, a window after the call (by then it has normally long finished),
+and never makes its stream wait on the GPU for the sidecar: a sidecar that dies or hangs fails
+the tap's windows with an error after `reuse_timeout_s`, it cannot stop the decode stream. The
 decode thread only counts steps and, once per window, queues the request; answers, copies of the
 scores to the host and the callback run on background threads.
 
@@ -137,8 +140,10 @@ class Ring:
     def ready_wait(self, window: _Window) -> None:
         """Waits on the host until the window's writes have landed (only for submit="host")."""
 
-    def before_reuse(self, window: _Window) -> None:  # (decode thread)
-        """Orders the next writes into `window.half` after everything that reads it."""
+    def finished(self, window: _Window, deadline: float) -> bool:  # (decode thread)
+        """Waits on the host (until time.monotonic() reaches `deadline`) until everything that
+        reads `window`'s half has finished; False if it has not by then."""
+        return True
 
     def answered(self, window: _Window, response: score_pb2.ScoreResponse | None) -> None:
         """The server's answer is in (reader thread): queue whatever fetch() needs."""
@@ -149,12 +154,13 @@ class Ring:
         (device, host memory) seconds on the GPU's clock, or None."""
         raise NotImplementedError
 
-    def device_scores(self, window: _Window, stream):
-        """The window's scores where the sidecar wrote them, with `stream` ordered after them."""
+    def device_scores(self, window: _Window):
+        """The window's scores where the sidecar wrote them (it has finished)."""
         raise TapError("a host tap has no device ring: its scores come with the windows")
 
-    def release(self) -> None:
-        """Gives back what the ring holds (the tap is closed and every window is done)."""
+    def release(self, finished: bool = True) -> None:
+        """Gives back what the ring holds, once the tap is closed; `finished`: whether every
+        window is known to be done with it (else memory the GPU may still touch is kept)."""
 
 
 class Tap:
@@ -166,6 +172,7 @@ class Tap:
                  on_window: Callable[[TapWindow], None] | None = None,
                  host_results: bool = True, max_queued_windows: int = 1024,
                  raise_errors: bool = True, submit: str = "gpu",
+                 reuse_timeout_s: float = 10.0,
                  on_close: Callable[[], None] | None = None):
         if max_window_s is not None and not max_window_s > 0:
             raise ValueError(f"max_window_s must be positive, got {max_window_s!r}")
@@ -186,6 +193,8 @@ class Tap:
         self._on_window = on_window
         self._host_results = host_results or on_window is not None
         self._raise_errors = raise_errors
+        self._reuse_timeout_s = reuse_timeout_s
+        self._failed: Exception | None = None  # set once the sidecar missed a reuse deadline
         self._submit_after_ready = submit == "host"
         self._on_close = on_close
         self._closed = False
@@ -254,17 +263,24 @@ class Tap:
         self._windows += 1
         self.stats.windows_closed += 1
         self._last[half] = window
-        if self._submissions is not None:
+        if self._failed is not None:
+            self._answered(window, None, self._failed)  # the sidecar is gone: fail, send nothing
+        elif self._submissions is not None:
             self._submissions.put(window)
         else:
             self._send(window)
         self._half, self._in_window = 1 - half, 0
         previous = self._last[self._half]
-        if previous is not None:
-            # The half's previous window: its answer is normally in long ago (a whole window of
-            # steps has passed); the GPU-side wait makes the next writes follow its reads.
-            previous.settled.wait()
-            self.ring.before_reuse(previous)
+        if previous is not None and self._failed is None:
+            # The half's previous window: a whole window of steps ago, so normally long finished.
+            deadline = time.monotonic() + self._reuse_timeout_s
+            if not (previous.settled.wait(self._reuse_timeout_s)
+                    and self.ring.finished(previous, deadline)):
+                self._failed = TapError(
+                    f"the sidecar did not finish window {previous.index} within "
+                    f"{self._reuse_timeout_s:g} s (reuse_timeout_s): its half of the ring is "
+                    f"rewritten and this tap scores nothing more; make a new one")
+                self._errors.append(self._failed)
 
     def _send(self, window: _Window) -> None:
         window.pending = self._pipeline.submit(
@@ -355,18 +371,20 @@ class Tap:
 
     # --- results ------------------------------------------------------------------------------
 
-    def device_scores(self, index: int, stream=None):
+    def device_scores(self, index: int):
         """Window `index`'s scores in the CUDA tap's ring, float32 [steps, max_batch, P], for
-        readers on the GPU: `stream` (default: the current one) is made to wait, on the GPU, for
-        the sidecar's writes. Only the last window of each half is there; the view is valid until
+        readers on the GPU, once the sidecar has written them (waited for on the host, so any
+        stream may read them). Only the last window of each half is there; the view is valid until
         the window two after it starts writing its half (read it before then)."""
         window = next((w for w in self._last if w is not None and w.index == index), None)
         if window is None:
             raise TapError(f"window {index} is no longer in the ring (the last two windows are)")
-        window.settled.wait()
+        if not (window.settled.wait(self._reuse_timeout_s) and self.ring.finished(
+                window, time.monotonic() + self._reuse_timeout_s)):
+            raise TapError(f"window {index} was not finished within {self._reuse_timeout_s:g} s")
         if window.error is not None:
             raise window.error
-        return self.ring.device_scores(window, stream)
+        return self.ring.device_scores(window)
 
     def get(self, timeout: float | None = None) -> TapWindow | None:
         """The oldest delivered window not taken yet; None if none comes within `timeout`."""
@@ -413,10 +431,11 @@ class Tap:
                 self._submissions.put(None)
             self._deliveries.put(None)
             self._delivery.join(timeout)
-            for window in self._last:
-                if window is not None and window.settled.is_set():
-                    self.ring.before_reuse(window)  # the GPU is done with both halves
-            self.ring.release()
+            deadline = time.monotonic() + min(timeout, self._reuse_timeout_s)
+            finished = self._failed is None and all(
+                w is None or (w.settled.is_set() and self.ring.finished(w, deadline))
+                for w in self._last)
+            self.ring.release(finished)
             if self._on_close is not None:
                 self._on_close()
 

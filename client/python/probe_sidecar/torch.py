@@ -336,7 +336,9 @@ class TorchClient:
         capture it in your decode graph and every replay writes the next slot. `step()` after
         each step; every `window` steps one Score covers the window: the sidecar's stream waits on
         the GPU for the window's writes, and the half of the ring a window used is rewritten only
-        after the decode stream has waited (on the GPU) for the call that read it.
+        once the call that read it has finished — checked on the host a window later, never by
+        making the decode stream wait for the sidecar (a sidecar that dies or hangs cannot stop
+        it: its windows fail after `reuse_timeout_s`, default 10 s).
 
         `stream`: the decode stream for the per-window event operations (default: the current
         stream at each step()). `submit`: "gpu" sends each window at once and the sidecar's
@@ -365,7 +367,8 @@ class TorchClient:
         if device.index is None:
             device = torch.device("cuda", torch.cuda.current_device())
         ring = CudaRing(self, probe_set, info, max_batch=max_batch, window=window, dtype=dtype,
-                        device=device, stream=stream, host_ready=submit == "host")
+                        device=device, stream=stream, host_ready=submit == "host",
+                        reuse_timeout_s=options.get("reuse_timeout_s", 10.0))
         pipeline = ScoreStreamPipeline(self.client.stub)
 
         def closed():
