@@ -19,6 +19,7 @@ Layout (one allocation, each part 256-byte aligned):
 from __future__ import annotations
 
 import ctypes
+import gc
 import os
 import threading
 import time
@@ -282,6 +283,9 @@ class CudaRing(Ring):
         # threads may call CUDA meanwhile.
         self._close_graphs = []
         side = torch.cuda.Stream(self.device)
+        # Garbage that holds CUDA graphs or events (another tap's, say) must not be collected,
+        # and destroyed, while this capture is on.
+        gc.collect()
         for half in (0, 1):
             graph = torch.cuda.CUDAGraph()
             next_base = (1 - half) * self.window
@@ -349,8 +353,11 @@ class CudaRing(Ring):
     def close_window(self, window: _Window) -> None:
         stream = self._stream or torch.cuda.current_stream(self.device)
         half, steps = window.half, window.steps
-        with torch.cuda.stream(stream):
-            self._close_graphs[half].replay()
+        if self._stream is None:
+            self._close_graphs[half].replay()  # on the current stream
+        else:
+            with torch.cuda.stream(stream):
+                self._close_graphs[half].replay()
         self._ready[half].record(stream)
         self._timing[window.index % len(self._timing)][0].record(stream)  # for the latency
         if self._host_ready:
@@ -462,6 +469,13 @@ class CudaRing(Ring):
                     buffer_id=self._buffer_id, session_id=self._client.session_id), timeout=10)
             except Exception:
                 pass
+        # The CUDA objects go now, not whenever the garbage collector meets them: destroying a
+        # graph or an event while some thread captures a graph breaks that capture.
+        for graph in getattr(self, "_close_graphs", []):
+            graph.reset()
+        self._close_graphs = []
+        self._ready = self._done = self._ready_host = self._copied = self._timing = []
+        self._kernels = None
         if finished:
             self._driver.free(self._context, self._ordinal, self._pointer)
         # else: a window the sidecar never finished may still be read or written by the GPU (a

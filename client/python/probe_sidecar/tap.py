@@ -114,8 +114,11 @@ class _Window:
     pending: Pending | None = None
     ring_state: object = None  # what the ring keeps of the window (its own business)
     # Set once the answer is in and what the ring does with it is queued (the copy of the scores,
-    # for a CUDA tap): the half may then be reused.
+    # for a CUDA tap).
     settled: threading.Event = dataclasses.field(default_factory=threading.Event)
+    # True once nothing reads the window's half any more (its scores were fetched): the decode
+    # thread then reuses the half without asking the ring.
+    finished: bool = False
     error: Exception | None = None
 
 
@@ -212,12 +215,12 @@ class Tap:
         self._delivery = threading.Thread(target=self._deliver_loop, daemon=True,
                                           name="probe-sidecar-tap-delivery")
         self._delivery.start()
-        self._submissions: queue.SimpleQueue | None = None
-        if self._submit_after_ready:
-            self._submissions = queue.SimpleQueue()
-            self._submitter = threading.Thread(target=self._submit_loop, daemon=True,
-                                               name="probe-sidecar-tap-submit")
-            self._submitter.start()
+        # Windows are sent from a thread of their own (the decode thread only queues them); with
+        # submit="host", once their writes have landed.
+        self._submissions: queue.SimpleQueue = queue.SimpleQueue()
+        self._submitter = threading.Thread(target=self._submit_loop, daemon=True,
+                                           name="probe-sidecar-tap-submit")
+        self._submitter.start()
 
     # --- the decode thread ------------------------------------------------------------------
 
@@ -265,13 +268,11 @@ class Tap:
         self._last[half] = window
         if self._failed is not None:
             self._answered(window, None, self._failed)  # the sidecar is gone: fail, send nothing
-        elif self._submissions is not None:
-            self._submissions.put(window)
         else:
-            self._send(window)
+            self._submissions.put(window)
         self._half, self._in_window = 1 - half, 0
         previous = self._last[self._half]
-        if previous is not None and self._failed is None:
+        if previous is not None and not previous.finished and self._failed is None:
             # The half's previous window: a whole window of steps ago, so normally long finished.
             deadline = time.monotonic() + self._reuse_timeout_s
             if not (previous.settled.wait(self._reuse_timeout_s)
@@ -298,7 +299,8 @@ class Tap:
             window = self._submissions.get()
             if window is None:
                 return
-            self.ring.ready_wait(window)
+            if self._submit_after_ready:
+                self.ring.ready_wait(window)
             self._send(window)
 
     def _answered(self, window: _Window, response, error) -> None:
@@ -324,6 +326,8 @@ class Tap:
                 continue
             if delivered.error is not None:
                 self._errors.append(delivered.error)
+            else:
+                window.finished = True  # its scores were copied out: the half is free
             if self._on_window is not None:
                 try:
                     self._on_window(delivered)
@@ -427,8 +431,8 @@ class Tap:
                 self.wait_delivered(timeout)
         finally:
             self._closed = True
-            if self._submissions is not None:
-                self._submissions.put(None)
+            self._submissions.put(None)
+            self._submitter.join(timeout)
             self._deliveries.put(None)
             self._delivery.join(timeout)
             deadline = time.monotonic() + min(timeout, self._reuse_timeout_s)
@@ -436,8 +440,10 @@ class Tap:
                 w is None or (w.settled.is_set() and self.ring.finished(w, deadline))
                 for w in self._last)
             self.ring.release(finished)
-            if self._on_close is not None:
-                self._on_close()
+            on_close, self._on_close, self._on_window = self._on_close, None, None
+            self._last = [None, None]  # no cycle keeps the ring's CUDA objects for the GC
+            if on_close is not None:
+                on_close()
 
     def __enter__(self) -> "Tap":
         return self
