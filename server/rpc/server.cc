@@ -401,7 +401,9 @@ int Serve(const Config& config, bool* device_abandoned) {
   // then does gRPC shut down, so no admitted request is cut off before the grace period ends.
   const absl::Time deadline =
       absl::Now() + absl::Microseconds(static_cast<int64_t>(config.shutdown_grace_seconds * 1e6));
-  StartExitWatchdog(deadline + absl::Milliseconds(900), exit_code);
+  // The process is gone within the grace period plus 1 s, as docs/reliability.md promises, with
+  // room for its exit itself.
+  StartExitWatchdog(deadline + absl::Milliseconds(600), exit_code);
   service.BeginDrain();
   if (!service.WaitUntilIdle(deadline)) {
     LogWarning("grace period over with requests still in progress: cancelling them");

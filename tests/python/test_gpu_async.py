@@ -20,7 +20,7 @@ from conftest import Sidecar  # noqa: E402
 from probe_files import safetensors_bytes  # noqa: E402
 from probe_sidecar import ProbeSidecarError  # noqa: E402
 from probe_sidecar.torch import TorchClient  # noqa: E402
-from probesidecar.v1 import score_pb2  # noqa: E402
+from probesidecar.v1 import score_pb2, tensor_pb2  # noqa: E402
 
 T, H, P = 4096, 4096, 16
 
@@ -101,7 +101,8 @@ def test_invalid_device_rows_give_nan_and_a_clear_error(setup):
         # Synchronous (no done event): the answer says which rows were bad.
         request = score_pb2.ScoreRequest(probe_set="p16", session_id=tc.session_id)
         request.activations.CopyFrom(tc.tensor_ref(x))
-        request.device_rows.CopyFrom(tc._ref_1d(rows))
+        request.device_rows.CopyFrom(
+            tc._buffer_ref(rows, tensor_pb2.DTYPE_INT32, [rows.numel()], 0))
         request.output.CopyFrom(tc.tensor_ref(out))
         torch.cuda.synchronize()
         with pytest.raises(ProbeSidecarError) as error:

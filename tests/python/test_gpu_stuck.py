@@ -1,13 +1,13 @@
 """Clients whose GPU work does not complete, against the real server (CUDA backend):
 
 - a client whose stream is stuck (a kernel spinning for seconds before its ready event): its
-  request answers DEADLINE_EXCEEDED at its deadline, the stream slot it holds is parked (takes no
-  request until the GPU is past that work) and comes back, other sessions are answered at their
-  normal latency meanwhile (measured), and SIGTERM with the slot still stuck exits 0 in time;
+  request answers DEADLINE_EXCEEDED at its deadline, nothing of it was queued on a stream (the
+  server waits for a ready event on the host), other sessions are answered at their normal
+  latency meanwhile (measured), and SIGTERM while it waits exits 0 in time;
 - deadlines and cancellation of requests waiting on the GPU;
 - SIGTERM with GPU work in flight (windows queued behind a busy stream, a Verify waiting): every
   request answered once, exit 0 within the grace period plus one second;
-- a client SIGKILLed mid-window (while the server's stream waits on its event, and while its
+- a client SIGKILLed mid-window (while the server waits for its ready events, and while its
   windows are being scored): its buffers and events are released, no IPC handle or GPU memory
   stays, other clients are unaffected.
 
@@ -107,17 +107,13 @@ def test_a_stuck_client_holds_up_nobody_else(probes):
             # The server answered at the deadline too, not when the GPU got there.
             assert wait_for(lambda: in_flight(s) == 0, 0.5), "the server still holds the call"
             assert metric(s, "probesidecar_executor_expired_requests_total") == expired + 1
-            # The slot waits on the GPU: parked (said in the log once it has waited 1 s), the
-            # others serve.
-            assert parked(s) == 1
+            # Nothing of the stuck request was queued (its ready event is waited for on the host,
+            # never by a stream on the GPU): no slot waits for the stuck stream, all of them serve.
+            assert parked(s) == 0
             during_more = latencies_ms(other_sync, 50)
-            assert wait_for(lambda: "has waited" in s.log(), 3), s.log()
-            assert parked(s) == 1
+            assert parked(s) == 0
             assert time.monotonic() - spun < 3.8, "the measurement outlasted the stuck stream"
-            # Once the GPU is past the stuck work the slot serves again.
             spin.synchronize()
-            assert wait_for(lambda: parked(s) == 0, 5)
-            assert wait_for(lambda: "takes requests again" in s.log(), 5)
             after = latencies_ms(other_sync, 50)
             FIGURES["stuck_client"] = {
                 "baseline_sync": summary(base_sync), "baseline_window": summary(base_window),
@@ -169,8 +165,9 @@ def test_deadlines_and_cancellation_of_requests_waiting_on_the_gpu(probes):
             assert wait_for(lambda: in_flight(s) == 0, 1.0)
             assert wait_for(
                 lambda: metric(s, "probesidecar_executor_cancelled_requests_total") == cancelled + 1, 2)
-            # Its slot stays parked while its stream waits; the other slot serves meanwhile.
-            assert parked(s) == 1
+            # Nothing of it was queued (the ready event is waited for on the host): no slot is
+            # parked, both serve.
+            assert parked(s) == 0
             assert tc.score(x, ROWS, "p16").scores.shape == (64, P)
             # Past its deadline with both slots' streams busy: DEADLINE_EXCEEDED, not a hang.
             spin2 = busy_stream(2.0)
@@ -216,10 +213,13 @@ def test_sigterm_with_gpu_work_in_flight_answers_everything_once(probes):
                     verified["code"] = grpc.StatusCode.OK
                 except ProbeSidecarError as error:
                     verified["code"] = error.code
+                except Exception as error:  # a bug of the test or the client: say which
+                    verified["error"] = repr(error)
 
             verifier = threading.Thread(target=verify)
             verifier.start()
-            assert wait_for(lambda: in_flight(s, "Verify") == 1, 10)
+            assert wait_for(lambda: in_flight(s, "Verify") == 1 or "error" in verified, 10)
+            assert "error" not in verified, verified["error"]
             signalled = time.monotonic()
             s.signal(signal.SIGTERM)
             code = s.wait(timeout=grace + 10)
@@ -262,8 +262,7 @@ CHILD = """
         spin = busy_stream(5.0)
         outs = outs[:2]
         handles = [tc.score_async(x, rows, "p16", out=o, stream=spin) for o in outs]
-        [h.response(timeout=30) for h in handles]
-        print("ready", flush=True)
+        print("ready", flush=True)  # the server waits for their ready events (the parent checks)
     else:
         # Windows scored back to back, each waited for on the GPU: killed while some are in flight.
         i = 0
@@ -316,6 +315,8 @@ def test_a_client_killed_mid_window_leaves_nothing_behind(probes, mode):
                 line = child.stdout.readline()
                 assert line.strip() == "ready", child.stderr.read()
                 assert listed() > buffers_before
+                if mode == "waiting":
+                    assert wait_for(lambda: in_flight(s, "ScoreStream") == 2, 10)
                 killed = time.monotonic()
                 child.send_signal(signal.SIGKILL)
                 child.wait(timeout=10)

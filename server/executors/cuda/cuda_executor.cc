@@ -363,6 +363,10 @@ class CudaExecutor final : public Executor {
       gpu_requests_.fetch_add(1, std::memory_order_relaxed);
       absl::Status status = slots_[worker]->Run(*job, &timings, &timings.enqueued, fault);
       status = Checked(std::move(status), "Score");
+      if (status.ok() && !timings.enqueued && lost_.load()) {
+        // Computed while the context was being lost: no answer from a lost context is trusted.
+        status = LostStatus();
+      }
       drops_.Count(status);  // given up at its deadline, or for a caller gone, on the GPU
       ParkIfBusy(worker);
       std::move(done)(status, timings);
@@ -392,6 +396,7 @@ class CudaExecutor final : public Executor {
       }
       gpu_requests_.fetch_add(1, std::memory_order_relaxed);
       absl::Status status = Checked(verifiers_[worker]->Run(*job, &outcome), "Verify");
+      if (status.ok() && lost_.load()) status = LostStatus();  // see ScoreTask
       drops_.Count(status);
       ParkIfBusy(worker);
       std::move(done)(status, outcome);

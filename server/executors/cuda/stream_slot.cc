@@ -156,7 +156,9 @@ absl::Status StreamSlot::Run(const ScoreJob& job, ScoreTimings* timings, bool* e
   PS_RETURN_IF_CUDA(cudaGraphExecKernelNodeSetParams((*entry)->exec, (*entry)->stage_node, &node));
 
   if (job.ready.event != nullptr) {
-    PS_RETURN_IF_CUDA(cudaStreamWaitEvent(stream_, static_cast<cudaEvent_t>(job.ready.event), 0));
+    const auto ready = static_cast<cudaEvent_t>(job.ready.event);
+    if (absl::Status s = AwaitClientEvent(ready, job.lifetime); !s.ok()) return s;
+    PS_RETURN_IF_CUDA(cudaStreamWaitEvent(stream_, ready, 0));  // met: orders the reads after it
   }
   if (inject_fault) PS_RETURN_IF_CUDA(kernels::LaunchTestIllegalAddress(stream_));
   if (source == RowSource::kStaged) {
@@ -321,6 +323,37 @@ absl::Status StreamSlot::FinishOnGpu(const RequestLifetime& lifetime, Holds hold
     // most 500 µs) so that a long wait does not burn a core.
     const auto waited = now - start;
     if (waited < microseconds(2000)) {
+      std::this_thread::yield();
+    } else {
+      std::this_thread::sleep_for(
+          std::min<std::chrono::steady_clock::duration>(waited / 20, microseconds(500)));
+    }
+  }
+}
+
+absl::Status StreamSlot::AwaitClientEvent(cudaEvent_t ready,
+                                          const RequestLifetime& lifetime) const {
+  using std::chrono::microseconds;
+  const auto start = std::chrono::steady_clock::now();
+  auto next_check = start;
+  while (true) {
+    const cudaError_t e = cudaEventQuery(ready);
+    if (e == cudaSuccess) return absl::OkStatus();
+    if (e != cudaErrorNotReady) return CudaStatus(e, "waiting for the client's ready event");
+    const auto now = std::chrono::steady_clock::now();
+    if (now >= next_check) {
+      next_check = now + microseconds(100);
+      absl::Status ended = lifetime.Check();
+      if (ended.ok() && stopping_ != nullptr && stopping_->load(std::memory_order_acquire)) {
+        ended = absl::UnavailableError(
+            "the server is stopping and the client's ready event had not completed");
+      }
+      if (!ended.ok()) return ended;
+    }
+    // Yield through the first 200 µs, then sleep a twentieth of the wait so far (at most
+    // 500 µs): a client far behind costs a worker's time, not a core.
+    const auto waited = now - start;
+    if (waited < microseconds(200)) {
       std::this_thread::yield();
     } else {
       std::this_thread::sleep_for(

@@ -77,6 +77,14 @@ class StreamSlot {
   // the GPU is done with it, and the slot is not idle until then. INTERNAL: a CUDA error.
   absl::Status FinishOnGpu(const RequestLifetime& lifetime, Holds holds);
 
+  // Waits on the host until the client's `ready` event has completed, before anything of its
+  // request is queued: OK then; DEADLINE_EXCEEDED or CANCELLED when `lifetime` ends first,
+  // UNAVAILABLE when the server stops first, INTERNAL for a CUDA error. No stream of the server
+  // ever waits on the GPU for a client: one that is stuck or gone would hold that stream (its
+  // slot, and the request's buffers) for as long as that lasts, and under MPS such a wait slowed
+  // the client's own work (docs/mps.md).
+  absl::Status AwaitClientEvent(cudaEvent_t ready, const RequestLifetime& lifetime) const;
+
   // No work of this slot is pending on the GPU (a CUDA error counts as idle: the next request
   // sees it).
   bool Idle() const;

@@ -143,7 +143,9 @@ absl::Status VerifyRunner::Run(const VerifyJob& job, VerifyOutcome* outcome) {
   // Inline tables are staged (the copy precedes the graph on the stream); their device address
   // is part of the graph's key.
   if (job.ready.event != nullptr) {
-    PS_RETURN_IF_CUDA(cudaStreamWaitEvent(stream_, static_cast<cudaEvent_t>(job.ready.event), 0));
+    const auto ready = static_cast<cudaEvent_t>(job.ready.event);
+    if (absl::Status s = slot_->AwaitClientEvent(ready, job.lifetime); !s.ok()) return s;
+    PS_RETURN_IF_CUDA(cudaStreamWaitEvent(stream_, ready, 0));  // met: orders the reads after it
   }
   if (absl::Status s = StageInlineTables(job); !s.ok()) return s;
   const size_t table_bytes =
