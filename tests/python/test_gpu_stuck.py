@@ -218,7 +218,9 @@ def test_sigterm_with_gpu_work_in_flight_answers_everything_once(probes):
 
             verifier = threading.Thread(target=verify)
             verifier.start()
-            assert wait_for(lambda: in_flight(s, "Verify") == 1 or "error" in verified, 10)
+            # The Verify is the server's (queued behind the windows, or waiting for its ready
+            # event), or already answered.
+            assert wait_for(lambda: in_flight(s, "Verify") >= 1 or verified, 10)
             assert "error" not in verified, verified["error"]
             signalled = time.monotonic()
             s.signal(signal.SIGTERM)
@@ -316,7 +318,7 @@ def test_a_client_killed_mid_window_leaves_nothing_behind(probes, mode):
                 assert line.strip() == "ready", child.stderr.read()
                 assert listed() > buffers_before
                 if mode == "waiting":
-                    assert wait_for(lambda: in_flight(s, "ScoreStream") == 2, 10)
+                    assert wait_for(lambda: in_flight(s, "ScoreStream") >= 1, 10)
                 killed = time.monotonic()
                 child.send_signal(signal.SIGKILL)
                 child.wait(timeout=10)

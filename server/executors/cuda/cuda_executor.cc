@@ -473,6 +473,9 @@ class CudaExecutor final : public Executor {
 
   void MarkLost(const absl::Status& seen, cudaError_t error) {
     if (lost_.exchange(true)) return;
+    // Nothing will complete on this context: requests waiting for a client's ready event or for
+    // the GPU stop waiting now (UNAVAILABLE), not at the end of the grace period.
+    stopping_.store(true, std::memory_order_release);
     {
       absl::MutexLock lock(&lost_mu_);
       lost_status_ = absl::UnavailableError(
