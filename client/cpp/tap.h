@@ -89,8 +89,8 @@ enum class TapSubmit {
   // kHost when the sidecar is an MPS client (ServerInfo.mps: a stream of one MPS client waiting on
   // another's event slows the decode loop), else kGpu.
   kAuto,
-  // When the window closes; the sidecar's stream waits, on the GPU, for its writes (the lowest
-  // latency).
+  // When the window closes; the sidecar waits (on its host) for the window's ready event before
+  // it queues the scoring (the lowest latency).
   kGpu,
   // From the tap's submit thread once the window's writes have landed (the host waits on an
   // event): the sidecar's stream never waits.
@@ -238,7 +238,8 @@ class Tap {
   absl::Status Close(double timeout_s = 30.0);
 
   // Window `index`'s scores where the sidecar wrote them, float32 [steps, max_batch, P], for
-  // readers on the GPU: `stream` waits, on the GPU, for the sidecar's writes. Only the last
+  // readers on the GPU, once the sidecar has written them (waited for on the host, up to the
+  // reuse timeout; `stream` is not made to wait). Only the last
   // window of each half is there, valid until the window two after it starts writing its half.
   // Call from the decode thread.
   absl::StatusOr<const float*> DeviceScores(int64_t index, cudaStream_t stream);

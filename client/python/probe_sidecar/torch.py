@@ -10,8 +10,9 @@ events; rows and scores may stay on the device):
     handle.wait_stream()                 # the current stream waits (on the GPU) for the scores
     use(scores)                          # read them, or overwrite hidden, after that point
 
-The server's stream waits for the work already queued on the caller's stream, so `hidden` may be
-written by kernels still in flight; the caller must not overwrite it, nor read `scores`, until the
+The server reads the inputs only once the work already queued on the caller's stream has
+completed (it waits for the request's ready event on its host), so `hidden` may be written by
+kernels still in flight; the caller must not overwrite it, nor read `scores`, until the
 handle's done event (wait_stream, GPU-side, or wait, host-side).
 
 The v1 call, score(), waits for the current CUDA stream before sending and for the answer.
@@ -334,18 +335,19 @@ class TorchClient:
         allocator settings, expandable segments included). `write(hidden)` is one kernel on the
         current stream that copies the rows into the slot a device-resident counter names:
         capture it in your decode graph and every replay writes the next slot. `step()` after
-        each step; every `window` steps one Score covers the window: the sidecar's stream waits on
-        the GPU for the window's writes, and the half of the ring a window used is rewritten only
+        each step; every `window` steps one Score covers the window: the sidecar reads it once the
+        window's writes have landed, and the half of the ring a window used is rewritten only
         once the call that read it has finished — checked on the host a window later, never by
         making the decode stream wait for the sidecar (a sidecar that dies or hangs cannot stop
         it: its windows fail after `reuse_timeout_s`, default 10 s).
 
         `stream`: the decode stream for the per-window event operations (default: the current
-        stream at each step()). `submit`: "gpu" sends each window at once and the sidecar's
-        stream waits on the GPU for its writes (lowest latency); "host" sends it from a background
-        thread once its writes have landed, so the sidecar's stream never waits; "auto" (the
-        default) is "host" when the sidecar is an MPS client (a stream of one MPS client waiting
-        on another's event slowed the decode loop: docs/mps.md) and "gpu" otherwise.
+        stream at each step()). `submit`: "gpu" sends each window at once (the sidecar waits for
+        its writes to land before it queues the scoring: the lowest latency); "host" sends it from
+        a background thread once its writes have landed; "auto" (the default) is "host" when the
+        sidecar is an MPS client (measured before the sidecar waited on its host: a sidecar stream
+        waiting on the GPU for the loop's event slowed an MPS loop, docs/mps.md) and "gpu"
+        otherwise.
         Other options (max_window_s, on_window, host_results, max_queued_windows, raise_errors):
         probe_sidecar.tap.Tap. Graph capture while windows are in flight: capture with
         capture_error_mode="thread_local", because the tap's threads call CUDA meanwhile.
@@ -408,9 +410,9 @@ class TorchClient:
         the CPU (sent inline); out [b, s_q, h_q, 512] bf16; lse [b, h_q, s_q] float32, optional.
         With compare_to (your own output [b, s_q, h_q, 512]) the sidecar runs in shadow mode: it
         computes into its own scratch, writes nothing of yours, and returns the error report.
-        softmax_scale defaults to 576 ** -0.5. Ordering: the sidecar's stream waits on the GPU for
-        the work queued on `stream` (default: the current one); the call returns once the outputs
-        are written, with no host synchronisation here.
+        softmax_scale defaults to 576 ** -0.5. Ordering: the sidecar reads the inputs once the work
+        queued on `stream` (default: the current one) has completed; the call returns once the
+        outputs are written, with no host synchronisation here.
         """
         device = q.device
         stream = stream or torch.cuda.current_stream(device)
