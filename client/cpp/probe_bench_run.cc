@@ -152,7 +152,9 @@ absl::Status Run(const Options& o, const std::string& git) {
   if (score) {
     // Set-up calls (ServerInfo, loading probe sets) are not measured: a --timeout meant for the
     // measured calls (a short one, to study deadlines) must not fail them.
-    ClientOptions options{std::max(o.timeout_seconds, kSetupTimeoutSeconds), 1 << 30};
+    ClientOptions options;
+    options.timeout_seconds = std::max(o.timeout_seconds, kSetupTimeoutSeconds);
+    options.max_message_bytes = 1 << 30;
     if (!o.admin_token_file.empty()) {
       std::ifstream in(o.admin_token_file);
       std::string line;

@@ -294,35 +294,30 @@ void StreamSlot::DrainCompleted() {
   // `done` goes out of scope here: leases end (deferred unregisters complete) on this thread.
 }
 
-absl::Status StreamSlot::FinishOnGpu(const RequestLifetime& lifetime, Holds holds) {
-  PS_RETURN_IF_CUDA(cudaEventRecord(completion_, stream_));
+absl::Status StreamSlot::PollEvent(cudaEvent_t event, const RequestLifetime& lifetime,
+                                   std::chrono::microseconds spin, const char* what) const {
   using std::chrono::microseconds;
   const auto start = std::chrono::steady_clock::now();
-  auto next_check = start + microseconds(100);
+  auto next_check = start;
   while (true) {
-    const cudaError_t e = cudaEventQuery(completion_);
+    const cudaError_t e = cudaEventQuery(event);
     if (e == cudaSuccess) return absl::OkStatus();
-    if (e != cudaErrorNotReady) return CudaStatus(e, "waiting for the GPU");
+    if (e != cudaErrorNotReady) return CudaStatus(e, what);
     const auto now = std::chrono::steady_clock::now();
     if (now >= next_check) {
       // The caller's deadline, its cancellation, and the server stopping end the wait (about
-      // every 100 µs); the GPU work cannot be taken back, so what it uses stays held.
+      // every 100 µs).
       next_check = now + microseconds(100);
       absl::Status ended = lifetime.Check();
       if (ended.ok() && stopping_ != nullptr && stopping_->load(std::memory_order_acquire)) {
-        ended = absl::UnavailableError(
-            "the server is stopping and the GPU had not finished this request");
+        ended = absl::UnavailableError(absl::StrCat("the server is stopping: ", what));
       }
-      if (!ended.ok()) {
-        if (absl::Status s = HoldUntilDone(std::move(holds)); !s.ok()) return s;
-        return ended;
-      }
+      if (!ended.ok()) return ended;
     }
-    // Spin (yielding) through the first 2 ms, which is where nearly every request ends (as
-    // cudaStreamSynchronize would); then sleep in steps of a twentieth of the wait so far (at
-    // most 500 µs) so that a long wait does not burn a core.
+    // Yield through `spin` (where nearly every wait ends), then sleep a twentieth of the wait so
+    // far (at most 500 µs), so that a long wait does not burn a core.
     const auto waited = now - start;
-    if (waited < microseconds(2000)) {
+    if (waited < spin) {
       std::this_thread::yield();
     } else {
       std::this_thread::sleep_for(
@@ -331,35 +326,22 @@ absl::Status StreamSlot::FinishOnGpu(const RequestLifetime& lifetime, Holds hold
   }
 }
 
+absl::Status StreamSlot::FinishOnGpu(const RequestLifetime& lifetime, Holds holds) {
+  PS_RETURN_IF_CUDA(cudaEventRecord(completion_, stream_));
+  // The first 2 ms spin, as cudaStreamSynchronize would.
+  absl::Status s = PollEvent(completion_, lifetime, std::chrono::microseconds(2000),
+                             "waiting for the GPU");
+  if (s.ok() || s.code() == absl::StatusCode::kInternal) return s;
+  // Given up (deadline, caller gone, stopping): the GPU work cannot be taken back, so what it
+  // uses stays held until it is done.
+  if (absl::Status held = HoldUntilDone(std::move(holds)); !held.ok()) return held;
+  return s;
+}
+
 absl::Status StreamSlot::AwaitClientEvent(cudaEvent_t ready,
                                           const RequestLifetime& lifetime) const {
-  using std::chrono::microseconds;
-  const auto start = std::chrono::steady_clock::now();
-  auto next_check = start;
-  while (true) {
-    const cudaError_t e = cudaEventQuery(ready);
-    if (e == cudaSuccess) return absl::OkStatus();
-    if (e != cudaErrorNotReady) return CudaStatus(e, "waiting for the client's ready event");
-    const auto now = std::chrono::steady_clock::now();
-    if (now >= next_check) {
-      next_check = now + microseconds(100);
-      absl::Status ended = lifetime.Check();
-      if (ended.ok() && stopping_ != nullptr && stopping_->load(std::memory_order_acquire)) {
-        ended = absl::UnavailableError(
-            "the server is stopping and the client's ready event had not completed");
-      }
-      if (!ended.ok()) return ended;
-    }
-    // Yield through the first 200 µs, then sleep a twentieth of the wait so far (at most
-    // 500 µs): a client far behind costs a worker's time, not a core.
-    const auto waited = now - start;
-    if (waited < microseconds(200)) {
-      std::this_thread::yield();
-    } else {
-      std::this_thread::sleep_for(
-          std::min<std::chrono::steady_clock::duration>(waited / 20, microseconds(500)));
-    }
-  }
+  return PollEvent(ready, lifetime, std::chrono::microseconds(200),
+                   "waiting for the client's ready event");
 }
 
 bool StreamSlot::Idle() const {

@@ -21,6 +21,7 @@
 #include <cuda_runtime_api.h>
 
 #include <atomic>
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -84,6 +85,14 @@ class StreamSlot {
   // slot, and the request's buffers) for as long as that lasts, and under MPS such a wait slowed
   // the client's own work (docs/mps.md).
   absl::Status AwaitClientEvent(cudaEvent_t ready, const RequestLifetime& lifetime) const;
+
+ private:
+  // Polls `event` on the host until it completes (OK), a CUDA error (INTERNAL), or `lifetime`
+  // ends or the server stops (that status); yields through `spin`, then sleeps.
+  absl::Status PollEvent(cudaEvent_t event, const RequestLifetime& lifetime,
+                         std::chrono::microseconds spin, const char* what) const;
+
+ public:
 
   // No work of this slot is pending on the GPU (a CUDA error counts as idle: the next request
   // sees it).
