@@ -3,6 +3,7 @@
 
 #include <new>
 
+#include "kernels/common/tensor_map.h"
 #include "kernels/probe_score/probe_score_fused_cuda.h"
 #include "kernels/probe_score/probe_score_fused_tc.h"
 #include "kernels/probe_score/probe_score_wgmma.h"
@@ -39,9 +40,10 @@ cudaError_t ReadDeviceFactsAndSetAttributes(int device, ProbeScoreDeviceFacts* f
   }
   facts->smem_per_sm = smem_per_sm;
   facts->reserved_smem_per_block = reserved;
-  // sm_90a machine code runs on compute capability 9.0 exactly.
+  // sm_90a machine code runs on compute capability 9.0 exactly; its warp-specialised tile reads
+  // W by TMA, through a tensor map the driver encodes.
   facts->gather_wgmma =
-      probe_score_detail::GatherWgmmaCompiled() && facts->cc_major == 9 && facts->cc_minor == 0;
+      facts->cc_major == 9 && facts->cc_minor == 0 && blocks::TensorMapEncoderAvailable();
   if (facts->gather_wgmma &&
       (err = probe_score_detail::SetGatherWgmmaAttributes()) != cudaSuccess) {
     return err;
