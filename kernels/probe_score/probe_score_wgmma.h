@@ -2,6 +2,7 @@
 // Internal to kernels/probe_score.
 #pragma once
 
+#include <cuda.h>
 #include <cuda_runtime_api.h>
 
 #include "common/dtype.h"
@@ -12,10 +13,12 @@ namespace probesidecar::kernels::probe_score_detail {
 // Raises the dynamic shared memory limit of every instantiation (once per device).
 cudaError_t SetGatherWgmmaAttributes();
 
-// Grid `grid` = (n_tiles, m_tiles, splits), 128 * kWgmmaConfigs[config].wgs threads,
-// WgmmaSmemBytes(kWgmmaConfigs[config], terms) of dynamic shared memory. cudaErrorInvalidValue
-// for fp32, or a configuration or terms not instantiated.
+// Grid `grid` = (n_tiles, m_tiles, splits), WgmmaThreads(kWgmmaConfigs[config]) threads,
+// WgmmaSmemBytes(kWgmmaConfigs[config], terms) of dynamic shared memory. The warp-specialised
+// configuration reads W through `weight_map` (ProbeWeights::weight_map of the dtype):
+// cudaErrorNotSupported when it is null. cudaErrorInvalidValue for fp32, or a configuration or
+// terms not instantiated.
 cudaError_t LaunchGatherWgmma(common::DType dtype, int config, int terms, const TcParams& params,
-                              dim3 grid, cudaStream_t stream);
+                              const CUtensorMap* weight_map, dim3 grid, cudaStream_t stream);
 
 }  // namespace probesidecar::kernels::probe_score_detail

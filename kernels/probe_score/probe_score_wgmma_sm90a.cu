@@ -6,7 +6,6 @@
 #include <type_traits>
 #include <utility>
 
-#include "kernels/common/tensor_map.h"
 #include "kernels/probe_score/probe_score_config.h"
 #include "kernels/probe_score/probe_score_wgmma.h"
 #include "kernels/probe_score/probe_score_wgmma_sm90a.cuh"
@@ -34,28 +33,15 @@ static_assert(kWgmmaConfigs[kWsConfig].ws && kWgmmaConfigs[kWsConfig].bn == sm90
               WgmmaStages(kWgmmaConfigs[kWsConfig], 1) == sm90a::kWsStages &&
               WgmmaSmemBytes(kWgmmaConfigs[kWsConfig], 1) == sm90a::kWsSmemBytes &&
               WgmmaThreads(kWgmmaConfigs[kWsConfig]) == sm90a::kWsThreads);
-
-// W's first term as a 2-D tensor [w_rows, w_row_stride] with 256 x 64 boxes in the 128-byte
-// swizzle the wgmma descriptors read; rows past w_rows come in as zeros.
-cudaError_t EncodeWeightMap(common::DType dtype, const TcParams& p, CUtensorMap* map) {
-  const cuuint64_t dims[2] = {static_cast<cuuint64_t>(p.w_row_stride),
-                              static_cast<cuuint64_t>(p.w_rows)};
-  const cuuint64_t strides[1] = {static_cast<cuuint64_t>(p.w_row_stride) * 2};
-  const cuuint32_t box[2] = {64, static_cast<cuuint32_t>(sm90a::kWsBN)};
-  return blocks::EncodeSwizzled128TensorMap(map,
-                                            dtype == common::DType::kBFloat16
-                                                ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16
-                                                : CU_TENSOR_MAP_DATA_TYPE_FLOAT16,
-                                            2, p.weight, dims, strides, box);
-}
+static_assert(kWsWeightBoxCols == sm90a::kBK && kWsWeightBoxRows == sm90a::kWsBN,
+              "the weight tensor map's box is the warp-specialised kernel's B tile");
 
 template <typename T>
-cudaError_t LaunchWs(common::DType dtype, const TcParams& params, dim3 grid, cudaStream_t stream) {
+cudaError_t LaunchWs(const TcParams& params, const CUtensorMap& weight_map, dim3 grid,
+                     cudaStream_t stream) {
   sm90a::WsArgs args;
+  args.w_map = weight_map;
   args.p = params;
-  if (cudaError_t err = EncodeWeightMap(dtype, params, &args.w_map); err != cudaSuccess) {
-    return err;
-  }
   sm90a::GatherWgmmaWsKernel<T><<<grid, sm90a::kWsThreads, sm90a::kWsSmemBytes, stream>>>(args);
   return cudaGetLastError();
 }
@@ -121,13 +107,14 @@ cudaError_t SetGatherWgmmaAttributes() {
 }
 
 cudaError_t LaunchGatherWgmma(common::DType dtype, int config, int terms, const TcParams& params,
-                              dim3 grid, cudaStream_t stream) {
+                              const CUtensorMap* weight_map, dim3 grid, cudaStream_t stream) {
   if (config == kWsConfig) {
     if (terms != 1 || grid.z != 1) return cudaErrorInvalidValue;
+    if (weight_map == nullptr) return cudaErrorNotSupported;
     if (dtype == common::DType::kBFloat16) {
-      return LaunchWs<__nv_bfloat16>(dtype, params, grid, stream);
+      return LaunchWs<__nv_bfloat16>(params, *weight_map, grid, stream);
     }
-    if (dtype == common::DType::kFloat16) return LaunchWs<__half>(dtype, params, grid, stream);
+    if (dtype == common::DType::kFloat16) return LaunchWs<__half>(params, *weight_map, grid, stream);
     return cudaErrorInvalidValue;
   }
   return Visit(dtype, config, terms, cudaErrorInvalidValue, [&](auto elem, auto index, auto t) {
