@@ -2,22 +2,26 @@
 //
 //   scores[r, p] = act(sum_h x[rows[r], h] * W[p, h] + b[p])      x: [T, H], W: [P, H]
 //
-// Three paths (ChooseProbeScorePath picks one per shape). Use, per stream:
+// The paths are the ProbeScorePath values (probe_score_plan.h); ChooseProbeScorePath picks one
+// per shape. Use, per stream:
 //   once        CreateProbeScoreWorkspace(config, stream) (reads the device facts, allocates every
 //               buffer, binds its cuBLAS handle to the stream); CreateProbeWeights per probe set
 //               (lays the weights out and encodes their tensor maps).
-//   per graph   shape = {dtype, max_rows bucket, P, H};
+//   per graph   shape = {dtype, max_rows bucket, P, H, precision};
 //   (capture)   resources = ProbeScoreWorkspaceResources(*workspace);
 //               path = ChooseProbeScorePath(shape, resources.device);
 //               PlanProbeScore(shape, path, resources, {}, &plan);
-//               capture: copy ProbeScoreDeviceArgs + rows to the device, then
+//               capture whatever writes the request's ProbeScoreDeviceArgs and rows into the
+//               device memory the params name (the server's graph: the staging kernel of
+//               kernels/request_staging, from its kernel-node parameters), then
 //               LaunchProbeScore(plan, params, workspace, stream).
-//   per request write the pinned args and rows the graph copies from, replay the graph.
+//   per request give the graph the request's arguments and rows (the server: it updates the
+//               staging node's parameters) and replay it.
 // LaunchProbeScore re-plans nothing, queries no device property, encodes no tensor map,
-// configures no cuBLAS state and allocates nothing, so it can be captured. Everything a request changes (activation pointer and stride, output pointer and
-// stride, row count, row indices) is read by the kernels from device memory the caller owns
-// (ProbeScoreDeviceArgs and the row array), so one captured graph serves every request of its
-// shape.
+// configures no cuBLAS state and allocates nothing, so it can be captured. Everything a request
+// changes (activation pointer and stride, output pointer and stride, row count, row indices) is
+// read by the kernels from device memory the caller owns (ProbeScoreDeviceArgs and the row array),
+// so one captured graph serves every request of its shape.
 #pragma once
 
 #include <cuda.h>

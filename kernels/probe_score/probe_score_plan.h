@@ -15,7 +15,7 @@
 
 namespace probesidecar::kernels {
 
-// New paths (e.g. Hopper sm_90a kernels) are appended; the names are used in metrics and results.
+// Values are stable (new paths are appended): the names are used in metrics and results.
 enum class ProbeScorePath : int32_t {
   kFusedCuda = 0,        // CUDA cores; each selected row read once; few probes
   kFusedTensorCore = 1,  // gather fused into a tensor-core GEMM (bf16/fp16 only)
