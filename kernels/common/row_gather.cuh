@@ -9,7 +9,6 @@
 
 #include <cstdint>
 
-
 namespace probesidecar::kernels::blocks {
 
 // The row indices of tile rows first, first + step, ..., read before the request's row count is

@@ -37,9 +37,9 @@ template <typename T>
 __device__ __forceinline__ void Mma16816(float (&d)[4], const uint32_t (&a)[4], uint32_t b0,
                                          uint32_t b1) {
   static_assert(std::is_same_v<T, __nv_bfloat16> || std::is_same_v<T, __half>, "bf16 or fp16");
-  using Op = std::conditional_t<std::is_same_v<T, __nv_bfloat16>,
-                                cute::SM80_16x8x16_F32BF16BF16F32_TN,
-                                cute::SM80_16x8x16_F32F16F16F32_TN>;
+  using Op =
+      std::conditional_t<std::is_same_v<T, __nv_bfloat16>, cute::SM80_16x8x16_F32BF16BF16F32_TN,
+                         cute::SM80_16x8x16_F32F16F16F32_TN>;
   Op::fma(d[0], d[1], d[2], d[3], a[0], a[1], a[2], a[3], b0, b1, d[0], d[1], d[2], d[3]);
 }
 

@@ -81,7 +81,8 @@ cudaError_t CreateMlaVerifyWorkspace(const MlaVerifyWorkspaceConfig& config,
   }
   // sm_90a machine code runs on compute capability 9.0 exactly.
   bool sm90a_available = false;
-  if (major == 9 && minor == 0 && (err = mla::SetSm90aAttributes(&sm90a_available)) != cudaSuccess) {
+  if (major == 9 && minor == 0 &&
+      (err = mla::SetSm90aAttributes(&sm90a_available)) != cudaSuccess) {
     return err;
   }
   // Shared-memory limits of every instantiation, once.
@@ -131,13 +132,12 @@ namespace {
 cudaError_t LaunchCombine(const KernelArgs& args, const MlaVerifyPlan& plan, cudaStream_t stream) {
   const int32_t rows = args.p.s_q * args.p.h_q;
   const int32_t listed = mla::MaxSplitRequests(args.p.batch, plan.num_parts);
-  return plan.combine_rows
-             ? blocks::LaunchProgrammaticDependent(mla::MlaVerifyCombineRowsKernel,
-                                                   dim3((rows + 7) / 8, listed), dim3(256), 0,
-                                                   stream, args)
-             : blocks::LaunchProgrammaticDependent(mla::MlaVerifyCombineKernel,
-                                                   dim3(rows * 4, std::min(16, listed)), dim3(256),
-                                                   0, stream, args);
+  return plan.combine_rows ? blocks::LaunchProgrammaticDependent(mla::MlaVerifyCombineRowsKernel,
+                                                                 dim3((rows + 7) / 8, listed),
+                                                                 dim3(256), 0, stream, args)
+                           : blocks::LaunchProgrammaticDependent(
+                                 mla::MlaVerifyCombineKernel, dim3(rows * 4, std::min(16, listed)),
+                                 dim3(256), 0, stream, args);
 }
 
 }  // namespace

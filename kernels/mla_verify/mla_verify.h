@@ -46,7 +46,6 @@
 
 namespace probesidecar::kernels {
 
-
 enum class MlaVerifyPath : int32_t {
   kSplitKv = 0,       // portable split-KV (mma.sync + cp.async), sm_90 machine code
   kBaseline = 1,      // one block per (request, row tile), no split: the in-tree A/B baseline

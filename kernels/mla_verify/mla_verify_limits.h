@@ -9,7 +9,7 @@ namespace probesidecar::kernels {
 
 inline constexpr int kMlaHeadDimQk = 576;  // latent 512 + rope 64
 inline constexpr int kMlaHeadDimV = 512;
-inline constexpr int kMlaPageSize = 64;    // tokens per cache page
+inline constexpr int kMlaPageSize = 64;  // tokens per cache page
 inline constexpr int kMlaMaxSq = 16;
 inline constexpr int kMlaMaxHeads = 128;
 // Requests per launch: the batch a workspace is made for by default (MlaVerifyWorkspaceConfig)

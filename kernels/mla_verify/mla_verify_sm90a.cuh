@@ -106,7 +106,9 @@ using MmaPvSs = cute::SM90::GMMA::MMA_64x256x16_F32BF16BF16_SS<GmmaMajor::K, Gmm
 // Shared-memory descriptors (kernels/common/wgmma.cuh): Q, K and P are K-major; V, the first 512
 // columns of the same key rows, is MN-major with the next 64 columns one slab further (lbo), and
 // a k-step of 16 keys moves its start by 16 rows (2048 bytes).
-__device__ __forceinline__ uint64_t DescK(uint32_t addr) { return blocks::SwizzledKMajorDesc(addr); }
+__device__ __forceinline__ uint64_t DescK(uint32_t addr) {
+  return blocks::SwizzledKMajorDesc(addr);
+}
 __device__ __forceinline__ uint64_t DescV(uint32_t addr) {
   return blocks::SwizzledSmemDesc(addr, kSlabBytes, blocks::kSwizzleAtomBytes);
 }

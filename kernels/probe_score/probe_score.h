@@ -54,8 +54,9 @@ struct ProbeWeights {
   float term_scale[common::kNumDTypes] = {1.0f, 1.0f, 1.0f};
   int64_t term_stride = 0;  // elements between term planes (p_pad * h_pad)
   // gather_wgmma's warp-specialised tile reads W by TMA, through the tensor map of the dtype's
-  // plane (fast precision, 16-bit dtypes), encoded once here: weight_map_ready[dtype] says whether
-  // it is (not for exact precision, float32, or a driver without the tensor-map encoder).
+  // plane (fast precision, 16-bit dtypes), encoded once by CreateProbeWeights;
+  // weight_map_ready[dtype] says whether it is (not for exact precision, float32, or a driver
+  // without the tensor-map encoder).
   CUtensorMap weight_map[common::kNumDTypes] = {};
   bool weight_map_ready[common::kNumDTypes] = {false, false, false};
   void* storage = nullptr;  // the single device allocation behind the pointers above

@@ -99,8 +99,8 @@ __global__ void __launch_bounds__(kFusedThreads, 2)
       const bool in = kb + kk < p.w_row_stride;
       blocks::CpAsync16(
           blocks::SmemAddr(w_s + 4 * i),
-          in ? static_cast<const void*>(p.weight + static_cast<int64_t>(probe0 + pp) * p.w_row_stride +
-                                        kb + kk)
+          in ? static_cast<const void*>(
+                   p.weight + static_cast<int64_t>(probe0 + pp) * p.w_row_stride + kb + kk)
              : static_cast<const void*>(p.weight),
           in);
     }

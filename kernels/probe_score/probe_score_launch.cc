@@ -33,9 +33,9 @@ dim3 Dim3(const ProbeScoreGrid& g) { return dim3(g.x, g.y, g.z); }
 // Whether exactly the sub-plan of plan.path is filled, as PlanProbeScore leaves it: a plan whose
 // path was changed afterwards (or that no planner made) would launch another path's grid.
 bool PlannedForItsPath(const ProbeScorePlan& plan) {
-  const bool planned[kNumProbeScorePaths] = {
-      plan.fused_cuda.grid.x != 0, plan.fused_tc.grid.x != 0, plan.gather_gemm.num_chunks != 0,
-      plan.gather_wgmma.grid.x != 0};
+  const bool planned[kNumProbeScorePaths] = {plan.fused_cuda.grid.x != 0, plan.fused_tc.grid.x != 0,
+                                             plan.gather_gemm.num_chunks != 0,
+                                             plan.gather_wgmma.grid.x != 0};
   const int path = static_cast<int>(plan.path);
   if (path < 0 || path >= kNumProbeScorePaths) return false;
   for (int p = 0; p < kNumProbeScorePaths; ++p) {

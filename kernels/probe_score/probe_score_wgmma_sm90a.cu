@@ -114,7 +114,9 @@ cudaError_t LaunchGatherWgmma(common::DType dtype, int config, int terms, const 
     if (dtype == common::DType::kBFloat16) {
       return LaunchWs<__nv_bfloat16>(params, *weight_map, grid, stream);
     }
-    if (dtype == common::DType::kFloat16) return LaunchWs<__half>(params, *weight_map, grid, stream);
+    if (dtype == common::DType::kFloat16) {
+      return LaunchWs<__half>(params, *weight_map, grid, stream);
+    }
     return cudaErrorInvalidValue;
   }
   return Visit(dtype, config, terms, cudaErrorInvalidValue, [&](auto elem, auto index, auto t) {

@@ -183,8 +183,8 @@ __global__ void __launch_bounds__(128 * kWGs, 1)
       const uint64_t da = blocks::SwizzledKMajorDesc(a_base + kk * 32);
 #pragma unroll
       for (int term = 0; term < kTerms; ++term) {
-        blocks::WgmmaSS<Op>(da, blocks::SwizzledKMajorDesc(b_base + term * S::kBTermBytes + kk * 32),
-                            acc);
+        blocks::WgmmaSS<Op>(
+            da, blocks::SwizzledKMajorDesc(b_base + term * S::kBTermBytes + kk * 32), acc);
       }
     }
     cute::warpgroup_commit_batch();
