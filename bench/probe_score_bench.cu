@@ -270,7 +270,7 @@ class Bench {
   bool Init() {
     CHECK_CUDA(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
     CHECK_CUDA(cudaMalloc(&pool_, kPoolBytes));
-    CHECK_CUDA(ps::CreateProbeScoreWorkspace(BenchWorkspaceConfig(), &ws_));
+    CHECK_CUDA(ps::CreateProbeScoreWorkspace(BenchWorkspaceConfig(), stream_, &ws_));
     CHECK_CUDA(cudaMalloc(&out_, size_t{8192} * 1024 * 4));
     CHECK_CUDA(cudaMalloc(&args_d_, kSlots * sizeof(ps::ProbeScoreDeviceArgs)));
     CHECK_CUDA(cudaMalloc(&rows_d_, size_t{kSlots} * 8192 * 4));

@@ -4,6 +4,8 @@
 #include <algorithm>
 #include <cmath>
 
+#include "kernels/common/launch.cuh"
+#include "kernels/common/online_softmax.cuh"
 #include "kernels/mla_verify/mla_verify.h"
 #include "kernels/mla_verify/mla_verify_internal.h"
 #include "kernels/mla_verify/mla_verify_kernel.cuh"
@@ -50,7 +52,7 @@ KernelArgs MakeArgs(const MlaVerifyParams& params, const MlaVerifyWorkspace* ws)
   args.plan = ws->plan;
   args.partial_out = ws->partial_out;
   args.partial_lse = ws->partial_lse;
-  args.scale_log2 = params.softmax_scale * mla::kLog2e;
+  args.scale_log2 = params.softmax_scale * blocks::kLog2e;
   return args;
 }
 
@@ -79,7 +81,7 @@ cudaError_t CreateMlaVerifyWorkspace(const MlaVerifyWorkspaceConfig& config,
   }
   // sm_90a machine code runs on compute capability 9.0 exactly.
   bool sm90a_available = false;
-  if (mla::Sm90aCompiled() && major == 9 && minor == 0 &&
+  if (major == 9 && minor == 0 &&
       (err = mla::SetSm90aAttributes(&sm90a_available)) != cudaSuccess) {
     return err;
   }
@@ -130,19 +132,12 @@ namespace {
 cudaError_t LaunchCombine(const KernelArgs& args, const MlaVerifyPlan& plan, cudaStream_t stream) {
   const int32_t rows = args.p.s_q * args.p.h_q;
   const int32_t listed = mla::MaxSplitRequests(args.p.batch, plan.num_parts);
-  cudaLaunchConfig_t config{};
-  config.gridDim = plan.combine_rows ? dim3((rows + 7) / 8, listed)
-                                     : dim3(rows * 4, std::min(16, listed));
-  config.blockDim = dim3(256);
-  config.stream = stream;
-  cudaLaunchAttribute attribute{};
-  attribute.id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attribute.val.programmaticStreamSerializationAllowed = 1;
-  config.attrs = &attribute;
-  config.numAttrs = 1;
-  return plan.combine_rows
-             ? cudaLaunchKernelEx(&config, mla::MlaVerifyCombineRowsKernel, args)
-             : cudaLaunchKernelEx(&config, mla::MlaVerifyCombineKernel, args);
+  return plan.combine_rows ? blocks::LaunchProgrammaticDependent(mla::MlaVerifyCombineRowsKernel,
+                                                                 dim3((rows + 7) / 8, listed),
+                                                                 dim3(256), 0, stream, args)
+                           : blocks::LaunchProgrammaticDependent(
+                                 mla::MlaVerifyCombineKernel, dim3(rows * 4, std::min(16, listed)),
+                                 dim3(256), 0, stream, args);
 }
 
 }  // namespace

@@ -42,13 +42,9 @@
 #include <cstddef>
 #include <cstdint>
 
-namespace probesidecar::kernels {
+#include "kernels/mla_verify/mla_verify_limits.h"
 
-inline constexpr int kMlaHeadDimQk = 576;  // latent 512 + rope 64
-inline constexpr int kMlaHeadDimV = 512;
-inline constexpr int kMlaPageSize = 64;    // tokens per cache page
-inline constexpr int kMlaMaxSq = 16;
-inline constexpr int kMlaMaxHeads = 128;
+namespace probesidecar::kernels {
 
 enum class MlaVerifyPath : int32_t {
   kSplitKv = 0,       // portable split-KV (mma.sync + cp.async), sm_90 machine code
@@ -95,12 +91,12 @@ struct MlaVerifyParams {
 // Per-stream scratch: the device plan (per-request split bookkeeping) and the partial outputs of
 // split requests. Allocations happen only in CreateMlaVerifyWorkspace.
 //
-// Sizing: plan 4 * (4 * max_batch + 8) bytes; partial outputs 2 * num_sms * 64 rows * 512
-// float32 (34.6 MB on a 132-SM H200) and their LSEs: independent of lengths, because a block's
-// key range is one contiguous range of the flattened batch, so at most 2 * (blocks) partial
-// row-tiles exist at once.
+// Sizing: the plan, mla::PlanInts(max_batch) = 3 * max_batch + 9 int32 (mla_verify_plan.h);
+// partial outputs 2 * num_sms * 64 rows * 512 float32 (34.6 MB on a 132-SM H200) and their LSEs:
+// independent of lengths, because a block's key range is one contiguous range of the flattened
+// batch, so at most 2 * (blocks) partial row-tiles exist at once.
 struct MlaVerifyWorkspaceConfig {
-  int32_t max_batch = 256;
+  int32_t max_batch = kMlaMaxBatch;
   int32_t device = -1;  // -1: the current device
 };
 

@@ -1,6 +1,9 @@
-// Shared by the MLA verify tile kernels (portable and sm_90a): launch arguments, cp.async,
-// ldmatrix, mma.sync and shuffle helpers, and the cursor that walks a block's range of the
-// flattened batch.
+// Shared by the MLA verify kernels and not by other kernels (those are in kernels/common): launch
+// arguments, shuffle helpers, the cursor that walks a block's range of the flattened batch (the
+// range setup, both tile kernels), where a finished request's rows go, and the combine's store.
+// Each tile kernel writes its finished rows itself: the two hold O in different fragment layouts,
+// and a shared writer would change the register allocation of the sm_90a kernel, which runs at
+// the 255-register limit (about 870 instructions of its main loop differ in SASS).
 #pragma once
 
 #include <cuda_bf16.h>
@@ -8,6 +11,7 @@
 
 #include <cstdint>
 
+#include "kernels/common/online_softmax.cuh"
 #include "kernels/mla_verify/mla_verify.h"
 #include "kernels/mla_verify/mla_verify_plan.h"
 
@@ -18,8 +22,6 @@ inline constexpr int kSmemStride = 584;        // bf16 per shared row: 576 + 8 (
                                                // in bank space: ldmatrix is conflict free)
 inline constexpr int kChunksPerRow = kMlaHeadDimQk / 8;  // 16-byte chunks per 576-wide row
 inline constexpr int kSStride = kBlockN + 8;   // floats per row of the score exchange buffer
-inline constexpr float kLog2e = 1.4426950408889634f;
-inline constexpr float kLn2 = 0.6931471805599453f;
 
 // Everything a launch needs, passed by value as a __grid_constant__ parameter.
 struct KernelArgs {
@@ -32,49 +34,6 @@ struct KernelArgs {
 
 // ---------------------------------------------------------------------------------------------
 // PTX helpers.
-
-__device__ __forceinline__ uint32_t SmemAddr(const void* p) {
-  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
-
-// 16-byte asynchronous copy; src_bytes = 0 fills the destination with zeros without reading.
-// The "memory" clobbers keep the compiler from moving ordinary shared-memory accesses across the
-// copy, its commit and its wait (the data the wait makes visible is read by plain loads after it).
-__device__ __forceinline__ void CpAsync16(uint32_t dst, const void* src, int src_bytes) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src),
-               "r"(src_bytes)
-               : "memory");
-}
-__device__ __forceinline__ void CpAsyncCommit() {
-  asm volatile("cp.async.commit_group;\n" ::: "memory");
-}
-template <int kN>
-__device__ __forceinline__ void CpAsyncWait() {
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(kN) : "memory");
-}
-
-__device__ __forceinline__ void LdMatrixX4(uint32_t addr, uint32_t& r0, uint32_t& r1,
-                                           uint32_t& r2, uint32_t& r3) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-               : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3)
-               : "r"(addr));
-}
-__device__ __forceinline__ void LdMatrixX4Trans(uint32_t addr, uint32_t& r0, uint32_t& r1,
-                                                uint32_t& r2, uint32_t& r3) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-               : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3)
-               : "r"(addr));
-}
-
-// c += a * b, m16n8k16, bf16 operands, float32 accumulators.
-__device__ __forceinline__ void Mma16816(float (&c)[4], const uint32_t (&a)[4], uint32_t b0,
-                                         uint32_t b1) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
-      "{%8, %9}, {%0, %1, %2, %3};\n"
-      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
 
 // Barrier among the 128 threads of one row group (ids 1..4; 0 is __syncthreads).
 __device__ __forceinline__ void RowGroupBarrier(int rg) {
@@ -139,14 +98,26 @@ __device__ __forceinline__ bool SplitRange(const KernelArgs& args, int32_t part,
   return true;
 }
 
-// Where a finished request's rows go: straight to out / lse, or to partial slot `slot`.
-__device__ __forceinline__ bool PartialSlot(const KernelArgs& args, const RequestCursor& cur,
-                                            int32_t part, int64_t* slot) {
-  const int32_t per = args.plan[0];
-  if (NumSplits(cur.begin, cur.end, per) < 2) return false;
+// Where the rows of finished request r (units [begin, end) of the flattened batch, `per` units a
+// range) go from range `part`: straight to out / lse (false), or (true) to partial slot *slot,
+// when the request spans several ranges.
+__device__ __forceinline__ bool PartialSlot(const KernelArgs& args, int32_t per, int32_t r,
+                                            int32_t begin, int32_t end, int32_t part,
+                                            int64_t* slot) {
+  if (NumSplits(begin, end, per) < 2) return false;
   const int32_t* slot_base = args.plan + kPlanCum + args.p.batch + 1;
-  *slot = slot_base[cur.r] + (part - FirstPart(cur.begin, per));
+  *slot = slot_base[r] + (part - FirstPart(begin, per));
   return true;
+}
+
+// Four float32 values times `scale` as bf16 to dst (8-byte aligned).
+__device__ __forceinline__ void StoreBf16x4(__nv_bfloat16* dst, float4 v, float scale) {
+  const __nv_bfloat162 lo = __floats2bfloat162_rn(v.x * scale, v.y * scale);
+  const __nv_bfloat162 hi = __floats2bfloat162_rn(v.z * scale, v.w * scale);
+  uint2 packed;
+  packed.x = *reinterpret_cast<const uint32_t*>(&lo);
+  packed.y = *reinterpret_cast<const uint32_t*>(&hi);
+  *reinterpret_cast<uint2*>(dst) = packed;
 }
 
 }  // namespace probesidecar::kernels::mla

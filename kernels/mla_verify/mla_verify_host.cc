@@ -2,12 +2,14 @@
 // CUDA headers only, so that the CPU tests (CI) check them without device code.
 #include <cstdint>
 
+#include "kernels/common/alignment.h"
 #include "kernels/mla_verify/mla_verify.h"
 
 namespace probesidecar::kernels {
 namespace {
 
-bool Aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
+using blocks::Is16ByteAligned;
+
 bool Mult8(int64_t stride) { return stride >= 0 && stride % 8 == 0; }
 
 }  // namespace
@@ -42,7 +44,9 @@ cudaError_t CheckMlaVerifyParams(const MlaVerifyParams& p, const MlaVerifyWorksp
     return cudaErrorInvalidValue;
   }
   // 16-byte copies and stores: base pointers and every row start 16-byte aligned.
-  if (!Aligned16(p.q) || !Aligned16(p.kv_cache) || !Aligned16(p.out)) return cudaErrorInvalidValue;
+  if (!Is16ByteAligned(p.q) || !Is16ByteAligned(p.kv_cache) || !Is16ByteAligned(p.out)) {
+    return cudaErrorInvalidValue;
+  }
   if (!Mult8(p.q_batch_stride) || !Mult8(p.q_token_stride) || !Mult8(p.q_head_stride) ||
       !Mult8(p.kv_page_stride) || !Mult8(p.kv_row_stride) || !Mult8(p.out_batch_stride) ||
       !Mult8(p.out_token_stride) || !Mult8(p.out_head_stride)) {

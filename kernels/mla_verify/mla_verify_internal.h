@@ -10,11 +10,8 @@ namespace probesidecar::kernels::mla {
 
 struct KernelArgs;
 
-// Whether this build holds the sm_90a kernels (CUTLASS/CuTe headers were found).
-bool Sm90aCompiled();
-// Looks up the driver's tensor-map encoder and raises the sm_90a kernel's dynamic shared-memory
-// limit (once, at workspace creation); *available says whether the kernel can run (the encoder
-// was found).
+// Raises the sm_90a kernel's dynamic shared-memory limit (once, at workspace creation) where the
+// driver encodes tensor maps; *available says whether the kernel can run (its loads are TMA).
 cudaError_t SetSm90aAttributes(bool* available);
 // The sm_90a tile kernel (split mode) on grid (64-row tiles, ranges), as a programmatic
 // dependent of the plan kernel launched just before it.

@@ -26,6 +26,9 @@
 
 #include <cstdint>
 
+#include "kernels/common/cp_async.cuh"
+#include "kernels/common/online_softmax.cuh"
+#include "kernels/common/warp_mma.cuh"
 #include "kernels/mla_verify/mla_verify.h"
 #include "kernels/mla_verify/mla_verify_common.cuh"
 #include "kernels/mla_verify/mla_verify_plan.h"
@@ -177,17 +180,17 @@ __global__ void __launch_bounds__(TileConfig<kRowGroups>::kThreads,
       src += static_cast<int64_t>(load_cur.table[page_in_req]) * p.kv_page_stride +
              static_cast<int64_t>((i & 1) * kBlockN) * p.kv_row_stride;
     }
-    const uint32_t dst = SmemAddr(s_kv + slot * kBlockN * kSmemStride);
+    const uint32_t dst = blocks::SmemAddr(s_kv + slot * kBlockN * kSmemStride);
 #pragma unroll 4
     for (int c = tid; c < kBlockN * kChunksPerRow; c += kThreads) {
       const int row = c / kChunksPerRow, chunk = c - row * kChunksPerRow;
       const bool ok = row < valid;
       const __nv_bfloat16* g = ok ? src + row * p.kv_row_stride + chunk * 8 : p.kv_cache;
-      CpAsync16(dst + (row * kSmemStride + chunk * 8) * 2, g, ok ? 16 : 0);
+      blocks::CpAsync16(dst + (row * kSmemStride + chunk * 8) * 2, g, ok);
     }
   };
   auto load_q = [&](int32_t r) {
-    const uint32_t dst = SmemAddr(s_q);
+    const uint32_t dst = blocks::SmemAddr(s_q);
     for (int c = tid; c < kM * kChunksPerRow; c += kThreads) {
       const int row = c / kChunksPerRow, chunk = c - row * kChunksPerRow;
       const int32_t g = tile * kM + row;
@@ -197,7 +200,7 @@ __global__ void __launch_bounds__(TileConfig<kRowGroups>::kThreads,
         const int32_t j = g / p.h_q, h = g - j * p.h_q;
         src += r * p.q_batch_stride + j * p.q_token_stride + h * p.q_head_stride + chunk * 8;
       }
-      CpAsync16(dst + (row * kSmemStride + chunk * 8) * 2, src, ok ? 16 : 0);
+      blocks::CpAsync16(dst + (row * kSmemStride + chunk * 8) * 2, src, ok);
     }
   };
 
@@ -220,7 +223,9 @@ __global__ void __launch_bounds__(TileConfig<kRowGroups>::kThreads,
   auto finalize = [&](const RequestCursor& cur) {
     int64_t slot = 0;
     bool direct = true;
-    if constexpr (kSplit) direct = !PartialSlot(args, cur, blockIdx.y, &slot);
+    if constexpr (kSplit) {
+      direct = !PartialSlot(args, args.plan[0], cur.r, cur.begin, cur.end, blockIdx.y, &slot);
+    }
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
       const int32_t g = tile * kM + row_in_tile0 + half * 8;
@@ -239,7 +244,7 @@ __global__ void __launch_bounds__(TileConfig<kRowGroups>::kThreads,
         }
         if (p.lse != nullptr && cg == 0 && quad == 0) {
           p.lse[cur.r * p.lse_batch_stride + h * p.lse_head_stride + j] =
-              l > 0.0f ? lse2 * kLn2 : -INFINITY;
+              l > 0.0f ? lse2 * blocks::kLn2 : -INFINITY;
         }
       } else {
         float* dst = args.partial_out + (slot * rows + g) * kMlaHeadDimV + cg * 128 + quad * 2;
@@ -256,25 +261,25 @@ __global__ void __launch_bounds__(TileConfig<kRowGroups>::kThreads,
   // Shared-memory addresses of this lane's ldmatrix rows.
   // A (Q, 16 x 16 per k-step): rows rg*16 + lane%16, columns (lane/16)*8.
   const uint32_t q_addr =
-      SmemAddr(s_q + (rg * 16 + (lane & 15)) * kSmemStride + (lane >> 4) * 8);
+      blocks::SmemAddr(s_q + (rg * 16 + (lane & 15)) * kSmemStride + (lane >> 4) * 8);
   // B for S (K rows are keys): keys cg*8 + lane%8, depth (lane/8)*8: 4 matrices = 2 k-steps.
   const uint32_t k_off = ((cg * 8 + (lane & 7)) * kSmemStride + (lane >> 3) * 8) * 2;
   // B for P·V (transposed): keys (lane%8) + 8*((lane/8)%2), columns cg*128 + (lane/16)*8.
   const uint32_t v_off =
       (((lane & 7) + ((lane >> 3) & 1) * 8) * kSmemStride + cg * 128 + (lane >> 4) * 8) * 2;
-  const uint32_t kv_base = SmemAddr(s_kv);
+  const uint32_t kv_base = blocks::SmemAddr(s_kv);
 
   // Prologue: the first kStages - 1 stages. One commit group per stage, empty ones included,
   // so that the wait counts below hold to the end.
 #pragma unroll
   for (int i = 0; i < kStages - 1; ++i) {
     if (i < num_blocks) load_block(i, i);
-    CpAsyncCommit();
+    blocks::CpAsyncCommit();
   }
 
   int32_t q_request = -1;
   for (int32_t i = 0; i < num_blocks; ++i) {
-    CpAsyncWait<kStages - 2>();
+    blocks::CpAsyncWait<kStages - 2>();
     __syncthreads();  // stage i visible to all; everyone is done with stage i-1 and with s_s
     const int32_t u = u0 + (i >> 1);
     comp_cur.Advance(p, u);
@@ -282,13 +287,13 @@ __global__ void __launch_bounds__(TileConfig<kRowGroups>::kThreads,
       // A new request: its Q tile (everyone finished the old one at the barrier above). This
       // drains the ring once per request boundary of the range.
       load_q(comp_cur.r);
-      CpAsyncCommit();
-      CpAsyncWait<0>();
+      blocks::CpAsyncCommit();
+      blocks::CpAsyncWait<0>();
       __syncthreads();
       q_request = comp_cur.r;
     }
     if (i + kStages - 1 < num_blocks) load_block(i + kStages - 1, (i + kStages - 1) % kStages);
-    CpAsyncCommit();
+    blocks::CpAsyncCommit();
 
     const int slot = i % kStages;
     const int32_t k_block = (u - comp_cur.begin) * kMlaPageSize + (i & 1) * kBlockN;
@@ -299,12 +304,12 @@ __global__ void __launch_bounds__(TileConfig<kRowGroups>::kThreads,
       const uint32_t k_addr = kv_base + slot * (kBlockN * kSmemStride * 2) + k_off;
 #pragma unroll 6
       for (int kk = 0; kk < kMlaHeadDimQk / 32; ++kk) {
-        uint32_t b0, b1, b2, b3, a[4], a2[4];
-        LdMatrixX4(k_addr + kk * 64, b0, b1, b2, b3);
-        LdMatrixX4(q_addr + kk * 64, a[0], a[1], a[2], a[3]);
-        LdMatrixX4(q_addr + kk * 64 + 32, a2[0], a2[1], a2[2], a2[3]);
-        Mma16816(acc0, a, b0, b1);
-        Mma16816(acc1, a2, b2, b3);
+        uint32_t b[4], a[4], a2[4];
+        blocks::LdMatrixX4(k_addr + kk * 64, b);
+        blocks::LdMatrixX4(q_addr + kk * 64, a);
+        blocks::LdMatrixX4(q_addr + kk * 64 + 32, a2);
+        blocks::Mma16816<__nv_bfloat16>(acc0, a, b[0], b[1]);
+        blocks::Mma16816<__nv_bfloat16>(acc1, a2, b[2], b[3]);
       }
       // Scale to log2 units and mask: key k is seen by query j iff k < len and
       // k <= len - s_q + j.
@@ -335,10 +340,9 @@ __global__ void __launch_bounds__(TileConfig<kRowGroups>::kThreads,
         float mx = fmaxf(fmaxf(fmaxf(sv[0].x, sv[0].y), fmaxf(sv[1].x, sv[1].y)),
                          fmaxf(fmaxf(sv[2].x, sv[2].y), fmaxf(sv[3].x, sv[3].y)));
         mx = QuadMax(mx);
-        const float m_new = fmaxf(m_run[half], mx);
-        const float m_use = m_new == -INFINITY ? 0.0f : m_new;  // no key yet: keep exp2 finite
-        const float alpha = exp2f(m_run[half] - m_use);
-        m_run[half] = m_new;
+        const blocks::OnlineSoftmaxStep step = blocks::NextOnlineSoftmaxStep(m_run[half], mx);
+        const float m_use = step.offset, alpha = step.rescale;
+        m_run[half] = step.max;
         float pv[8];
         float rs = 0.0f;
 #pragma unroll
@@ -367,10 +371,10 @@ __global__ void __launch_bounds__(TileConfig<kRowGroups>::kThreads,
       for (int ks = 0; ks < 2; ++ks) {
 #pragma unroll
         for (int n2 = 0; n2 < 8; ++n2) {
-          uint32_t b0, b1, b2, b3;
-          LdMatrixX4Trans(v_addr + (ks * 16 * kSmemStride + n2 * 16) * 2, b0, b1, b2, b3);
-          Mma16816(o[2 * n2], pa[ks], b0, b1);
-          Mma16816(o[2 * n2 + 1], pa[ks], b2, b3);
+          uint32_t b[4];
+          blocks::LdMatrixX4Trans(v_addr + (ks * 16 * kSmemStride + n2 * 16) * 2, b);
+          blocks::Mma16816<__nv_bfloat16>(o[2 * n2], pa[ks], b[0], b[1]);
+          blocks::Mma16816<__nv_bfloat16>(o[2 * n2 + 1], pa[ks], b[2], b[3]);
         }
       }
     }
@@ -382,7 +386,7 @@ __global__ void __launch_bounds__(TileConfig<kRowGroups>::kThreads,
       reset_state();
     }
   }
-  CpAsyncWait<0>();
+  blocks::CpAsyncWait<0>();
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -468,17 +472,12 @@ __global__ void __launch_bounds__(256) MlaVerifyCombineKernel(const __grid_const
       }
       const float inv = wtot > 0.0f ? 1.0f / wtot : 0.0f;
       const int32_t j = g / p.h_q, h = g - j * p.h_q;
-      __nv_bfloat16* dst = p.out + r * p.out_batch_stride + j * p.out_token_stride +
-                           h * p.out_head_stride + col0 + lane * 4;
-      const __nv_bfloat162 lo = __floats2bfloat162_rn(total.x * inv, total.y * inv);
-      const __nv_bfloat162 hi = __floats2bfloat162_rn(total.z * inv, total.w * inv);
-      uint2 packed;
-      packed.x = *reinterpret_cast<const uint32_t*>(&lo);
-      packed.y = *reinterpret_cast<const uint32_t*>(&hi);
-      *reinterpret_cast<uint2*>(dst) = packed;
+      StoreBf16x4(p.out + r * p.out_batch_stride + j * p.out_token_stride + h * p.out_head_stride +
+                      col0 + lane * 4,
+                  total, inv);
       if (p.lse != nullptr && col0 == 0 && lane == 0) {
         p.lse[r * p.lse_batch_stride + h * p.lse_head_stride + j] =
-            wtot > 0.0f ? (mx + __log2f(wtot)) * kLn2 : -INFINITY;
+            wtot > 0.0f ? (mx + __log2f(wtot)) * blocks::kLn2 : -INFINITY;
       }
     }
     __syncthreads();  // red / acc_sm are reused by the next request
@@ -533,17 +532,10 @@ __global__ void __launch_bounds__(256) MlaVerifyCombineRowsKernel(const __grid_c
   __nv_bfloat16* dst =
       p.out + r * p.out_batch_stride + j * p.out_token_stride + h * p.out_head_stride;
 #pragma unroll
-  for (int c = 0; c < 4; ++c) {
-    const __nv_bfloat162 lo = __floats2bfloat162_rn(acc[c].x * inv, acc[c].y * inv);
-    const __nv_bfloat162 hi = __floats2bfloat162_rn(acc[c].z * inv, acc[c].w * inv);
-    uint2 packed;
-    packed.x = *reinterpret_cast<const uint32_t*>(&lo);
-    packed.y = *reinterpret_cast<const uint32_t*>(&hi);
-    *reinterpret_cast<uint2*>(dst + (c * 32 + lane) * 4) = packed;
-  }
+  for (int c = 0; c < 4; ++c) StoreBf16x4(dst + (c * 32 + lane) * 4, acc[c], inv);
   if (p.lse != nullptr && lane == 0) {
     p.lse[r * p.lse_batch_stride + h * p.lse_head_stride + j] =
-        wsum > 0.0f ? (mx + __log2f(wsum)) * kLn2 : -INFINITY;
+        wsum > 0.0f ? (mx + __log2f(wsum)) * blocks::kLn2 : -INFINITY;
   }
 }
 

@@ -69,8 +69,9 @@ MLA_HD int32_t NumParts(int32_t num_sms, int32_t rows) {
 MLA_HD int32_t NumPartsSm90a(int32_t num_sms, int32_t rows) {
   return NumPartsFor(num_sms, rows, 64, 1);
 }
-// Split requests can number at most num_parts - 1 (each spans a boundary between two ranges,
-// and no two share one): the combine kernel's grid.
+// A bound on the split requests of a plan, the combine kernel's grid: each spans a boundary between
+// two ranges and no two share one, so there are at most min(batch, num_parts - 1);
+// min(batch, num_parts) keeps the grid non-empty for a single range.
 MLA_HD int32_t MaxSplitRequests(int32_t batch, int32_t num_parts) {
   return batch < num_parts ? batch : num_parts;
 }

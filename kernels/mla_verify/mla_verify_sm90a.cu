@@ -2,16 +2,14 @@
 // -gencode arch=compute_90a,code=sm_90a only (see CMakeLists.txt); the plan and combine kernels
 // it shares with the portable path live in mla_verify.cu.
 #include <cuda.h>
-#include <cudaTypedefs.h>
 
+#include "kernels/common/launch.cuh"
+#include "kernels/common/tensor_map.h"
 #include "kernels/mla_verify/mla_verify_internal.h"
 #include "kernels/mla_verify/mla_verify_sm90a.cuh"
 
 namespace probesidecar::kernels::mla {
 namespace {
-
-// cuTensorMapEncodeTiled, looked up once through the runtime (no libcuda link).
-PFN_cuTensorMapEncodeTiled_v12000 g_encode_tiled = nullptr;
 
 // The cache as a 3-D tensor [pages, 64, 576] with the caller's strides; boxes of 64 rows x 64
 // columns (128 bytes), swizzled as the wgmma descriptors expect. Without a page count the bound
@@ -23,12 +21,8 @@ cudaError_t EncodeKvMap(const MlaVerifyParams& p, CUtensorMap* map) {
   const cuuint64_t strides[2] = {static_cast<cuuint64_t>(p.kv_row_stride) * 2,
                                  static_cast<cuuint64_t>(p.kv_page_stride) * 2};
   const cuuint32_t box[3] = {64, kMlaPageSize, 1};
-  const cuuint32_t elem_strides[3] = {1, 1, 1};
-  const CUresult r = g_encode_tiled(
-      map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 3, const_cast<__nv_bfloat16*>(p.kv_cache), dims,
-      strides, box, elem_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
-      CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
-  return r == CUDA_SUCCESS ? cudaSuccess : cudaErrorInvalidValue;
+  return blocks::EncodeSwizzled128TensorMap(map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 3, p.kv_cache,
+                                            dims, strides, box);
 }
 
 // q as a 4-D tensor [b, s_q, h_q, 576]; a box is one 64-row tile of a request: 64 columns x
@@ -46,28 +40,17 @@ cudaError_t EncodeQMap(const MlaVerifyParams& p, CUtensorMap* map) {
                                  static_cast<cuuint64_t>(token_stride) * 2,
                                  static_cast<cuuint64_t>(batch_stride) * 2};
   const cuuint32_t box[4] = {64, heads, sm90a::kM / heads, 1};
-  const cuuint32_t elem_strides[4] = {1, 1, 1, 1};
-  const CUresult r = g_encode_tiled(
-      map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 4, const_cast<__nv_bfloat16*>(p.q), dims, strides,
-      box, elem_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
-      CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
-  return r == CUDA_SUCCESS ? cudaSuccess : cudaErrorInvalidValue;
+  return blocks::EncodeSwizzled128TensorMap(map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 4, p.q, dims,
+                                            strides, box);
 }
 
 }  // namespace
 
-bool Sm90aCompiled() { return true; }
-
 cudaError_t SetSm90aAttributes(bool* available) {
   *available = false;
-  void* fn = nullptr;
-  cudaDriverEntryPointQueryResult query;
-  if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault,
-                                       &query) != cudaSuccess ||
-      query != cudaDriverEntryPointSuccess || fn == nullptr) {
+  if (!blocks::TensorMapEncoderAvailable()) {
     return cudaSuccess;  // no tensor maps: the portable path serves every shape
   }
-  g_encode_tiled = reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(fn);
   const cudaError_t err =
       cudaFuncSetAttribute(sm90a::MlaVerifyTileSm90aKernel,
                            cudaFuncAttributeMaxDynamicSharedMemorySize, sm90a::kSmemBytes);
@@ -77,25 +60,17 @@ cudaError_t SetSm90aAttributes(bool* available) {
 }
 
 cudaError_t LaunchTileSm90a(const KernelArgs& args, dim3 grid, cudaStream_t stream) {
-  if (g_encode_tiled == nullptr) return cudaErrorInvalidDeviceFunction;
   sm90a::Sm90aArgs targs;
   targs.args = args;
   cudaError_t err = EncodeKvMap(args.p, &targs.kv_map);
   if (err == cudaSuccess) err = EncodeQMap(args.p, &targs.q_map);
+  if (err == cudaErrorNotSupported) return cudaErrorInvalidDeviceFunction;  // no encoder
   if (err != cudaSuccess) return err;
   // A programmatic dependent of the plan kernel before it: its set-up overlaps the plan's tail,
   // and it waits for the plan in-kernel before reading anything global.
-  cudaLaunchConfig_t config{};
-  config.gridDim = grid;
-  config.blockDim = dim3(sm90a::kThreads);
-  config.dynamicSmemBytes = sm90a::kSmemBytes;
-  config.stream = stream;
-  cudaLaunchAttribute attribute{};
-  attribute.id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attribute.val.programmaticStreamSerializationAllowed = 1;
-  config.attrs = &attribute;
-  config.numAttrs = 1;
-  return cudaLaunchKernelEx(&config, sm90a::MlaVerifyTileSm90aKernel, targs);
+  return blocks::LaunchProgrammaticDependent(sm90a::MlaVerifyTileSm90aKernel, grid,
+                                             dim3(sm90a::kThreads), sm90a::kSmemBytes, stream,
+                                             targs);
 }
 
 }  // namespace probesidecar::kernels::mla

@@ -38,12 +38,12 @@
 
 #include <cute/arch/copy_sm90_desc.hpp>
 #include <cute/arch/copy_sm90_tma.hpp>
-#include <cute/arch/mma_sm90_desc.hpp>
 #include <cute/arch/mma_sm90_gmma.hpp>
 #include <cutlass/arch/barrier.h>
 
-#include <utility>
-
+#include "kernels/common/cp_async.cuh"
+#include "kernels/common/online_softmax.cuh"
+#include "kernels/common/wgmma.cuh"
 #include "kernels/mla_verify/mla_verify_common.cuh"
 
 namespace probesidecar::kernels::mla::sm90a {
@@ -103,53 +103,14 @@ using MmaS = cute::SM90::GMMA::MMA_64x64x16_F32BF16BF16_SS<GmmaMajor::K, GmmaMaj
 using MmaPvRs = cute::SM90::GMMA::MMA_64x256x16_F32BF16BF16_RS<GmmaMajor::K, GmmaMajor::MN>;
 using MmaPvSs = cute::SM90::GMMA::MMA_64x256x16_F32BF16BF16_SS<GmmaMajor::K, GmmaMajor::MN>;
 
-// A shared-memory matrix descriptor, 128-byte swizzle. K-major operands (Q, K, P): sbo = 1024
-// (the next 8 rows), lbo unused; a k-step of 16 inside a slab moves the start by 32 bytes (the
-// swizzle applies to address bits, so slabs are 1024-byte aligned). The MN-major V operand:
-// sbo = 1024 (the next 8 keys, along K), lbo = one slab (the next 64 columns, along N); a k-step
-// of 16 keys moves the start by 16 rows (2048 bytes).
-__device__ __forceinline__ uint64_t Desc(uint32_t smem_addr, uint32_t lbo, uint32_t sbo) {
-  cute::GmmaDescriptor d;
-  d.bitfield.start_address_ = static_cast<uint16_t>(smem_addr >> 4);
-  d.bitfield.leading_byte_offset_ = static_cast<uint16_t>(lbo >> 4);
-  d.bitfield.stride_byte_offset_ = static_cast<uint16_t>(sbo >> 4);
-  d.bitfield.base_offset_ = 0;
-  d.bitfield.layout_type_ = 1;  // 128-byte swizzle
-  return d.desc_;
+// Shared-memory descriptors (kernels/common/wgmma.cuh): Q, K and P are K-major; V, the first 512
+// columns of the same key rows, is MN-major with the next 64 columns one slab further (lbo), and
+// a k-step of 16 keys moves its start by 16 rows (2048 bytes).
+__device__ __forceinline__ uint64_t DescK(uint32_t addr) {
+  return blocks::SwizzledKMajorDesc(addr);
 }
-__device__ __forceinline__ uint64_t DescK(uint32_t addr) { return Desc(addr, 16, 1024); }
-__device__ __forceinline__ uint64_t DescV(uint32_t addr) { return Desc(addr, kSlabBytes, 1024); }
-
-template <size_t... I>
-__device__ __forceinline__ void WgmmaS(uint64_t da, uint64_t db, float (&d)[32], ScaleOut scale,
-                                       std::index_sequence<I...>) {
-  MmaS::fma(da, db, d[I]..., scale);
-}
-template <size_t... I>
-__device__ __forceinline__ void WgmmaPvRs(uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
-                                          uint64_t db, float (&d)[128], std::index_sequence<I...>) {
-  MmaPvRs::fma(a0, a1, a2, a3, db, d[I]..., ScaleOut::One);
-}
-template <size_t... I>
-__device__ __forceinline__ void WgmmaPvSs(uint64_t da, uint64_t db, float (&d)[128],
-                                          std::index_sequence<I...>) {
-  MmaPvSs::fma(da, db, d[I]..., ScaleOut::One);
-}
-template <typename T, int kN>
-__device__ __forceinline__ void FenceRegs(T (&r)[kN]) {
-#pragma unroll
-  for (int i = 0; i < kN; ++i) cute::warpgroup_fence_operand(r[i]);
-}
-__device__ __forceinline__ void FenceRegs(uint32_t (&r)[8][2]) {
-#pragma unroll
-  for (int i = 0; i < 8; ++i) {
-    cute::warpgroup_fence_operand(r[i][0]);
-    cute::warpgroup_fence_operand(r[i][1]);
-  }
-}
-
-__device__ __forceinline__ void FenceProxyAsync() {
-  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+__device__ __forceinline__ uint64_t DescV(uint32_t addr) {
+  return blocks::SwizzledSmemDesc(addr, kSlabBytes, blocks::kSwizzleAtomBytes);
 }
 
 // Scores over slabs [kBegin, kEnd) of a page (4 k-steps each), each slab after its box arrived;
@@ -164,9 +125,9 @@ __device__ __forceinline__ void ScoreSlabs(uint32_t sq, uint32_t sk, uint64_t* b
 #pragma unroll
     for (int ks = 0; ks < 4; ++ks) {
       const uint32_t off = slab * kSlabBytes + ks * 32;
-      WgmmaS(DescK(sq + off), DescK(sk + off), s,
-             kZeroFirst && slab == kBegin && ks == 0 ? ScaleOut::Zero : ScaleOut::One,
-             std::make_index_sequence<32>{});
+      blocks::WgmmaSS<MmaS>(
+          DescK(sq + off), DescK(sk + off), s,
+          kZeroFirst && slab == kBegin && ks == 0 ? ScaleOut::Zero : ScaleOut::One);
     }
     cute::warpgroup_commit_batch();
   }
@@ -178,9 +139,8 @@ __device__ __forceinline__ void PvFromRegisters(const uint32_t (&pk)[8][2], uint
                                                 int half, float (&o)[128]) {
 #pragma unroll
   for (int ks = 0; ks < 4; ++ks) {
-    WgmmaPvRs(pk[2 * ks][0], pk[2 * ks][1], pk[2 * ks + 1][0], pk[2 * ks + 1][1],
-              DescV(page + half * 4 * kSlabBytes + ks * 16 * 128), o,
-              std::make_index_sequence<128>{});
+    blocks::WgmmaRS<MmaPvRs>(pk[2 * ks][0], pk[2 * ks][1], pk[2 * ks + 1][0], pk[2 * ks + 1][1],
+                             DescV(page + half * 4 * kSlabBytes + ks * 16 * 128), o);
   }
 }
 // O_half += P V[:, 256 half ..] with P from the page's slab 8 (the other warpgroup put it there).
@@ -188,9 +148,8 @@ __device__ __forceinline__ void PvFromShared(uint32_t p_page, uint32_t v_page, i
                                              float (&o)[128]) {
 #pragma unroll
   for (int ks = 0; ks < 4; ++ks) {
-    WgmmaPvSs(DescK(p_page + kPSlab * kSlabBytes + ks * 32),
-              DescV(v_page + half * 4 * kSlabBytes + ks * 16 * 128), o,
-              std::make_index_sequence<128>{});
+    blocks::WgmmaSS<MmaPvSs>(DescK(p_page + kPSlab * kSlabBytes + ks * 32),
+                             DescV(v_page + half * 4 * kSlabBytes + ks * 16 * 128), o);
   }
 }
 
@@ -215,8 +174,27 @@ __device__ __forceinline__ void ZeroRowsPastEnd(uint8_t* page, int half, int val
     *reinterpret_cast<uint4*>(page + slab * kSlabBytes + valid * 128 + rest * 16) =
         make_uint4(0, 0, 0, 0);
   }
-  FenceProxyAsync();
+  blocks::FenceProxyAsyncShared();
   SyncWarpgroup(wg);
+}
+
+// This thread's share of row h of a page's probabilities, in place: s = 2^(s scale_log2 - offset)
+// (s[n * 4 + h * 2 + e]: key n * 8 + quad * 2 + e), also as bf16 pairs into pk[n][h] (the RS
+// operand, and what store_p puts in shared memory); returns their sum.
+__device__ __forceinline__ float ExponentiateRow(float (&s)[32], int h, float scale_log2,
+                                                 float offset, uint32_t (&pk)[8][2]) {
+  float sum = 0.0f;
+#pragma unroll
+  for (int n = 0; n < 8; ++n) {
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+      float& x = s[n * 4 + h * 2 + e];
+      x = exp2f(fmaf(x, scale_log2, -offset));
+      sum += x;
+    }
+    pk[n][h] = PackBf16(s[n * 4 + h * 2], s[n * 4 + h * 2 + 1]);
+  }
+  return sum;
 }
 
 // The pairs of pages of a block's range [u0, u1) of the flattened batch: each request's part of
@@ -289,9 +267,9 @@ __global__ void __launch_bounds__(kThreads, 1)
   const MlaVerifyParams& p = args.p;
   extern __shared__ __align__(128) uint8_t smem_raw[];
   SharedStorage& sm = *reinterpret_cast<SharedStorage*>(
-      smem_raw + ((1024 - (SmemAddr(smem_raw) & 1023)) & 1023));
-  const uint32_t sq = SmemAddr(sm.q);
-  const uint32_t sk[2] = {SmemAddr(sm.k[0]), SmemAddr(sm.k[1])};
+      smem_raw + blocks::SwizzleAtomPadding(blocks::SmemAddr(smem_raw)));
+  const uint32_t sq = blocks::SmemAddr(sm.q);
+  const uint32_t sk[2] = {blocks::SmemAddr(sm.k[0]), blocks::SmemAddr(sm.k[1])};
 
   const int tid = threadIdx.x;
   const int wg = tid >> 7;  // 0: even pages, O[:, 0:256]; 1: odd pages, O[:, 256:512]
@@ -375,7 +353,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       reinterpret_cast<uint4*>(sm.k[b])[c] = make_uint4(0, 0, 0, 0);
     }
   }
-  FenceProxyAsync();
+  blocks::FenceProxyAsyncShared();
   __syncthreads();
 
   float o[128];
@@ -389,11 +367,11 @@ __global__ void __launch_bounds__(kThreads, 1)
 
   cutlass::arch::ClusterTransactionBarrier::wait(&sm.bar_q, q_phase);
   q_phase ^= 1;
-  FenceRegs(s);
+  blocks::FenceOperands(s);
   ScoreSlabs<0, kSlabs, true>(sq, wg == 0 ? sk[0] : sk[1], wg == 0 ? sm.bar_k[0] : sm.bar_k[1],
                               phase, s);
   cute::warpgroup_wait<0>();
-  FenceRegs(s);
+  blocks::FenceOperands(s);
   phase ^= 1;
 
   while (true) {
@@ -447,10 +425,10 @@ __global__ void __launch_bounds__(kThreads, 1)
         const int r = row0 + 8 * h;
 #pragma unroll
         for (int n = 0; n < 8; ++n) {
-          *reinterpret_cast<uint32_t*>(dst + r * 128 + ((n ^ (r & 7)) << 4) + quad * 4) = pk[n][h];
+          *reinterpret_cast<uint32_t*>(dst + blocks::Swizzle128Offset(r, n) + quad * 4) = pk[n][h];
         }
       }
-      FenceProxyAsync();
+      blocks::FenceProxyAsyncShared();
     };
     auto rescale_o = [&](const float (&sc)[2]) {
       if (__any_sync(0xffffffffu, sc[0] != 1.0f || sc[1] != 1.0f)) {  // the max moved
@@ -469,24 +447,13 @@ __global__ void __launch_bounds__(kThreads, 1)
       float sc0[2];
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
-        const float m_new = fmaxf(m_run[h], mx[h]);
-        const float m_use = m_new == -INFINITY ? 0.0f : m_new;
-        sc0[h] = exp2f(m_run[h] - m_use);
-        float sum = 0.0f;
-#pragma unroll
-        for (int n = 0; n < 8; ++n) {
-#pragma unroll
-          for (int e = 0; e < 2; ++e) {
-            float& x = s[n * 4 + h * 2 + e];
-            x = exp2f(fmaf(x, args.scale_log2, -m_use));
-            sum += x;
-          }
-          pk[n][h] = PackBf16(s[n * 4 + h * 2], s[n * 4 + h * 2 + 1]);
-        }
+        const blocks::OnlineSoftmaxStep step = blocks::NextOnlineSoftmaxStep(m_run[h], mx[h]);
+        sc0[h] = step.rescale;
+        const float sum = ExponentiateRow(s, h, args.scale_log2, step.offset, pk);
         l_run[h] = l_run[h] * sc0[h] + sum;
-        m_run[h] = m_new;
+        m_run[h] = step.max;
         if (quad == 0) {
-          sm.max0[row0 + 8 * h] = m_new;
+          sm.max0[row0 + 8 * h] = step.max;
           sm.scale0[row0 + 8 * h] = sc0[h];
         }
       }
@@ -495,14 +462,14 @@ __global__ void __launch_bounds__(kThreads, 1)
       // ---- O_L = O_L scale0 + P0 V0_L.
       rescale_o(sc0);
       if (has0 && valid0 < kMlaPageSize) ZeroRowsPastEnd(sm.k[0], 0, valid0, t, 0);
-      FenceRegs(o);
-      FenceRegs(pk);
+      blocks::FenceOperands(o);
+      blocks::FenceOperands(pk);
       cute::warpgroup_arrive();
       PvFromRegisters(pk, k_addr[0], 0, o);
       cute::warpgroup_commit_batch();
       cute::warpgroup_wait<0>();
-      FenceRegs(o);
-      FenceRegs(pk);
+      blocks::FenceOperands(o);
+      blocks::FenceOperands(pk);
       // K0's boxes 0..3 (V0_L) are dead: the next even page's first boxes.
       if (tid == 0 && nxt_valid) load_or_skip(nxt, 0, 0, 4);
       // ---- wg1's m1, scale1 (and P1 in K1's slab 8): O_L = O_L scale1 + P1 V1_L. wg1's scores
@@ -518,7 +485,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       if (tid == 0 && nxt_valid && nxt.First()) load_q(nxt.r);
       rescale_o(sc1);
       if (has1 && valid1 < kMlaPageSize) ZeroRowsPastEnd(sm.k[1], 0, valid1, t, 0);
-      FenceRegs(o);
+      blocks::FenceOperands(o);
       cute::warpgroup_arrive();
       PvFromShared(k_addr[1], k_addr[1], 0, o);
       cute::warpgroup_commit_batch();
@@ -526,21 +493,21 @@ __global__ void __launch_bounds__(kThreads, 1)
       // (K1's boxes 0..3 and 8 are dead: the next odd page's), boxes 4..8 (loaded by wg1 early).
       if (nxt_valid) {
         if (nxt.First()) cutlass::arch::ClusterTransactionBarrier::wait(&sm.bar_q, q_phase);
-        FenceRegs(s);
+        blocks::FenceOperands(s);
         ScoreSlabs<0, 4, true>(q_addr, k_addr[0], sm.bar_k[0], phase, s);
         cute::warpgroup_wait<4>();
-        FenceRegs(o);
+        blocks::FenceOperands(o);
         if (tid == 0) {
           load_or_skip(nxt, 1, 0, 4);
           load_or_skip(nxt, 1, kPSlab, kSlabs);
         }
         ScoreSlabs<4, kSlabs, false>(q_addr, k_addr[0], sm.bar_k[0], phase, s);
         cute::warpgroup_wait<0>();
-        FenceRegs(s);
+        blocks::FenceOperands(s);
         phase ^= 1;
       } else {
         cute::warpgroup_wait<0>();
-        FenceRegs(o);
+        blocks::FenceOperands(o);
       }
     } else {
       // ---- Warpgroup 1: O_R = O_R scale0 + P0 V0_R first (its operands are all there), with
@@ -554,31 +521,20 @@ __global__ void __launch_bounds__(kThreads, 1)
       }
       rescale_o(sc0);
       if (has0 && valid0 < kMlaPageSize) ZeroRowsPastEnd(sm.k[0], 1, valid0, t, 1);
-      FenceRegs(o);
+      blocks::FenceOperands(o);
       cute::warpgroup_arrive();
       PvFromShared(k_addr[0], k_addr[0], 1, o);
       cute::warpgroup_commit_batch();
       float sc1[2];
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
-        const float m_new = fmaxf(m0[h], mx[h]);
-        const float m_use = m_new == -INFINITY ? 0.0f : m_new;
-        sc1[h] = exp2f(m0[h] - m_use);
-        float sum = 0.0f;
-#pragma unroll
-        for (int n = 0; n < 8; ++n) {
-#pragma unroll
-          for (int e = 0; e < 2; ++e) {
-            float& x = s[n * 4 + h * 2 + e];
-            x = exp2f(fmaf(x, args.scale_log2, -m_use));
-            sum += x;
-          }
-          pk[n][h] = PackBf16(s[n * 4 + h * 2], s[n * 4 + h * 2 + 1]);
-        }
+        const blocks::OnlineSoftmaxStep step = blocks::NextOnlineSoftmaxStep(m0[h], mx[h]);
+        sc1[h] = step.rescale;
+        const float sum = ExponentiateRow(s, h, args.scale_log2, step.offset, pk);
         l_run[h] = l_run[h] * (sc0[h] * sc1[h]) + sum;
-        m_run[h] = m_new;
+        m_run[h] = step.max;
         if (quad == 0) {
-          sm.max1[row0 + 8 * h] = m_new;
+          sm.max1[row0 + 8 * h] = step.max;
           sm.scale1[row0 + 8 * h] = sc1[h];
         }
       }
@@ -586,30 +542,30 @@ __global__ void __launch_bounds__(kThreads, 1)
       Arrive(kScale1Ready);
       // Once P0 V0_R is done, K0's boxes 4..8 are dead: the next even page's last boxes.
       cute::warpgroup_wait<0>();
-      FenceRegs(o);
+      blocks::FenceOperands(o);
       if (t == 0 && nxt_valid) load_or_skip(nxt, 0, 4, kSlabs);
       // ---- O_R = O_R scale1 + P1 V1_R.
       rescale_o(sc1);
       if (has1 && valid1 < kMlaPageSize) ZeroRowsPastEnd(sm.k[1], 1, valid1, t, 1);
-      FenceRegs(o);
-      FenceRegs(pk);
+      blocks::FenceOperands(o);
+      blocks::FenceOperands(pk);
       cute::warpgroup_arrive();
       PvFromRegisters(pk, k_addr[1], 1, o);
       cute::warpgroup_commit_batch();
       cute::warpgroup_wait<0>();
-      FenceRegs(o);
-      FenceRegs(pk);
+      blocks::FenceOperands(o);
+      blocks::FenceOperands(pk);
       // K1's boxes 4..7 (V1_R) are dead: the next odd page's.
       if (t == 0 && nxt_valid) load_or_skip(nxt, 1, 4, kPSlab);
       // ---- The next odd page's scores: boxes 0..3 and 8 (loaded by wg0), then 4..7.
       if (nxt_valid) {
         if (nxt.First()) cutlass::arch::ClusterTransactionBarrier::wait(&sm.bar_q, q_phase);
-        FenceRegs(s);
+        blocks::FenceOperands(s);
         ScoreSlabs<0, 4, true>(q_addr, k_addr[1], sm.bar_k[1], phase, s);
         ScoreSlabs<kPSlab, kSlabs, false>(q_addr, k_addr[1], sm.bar_k[1], phase, s);
         ScoreSlabs<4, kPSlab, false>(q_addr, k_addr[1], sm.bar_k[1], phase, s);
         cute::warpgroup_wait<0>();
-        FenceRegs(s);
+        blocks::FenceOperands(s);
         phase ^= 1;
       }
     }
@@ -626,11 +582,8 @@ __global__ void __launch_bounds__(kThreads, 1)
       }
       Wait(kRowSums);
       const int32_t r = cur.r;
-      const int32_t splits = NumSplits(cum[r], cum[r + 1], per);
-      const bool direct = splits < 2;
-      const int64_t slot = direct ? 0
-                                  : static_cast<int64_t>(args.plan[kPlanCum + p.batch + 1 + r]) +
-                                        (blockIdx.y - FirstPart(cum[r], per));
+      int64_t slot = 0;
+      const bool direct = !PartialSlot(args, per, r, cum[r], cum[r + 1], blockIdx.y, &slot);
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
         const int32_t g = row_g(h);
@@ -650,7 +603,7 @@ __global__ void __launch_bounds__(kThreads, 1)
           }
           if (p.lse != nullptr && wg == 0 && quad == 0) {
             p.lse[r * p.lse_batch_stride + head * p.lse_head_stride + j] =
-                l > 0.0f ? lse2 * kLn2 : -INFINITY;
+                l > 0.0f ? lse2 * blocks::kLn2 : -INFINITY;
           }
         } else {
           float* dst = args.partial_out + (slot * rows + g) * kMlaHeadDimV + col;

@@ -77,6 +77,10 @@ constexpr int WgmmaStages(const WgmmaTileConfig& c, int terms) {
   return fit < kWgmmaMaxStages ? fit : kWgmmaMaxStages;
 }
 constexpr int WgmmaThreads(const WgmmaTileConfig& c) { return 128 * (c.wgs + (c.ws ? 1 : 0)); }
+// The warp-specialised kernel brings W's tiles in by TMA, boxes of 64 K columns x 256 probe rows
+// (its k-tile and its N): the box of the tensor map CreateProbeWeights encodes.
+inline constexpr int kWsWeightBoxCols = 64;
+inline constexpr int kWsWeightBoxRows = 256;
 // + 1024: the swizzle's alignment; + 128: the warp-specialised ring's mbarriers.
 constexpr int WgmmaSmemBytes(const WgmmaTileConfig& c, int terms) {
   return 1024 + WgmmaStages(c, terms) * WgmmaStageBytes(c, terms) + (c.ws ? 128 : 0);

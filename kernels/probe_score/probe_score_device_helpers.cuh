@@ -1,8 +1,8 @@
-// Helpers shared by the probe-scoring kernel families. Device side: the activation, per-dtype
-// element access, streaming loads, cp.async and the alignment test of the activation rows. Host
-// side: the visitors that turn a plan's runtime dtype and configuration index into a template
+// Helpers shared by the probe-scoring kernel families and not by other kernels (those are in
+// kernels/common). Device side: the activation flag, per-dtype element access, streaming loads.
+// Host side: the visitors that turn a plan's runtime dtype and configuration index into a template
 // instantiation. Included only by the kernel headers (probe_score_fused_cuda.cuh,
-// probe_score_fused_tc.cuh, probe_score_gather_gemm.cuh).
+// probe_score_fused_tc.cuh, probe_score_gather_gemm.cuh, probe_score_wgmma_sm90a.cuh).
 #pragma once
 
 #include <cuda_bf16.h>
@@ -19,8 +19,10 @@
 
 namespace probesidecar::kernels::probe_score_detail {
 
-__device__ __forceinline__ float Activate(int activation, float v) {
-  return activation == static_cast<int>(Activation::kSigmoid) ? 1.0f / (1.0f + expf(-v)) : v;
+// Whether the params' activation code (Activation as int) asks for a sigmoid: the flag the
+// epilogue of kernels/common/epilogue.cuh takes.
+__device__ __forceinline__ bool IsSigmoid(int activation) {
+  return activation == static_cast<int>(Activation::kSigmoid);
 }
 
 template <typename T>
@@ -99,42 +101,6 @@ __device__ __forceinline__ uint4 LdStream16(const void* p) {
                : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
                : "l"(p));
   return v;
-}
-
-// Programmatic dependent launch (sm_90): a kernel followed by a dependent one (the split-K
-// reduction) lets it be scheduled early (LaunchDependents), and the dependent waits for the
-// whole first grid and its memory before reading it (WaitForPriorGrid). Both are no-ops when the
-// launch did not ask for it.
-__device__ __forceinline__ void LaunchDependents() {
-  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
-}
-__device__ __forceinline__ void WaitForPriorGrid() {
-  asm volatile("griddepcontrol.wait;\n" ::: "memory");
-}
-
-// cp.async (16 bytes, zero-filled when !valid) and its groups.
-__device__ __forceinline__ uint32_t SmemAddr(const void* p) {
-  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
-__device__ __forceinline__ void CpAsync16(uint32_t dst, const void* src, bool valid) {
-  const int src_size = valid ? 16 : 0;
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(src_size)
-               : "memory");
-}
-__device__ __forceinline__ void CpAsyncCommit() {
-  asm volatile("cp.async.commit_group;\n" ::: "memory");
-}
-template <int N>
-__device__ __forceinline__ void CpAsyncWait() {
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
-}
-
-// Whether 16-byte vector loads of every row are legal: base pointer and row pitch 16-byte
-// aligned. Rows of an odd stride or at an odd offset are only 2-byte aligned.
-template <typename T>
-__device__ __forceinline__ bool RowsAre16ByteAligned(const ProbeScoreDeviceArgs& a) {
-  return (reinterpret_cast<uintptr_t>(a.x) % 16 == 0) &&
-         ((a.x_row_stride * static_cast<int64_t>(sizeof(T))) % 16 == 0);
 }
 
 // ------------------------------------------------------------------------------------------

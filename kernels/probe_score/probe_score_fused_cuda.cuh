@@ -3,6 +3,10 @@
 // probe_score_fused_cuda.cu (explicit instantiations and their launcher).
 #pragma once
 
+#include "kernels/common/alignment.h"
+#include "kernels/common/cp_async.cuh"
+#include "kernels/common/epilogue.cuh"
+#include "kernels/common/row_gather.cuh"
 #include "kernels/probe_score/probe_score_config.h"
 #include "kernels/probe_score/probe_score_device_helpers.cuh"
 
@@ -93,13 +97,14 @@ __global__ void __launch_bounds__(kFusedThreads, 2)
     for (int i = threadIdx.x; i < kPT * quads; i += kFusedThreads) {
       const int pp = i / quads, kk = (i % quads) * 4;
       const bool in = kb + kk < p.w_row_stride;
-      CpAsync16(SmemAddr(w_s + 4 * i),
-                in ? static_cast<const void*>(
-                         p.weight + static_cast<int64_t>(probe0 + pp) * p.w_row_stride + kb + kk)
-                   : static_cast<const void*>(p.weight),
-                in);
+      blocks::CpAsync16(
+          blocks::SmemAddr(w_s + 4 * i),
+          in ? static_cast<const void*>(
+                   p.weight + static_cast<int64_t>(probe0 + pp) * p.w_row_stride + kb + kk)
+             : static_cast<const void*>(p.weight),
+          in);
     }
-    CpAsyncCommit();
+    blocks::CpAsyncCommit();
   };
 
   // What does not depend on the request goes first, so that its latency overlaps the read of
@@ -107,24 +112,19 @@ __global__ void __launch_bounds__(kFusedThreads, 2)
   // up to max_rows; indices past num_rows are never dereferenced).
   if (num_sub == 1) load_w(k_begin);
   int32_t row_idx[kFusedRowsPerWarp];
-  {
-    const int r0 = g * kFusedRowsPerBlock + warp * kFusedRowsPerWarp;
-#pragma unroll
-    for (int i = 0; i < kFusedRowsPerWarp; ++i) {
-      row_idx[i] = __ldg(p.rows + min(r0 + i, p.max_rows - 1));
-    }
-  }
+  blocks::PrefetchRowIndices(row_idx, p.rows, g * kFusedRowsPerBlock + warp * kFusedRowsPerWarp, 1,
+                             p.max_rows);
   const ProbeScoreDeviceArgs a = *p.args;
   const int num_rows = min(a.num_rows, p.max_rows);
   const int row_blocks = (num_rows + kFusedRowsPerBlock - 1) / kFusedRowsPerBlock;
   if (g >= row_blocks) {  // every split of this row group leaves too: counter untouched
-    CpAsyncWait<0>();
+    blocks::CpAsyncWait<0>();
     return;
   }
-  const bool vec_ok = RowsAre16ByteAligned<T>(a);
+  const bool vec_ok = blocks::RowsAre16ByteAligned<T>(a.x, a.x_row_stride);
   const T* x = static_cast<const T*>(a.x);
   if (num_sub == 1) {
-    CpAsyncWait<0>();
+    blocks::CpAsyncWait<0>();
     __syncthreads();
   }
 
@@ -140,11 +140,9 @@ __global__ void __launch_bounds__(kFusedThreads, 2)
     }
     // Prefetch the next row block's indices.
     if (rb + p.row_groups < row_blocks) {
-      const int rn = (rb + p.row_groups) * kFusedRowsPerBlock + warp * kFusedRowsPerWarp;
-#pragma unroll
-      for (int i = 0; i < kFusedRowsPerWarp; ++i) {
-        row_idx[i] = __ldg(p.rows + min(rn + i, p.max_rows - 1));
-      }
+      blocks::PrefetchRowIndices(
+          row_idx, p.rows, (rb + p.row_groups) * kFusedRowsPerBlock + warp * kFusedRowsPerWarp, 1,
+          p.max_rows);
     }
     float acc[kN];
 #pragma unroll
@@ -156,7 +154,7 @@ __global__ void __launch_bounds__(kFusedThreads, 2)
       if (num_sub > 1) {
         __syncthreads();  // the previous slice is no longer read
         load_w(k_begin + sub_begin);
-        CpAsyncWait<0>();
+        blocks::CpAsyncWait<0>();
         __syncthreads();
       }
       if (!warp_active) continue;
@@ -216,7 +214,7 @@ __global__ void __launch_bounds__(kFusedThreads, 2)
         if (row < num_rows && probe < p.num_probes) {
           if (p.splits == 1) {
             a.out[static_cast<int64_t>(row) * a.out_row_stride + probe] =
-                Activate(p.activation, acc[i] + __ldg(p.bias + probe));
+                blocks::Activate(IsSigmoid(p.activation), acc[i] + __ldg(p.bias + probe));
           } else {
             p.partial[(static_cast<int64_t>(split) * p.max_rows + row) * ldp + probe] = acc[i];
           }
@@ -244,7 +242,7 @@ __global__ void __launch_bounds__(kFusedThreads, 2)
         sum += __ldcg(p.partial + (static_cast<int64_t>(s) * p.max_rows + row) * ldp + probe);
       }
       a.out[static_cast<int64_t>(row) * a.out_row_stride + probe] =
-          Activate(p.activation, sum + __ldg(p.bias + probe));
+          blocks::Activate(IsSigmoid(p.activation), sum + __ldg(p.bias + probe));
     }
   }
   if (threadIdx.x == 0) *counter = 0;

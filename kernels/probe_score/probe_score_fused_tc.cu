@@ -2,6 +2,7 @@
 // split-K reduction, and their launchers.
 #include <utility>
 
+#include "kernels/common/launch.cuh"
 #include "kernels/probe_score/probe_score_config.h"
 #include "kernels/probe_score/probe_score_fused_tc.cuh"
 #include "kernels/probe_score/probe_score_fused_tc.h"
@@ -73,16 +74,8 @@ cudaError_t LaunchFusedTc(common::DType dtype, int config, int terms, const TcPa
 // early; the reduction waits for its completion in-kernel), so that its launch overlaps the
 // GEMM's tail instead of following it.
 cudaError_t LaunchSplitKReduce(const SplitKReduceParams& params, dim3 grid, cudaStream_t stream) {
-  cudaLaunchConfig_t config{};
-  config.gridDim = grid;
-  config.blockDim = dim3(kSplitKReduceThreads);
-  config.stream = stream;
-  cudaLaunchAttribute attribute{};
-  attribute.id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attribute.val.programmaticStreamSerializationAllowed = 1;
-  config.attrs = &attribute;
-  config.numAttrs = 1;
-  return cudaLaunchKernelEx(&config, SplitKReduceKernel<kSplitKReduceThreads>, params);
+  return blocks::LaunchProgrammaticDependent(SplitKReduceKernel<kSplitKReduceThreads>, grid,
+                                             dim3(kSplitKReduceThreads), 0, stream, params);
 }
 
 }  // namespace probesidecar::kernels::probe_score_detail

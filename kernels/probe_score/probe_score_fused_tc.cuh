@@ -3,36 +3,14 @@
 // probe_score_fused_tc.cu (explicit instantiations and their launchers).
 #pragma once
 
-#include <type_traits>
-
+#include "kernels/common/alignment.h"
+#include "kernels/common/cp_async.cuh"
+#include "kernels/common/epilogue.cuh"
+#include "kernels/common/row_gather.cuh"
+#include "kernels/common/warp_mma.cuh"
 #include "kernels/probe_score/probe_score_device_helpers.cuh"
 
 namespace probesidecar::kernels::probe_score_detail {
-
-__device__ __forceinline__ void LdMatrixX4(uint32_t (&r)[4], uint32_t addr) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(addr)
-               : "memory");
-}
-
-template <typename T>
-__device__ __forceinline__ void Mma16816(float (&d)[4], const uint32_t (&a)[4],
-                                         const uint32_t (&b)[2]) {
-  if constexpr (std::is_same_v<T, __nv_bfloat16>) {
-    asm volatile(
-        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, "
-        "{%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
-  } else {
-    asm volatile(
-        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, "
-        "{%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
-  }
-}
 
 template <int kBM, int kBN, int kBK, int kWM, int kWN, int kStages, int kTerms>
 struct TcShape {
@@ -72,7 +50,7 @@ template <typename T, int kBM, int kBN, int kBK, int kWM, int kWN, int kStages, 
 __global__ void __launch_bounds__(kWM* kWN * 32) FusedTcKernel(const __grid_constant__ TcParams p) {
   using S = TcShape<kBM, kBN, kBK, kWM, kWN, kStages, kTerms>;
   // The split-K reduction may be scheduled now: it waits for this whole grid before reading.
-  if (p.splits > 1) LaunchDependents();
+  if (p.splits > 1) cudaTriggerProgrammaticLaunchCompletion();
   extern __shared__ uint4 tc_smem[];
   T* sa = reinterpret_cast<T*>(tc_smem);  // [kStages, kBM, kBK] swizzled
   T* sb = sa + kStages * S::kAStage;      // [kStages, kBN, kBK] swizzled
@@ -97,11 +75,12 @@ __global__ void __launch_bounds__(kWM* kWN * 32) FusedTcKernel(const __grid_cons
       for (int i = 0; i < S::kBIters; ++i) {
         const int r = row0 + i * S::kRowsPerPass;
         T* dst = sb + stage * S::kBStage + term * S::kBTerm + r * kBK + ((chunk ^ (r & 7)) * 8);
-        CpAsync16(SmemAddr(dst),
-                  w_in ? static_cast<const void*>(w + term * p.term_stride +
-                                                  static_cast<int64_t>(n0 + r) * p.w_row_stride + k)
-                       : p.weight,
-                  w_in);
+        blocks::CpAsync16(
+            blocks::SmemAddr(dst),
+            w_in ? static_cast<const void*>(w + term * p.term_stride +
+                                            static_cast<int64_t>(n0 + r) * p.w_row_stride + k)
+                 : p.weight,
+            w_in);
       }
     }
   };
@@ -114,26 +93,19 @@ __global__ void __launch_bounds__(kWM* kWN * 32) FusedTcKernel(const __grid_cons
     if (st < nkt) load_b(st, kt_begin + st);
   }
   int32_t row_idx[S::kAIters];
-#pragma unroll
-  for (int i = 0; i < S::kAIters; ++i) {
-    row_idx[i] = __ldg(p.rows + min(m0 + row0 + i * S::kRowsPerPass, p.max_rows - 1));
-  }
+  blocks::PrefetchRowIndices(row_idx, p.rows, m0 + row0, S::kRowsPerPass, p.max_rows);
 
   const ProbeScoreDeviceArgs a = *p.args;
   const int num_rows = min(a.num_rows, p.max_rows);
   if (m0 >= num_rows) {
-    CpAsyncWait<0>();
+    blocks::CpAsyncWait<0>();
     return;
   }
-  const bool vec_ok = RowsAre16ByteAligned<T>(a);
-  const T* x = static_cast<const T*>(a.x);
+  const bool vec_ok = blocks::RowsAre16ByteAligned<T>(a.x, a.x_row_stride);
   const T* a_row[S::kAIters];
   bool a_valid[S::kAIters];
-#pragma unroll
-  for (int i = 0; i < S::kAIters; ++i) {
-    a_valid[i] = m0 + row0 + i * S::kRowsPerPass < num_rows;
-    a_row[i] = a_valid[i] ? x + static_cast<int64_t>(row_idx[i]) * a.x_row_stride : x;
-  }
+  blocks::GatheredRowPointers(a_row, a_valid, row_idx, static_cast<const T*>(a.x), a.x_row_stride,
+                              m0 + row0, S::kRowsPerPass, num_rows);
 
   auto load_a = [&](int stage, int kt) {
     const int k = kt * kBK + chunk * 8;
@@ -144,14 +116,10 @@ __global__ void __launch_bounds__(kWM* kWN * 32) FusedTcKernel(const __grid_cons
       T* dst = sa + stage * S::kAStage + r * kBK + ((chunk ^ (r & 7)) * 8);
       const bool valid = a_valid[i] && k_in;
       if (vec_ok) {
-        CpAsync16(SmemAddr(dst), valid ? static_cast<const void*>(a_row[i] + k) : p.weight, valid);
-      } else {
-        uint32_t h[8];
-        const uint16_t* src = reinterpret_cast<const uint16_t*>(a_row[i] + k);
-#pragma unroll
-        for (int e = 0; e < 8; ++e) h[e] = valid ? __ldg(src + e) : 0u;
-        *reinterpret_cast<uint4*>(dst) = make_uint4(h[0] | (h[1] << 16), h[2] | (h[3] << 16),
-                                                    h[4] | (h[5] << 16), h[6] | (h[7] << 16));
+        blocks::CpAsync16(blocks::SmemAddr(dst),
+                          valid ? static_cast<const void*>(a_row[i] + k) : p.weight, valid);
+      } else {  // rows only 2-byte aligned
+        *reinterpret_cast<uint4*>(dst) = blocks::Load16BytesBy2(a_row[i] + k, valid);
       }
     }
   };
@@ -167,18 +135,18 @@ __global__ void __launch_bounds__(kWM* kWN * 32) FusedTcKernel(const __grid_cons
 #pragma unroll
   for (int st = 0; st < kStages - 1; ++st) {
     if (st < nkt) load_a(st, kt_begin + st);
-    CpAsyncCommit();
+    blocks::CpAsyncCommit();
   }
 
   for (int it = 0; it < nkt; ++it) {
-    CpAsyncWait<kStages - 2>();
+    blocks::CpAsyncWait<kStages - 2>();
     __syncthreads();
     const int next = it + kStages - 1;
     if (next < nkt) {
       load_a(next % kStages, kt_begin + next);
       load_b(next % kStages, kt_begin + next);
     }
-    CpAsyncCommit();
+    blocks::CpAsyncCommit();
 
     const int stage = it % kStages;
     const T* sa_st = sa + stage * S::kAStage;
@@ -191,7 +159,7 @@ __global__ void __launch_bounds__(kWM* kWN * 32) FusedTcKernel(const __grid_cons
       for (int mt = 0; mt < S::kMT; ++mt) {
         const int r = warp_m * S::kWarpM + mt * 16 + (lane % 16);
         const int c = kk * 2 + lane / 16;
-        LdMatrixX4(af[mt], SmemAddr(sa_st + r * kBK + ((c ^ (r & 7)) * 8)));
+        blocks::LdMatrixX4(blocks::SmemAddr(sa_st + r * kBK + ((c ^ (r & 7)) * 8)), af[mt]);
       }
 #pragma unroll
       for (int term = 0; term < kTerms; ++term) {
@@ -200,7 +168,8 @@ __global__ void __launch_bounds__(kWM* kWN * 32) FusedTcKernel(const __grid_cons
           const int r = warp_n * S::kWarpN + np * 16 + (lane / 16) * 8 + (lane % 8);
           const int c = kk * 2 + (lane / 8) % 2;
           uint32_t t[4];
-          LdMatrixX4(t, SmemAddr(sb_st + term * S::kBTerm + r * kBK + ((c ^ (r & 7)) * 8)));
+          blocks::LdMatrixX4(
+              blocks::SmemAddr(sb_st + term * S::kBTerm + r * kBK + ((c ^ (r & 7)) * 8)), t);
           bf[2 * np][0] = t[0];
           bf[2 * np][1] = t[1];
           bf[2 * np + 1][0] = t[2];
@@ -209,11 +178,13 @@ __global__ void __launch_bounds__(kWM* kWN * 32) FusedTcKernel(const __grid_cons
 #pragma unroll
         for (int mt = 0; mt < S::kMT; ++mt)
 #pragma unroll
-          for (int nt = 0; nt < S::kNT; ++nt) Mma16816<T>(acc[mt][nt], af[mt], bf[nt]);
+          for (int nt = 0; nt < S::kNT; ++nt) {
+            blocks::Mma16816<T>(acc[mt][nt], af[mt], bf[nt][0], bf[nt][1]);
+          }
       }
     }
   }
-  CpAsyncWait<0>();
+  blocks::CpAsyncWait<0>();
   if constexpr (kTerms > 1) {
 #pragma unroll
     for (int i = 0; i < S::kMT; ++i)
@@ -234,19 +205,14 @@ __global__ void __launch_bounds__(kWM* kWN * 32) FusedTcKernel(const __grid_cons
       for (int h = 0; h < 2; ++h) {
         const int row = m0 + warp_m * S::kWarpM + mt * 16 + g + 8 * h;
         if (row >= num_rows) continue;
+        const float v0 = acc[mt][nt][2 * h], v1 = acc[mt][nt][2 * h + 1];
         if (p.splits == 1) {
-          float* o = a.out + static_cast<int64_t>(row) * a.out_row_stride;
-#pragma unroll
-          for (int e = 0; e < 2; ++e) {
-            if (col + e < p.num_probes) {
-              o[col + e] = Activate(p.activation, acc[mt][nt][2 * h + e] + __ldg(p.bias + col + e));
-            }
-          }
+          blocks::StoreBiasActivatedPair(a.out + static_cast<int64_t>(row) * a.out_row_stride, col,
+                                         p.num_probes, v0, v1, p.bias, IsSigmoid(p.activation));
         } else {
-          float* o =
-              p.partial + (static_cast<int64_t>(split) * p.partial_rows + row) * p.partial_ld + col;
-          __stcg(reinterpret_cast<float2*>(o),
-                 make_float2(acc[mt][nt][2 * h], acc[mt][nt][2 * h + 1]));
+          blocks::StorePartialPair(
+              p.partial + (static_cast<int64_t>(split) * p.partial_rows + row) * p.partial_ld + col,
+              v0, v1);
         }
       }
     }
@@ -258,7 +224,7 @@ __global__ void __launch_bounds__(kWM* kWN * 32) FusedTcKernel(const __grid_cons
 template <int kThreads>
 __global__ void __launch_bounds__(kThreads)
     SplitKReduceKernel(const __grid_constant__ SplitKReduceParams p) {
-  WaitForPriorGrid();  // the partials of the GEMM kernel before it (launched as its dependent)
+  cudaGridDependencySynchronize();  // the partials of the GEMM kernel before it (its dependent)
   const ProbeScoreDeviceArgs a = *p.args;
   const int num_rows = min(a.num_rows, p.max_rows);
   const int64_t idx = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x;
@@ -270,7 +236,7 @@ __global__ void __launch_bounds__(kThreads)
   float sum = 0.0f;
   for (int s = 0; s < p.splits; ++s) sum += __ldcg(src + s * split_stride);
   a.out[static_cast<int64_t>(row) * a.out_row_stride + probe] =
-      Activate(p.activation, sum + __ldg(p.bias + probe));
+      blocks::Activate(IsSigmoid(p.activation), sum + __ldg(p.bias + probe));
 }
 
 }  // namespace probesidecar::kernels::probe_score_detail

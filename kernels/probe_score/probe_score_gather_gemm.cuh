@@ -3,11 +3,15 @@
 // Included only by probe_score_gather_gemm.cu (instantiations and launchers).
 #pragma once
 
+#include "kernels/common/alignment.h"
+#include "kernels/common/epilogue.cuh"
 #include "kernels/probe_score/probe_score_device_helpers.cuh"
 
 namespace probesidecar::kernels::probe_score_detail {
 
-// for the rows below num_rows (the others are left as they are: the epilogue never reads them).
+// Grid ceil(chunk_rows / 8), block 256 threads (a warp per row): staging[i] =
+// x[rows[row_begin + i]] for the rows below num_rows (the others are left as they are: the
+// epilogue never reads them).
 template <typename T>
 __global__ void __launch_bounds__(256) GatherRowsKernel(const __grid_constant__ GatherParams p) {
   constexpr int kVec = Elem<T>::kVec;
@@ -19,7 +23,7 @@ __global__ void __launch_bounds__(256) GatherRowsKernel(const __grid_constant__ 
   const T* src =
       static_cast<const T*>(a.x) + static_cast<int64_t>(__ldg(p.rows + row)) * a.x_row_stride;
   T* dst = static_cast<T*>(p.staging) + static_cast<int64_t>(local) * p.hidden;
-  const bool vec_ok = RowsAre16ByteAligned<T>(a) && p.hidden % kVec == 0;
+  const bool vec_ok = blocks::RowsAre16ByteAligned<T>(a.x, a.x_row_stride) && p.hidden % kVec == 0;
   if (vec_ok) {
     const int n = p.hidden / kVec;
     int c = lane;
@@ -47,9 +51,9 @@ __global__ void __launch_bounds__(kThreads)
   const int probe = static_cast<int>(idx % p.num_probes);
   const int row = p.row_begin + local;
   if (local >= p.chunk_rows || row >= a.num_rows) return;
-  a.out[static_cast<int64_t>(row) * a.out_row_stride + probe] =
-      Activate(p.activation,
-               __ldcg(p.c + static_cast<int64_t>(local) * p.ldc + probe) + __ldg(p.bias + probe));
+  a.out[static_cast<int64_t>(row) * a.out_row_stride + probe] = blocks::Activate(
+      IsSigmoid(p.activation),
+      __ldcg(p.c + static_cast<int64_t>(local) * p.ldc + probe) + __ldg(p.bias + probe));
 }
 
 }  // namespace probesidecar::kernels::probe_score_detail

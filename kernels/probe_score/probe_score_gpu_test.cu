@@ -38,7 +38,7 @@ struct Worst {
 };
 
 // ---------------------------------------------------------------------------------------------
-// Fixture: one workspace for the whole binary, weights cached per (dtype, P, H).
+// Fixture: one stream and its workspace for the whole binary, weights cached per (dtype, P, H).
 
 class ProbeScoreGpuTest : public ::testing::Test {
  protected:
@@ -47,22 +47,19 @@ class ProbeScoreGpuTest : public ::testing::Test {
     cfg.max_rows = kWsMaxRows;
     cfg.max_hidden = 8192;
     cfg.max_probes = 1024;
-    ws_status_ = CreateProbeScoreWorkspace(cfg, &ws_);
+    ws_status_ = cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking);
+    if (ws_status_ == cudaSuccess) ws_status_ = CreateProbeScoreWorkspace(cfg, stream_, &ws_);
   }
   static void TearDownTestSuite() {
     for (auto& [key, w] : weights_) EXPECT_EQ(DestroyProbeWeights(&w.second), cudaSuccess);
     weights_.clear();
     EXPECT_EQ(DestroyProbeScoreWorkspace(ws_), cudaSuccess);
     ws_ = nullptr;
+    if (stream_ != nullptr) EXPECT_EQ(cudaStreamDestroy(stream_), cudaSuccess);
+    stream_ = nullptr;
   }
 
-  void SetUp() override {
-    ASSERT_EQ(ws_status_, cudaSuccess) << cudaGetErrorString(ws_status_);
-    CUDA_ASSERT(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
-  }
-  void TearDown() override {
-    if (stream_ != nullptr) EXPECT_EQ(cudaStreamDestroy(stream_), cudaSuccess);
-  }
+  void SetUp() override { ASSERT_EQ(ws_status_, cudaSuccess) << cudaGetErrorString(ws_status_); }
 
   static const ProbeScoreResources& Resources() { return ProbeScoreWorkspaceResources(*ws_); }
 
@@ -126,13 +123,14 @@ class ProbeScoreGpuTest : public ::testing::Test {
     }
   }
 
+  static cudaStream_t stream_;  // the workspace's stream: every launch runs on it
   static ProbeScoreWorkspace* ws_;
   static cudaError_t ws_status_;
   static std::map<std::tuple<int, int32_t, int32_t, int>, std::pair<HostWeights, ProbeWeights>>
       weights_;
-  cudaStream_t stream_ = nullptr;
 };
 
+cudaStream_t ProbeScoreGpuTest::stream_ = nullptr;
 ProbeScoreWorkspace* ProbeScoreGpuTest::ws_ = nullptr;
 cudaError_t ProbeScoreGpuTest::ws_status_ = cudaErrorUnknown;
 std::map<std::tuple<int, int32_t, int32_t, int>, std::pair<HostWeights, ProbeWeights>>
@@ -253,8 +251,8 @@ TEST_F(ProbeScoreGpuTest, ZeroRowsWritesNothing) {
   }
 }
 
-// Plans the workspace cannot serve are refused when planning; launches whose params or workspace
-// do not match their plan are refused before anything is enqueued.
+// Plans the workspace cannot serve are refused when planning; launches whose params, workspace,
+// stream or path do not match their plan are refused before anything is enqueued.
 TEST_F(ProbeScoreGpuTest, RejectsMismatches) {
   const auto* w = Weights(common::DType::kFloat32, 16, 4096);
   const auto* w17 = Weights(common::DType::kFloat32, 17, 4096);
@@ -279,6 +277,29 @@ TEST_F(ProbeScoreGpuTest, RejectsMismatches) {
   EXPECT_EQ(LaunchProbeScore(plan, p, ws_, stream_), cudaErrorInvalidValue);
   p.weights = &w->second;
   EXPECT_EQ(LaunchProbeScore(plan, p, nullptr, stream_), cudaErrorInvalidValue);
+  // A stream other than the workspace's (its cuBLAS handle and scratch belong to that one).
+  cudaStream_t other = nullptr;
+  CUDA_ASSERT(cudaStreamCreateWithFlags(&other, cudaStreamNonBlocking));
+  EXPECT_EQ(LaunchProbeScore(plan, p, ws_, other), cudaErrorInvalidResourceHandle);
+  CUDA_ASSERT(cudaStreamDestroy(other));
+  // A plan whose path was changed after planning: another path's launch was never planned.
+  ProbeScorePlan relabelled = plan;
+  relabelled.path = ProbeScorePath::kGatherGemm;
+  EXPECT_EQ(LaunchProbeScore(relabelled, p, ws_, stream_), cudaErrorInvalidValue);
+  // A gather_wgmma plan made for a device that has it, on a workspace whose device has not.
+  if (!Resources().device.gather_wgmma) {
+    ProbeScoreResources hopper = Resources();
+    hopper.device.gather_wgmma = true;
+    const auto* w16 = Weights(common::DType::kBFloat16, 256, 4096);
+    ASSERT_NE(w16, nullptr);
+    ProbeScorePlan wgmma;
+    ASSERT_EQ(PlanProbeScore({common::DType::kBFloat16, 64, 256, 4096},
+                             ProbeScorePath::kGatherWgmma, hopper, {}, &wgmma),
+              cudaSuccess);
+    ProbeScoreParams p16 = p;
+    p16.weights = &w16->second;
+    EXPECT_EQ(LaunchProbeScore(wgmma, p16, ws_, stream_), cudaErrorInvalidDeviceFunction);
+  }
   // A plan made for a larger workspace.
   ProbeScoreResources larger = Resources();
   larger.workspace.max_rows = 2 * kWsMaxRows;

@@ -1,6 +1,8 @@
 // The run: binds a plan's launches to the request's pointers and the workspace's buffers, and
-// enqueues them. Pointer math and launches only (no planning, no device query, no allocation),
-// so that it can be captured into a graph. Plain C++ over the families' launchers and cuBLAS.
+// enqueues them. Pointer math and launches only (no planning, no device query, no allocation, no
+// tensor-map encoding, no cuBLAS configuration: the weights and the workspace hold what those
+// make), so that it can be captured into a graph. Plain C++ over the families' launchers and
+// cuBLAS.
 #include <algorithm>
 
 #include "kernels/probe_score/probe_score.h"
@@ -28,11 +30,25 @@ int32_t RoundUpProbes(int32_t probes) {
 
 dim3 Dim3(const ProbeScoreGrid& g) { return dim3(g.x, g.y, g.z); }
 
+// Whether exactly the sub-plan of plan.path is filled, as PlanProbeScore leaves it: a plan whose
+// path was changed afterwards (or that no planner made) would launch another path's grid.
+bool PlannedForItsPath(const ProbeScorePlan& plan) {
+  const bool planned[kNumProbeScorePaths] = {plan.fused_cuda.grid.x != 0, plan.fused_tc.grid.x != 0,
+                                             plan.gather_gemm.num_chunks != 0,
+                                             plan.gather_wgmma.grid.x != 0};
+  const int path = static_cast<int>(plan.path);
+  if (path < 0 || path >= kNumProbeScorePaths) return false;
+  for (int p = 0; p < kNumProbeScorePaths; ++p) {
+    if (planned[p] != (p == path)) return false;
+  }
+  return true;
+}
+
 // Whether the params and the workspace are the ones the plan was made for.
 bool Matches(const ProbeScorePlan& plan, const ProbeScoreParams& params,
              const ProbeScoreWorkspace* ws) {
-  if (ws == nullptr || params.args == nullptr || params.rows == nullptr ||
-      params.weights == nullptr || params.weights->storage == nullptr) {
+  if (params.args == nullptr || params.rows == nullptr || params.weights == nullptr ||
+      params.weights->storage == nullptr) {
     return false;
   }
   const ProbeScoreShape& s = plan.shape;
@@ -89,6 +105,8 @@ cudaError_t RunTensorCore(const ProbeScorePlan& plan, const ProbeScoreParams& in
   TcParams p;
   BindFused(plan, in, ws, &p);
   const int dtype = static_cast<int>(plan.shape.dtype);
+  const CUtensorMap* weight_map =
+      in.weights->weight_map_ready[dtype] ? &in.weights->weight_map[dtype] : nullptr;
   p.weight = in.weights->weight[dtype];
   p.term_stride = in.weights->term_stride;
   p.acc_scale = 1.0f / in.weights->term_scale[dtype];
@@ -97,10 +115,11 @@ cudaError_t RunTensorCore(const ProbeScorePlan& plan, const ProbeScoreParams& in
   p.k_tiles = tp.k_tiles;
   p.splits = static_cast<int32_t>(tp.grid.z);
   p.w_rows = RoundUpProbes(in.weights->num_probes);
-  cudaError_t err = wgmma ? probe_score_detail::LaunchGatherWgmma(
-                                plan.shape.dtype, tp.config, tp.terms, p, Dim3(tp.grid), stream)
-                          : probe_score_detail::LaunchFusedTc(plan.shape.dtype, tp.config, tp.terms,
-                                                              p, Dim3(tp.grid), stream);
+  cudaError_t err =
+      wgmma ? probe_score_detail::LaunchGatherWgmma(plan.shape.dtype, tp.config, tp.terms, p,
+                                                    weight_map, Dim3(tp.grid), stream)
+            : probe_score_detail::LaunchFusedTc(plan.shape.dtype, tp.config, tp.terms, p,
+                                                Dim3(tp.grid), stream);
   if (err != cudaSuccess || p.splits == 1) return err;
   SplitKReduceParams r;
   r.args = in.args;
@@ -127,21 +146,15 @@ cudaDataType_t CudaType(common::DType dtype) {
   return CUDA_R_32F;
 }
 
-// Per chunk of rows: gather -> cuBLAS -> epilogue.
+// Per chunk of rows: gather -> cuBLAS -> epilogue. The cuBLAS handle runs on the workspace's
+// stream with the workspace's scratch, both set once when the workspace was created.
 cudaError_t RunGatherGemm(const ProbeScorePlan& plan, const ProbeScoreParams& in,
                           const ProbeScoreWorkspace& ws, cudaStream_t stream) {
   const GatherGemmPlan& gp = plan.gather_gemm;
   const ProbeWeights& w = *in.weights;
   const int32_t P = w.num_probes, H = w.hidden;
   const common::DType dtype = plan.shape.dtype;
-  cublasStatus_t st = cublasSetStream(ws.cublas, stream);
-  // cublasSetStream resets the workspace to cuBLAS's own pool: set ours again (no allocation
-  // may happen inside a captured graph).
-  if (st == CUBLAS_STATUS_SUCCESS) {
-    st = cublasSetWorkspace(ws.cublas, ws.cublas_ws,
-                            static_cast<size_t>(ws.resources.workspace.cublas_workspace_bytes));
-  }
-  if (st != CUBLAS_STATUS_SUCCESS) return FromCublas(st);
+  cublasStatus_t st = CUBLAS_STATUS_SUCCESS;
   // Exact precision: one GEMM per weight term, the later ones adding into the first's result;
   // alpha undoes the terms' power-of-two scale.
   const float alpha = 1.0f / w.term_scale[static_cast<int>(dtype)], zero = 0.0f, one = 1.0f;
@@ -188,8 +201,17 @@ cudaError_t RunGatherGemm(const ProbeScorePlan& plan, const ProbeScoreParams& in
 
 cudaError_t LaunchProbeScore(const ProbeScorePlan& plan, const ProbeScoreParams& params,
                              ProbeScoreWorkspace* workspace, cudaStream_t stream) {
+  if (workspace == nullptr) return cudaErrorInvalidValue;
+  if (stream != workspace->stream) return cudaErrorInvalidResourceHandle;
   if (!Matches(plan, params, workspace)) return cudaErrorInvalidValue;
+  if (static_cast<uint32_t>(plan.path) >= static_cast<uint32_t>(kNumProbeScorePaths)) {
+    return cudaErrorInvalidValue;
+  }
+  if (!ProbeScorePathSupports(plan.path, plan.shape, workspace->resources.device)) {
+    return cudaErrorInvalidDeviceFunction;
+  }
   if (plan.shape.max_rows == 0) return cudaSuccess;
+  if (!PlannedForItsPath(plan)) return cudaErrorInvalidValue;
   switch (plan.path) {
     case ProbeScorePath::kFusedCuda:
       return RunFusedCuda(plan, params, *workspace, stream);

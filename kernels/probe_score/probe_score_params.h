@@ -8,9 +8,10 @@
 
 namespace probesidecar::kernels {
 
-// What changes per request, in device memory (written by the caller before each launch or graph
-// replay, e.g. by cudaMemcpyAsync from pinned memory inside the same graph). The kernels read it
-// on the device, so one captured graph serves every request of its shape.
+// What changes per request, in device memory (written before each launch or graph replay by
+// whatever precedes the kernels on the stream: in the server's graph, the staging kernel of
+// kernels/request_staging). The kernels read it on the device, so one captured graph serves every
+// request of its shape.
 struct ProbeScoreDeviceArgs {
   const void* x = nullptr;     // [T, x_row_stride] activations of the plan's dtype
   int64_t x_row_stride = 0;    // elements between consecutive rows, >= H

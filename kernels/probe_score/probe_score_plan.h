@@ -15,7 +15,7 @@
 
 namespace probesidecar::kernels {
 
-// New paths (e.g. Hopper sm_90a kernels) are appended; the names are used in metrics and results.
+// Values are stable (new paths are appended): the names are used in metrics and results.
 enum class ProbeScorePath : int32_t {
   kFusedCuda = 0,        // CUDA cores; each selected row read once; few probes
   kFusedTensorCore = 1,  // gather fused into a tensor-core GEMM (bf16/fp16 only)
@@ -41,7 +41,8 @@ struct ProbeScoreShape {
 // What planning needs to know about the device: read once, when a workspace is created.
 struct ProbeScoreDeviceFacts {
   int32_t cc_major = 0, cc_minor = 0;  // compute capability (arch-specific paths key on it)
-  bool gather_wgmma = false;           // the sm_90a kernels are built and this is an sm_90 device
+  bool gather_wgmma = false;           // compute capability 9.0 (the sm_90a kernels' machine
+                                       // code) and the driver encodes tensor maps
   int32_t num_sms = 0;
   int64_t smem_per_sm = 0;              // bytes
   int64_t reserved_smem_per_block = 0;  // bytes

@@ -3,6 +3,7 @@
 #include <new>
 #include <vector>
 
+#include "kernels/common/tensor_map.h"
 #include "kernels/probe_score/probe_score.h"
 #include "kernels/probe_score/probe_score_weight_terms.h"
 
@@ -13,6 +14,17 @@ using probe_score_detail::kHiddenPad;
 using probe_score_detail::kProbePad;
 
 constexpr int64_t RoundUp(int64_t a, int64_t b) { return (a + b - 1) / b * b; }
+
+// The tensor map gather_wgmma's warp-specialised tile reads W through: the 16-bit plane at
+// `plane` as a 2-D tensor [p_pad, h_pad], boxes of kWsWeightBoxCols x kWsWeightBoxRows.
+cudaError_t EncodeWeightMap(const void* plane, CUtensorMapDataType type, int64_t p_pad,
+                            int64_t h_pad, CUtensorMap* map) {
+  const cuuint64_t dims[2] = {static_cast<cuuint64_t>(h_pad), static_cast<cuuint64_t>(p_pad)};
+  const cuuint64_t byte_strides[1] = {static_cast<cuuint64_t>(h_pad) * 2};
+  const cuuint32_t box[2] = {probe_score_detail::kWsWeightBoxCols,
+                             probe_score_detail::kWsWeightBoxRows};
+  return blocks::EncodeSwizzled128TensorMap(map, type, 2, plane, dims, byte_strides, box);
+}
 
 }  // namespace
 
@@ -85,6 +97,26 @@ cudaError_t CreateProbeWeights(const float* weight, const float* bias, int32_t n
   out->term_stride = plane;
   out->storage = storage;
   out->storage_bytes = total;
+  if (terms == 1) {
+    // Once per probe set, so that no launch encodes one. A driver without the encoder leaves
+    // the maps unready (and its workspaces never dispatch gather_wgmma).
+    const struct {
+      common::DType dtype;
+      CUtensorMapDataType type;
+    } maps[] = {{common::DType::kFloat16, CU_TENSOR_MAP_DATA_TYPE_FLOAT16},
+                {common::DType::kBFloat16, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16}};
+    for (const auto& m : maps) {
+      const int d = static_cast<int>(m.dtype);
+      const cudaError_t encoded =
+          EncodeWeightMap(out->weight[d], m.type, p_pad, h_pad, &out->weight_map[d]);
+      if (encoded == cudaErrorNotSupported) continue;
+      if (encoded != cudaSuccess) {
+        DestroyProbeWeights(out);
+        return encoded;
+      }
+      out->weight_map_ready[d] = true;
+    }
+  }
   return cudaSuccess;
 }
 

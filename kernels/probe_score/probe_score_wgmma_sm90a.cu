@@ -2,7 +2,6 @@
 // stages fit) and their launcher. Built with -gencode arch=compute_90a,code=sm_90a only (see
 // CMakeLists.txt).
 #include <cuda.h>
-#include <cudaTypedefs.h>
 
 #include <type_traits>
 #include <utility>
@@ -34,47 +33,15 @@ static_assert(kWgmmaConfigs[kWsConfig].ws && kWgmmaConfigs[kWsConfig].bn == sm90
               WgmmaStages(kWgmmaConfigs[kWsConfig], 1) == sm90a::kWsStages &&
               WgmmaSmemBytes(kWgmmaConfigs[kWsConfig], 1) == sm90a::kWsSmemBytes &&
               WgmmaThreads(kWgmmaConfigs[kWsConfig]) == sm90a::kWsThreads);
-
-// cuTensorMapEncodeTiled, looked up once through the runtime (no libcuda link).
-PFN_cuTensorMapEncodeTiled_v12000 EncodeTiled() {
-  static const PFN_cuTensorMapEncodeTiled_v12000 fn = [] {
-    void* f = nullptr;
-    cudaDriverEntryPointQueryResult query;
-    return cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &f, 12000, cudaEnableDefault,
-                                            &query) == cudaSuccess &&
-                   query == cudaDriverEntryPointSuccess
-               ? reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(f)
-               : nullptr;
-  }();
-  return fn;
-}
-
-// W's first term as a 2-D tensor [w_rows, w_row_stride] with 256 x 64 boxes in the 128-byte
-// swizzle the wgmma descriptors read; rows past w_rows come in as zeros.
-cudaError_t EncodeWeightMap(common::DType dtype, const TcParams& p, CUtensorMap* map) {
-  const PFN_cuTensorMapEncodeTiled_v12000 encode = EncodeTiled();
-  if (encode == nullptr) return cudaErrorNotSupported;
-  const cuuint64_t dims[2] = {static_cast<cuuint64_t>(p.w_row_stride),
-                              static_cast<cuuint64_t>(p.w_rows)};
-  const cuuint64_t strides[1] = {static_cast<cuuint64_t>(p.w_row_stride) * 2};
-  const cuuint32_t box[2] = {64, static_cast<cuuint32_t>(sm90a::kWsBN)};
-  const cuuint32_t elem_strides[2] = {1, 1};
-  const CUresult r = encode(map,
-                            dtype == common::DType::kBFloat16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16
-                                                              : CU_TENSOR_MAP_DATA_TYPE_FLOAT16,
-                            2, const_cast<void*>(p.weight), dims, strides, box, elem_strides,
-                            CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
-                            CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
-  return r == CUDA_SUCCESS ? cudaSuccess : cudaErrorInvalidValue;
-}
+static_assert(kWsWeightBoxCols == sm90a::kBK && kWsWeightBoxRows == sm90a::kWsBN,
+              "the weight tensor map's box is the warp-specialised kernel's B tile");
 
 template <typename T>
-cudaError_t LaunchWs(common::DType dtype, const TcParams& params, dim3 grid, cudaStream_t stream) {
+cudaError_t LaunchWs(const TcParams& params, const CUtensorMap& weight_map, dim3 grid,
+                     cudaStream_t stream) {
   sm90a::WsArgs args;
+  args.w_map = weight_map;
   args.p = params;
-  if (cudaError_t err = EncodeWeightMap(dtype, params, &args.w_map); err != cudaSuccess) {
-    return err;
-  }
   sm90a::GatherWgmmaWsKernel<T><<<grid, sm90a::kWsThreads, sm90a::kWsSmemBytes, stream>>>(args);
   return cudaGetLastError();
 }
@@ -113,8 +80,6 @@ static_assert(PlannerAgreesWithKernels(std::make_integer_sequence<int, kNumWgmma
 
 }  // namespace
 
-bool GatherWgmmaCompiled() { return true; }
-
 cudaError_t SetGatherWgmmaAttributes() {
   cudaError_t first = cudaSuccess;
   for (common::DType dtype : {common::DType::kBFloat16, common::DType::kFloat16}) {
@@ -142,12 +107,16 @@ cudaError_t SetGatherWgmmaAttributes() {
 }
 
 cudaError_t LaunchGatherWgmma(common::DType dtype, int config, int terms, const TcParams& params,
-                              dim3 grid, cudaStream_t stream) {
+                              const CUtensorMap* weight_map, dim3 grid, cudaStream_t stream) {
   if (config == kWsConfig) {
     if (terms != 1 || grid.z != 1) return cudaErrorInvalidValue;
-    if (dtype == common::DType::kBFloat16)
-      return LaunchWs<__nv_bfloat16>(dtype, params, grid, stream);
-    if (dtype == common::DType::kFloat16) return LaunchWs<__half>(dtype, params, grid, stream);
+    if (weight_map == nullptr) return cudaErrorNotSupported;
+    if (dtype == common::DType::kBFloat16) {
+      return LaunchWs<__nv_bfloat16>(params, *weight_map, grid, stream);
+    }
+    if (dtype == common::DType::kFloat16) {
+      return LaunchWs<__half>(params, *weight_map, grid, stream);
+    }
     return cudaErrorInvalidValue;
   }
   return Visit(dtype, config, terms, cudaErrorInvalidValue, [&](auto elem, auto index, auto t) {

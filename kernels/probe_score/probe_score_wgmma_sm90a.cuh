@@ -17,17 +17,19 @@
 // (gridDim.z > 1) writes fp32 partials that SplitKReduceKernel sums, as for fused_tc.
 #pragma once
 
-#include <cute/arch/mma_sm90_desc.hpp>
 #include <cute/arch/mma_sm90_gmma.hpp>
-#include <type_traits>
-#include <utility>
 
+#include "kernels/common/alignment.h"
+#include "kernels/common/cp_async.cuh"
+#include "kernels/common/epilogue.cuh"
+#include "kernels/common/row_gather.cuh"
+#include "kernels/common/wgmma.cuh"
 #include "kernels/probe_score/probe_score_device_helpers.cuh"
 
 namespace probesidecar::kernels::probe_score_detail::sm90a {
 
 inline constexpr int kBK = 64;  // elements per k-tile: one 128-byte swizzled row
-inline constexpr int kSlabRowBytes = 128;
+inline constexpr int kSlabRowBytes = blocks::kSwizzleRowBytes;
 
 template <int kWGs, int kBN, int kStages, int kTerms>
 struct WgmmaShape {
@@ -68,32 +70,6 @@ struct WgmmaOp<__half, 256> {
                                                             cute::SM90::GMMA::Major::K>;
 };
 
-template <typename Op, int N, size_t... I>
-__device__ __forceinline__ void WgmmaFma(uint64_t da, uint64_t db, float (&d)[N],
-                                         std::index_sequence<I...>) {
-  Op::fma(da, db, d[I]..., cute::SM90::GMMA::ScaleOut::One);
-}
-
-// Shared-memory matrix descriptor of a K-major, 128-byte-swizzled operand: 8-row groups 1024
-// bytes apart (sbo); a 16-deep k-step moves the start by 32 bytes.
-__device__ __forceinline__ uint64_t SwizzledKMajorDesc(uint32_t smem_addr) {
-  cute::GmmaDescriptor d;
-  d.bitfield.start_address_ = static_cast<uint16_t>(smem_addr >> 4);
-  d.bitfield.leading_byte_offset_ = 1;  // unused for swizzled K-major operands
-  d.bitfield.stride_byte_offset_ = 1024 >> 4;
-  d.bitfield.base_offset_ = 0;
-  d.bitfield.layout_type_ = 1;  // 128-byte swizzle
-  return d.desc_;
-}
-
-__device__ __forceinline__ uint32_t SwizzledOffset(int row, int chunk) {
-  return row * kSlabRowBytes + (((chunk ^ (row & 7)) & 7) << 4);
-}
-
-__device__ __forceinline__ void FenceProxyAsyncShared() {
-  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
-}
-
 // Grid (n_tiles, m_tiles, splits), n fastest so that the CTAs sharing a gathered A tile run
 // together; block WgmmaShape::kThreads; dynamic shared memory WgmmaShape::kSmemBytes. TcParams
 // as fused_tc reads them, plus w_rows (W's padded row count: B rows at or past it are zeros).
@@ -109,10 +85,10 @@ __global__ void __launch_bounds__(128 * kWGs, 1)
   constexpr int kAhead = kOverlap ? kStages - 2 : kStages - 1;
   static_assert(kStages >= 3, "at least 3 stages");
   extern __shared__ __align__(128) uint8_t wgmma_smem_raw[];
-  uint8_t* smem = wgmma_smem_raw + ((1024 - (SmemAddr(wgmma_smem_raw) & 1023)) & 1023);
-  const uint32_t s0 = SmemAddr(smem);
+  uint8_t* smem = wgmma_smem_raw + blocks::SwizzleAtomPadding(blocks::SmemAddr(wgmma_smem_raw));
+  const uint32_t s0 = blocks::SmemAddr(smem);
   // The split-K reduction may be scheduled now: it waits for this whole grid before reading.
-  if (p.splits > 1) LaunchDependents();
+  if (p.splits > 1) cudaTriggerProgrammaticLaunchCompletion();
 
   const int n0 = blockIdx.x * kBN, m0 = blockIdx.y * S::kBM, split = blockIdx.z;
   const int tid = threadIdx.x;
@@ -138,7 +114,7 @@ __global__ void __launch_bounds__(128 * kWGs, 1)
         const bool ok = k_in && n0 + r < p.w_rows;
         const T* src =
             ok ? w + term * p.term_stride + static_cast<int64_t>(n0 + r) * p.w_row_stride + k : w;
-        CpAsync16(dst + SwizzledOffset(r, chunk), src, ok);
+        blocks::CpAsync16(dst + blocks::Swizzle128Offset(r, chunk), src, ok);
       }
     }
   };
@@ -150,25 +126,18 @@ __global__ void __launch_bounds__(128 * kWGs, 1)
     if (st < nkt) load_b(st, kt_begin + st);
   }
   int32_t row_idx[S::kAIters];
-#pragma unroll
-  for (int i = 0; i < S::kAIters; ++i) {
-    row_idx[i] = __ldg(p.rows + min(m0 + row0 + i * kRowStep, p.max_rows - 1));
-  }
+  blocks::PrefetchRowIndices(row_idx, p.rows, m0 + row0, kRowStep, p.max_rows);
   const ProbeScoreDeviceArgs a = *p.args;
   const int num_rows = min(a.num_rows, p.max_rows);
   if (m0 >= num_rows) {
-    CpAsyncWait<0>();
+    blocks::CpAsyncWait<0>();
     return;
   }
-  const bool vec_ok = RowsAre16ByteAligned<T>(a);
-  const T* x = static_cast<const T*>(a.x);
+  const bool vec_ok = blocks::RowsAre16ByteAligned<T>(a.x, a.x_row_stride);
   const T* a_row[S::kAIters];
   bool a_valid[S::kAIters];
-#pragma unroll
-  for (int i = 0; i < S::kAIters; ++i) {
-    a_valid[i] = m0 + row0 + i * kRowStep < num_rows;
-    a_row[i] = a_valid[i] ? x + static_cast<int64_t>(row_idx[i]) * a.x_row_stride : x;
-  }
+  blocks::GatheredRowPointers(a_row, a_valid, row_idx, static_cast<const T*>(a.x), a.x_row_stride,
+                              m0 + row0, kRowStep, num_rows);
   auto load_a = [&](int stage, int kt) {
     const int k = kt * kBK + chunk * 8;
     const bool k_in = k < p.hidden;  // H % 8 == 0: a chunk is wholly in or out
@@ -178,15 +147,11 @@ __global__ void __launch_bounds__(128 * kWGs, 1)
       const int r = row0 + i * kRowStep;
       const bool valid = a_valid[i] && k_in;
       if (vec_ok) {
-        CpAsync16(dst + SwizzledOffset(r, chunk),
-                  valid ? static_cast<const void*>(a_row[i] + k) : p.weight, valid);
+        blocks::CpAsync16(dst + blocks::Swizzle128Offset(r, chunk),
+                          valid ? static_cast<const void*>(a_row[i] + k) : p.weight, valid);
       } else {  // rows only 2-byte aligned: element loads, stored synchronously
-        uint32_t h[8];
-        const uint16_t* src = reinterpret_cast<const uint16_t*>(a_row[i] + k);
-#pragma unroll
-        for (int e = 0; e < 8; ++e) h[e] = valid ? __ldg(src + e) : 0u;
-        *reinterpret_cast<uint4*>(smem + (dst - s0) + SwizzledOffset(r, chunk)) = make_uint4(
-            h[0] | (h[1] << 16), h[2] | (h[3] << 16), h[4] | (h[5] << 16), h[6] | (h[7] << 16));
+        *reinterpret_cast<uint4*>(smem + (dst - s0) + blocks::Swizzle128Offset(r, chunk)) =
+            blocks::Load16BytesBy2(a_row[i] + k, valid);
       }
     }
   };
@@ -198,15 +163,14 @@ __global__ void __launch_bounds__(128 * kWGs, 1)
 #pragma unroll
   for (int st = 0; st < kAhead; ++st) {
     if (st < nkt) load_a(st, kt_begin + st);
-    CpAsyncCommit();
+    blocks::CpAsyncCommit();
   }
 
   for (int it = 0; it < nkt; ++it) {
-    CpAsyncWait<kAhead - 1>();
-    FenceProxyAsyncShared();  // cp.async wrote through the generic proxy; wgmma reads async
+    blocks::CpAsyncWait<kAhead - 1>();
+    blocks::FenceProxyAsyncShared();  // cp.async wrote through the generic proxy; wgmma reads async
     if constexpr (!kOverlap) {
-#pragma unroll
-      for (int i = 0; i < S::kAcc; ++i) cute::warpgroup_fence_operand(acc[i]);
+      blocks::FenceOperands(acc);
       cute::warpgroup_wait<0>();  // the previous batch: its stage is refilled below
     }
     __syncthreads();
@@ -216,28 +180,26 @@ __global__ void __launch_bounds__(128 * kWGs, 1)
     cute::warpgroup_arrive();
 #pragma unroll
     for (int kk = 0; kk < kBK / 16; ++kk) {
-      const uint64_t da = SwizzledKMajorDesc(a_base + kk * 32);
+      const uint64_t da = blocks::SwizzledKMajorDesc(a_base + kk * 32);
 #pragma unroll
       for (int term = 0; term < kTerms; ++term) {
-        WgmmaFma<Op>(da, SwizzledKMajorDesc(b_base + term * S::kBTermBytes + kk * 32), acc,
-                     std::make_index_sequence<S::kAcc>{});
+        blocks::WgmmaSS<Op>(
+            da, blocks::SwizzledKMajorDesc(b_base + term * S::kBTermBytes + kk * 32), acc);
       }
     }
     cute::warpgroup_commit_batch();
     if constexpr (kOverlap) cute::warpgroup_wait<1>();  // the previous batch is done
-#pragma unroll
-    for (int i = 0; i < S::kAcc; ++i) cute::warpgroup_fence_operand(acc[i]);
+    blocks::FenceOperands(acc);
     const int next = it + kAhead;
     if (next < nkt) {
       load_a(next % kStages, kt_begin + next);
       load_b(next % kStages, kt_begin + next);
     }
-    CpAsyncCommit();
+    blocks::CpAsyncCommit();
   }
   cute::warpgroup_wait<0>();
-#pragma unroll
-  for (int i = 0; i < S::kAcc; ++i) cute::warpgroup_fence_operand(acc[i]);
-  CpAsyncWait<0>();
+  blocks::FenceOperands(acc);
+  blocks::CpAsyncWait<0>();
 
   // Accumulator layout of wgmma m64nN (per warpgroup): warp v of the group holds rows
   // 16 v + lane / 4 and + 8; in each 8-column block j, columns 8 j + 2 (lane % 4) + {0, 1}:
@@ -254,13 +216,12 @@ __global__ void __launch_bounds__(128 * kWGs, 1)
       const float v0 = acc[4 * j + 2 * h] * p.acc_scale, v1 = acc[4 * j + 2 * h + 1] * p.acc_scale;
       if (p.splits == 1) {
         float* o = a.out + static_cast<int64_t>(row) * a.out_row_stride;
-        if (col < p.num_probes) o[col] = Activate(p.activation, v0 + __ldg(p.bias + col));
-        if (col + 1 < p.num_probes)
-          o[col + 1] = Activate(p.activation, v1 + __ldg(p.bias + col + 1));
+        blocks::StoreBiasActivated(o, col, p.num_probes, v0, p.bias, IsSigmoid(p.activation));
+        blocks::StoreBiasActivated(o, col + 1, p.num_probes, v1, p.bias, IsSigmoid(p.activation));
       } else {
-        float* o =
-            p.partial + (static_cast<int64_t>(split) * p.partial_rows + row) * p.partial_ld + col;
-        __stcg(reinterpret_cast<float2*>(o), make_float2(v0, v1));
+        blocks::StorePartialPair(
+            p.partial + (static_cast<int64_t>(split) * p.partial_rows + row) * p.partial_ld + col,
+            v0, v1);
       }
     }
   }

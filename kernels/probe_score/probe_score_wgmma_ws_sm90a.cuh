@@ -50,8 +50,8 @@ __global__ void __launch_bounds__(kWsThreads, 1)
   constexpr int kAcc = kWsBN / 2;
   const TcParams& p = args.p;
   extern __shared__ __align__(128) uint8_t ws_smem_raw[];
-  uint8_t* smem = ws_smem_raw + ((1024 - (SmemAddr(ws_smem_raw) & 1023)) & 1023);
-  const uint32_t s0 = SmemAddr(smem);
+  uint8_t* smem = ws_smem_raw + blocks::SwizzleAtomPadding(blocks::SmemAddr(ws_smem_raw));
+  const uint32_t s0 = blocks::SmemAddr(smem);
   uint64_t* full = reinterpret_cast<uint64_t*>(smem + kWsStages * kWsStageBytes);
   uint64_t* empty = full + kWsStages;
   const int tid = threadIdx.x;
@@ -73,7 +73,7 @@ __global__ void __launch_bounds__(kWsThreads, 1)
   if (tid < 128) {
     // ---- Producer.
     const int chunk = tid & 7, row0 = tid >> 3;  // rows row0 + 16 i, i < 8
-    const bool vec_ok = RowsAre16ByteAligned<T>(a);
+    const bool vec_ok = blocks::RowsAre16ByteAligned<T>(a.x, a.x_row_stride);
     const T* x = static_cast<const T*>(a.x);
     const T* a_row[8];
     uint32_t valid_mask = 0;
@@ -102,8 +102,8 @@ __global__ void __launch_bounds__(kWsThreads, 1)
         for (int i = 0; i < 8; ++i) {
           const int r = row0 + 16 * i;
           const bool ok = k_in && (valid_mask >> i & 1u);
-          CpAsync16(stage + SwizzledOffset(r, chunk),
-                    ok ? static_cast<const void*>(a_row[i] + k) : p.weight, ok);
+          blocks::CpAsync16(stage + blocks::Swizzle128Offset(r, chunk),
+                            ok ? static_cast<const void*>(a_row[i] + k) : p.weight, ok);
         }
         cutlass::arch::cpasync_barrier_arrive_noinc(&full[s]);
       } else {  // rows only 2-byte aligned: element loads, stored, fenced, then a plain arrive
@@ -111,19 +111,14 @@ __global__ void __launch_bounds__(kWsThreads, 1)
         for (int i = 0; i < 8; ++i) {
           const int r = row0 + 16 * i;
           const bool ok = k_in && (valid_mask >> i & 1u);
-          uint32_t h[8];
-          const uint16_t* src = reinterpret_cast<const uint16_t*>(a_row[i] + k);
-#pragma unroll
-          for (int e = 0; e < 8; ++e) h[e] = ok ? __ldg(src + e) : 0u;
-          *reinterpret_cast<uint4*>(smem + s * kWsStageBytes + SwizzledOffset(r, chunk)) =
-              make_uint4(h[0] | (h[1] << 16), h[2] | (h[3] << 16), h[4] | (h[5] << 16),
-                         h[6] | (h[7] << 16));
+          *reinterpret_cast<uint4*>(smem + s * kWsStageBytes + blocks::Swizzle128Offset(r, chunk)) =
+              blocks::Load16BytesBy2(a_row[i] + k, ok);
         }
-        FenceProxyAsyncShared();
+        blocks::FenceProxyAsyncShared();
         cutlass::arch::ClusterBarrier::arrive(&full[s]);
       }
     }
-    CpAsyncWait<0>();  // leave only once the copies have landed
+    blocks::CpAsyncWait<0>();  // leave only once the copies have landed
     return;
   }
 
@@ -135,26 +130,23 @@ __global__ void __launch_bounds__(kWsThreads, 1)
   for (int it = 0; it < nkt; ++it) {
     const int s = it % kWsStages;
     cutlass::arch::ClusterBarrier::wait(&full[s], (it / kWsStages) & 1);
-    FenceProxyAsyncShared();  // the producer's cp.async bytes, for the async proxy's reads
+    blocks::FenceProxyAsyncShared();  // the producer's cp.async bytes, for the async proxy's reads
     const uint32_t a_base = s0 + s * kWsStageBytes + wg * 64 * kSlabRowBytes;
     const uint32_t b_base = s0 + s * kWsStageBytes + kWsABytes;
-#pragma unroll
-    for (int i = 0; i < kAcc; ++i) cute::warpgroup_fence_operand(acc[i]);
+    blocks::FenceOperands(acc);
     cute::warpgroup_arrive();
 #pragma unroll
     for (int kk = 0; kk < kBK / 16; ++kk) {
-      WgmmaFma<Op>(SwizzledKMajorDesc(a_base + kk * 32), SwizzledKMajorDesc(b_base + kk * 32), acc,
-                   std::make_index_sequence<kAcc>{});
+      blocks::WgmmaSS<Op>(blocks::SwizzledKMajorDesc(a_base + kk * 32),
+                          blocks::SwizzledKMajorDesc(b_base + kk * 32), acc);
     }
     cute::warpgroup_commit_batch();
     cute::warpgroup_wait<1>();  // the previous batch is done: its stage goes back
-#pragma unroll
-    for (int i = 0; i < kAcc; ++i) cute::warpgroup_fence_operand(acc[i]);
+    blocks::FenceOperands(acc);
     if (it > 0) cutlass::arch::ClusterBarrier::arrive(&empty[(it - 1) % kWsStages]);
   }
   cute::warpgroup_wait<0>();
-#pragma unroll
-  for (int i = 0; i < kAcc; ++i) cute::warpgroup_fence_operand(acc[i]);
+  blocks::FenceOperands(acc);
 
   // Epilogue: the wgmma accumulator layout (probe_score_wgmma_sm90a.cuh), bias and activation.
   const int lane = tid & 31, warp_in_wg = (tid & 127) >> 5;
@@ -167,12 +159,10 @@ __global__ void __launch_bounds__(kWsThreads, 1)
       const int row = row_base + 8 * h;
       if (row >= num_rows) continue;
       float* o = a.out + static_cast<int64_t>(row) * a.out_row_stride;
-      if (col < p.num_probes) {
-        o[col] = Activate(p.activation, acc[4 * j + 2 * h] + __ldg(p.bias + col));
-      }
-      if (col + 1 < p.num_probes) {
-        o[col + 1] = Activate(p.activation, acc[4 * j + 2 * h + 1] + __ldg(p.bias + col + 1));
-      }
+      blocks::StoreBiasActivated(o, col, p.num_probes, acc[4 * j + 2 * h], p.bias,
+                                 IsSigmoid(p.activation));
+      blocks::StoreBiasActivated(o, col + 1, p.num_probes, acc[4 * j + 2 * h + 1], p.bias,
+                                 IsSigmoid(p.activation));
     }
   }
 }

@@ -3,6 +3,7 @@
 
 #include <new>
 
+#include "kernels/common/tensor_map.h"
 #include "kernels/probe_score/probe_score_fused_cuda.h"
 #include "kernels/probe_score/probe_score_fused_tc.h"
 #include "kernels/probe_score/probe_score_wgmma.h"
@@ -39,9 +40,10 @@ cudaError_t ReadDeviceFactsAndSetAttributes(int device, ProbeScoreDeviceFacts* f
   }
   facts->smem_per_sm = smem_per_sm;
   facts->reserved_smem_per_block = reserved;
-  // sm_90a machine code runs on compute capability 9.0 exactly.
+  // sm_90a machine code runs on compute capability 9.0 exactly; its warp-specialised tile reads
+  // W by TMA, through a tensor map the driver encodes.
   facts->gather_wgmma =
-      probe_score_detail::GatherWgmmaCompiled() && facts->cc_major == 9 && facts->cc_minor == 0;
+      facts->cc_major == 9 && facts->cc_minor == 0 && blocks::TensorMapEncoderAvailable();
   if (facts->gather_wgmma &&
       (err = probe_score_detail::SetGatherWgmmaAttributes()) != cudaSuccess) {
     return err;
@@ -119,7 +121,7 @@ cudaError_t FromCublas(cublasStatus_t status) {
   }
 }
 
-cudaError_t CreateProbeScoreWorkspace(const ProbeScoreWorkspaceConfig& config,
+cudaError_t CreateProbeScoreWorkspace(const ProbeScoreWorkspaceConfig& config, cudaStream_t stream,
                                       ProbeScoreWorkspace** out) {
   if (out == nullptr || config.max_rows < 1 || config.max_hidden < 1 || config.max_probes < 1) {
     return cudaErrorInvalidValue;
@@ -127,6 +129,7 @@ cudaError_t CreateProbeScoreWorkspace(const ProbeScoreWorkspaceConfig& config,
   *out = nullptr;
   auto* ws = new (std::nothrow) ProbeScoreWorkspace();
   if (ws == nullptr) return cudaErrorMemoryAllocation;
+  ws->stream = stream;
   auto fail = [&](cudaError_t e) {
     DestroyProbeScoreWorkspace(ws);  // the first error is the one to report
     return e;
@@ -146,6 +149,16 @@ cudaError_t CreateProbeScoreWorkspace(const ProbeScoreWorkspaceConfig& config,
   }
   // No TF32: fp32 activations must stay within 1e-5 of the float64 reference.
   if ((st = cublasSetMathMode(ws->cublas, CUBLAS_DEFAULT_MATH)) != CUBLAS_STATUS_SUCCESS) {
+    return fail(FromCublas(st));
+  }
+  // The handle's stream and scratch, once: every GEMM runs on the workspace's stream, and with
+  // the workspace's own scratch cuBLAS allocates nothing (also inside a captured graph).
+  // cublasSetStream resets the scratch to cuBLAS's pool, so the scratch is set after it.
+  if ((st = cublasSetStream(ws->cublas, stream)) != CUBLAS_STATUS_SUCCESS ||
+      (st = cublasSetWorkspace(
+           ws->cublas, ws->cublas_ws,
+           static_cast<size_t>(ws->resources.workspace.cublas_workspace_bytes))) !=
+          CUBLAS_STATUS_SUCCESS) {
     return fail(FromCublas(st));
   }
   *out = ws;

@@ -11,6 +11,7 @@ namespace probesidecar::kernels {
 
 struct ProbeScoreWorkspace {
   int device = 0;
+  cudaStream_t stream = nullptr;  // the one stream it serves (its cuBLAS handle runs there)
   ProbeScoreResources resources;  // device facts and the buffers' limits below
 
   cublasHandle_t cublas = nullptr;

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "kernels/mla_verify/mla_verify_limits.h"
 #include "probesidecar/v1/verify.pb.h"
 #include "server/buffers/buffer_lease.h"
 #include "server/requests/request_lifetime.h"
@@ -15,7 +16,7 @@
 namespace probesidecar::server {
 
 struct VerifyLimits {
-  int32_t max_batch = 256;
+  int32_t max_batch = kernels::kMlaMaxBatch;  // what a Verify workspace is made for
 };
 
 // An int32 tensor that is either inline (validated here) or in a registered buffer.

@@ -97,7 +97,7 @@ absl::Status StreamSlot::Init(const Config& config) {
   ws.max_rows = max_bucket_;
   ws.max_hidden = 65536;
   ws.max_probes = static_cast<int32_t>(config.max_probes);
-  PS_RETURN_IF_CUDA(kernels::CreateProbeScoreWorkspace(ws, &workspace_));
+  PS_RETURN_IF_CUDA(kernels::CreateProbeScoreWorkspace(ws, stream_, &workspace_));
   *device_bytes_ +=
       static_cast<int64_t>(kernels::kMaxStagedArgsBytes + (2 * sizeof(int32_t) + 1) * max_bucket_);
   return absl::OkStatus();
