@@ -42,8 +42,8 @@ LARGEST_FINITE_BUCKET = 1.0  # seconds: histogram_quantile never returns more
 # Queries that legitimately have no data on the CPU backend: (panel title, refId) -> why. They
 # must still be valid PromQL (status success) and must return an empty vector here.
 NO_DATA_ON_CPU = {
-    ("Device copies (h2d, d2h)", "A"): "the h2d/d2h stages exist only on the CUDA backend",
-    ("Device copies (h2d, d2h)", "B"): "the h2d/d2h stages exist only on the CUDA backend",
+    ("Staging on the GPU", "A"): "the staging stage exists only on the CUDA backend",
+    ("Staging on the GPU", "B"): "the staging stage exists only on the CUDA backend",
 }
 # Queries whose series exist but whose value is undefined (NaN) on the CPU backend.
 NAN_ON_CPU = {

@@ -191,7 +191,7 @@ absl::Status StreamSlot::Run(const ScoreJob& job, ScoreTimings* timings, bool* e
     float staged_ms = 0, kernel_ms = 0;
     PS_RETURN_IF_CUDA(cudaEventElapsedTime(&staged_ms, events_[0], events_[1]));
     PS_RETURN_IF_CUDA(cudaEventElapsedTime(&kernel_ms, events_[1], events_[2]));
-    timings->h2d = staged_ms * 1e-3;
+    timings->staging = staged_ms * 1e-3;
     timings->kernel = kernel_ms * 1e-3;
   }
   if (job.host_out == nullptr) {
