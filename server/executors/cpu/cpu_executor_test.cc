@@ -252,10 +252,10 @@ TEST(CpuExecutorTest, EachSetScoresAtItsPrecision) {
   auto fast_set = std::make_shared<ProbeSet>(*exact_job.job.probe_set);
   fast_set->precision = kernels::ProbePrecision::kFast;
   ASSERT_TRUE(executor.PrepareProbeSet(*fast_set).ok());
-  ASSERT_NE(fast_set->backend_state, nullptr);
+  ASSERT_NE(fast_set->executor_weights, nullptr);
   auto exact_set = std::make_shared<ProbeSet>(*exact_job.job.probe_set);
   ASSERT_TRUE(executor.PrepareProbeSet(*exact_set).ok());
-  EXPECT_EQ(exact_set->backend_state, nullptr);  // exact needs no rounded copy
+  EXPECT_EQ(exact_set->executor_weights, nullptr);  // exact needs no rounded copy
 
   auto run = [&](std::shared_ptr<const ProbeSet> set) {
     ScoreJob job;
