@@ -118,8 +118,8 @@ def main():
                      "parallel threads is not reproduced there. The 16-thread numbers of a "
                      "16-core machine are in the other table.\n")
     L.append("`score_rpc` = everything one Score records: `RpcStarted`, `ScoreStages` with all of "
-             "queue/h2d/kernel/d2h/total (the CUDA backend's case), `RpcFinished` — 1 counter, 2 "
-             "gauge updates, 6 histogram observations and their label lookups. `observe` = one "
+             "queue/staging/kernel/total (the CUDA backend's case), `RpcFinished` — 1 counter, 2 "
+             "gauge updates, 5 histogram observations and their label lookups. `observe` = one "
              "histogram observation with its label lookup. **cpu ns/op** = CPU time of all "
              "threads / operations of all threads (what one operation costs); **wall ns/op** = "
              "wall time / operations of all threads (inverse throughput). Budget: 1% of a small "

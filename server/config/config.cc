@@ -3,9 +3,13 @@
 #include <cmath>
 #include <functional>
 #include <string>
+#include <utility>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_replace.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/string_view.h"
 #include "absl/strings/strip.h"
@@ -15,12 +19,40 @@ namespace {
 
 using Setter = std::function<absl::Status(absl::string_view value, Config& config)>;
 
+// Writes the default of one flag as --help shows it, from a Config (Config{} for the binary).
+using ShowDefault = std::string (*)(const Config& defaults);
+
 struct Flag {
   const char* name;
   const char* value_name;  // nullptr for switches
+  // The --help text: "{default}" stands for what `show_default` writes, so that each default is
+  // written once, in Config.
   const char* help;
   Setter set;
+  ShowDefault show_default = nullptr;
 };
+
+// A size as the flags accept it: the largest of Gi, Mi, Ki that divides it, else bytes.
+std::string ShowSize(uint64_t bytes) {
+  static constexpr std::pair<const char*, int> kSuffixes[] = {{"Gi", 30}, {"Mi", 20}, {"Ki", 10}};
+  for (const auto& [suffix, shift] : kSuffixes) {
+    const uint64_t scale = uint64_t{1} << shift;
+    if (bytes != 0 && bytes % scale == 0) return absl::StrCat(bytes / scale, suffix);
+  }
+  return absl::StrCat(bytes);
+}
+
+const char* PrecisionRequestName(kernels::ProbePrecisionRequest request) {
+  switch (request) {
+    case kernels::ProbePrecisionRequest::kExact:
+      return "exact";
+    case kernels::ProbePrecisionRequest::kFast:
+      return "fast";
+    case kernels::ProbePrecisionRequest::kDefault:
+      break;
+  }
+  return "default";
+}
 
 absl::Status BadValue(absl::string_view flag, absl::string_view value, absl::string_view why) {
   return absl::InvalidArgumentError(absl::StrCat("--", flag, "=", value, ": ", why));
@@ -114,10 +146,11 @@ const std::vector<Flag>& Flags() {
   static const auto* flags = new std::vector<Flag>{
       {"listen", "ADDR",
        "gRPC listener, unix:/path or host:port (port 0: any free port). Repeatable; the first "
-       "use replaces the defaults unix:/tmp/probe-sidecar.sock and 127.0.0.1:50551.",
-       nullptr},  // handled in ParseFlags: it accumulates
+       "use replaces the defaults {default}.",
+       nullptr,  // handled in ParseFlags: it accumulates
+       [](const Config& c) { return absl::StrJoin(c.listen, " and "); }},
       {"metrics-listen", "HOST:PORT",
-       "Prometheus /metrics endpoint (default 127.0.0.1:9464); 'none' turns it off.",
+       "Prometheus /metrics endpoint (default {default}); 'none' turns it off.",
        [](absl::string_view v, Config& c) -> absl::Status {
          if (v != "none") {
            absl::Status s = CheckListenAddress("metrics-listen", v);
@@ -128,7 +161,8 @@ const std::vector<Flag>& Flags() {
          }
          c.metrics_listen = std::string(v);
          return absl::OkStatus();
-       }},
+       },
+       [](const Config& c) { return c.metrics_listen; }},
       {"probes", "DIR",
        "Directory of probe sets (*.safetensors, each named by its file stem) loaded at start; "
        "LoadProbeSet paths must stay inside it. Default: the bundled demo set, "
@@ -139,8 +173,8 @@ const std::vector<Flag>& Flags() {
          return absl::OkStatus();
        }},
       {"backend", "auto|cpu|cuda",
-       "auto (default) uses the GPU when one is present, else the CPU backend (inline tensors "
-       "only); cuda fails to start without a GPU.",
+       "auto uses the GPU when one is present, else the CPU backend (inline tensors only); cuda "
+       "fails to start without a GPU (default {default}).",
        [](absl::string_view v, Config& c) -> absl::Status {
          if (v == "auto") {
            c.backend = Backend::kAuto;
@@ -152,40 +186,53 @@ const std::vector<Flag>& Flags() {
            return BadValue("backend", v, "expected auto, cpu or cuda");
          }
          return absl::OkStatus();
-       }},
-      {"device", "N", "CUDA device ordinal (default 0).",
-       Count(&Config::device, "device", 0, 1023)},
+       },
+       [](const Config& c) -> std::string { return BackendName(c.backend); }},
+      {"device", "N", "CUDA device ordinal (default {default}).",
+       Count(&Config::device, "device", 0, 1023),
+       [](const Config& c) { return absl::StrCat(c.device); }},
       {"max-message-bytes", "BYTES",
-       "Largest gRPC message received or sent (default 64Mi; suffixes Ki, Mi, Gi).",
-       Size(&Config::max_message_bytes, "max-message-bytes", 4096, uint64_t{2047} << 20)},
+       "Largest gRPC message received or sent (default {default}; suffixes Ki, Mi, Gi).",
+       Size(&Config::max_message_bytes, "max-message-bytes", 4096, uint64_t{2047} << 20),
+       [](const Config& c) { return ShowSize(c.max_message_bytes); }},
       {"max-concurrent-requests", "N",
        "Score/Verify requests in progress at once; more are refused with RESOURCE_EXHAUSTED "
-       "(default 256).",
-       Count(&Config::max_concurrent_requests, "max-concurrent-requests", 1, 1 << 20)},
+       "(default {default}).",
+       Count(&Config::max_concurrent_requests, "max-concurrent-requests", 1, 1 << 20),
+       [](const Config& c) { return absl::StrCat(c.max_concurrent_requests); }},
       {"max-queued-requests", "N",
        "Requests waiting for a worker (a GPU's stream slots, or the CPU threads); more are "
-       "refused with RESOURCE_EXHAUSTED at once (default 128).",
-       Count(&Config::max_queued_requests, "max-queued-requests", 1, 1 << 20)},
-      {"max-rows", "N", "Largest number of rows in one Score request (default 65536).",
-       Count(&Config::max_rows, "max-rows", 1, 1 << 24)},
-      {"max-probes", "N", "Largest number of probes in one probe set (default 65536).",
-       Count(&Config::max_probes, "max-probes", 1, 1 << 24)},
-      {"max-probe-file-bytes", "BYTES", "Largest probe set file (default 1Gi).",
-       Size(&Config::max_probe_file_bytes, "max-probe-file-bytes", 64, uint64_t{16} << 30)},
-      {"cpu-threads", "N", "CPU backend worker threads; 0 = one per core (default).",
-       Count(&Config::cpu_threads, "cpu-threads", 0, 4096)},
+       "refused with RESOURCE_EXHAUSTED at once (default {default}).",
+       Count(&Config::max_queued_requests, "max-queued-requests", 1, 1 << 20),
+       [](const Config& c) { return absl::StrCat(c.max_queued_requests); }},
+      {"max-rows", "N", "Largest number of rows in one Score request (default {default}).",
+       Count(&Config::max_rows, "max-rows", 1, 1 << 24),
+       [](const Config& c) { return absl::StrCat(c.max_rows); }},
+      {"max-probes", "N", "Largest number of probes in one probe set (default {default}).",
+       Count(&Config::max_probes, "max-probes", 1, 1 << 24),
+       [](const Config& c) { return absl::StrCat(c.max_probes); }},
+      {"max-probe-file-bytes", "BYTES", "Largest probe set file (default {default}).",
+       Size(&Config::max_probe_file_bytes, "max-probe-file-bytes", 64, uint64_t{16} << 30),
+       [](const Config& c) { return ShowSize(c.max_probe_file_bytes); }},
+      {"cpu-threads", "N", "CPU backend worker threads; 0 = one per core (default {default}).",
+       Count(&Config::cpu_threads, "cpu-threads", 0, 4096),
+       [](const Config& c) { return absl::StrCat(c.cpu_threads); }},
       {"cuda-workers", "N",
-       "CUDA backend workers, each with its own stream, staging buffers and graphs (default 4).",
-       Count(&Config::cuda_workers, "cuda-workers", 1, 64)},
-      {"graph-cache-entries", "N", "Captured CUDA graphs kept per worker (default 256).",
-       Count(&Config::graph_cache_entries, "graph-cache-entries", 1, 1 << 16)},
+       "CUDA backend workers, each with its own stream, staging buffers and graphs (default "
+       "{default}).",
+       Count(&Config::cuda_workers, "cuda-workers", 1, 64),
+       [](const Config& c) { return absl::StrCat(c.cuda_workers); }},
+      {"graph-cache-entries", "N", "Captured CUDA graphs kept per worker (default {default}).",
+       Count(&Config::graph_cache_entries, "graph-cache-entries", 1, 1 << 16),
+       [](const Config& c) { return absl::StrCat(c.graph_cache_entries); }},
       {"gpu-timing-every", "N",
-       "Time the GPU stages (h2d, kernel, d2h) with CUDA events on one request in N (default "
-       "1: every request; 0: never). Timed requests replay a graph with event nodes.",
-       Count(&Config::gpu_timing_every, "gpu-timing-every", 0, 1 << 20)},
+       "Time the GPU stages (staging, kernel) with CUDA events on one request in N (1: every "
+       "request; 0: never; default {default}). Timed requests replay a graph with event nodes.",
+       Count(&Config::gpu_timing_every, "gpu-timing-every", 0, 1 << 20),
+       [](const Config& c) { return absl::StrCat(c.gpu_timing_every); }},
       {"warmup-rows", "R[,R...]",
-       "Row buckets whose graphs are captured at start for each loaded probe set (default 1,64; "
-       "'none' for none).",
+       "Row buckets whose graphs are captured at start for each loaded probe set (default "
+       "{default}; 'none' for none).",
        [](absl::string_view v, Config& c) -> absl::Status {
          c.warmup_rows.clear();
          if (v == "none") return absl::OkStatus();
@@ -195,10 +242,13 @@ const std::vector<Flag>& Flags() {
            c.warmup_rows.push_back(*n);
          }
          return absl::OkStatus();
+       },
+       [](const Config& c) -> std::string {
+         return c.warmup_rows.empty() ? "none" : absl::StrJoin(c.warmup_rows, ",");
        }},
       {"shutdown-grace-seconds", "S",
        "On SIGINT/SIGTERM, time in-flight RPCs get to finish before they are cancelled "
-       "(default 10).",
+       "(default {default}).",
        [](absl::string_view v, Config& c) -> absl::Status {
          double s = 0;
          if (!absl::SimpleAtod(v, &s) || !std::isfinite(s) || s < 0 || s > 3600) {
@@ -206,9 +256,11 @@ const std::vector<Flag>& Flags() {
          }
          c.shutdown_grace_seconds = s;
          return absl::OkStatus();
-       }},
+       },
+       [](const Config& c) { return absl::StrCat(c.shutdown_grace_seconds); }},
       {"unix-socket-mode", "MODE",
-       "Permissions of the Unix sockets, octal (default 0660: the server's user and group).",
+       "Permissions of the Unix sockets, octal: 0660 lets the server's user and group connect "
+       "(default {default}).",
        [](absl::string_view v, Config& c) -> absl::Status {
          uint32_t mode = 0;
          bool octal = !v.empty() && v.size() <= 4;
@@ -221,7 +273,8 @@ const std::vector<Flag>& Flags() {
          }
          c.unix_socket_mode = mode;
          return absl::OkStatus();
-       }},
+       },
+       [](const Config& c) { return absl::StrFormat("%04o", c.unix_socket_mode); }},
       {"tls-cert", "FILE", "PEM certificate (chain) of TCP listeners: TLS on TCP.",
        [](absl::string_view v, Config& c) { return NonEmpty("tls-cert", v, &c.tls_cert_file); }},
       {"tls-key", "FILE", "PEM private key of --tls-cert.",
@@ -262,38 +315,44 @@ const std::vector<Flag>& Flags() {
        "use them). By default a buffer belongs to the session that registered it.",
        Switch(&Config::allow_sessionless_buffers)},
       {"max-session-buffer-bytes", "BYTES",
-       "Bytes of buffer windows one session may have registered (default 1Ti).",
-       Size(&Config::max_session_buffer_bytes, "max-session-buffer-bytes", 1, uint64_t{1} << 50)},
-      {"max-probe-sets", "N", "Probe sets loaded at once (default 256).",
-       Count(&Config::max_probe_sets, "max-probe-sets", 1, 1 << 20)},
+       "Bytes of buffer windows one session may have registered (default {default}).",
+       Size(&Config::max_session_buffer_bytes, "max-session-buffer-bytes", 1, uint64_t{1} << 50),
+       [](const Config& c) { return ShowSize(c.max_session_buffer_bytes); }},
+      {"max-probe-sets", "N", "Probe sets loaded at once (default {default}).",
+       Count(&Config::max_probe_sets, "max-probe-sets", 1, 1 << 20),
+       [](const Config& c) { return absl::StrCat(c.max_probe_sets); }},
       {"max-probe-set-bytes", "BYTES",
        "Bytes of the weights and biases of all loaded probe sets together, as float32 (each set "
-       "is held once in host memory and once on the GPU; default 16Gi).",
-       Size(&Config::max_probe_set_bytes, "max-probe-set-bytes", 64, uint64_t{1} << 44)},
+       "is held once in host memory and once on the GPU; default {default}).",
+       Size(&Config::max_probe_set_bytes, "max-probe-set-bytes", 64, uint64_t{1} << 44),
+       [](const Config& c) { return ShowSize(c.max_probe_set_bytes); }},
       {"strict-probes", nullptr,
        "Fail the start when a file in --probes cannot be loaded (default: skip it, log the error "
        "and count it in probesidecar_probe_set_load_errors_total).",
        Switch(&Config::strict_probes)},
       {"probe-precision", "default|exact|fast",
-       "Precision of the probe sets loaded at start (--probes, or the bundled demo set). exact: "
-       "the file's float32 weights, float32 math on every path; fast: the weights rounded to "
-       "the activations' 16-bit type on tensor cores. default (the default): exact for sets of "
-       "up to 2 probes (free there), fast above. LoadProbeSet chooses its own.",
+       "Precision of the probe sets loaded at start (--probes, or the bundled demo set; default "
+       "'{default}'). exact: the file's float32 weights, float32 math on every path; fast: the "
+       "weights rounded to the activations' 16-bit type on tensor cores; default: exact for "
+       "sets of up to {exact_by_default_max_probes} probes (free there), fast above. "
+       "LoadProbeSet chooses its own.",
        [](absl::string_view v, Config& c) -> absl::Status {
          if (!kernels::ParseProbePrecisionRequest(std::string(v).c_str(), &c.probe_precision)) {
            return BadValue("probe-precision", v, "expected default, exact or fast");
          }
          return absl::OkStatus();
-       }},
+       },
+       [](const Config& c) -> std::string { return PrecisionRequestName(c.probe_precision); }},
       {"log-level", "debug|info|warning|error",
-       "Least severe level logged to stderr (default info).",
+       "Least severe level logged to stderr (default {default}).",
        [](absl::string_view v, Config& c) -> absl::Status {
          if (v != "debug" && v != "info" && v != "warning" && v != "error") {
            return BadValue("log-level", v, "expected debug, info, warning or error");
          }
          c.log_level = std::string(v);
          return absl::OkStatus();
-       }},
+       },
+       [](const Config& c) { return c.log_level; }},
       {"help", nullptr, "Print this help and exit.", nullptr},
       {"version", nullptr, "Print the version and exit.", nullptr},
   };
@@ -378,16 +437,20 @@ absl::StatusOr<ParsedFlags> ParseFlags(int argc, const char* const* argv) {
   return parsed;
 }
 
-std::string HelpText() {
-  std::string text =
+std::string HelpText(const Config& defaults) {
+  std::string text = absl::StrCat(
       "probe-sidecar: scores LLM hidden states with linear probes over gRPC, next to an "
-      "inference server.\n\nUsage: probe-sidecar [flags]\n\nWith no flags it listens on "
-      "unix:/tmp/probe-sidecar.sock and 127.0.0.1:50551, serves /metrics on 127.0.0.1:9464, "
-      "loads the bundled demo probe set and picks the GPU if there is one.\n\nFlags:\n";
+      "inference server.\n\nUsage: probe-sidecar [flags]\n\nWith no flags it listens on ",
+      absl::StrJoin(defaults.listen, " and "), ", serves /metrics on ", defaults.metrics_listen,
+      ", loads the bundled demo probe set and picks the GPU if there is one.\n\nFlags:\n");
   for (const Flag& f : Flags()) {
     std::string head = absl::StrCat("  --", f.name);
     if (f.value_name != nullptr) absl::StrAppend(&head, "=", f.value_name);
-    absl::StrAppend(&text, head, "\n      ", f.help, "\n");
+    const std::string help = absl::StrReplaceAll(
+        f.help,
+        {{"{default}", f.show_default != nullptr ? f.show_default(defaults) : ""},
+         {"{exact_by_default_max_probes}", absl::StrCat(kernels::kExactByDefaultMaxProbes)}});
+    absl::StrAppend(&text, head, "\n      ", help, "\n");
   }
   absl::StrAppend(&text,
                   "\nSIGINT/SIGTERM: stop accepting, let in-flight RPCs finish (up to "

@@ -1,4 +1,5 @@
-// probe-sidecar's command line: every flag, its default, and its --help text.
+// probe-sidecar's command line: every flag, its default (Config's initialisers), and its --help
+// text.
 #pragma once
 
 #include <cstdint>
@@ -34,7 +35,7 @@ struct Config {
   // CUDA backend: workers (each a stream with its own staging and graphs) and graph cache size.
   uint32_t cuda_workers = 4;
   uint32_t graph_cache_entries = 256;
-  // CUDA events around the stages (h2d, kernel, d2h) of one request in N: 1 = every request,
+  // CUDA events around the GPU stages (staging, kernel) of one request in N: 1 = every request,
   // 0 = none. Timed requests replay a graph variant with event nodes, which costs a few µs.
   uint32_t gpu_timing_every = 1;
   // Row buckets whose graphs are captured at start for every loaded probe set.
@@ -90,7 +91,9 @@ struct ParsedFlags {
 // INVALID_ARGUMENT with a message naming the flag.
 absl::StatusOr<ParsedFlags> ParseFlags(int argc, const char* const* argv);
 
-std::string HelpText();
+// The --help text. The defaults it names are those of `defaults`: Config{} for the binary, so
+// that each default is written once.
+std::string HelpText(const Config& defaults = Config{});
 
 const char* BackendName(Backend backend);
 

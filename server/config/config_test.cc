@@ -155,6 +155,54 @@ TEST(ConfigTest, HelpAndVersion) {
   }
 }
 
+// --help names the defaults of the Config it is given (Config{} for the binary): each default is
+// written once, in Config, and the help cannot drift from it.
+TEST(ConfigTest, HelpShowsTheDefaultsOfConfig) {
+  const std::string help = HelpText();
+  for (const char* shown : {"the defaults unix:/tmp/probe-sidecar.sock and 127.0.0.1:50551.",
+                            "endpoint (default 127.0.0.1:9464)",
+                            "without a GPU (default auto)",
+                            "ordinal (default 0)",
+                            "sent (default 64Mi;",
+                            "RESOURCE_EXHAUSTED (default 256)",
+                            "at once (default 128)",
+                            "Score request (default 65536)",
+                            "probe set (default 65536)",
+                            "file (default 1Gi)",
+                            "per core (default 0)",
+                            "and graphs (default 4)",
+                            "per worker (default 256)",
+                            "default 1). Timed",
+                            "(default 1,64;",
+                            "cancelled (default 10)",
+                            "connect (default 0660)",
+                            "registered (default 1024Gi)",
+                            "at once (default 256)",
+                            "GPU; default 16Gi)",
+                            "default 'default')",
+                            "up to 2 probes",
+                            "stderr (default info)"}) {
+    EXPECT_NE(help.find(shown), std::string::npos) << shown;
+  }
+  EXPECT_EQ(help.find('{'), std::string::npos) << "a placeholder was left in --help";
+
+  Config other;
+  other.listen = {"unix:/run/x.sock"};
+  other.max_rows = 77;
+  other.max_message_bytes = uint64_t{3} << 20;
+  other.warmup_rows.clear();
+  other.unix_socket_mode = 0600;
+  other.shutdown_grace_seconds = 2.5;
+  other.probe_precision = kernels::ProbePrecisionRequest::kFast;
+  const std::string shown = HelpText(other);
+  for (const char* expected :
+       {"With no flags it listens on unix:/run/x.sock,", "Score request (default 77)",
+        "sent (default 3Mi;", "(default none;", "connect (default 0600)", "cancelled (default 2.5)",
+        "default 'fast')"}) {
+    EXPECT_NE(shown.find(expected), std::string::npos) << expected;
+  }
+}
+
 TEST(ConfigTest, BadFlagsNameTheFlag) {
   struct Case {
     std::vector<const char*> args;

@@ -13,43 +13,66 @@
 namespace probesidecar::server {
 namespace {
 
-// Holds every worker of `pool` inside a task until Release().
+// Keeps workers of a pool inside a task each until Release().
 class Blocker {
  public:
-  void Occupy(WorkerPool& pool, int workers) {
+  // True once `workers` workers are inside the blocking task; false if they are not within 30 s.
+  [[nodiscard]] bool Occupy(WorkerPool& pool, int workers) {
     for (int i = 0; i < workers; ++i) {
       pool.Submit([this](int worker) {
-        ASSERT_NE(worker, WorkerPool::kRefused);
-        entered_.fetch_add(1);
+        EXPECT_NE(worker, WorkerPool::kRefused);
+        {
+          absl::MutexLock lock(&mu_);
+          ++entered_;
+        }
         release_.WaitForNotification();
       });
     }
-    while (entered_.load() < workers) absl::SleepFor(absl::Milliseconds(1));
+    absl::MutexLock lock(&mu_);
+    auto entered = [this, workers] {
+      mu_.AssertReaderHeld();
+      return entered_ >= workers;
+    };
+    return mu_.AwaitWithTimeout(absl::Condition(&entered), absl::Seconds(30));
   }
-  void Release() { release_.Notify(); }
+  void Release() {
+    if (!release_.HasBeenNotified()) release_.Notify();
+  }
+  // A test that stops early still lets the workers go (the pool, declared first, joins them).
+  ~Blocker() { Release(); }
 
  private:
-  std::atomic<int> entered_{0};
+  absl::Mutex mu_;
+  int entered_ ABSL_GUARDED_BY(mu_) = 0;
   absl::Notification release_;
 };
 
 TEST(WorkerPoolTest, SubmitNeverWaitsWhileEveryWorkerIsBusy) {
   WorkerPool pool(2, 64);
   Blocker blocker;
-  blocker.Occupy(pool, 2);
+  ASSERT_TRUE(blocker.Occupy(pool, 2));
   std::atomic<int> ran{0};
-  const absl::Time start = absl::Now();
-  for (int i = 0; i < 64; ++i) {
-    pool.Submit([&ran](int worker) {
-      EXPECT_NE(worker, WorkerPool::kRefused);
-      ran.fetch_add(1);
-    });
+  // 64 submissions while both workers are held, from a thread of their own: each only queues, so
+  // they all return while the workers are still held (a Submit that waited for a worker would
+  // wait until Release).
+  absl::Notification submitted;
+  std::thread submitter([&] {
+    for (int i = 0; i < 64; ++i) {
+      pool.Submit([&ran](int worker) {
+        EXPECT_NE(worker, WorkerPool::kRefused);
+        ran.fetch_add(1);
+      });
+    }
+    submitted.Notify();
+  });
+  const bool returned = submitted.WaitForNotificationWithTimeout(absl::Seconds(30));
+  EXPECT_TRUE(returned) << "Submit waited for a worker";
+  if (returned) {
+    EXPECT_EQ(pool.queued(), 64u);
+    EXPECT_EQ(ran.load(), 0);
   }
-  // 64 submissions while both workers are held: each only queues.
-  EXPECT_LT(absl::Now() - start, absl::Milliseconds(100));
-  EXPECT_EQ(pool.queued(), 64u);
-  EXPECT_EQ(ran.load(), 0);
   blocker.Release();
+  submitter.join();
   pool.Shutdown();
   EXPECT_EQ(ran.load(), 64);
 }
@@ -57,7 +80,7 @@ TEST(WorkerPoolTest, SubmitNeverWaitsWhileEveryWorkerIsBusy) {
 TEST(WorkerPoolTest, AFullQueueRefusesOnTheCallingThreadAndRunsEveryTaskOnce) {
   WorkerPool pool(1, 3);
   Blocker blocker;
-  blocker.Occupy(pool, 1);
+  ASSERT_TRUE(blocker.Occupy(pool, 1));
   std::atomic<int> ran{0}, refused{0};
   const std::thread::id caller = std::this_thread::get_id();
   for (int i = 0; i < 5; ++i) {
@@ -79,7 +102,7 @@ TEST(WorkerPoolTest, AFullQueueRefusesOnTheCallingThreadAndRunsEveryTaskOnce) {
 TEST(WorkerPoolTest, SharedTasksRunInSubmissionOrderOnOneWorker) {
   WorkerPool pool(1, 100);
   Blocker blocker;
-  blocker.Occupy(pool, 1);
+  ASSERT_TRUE(blocker.Occupy(pool, 1));
   std::vector<int> order;
   absl::Mutex mu;
   for (int i = 0; i < 20; ++i) {
@@ -97,7 +120,7 @@ TEST(WorkerPoolTest, SharedTasksRunInSubmissionOrderOnOneWorker) {
 TEST(WorkerPoolTest, SubmitToRunsOnThatWorkerBeforeItsNextSharedTask) {
   WorkerPool pool(3, 100);
   Blocker blocker;
-  blocker.Occupy(pool, 3);
+  ASSERT_TRUE(blocker.Occupy(pool, 3));
   std::vector<std::pair<int, int>> log;  // (task, worker)
   absl::Mutex mu;
   auto record = [&](int task) {
@@ -140,7 +163,7 @@ TEST(WorkerPoolTest, AParkedWorkerTakesOnlyItsOwnTasks) {
     };
   };
   Blocker blocker;
-  blocker.Occupy(pool, 1);  // worker 1 (the only one taking shared tasks) is busy
+  ASSERT_TRUE(blocker.Occupy(pool, 1));  // worker 1 (the only one taking shared tasks) is busy
   pool.Submit(record(10));
   pool.Submit(record(11));
   pool.SubmitFront(record(9));
@@ -148,7 +171,7 @@ TEST(WorkerPoolTest, AParkedWorkerTakesOnlyItsOwnTasks) {
     record(1)(worker);
     own_ran.Notify();
   });
-  own_ran.WaitForNotification();
+  ASSERT_TRUE(own_ran.WaitForNotificationWithTimeout(absl::Seconds(30)));
   {
     absl::MutexLock lock(&mu);
     EXPECT_EQ(log, (std::vector<std::pair<int, int>>{{1, 0}}));  // no shared task on worker 0

@@ -307,7 +307,7 @@ const char* RpcName(Rpc rpc) {
 }
 
 const char* StageName(Stage stage) {
-  static constexpr std::array<const char*, kNumStages> kNames = {"queue", "h2d", "kernel", "d2h",
+  static constexpr std::array<const char*, kNumStages> kNames = {"queue", "staging", "kernel",
                                                                  "total"};
   return kNames[static_cast<int>(stage)];
 }
@@ -384,8 +384,8 @@ class Metrics::Impl final : public prometheus::Collectable {
                MetricType::Histogram));
     MetricFamily& stages = out.emplace_back(
         Family("probesidecar_score_stage_duration_seconds",
-               "Time per stage of a successful Score: queue wait, h2d (host-to-device staging), "
-               "kernel (GPU time from CUDA events on the CUDA backend), d2h, total.",
+               "Time per stage of a successful Score: queue wait, staging (the staging kernel on "
+               "the GPU), kernel (GPU time from CUDA events on the CUDA backend), total.",
                MetricType::Histogram));
     for (const SeriesGroup* group : series_.All()) {
       for (int r = 0; r < kNumRpcs; ++r) {
@@ -555,15 +555,9 @@ void Metrics::ScoreStages(absl::string_view probe_set, const ScoreTimings& timin
   SeriesGroup& group =
       impl_->series().Get(probe_set, timings.kernel_path != nullptr ? timings.kernel_path : "");
   if (timings.queue > 0) group.ForStage(Stage::kQueue).Observe(timings.queue, shard);
-  if (timings.h2d > 0) group.ForStage(Stage::kH2d).Observe(timings.h2d, shard);
+  if (timings.staging > 0) group.ForStage(Stage::kStaging).Observe(timings.staging, shard);
   if (timings.kernel > 0) group.ForStage(Stage::kKernel).Observe(timings.kernel, shard);
-  if (timings.d2h > 0) group.ForStage(Stage::kD2h).Observe(timings.d2h, shard);
   group.ForStage(Stage::kTotal).Observe(total_seconds, shard);
-}
-
-void Metrics::ObserveStage(absl::string_view probe_set, absl::string_view kernel_path, Stage stage,
-                           double seconds) {
-  impl_->series().Get(probe_set, kernel_path).ForStage(stage).Observe(seconds, ThreadShard());
 }
 
 void Metrics::ShadowCompared(double rel_l2_error, bool mismatched) {

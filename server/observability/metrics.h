@@ -14,7 +14,8 @@
 //   probesidecar_rpc_in_flight{rpc}                                 gauge
 //   probesidecar_rpc_duration_seconds{rpc,probe_set,kernel_path}    histogram
 //   probesidecar_score_stage_duration_seconds{stage,probe_set,kernel_path}  histogram
-//       stage: queue, h2d, kernel (GPU time from CUDA events on the CUDA backend), d2h, total
+//       stage: queue, staging (CUDA backend), kernel (GPU time from CUDA events on the CUDA
+//       backend), total
 //   probesidecar_cuda_errors_total                                  counter
 //   probesidecar_non_finite_scores_total                            counter (responses, plus
 //       MetricsState.non_finite_device_scores: device outputs, counted on the GPU)
@@ -76,13 +77,12 @@ const char* RpcName(Rpc rpc);
 
 // The stages of a Score (label stage="queue", ...).
 enum class Stage {
-  kQueue,   // submitted until a worker took it
-  kH2d,     // host-to-device staging (CUDA backend)
-  kKernel,  // scoring itself: GPU time between CUDA events on the CUDA backend
-  kD2h,     // device-to-host copy of the scores (CUDA backend)
-  kTotal,   // the whole request, server side
+  kQueue,    // submitted until a worker took it
+  kStaging,  // the staging kernel on the GPU (CUDA backend): ScoreTimings::staging
+  kKernel,   // scoring itself: GPU time between CUDA events on the CUDA backend
+  kTotal,    // the whole request, server side
 };
-inline constexpr int kNumStages = 5;
+inline constexpr int kNumStages = 4;
 const char* StageName(Stage stage);
 
 // Upper bounds (seconds) of the latency histograms' buckets, +Inf not included: 1 µs to 1 s,
@@ -149,16 +149,10 @@ class Metrics {
                    absl::string_view kernel_path);
 
   // The stage breakdown of one successful Score (or ScoreStream message): each stage of
-  // `timings` that is > 0 (0 means "does not apply" or "not measured": h2d on the CPU backend,
-  // d2h when the scores went to a device buffer, GPU times of a request that --gpu-timing-every
-  // did not time, or a kernel time reported later through ObserveStage), and `total_seconds` as
-  // stage "total".
+  // `timings` that is > 0 (0 means "does not apply" or "not measured": staging on the CPU
+  // backend, GPU times of a request that --gpu-timing-every did not time or that was answered
+  // once queued), and `total_seconds` as stage "total".
   void ScoreStages(absl::string_view probe_set, const ScoreTimings& timings, double total_seconds);
-
-  // One stage of one Score, recorded on its own: for what is measured apart from ScoreTimings,
-  // e.g. the kernel's GPU time read from CUDA events after the answer went out.
-  void ObserveStage(absl::string_view probe_set, absl::string_view kernel_path, Stage stage,
-                    double seconds);
 
   // A CUDA call failed (the request got INTERNAL).
   void CudaError();

@@ -66,28 +66,32 @@ TEST(MetricsTest, BucketBoundsPrintExactly) {
 
 TEST(MetricsTest, ObservationsLandInTheirBucketInclusiveOfTheBound) {
   Metrics metrics = NewMetrics();
-  // One observation exactly at each bound, one just above it.
+  // One observation exactly at each bound (the request's total), one just above it (its queue
+  // wait).
+  ScoreTimings timings;
+  timings.kernel_path = "k";
   for (double bound : kLatencyBucketBounds) {
-    metrics.ObserveStage("p", "k", Stage::kKernel, bound);
-    metrics.ObserveStage("p", "k", Stage::kQueue, std::nextafter(bound, 2.0));
+    timings.queue = std::nextafter(bound, 2.0);
+    metrics.ScoreStages("p", timings, bound);
   }
-  metrics.ObserveStage("p", "k", Stage::kKernel, 0.0);
-  metrics.ObserveStage("p", "k", Stage::kKernel, -1.0);                                      // as 0
-  metrics.ObserveStage("p", "k", Stage::kKernel, std::numeric_limits<double>::quiet_NaN());  // 0
-  metrics.ObserveStage("p", "k", Stage::kKernel, 5.0);  // +Inf only
+  timings.queue = 0;  // not observed: only the totals below are
+  metrics.ScoreStages("p", timings, 0.0);
+  metrics.ScoreStages("p", timings, -1.0);                                      // as 0
+  metrics.ScoreStages("p", timings, std::numeric_limits<double>::quiet_NaN());  // as 0
+  metrics.ScoreStages("p", timings, 5.0);                                       // +Inf only
   const std::map<std::string, double> s = Samples(metrics.Serialize());
   for (size_t i = 0; i < kLatencyBucketBounds.size(); ++i) {
     const std::string le = Le(kLatencyBucketBounds[i]);
-    // kernel: 3 zeros + one per bound up to and including this one.
-    EXPECT_EQ(s.at(StageBucket("kernel", le)), 3 + i + 1) << le;
+    // total: 3 zeros + one per bound up to and including this one.
+    EXPECT_EQ(s.at(StageBucket("total", le)), 3 + i + 1) << le;
     // queue: the value just above bound j lands in bucket j+1.
     EXPECT_EQ(s.at(StageBucket("queue", le)), static_cast<double>(i)) << le;
   }
-  EXPECT_EQ(s.at(StageBucket("kernel", "+Inf")), kLatencyBucketBounds.size() + 4);
+  EXPECT_EQ(s.at(StageBucket("total", "+Inf")), kLatencyBucketBounds.size() + 4);
   EXPECT_EQ(s.at(StageBucket("queue", "+Inf")), kLatencyBucketBounds.size());
   double sum = 5.0;
   for (double bound : kLatencyBucketBounds) sum += bound;
-  EXPECT_NEAR(s.at("probesidecar_score_stage_duration_seconds_sum{stage=\"kernel\",probe_set="
+  EXPECT_NEAR(s.at("probesidecar_score_stage_duration_seconds_sum{stage=\"total\",probe_set="
                    "\"p\",kernel_path=\"k\"}"),
               sum, 1e-6);
 }
@@ -174,8 +178,8 @@ TEST(MetricsTest, FamiliesExistBeforeTrafficAndStateIsSampled) {
   EXPECT_EQ(s.at("probesidecar_build_info{version=\"v\",git_commit=\"g\",cuda_runtime=\"13.0\","
                  "device=\"dev\",backend=\"cpu\"}"),
             1);
-  // The GPU-only stages do not appear until recorded.
-  EXPECT_EQ(text.find("stage=\"h2d\""), std::string::npos);
+  // The GPU-only stage does not appear until recorded.
+  EXPECT_EQ(text.find("stage=\"staging\""), std::string::npos);
   metrics.CudaError();
   EXPECT_EQ(Samples(metrics.Serialize()).at("probesidecar_cuda_errors_total"), 1);
 }

@@ -9,10 +9,11 @@ namespace probesidecar::server {
 // Where a request's time went, in seconds (0 where a stage does not apply or was not measured),
 // and how it ended.
 struct ScoreTimings {
-  double queue = 0;   // from submission to the executor until a worker thread took it
-  double h2d = 0;     // host-to-device staging
+  double queue = 0;  // from submission to the executor until a worker thread took it
+  // The staging kernel on the GPU (the request's arguments and rows written where the scoring
+  // kernels read them; inline activations copied in first): CUDA backend only.
+  double staging = 0;
   double kernel = 0;  // scoring itself (GPU time from CUDA events on the CUDA backend)
-  double d2h = 0;     // device-to-host copy of the scores
   const char* kernel_path = "";
   // The request was answered as soon as its work was queued on the GPU (GPU stages not timed).
   bool enqueued = false;

@@ -19,7 +19,7 @@ namespace probesidecar::server {
 class ProbeRegistry {
  public:
   // Called on a fully parsed set before it is published (e.g. to upload device weights into
-  // set.backend_state). An error refuses the load and changes nothing.
+  // set.executor_weights). An error refuses the load and changes nothing.
   using PrepareFn = std::function<absl::Status(ProbeSet& set)>;
 
   // `probes_dir` bounds LoadFromPath: paths resolve relative to it and must stay inside it

@@ -296,7 +296,7 @@ TEST_F(ProbeRegistryTest, PrepareHookRunsBeforePublishing) {
     const std::shared_ptr<const ProbeSet> visible = registry.Find(set.name);
     EXPECT_TRUE(visible == nullptr || visible->id != set.id);
     if (set.bias[0] < 0.0f) return absl::ResourceExhaustedError("no device memory");
-    set.backend_state = std::shared_ptr<const void>(new int(7), [&released](const void* p) {
+    set.executor_weights = std::shared_ptr<const void>(new int(7), [&released](const void* p) {
       delete static_cast<const int*>(p);
       ++released;
     });
@@ -306,8 +306,8 @@ TEST_F(ProbeRegistryTest, PrepareHookRunsBeforePublishing) {
       registry.LoadFromBytes("s", ProbeBytes(1.0f), false);
   ASSERT_TRUE(set.ok()) << set.status();
   EXPECT_EQ(calls, 1);
-  ASSERT_NE((*set)->backend_state, nullptr);
-  EXPECT_EQ(*static_cast<const int*>((*set)->backend_state.get()), 7);
+  ASSERT_NE((*set)->executor_weights, nullptr);
+  EXPECT_EQ(*static_cast<const int*>((*set)->executor_weights.get()), 7);
   const uint64_t id = (*set)->id;
 
   // A failing hook refuses the load, with its own code, and changes nothing: not for a new name,
@@ -321,7 +321,7 @@ TEST_F(ProbeRegistryTest, PrepareHookRunsBeforePublishing) {
   EXPECT_EQ(registry.size(), 1u);
   EXPECT_EQ(calls, 3);
 
-  // Backend state lives exactly as long as the last reference to its set.
+  // The executor's weights live exactly as long as the last reference to their set.
   ASSERT_TRUE(registry.Unload("s").ok());
   EXPECT_EQ(released.load(), 0);  // `set` still holds it
   set = absl::CancelledError();

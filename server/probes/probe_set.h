@@ -54,9 +54,11 @@ struct ProbeSet {
   std::vector<float> bias;        // [P]
   std::string source;             // path, or "inline"
   uint64_t file_bytes = 0;
-  // Backend state (e.g. device weights), attached once before the set is published and freed
+  // The weights in the form the executor scores with: a kernels::ProbeWeights (the device copy)
+  // on the CUDA backend; on the CPU backend a CpuProbeWeights (copies rounded to the activations'
+  // type) for a fast set, none for an exact one. Attached once before the set is published, freed
   // with the last reference.
-  std::shared_ptr<const void> backend_state;
+  std::shared_ptr<const void> executor_weights;
 
   // Bytes of the float32 weight and bias (one copy).
   uint64_t weight_bytes() const { return (weight.size() + bias.size()) * sizeof(float); }

@@ -11,4 +11,10 @@ grpc::Status ToGrpcStatus(const absl::Status& status) {
                       std::string(status.message()));
 }
 
+void FillStreamError(const absl::Status& status, v1::StreamError* error) {
+  const grpc::Status answer = ToGrpcStatus(status);
+  error->set_code(answer.error_code());
+  error->set_message(answer.error_message());
+}
+
 }  // namespace probesidecar::server

@@ -1,4 +1,4 @@
-// probe-sidecar: the service binary. Flags are documented in --help (server/config.cc).
+// probe-sidecar: the service binary. Its flags are documented in --help (server/config/config.cc).
 #include <cstdio>
 
 #include "server/config/config.h"

@@ -30,6 +30,9 @@ inline RequestLifetime LifetimeOf(grpc::CallbackServerContext* context) {
   return lifetime;
 }
 
+// What new work, and the streams still open, get once the server drains.
+inline absl::Status ShuttingDown() { return absl::UnavailableError("the server is shutting down"); }
+
 inline absl::Status NoBuffersOnThisBackend(const char* backend) {
   return absl::FailedPreconditionError(
       absl::StrCat("CUDA IPC buffers need the CUDA backend; this server runs the ", backend,

@@ -1,14 +1,14 @@
 // Score and ScoreStream: validation on the gRPC thread, scoring on the executor's workers, which
-// finish the RPC (or write the stream's answer).
+// finish the RPC (or write the stream's answer); both follow the skeleton of executor_rpc.h.
 #include <cmath>
 #include <memory>
 #include <utility>
 
-#include "absl/strings/str_cat.h"
 #include "server/buffers/buffer_registry.h"
-#include "server/observability/log.h"
 #include "server/requests/score_job.h"
+#include "server/rpc/executor_rpc.h"
 #include "server/rpc/grpc_status.h"
+#include "server/rpc/proto_conversion.h"
 #include "server/rpc/rpc_helpers.h"
 #include "server/rpc/service.h"
 
@@ -37,6 +37,43 @@ int32_t FillFired(const ProbeSet& set, const float* scores, int32_t num_rows,
   response->set_non_finite_scores(non_finite);
   return non_finite;
 }
+
+// What is particular to a Score in the skeleton of executor_rpc.h.
+struct ScoreWork : ExecutorWork<v1::ScoreRequest, v1::ScoreResponse, ScoreJob, ScoreTimings> {
+  static constexpr const char* kName = "Score";
+
+  absl::StatusOr<ScoreJob> Prepare(const ServiceEnv& env, std::string* probe_set) const {
+    ScoreLimits limits;
+    limits.max_rows = env.config.max_rows;
+    limits.max_message_bytes = env.config.max_message_bytes;
+    absl::StatusOr<ScoreJob> job = PrepareScoreJob(*request, *env.probes, env.executor->buffers(),
+                                                   limits, response->mutable_scores());
+    // A prepared job holds its set; a refused one is labelled only with a set that is loaded.
+    if (job.ok() || env.probes->Find(request->probe_set()) != nullptr) {
+      *probe_set = request->probe_set();
+    }
+    return job;
+  }
+
+  void Fill(const ScoreJob& job, const ScoreTimings& timings, double seconds,
+            Metrics& metrics) const {
+    const ProbeSet& set = *job.probe_set;
+    response->set_request_id(request->request_id());
+    response->set_num_rows(job.num_rows);
+    response->set_num_probes(set.num_probes);
+    response->set_kernel_path(timings.kernel_path);
+    response->set_precision(ToProtoPrecision(set.precision));
+    response->set_enqueued(timings.enqueued);
+    if (job.host_out != nullptr) {
+      metrics.NonFiniteScores(FillFired(set, job.host_out, job.num_rows, response));
+    } else if (timings.device_non_finite >= 0) {
+      // Counted on the GPU (and in the metric by the executor); an enqueue-only request is
+      // answered before the count exists: the metric alone has it.
+      response->set_non_finite_scores(static_cast<int32_t>(timings.device_non_finite));
+    }
+    metrics.ScoreStages(set.name, timings, seconds);
+  }
+};
 
 // ScoreStream: one message at a time (read, score, write, read ...), so responses come back in
 // request order and a slow client cannot queue unbounded work. On drain, an idle stream ends at
@@ -89,8 +126,7 @@ class ScoreStreamReactor final
                          if (!status.ok()) {
                            response_.Clear();
                            response_.set_request_id(request_.request_id());
-                           response_.mutable_error()->set_code(status.raw_code());
-                           response_.mutable_error()->set_message(std::string(status.message()));
+                           FillStreamError(status, response_.mutable_error());
                          }
                          StartWrite(&response_);
                        });
@@ -105,7 +141,7 @@ class ScoreStreamReactor final
       if (!ok || drain) finished_ = true;
     }
     if (!ok) {
-      Finish(grpc::Status(grpc::StatusCode::CANCELLED, "the stream was cancelled"));
+      Finish(ToGrpcStatus(absl::CancelledError("the stream was cancelled")));
     } else if (drain) {
       Finish(DrainStatus());
     } else {
@@ -119,9 +155,7 @@ class ScoreStreamReactor final
   }
 
  private:
-  static grpc::Status DrainStatus() {
-    return grpc::Status(grpc::StatusCode::UNAVAILABLE, "the server is shutting down");
-  }
+  static grpc::Status DrainStatus() { return ToGrpcStatus(ShuttingDown()); }
 
   ProbeSidecarService* const service_;
   grpc::CallbackServerContext* const context_;
@@ -138,78 +172,7 @@ class ScoreStreamReactor final
 void ProbeSidecarService::RunScore(Rpc rpc, RequestLifetime lifetime,
                                    const v1::ScoreRequest* request, v1::ScoreResponse* response,
                                    Finish finish) {
-  const Clock::time_point start = Clock::now();
-  env_.metrics->RpcStarted(rpc);
-  auto fail = [&](const absl::Status& status, absl::string_view probe_set) {
-    env_.metrics->RpcFinished(rpc, status.code(), SecondsSince(start), probe_set, "");
-    std::move(finish)(status);
-  };
-  if (absl::Status draining = Draining(); !draining.ok()) {
-    fail(draining, "");
-    return;
-  }
-  if (absl::Status alive = lifetime.Check(); !alive.ok()) {
-    fail(alive, "");
-    return;
-  }
-  if (admitted_.fetch_add(1) >= env_.config.max_concurrent_requests) {
-    admitted_.fetch_sub(1);
-    fail(absl::ResourceExhaustedError(
-             absl::StrCat("the server is at its limit of ", env_.config.max_concurrent_requests,
-                          " requests in progress (--max-concurrent-requests); retry later")),
-         "");
-    return;
-  }
-  ScoreLimits limits;
-  limits.max_rows = env_.config.max_rows;
-  limits.max_message_bytes = env_.config.max_message_bytes;
-  absl::StatusOr<ScoreJob> prepared = PrepareScoreJob(
-      *request, *env_.probes, env_.executor->buffers(), limits, response->mutable_scores());
-  if (!prepared.ok()) {
-    admitted_.fetch_sub(1);
-    // Label only with names that are loaded: a client must not be able to grow the label set.
-    const bool known = env_.probes->Find(request->probe_set()) != nullptr;
-    fail(prepared.status(), known ? absl::string_view(request->probe_set()) : "");
-    return;
-  }
-  auto job = std::make_unique<ScoreJob>(std::move(*prepared));
-  job->lifetime = std::move(lifetime);
-  const ScoreJob* raw_job = job.get();
-  in_flight_.fetch_add(1);
-  env_.executor->Score(raw_job, [this, rpc, start, request, response, job = std::move(job),
-                                 finish = std::move(finish)](absl::Status status,
-                                                             const ScoreTimings& timings) mutable {
-    const ProbeSet& set = *job->probe_set;
-    // Done, but past the deadline or with the caller gone nobody gets the answer: it is counted
-    // as what the caller saw.
-    if (status.ok()) status = job->lifetime.Check();
-    if (status.ok()) {
-      response->set_request_id(request->request_id());
-      response->set_num_rows(job->num_rows);
-      response->set_num_probes(set.num_probes);
-      response->set_kernel_path(timings.kernel_path);
-      response->set_precision(ToProtoPrecision(set.precision));
-      response->set_enqueued(timings.enqueued);
-      if (job->host_out != nullptr) {
-        env_.metrics->NonFiniteScores(FillFired(set, job->host_out, job->num_rows, response));
-      } else if (timings.device_non_finite >= 0) {
-        // Counted on the GPU (and in the metric by the executor); an enqueue-only request is
-        // answered before the count exists: the metric alone has it.
-        response->set_non_finite_scores(static_cast<int32_t>(timings.device_non_finite));
-      }
-      env_.metrics->ScoreStages(set.name, timings, SecondsSince(start));
-    } else if (status.code() == absl::StatusCode::kInternal) {
-      env_.metrics->CudaError();
-      LogError("Score on probe set '%s' failed: %s", set.name, status.ToString());
-    }
-    const std::string probe_set = set.name;
-    job.reset();  // releases buffer leases before the answer goes out
-    admitted_.fetch_sub(1);
-    env_.metrics->RpcFinished(rpc, status.code(), SecondsSince(start), probe_set,
-                              timings.kernel_path);
-    std::move(finish)(status);
-    in_flight_.fetch_sub(1);  // after the answer: drain waits for it
-  });
+  RunOnExecutor(rpc, std::move(lifetime), ScoreWork{{request, response}}, std::move(finish));
 }
 
 grpc::ServerUnaryReactor* ProbeSidecarService::Score(grpc::CallbackServerContext* context,

@@ -414,7 +414,7 @@ int Serve(const Config& config, bool* device_abandoned) {
       std::min(absl::Milliseconds(200), std::max(absl::ZeroDuration(), deadline - absl::Now())));
   // The service's own work is done (or out of time). What can still hold gRPC's shutdown is not
   // ours to wait for: gRPC's health service keeps Watch streams open, and a client may keep its
-  // connection after GOAWAY. Both used to hold the process for the rest of the grace period; they
+  // connection after GOAWAY. Either would hold the process for the rest of the grace period: they
   // get a short moment to end cleanly, then gRPC cancels them. Cancelled calls whose work is still
   // queued or running are skipped or stopped early by the executor, so this returns promptly.
   // No new Unix-socket connection is handed to gRPC from here on (and the socket files go).
@@ -457,8 +457,8 @@ constexpr absl::Duration kGrpcLibraryShutdownWait = absl::Milliseconds(300);
 // poll in the background (epoll1, Linux's), a write to a client's socket that would block
 // (EAGAIN: e.g. a 1 MiB Score response the client has not read yet) starts that poller on an
 // executor thread, in epoll_wait with a 10 s deadline. When the write completes nothing wakes it,
-// so it sleeps out the rest of its 10 s, and the join waited with it: "stopped" was logged and
-// the process then exited up to 10 s later. By now the service has stopped (no listener, no
+// so it sleeps out the rest of its 10 s, and the join would wait with it: the process would exit
+// up to 10 s after logging "stopped". At this point the service has stopped (no listener, no
 // call, no work, sockets removed): nothing is lost by leaving the rest to the kernel.
 void ReleaseGrpcLibrary(int exit_code) {
   const absl::Time start = absl::Now();

@@ -12,7 +12,6 @@
 #include <sys/types.h>
 
 #include <atomic>
-#include <chrono>
 #include <optional>
 #include <set>
 #include <string>
@@ -20,7 +19,8 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/functional/any_invocable.h"
-#include "absl/status/statusor.h"
+#include "absl/status/status.h"
+#include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "probesidecar/v1/sidecar.grpc.pb.h"
@@ -29,6 +29,8 @@
 #include "server/executors/worker_pool.h"
 #include "server/observability/metrics.h"
 #include "server/probes/probe_registry.h"
+#include "server/rpc/authorization.h"
+#include "server/rpc/rpc_helpers.h"
 #include "server/rpc/unix_listener.h"
 
 namespace probesidecar::server {
@@ -66,6 +68,7 @@ class ProbeSidecarService final : public v1::ProbeSidecar::CallbackService {
   // The bound addresses (ports resolved), for ServerInfo; set once the server has started.
   void SetListening(std::vector<std::string> listening);
 
+  // buffer_rpcs.cc: CUDA IPC buffers, events and the sessions that own them.
   grpc::ServerUnaryReactor* RegisterBuffer(grpc::CallbackServerContext* context,
                                            const v1::RegisterBufferRequest* request,
                                            v1::RegisterBufferResponse* response) override;
@@ -83,6 +86,7 @@ class ProbeSidecarService final : public v1::ProbeSidecar::CallbackService {
                                             v1::UnregisterEventResponse* response) override;
   grpc::ServerWriteReactor<v1::SessionEvent>* OpenSession(
       grpc::CallbackServerContext* context, const v1::OpenSessionRequest* request) override;
+  // probe_set_rpcs.cc
   grpc::ServerUnaryReactor* LoadProbeSet(grpc::CallbackServerContext* context,
                                          const v1::LoadProbeSetRequest* request,
                                          v1::LoadProbeSetResponse* response) override;
@@ -92,14 +96,17 @@ class ProbeSidecarService final : public v1::ProbeSidecar::CallbackService {
   grpc::ServerUnaryReactor* ListProbeSets(grpc::CallbackServerContext* context,
                                           const v1::ListProbeSetsRequest* request,
                                           v1::ListProbeSetsResponse* response) override;
+  // score_rpcs.cc
   grpc::ServerUnaryReactor* Score(grpc::CallbackServerContext* context,
                                   const v1::ScoreRequest* request,
                                   v1::ScoreResponse* response) override;
   grpc::ServerBidiReactor<v1::ScoreRequest, v1::ScoreResponse>* ScoreStream(
       grpc::CallbackServerContext* context) override;
+  // verify_rpc.cc
   grpc::ServerUnaryReactor* Verify(grpc::CallbackServerContext* context,
                                    const v1::VerifyRequest* request,
                                    v1::VerifyResponse* response) override;
+  // server_info_rpc.cc
   grpc::ServerUnaryReactor* ServerInfo(grpc::CallbackServerContext* context,
                                        const v1::ServerInfoRequest* request,
                                        v1::ServerInfoResponse* response) override;
@@ -138,34 +145,42 @@ class ProbeSidecarService final : public v1::ProbeSidecar::CallbackService {
   BufferRegistry* buffers() const { return env_.executor->buffers(); }
 
  private:
+  // The one skeleton of the RPCs whose work runs on the executor (Score, each ScoreStream
+  // message, Verify): admission, validation, hand-off and completion. `Work` says what is
+  // particular to one kind of request; executor_rpc.h defines both.
+  template <typename Work>
+  void RunOnExecutor(Rpc rpc, RequestLifetime lifetime, Work work, Finish finish);
+  // Admission of a request for the executor: OK (and counted in `admitted_`), or UNAVAILABLE
+  // while draining, the lifetime's status once it has ended, RESOURCE_EXHAUSTED past
+  // --max-concurrent-requests.
+  absl::Status Admit(const RequestLifetime& lifetime);
+
+  // Records the end of an RPC (or stream message) in the metrics and the debug log.
+  void RecordFinished(Rpc rpc, Clock::time_point start, const absl::Status& status,
+                      absl::string_view probe_set, absl::string_view kernel_path);
   // Answers a unary RPC whose work is done inline, recording its metrics.
   grpc::ServerUnaryReactor* Answer(grpc::CallbackServerContext* context, Rpc rpc,
-                                   std::chrono::steady_clock::time_point start,
-                                   const absl::Status& status);
+                                   Clock::time_point start, const absl::Status& status);
   // Answers a unary RPC refused before any work (counted as started and finished).
   grpc::ServerUnaryReactor* Refuse(grpc::CallbackServerContext* context, Rpc rpc,
                                    const absl::Status& status);
   // A unary RPC answered from the control worker.
   grpc::ServerUnaryReactor* AnswerFromControlWorker(grpc::CallbackServerContext* context, Rpc rpc,
                                                     bool refuse_while_draining, ControlWork work);
+  // A buffer or event RPC: refused when the backend has no IPC buffers and, for a
+  // `registration`, when the peer is not on this host; then `work` runs on the control worker
+  // (opening and closing IPC handles is driver work). Registrations are refused while draining;
+  // releases are let through.
+  using BufferWork = absl::AnyInvocable<absl::Status(BufferRegistry& buffers) &&>;
+  grpc::ServerUnaryReactor* AnswerFromBufferRegistry(grpc::CallbackServerContext* context, Rpc rpc,
+                                                     bool registration, BufferWork work);
 
   // UNAVAILABLE once draining.
   absl::Status Draining() const;
-  // Administrative RPCs (loading and unloading probe sets). Without --admin-token-file and
-  // --admin-tls-identity: only Unix-socket peers whose uid is the server's or root (or who are in
-  // --admin-unix-group), PERMISSION_DENIED for everyone else, TCP included, naming the flags that
-  // allow more. With either: the caller must present the token or the mutual-TLS identity, or be
-  // a Unix-socket peer in --admin-unix-group (UNAUTHENTICATED without credentials,
-  // PERMISSION_DENIED with wrong ones).
-  absl::Status AuthorizeAdmin(grpc::CallbackServerContext* context) const;
-  // Whether a Unix-socket peer is admin by its credentials alone.
-  bool IsAdminPeer(const UnixPeer& peer) const;
-  // IPC registrations come from this host: Unix socket or loopback TCP peers (PERMISSION_DENIED
-  // otherwise, unless --allow-remote-ipc).
-  absl::Status CheckLocalPeer(grpc::CallbackServerContext* context) const;
 
   const ServiceEnv env_;
-  const std::chrono::steady_clock::time_point started_;
+  const Authorizer authorizer_;
+  const Clock::time_point started_;
   // RPCs handed to a worker (Score work, control work) and not yet answered.
   std::atomic<uint32_t> in_flight_{0};
   // Of those, Score and Verify requests (bounded by --max-concurrent-requests).
@@ -177,13 +192,5 @@ class ProbeSidecarService final : public v1::ProbeSidecar::CallbackService {
   std::vector<std::string> listening_ ABSL_GUARDED_BY(listening_mu_);
   WorkerPool control_;  // one thread: administrative work that may wait for the device or disk
 };
-
-// Fills `info` from a loaded probe set.
-void FillProbeSetInfo(const ProbeSet& set, v1::ProbeSetInfo* info);
-// PRECISION_EXACT or PRECISION_FAST (never UNSPECIFIED: a loaded set's precision is resolved).
-v1::Precision ToProtoPrecision(kernels::ProbePrecision precision);
-// What LoadProbeSetRequest.precision asks for; INVALID_ARGUMENT for a value outside the enum
-// (proto3 keeps unknown enum numbers).
-absl::StatusOr<kernels::ProbePrecisionRequest> FromProtoPrecision(int value);
 
 }  // namespace probesidecar::server

@@ -1,9 +1,10 @@
-"""What the reliability tests read of a running server from outside: its /metrics samples and its
-resident memory; and where they leave their figures."""
+"""What the reliability tests read of a running server from outside: its /metrics samples, its CPU
+time and resident memory; and where they leave their figures."""
 
 from __future__ import annotations
 
 import json
+import os
 import pathlib
 import time
 import urllib.request
@@ -51,6 +52,12 @@ def wait_for(condition, timeout: float, interval: float = 0.01) -> bool:
             return True
         time.sleep(interval)
     return condition()
+
+
+def cpu_seconds(pid: int) -> float:
+    """CPU time (user + system) process `pid` has used, from /proc (clock-tick resolution)."""
+    fields = pathlib.Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def rss_bytes(pid: int) -> int:

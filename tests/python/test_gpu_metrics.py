@@ -1,4 +1,4 @@
-"""Metrics on the CUDA backend: the stages the CUDA executor times with events (h2d, kernel)
+"""Metrics on the CUDA backend: the stages the CUDA executor times with events (staging, kernel)
 appear with their kernel path, and the buffer, IPC-handle, graph-cache and device-memory metrics
 follow what the server holds.
 
@@ -104,9 +104,9 @@ def test_cuda_stages_appear_with_their_kernel_path(sidecar):
     counts = stage_counts(fams, "gpu_m16")
     assert counts[("total", path)] == 25
     assert counts[("queue", path)] == 25
-    assert counts[("h2d", path)] == 25
+    assert counts[("staging", path)] == 25
     assert counts[("kernel", path)] == 25
-    assert ("d2h", path) not in counts
+    assert {stage for stage, _ in counts} == {"queue", "staging", "kernel", "total"}
     assert value(fams, "probesidecar_rpc_duration_seconds_count", rpc="Score",
                  probe_set="gpu_m16", kernel_path=path) == 25
     check_histograms(fams)
@@ -116,7 +116,7 @@ def test_cuda_stages_appear_with_their_kernel_path(sidecar):
         return value(fams, STAGE + "_sum", **labels) / value(fams, STAGE + "_count", **labels)
 
     # GPU times from events: positive, and inside the request's server-side total.
-    for stage in ("h2d", "kernel"):
+    for stage in ("staging", "kernel"):
         assert 0 < mean(stage) < mean("total"), (stage, mean(stage), mean("total"))
     (build,) = [l for n, l, _ in fams if n == "probesidecar_build_info"]
     assert build["backend"] == "cuda" and build["device"] and build["cuda_runtime"]

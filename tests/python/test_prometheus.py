@@ -42,8 +42,8 @@ LARGEST_FINITE_BUCKET = 1.0  # seconds: histogram_quantile never returns more
 # Queries that legitimately have no data on the CPU backend: (panel title, refId) -> why. They
 # must still be valid PromQL (status success) and must return an empty vector here.
 NO_DATA_ON_CPU = {
-    ("Device copies (h2d, d2h)", "A"): "the h2d/d2h stages exist only on the CUDA backend",
-    ("Device copies (h2d, d2h)", "B"): "the h2d/d2h stages exist only on the CUDA backend",
+    ("Staging on the GPU", "A"): "the staging stage exists only on the CUDA backend",
+    ("Staging on the GPU", "B"): "the staging stage exists only on the CUDA backend",
 }
 # Queries whose series exist but whose value is undefined (NaN) on the CPU backend.
 NAN_ON_CPU = {
@@ -293,8 +293,19 @@ def stack():
 
         prometheus.wait_for("the sidecar's first scrape", target_up)
         seen = drive_traffic(sidecar, TRAFFIC_SECONDS)
-        time.sleep(2.5)  # two more scrapes after the last request: the final counts are in
-        at = time.time()
+        traffic_end = time.time()
+
+        def two_scrapes_after_the_traffic():
+            # Prometheus stamps a scrape's samples with its start: samples newer than the end of
+            # the traffic hold the final counts.
+            now = time.time()
+            window_ms = max(1, int((now - traffic_end) * 1000))
+            scrapes = prometheus.query(
+                f'count_over_time(up{{instance="{instance}"}}[{window_ms}ms])', now)
+            return now if scrapes and float(scrapes[0]["value"][1]) >= 2 else None
+
+        at = prometheus.wait_for("two scrapes after the last request",
+                                 two_scrapes_after_the_traffic)
         stack = {"sidecar": sidecar, "prometheus": prometheus, "instance": instance, "at": at,
                  "seen": seen}
         # At least two scrapes saw the counters change while the traffic ran.

@@ -1,6 +1,6 @@
 """gRPC's threads never wait for scoring work: with the CPU backend's only thread busy on long
-requests and more queued behind it, ServerInfo, ListProbeSets and health answer at once; the
-queued requests then all complete, and the queue stage shows they waited."""
+requests and more queued behind it, ServerInfo, ListProbeSets and health answer, again and again,
+while requests wait for it; the queued requests then all complete."""
 
 from __future__ import annotations
 
@@ -28,21 +28,19 @@ def test_control_rpcs_answer_while_the_executor_is_busy():
         with ThreadPoolExecutor(REQUESTS) as pool:
             started = time.monotonic()
             futures = [pool.submit(c.score, x, list(range(R)), "wide") for _ in range(REQUESTS)]
-            latencies = []
+            # Rounds of control RPCs whose ServerInfo was answered while requests waited for the
+            # scoring thread.
+            rounds = 0
             while not all(f.done() for f in futures):
-                t0 = time.monotonic()
-                c.server_info()
+                info = c.server_info()
                 c.list_probe_sets()
                 health.Check(health_pb2.HealthCheckRequest(), timeout=10)
-                latencies.append(time.monotonic() - t0)
-                time.sleep(0.005)
+                rounds += info.queued_requests > 0
             results = [f.result() for f in futures]
         elapsed = time.monotonic() - started
     ref = (x.astype(np.float64) @ weight.T.astype(np.float64)) + bias
     for r in results:
         np.testing.assert_allclose(r.scores, ref, rtol=1e-4, atol=1e-4)
-    # One thread scoring 8 x [256, 4096] x [4096, 256]: the requests take long enough that the
-    # control RPCs above really overlapped them.
-    assert len(latencies) >= 10, f"only {len(latencies)} probes in {elapsed:.2f} s"
-    worst = max(latencies)
-    assert worst < 0.25, f"ServerInfo + ListProbeSets + health took {worst * 1e3:.0f} ms"
+    # One thread scoring 8 x [256, 4096] x [4096, 256]: the control RPCs answered again and again
+    # while requests waited for it (one that waited for the scoring would find none waiting).
+    assert rounds >= 10, f"only {rounds} rounds answered while requests waited, in {elapsed:.2f} s"

@@ -43,7 +43,7 @@ std::string CpuExecutor::device_name() const {
 }
 
 absl::Status CpuExecutor::PrepareProbeSet(ProbeSet& set) {
-  set.backend_state = CpuProbeWeights::For(set);
+  set.executor_weights = CpuProbeWeights::For(set);
   return absl::OkStatus();
 }
 

@@ -20,6 +20,7 @@
 #include "gtest/gtest.h"
 #include "kernels/probe_score/probe_score_cpu.h"
 #include "server/executors/cpu/cpu_probe_weights.h"
+#include "tests/cpp/wait_until.h"
 
 namespace probesidecar::server {
 namespace {
@@ -148,8 +149,9 @@ ScoreDone Record(OwnedJob* job) {
   };
 }
 
-void AwaitAnswer(const OwnedJob& job) {
-  while (job.calls.load() == 0) absl::SleepFor(absl::Milliseconds(1));
+// True once `job` is answered; false if it is not within 30 s.
+[[nodiscard]] bool AwaitAnswer(const OwnedJob& job) {
+  return WaitUntil([&job] { return job.calls.load() != 0; });
 }
 
 // Rows whose scores are those of the CPU scorer alone (the others were never scored: 0).
@@ -180,7 +182,9 @@ TEST(CpuExecutorTest, TheQueueIsBoundedByRequestsNotTasks) {
     return true;
   };
   executor.Score(&holder.job, Record(&holder));
-  while (executor.queued() != 0) absl::SleepFor(absl::Milliseconds(1));  // it started
+  const bool started = WaitUntil([&] { return executor.queued() == 0; });
+  if (!started) gone.Notify();  // lets the executor stop
+  ASSERT_TRUE(started) << "the first request did not start";
   std::vector<std::unique_ptr<OwnedJob>> waiting;
   for (int i = 0; i < 4; ++i) {
     waiting.push_back(std::make_unique<OwnedJob>(128, kHidden, kProbes, 2.0f + i));
@@ -207,7 +211,7 @@ TEST(CpuExecutorTest, ARequestPastItsDeadlineIsNotRun) {
   OwnedJob expired(64, kHidden, kProbes, 1.0f);
   expired.job.lifetime.deadline = absl::Now() - absl::Milliseconds(1);
   executor.Score(&expired.job, Record(&expired));
-  AwaitAnswer(expired);
+  ASSERT_TRUE(AwaitAnswer(expired));
   EXPECT_EQ(expired.status.code(), absl::StatusCode::kDeadlineExceeded);
   EXPECT_EQ(ScoredRows(expired), 0);
   EXPECT_EQ(executor.dropped().expired, 1u);
@@ -215,7 +219,7 @@ TEST(CpuExecutorTest, ARequestPastItsDeadlineIsNotRun) {
   OwnedJob timely(64, kHidden, kProbes, 1.0f);
   timely.job.lifetime.deadline = absl::Now() + absl::Seconds(60);
   executor.Score(&timely.job, Record(&timely));
-  AwaitAnswer(timely);
+  ASSERT_TRUE(AwaitAnswer(timely));
   EXPECT_TRUE(timely.status.ok()) << timely.status;
   EXPECT_EQ(ScoredRows(timely), 64);
   executor.Shutdown();
@@ -229,7 +233,7 @@ TEST(CpuExecutorTest, ACancelledRequestStopsBetweenTasks) {
   std::atomic<int> checks{0};
   job.job.lifetime.cancelled = [&checks] { return checks.fetch_add(1) >= 4; };
   executor.Score(&job.job, Record(&job));
-  AwaitAnswer(job);
+  ASSERT_TRUE(AwaitAnswer(job));
   executor.Shutdown();
   EXPECT_EQ(job.calls.load(), 1);
   EXPECT_EQ(job.status.code(), absl::StatusCode::kCancelled);
@@ -252,10 +256,10 @@ TEST(CpuExecutorTest, EachSetScoresAtItsPrecision) {
   auto fast_set = std::make_shared<ProbeSet>(*exact_job.job.probe_set);
   fast_set->precision = kernels::ProbePrecision::kFast;
   ASSERT_TRUE(executor.PrepareProbeSet(*fast_set).ok());
-  ASSERT_NE(fast_set->backend_state, nullptr);
+  ASSERT_NE(fast_set->executor_weights, nullptr);
   auto exact_set = std::make_shared<ProbeSet>(*exact_job.job.probe_set);
   ASSERT_TRUE(executor.PrepareProbeSet(*exact_set).ok());
-  EXPECT_EQ(exact_set->backend_state, nullptr);  // exact needs no rounded copy
+  EXPECT_EQ(exact_set->executor_weights, nullptr);  // exact needs no rounded copy
 
   auto run = [&](std::shared_ptr<const ProbeSet> set) {
     ScoreJob job;

@@ -24,11 +24,11 @@ bool CpuRoundingIsIdentity(const ProbeSet& set, common::DType dtype) {
 }
 
 const float* CpuRoundedWeights(const ProbeSet& set, common::DType dtype) {
-  if (!kernels::UsesRoundedWeights(set.precision, dtype) || set.backend_state == nullptr) {
+  if (!kernels::UsesRoundedWeights(set.precision, dtype) || set.executor_weights == nullptr) {
     return nullptr;
   }
   if (CpuRoundingIsIdentity(set, dtype)) return set.weight.data();  // their own rounding
-  return static_cast<const CpuProbeWeights*>(set.backend_state.get())->Rounded(set, dtype);
+  return static_cast<const CpuProbeWeights*>(set.executor_weights.get())->Rounded(set, dtype);
 }
 
 }  // namespace probesidecar::server

@@ -14,7 +14,7 @@ namespace probesidecar::server {
 
 class CpuProbeWeights {
  public:
-  // The state the CPU backend attaches to `set` (ProbeSet::backend_state): for a fast set, a
+  // What the CPU backend attaches to `set` (ProbeSet::executor_weights): for a fast set, a
   // CpuProbeWeights; an exact set scores its file weights and needs none (nullptr).
   static std::shared_ptr<const void> For(const ProbeSet& set);
 

@@ -39,11 +39,12 @@ double SecondsSince(Clock::time_point start) {
   return std::chrono::duration<double>(Clock::now() - start).count();
 }
 
-// What outlives the executor: the device-memory count, and the way back to a worker thread for
-// freeing a probe set's weights. cudaFree waits for the device, and the last reference to a probe
-// set can drop anywhere (a gRPC thread that listed the sets, say), so the free is handed to a
-// worker thread while the executor runs; once it has stopped, whoever drops the reference frees.
-struct SharedState {
+// The bytes of device memory the executor holds, and where the weights of a probe set are freed;
+// shared with every set's weights, which can outlive the executor. cudaFree waits for the device,
+// and the last reference to a probe set can drop anywhere (a gRPC thread that listed the sets,
+// say), so the free is handed to a worker thread while the executor runs; once it has stopped,
+// whoever drops the reference frees.
+struct DeviceMemoryLedger {
   std::atomic<int64_t> device_bytes{0};
   absl::Mutex mu;
   WorkerPool* pool ABSL_GUARDED_BY(mu) = nullptr;
@@ -100,7 +101,7 @@ class CudaExecutor final : public Executor {
         buffers_(config.device, &opener_,
                  BufferRegistryLimits{4096, config.max_session_buffer_bytes,
                                       config.allow_sessionless_buffers}),
-        state_(std::make_shared<SharedState>()) {}
+        ledger_(std::make_shared<DeviceMemoryLedger>()) {}
 
   ~CudaExecutor() override { Shutdown(); }
 
@@ -132,16 +133,16 @@ class CudaExecutor final : public Executor {
           MaybeUnpark(w);
         });
       };
-      auto slot = std::make_unique<StreamSlot>(config_.device, config_, &state_->device_bytes,
+      auto slot = std::make_unique<StreamSlot>(config_.device, config_, &ledger_->device_bytes,
                                                std::move(nudge), &stopping_);
       if (absl::Status s = slot->Init(config_); !s.ok()) return s;
       verifiers_.push_back(std::make_unique<VerifyRunner>(
-          config_.device, slot.get(), &state_->device_bytes, config_.graph_cache_entries));
+          config_.device, slot.get(), &ledger_->device_bytes, config_.graph_cache_entries));
       slots_.push_back(std::move(slot));
     }
     {
-      absl::MutexLock lock(&state_->mu);
-      state_->pool = pool_.get();
+      absl::MutexLock lock(&ledger_->mu);
+      ledger_->pool = pool_.get();
     }
     monitor_ = std::thread([this] { Monitor(); });
     return absl::OkStatus();
@@ -161,17 +162,17 @@ class CudaExecutor final : public Executor {
       return CudaStatus(e, absl::StrCat("uploading the weights of probe set '", set.name, "'"));
     }
     const int64_t bytes = static_cast<int64_t>(weights->storage_bytes);
-    state_->device_bytes += bytes;
+    ledger_->device_bytes += bytes;
     const int device = config_.device;
-    set.backend_state = std::shared_ptr<const void>(
-        weights.release(), [device, bytes, state = state_](const void* p) {
+    set.executor_weights = std::shared_ptr<const void>(
+        weights.release(), [device, bytes, ledger = ledger_](const void* p) {
           auto* w =
               const_cast<kernels::ProbeWeights*>(static_cast<const kernels::ProbeWeights*>(p));
-          state->Free([device, bytes, w, state] {
+          ledger->Free([device, bytes, w, ledger] {
             cudaSetDevice(device);
             kernels::DestroyProbeWeights(w);
             delete w;
-            state->device_bytes -= bytes;
+            ledger->device_bytes -= bytes;
           });
         });
     return absl::OkStatus();
@@ -271,7 +272,7 @@ class CudaExecutor final : public Executor {
   }
 
   uint64_t device_memory_bytes() const override {
-    return static_cast<uint64_t>(std::max<int64_t>(0, state_->device_bytes.load()));
+    return static_cast<uint64_t>(std::max<int64_t>(0, ledger_->device_bytes.load()));
   }
 
   uint64_t queued() const override { return pool_ != nullptr ? pool_->queued() : 0; }
@@ -297,8 +298,8 @@ class CudaExecutor final : public Executor {
     }
     if (monitor_.joinable()) monitor_.join();
     {
-      absl::MutexLock lock(&state_->mu);
-      state_->pool = nullptr;
+      absl::MutexLock lock(&ledger_->mu);
+      ledger_->pool = nullptr;
     }
     pool_->Shutdown();  // queued requests finish first (waits for the GPU give up: stopping_)
     // Then the GPU: what enqueue-only requests still hold is released here, unless a stream
@@ -310,8 +311,8 @@ class CudaExecutor final : public Executor {
     }
     if (!clean_) {
       {
-        absl::MutexLock lock(&state_->mu);
-        state_->abandoned = true;
+        absl::MutexLock lock(&ledger_->mu);
+        ledger_->abandoned = true;
       }
       LogWarning("%s: the device's memory, streams and IPC mappings are left to the process's exit",
                  lost_.load()
@@ -544,7 +545,7 @@ class CudaExecutor final : public Executor {
   std::atomic<uint64_t> gpu_requests_{0};
   CudaIpcOpener opener_;
   BufferRegistry buffers_;
-  const std::shared_ptr<SharedState> state_;
+  const std::shared_ptr<DeviceMemoryLedger> ledger_;
   // Fixed after Init (read without a lock by counters and workers).
   std::vector<std::unique_ptr<StreamSlot>> slots_;
   std::vector<std::unique_ptr<VerifyRunner>> verifiers_;  // one per slot, on its stream

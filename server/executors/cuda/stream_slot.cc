@@ -25,7 +25,7 @@ size_t Grown(size_t need, size_t have) {
 // What the host callback of an enqueue-only request receives.
 struct DoneCallback {
   StreamSlot* slot;
-  StreamSlot::Holds holds;
+  StreamSlot::GpuLeases leases;
 };
 
 }  // namespace
@@ -171,27 +171,27 @@ absl::Status StreamSlot::Run(const ScoreJob& job, ScoreTimings* timings, bool* e
   }
   // What the GPU reads and writes for this request, kept open until it is done whenever the
   // answer comes first.
-  Holds holds = {set,
-                 job.activations.device.hold,
-                 job.device_rows.device.hold,
-                 job.device_out.device.hold,
-                 job.ready.hold,
-                 job.done.hold};
+  GpuLeases leases = {set,
+                      job.activations.device.hold,
+                      job.device_rows.device.hold,
+                      job.device_out.device.hold,
+                      job.ready.hold,
+                      job.done.hold};
   if (async) {
     // The GPU reads the caller's buffers after we answer: keep them (and the weights) open.
     PS_RETURN_IF_CUDA(cudaEventRecord(completion_, stream_));
-    if (absl::Status s = HoldUntilDone(std::move(holds)); !s.ok()) return s;
+    if (absl::Status s = HoldUntilDone(std::move(leases)); !s.ok()) return s;
     *enqueued = true;
     return absl::OkStatus();
   }
   // (The done event, if any, follows the graph: waiting for the stream covers it too.) The wait
   // ends at the deadline even where the stream still waits for the client's ready event.
-  if (absl::Status s = FinishOnGpu(job.lifetime, std::move(holds)); !s.ok()) return s;
+  if (absl::Status s = FinishOnGpu(job.lifetime, std::move(leases)); !s.ok()) return s;
   if (key.timed) {
     float staged_ms = 0, kernel_ms = 0;
     PS_RETURN_IF_CUDA(cudaEventElapsedTime(&staged_ms, events_[0], events_[1]));
     PS_RETURN_IF_CUDA(cudaEventElapsedTime(&kernel_ms, events_[1], events_[2]));
-    timings->h2d = staged_ms * 1e-3;
+    timings->staging = staged_ms * 1e-3;
     timings->kernel = kernel_ms * 1e-3;
   }
   if (job.host_out == nullptr) {
@@ -260,14 +260,14 @@ void StreamSlot::FillStageParams(const ScoreJob& job, const GraphKey& key) {
   }
 }
 
-absl::Status StreamSlot::HoldUntilDone(Holds holds) {
-  auto* callback = new DoneCallback{this, std::move(holds)};
+absl::Status StreamSlot::HoldUntilDone(GpuLeases leases) {
+  auto* callback = new DoneCallback{this, std::move(leases)};
   if (cudaError_t e = cudaLaunchHostFunc(stream_, &StreamSlot::OnStreamDone, callback);
       e != cudaSuccess) {
-    // Not queued (a CUDA error: the context may be lost): the holds must still outlive the work,
+    // Not queued (a CUDA error: the context may be lost): the leases must still outlive the work,
     // which may never finish, so they are kept for as long as the slot lives (waiting for the
     // stream here could block forever).
-    never_released_.push_back(std::move(callback->holds));
+    never_released_.push_back(std::move(callback->leases));
     delete callback;
     return CudaStatus(e, "cudaLaunchHostFunc");
   }
@@ -275,18 +275,18 @@ absl::Status StreamSlot::HoldUntilDone(Holds holds) {
 }
 
 void CUDART_CB StreamSlot::OnStreamDone(void* data) {
-  // CUDA's callback thread: no CUDA calls here. The holds go to the worker thread.
+  // CUDA's callback thread: no CUDA calls here. The leases go to the worker thread.
   std::unique_ptr<DoneCallback> callback(static_cast<DoneCallback*>(data));
   StreamSlot* slot = callback->slot;
   {
     absl::MutexLock lock(&slot->done_mu_);
-    slot->done_.push_back(std::move(callback->holds));
+    slot->done_.push_back(std::move(callback->leases));
   }
   slot->nudge_();
 }
 
 void StreamSlot::DrainCompleted() {
-  std::vector<Holds> done;
+  std::vector<GpuLeases> done;
   {
     absl::MutexLock lock(&done_mu_);
     done.swap(done_);
@@ -326,15 +326,15 @@ absl::Status StreamSlot::PollEvent(cudaEvent_t event, const RequestLifetime& lif
   }
 }
 
-absl::Status StreamSlot::FinishOnGpu(const RequestLifetime& lifetime, Holds holds) {
+absl::Status StreamSlot::FinishOnGpu(const RequestLifetime& lifetime, GpuLeases leases) {
   PS_RETURN_IF_CUDA(cudaEventRecord(completion_, stream_));
   // The first 2 ms spin, as cudaStreamSynchronize would.
-  absl::Status s = PollEvent(completion_, lifetime, std::chrono::microseconds(2000),
-                             "waiting for the GPU");
+  absl::Status s =
+      PollEvent(completion_, lifetime, std::chrono::microseconds(2000), "waiting for the GPU");
   if (s.ok() || s.code() == absl::StatusCode::kInternal) return s;
   // Given up (deadline, caller gone, stopping): the GPU work cannot be taken back, so what it
   // uses stays held until it is done.
-  if (absl::Status held = HoldUntilDone(std::move(holds)); !held.ok()) return held;
+  if (absl::Status held = HoldUntilDone(std::move(leases)); !held.ok()) return held;
   return s;
 }
 
@@ -428,7 +428,7 @@ void StreamSlot::PublishCounters() {
 StreamSlot::GraphKey StreamSlot::KeyFor(const ProbeSet& set, common::DType dtype, int32_t bucket,
                                         bool inline_x, RowSource rows, bool timed) const {
   // The set's device weights (PrepareProbeSet) carry its precision, which the dispatcher weighs.
-  const auto* weights = static_cast<const kernels::ProbeWeights*>(set.backend_state.get());
+  const auto* weights = static_cast<const kernels::ProbeWeights*>(set.executor_weights.get());
   const kernels::ProbeScoreShape shape{
       dtype, bucket, set.num_probes, set.hidden,
       weights != nullptr ? weights->precision : kernels::ProbePrecision::kFast};
@@ -482,7 +482,7 @@ absl::StatusOr<StreamSlot::GraphEntry*> StreamSlot::GraphFor(
     const GraphKey& key, const std::shared_ptr<const ProbeSet>& set) {
   GraphEntry* entry = graphs_.Find(key);
   if (entry == nullptr) {
-    const auto* weights = static_cast<const kernels::ProbeWeights*>(set->backend_state.get());
+    const auto* weights = static_cast<const kernels::ProbeWeights*>(set->executor_weights.get());
     absl::StatusOr<GraphEntry> captured = Capture(key, *weights, set->activation);
     if (!captured.ok()) {
       PublishCounters();

@@ -47,8 +47,9 @@ namespace probesidecar::server {
 
 class StreamSlot {
  public:
-  // What a request holds (leases, the probe set) until the GPU is done with it.
-  using Holds = std::vector<std::shared_ptr<const void>>;
+  // What the GPU's work for a request keeps open until it is done: the leases on its buffers and
+  // events, and its probe set (the weights the kernels read).
+  using GpuLeases = std::vector<std::shared_ptr<const void>>;
   // Asks the slot's worker thread to call DrainCompleted() soon. Called from CUDA's host-callback
   // thread: it must not call CUDA (queueing work for the worker is fine).
   using Nudge = absl::AnyInvocable<void()>;
@@ -65,7 +66,7 @@ class StreamSlot {
   absl::Status Init(const Config& config);
 
   // Scores one job on the slot's stream, capturing its graph on first use. Waits for the GPU
-  // unless the job is enqueue-only (then `*enqueued` is set and the job's holds are kept until
+  // unless the job is enqueue-only (then `*enqueued` is set and the job's GpuLeases are kept until
   // the GPU has finished; the job itself may go away at once). The wait ends at the job's
   // deadline or when its caller goes (FinishOnGpu). Runs on the slot's worker thread, on an idle
   // slot. TEST-ONLY: `inject_fault` first enqueues a kernel that writes out of bounds.
@@ -74,9 +75,9 @@ class StreamSlot {
 
   // Marks the end of the work queued so far and waits for the GPU to get there: OK then;
   // DEADLINE_EXCEEDED or CANCELLED when `lifetime` ends first, UNAVAILABLE when the server
-  // stops first: the work stays queued (a stream cannot be interrupted), `holds` are kept until
+  // stops first: the work stays queued (a stream cannot be interrupted), `leases` are kept until
   // the GPU is done with it, and the slot is not idle until then. INTERNAL: a CUDA error.
-  absl::Status FinishOnGpu(const RequestLifetime& lifetime, Holds holds);
+  absl::Status FinishOnGpu(const RequestLifetime& lifetime, GpuLeases leases);
 
   // Waits on the host until the client's `ready` event has completed, before anything of its
   // request is queued: OK then; DEADLINE_EXCEEDED or CANCELLED when `lifetime` ends first,
@@ -93,7 +94,6 @@ class StreamSlot {
                          std::chrono::microseconds spin, const char* what) const;
 
  public:
-
   // No work of this slot is pending on the GPU (a CUDA error counts as idle: the next request
   // sees it).
   bool Idle() const;
@@ -108,7 +108,7 @@ class StreamSlot {
   // IPC buffers, bf16, rows from the request).
   absl::Status Warmup(const std::shared_ptr<const ProbeSet>& set, int32_t bucket);
 
-  // Releases the holds of enqueue-only requests the GPU has finished (worker thread).
+  // Releases the leases of enqueue-only requests the GPU has finished (worker thread).
   void DrainCompleted();
   // Waits until the stream is idle, then releases what it held (shutdown); false when
   // `deadline` came first (the stream still waits on the GPU: its resources must not be freed).
@@ -184,8 +184,8 @@ class StreamSlot {
   void DropStaleGraphs();
   // Publishes the cache's counters for counters() (after each operation).
   void PublishCounters();
-  // Keeps `holds` until the work queued so far on the stream has finished.
-  absl::Status HoldUntilDone(Holds holds);
+  // Keeps `leases` until the work queued so far on the stream has finished.
+  absl::Status HoldUntilDone(GpuLeases leases);
   static void CUDART_CB OnStreamDone(void* data);
 
   const int device_;
@@ -215,11 +215,11 @@ class StreamSlot {
   LruCache<GraphKey, GraphEntry> graphs_;
   std::atomic<uint64_t> captures_{0};
   std::atomic<uint64_t> entries_{0}, hits_{0}, misses_{0}, evictions_{0};
-  // Holds of enqueue-only requests whose work the GPU has finished (filled on CUDA's callback
+  // Leases of enqueue-only requests whose work the GPU has finished (filled on CUDA's callback
   // thread, released on the worker thread).
   absl::Mutex done_mu_;
-  std::vector<Holds> done_ ABSL_GUARDED_BY(done_mu_);
-  std::vector<Holds> never_released_;  // holds whose host callback could not be queued
+  std::vector<GpuLeases> done_ ABSL_GUARDED_BY(done_mu_);
+  std::vector<GpuLeases> never_released_;  // leases whose host callback could not be queued
   std::atomic<bool> parked_{false};
   std::atomic<int64_t> parked_at_ns_{0};  // absl::GetCurrentTimeNanos() when parked
   std::atomic<bool> park_warned_{false};

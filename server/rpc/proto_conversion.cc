@@ -1,0 +1,59 @@
+#include "server/rpc/proto_conversion.h"
+
+#include "absl/strings/str_cat.h"
+
+namespace probesidecar::server {
+namespace {
+
+v1::DType ToProtoDType(common::DType dtype) {
+  switch (dtype) {
+    case common::DType::kFloat32:
+      return v1::DTYPE_FLOAT32;
+    case common::DType::kFloat16:
+      return v1::DTYPE_FLOAT16;
+    case common::DType::kBFloat16:
+      return v1::DTYPE_BFLOAT16;
+  }
+  return v1::DTYPE_UNSPECIFIED;
+}
+
+}  // namespace
+
+v1::Precision ToProtoPrecision(kernels::ProbePrecision precision) {
+  return precision == kernels::ProbePrecision::kFast ? v1::PRECISION_FAST : v1::PRECISION_EXACT;
+}
+
+absl::StatusOr<kernels::ProbePrecisionRequest> FromProtoPrecision(int value) {
+  switch (value) {
+    case v1::PRECISION_UNSPECIFIED:
+      return kernels::ProbePrecisionRequest::kDefault;
+    case v1::PRECISION_EXACT:
+      return kernels::ProbePrecisionRequest::kExact;
+    case v1::PRECISION_FAST:
+      return kernels::ProbePrecisionRequest::kFast;
+    default:
+      return absl::InvalidArgumentError(absl::StrCat(
+          "precision ", value,
+          " is not a Precision (PRECISION_UNSPECIFIED = 0 for the default, PRECISION_EXACT = 1, "
+          "PRECISION_FAST = 2)"));
+  }
+}
+
+void FillProbeSetInfo(const ProbeSet& set, v1::ProbeSetInfo* info) {
+  info->set_name(set.name);
+  info->set_num_probes(set.num_probes);
+  info->set_hidden_size(set.hidden);
+  info->set_weight_dtype(ToProtoDType(set.weight_dtype));
+  info->set_activation(set.activation == kernels::Activation::kSigmoid ? v1::ACTIVATION_SIGMOID
+                                                                       : v1::ACTIVATION_NONE);
+  for (const ProbeSpec& spec : set.probes) {
+    v1::Probe* probe = info->add_probes();
+    probe->set_name(spec.name);
+    if (spec.threshold.has_value()) probe->set_threshold(*spec.threshold);
+  }
+  info->set_source(set.source);
+  info->set_file_bytes(set.file_bytes);
+  info->set_precision(ToProtoPrecision(set.precision));
+}
+
+}  // namespace probesidecar::server

@@ -1,0 +1,21 @@
+// The server's own types as the API's messages, and back: probe sets and their precision. (Request
+// validation, which reads the request messages, is in server/requests/; statuses are in
+// grpc_status.h.)
+#pragma once
+
+#include "absl/status/statusor.h"
+#include "kernels/probe_score/probe_score_precision.h"
+#include "probesidecar/v1/probes.pb.h"
+#include "server/probes/probe_set.h"
+
+namespace probesidecar::server {
+
+// Fills `info` from a loaded probe set.
+void FillProbeSetInfo(const ProbeSet& set, v1::ProbeSetInfo* info);
+// PRECISION_EXACT or PRECISION_FAST (never UNSPECIFIED: a loaded set's precision is resolved).
+v1::Precision ToProtoPrecision(kernels::ProbePrecision precision);
+// What LoadProbeSetRequest.precision asks for; INVALID_ARGUMENT for a value outside the enum
+// (proto3 keeps unknown enum numbers).
+absl::StatusOr<kernels::ProbePrecisionRequest> FromProtoPrecision(int value);
+
+}  // namespace probesidecar::server

@@ -1,0 +1,61 @@
+// ServerInfo: answered inline, on the gRPC thread, from what every part can report without
+// waiting (the executor's counters are atomics; the registries take short locks).
+#include <memory>
+#include <string>
+
+#include "server/buffers/buffer_registry.h"
+#include "server/config/version.h"
+#include "server/rpc/proto_conversion.h"
+#include "server/rpc/rpc_helpers.h"
+#include "server/rpc/service.h"
+
+namespace probesidecar::server {
+
+grpc::ServerUnaryReactor* ProbeSidecarService::ServerInfo(grpc::CallbackServerContext* context,
+                                                          const v1::ServerInfoRequest* /*request*/,
+                                                          v1::ServerInfoResponse* response) {
+  const Clock::time_point start = Clock::now();
+  env_.metrics->RpcStarted(Rpc::kServerInfo);
+  response->set_version(kVersion);
+  response->set_git_commit(kGitCommit);
+  response->set_backend(env_.executor->backend());
+  response->set_device_name(env_.executor->device_name());
+  response->set_device_id(env_.config.device);
+  v1::Limits* limits = response->mutable_limits();
+  limits->set_max_message_bytes(env_.config.max_message_bytes);
+  limits->set_max_concurrent_requests(env_.config.max_concurrent_requests);
+  limits->set_max_rows(env_.config.max_rows);
+  limits->set_max_probes(env_.config.max_probes);
+  limits->set_max_probe_file_bytes(env_.config.max_probe_file_bytes);
+  limits->set_max_queued_requests(env_.config.max_queued_requests);
+  limits->set_max_probe_sets(env_.config.max_probe_sets);
+  limits->set_max_probe_set_bytes(env_.config.max_probe_set_bytes);
+  limits->set_max_session_buffer_bytes(env_.config.max_session_buffer_bytes);
+  for (const std::shared_ptr<const ProbeSet>& set : env_.probes->List()) {
+    FillProbeSetInfo(*set, response->add_probe_sets());
+  }
+  const GraphCacheCounters graphs = env_.executor->graph_cache();
+  v1::GraphCacheStats* stats = response->mutable_graph_cache();
+  stats->set_entries(graphs.entries);
+  stats->set_capacity(graphs.capacity);
+  stats->set_hits(graphs.hits);
+  stats->set_misses(graphs.misses);
+  stats->set_captures(graphs.captures);
+  stats->set_evictions(graphs.evictions);
+  response->set_uptime_seconds(SecondsSince(started_));
+  if (BufferRegistry* buffers = env_.executor->buffers(); buffers != nullptr) {
+    response->set_registered_buffers(static_cast<uint32_t>(buffers->counters().registrations));
+  }
+  {
+    absl::MutexLock lock(&listening_mu_);
+    for (const std::string& address : listening_) response->add_listen(address);
+  }
+  response->set_metrics_listen(env_.metrics_listening);
+  response->set_cuda_runtime(kCudaRuntime);
+  response->set_mps(env_.executor->mps());
+  response->set_queued_requests(env_.executor->queued());
+  response->set_gpu_requests(env_.executor->gpu_requests());
+  return Answer(context, Rpc::kServerInfo, start, absl::OkStatus());
+}
+
+}  // namespace probesidecar::server
