@@ -117,6 +117,10 @@ cudaError_t CreateMlaVerifyWorkspace(const MlaVerifyWorkspaceConfig& config,
     if (!mla::TileFits(tile, tile_device)) continue;
     if ((err = SetTileAttributes(tile)) != cudaSuccess) return err;
   }
+  // Whether the combine can be a programmatic dependent here, read once now rather than at a
+  // launch inside a stream capture.
+  blocks::ProgrammaticLaunchUsable(reinterpret_cast<const void*>(mla::MlaVerifyCombineKernel));
+  blocks::ProgrammaticLaunchUsable(reinterpret_cast<const void*>(mla::MlaVerifyCombineRowsKernel));
   const int num_sms = limits.num_sms;
   auto* ws = new MlaVerifyWorkspace;
   ws->device = device;

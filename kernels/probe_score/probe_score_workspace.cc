@@ -37,6 +37,7 @@ cudaError_t ReadDeviceFactsAndSetAttributes(int device, const DeviceFamily* limi
     return err;
   }
   if (facts->smem_per_block_optin < kFusedSmemLimit) return cudaErrorNotSupported;
+  probe_score_detail::PrepareSplitKReduceLaunch();
   for (int d = 0; d < common::kNumDTypes; ++d) {
     const common::DType dtype = static_cast<common::DType>(d);
     for (int i = 0; i < kNumFusedPT; ++i) {
