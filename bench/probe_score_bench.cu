@@ -168,11 +168,16 @@ bool MeasureCeilings(cudaStream_t stream, void* pool, Ceilings* c) {
 }
 
 // Every shape of every sweep fits: R <= 8192, H <= 8192, P <= 1024.
+// --family: plan as on a GPU of that family (its shared-memory and thread limits, no
+// gather_wgmma off sm_90) on the GPU in hand.
+const ps::DeviceFamily* g_family = nullptr;
+
 ps::ProbeScoreWorkspaceConfig BenchWorkspaceConfig() {
   ps::ProbeScoreWorkspaceConfig config;
   config.max_rows = 8192;
   config.max_hidden = 8192;
   config.max_probes = 1024;
+  config.limit_to_family = g_family;
   return config;
 }
 
@@ -530,6 +535,8 @@ bool WriteJson(const std::string& path, const std::string& device, const std::st
   std::fprintf(f, "{\n  \"device\": %s,\n  \"git\": %s,\n  \"date\": %s,\n  \"command\": %s,\n",
                JsonStr(device).c_str(), JsonStr(git).c_str(), JsonStr(date).c_str(),
                JsonStr(command).c_str());
+  std::fprintf(f, "  \"limit_to_family\": %s,\n",
+               g_family != nullptr ? JsonStr(g_family->name).c_str() : "null");
   std::fprintf(f, "  \"ceilings\": {\"copy_gbps\": %s, \"bf16_tflops\": %s},\n  \"records\": [\n",
                JsonNum(c.copy_gbps).c_str(), JsonNum(c.bf16_tflops).c_str());
   for (size_t i = 0; i < recs.size(); ++i) {
@@ -559,10 +566,12 @@ bool WriteJson(const std::string& path, const std::string& device, const std::st
 bool WriteDispatchTable(const std::string& path, int num_sms) {
   FILE* f = std::fopen(path.c_str(), "w");
   if (f == nullptr) return false;
+  // An sm_90 device with the sm_90a kernels built, as measured (or --family's limits).
+  const ps::DeviceFamily& family = g_family != nullptr ? *g_family : *ps::FindDeviceFamily("sm_90");
   ps::ProbeScoreResources res;
+  res.device = ps::ProbeScoreFactsFrom(family.limits);
   res.device.num_sms = num_sms;
-  res.device.cc_major = 9;  // an sm_90 device with the sm_90a kernels built, as measured
-  res.device.gather_wgmma = true;
+  res.device.gather_wgmma = family.sm90a;
   res.workspace = ps::ProbeScoreWorkspaceLimitsFor(BenchWorkspaceConfig());
   for (const std::string sw : {"full", "quick", "targets"}) {
     for (const Shape& s : Sweep(sw)) {
@@ -627,10 +636,16 @@ int Main(int argc, char** argv) {
       dispatch_table = argv[++i];
     } else if (a == "--sms" && i + 1 < argc) {
       num_sms = std::atoi(argv[++i]);
+    } else if (a == "--family" && i + 1 < argc) {
+      if ((g_family = ps::FindDeviceFamily(argv[++i])) == nullptr) {
+        std::fprintf(stderr, "--family %s: no family of kDeviceFamilies\n", argv[i]);
+        return 2;
+      }
     } else {
       std::fprintf(stderr,
                    "usage: %s --out FILE.json [--sweep full|quick|targets] [--variants] "
-                   "[--git HASH[+dirty]] [--allow-dirty] | --dispatch-table FILE.txt [--sms N]\n",
+                   "[--git HASH[+dirty]] [--allow-dirty] [--family sm_86|...] | --dispatch-table "
+                   "FILE.txt [--sms N]\n",
                    argv[0]);
       return 2;
     }

@@ -18,6 +18,11 @@
 #             checked; installs docker.io, docker-compose and debootstrap (needs root or sudo)
 # Any sanitizer report fails the stage; reports are kept in <build dir>/sanitizer-reports/.
 #
+# CUDA targets (docs/gpu-support.md): build/ carries machine code for every GPU family the
+# service supports unless CUDA_ARCHITECTURES narrows it (a CMAKE_CUDA_ARCHITECTURES list, e.g.
+# CUDA_ARCHITECTURES=90-real for a fast local build; .ci/run sets its own). The sanitizer builds
+# run no GPU code and compile SANITIZER_CUDA_ARCHITECTURES (default 80-virtual: PTX only).
+#
 # Debian packages come from apt-get, Python packages from pip into .venv/. Safe to run again:
 # only what is missing is installed, and the build is incremental. The CUDA 13 toolkit is
 # expected at /usr/local/cuda (CUDA code is compiled even where no GPU is present).
@@ -69,11 +74,14 @@ fi
 # The client package; its gRPC stubs are generated from proto/ while it is built.
 "$venv/bin/python" -m pip install -q --no-build-isolation --force-reinstall --no-deps ./client/python
 
-configure() {  # configure BUILD_DIR [cmake args...]
-  local dir="$1"
-  shift
+cuda_archs="${CUDA_ARCHITECTURES:-release}"
+sanitizer_cuda_archs="${SANITIZER_CUDA_ARCHITECTURES:-80-virtual}"
+
+configure() {  # configure BUILD_DIR CUDA_ARCHITECTURES [cmake args...]
+  local dir="$1" archs="$2"
+  shift 2
   cmake -S . -B "$dir" -G Ninja -DCMAKE_CUDA_COMPILER="$nvcc" \
-    -DPython3_EXECUTABLE="$venv/bin/python" "$@" >/dev/null
+    -DCMAKE_CUDA_ARCHITECTURES="$archs" -DPython3_EXECUTABLE="$venv/bin/python" "$@" >/dev/null
 }
 
 if [[ "$mode" == test ]]; then
@@ -89,7 +97,7 @@ if [[ "$mode" == test ]]; then
     case "$stage" in
       release)
         echo "== build ($build)"
-        configure "$build" -DCMAKE_BUILD_TYPE=Release
+        configure "$build" "$cuda_archs" -DCMAKE_BUILD_TYPE=Release
         cmake --build "$build" -j "$jobs"
         echo "== tests"
         ctest --test-dir "$build" --output-on-failure -j "$jobs" --timeout 900
@@ -97,7 +105,7 @@ if [[ "$mode" == test ]]; then
       asan | fuzz)
         # One build serves both (ASan+UBSan, with the fuzz targets); the second is a no-op.
         echo "== build (build-asan: AddressSanitizer + UndefinedBehaviorSanitizer, fuzz targets)"
-        configure "$root/build-asan" -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+        configure "$root/build-asan" "$sanitizer_cuda_archs" -DCMAKE_BUILD_TYPE=RelWithDebInfo \
           -DCMAKE_C_COMPILER=clang -DCMAKE_CXX_COMPILER=clang++ \
           -DPROBESIDECAR_SANITIZE=address,undefined -DPROBESIDECAR_FUZZ=ON \
           -DPROBESIDECAR_BUILD_BENCH=OFF
@@ -121,7 +129,7 @@ if [[ "$mode" == test ]]; then
         ;;
       tsan)
         echo "== build (build-tsan: ThreadSanitizer; the executors' and registries' tests)"
-        configure "$root/build-tsan" -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+        configure "$root/build-tsan" "$sanitizer_cuda_archs" -DCMAKE_BUILD_TYPE=RelWithDebInfo \
           -DCMAKE_C_COMPILER=clang -DCMAKE_CXX_COMPILER=clang++ \
           -DPROBESIDECAR_SANITIZE=thread -DPROBESIDECAR_BUILD_BENCH=OFF
         cmake --build "$root/build-tsan" -j "$jobs" --target tsan_tests
@@ -131,7 +139,7 @@ if [[ "$mode" == test ]]; then
       deploy)
         # The release build's binaries, bundled into the image (built here if missing).
         echo "== build ($build: probe-sidecar, probe-client)"
-        configure "$build" -DCMAKE_BUILD_TYPE=Release
+        configure "$build" "$cuda_archs" -DCMAKE_BUILD_TYPE=Release
         cmake --build "$build" -j "$jobs" --target probe-sidecar probe-client demo_probe_set
         tests/deploy/run.sh "$build"
         ;;
@@ -143,7 +151,7 @@ fi
 
 # --- Build ------------------------------------------------------------------------------------
 echo "== build ($build)"
-configure "$build" -DCMAKE_BUILD_TYPE=Release
+configure "$build" "$cuda_archs" -DCMAKE_BUILD_TYPE=Release
 cmake --build "$build" -j "$jobs"
 
 # --- Run: the service on its defaults, then one scored request -------------------------------

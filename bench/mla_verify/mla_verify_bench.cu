@@ -37,14 +37,13 @@ using probesidecar::kernels::MlaVerifyParams;
 using probesidecar::kernels::MlaVerifyPath;
 using probesidecar::kernels::MlaVerifyWorkspace;
 
-#define CHECK_CUDA(expr)                                                                     \
-  do {                                                                                       \
-    const cudaError_t err_ = (expr);                                                         \
-    if (err_ != cudaSuccess) {                                                               \
-      std::fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #expr,                      \
-                   cudaGetErrorString(err_));                                                \
-      return false;                                                                          \
-    }                                                                                        \
+#define CHECK_CUDA(expr)                                                                           \
+  do {                                                                                             \
+    const cudaError_t err_ = (expr);                                                               \
+    if (err_ != cudaSuccess) {                                                                     \
+      std::fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #expr, cudaGetErrorString(err_)); \
+      return false;                                                                                \
+    }                                                                                              \
   } while (0)
 
 __global__ void FillRandomBf16(__nv_bfloat16* p, size_t n, uint64_t seed, float amp) {
@@ -135,13 +134,14 @@ struct Point {
 struct Record {
   Point pt;
   std::string impl;
+  std::string tile;         // the portable tile (rows x key stages) for split_kv and baseline
   bool dispatched = false;  // the path LaunchMlaVerify takes for this shape
   double graph_us = 0, eager_us = 0, gbps = 0, tflops = 0;
 };
 
 double BytesOf(const Point& p) {
-  return static_cast<double>(p.batch) *
-         (static_cast<double>(p.len) * 576 * 2 + static_cast<double>(p.s_q) * p.h_q * (576 + 512) * 2);
+  return static_cast<double>(p.batch) * (static_cast<double>(p.len) * 576 * 2 +
+                                         static_cast<double>(p.s_q) * p.h_q * (576 + 512) * 2);
 }
 double FlopsOf(const Point& p) {
   const double pairs = static_cast<double>(p.s_q) * p.len - p.s_q * (p.s_q - 1) / 2.0;
@@ -271,6 +271,10 @@ bool RunPoint(const Point& pt, const Pools& pools, MlaVerifyWorkspace* dispatch_
     Record r;
     r.pt = pt;
     r.impl = impl.name;
+    if (path != MlaVerifyPath::kSplitKvSm90a) {
+      r.tile = probesidecar::kernels::MlaVerifyTileName(
+          probesidecar::kernels::ChooseMlaVerifyTile(*ws, pt.s_q * pt.h_q));
+    }
     r.dispatched = ws == dispatch_ws &&
                    path == probesidecar::kernels::ChooseMlaVerifyPath(*ws, pt.s_q * pt.h_q);
     r.graph_us = Median(times);
@@ -296,21 +300,31 @@ std::string JsonEscape(const std::string& s) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  std::string out_path, git, sweep = "full", points_arg,
-              impls_arg = "split_kv,split_kv_sm90a,baseline";
+  std::string out_path, git, sweep = "full", points_arg, family_arg,
+                             impls_arg = "split_kv,split_kv_sm90a,baseline";
   bool allow_dirty = false, skip_ceilings = false;
   std::string command;
   for (int i = 0; i < argc; ++i) command += (i ? " " : "") + std::string(argv[i]);
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     auto next = [&]() { return i + 1 < argc ? std::string(argv[++i]) : std::string(); };
-    if (a == "--out") out_path = next();
-    else if (a == "--git") git = next();
-    else if (a == "--allow-dirty") allow_dirty = true;
-    else if (a == "--sweep") sweep = next();
-    else if (a == "--impls") impls_arg = next();
-    else if (a == "--points") points_arg = next();
-    else if (a == "--skip-ceilings") skip_ceilings = true;  // profiling runs
+    if (a == "--out")
+      out_path = next();
+    else if (a == "--git")
+      git = next();
+    else if (a == "--allow-dirty")
+      allow_dirty = true;
+    else if (a == "--sweep")
+      sweep = next();
+    else if (a == "--impls")
+      impls_arg = next();
+    else if (a == "--points")
+      points_arg = next();
+    else if (a == "--skip-ceilings")
+      skip_ceilings = true;  // profiling runs
+    // Tiles as on a GPU of another family (its shared-memory limits; no sm_90a path off sm_90).
+    else if (a == "--family")
+      family_arg = next();
     else {
       std::fprintf(stderr, "unknown argument %s\n", a.c_str());
       return 2;
@@ -322,8 +336,17 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "mla-verify-bench: %s\n", why.c_str());
     return 2;
   }
+  const probesidecar::kernels::DeviceFamily* family = nullptr;
+  if (!family_arg.empty() &&
+      (family = probesidecar::kernels::FindDeviceFamily(family_arg)) == nullptr) {
+    std::fprintf(stderr, "mla-verify-bench: --family %s is no family of kDeviceFamilies\n",
+                 family_arg.c_str());
+    return 2;
+  }
   const std::string wanted = "," + impls_arg + ",";
-  auto want = [&](const std::string& name) { return wanted.find("," + name + ",") != std::string::npos; };
+  auto want = [&](const std::string& name) {
+    return wanted.find("," + name + ",") != std::string::npos;
+  };
 
   auto run = [&]() -> bool {
     cudaDeviceProp prop;
@@ -368,7 +391,7 @@ int main(int argc, char** argv) {
     // Pools: 11 GB of pages (the largest point, 128 x 64k, is 9.7 GB), q / out for 8 sets.
     Pools pools;
     pools.kv_pages = static_cast<size_t>(11e9 / (64 * 576 * 2));
-    pools.q_elems = size_t{200} << 20;   // 400 MB
+    pools.q_elems = size_t{200} << 20;  // 400 MB
     pools.out_elems = size_t{200} << 20;
     pools.table_ints = pools.kv_pages;
     CHECK_CUDA(cudaMalloc(&pools.kv, pools.kv_pages * 64 * 576 * 2));
@@ -381,8 +404,11 @@ int main(int argc, char** argv) {
     CHECK_CUDA(cudaGetLastError());
     CHECK_CUDA(cudaDeviceSynchronize());
     MlaVerifyWorkspace* ws = nullptr;
-    CHECK_CUDA(probesidecar::kernels::CreateMlaVerifyWorkspace({}, &ws));
-    std::printf("sm_90a path: %s\n", ws->has_sm90a ? "yes" : "no");
+    probesidecar::kernels::MlaVerifyWorkspaceConfig ws_config;
+    ws_config.limit_to_family = family;
+    CHECK_CUDA(probesidecar::kernels::CreateMlaVerifyWorkspace(ws_config, &ws));
+    std::printf("sm_90a path: %s; tiles as on %s\n", ws->has_sm90a ? "yes" : "no",
+                family != nullptr ? family->name : "this device");
     std::vector<Impl> impls;
     if (want("split_kv")) impls.push_back({MlaVerifyPath::kSplitKv, ws, "split_kv"});
     if (want("split_kv_sm90a") && ws->has_sm90a)
@@ -402,10 +428,11 @@ int main(int argc, char** argv) {
       if (!RunPoint(pt, pools, ws, stream, impls, &records)) return false;
       for (size_t i = before; i < records.size(); ++i) {
         const Record& r = records[i];
-        std::printf("h_q=%3d s_q=%d batch=%3d len=%6d %-22s graph %9.1f us eager %9.1f us  %6.0f GB/s "
-                    "(%.2f)  %5.0f TFLOP/s (%.2f)\n",
-                    pt.h_q, pt.s_q, pt.batch, pt.len, r.impl.c_str(), r.graph_us, r.eager_us,
-                    r.gbps, r.gbps / ceil.copy_gbps, r.tflops, r.tflops / ceil.bf16_tflops);
+        std::printf(
+            "h_q=%3d s_q=%d batch=%3d len=%6d %-15s %-5s graph %9.1f us eager %9.1f us  %6.0f GB/s "
+            "(%.2f)  %5.0f TFLOP/s (%.2f)\n",
+            pt.h_q, pt.s_q, pt.batch, pt.len, r.impl.c_str(), r.tile.c_str(), r.graph_us,
+            r.eager_us, r.gbps, r.gbps / ceil.copy_gbps, r.tflops, r.tflops / ceil.bf16_tflops);
       }
       std::fflush(stdout);
     }
@@ -421,6 +448,8 @@ int main(int argc, char** argv) {
     std::fprintf(f, "{\n  \"device\": \"%s\",\n  \"git\": \"%s\",\n  \"date\": \"%s\",\n",
                  JsonEscape(prop.name).c_str(), git.c_str(), date);
     std::fprintf(f, "  \"command\": \"%s\",\n", JsonEscape(command).c_str());
+    std::fprintf(f, "  \"limit_to_family\": %s%s%s,\n", family ? "\"" : "",
+                 family ? family->name : "null", family ? "\"" : "");
     std::fprintf(f, "  \"ceilings\": {\"copy_gbps\": %.1f, \"bf16_tflops\": %.1f},\n",
                  ceil.copy_gbps, ceil.bf16_tflops);
     std::fprintf(f, "  \"skipped\": [");
@@ -430,14 +459,16 @@ int main(int argc, char** argv) {
     std::fprintf(f, "],\n  \"records\": [\n");
     for (size_t i = 0; i < records.size(); ++i) {
       const Record& r = records[i];
-      std::fprintf(f,
-                   "    {\"bench\": \"mla_verify\", \"impl\": \"%s\", \"dispatched\": %s, \"dtype\": \"bf16\", "
-                   "\"shape\": {\"batch\": %d, \"s_q\": %d, \"h_q\": %d, \"seqlen\": %d, "
-                   "\"page_size\": 64}, \"graph_us_p50\": %.2f, \"eager_us_p50\": %.2f, "
-                   "\"gbps\": %.1f, \"tflops\": %.1f, \"frac_copy\": %.4f, \"frac_tflops\": %.4f}%s\n",
-                   r.impl.c_str(), r.dispatched ? "true" : "false", r.pt.batch, r.pt.s_q, r.pt.h_q, r.pt.len, r.graph_us, r.eager_us,
-                   r.gbps, r.tflops, r.gbps / ceil.copy_gbps, r.tflops / ceil.bf16_tflops,
-                   i + 1 < records.size() ? "," : "");
+      std::fprintf(
+          f,
+          "    {\"bench\": \"mla_verify\", \"impl\": \"%s\", \"tile\": \"%s\", \"dispatched\": %s, "
+          "\"dtype\": \"bf16\", "
+          "\"shape\": {\"batch\": %d, \"s_q\": %d, \"h_q\": %d, \"seqlen\": %d, "
+          "\"page_size\": 64}, \"graph_us_p50\": %.2f, \"eager_us_p50\": %.2f, "
+          "\"gbps\": %.1f, \"tflops\": %.1f, \"frac_copy\": %.4f, \"frac_tflops\": %.4f}%s\n",
+          r.impl.c_str(), r.tile.c_str(), r.dispatched ? "true" : "false", r.pt.batch, r.pt.s_q,
+          r.pt.h_q, r.pt.len, r.graph_us, r.eager_us, r.gbps, r.tflops, r.gbps / ceil.copy_gbps,
+          r.tflops / ceil.bf16_tflops, i + 1 < records.size() ? "," : "");
     }
     std::fprintf(f, "  ]\n}\n");
     std::fclose(f);

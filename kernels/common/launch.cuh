@@ -7,6 +7,8 @@
 #include <cstddef>
 #include <utility>
 
+#include "kernels/common/launch.h"
+
 namespace probesidecar::kernels::blocks {
 
 // Launches `kernel` as a programmatic dependent of the kernel before it on `stream`
@@ -14,7 +16,9 @@ namespace probesidecar::kernels::blocks {
 // that kernel has called cudaTriggerProgrammaticLaunchCompletion (or finished), and it must call
 // cudaGridDependencySynchronize before reading anything that kernel writes. Its launch then
 // overlaps the other's tail instead of following it; graph capture keeps the edge as a
-// programmatic one. Returns the launch status.
+// programmatic one. Where the kernel's code has no grid-dependency instructions (compiled for a
+// target before sm_90, ProgrammaticLaunchUsable) it is launched in plain stream order instead.
+// Returns the launch status.
 template <typename... KernelParams, typename... Args>
 cudaError_t LaunchProgrammaticDependent(void (*kernel)(KernelParams...), dim3 grid, dim3 block,
                                         size_t dynamic_smem_bytes, cudaStream_t stream,
@@ -27,8 +31,9 @@ cudaError_t LaunchProgrammaticDependent(void (*kernel)(KernelParams...), dim3 gr
   cudaLaunchAttribute attribute{};
   attribute.id = cudaLaunchAttributeProgrammaticStreamSerialization;
   attribute.val.programmaticStreamSerializationAllowed = 1;
-  config.attrs = &attribute;
-  config.numAttrs = 1;
+  const bool programmatic = ProgrammaticLaunchUsable(reinterpret_cast<const void*>(kernel));
+  config.attrs = programmatic ? &attribute : nullptr;
+  config.numAttrs = programmatic ? 1 : 0;
   return cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...);
 }
 

@@ -3,7 +3,9 @@
 
 #include <algorithm>
 #include <cmath>
+#include <type_traits>
 
+#include "kernels/common/device_support.h"
 #include "kernels/common/launch.cuh"
 #include "kernels/common/online_softmax.cuh"
 #include "kernels/mla_verify/mla_verify.h"
@@ -17,33 +19,64 @@ namespace {
 using mla::KernelArgs;
 using mla::TileConfig;
 
-template <int kRowGroups, bool kSplit>
-cudaError_t SetTileAttributes() {
-  return cudaFuncSetAttribute(mla::MlaVerifyTileKernel<kRowGroups, kSplit>,
-                              cudaFuncAttributeMaxDynamicSharedMemorySize,
-                              TileConfig<kRowGroups>::kSmemBytes);
+template <int kIndex, bool kSplit>
+constexpr auto TileKernel() {
+  return &mla::MlaVerifyTileKernel<mla::kTiles[kIndex].rows / 16, mla::kTiles[kIndex].stages,
+                                   kSplit>;
 }
+template <int kIndex>
+using TileConfigOf = TileConfig<mla::kTiles[kIndex].rows / 16, mla::kTiles[kIndex].stages>;
 
-template <int kRowGroups, bool kSplit>
-cudaError_t LaunchTile(const KernelArgs& args, int32_t grid_y, cudaStream_t stream) {
-  using Cfg = TileConfig<kRowGroups>;
-  const int32_t rows = args.p.s_q * args.p.h_q;
-  const dim3 grid(mla::NumRowTiles(rows), grid_y);
-  mla::MlaVerifyTileKernel<kRowGroups, kSplit>
-      <<<grid, Cfg::kThreads, Cfg::kSmemBytes, stream>>>(args);
-  return cudaGetLastError();
-}
-
-template <bool kSplit>
-cudaError_t LaunchTileFor(const KernelArgs& args, int32_t grid_y, cudaStream_t stream) {
-  switch (mla::TileRowsFor(args.p.s_q * args.p.h_q)) {
-    case 16:
-      return LaunchTile<1, kSplit>(args, grid_y, stream);
-    case 32:
-      return LaunchTile<2, kSplit>(args, grid_y, stream);
+// Calls f(tile index) as a compile-time constant, or returns cudaErrorInvalidValue.
+template <typename F>
+cudaError_t VisitTile(int32_t tile, F&& f) {
+  static_assert(mla::kNumTiles == 5, "one case per kTiles entry");
+  switch (tile) {
+    case 0:
+      return f(std::integral_constant<int, 0>{});
+    case 1:
+      return f(std::integral_constant<int, 1>{});
+    case 2:
+      return f(std::integral_constant<int, 2>{});
+    case 3:
+      return f(std::integral_constant<int, 3>{});
+    case 4:
+      return f(std::integral_constant<int, 4>{});
     default:
-      return LaunchTile<4, kSplit>(args, grid_y, stream);
+      return cudaErrorInvalidValue;
   }
+}
+
+// Raises the shared-memory limit of both modes of one tile (only tiles that fit the device).
+cudaError_t SetTileAttributes(int32_t tile) {
+  return VisitTile(tile, [](auto index) {
+    constexpr int kIndex = decltype(index)::value;
+    constexpr int bytes = TileConfigOf<kIndex>::kSmemBytes;
+    cudaError_t err = cudaFuncSetAttribute(TileKernel<kIndex, true>(),
+                                           cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
+    if (err == cudaSuccess) {
+      err = cudaFuncSetAttribute(TileKernel<kIndex, false>(),
+                                 cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
+    }
+    return err;
+  });
+}
+
+// Grid (row tiles, grid_y), the tile's threads and shared memory.
+template <bool kSplit>
+cudaError_t LaunchTile(int32_t tile, const KernelArgs& args, int32_t grid_y, cudaStream_t stream) {
+  return VisitTile(tile, [&](auto index) {
+    constexpr int kIndex = decltype(index)::value;
+    using Cfg = TileConfigOf<kIndex>;
+    const int32_t rows = args.p.s_q * args.p.h_q;
+    const dim3 grid((rows + Cfg::kM - 1) / Cfg::kM, grid_y);
+    TileKernel<kIndex, kSplit>()<<<grid, Cfg::kThreads, Cfg::kSmemBytes, stream>>>(args);
+    return cudaGetLastError();
+  });
+}
+
+mla::TileDevice TileDeviceOf(const MlaVerifyWorkspace& ws) {
+  return mla::TileDeviceFrom(ws.limits);
 }
 
 KernelArgs MakeArgs(const MlaVerifyParams& params, const MlaVerifyWorkspace* ws) {
@@ -66,37 +99,35 @@ cudaError_t CreateMlaVerifyWorkspace(const MlaVerifyWorkspaceConfig& config,
   cudaError_t err = cudaSuccess;
   if (device < 0 && (err = cudaGetDevice(&device)) != cudaSuccess) return err;
   if ((err = cudaSetDevice(device)) != cudaSuccess) return err;
-  int num_sms = 0, major = 0;
-  if ((err = cudaDeviceGetAttribute(&num_sms, cudaDevAttrMultiProcessorCount, device)) !=
-          cudaSuccess ||
-      (err = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device)) !=
-          cudaSuccess) {
-    return err;
-  }
-  if (major < 9) return cudaErrorInvalidDevice;  // built for sm_90 only
-  int minor = 0;
-  if ((err = cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device)) !=
-      cudaSuccess) {
-    return err;
-  }
-  // sm_90a machine code runs on compute capability 9.0 exactly.
+  DeviceLimits limits;
+  if ((err = ReadDeviceLimits(device, &limits)) != cudaSuccess) return err;
+  if (config.limit_to_family != nullptr) limits = ClampToFamily(limits, *config.limit_to_family);
+  // sm_90a machine code runs on compute capability 9.0 exactly, where the build holds it.
   bool sm90a_available = false;
-  if (major == 9 && minor == 0 &&
+  if (limits.cc_major == 9 && limits.cc_minor == 0 && Sm90aKernelsBuilt() &&
+      (config.limit_to_family == nullptr || config.limit_to_family->sm90a) &&
       (err = mla::SetSm90aAttributes(&sm90a_available)) != cudaSuccess) {
     return err;
   }
-  // Shared-memory limits of every instantiation, once.
-  const cudaError_t attr[] = {SetTileAttributes<1, true>(), SetTileAttributes<2, true>(),
-                              SetTileAttributes<4, true>(), SetTileAttributes<1, false>(),
-                              SetTileAttributes<2, false>(), SetTileAttributes<4, false>()};
-  for (cudaError_t e : attr) {
-    if (e != cudaSuccess) return e;
+  // Shared-memory limits of the tiles that fit this device's blocks, once; the 16-row tile fits
+  // every supported family, and without it no shape could run.
+  const mla::TileDevice tile_device = mla::TileDeviceFrom(limits);
+  if (mla::ChooseTile(16, tile_device).index < 0) return cudaErrorNotSupported;
+  for (int32_t tile = 0; tile < mla::kNumTiles; ++tile) {
+    if (!mla::TileFits(tile, tile_device)) continue;
+    if ((err = SetTileAttributes(tile)) != cudaSuccess) return err;
   }
+  // Whether the combine can be a programmatic dependent here, read once now rather than at a
+  // launch inside a stream capture.
+  blocks::ProgrammaticLaunchUsable(reinterpret_cast<const void*>(mla::MlaVerifyCombineKernel));
+  blocks::ProgrammaticLaunchUsable(reinterpret_cast<const void*>(mla::MlaVerifyCombineRowsKernel));
+  const int num_sms = limits.num_sms;
   auto* ws = new MlaVerifyWorkspace;
   ws->device = device;
   ws->num_sms = num_sms;
   ws->max_batch = config.max_batch;
   ws->has_sm90a = sm90a_available;
+  ws->limits = limits;
   ws->partial_rows = mla::PartialRowsFor(num_sms);
   const size_t plan_bytes = static_cast<size_t>(mla::PlanInts(config.max_batch)) * 4;
   const size_t out_bytes = static_cast<size_t>(ws->partial_rows) * kMlaHeadDimV * 4;
@@ -142,8 +173,8 @@ cudaError_t LaunchCombine(const KernelArgs& args, const MlaVerifyPlan& plan, cud
 
 }  // namespace
 
-cudaError_t PlanMlaVerify(const MlaVerifyParams& params, MlaVerifyPath path,
-                          MlaVerifyWorkspace* ws, cudaStream_t stream, MlaVerifyPlan* plan) {
+cudaError_t PlanMlaVerify(const MlaVerifyParams& params, MlaVerifyPath path, MlaVerifyWorkspace* ws,
+                          cudaStream_t stream, MlaVerifyPlan* plan) {
   if (ws == nullptr || plan == nullptr) return cudaErrorInvalidValue;
   if (path != MlaVerifyPath::kSplitKv && path != MlaVerifyPath::kSplitKvSm90a) {
     return cudaErrorInvalidValue;  // the baseline has no plan
@@ -163,8 +194,11 @@ cudaError_t PlanMlaVerify(const MlaVerifyParams& params, MlaVerifyPath path,
     made.row_tiles = (rows + 63) / 64;
     made.num_parts = mla::NumPartsSm90a(ws->num_sms, rows);
   } else {
-    made.row_tiles = mla::NumRowTiles(rows);
-    made.num_parts = mla::NumParts(ws->num_sms, rows);
+    const mla::TileChoice tile = mla::ChooseTile(rows, TileDeviceOf(*ws));
+    if (tile.index < 0) return cudaErrorNotSupported;
+    made.tile = tile.index;
+    made.row_tiles = (rows + tile.rows - 1) / tile.rows;
+    made.num_parts = mla::NumPartsFor(ws->num_sms, rows, tile.rows, tile.blocks_per_sm);
   }
   // A request splits into about num_parts / batch + 1 parts: with up to ~5, a warp per row
   // merges them in two rounds of loads.
@@ -195,7 +229,8 @@ cudaError_t RunMlaVerify(const MlaVerifyPlan& plan, const MlaVerifyParams& param
       err = mla::LaunchTileSm90a(args, dim3(plan.row_tiles, plan.num_parts), stream);
       break;
     case MlaVerifyPath::kSplitKv:
-      err = LaunchTileFor<true>(args, plan.num_parts, stream);
+      if (!mla::TileFits(plan.tile, TileDeviceOf(*ws))) return cudaErrorInvalidValue;
+      err = LaunchTile<true>(plan.tile, args, plan.num_parts, stream);
       break;
     default:
       return cudaErrorInvalidValue;
@@ -207,15 +242,16 @@ cudaError_t RunMlaVerify(const MlaVerifyPlan& plan, const MlaVerifyParams& param
 cudaError_t LaunchMlaVerify(const MlaVerifyParams& params, MlaVerifyWorkspace* ws,
                             cudaStream_t stream) {
   if (ws == nullptr) return cudaErrorInvalidValue;
-  return LaunchMlaVerifyPath(params, ChooseMlaVerifyPath(*ws, params.s_q * params.h_q), ws,
-                             stream);
+  return LaunchMlaVerifyPath(params, ChooseMlaVerifyPath(*ws, params.s_q * params.h_q), ws, stream);
 }
 
 cudaError_t LaunchMlaVerifyBaseline(const MlaVerifyParams& params, const MlaVerifyWorkspace* ws,
                                     cudaStream_t stream) {
   const cudaError_t check = CheckMlaVerifyParams(params, ws);
   if (check != cudaSuccess) return check;
-  return LaunchTileFor<false>(MakeArgs(params, ws), params.batch, stream);
+  const int32_t tile = mla::ChooseTile(params.s_q * params.h_q, TileDeviceOf(*ws)).index;
+  if (tile < 0) return cudaErrorNotSupported;
+  return LaunchTile<false>(tile, MakeArgs(params, ws), params.batch, stream);
 }
 
 cudaError_t LaunchMlaVerifyPath(const MlaVerifyParams& params, MlaVerifyPath path,

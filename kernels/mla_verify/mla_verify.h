@@ -42,12 +42,13 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "kernels/common/device_family.h"
 #include "kernels/mla_verify/mla_verify_limits.h"
 
 namespace probesidecar::kernels {
 
 enum class MlaVerifyPath : int32_t {
-  kSplitKv = 0,       // portable split-KV (mma.sync + cp.async), sm_90 machine code
+  kSplitKv = 0,       // portable split-KV (mma.sync + cp.async), every family (kTiles per device)
   kBaseline = 1,      // one block per (request, row tile), no split: the in-tree A/B baseline
   kSplitKvSm90a = 2,  // split-KV with wgmma + TMA (sm_90a machine code), same plan and combine
 };
@@ -98,6 +99,10 @@ struct MlaVerifyParams {
 struct MlaVerifyWorkspaceConfig {
   int32_t max_batch = kMlaMaxBatch;
   int32_t device = -1;  // -1: the current device
+  // Tests and benchmarks only: choose tiles as for a device of this family (ClampToFamily: its
+  // shared-memory and thread limits, no sm_90a path off sm_90) on the GPU in hand. nullptr: the
+  // device's own limits.
+  const DeviceFamily* limit_to_family = nullptr;
 };
 
 struct MlaVerifyWorkspace {
@@ -106,6 +111,7 @@ struct MlaVerifyWorkspace {
   int32_t max_batch = 0;
   bool has_sm90a = false;  // compute capability 9.0, this build holds the sm_90a kernels, and the
                            // driver's tensor-map encoder was found (their loads are TMA)
+  DeviceLimits limits;     // as the tile choice sees the device (limit_to_family applied)
   int32_t* plan = nullptr;         // device, see mla_verify_plan.h
   float* partial_out = nullptr;    // device [partial_rows, 512]
   float* partial_lse = nullptr;    // device [partial_rows], log2 domain
@@ -121,6 +127,7 @@ struct MlaVerifyWorkspace {
 struct MlaVerifyPlan {
   MlaVerifyPath path = MlaVerifyPath::kSplitKv;
   int32_t batch = 0, s_q = 0, h_q = 0;
+  int32_t tile = -1;      // the portable path's tile (mla::kTiles index); -1 on split_kv_sm90a
   int32_t row_tiles = 0;  // grid.x of the attention kernel: query-row tiles of a request
   int32_t num_parts = 0;  // grid.y: ranges of the flattened batch (one block per SM in all)
   bool combine_rows = false;  // combine with a warp per query row (few splits per request)
@@ -135,6 +142,12 @@ void DestroyMlaVerifyWorkspace(MlaVerifyWorkspace* workspace);
 // The split path LaunchMlaVerify takes for s_q * h_q query rows on this workspace's device
 // (kSplitKvSm90a where it exists and wins, see the definition).
 MlaVerifyPath ChooseMlaVerifyPath(const MlaVerifyWorkspace& workspace, int32_t rows);
+
+// The portable tile kernel's tile for s_q * h_q = `rows` query rows on this workspace's device
+// (mla::kTiles index, the deepest that fits its blocks; -1 when none does), and its name
+// ("16x2": rows x key stages) for benchmarks and tests.
+int32_t ChooseMlaVerifyTile(const MlaVerifyWorkspace& workspace, int32_t rows);
+const char* MlaVerifyTileName(int32_t tile);
 
 // Host-side checks of a launch's sizes and alignment: cudaSuccess or cudaErrorInvalidValue.
 cudaError_t CheckMlaVerifyParams(const MlaVerifyParams& params, const MlaVerifyWorkspace* ws);

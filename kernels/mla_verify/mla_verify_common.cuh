@@ -17,11 +17,8 @@
 
 namespace probesidecar::kernels::mla {
 
-inline constexpr int kBlockN = 32;             // keys per pipeline stage
-inline constexpr int kSmemStride = 584;        // bf16 per shared row: 576 + 8 (rows 16 B apart
-                                               // in bank space: ldmatrix is conflict free)
+// kBlockN, kSmemStride, kSStride: mla_verify_plan.h (the planner sizes tiles from them).
 inline constexpr int kChunksPerRow = kMlaHeadDimQk / 8;  // 16-byte chunks per 576-wide row
-inline constexpr int kSStride = kBlockN + 8;   // floats per row of the score exchange buffer
 
 // Everything a launch needs, passed by value as a __grid_constant__ parameter.
 struct KernelArgs {

@@ -106,8 +106,8 @@ void Direct(const Problem& pr, int32_t b, int32_t j, int32_t h, std::vector<doub
   for (int64_t k = 0; k < visible; ++k) {
     const int32_t page = pr.table[b * pr.max_pages + k / kPage];
     for (int d = 0; d < kDqk; ++d)
-      keys[k][d] = common::Bf16ToFloat(
-          pr.kv[page * in.kv_page_stride + (k % kPage) * in.kv_row_stride + d]);
+      keys[k][d] =
+          common::Bf16ToFloat(pr.kv[page * in.kv_page_stride + (k % kPage) * in.kv_row_stride + d]);
   }
   std::vector<double> s(visible);
   const uint16_t* qp = in.q + b * in.q_batch_stride + j * in.q_token_stride + h * in.q_head_stride;
@@ -196,8 +196,8 @@ TEST(MlaCompareTest, CatchesOnePlantedWrongElement) {
   // One element off by 3% of the error scale's worth: caught, and named.
   const int64_t planted = n / 3 + 7;
   std::vector<float> bad = got;
-  bad[planted] += static_cast<float>(0.03 * (std::fabs(ref.out[planted]) +
-                                             ref.abs_weighted[planted]));
+  bad[planted] +=
+      static_cast<float>(0.03 * (std::fabs(ref.out[planted]) + ref.abs_weighted[planted]));
   MlaCompareResult r = CompareMlaOutput(bad.data(), ref.out.data(), ref.abs_weighted.data(), n);
   EXPECT_FALSE(r.ok());
   EXPECT_EQ(r.bad, 1);
@@ -260,12 +260,12 @@ TEST(MlaPlanTest, RangesCoverEveryPageOnceAndSlotsFit) {
     std::vector<int32_t> lens(batch);
     for (int32_t& l : lens) {
       const int kind = static_cast<int>(rng() % 4);
-      l = kind == 0 ? static_cast<int32_t>(rng() % 64)
-                    : kind == 1 ? 64 * (1 + static_cast<int32_t>(rng() % 8))
-                                : 1 + static_cast<int32_t>(rng() % (kind == 2 ? 5000 : 131072));
+      l = kind == 0   ? static_cast<int32_t>(rng() % 64)
+          : kind == 1 ? 64 * (1 + static_cast<int32_t>(rng() % 8))
+                      : 1 + static_cast<int32_t>(rng() % (kind == 2 ? 5000 : 131072));
     }
-    const int32_t parts = trial % 2 ? mla::NumParts(num_sms, rows)
-                                    : mla::NumPartsSm90a(num_sms, rows);
+    const int32_t parts =
+        trial % 2 ? mla::NumParts(num_sms, rows) : mla::NumPartsSm90a(num_sms, rows);
     std::vector<int32_t> cum(batch + 1, 0);
     for (int32_t b = 0; b < batch; ++b) cum[b + 1] = cum[b] + mla::UnitsOf(lens[b]);
     const int32_t per = mla::UnitsPerPart(cum[batch], parts);
@@ -284,11 +284,70 @@ TEST(MlaPlanTest, RangesCoverEveryPageOnceAndSlotsFit) {
     }
     ASSERT_LE(slots, 2 * static_cast<int64_t>(parts));
     int32_t split_requests = 0;
-    for (int32_t b = 0; b < batch; ++b) split_requests += mla::NumSplits(cum[b], cum[b + 1], per) > 1;
+    for (int32_t b = 0; b < batch; ++b)
+      split_requests += mla::NumSplits(cum[b], cum[b + 1], per) > 1;
     ASSERT_LE(split_requests, mla::MaxSplitRequests(batch, parts));
     ASSERT_LE(slots * rows, mla::PartialRowsFor(num_sms))
         << "batch " << batch << " sms " << num_sms << " rows " << rows;
   }
+}
+
+// GPU families (kDeviceFamilies): the portable tile each family's blocks hold, per row count.
+TEST(MlaPlanTest, EveryFamilyGetsATileThatFitsIt) {
+  for (const DeviceFamily& family : kDeviceFamilies) {
+    SCOPED_TRACE(family.name);
+    const mla::TileDevice d = mla::TileDeviceFrom(family.limits);
+    for (int32_t rows = 1; rows <= kMlaMaxSq * kMlaMaxHeads; ++rows) {
+      const mla::TileChoice t = mla::ChooseTile(rows, d);
+      ASSERT_GE(t.index, 0) << rows;
+      EXPECT_LE(mla::TileSmemBytes(t.rows, t.stages), family.limits.smem_per_block_optin);
+      EXPECT_GE(t.blocks_per_sm, 1);
+      EXPECT_LE(t.blocks_per_sm *
+                    (mla::TileSmemBytes(t.rows, t.stages) + family.limits.reserved_smem_per_block),
+                family.limits.smem_per_sm);
+      EXPECT_LE(t.blocks_per_sm * mla::TileThreads(t.rows), family.limits.max_threads_per_sm);
+      EXPECT_LE(t.rows, mla::TileRowsFor(rows));
+      // The plan's partial slots fit the workspace with the family's tile too.
+      const int32_t parts = mla::NumPartsFor(family.limits.num_sms, rows, t.rows, t.blocks_per_sm);
+      EXPECT_LE(2 * static_cast<int64_t>(parts) * rows, mla::PartialRowsFor(family.limits.num_sms));
+    }
+  }
+}
+
+TEST(MlaPlanTest, FamiliesTiles) {
+  const auto tile = [](const char* family, int32_t rows) {
+    const mla::TileChoice t =
+        mla::ChooseTile(rows, mla::TileDeviceFrom(FindDeviceFamily(family)->limits));
+    return std::to_string(t.rows) + "x" + std::to_string(t.stages) + "/" +
+           std::to_string(t.blocks_per_sm);
+  };
+  // 227 KB blocks, 228 KB SMs: two 16-row blocks per SM, the deep rings.
+  for (const char* big : {"sm_90", "sm_100"}) {
+    EXPECT_EQ(tile(big, 16), "16x2/2");
+    EXPECT_EQ(tile(big, 32), "32x4/1");
+    EXPECT_EQ(tile(big, 64), "64x3/1");
+    EXPECT_EQ(tile(big, 2048), "64x3/1");
+  }
+  // 163 KB blocks: one 16-row block per SM, shallower rings.
+  EXPECT_EQ(tile("sm_80", 16), "16x2/1");
+  EXPECT_EQ(tile("sm_80", 32), "32x3/1");
+  EXPECT_EQ(tile("sm_80", 128), "64x2/1");
+  // 99 KB blocks: 16-row tiles only.
+  for (const char* small : {"sm_86", "sm_89", "sm_120"}) {
+    EXPECT_EQ(tile(small, 16), "16x2/1");
+    EXPECT_EQ(tile(small, 32), "16x2/1");
+    EXPECT_EQ(tile(small, 2048), "16x2/1");
+  }
+  // The H200's portable plan as before: NumParts is the sm_90 family's tile.
+  const mla::TileDevice h200 = mla::TileDeviceFrom(FindDeviceFamily("sm_90")->limits);
+  for (int32_t rows : {16, 32, 64, 128, 2048}) {
+    const mla::TileChoice t = mla::ChooseTile(rows, h200);
+    EXPECT_EQ(mla::NumPartsFor(132, rows, t.rows, t.blocks_per_sm), mla::NumParts(132, rows));
+  }
+  // A block smaller than the 16-row tile: no tile, so the workspace refuses the device.
+  mla::TileDevice tiny = h200;
+  tiny.smem_per_block_optin = 48 << 10;
+  EXPECT_EQ(mla::ChooseTile(16, tiny).index, -1);
 }
 
 TEST(MlaPlanTest, TilesAndParts) {
@@ -347,9 +406,9 @@ TEST(MlaVerifyChecksTest, RejectsBadShapesAndAlignment) {
   expect_bad([](MlaVerifyParams& b) { b.s_q = 17; });
   expect_bad([](MlaVerifyParams& b) { b.h_q = 8; });
   expect_bad([](MlaVerifyParams& b) { b.h_q = 48; });
-  expect_bad([](MlaVerifyParams& b) { b.q = buf + 1; });           // 2-byte aligned
-  expect_bad([](MlaVerifyParams& b) { b.q_head_stride = 580; });   // not 16-byte rows
-  expect_bad([](MlaVerifyParams& b) { b.kv_row_stride = 568; });   // narrower than a row
+  expect_bad([](MlaVerifyParams& b) { b.q = buf + 1; });          // 2-byte aligned
+  expect_bad([](MlaVerifyParams& b) { b.q_head_stride = 580; });  // not 16-byte rows
+  expect_bad([](MlaVerifyParams& b) { b.kv_row_stride = 568; });  // narrower than a row
   expect_bad([](MlaVerifyParams& b) { b.out = nullptr; });
   expect_bad([](MlaVerifyParams& b) { b.softmax_scale = 0.0f; });
   expect_bad([](MlaVerifyParams& b) { b.block_table_batch_stride = 3; });

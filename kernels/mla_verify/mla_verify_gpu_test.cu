@@ -31,11 +31,18 @@
 #include <vector>
 
 #include "common/dtype.h"
+#include "kernels/common/device_support.h"
+#include "kernels/common/gpu_test_device.h"
 #include "kernels/mla_verify/mla_verify.h"
+#include "kernels/mla_verify/mla_verify_plan.h"
 #include "kernels/mla_verify/mla_verify_ref.h"
 
 namespace probesidecar::kernels {
 namespace {
+
+// The family the tile choice is confined to (PROBESIDECAR_LIMIT_TO_FAMILY, read by main), or
+// nullptr: the device's own limits.
+const DeviceFamily* g_family = nullptr;
 
 #define CUDA_ASSERT(expr)                                                      \
   do {                                                                         \
@@ -63,7 +70,8 @@ uint64_t Mix(uint64_t x) {
 }
 // Uniform in (-1, 1), never exactly zero, as bf16 bits.
 uint16_t RandBf16(uint64_t seed, uint64_t i, float amp) {
-  const double u = ((Mix(seed ^ (i * 0x2545f4914f6cdd1dull)) >> 11) + 0.5) * (1.0 / 9007199254740992.0);
+  const double u =
+      ((Mix(seed ^ (i * 0x2545f4914f6cdd1dull)) >> 11) + 0.5) * (1.0 / 9007199254740992.0);
   return common::FloatToBf16(static_cast<float>((2.0 * u - 1.0) * amp));
 }
 
@@ -132,7 +140,8 @@ __global__ void RefKernel(MlaVerifyParams p, int64_t scratch_stride, double* scr
     absw[row * kDv + d] = visible > 0 ? acc_abs / sum : 0.0;
   }
   if (threadIdx.x == 0) {
-    lse[(static_cast<int64_t>(r) * p.h_q + h) * p.s_q + j] = visible > 0 ? mx + log(sum) : -INFINITY;
+    lse[(static_cast<int64_t>(r) * p.h_q + h) * p.s_q + j] =
+        visible > 0 ? mx + log(sum) : -INFINITY;
   }
 }
 
@@ -328,7 +337,9 @@ void GpuReference(const Problem& pr, Reference* ref) {
 class MlaVerifyGpuTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    ASSERT_EQ(CreateMlaVerifyWorkspace(MlaVerifyWorkspaceConfig{}, &ws_), cudaSuccess);
+    MlaVerifyWorkspaceConfig config;
+    config.limit_to_family = g_family;
+    ASSERT_EQ(CreateMlaVerifyWorkspace(config, &ws_), cudaSuccess);
     CUDA_ASSERT(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
   }
   void TearDown() override {
@@ -432,8 +443,39 @@ TEST_F(MlaVerifyGpuTest, GpuReferenceMatchesCpuReference) {
     }
   }
   RunAndCheck(&pr, MlaVerifyPath::kSplitKv, gpu, "cpu-ref case");
-  std::printf("sm_90a path %s\n",
-              ws_->has_sm90a ? "present: tested beside the others" : "absent on this device or build");
+  std::printf("sm_90a path %s\n", ws_->has_sm90a ? "present: tested beside the others"
+                                                 : "absent on this device or build");
+}
+
+// The path and tile choice by the device and the build: split_kv_sm90a only on compute
+// capability 9.0 with the sm_90a kernels built (not when confined to another family), and a
+// portable tile that fits the device's blocks for every row count.
+TEST_F(MlaVerifyGpuTest, DispatchFollowsTheDeviceAndBuild) {
+  const DeviceLimits& l = ws_->limits;
+  std::printf(
+      "[dispatch] planned as compute capability %d.%d, %lld bytes of shared memory per "
+      "block, %lld per SM; sm_90a kernels %s this build; split_kv_sm90a %s; tiles:",
+      l.cc_major, l.cc_minor, static_cast<long long>(l.smem_per_block_optin),
+      static_cast<long long>(l.smem_per_sm), Sm90aKernelsBuilt() ? "in" : "not in",
+      ws_->has_sm90a ? "dispatched" : "absent");
+  for (int32_t rows : {16, 32, 64, 128, 2048}) {
+    const int32_t tile = ChooseMlaVerifyTile(*ws_, rows);
+    std::printf(" %d rows %s", rows, MlaVerifyTileName(tile));
+    ASSERT_GE(tile, 0);
+    EXPECT_LE(mla::TileSmemBytes(mla::kTiles[tile].rows, mla::kTiles[tile].stages),
+              l.smem_per_block_optin);
+    EXPECT_EQ(ChooseMlaVerifyPath(*ws_, rows),
+              ws_->has_sm90a ? MlaVerifyPath::kSplitKvSm90a : MlaVerifyPath::kSplitKv);
+  }
+  std::printf("\n");
+  if (!Sm90aKernelsBuilt() || l.cc_major != 9 || l.cc_minor != 0 ||
+      (g_family != nullptr && !g_family->sm90a)) {
+    EXPECT_FALSE(ws_->has_sm90a);
+  }
+  if (g_family != nullptr) EXPECT_LE(l.smem_per_block_optin, g_family->limits.smem_per_block_optin);
+  if (const int expected = gpu_test::ExpectedSm90a(); expected >= 0) {
+    EXPECT_EQ(ws_->has_sm90a, expected == 1) << "PROBESIDECAR_EXPECT_SM90A=" << expected;
+  }
 }
 
 // Every s_q x h_q with short, page-boundary and random lengths (variable within a batch).
@@ -445,8 +487,8 @@ TEST_F(MlaVerifyGpuTest, AllShapesShortAndBoundaryLengths) {
       shape.s_q = s_q;
       shape.h_q = h_q;
       const int32_t lo = s_q;
-      shape.lens = {lo, std::max(lo, 63), 64, 128, 65, 64 * 3 + 1,
-                    lo + static_cast<int32_t>(rng() % 3000)};
+      shape.lens = {
+          lo, std::max(lo, 63), 64, 128, 65, 64 * 3 + 1, lo + static_cast<int32_t>(rng() % 3000)};
       if (h_q == 128 && s_q >= 8) shape.lens.resize(5);  // keep the reference quick
       CheckShape(shape, "s_q=" + std::to_string(s_q) + " h_q=" + std::to_string(h_q));
       if (HasFatalFailure()) return;
@@ -549,8 +591,8 @@ TEST_F(MlaVerifyGpuTest, GraphReplayEqualsEagerBitForBit) {
     std::vector<float> out, lse;
     Densify(pr, &out, &lse);
     EXPECT_TRUE(CompareMlaOutput(out.data(), ref.out.data(), ref.absw.data(), out.size()).ok());
-    CUDA_ASSERT(cudaMemcpy(pr.lens.ptr, shape.lens.data(), shape.lens.size() * 4,
-                           cudaMemcpyHostToDevice));
+    CUDA_ASSERT(
+        cudaMemcpy(pr.lens.ptr, shape.lens.data(), shape.lens.size() * 4, cudaMemcpyHostToDevice));
     pr.shape.lens = shape.lens;
     CUDA_ASSERT(cudaGraphExecDestroy(exec));
     CUDA_ASSERT(cudaGraphDestroy(graph));
@@ -631,9 +673,9 @@ TEST_F(MlaVerifyGpuTest, PlansRefuseWhatTheyWereNotMadeFor) {
 // mask across a page boundary (s_q = 16).
 TEST_F(MlaVerifyGpuTest, PagePairsAcrossRequests) {
   std::mt19937_64 rng(FreshSeed());
-  for (auto [s_q, h_q, batch] : {std::tuple{1, 16, 90}, std::tuple{3, 16, 70},
-                                 std::tuple{16, 16, 40}, std::tuple{2, 128, 30},
-                                 std::tuple{16, 64, 12}}) {
+  for (auto [s_q, h_q, batch] :
+       {std::tuple{1, 16, 90}, std::tuple{3, 16, 70}, std::tuple{16, 16, 40},
+        std::tuple{2, 128, 30}, std::tuple{16, 64, 12}}) {
     Shape shape;
     shape.s_q = s_q;
     shape.h_q = h_q;
@@ -641,9 +683,9 @@ TEST_F(MlaVerifyGpuTest, PagePairsAcrossRequests) {
     for (size_t i = 0; i < shape.lens.size(); ++i) {
       const int kind = static_cast<int>(rng() % 6);
       int32_t& l = shape.lens[i];
-      l = kind == 0 ? 64 * (1 + static_cast<int32_t>(rng() % 40))        // whole pages
+      l = kind == 0   ? 64 * (1 + static_cast<int32_t>(rng() % 40))            // whole pages
           : kind == 1 ? 64 * (1 + static_cast<int32_t>(rng() % 40)) + s_q / 2  // mask across
-          : kind == 2 ? static_cast<int32_t>(rng() % (s_q + 2))               // tiny, maybe < s_q
+          : kind == 2 ? static_cast<int32_t>(rng() % (s_q + 2))                // tiny, maybe < s_q
                       : 1 + static_cast<int32_t>(rng() % 5000);
     }
     CheckShape(shape, "pairs s_q=" + std::to_string(s_q) + " h_q=" + std::to_string(h_q));
@@ -700,18 +742,13 @@ TEST_F(MlaVerifyGpuTest, RejectsBadLaunches) {
 }  // namespace
 }  // namespace probesidecar::kernels
 
+// 77 only without a device; a build that holds no code for it fails.
 int main(int argc, char** argv) {
-  int count = 0;
-  if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0) {
-    std::printf("SKIPPED: no CUDA device\n");
-    return 77;
-  }
-  cudaDeviceProp prop;
-  if (cudaGetDeviceProperties(&prop, 0) != cudaSuccess || prop.major < 9) {
-    std::printf("SKIPPED: needs compute capability 9.0 (sm_90 build)\n");
-    return 77;
-  }
-  std::printf("device: %s, %d SMs\n", prop.name, prop.multiProcessorCount);
+  using probesidecar::kernels::gpu_test::DeviceCheck;
+  const DeviceCheck check =
+      probesidecar::kernels::gpu_test::CheckTestDevice(&probesidecar::kernels::g_family);
+  if (check == DeviceCheck::kSkip) return 77;
+  if (check == DeviceCheck::kFail) return 1;
   ::testing::InitGoogleTest(&argc, argv);
   return RUN_ALL_TESTS();
 }

@@ -4,6 +4,7 @@
 
 #include "kernels/common/alignment.h"
 #include "kernels/mla_verify/mla_verify.h"
+#include "kernels/mla_verify/mla_verify_plan.h"
 
 namespace probesidecar::kernels {
 namespace {
@@ -32,6 +33,15 @@ MlaVerifyPath ChooseMlaVerifyPath(const MlaVerifyWorkspace& ws, int32_t rows) {
   // shape where it exists.
   (void)rows;
   return ws.has_sm90a ? MlaVerifyPath::kSplitKvSm90a : MlaVerifyPath::kSplitKv;
+}
+
+int32_t ChooseMlaVerifyTile(const MlaVerifyWorkspace& ws, int32_t rows) {
+  return mla::ChooseTile(rows, mla::TileDeviceFrom(ws.limits)).index;
+}
+
+const char* MlaVerifyTileName(int32_t tile) {
+  static constexpr const char* kNames[mla::kNumTiles] = {"16x2", "32x4", "32x3", "64x3", "64x2"};
+  return tile >= 0 && tile < mla::kNumTiles ? kNames[tile] : "none";
 }
 
 cudaError_t CheckMlaVerifyParams(const MlaVerifyParams& p, const MlaVerifyWorkspace* ws) {

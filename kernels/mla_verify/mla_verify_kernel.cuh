@@ -1,6 +1,6 @@
 // MLA verify attention kernels: the device plan, the tile kernel (split-KV and baseline modes)
 // and the combine. Portable path: mma.sync m16n8k16 (bf16 in, float32 accumulate), ldmatrix and
-// cp.async; runs on sm_80 and later, built here for sm_90.
+// cp.async; runs on sm_80 and later (the tile and ring depth chosen per device, kTiles).
 //
 // Tile kernel, per thread block: one row tile of one request range. A row tile holds M = 16, 32
 // or 64 query rows (token-major: row = j * h_q + h) so that, for s_q * h_q <= 64, all rows of a
@@ -26,6 +26,7 @@
 
 #include <cstdint>
 
+#include "kernels/common/grid_dependency.cuh"
 #include "kernels/common/cp_async.cuh"
 #include "kernels/common/online_softmax.cuh"
 #include "kernels/common/warp_mma.cuh"
@@ -35,18 +36,21 @@
 
 namespace probesidecar::kernels::mla {
 
-template <int kRowGroups>
+// One instantiation of kTiles (mla_verify_plan.h): 16 * kRowGroups rows, kStages key stages.
+template <int kRowGroups, int kStages_>
 struct TileConfig {
   static constexpr int kM = 16 * kRowGroups;
   static constexpr int kWarps = 4 * kRowGroups;
   static constexpr int kThreads = 32 * kWarps;
-  // 16-row tiles: two blocks per SM (2 stages each); larger tiles: one block, deeper ring.
-  static constexpr int kStages = kRowGroups == 1 ? 2 : kRowGroups == 2 ? 4 : 3;
-  static constexpr int kBlocksPerSm = kRowGroups == 1 ? 2 : 1;
+  static constexpr int kStages = kStages_;
+  // Two 16-row blocks per SM where the SM's shared memory holds them (the planner counts them).
+  static constexpr int kBlocksPerSm = BlocksPerSmFor(kM);
   static constexpr int kQBytes = kM * kSmemStride * 2;
   static constexpr int kStageBytes = kBlockN * kSmemStride * 2;
   static constexpr int kSBytes = kM * kSStride * 4;
   static constexpr int kSmemBytes = kQBytes + kStages * kStageBytes + kSBytes;
+  static_assert(kSmemBytes == TileSmemBytes(kM, kStages), "the planner sizes tiles alike");
+  static_assert(kThreads == TileThreads(kM), "the planner counts threads alike");
 };
 
 // ---------------------------------------------------------------------------------------------
@@ -87,7 +91,7 @@ __global__ void __launch_bounds__(1024) MlaVerifyPlanKernel(const int32_t* __res
   __shared__ int32_t warp_sums[32];
   // The sm_90a tile kernel after this one is a programmatic dependent: it may be scheduled now
   // (it waits for this grid before reading the plan).
-  cudaTriggerProgrammaticLaunchCompletion();
+  blocks::GridDependencyTrigger();
   int32_t* cum = plan + kPlanCum;
   int32_t* slot_base = cum + batch + 1;
   int32_t* split_list = slot_base + batch;
@@ -133,14 +137,14 @@ __global__ void __launch_bounds__(1024) MlaVerifyPlanKernel(const int32_t* __res
 // ---------------------------------------------------------------------------------------------
 // Tile kernel.
 
-template <int kRowGroups, bool kSplit>
-__global__ void __launch_bounds__(TileConfig<kRowGroups>::kThreads,
-                                  TileConfig<kRowGroups>::kBlocksPerSm)
+template <int kRowGroups, int kStages_, bool kSplit>
+__global__ void __launch_bounds__(TileConfig<kRowGroups, kStages_>::kThreads,
+                                  TileConfig<kRowGroups, kStages_>::kBlocksPerSm)
     MlaVerifyTileKernel(const __grid_constant__ KernelArgs args) {
   // Grid: (row tiles, ranges) in split mode, (row tiles, batch) in baseline mode.
   // Block: 128 * kRowGroups threads (4 warps per 16 query rows); dynamic shared memory
   // TileConfig::kSmemBytes (Q tile, kStages key stages, score exchange).
-  using Cfg = TileConfig<kRowGroups>;
+  using Cfg = TileConfig<kRowGroups, kStages_>;
   constexpr int kM = Cfg::kM, kStages = Cfg::kStages, kThreads = Cfg::kThreads;
   const MlaVerifyParams& p = args.p;
   extern __shared__ __align__(16) uint8_t smem[];
@@ -399,7 +403,7 @@ __global__ void __launch_bounds__(TileConfig<kRowGroups>::kThreads,
 // tile kernel's tail (programmatic dependent launch).
 __global__ void __launch_bounds__(256) MlaVerifyCombineKernel(const __grid_constant__ KernelArgs args) {
   // Launched as a programmatic dependent of the tile kernel: nothing it wrote is read before this.
-  cudaGridDependencySynchronize();
+  blocks::GridDependencyWait();
   const MlaVerifyParams& p = args.p;
   const int32_t* plan = args.plan;
   const int32_t* cum = plan + kPlanCum;
@@ -491,7 +495,7 @@ __global__ void __launch_bounds__(256) MlaVerifyCombineKernel(const __grid_const
 // split's row is one coalesced 2 KB read), up to four splits in flight.
 __global__ void __launch_bounds__(256) MlaVerifyCombineRowsKernel(const __grid_constant__ KernelArgs args) {
   // Launched as a programmatic dependent of the tile kernel: nothing it wrote is read before this.
-  cudaGridDependencySynchronize();
+  blocks::GridDependencyWait();
   const MlaVerifyParams& p = args.p;
   const int32_t* plan = args.plan;
   const int32_t* cum = plan + kPlanCum;

@@ -14,10 +14,13 @@
 
 #include <cstdint>
 
+#include "kernels/common/device_family.h"
+
+// constexpr: the kernels size their shared memory from the same functions as the planner.
 #if defined(__CUDACC__)
-#define MLA_HD __host__ __device__ __forceinline__
+#define MLA_HD __host__ __device__ __forceinline__ constexpr
 #else
-#define MLA_HD inline
+#define MLA_HD constexpr
 #endif
 
 namespace probesidecar::kernels::mla {
@@ -43,6 +46,81 @@ MLA_HD int32_t NumSplits(int32_t cum_begin, int32_t cum_end, int32_t per) {
   return (cum_end - 1) / per - cum_begin / per + 1;
 }
 
+// The portable tile kernel's shared-memory layout (mla_verify_kernel.cuh): a Q tile of `rows`
+// rows, `stages` stages of kBlockN keys, the score exchange buffer.
+inline constexpr int kBlockN = 32;       // keys per pipeline stage
+inline constexpr int kSmemStride = 584;  // bf16 per shared row: 576 + 8 (rows 16 B apart in bank
+                                         // space: ldmatrix is conflict free)
+inline constexpr int kSStride = kBlockN + 8;  // floats per row of the score exchange buffer
+MLA_HD int64_t TileSmemBytes(int32_t rows, int32_t stages) {
+  return static_cast<int64_t>(rows) * kSmemStride * 2 +
+         static_cast<int64_t>(stages) * kBlockN * kSmemStride * 2 +
+         static_cast<int64_t>(rows) * kSStride * 4;
+}
+
+// The instantiations of the portable tile kernel (mla_verify.cu): (query rows, key stages), per
+// row count the deepest ring first. The planner takes, for a device, the first that fits its
+// blocks' shared memory (ChooseTile):
+//   16x2 (94 KB): every family; two blocks per SM where the SM holds them (228 KB: sm_90/100).
+//   32x4 (188 KB), 64x3 (193 KB): 227 KB blocks (sm_90, sm_100).
+//   32x3 (151 KB), 64x2 (156 KB): 163 KB blocks (sm_80).
+// On 99 KB blocks (sm_86/89/120) only 16x2 fits: rows beyond 16 go into 16-row tiles side by
+// side, each reading a range's pages (from L2 after the first).
+struct Tile {
+  int32_t rows, stages;
+};
+inline constexpr int kNumTiles = 5;
+inline constexpr Tile kTiles[kNumTiles] = {{16, 2}, {32, 4}, {32, 3}, {64, 3}, {64, 2}};
+// Resident blocks per SM of the tile kernel for a tile size where the SM's shared memory allows
+// (its __launch_bounds__: 2 for 16-row tiles, 1 otherwise).
+MLA_HD int32_t BlocksPerSmFor(int32_t tile_rows) { return tile_rows == 16 ? 2 : 1; }
+MLA_HD int32_t TileThreads(int32_t tile_rows) { return tile_rows * 8; }  // 4 warps per 16 rows
+
+// What the planner knows of a device (MlaVerifyWorkspace: read once at its creation).
+struct TileDevice {
+  int64_t smem_per_block_optin = 0, smem_per_sm = 0, reserved_smem_per_block = 0;
+  int32_t max_threads_per_sm = 0;
+};
+inline TileDevice TileDeviceFrom(const DeviceLimits& l) {
+  return TileDevice{l.smem_per_block_optin, l.smem_per_sm, l.reserved_smem_per_block,
+                    l.max_threads_per_sm};
+}
+struct TileChoice {
+  int32_t index = -1;  // into kTiles; -1: no tile fits this device
+  int32_t rows = 0, stages = 0;
+  int32_t blocks_per_sm = 0;  // resident blocks per SM: shared memory, threads, launch bounds
+};
+inline int32_t ResidentBlocks(const Tile& t, const TileDevice& d) {
+  const int64_t by_smem =
+      d.smem_per_sm / (TileSmemBytes(t.rows, t.stages) + d.reserved_smem_per_block);
+  const int64_t by_threads = d.max_threads_per_sm / TileThreads(t.rows);
+  int64_t n = BlocksPerSmFor(t.rows);
+  if (by_smem < n) n = by_smem;
+  if (by_threads < n) n = by_threads;
+  return static_cast<int32_t>(n);
+}
+inline bool TileFits(int index, const TileDevice& d) {
+  if (index < 0 || index >= kNumTiles) return false;
+  const Tile& t = kTiles[index];
+  return TileSmemBytes(t.rows, t.stages) <= d.smem_per_block_optin && ResidentBlocks(t, d) >= 1;
+}
+// The tile for s_q * h_q = `rows` query rows: the smallest row count holding them all (16, 32,
+// 64; 64 beyond), stepping down to smaller tiles while none of that row count fits.
+inline TileChoice ChooseTile(int32_t rows, const TileDevice& d) {
+  TileChoice c;
+  for (int32_t want = rows <= 16 ? 16 : rows <= 32 ? 32 : 64; want >= 16; want /= 2) {
+    for (int i = 0; i < kNumTiles; ++i) {
+      if (kTiles[i].rows != want || !TileFits(i, d)) continue;
+      c.index = i;
+      c.rows = kTiles[i].rows;
+      c.stages = kTiles[i].stages;
+      c.blocks_per_sm = ResidentBlocks(kTiles[i], d);
+      return c;
+    }
+  }
+  return c;
+}
+
 // Row tiles: the s_q * h_q query rows of a request (ordered token-major: row = j * h_q + h) go
 // into tiles of 16, 32 or 64 rows, whichever is the smallest that holds them all; more than 64
 // rows (h_q = 128, or h_q = 64 with s_q > 1) are cut into 64-row tiles.
@@ -51,9 +129,6 @@ MLA_HD int32_t NumRowTiles(int32_t rows) {
   const int32_t m = TileRowsFor(rows);
   return (rows + m - 1) / m;
 }
-// Resident blocks per SM of the tile kernel for a tile size (its shared memory allows 2 for
-// 16-row tiles, 1 otherwise).
-MLA_HD int32_t BlocksPerSmFor(int32_t tile_rows) { return tile_rows == 16 ? 2 : 1; }
 // Ranges (grid.y of the split kernel): one wave of blocks over all SMs, the row tiles of one
 // range side by side so that they read its pages at the same time (once from HBM, then L2).
 MLA_HD int32_t NumPartsFor(int32_t num_sms, int32_t rows, int32_t tile_rows,
@@ -61,7 +136,8 @@ MLA_HD int32_t NumPartsFor(int32_t num_sms, int32_t rows, int32_t tile_rows,
   const int32_t parts = num_sms * blocks_per_sm / ((rows + tile_rows - 1) / tile_rows);
   return parts < 1 ? 1 : parts;
 }
-// The portable path (16/32/64-row tiles).
+// The portable path on a device with 227 KB blocks and 228 KB SMs (sm_90, sm_100): 16/32/64-row
+// tiles; on others, ChooseTile's tile and NumPartsFor.
 MLA_HD int32_t NumParts(int32_t num_sms, int32_t rows) {
   return NumPartsFor(num_sms, rows, TileRowsFor(rows), BlocksPerSmFor(TileRowsFor(rows)));
 }

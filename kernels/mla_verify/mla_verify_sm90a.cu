@@ -15,9 +15,9 @@ namespace {
 // columns (128 bytes), swizzled as the wgmma descriptors expect. Without a page count the bound
 // is set high and the block table is trusted (as everywhere in the kernels).
 cudaError_t EncodeKvMap(const MlaVerifyParams& p, CUtensorMap* map) {
-  const cuuint64_t dims[3] = {static_cast<cuuint64_t>(kMlaHeadDimQk), kMlaPageSize,
-                              p.num_pages > 0 ? static_cast<cuuint64_t>(p.num_pages)
-                                              : (cuuint64_t{1} << 31)};
+  const cuuint64_t dims[3] = {
+      static_cast<cuuint64_t>(kMlaHeadDimQk), kMlaPageSize,
+      p.num_pages > 0 ? static_cast<cuuint64_t>(p.num_pages) : (cuuint64_t{1} << 31)};
   const cuuint64_t strides[2] = {static_cast<cuuint64_t>(p.kv_row_stride) * 2,
                                  static_cast<cuuint64_t>(p.kv_page_stride) * 2};
   const cuuint32_t box[3] = {64, kMlaPageSize, 1};
@@ -55,6 +55,7 @@ cudaError_t SetSm90aAttributes(bool* available) {
       cudaFuncSetAttribute(sm90a::MlaVerifyTileSm90aKernel,
                            cudaFuncAttributeMaxDynamicSharedMemorySize, sm90a::kSmemBytes);
   if (err != cudaSuccess) return err;
+  blocks::ProgrammaticLaunchUsable(reinterpret_cast<const void*>(sm90a::MlaVerifyTileSm90aKernel));
   *available = true;
   return cudaSuccess;
 }

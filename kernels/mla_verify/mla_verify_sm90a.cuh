@@ -35,13 +35,14 @@
 #pragma once
 
 #include <cuda.h>
+#include <cutlass/arch/barrier.h>
 
 #include <cute/arch/copy_sm90_desc.hpp>
 #include <cute/arch/copy_sm90_tma.hpp>
 #include <cute/arch/mma_sm90_gmma.hpp>
-#include <cutlass/arch/barrier.h>
 
 #include "kernels/common/cp_async.cuh"
+#include "kernels/common/grid_dependency.cuh"
 #include "kernels/common/online_softmax.cuh"
 #include "kernels/common/wgmma.cuh"
 #include "kernels/mla_verify/mla_verify_common.cuh"
@@ -49,19 +50,19 @@
 namespace probesidecar::kernels::mla::sm90a {
 
 inline constexpr int kThreads = 256;
-inline constexpr int kM = 64;                            // query rows per tile
-inline constexpr int kSlabs = kMlaHeadDimQk / 64;        // 9 slabs of 64 columns
-inline constexpr int kSlabBytes = 64 * 128;              // 64 rows x 64 bf16
-inline constexpr int kTileBytes = kSlabs * kSlabBytes;   // 73728: the Q tile, or one page
-inline constexpr int kPSlab = 8;                         // the rope slab, reused for P
+inline constexpr int kM = 64;                           // query rows per tile
+inline constexpr int kSlabs = kMlaHeadDimQk / 64;       // 9 slabs of 64 columns
+inline constexpr int kSlabBytes = 64 * 128;             // 64 rows x 64 bf16
+inline constexpr int kTileBytes = kSlabs * kSlabBytes;  // 73728: the Q tile, or one page
+inline constexpr int kPSlab = 8;                        // the rope slab, reused for P
 inline constexpr uint64_t kEvictFirst =  // cache pages: read once (or by sibling tiles at once)
     static_cast<uint64_t>(cute::TMA::CacheHintSm90::EVICT_FIRST);
 inline constexpr uint64_t kEvictLast =  // a Q tile: read by every block of its request
     static_cast<uint64_t>(cute::TMA::CacheHintSm90::EVICT_LAST);
 
 struct SharedStorage {
-  uint8_t q[kTileBytes];     // 1024-byte aligned (the swizzle's period)
-  uint8_t k[2][kTileBytes];  // K0 (even pages), K1 (odd pages)
+  uint8_t q[kTileBytes];       // 1024-byte aligned (the swizzle's period)
+  uint8_t k[2][kTileBytes];    // K0 (even pages), K1 (odd pages)
   float max0[kM], scale0[kM];  // written by warpgroup 0, read by warpgroup 1
   float max1[kM], scale1[kM];  // written by warpgroup 1, read by warpgroup 0
   float row_sum[2][kM];        // per warpgroup, at the end of a request
@@ -135,8 +136,8 @@ __device__ __forceinline__ void ScoreSlabs(uint32_t sq, uint32_t sk, uint64_t* b
 
 // O_half += P V[:, 256 half ..] with P from registers (pk[n][r]: the bf16 pair of keys
 // n * 8 + quad * 2 of row r of this thread) and V from the page in shared memory.
-__device__ __forceinline__ void PvFromRegisters(const uint32_t (&pk)[8][2], uint32_t page,
-                                                int half, float (&o)[128]) {
+__device__ __forceinline__ void PvFromRegisters(const uint32_t (&pk)[8][2], uint32_t page, int half,
+                                                float (&o)[128]) {
 #pragma unroll
   for (int ks = 0; ks < 4; ++ks) {
     blocks::WgmmaRS<MmaPvRs>(pk[2 * ks][0], pk[2 * ks][1], pk[2 * ks + 1][0], pk[2 * ks + 1][1],
@@ -159,8 +160,8 @@ __device__ __forceinline__ void LoadPageBoxes(const CUtensorMap* map, uint8_t* d
                                               int32_t page, int begin, int end) {
   for (int slab = begin; slab < end; ++slab) {
     cutlass::arch::ClusterTransactionBarrier::arrive_and_expect_tx(&bars[slab], kSlabBytes);
-    cute::SM90_TMA_LOAD_3D::copy(map, &bars[slab], kEvictFirst, dst + slab * kSlabBytes,
-                                 slab * 64, 0, page);
+    cute::SM90_TMA_LOAD_3D::copy(map, &bars[slab], kEvictFirst, dst + slab * kSlabBytes, slab * 64,
+                                 0, page);
   }
 }
 
@@ -202,12 +203,12 @@ __device__ __forceinline__ float ExponentiateRow(float (&s)[32], int h, float sc
 // The pair's cache page indices are read when the cursor arrives at the pair, a pair before the
 // TMA loads that use them, so that no issuing thread waits for a global load there.
 struct PairCursor {
-  int32_t r;          // request
-  int32_t u;          // unit (flattened page) of the pair's first page
-  int32_t req_begin;  // the request's first unit (cum[r])
+  int32_t r;                   // request
+  int32_t u;                   // unit (flattened page) of the pair's first page
+  int32_t req_begin;           // the request's first unit (cum[r])
   int32_t seg_begin, seg_end;  // the request's units inside the range
-  int32_t len;        // the request's length
-  int32_t page[2];    // cache pages of units u, u + 1 (where Has0 / Has1)
+  int32_t len;                 // the request's length
+  int32_t page[2];             // cache pages of units u, u + 1 (where Has0 / Has1)
 
   __device__ __forceinline__ bool Valid(int32_t u1) const { return u < u1; }
   __device__ __forceinline__ int32_t Page() const { return u - req_begin; }
@@ -289,8 +290,8 @@ __global__ void __launch_bounds__(kThreads, 1)
     cute::prefetch_tma_descriptor(reinterpret_cast<const cute::TmaDescriptor*>(&targs.q_map));
   }
   __syncthreads();
-  cudaGridDependencySynchronize();           // the plan is written
-  cudaTriggerProgrammaticLaunchCompletion();  // the combine may be scheduled (it waits too)
+  blocks::GridDependencyWait();     // the plan is written
+  blocks::GridDependencyTrigger();  // the combine may be scheduled (it waits too)
 
   // This block's range and the request it starts in.
   int32_t u0, u1;
@@ -319,9 +320,8 @@ __global__ void __launch_bounds__(kThreads, 1)
     const int32_t g0 = tile * kM;
     cutlass::arch::ClusterTransactionBarrier::arrive_and_expect_tx(&sm.bar_q, kTileBytes);
     for (int slab = 0; slab < kSlabs; ++slab) {
-      cute::SM90_TMA_LOAD_4D::copy(&targs.q_map, &sm.bar_q, kEvictLast,
-                                   sm.q + slab * kSlabBytes, slab * 64, g0 % p.h_q,
-                                   g0 / p.h_q, r);
+      cute::SM90_TMA_LOAD_4D::copy(&targs.q_map, &sm.bar_q, kEvictLast, sm.q + slab * kSlabBytes,
+                                   slab * 64, g0 % p.h_q, g0 / p.h_q, r);
     }
   };
 
@@ -359,7 +359,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   float o[128];
 #pragma unroll
   for (int i = 0; i < 128; ++i) o[i] = 0.0f;
-  float s[32];  // this warpgroup's page scores, then its probabilities
+  float s[32];                              // this warpgroup's page scores, then its probabilities
   float m_run[2] = {-INFINITY, -INFINITY};  // running max (log2 domain) after the last pair
   float l_run[2] = {0.0f, 0.0f};            // this thread's share of the row sums
   int phase = 0;                            // of this warpgroup's page buffer's barriers
@@ -430,7 +430,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       }
       blocks::FenceProxyAsyncShared();
     };
-    auto rescale_o = [&](const float (&sc)[2]) {
+    auto rescale_o = [&](const float(&sc)[2]) {
       if (__any_sync(0xffffffffu, sc[0] != 1.0f || sc[1] != 1.0f)) {  // the max moved
 #pragma unroll
         for (int n = 0; n < 32; ++n) {

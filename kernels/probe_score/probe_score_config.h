@@ -36,12 +36,21 @@ struct TcTileConfig {
 //   3 "32x16k256":  P <= 16 with many rows, memory-bound: BK 256 so each gathered row is read
 //                   in 512-byte pieces, 2 warps, 3 stages (72 KB).
 //   4 "64x16k128":  the same idea with BK 128, 4 warps, 4 stages (80 KB).
-inline constexpr int kNumTcConfigs = 5;
+//   5 "64x64s2":    64x64 in 2 stages (fast 32 KB, exact 64 KB): where 1 does not fit a block
+//                   (exact precision on a 99 KB sm_86/89/120 block).
+//   6 "128x128s2":  128x128 in 2 stages (fast 64 KB, exact 128 KB): where 2 does not fit
+//                   (exact precision on a 163 KB sm_80 block).
+// Shared memory is the sizes for fast precision; exact adds two B tiles per stage (TcSmemBytes).
+inline constexpr int kNumTcConfigs = 7;
 inline constexpr TcTileConfig kTcConfigs[kNumTcConfigs] = {
-    {64, 16, 64, 4, 1, 4, "64x16"},      {64, 64, 64, 2, 2, 4, "64x64"},
-    {128, 128, 64, 2, 4, 3, "128x128"},  {32, 16, 256, 2, 1, 3, "32x16k256"},
-    {64, 16, 128, 4, 1, 4, "64x16k128"},
+    {64, 16, 64, 4, 1, 4, "64x16"},       {64, 64, 64, 2, 2, 4, "64x64"},
+    {128, 128, 64, 2, 4, 3, "128x128"},   {32, 16, 256, 2, 1, 3, "32x16k256"},
+    {64, 16, 128, 4, 1, 4, "64x16k128"},  {64, 64, 64, 2, 2, 2, "64x64s2"},
+    {128, 128, 64, 2, 4, 2, "128x128s2"},
 };
+// The configuration the planner takes instead of each when it does not fit a block of the device
+// (-1: none; 64x16 fits 56 KB at exact precision, less than any supported GPU has).
+inline constexpr int kTcFallback[kNumTcConfigs] = {-1, 5, 6, 4, 0, 0, 5};
 constexpr int TcThreads(const TcTileConfig& c) { return c.wm * c.wn * 32; }
 // Both operands are 16-bit: stages x (A tile + `terms` B tiles) x 2 bytes (exact precision
 // multiplies each A tile by three weight terms).

@@ -73,6 +73,11 @@ cudaError_t LaunchFusedTc(common::DType dtype, int config, int terms, const TcPa
 // As a programmatic dependent of the GEMM kernel before it on the stream (that kernel triggers
 // early; the reduction waits for its completion in-kernel), so that its launch overlaps the
 // GEMM's tail instead of following it.
+void PrepareSplitKReduceLaunch() {
+  blocks::ProgrammaticLaunchUsable(
+      reinterpret_cast<const void*>(SplitKReduceKernel<kSplitKReduceThreads>));
+}
+
 cudaError_t LaunchSplitKReduce(const SplitKReduceParams& params, dim3 grid, cudaStream_t stream) {
   return blocks::LaunchProgrammaticDependent(SplitKReduceKernel<kSplitKReduceThreads>, grid,
                                              dim3(kSplitKReduceThreads), 0, stream, params);

@@ -3,6 +3,7 @@
 // probe_score_fused_tc.cu (explicit instantiations and their launchers).
 #pragma once
 
+#include "kernels/common/grid_dependency.cuh"
 #include "kernels/common/alignment.h"
 #include "kernels/common/cp_async.cuh"
 #include "kernels/common/epilogue.cuh"
@@ -50,7 +51,7 @@ template <typename T, int kBM, int kBN, int kBK, int kWM, int kWN, int kStages, 
 __global__ void __launch_bounds__(kWM* kWN * 32) FusedTcKernel(const __grid_constant__ TcParams p) {
   using S = TcShape<kBM, kBN, kBK, kWM, kWN, kStages, kTerms>;
   // The split-K reduction may be scheduled now: it waits for this whole grid before reading.
-  if (p.splits > 1) cudaTriggerProgrammaticLaunchCompletion();
+  if (p.splits > 1) blocks::GridDependencyTrigger();
   extern __shared__ uint4 tc_smem[];
   T* sa = reinterpret_cast<T*>(tc_smem);  // [kStages, kBM, kBK] swizzled
   T* sb = sa + kStages * S::kAStage;      // [kStages, kBN, kBK] swizzled
@@ -224,7 +225,7 @@ __global__ void __launch_bounds__(kWM* kWN * 32) FusedTcKernel(const __grid_cons
 template <int kThreads>
 __global__ void __launch_bounds__(kThreads)
     SplitKReduceKernel(const __grid_constant__ SplitKReduceParams p) {
-  cudaGridDependencySynchronize();  // the partials of the GEMM kernel before it (its dependent)
+  blocks::GridDependencyWait();  // the partials of the GEMM kernel before it (its dependent)
   const ProbeScoreDeviceArgs a = *p.args;
   const int num_rows = min(a.num_rows, p.max_rows);
   const int64_t idx = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x;

@@ -22,5 +22,8 @@ cudaError_t LaunchFusedTc(common::DType dtype, int config, int terms, const TcPa
 // The reduction over the splits' partial sums: grid `grid`, kSplitKReduceThreads threads.
 inline constexpr int kSplitKReduceThreads = 256;
 cudaError_t LaunchSplitKReduce(const SplitKReduceParams& params, dim3 grid, cudaStream_t stream);
+// Reads, once, whether the reduction can be a programmatic dependent on the current device
+// (blocks::ProgrammaticLaunchUsable), so that no launch inside a stream capture asks first.
+void PrepareSplitKReduceLaunch();
 
 }  // namespace probesidecar::kernels::probe_score_detail

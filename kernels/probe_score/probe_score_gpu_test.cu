@@ -17,11 +17,17 @@
 #include <vector>
 
 #include "common/dtype.h"
+#include "kernels/common/device_support.h"
+#include "kernels/common/gpu_test_device.h"
 #include "kernels/probe_score/probe_score.h"
 #include "kernels/probe_score/probe_score_gpu_problem.cuh"
 
 namespace probesidecar::kernels::probe_score_test {
 namespace {
+
+// The family the planners are confined to (PROBESIDECAR_LIMIT_TO_FAMILY, read by main), or
+// nullptr: the device's own limits.
+const DeviceFamily* g_family = nullptr;
 
 // The relative L2 error of a whole block, besides the per-element bound: fp32 paths (CUDA cores
 // and cuBLAS SGEMM, no TF32) stay within 1e-5, 16-bit inputs within 1e-3; exact precision keeps
@@ -47,6 +53,7 @@ class ProbeScoreGpuTest : public ::testing::Test {
     cfg.max_rows = kWsMaxRows;
     cfg.max_hidden = 8192;
     cfg.max_probes = 1024;
+    cfg.limit_to_family = g_family;
     ws_status_ = cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking);
     if (ws_status_ == cudaSuccess) ws_status_ = CreateProbeScoreWorkspace(cfg, stream_, &ws_);
   }
@@ -104,7 +111,16 @@ class ProbeScoreGpuTest : public ::testing::Test {
         if (!ProbeScorePathSupports(path, prob.Shape(), Resources().device)) continue;
         SCOPED_TRACE(ProbeScorePathName(path));
         ProbeScorePlan plan;
-        CUDA_ASSERT(PlanProbeScore(prob.Shape(), path, Resources(), tuning, &plan));
+        const cudaError_t planned = PlanProbeScore(prob.Shape(), path, Resources(), tuning, &plan);
+        const int terms =
+            c.precision == ProbePrecision::kExact && c.dtype != common::DType::kFloat32 ? 3 : 1;
+        if (path == ProbeScorePath::kFusedTensorCore && tuning.tc_config >= 0 &&
+            !TcConfigFits(tuning.tc_config, terms, Resources().device)) {
+          // A forced tile this device's blocks cannot hold is refused.
+          EXPECT_EQ(planned, cudaErrorInvalidValue);
+          continue;
+        }
+        CUDA_ASSERT(planned);
         CUDA_ASSERT(Poison(prob.out(), prob.out_elems(), stream_));
         CUDA_ASSERT(LaunchProbeScore(plan, prob.Params(&w->second), ws_, stream_));
         CUDA_ASSERT(cudaStreamSynchronize(stream_));
@@ -231,6 +247,39 @@ TEST_F(ProbeScoreGpuTest, ForcedConfigsAndSplits) {
   PrintWorst(worst);
 }
 
+// The dispatcher by the device and the build: gather_wgmma only on compute capability 9.0 with
+// the sm_90a kernels built (and not when confined to another family); fused_tc tiles that fit
+// the device's blocks (checked for every case by the sweeps, which plan through the dispatcher).
+TEST_F(ProbeScoreGpuTest, DispatchFollowsTheDeviceAndBuild) {
+  const ProbeScoreDeviceFacts& d = Resources().device;
+  const ProbeScoreShape big{common::DType::kBFloat16, 8192, 1024, 4096};
+  const ProbeScorePath path = ChooseProbeScorePath(big, d);
+  ProbeScorePlan exact;
+  CUDA_ASSERT(PlanProbeScore({common::DType::kBFloat16, 8192, 1024, 4096, ProbePrecision::kExact},
+                             ProbeScorePath::kFusedTensorCore, Resources(), {}, &exact));
+  std::printf(
+      "[dispatch] planned as compute capability %d.%d, %lld bytes of shared memory per "
+      "block; sm_90a kernels %s this build; gather_wgmma %s; bf16 R=8192 P=1024 "
+      "H=4096 -> %s; its exact-precision fused_tc tile %s (%d bytes)\n",
+      d.cc_major, d.cc_minor, static_cast<long long>(d.smem_per_block_optin),
+      Sm90aKernelsBuilt() ? "in" : "not in", d.gather_wgmma ? "dispatched" : "absent",
+      ProbeScorePathName(path), probe_score_detail::kTcConfigs[exact.fused_tc.config].name,
+      exact.fused_tc.smem_bytes);
+  EXPECT_EQ(path == ProbeScorePath::kGatherWgmma, d.gather_wgmma);
+  EXPECT_LE(exact.fused_tc.smem_bytes, d.smem_per_block_optin);
+  if (!Sm90aKernelsBuilt() || d.cc_major != 9 || d.cc_minor != 0 ||
+      (g_family != nullptr && !g_family->sm90a)) {
+    EXPECT_FALSE(d.gather_wgmma);
+  }
+  if (g_family != nullptr) {
+    EXPECT_LE(d.smem_per_block_optin, g_family->limits.smem_per_block_optin);
+    EXPECT_EQ(d.cc_major, g_family->limits.cc_major);
+  }
+  if (const int expected = gpu_test::ExpectedSm90a(); expected >= 0) {
+    EXPECT_EQ(d.gather_wgmma, expected == 1) << "PROBESIDECAR_EXPECT_SM90A=" << expected;
+  }
+}
+
 // num_rows == 0: nothing is written.
 TEST_F(ProbeScoreGpuTest, ZeroRowsWritesNothing) {
   const Case c{common::DType::kBFloat16, 0, 4096, 16, 64, 0, 0, Activation::kNone, 5};
@@ -242,6 +291,12 @@ TEST_F(ProbeScoreGpuTest, ZeroRowsWritesNothing) {
   for (int pi = 0; pi < kNumProbeScorePaths; ++pi) {
     const auto path = static_cast<ProbeScorePath>(pi);
     ProbeScorePlan plan;
+    if (!ProbeScorePathSupports(path, prob.Shape(), Resources().device)) {
+      // gather_wgmma off sm_90 (or without the sm_90a kernels): refused when planning.
+      EXPECT_EQ(PlanProbeScore(prob.Shape(), path, Resources(), ProbeScoreTuning{}, &plan),
+                cudaErrorInvalidValue);
+      continue;
+    }
     CUDA_ASSERT(PlanProbeScore(prob.Shape(), path, Resources(), ProbeScoreTuning{}, &plan));
     CUDA_ASSERT(Poison(prob.out(), prob.out_elems(), stream_));
     CUDA_ASSERT(LaunchProbeScore(plan, prob.Params(&w->second), ws_, stream_));
@@ -499,28 +554,11 @@ TEST_F(ProbeScoreGpuTest, AllPathsFp32Sweep) {
 // 77 only when there is no device at all (no driver installed, or none found); every other reason
 // not to run is a failure, so that a broken GPU machine cannot pass as "skipped".
 int main(int argc, char** argv) {
-  int driver = 0, count = 0;
-  const cudaError_t version = cudaDriverGetVersion(&driver);
-  const cudaError_t err = cudaGetDeviceCount(&count);
-  if ((version == cudaSuccess && driver == 0) || err == cudaErrorNoDevice ||
-      (err == cudaSuccess && count == 0)) {
-    std::printf("SKIPPED: no CUDA device (%s)\n",
-                driver == 0 ? "no driver installed" : "device count 0");
-    return 77;
-  }
-  if (err != cudaSuccess) {
-    std::printf("FAILED: the CUDA runtime cannot count devices (driver %d): %s\n", driver,
-                cudaGetErrorString(err));
-    return 1;
-  }
-  cudaDeviceProp prop{};
-  const cudaError_t props = cudaGetDeviceProperties(&prop, 0);
-  if (props != cudaSuccess || prop.major != 9) {
-    std::printf("FAILED: no device this sm_90 build can run on (%s)\n",
-                props != cudaSuccess ? cudaGetErrorString(props) : prop.name);
-    return 1;
-  }
-  std::printf("device: %s, %d SMs\n", prop.name, prop.multiProcessorCount);
+  using probesidecar::kernels::gpu_test::DeviceCheck;
+  const DeviceCheck check = probesidecar::kernels::gpu_test::CheckTestDevice(
+      &probesidecar::kernels::probe_score_test::g_family);
+  if (check == DeviceCheck::kSkip) return 77;
+  if (check == DeviceCheck::kFail) return 1;
   ::testing::InitGoogleTest(&argc, argv);
   return RUN_ALL_TESTS();
 }

@@ -212,6 +212,12 @@ cudaError_t LaunchProbeScore(const ProbeScorePlan& plan, const ProbeScoreParams&
   }
   if (plan.shape.max_rows == 0) return cudaSuccess;
   if (!PlannedForItsPath(plan)) return cudaErrorInvalidValue;
+  // A fused_tc tile planned for a device with larger blocks than this workspace's (its kernel's
+  // shared-memory limit was raised only for the tiles that fit here).
+  if (plan.path == ProbeScorePath::kFusedTensorCore &&
+      !TcConfigFits(plan.fused_tc.config, plan.fused_tc.terms, workspace->resources.device)) {
+    return cudaErrorInvalidValue;
+  }
   switch (plan.path) {
     case ProbeScorePath::kFusedCuda:
       return RunFusedCuda(plan, params, *workspace, stream);

@@ -139,9 +139,16 @@ cudaError_t PlanFusedTc(const ProbeScoreShape& shape, const ProbeScoreResources&
                         const ProbeScoreTuning& tuning, ProbeScorePlan* plan) {
   const int32_t P = shape.num_probes, H = shape.hidden;
   const int num_sms = res.device.num_sms;
-  const int config = tuning.tc_config >= 0 && tuning.tc_config < kNumTcConfigs
-                         ? tuning.tc_config
-                         : ChooseTcConfig(shape.max_rows, P, num_sms);
+  const int terms = WeightTerms16(shape);
+  const bool forced = tuning.tc_config >= 0 && tuning.tc_config < kNumTcConfigs;
+  int config = forced ? tuning.tc_config : ChooseTcConfig(shape.max_rows, P, num_sms);
+  // On a device with less shared memory per block (sm_80: 163 KB, sm_86/89/120: 99 KB) the
+  // chosen tile steps down its fallback chain (fewer stages, then a smaller tile) until it fits;
+  // a forced configuration that does not fit is refused.
+  while (config >= 0 && !TcConfigFits(config, terms, res.device)) {
+    config = forced ? -1 : probe_score_detail::kTcFallback[config];
+  }
+  if (config < 0) return cudaErrorInvalidValue;
   const TcTileConfig& info = kTcConfigs[config];
   const int64_t m_tiles = CeilDiv(shape.max_rows, info.bm);
   const int64_t n_tiles = CeilDiv(P, info.bn);
@@ -173,7 +180,7 @@ cudaError_t PlanFusedTc(const ProbeScoreShape& shape, const ProbeScoreResources&
   p.k_tiles = static_cast<int32_t>(k_tiles);
   p.partial_rows = static_cast<int32_t>(partial_rows);
   p.partial_ld = static_cast<int32_t>(partial_ld);
-  p.terms = WeightTerms16(shape);
+  p.terms = terms;
   p.smem_bytes = TcSmemBytes(info, p.terms);
   p.grid = Grid(n_tiles, m_tiles, splits);
   if (splits > 1) {
@@ -214,8 +221,8 @@ cudaError_t PlanGatherGemm(const ProbeScoreShape& shape, const ProbeScoreResourc
 }
 
 // gather_wgmma: the largest tile whose tiles still cover the SMs (128x256, warp-specialised,
-// needs fast precision: three 256-probe terms do not fit), 64x128 with split-K over H for few rows; the splits bring
-// the CTAs to about one per SM, each split at least 4 K tiles long.
+// needs fast precision: three 256-probe terms do not fit), 64x128 with split-K over H for few rows;
+// the splits bring the CTAs to about one per SM, each split at least 4 K tiles long.
 int ChooseWgmmaConfig(int32_t max_rows, int32_t num_probes, int terms, int num_sms) {
   const auto tiles = [&](int c) {
     return CeilDiv(max_rows, 64 * kWgmmaConfigs[c].wgs) * CeilDiv(num_probes, kWgmmaConfigs[c].bn);
@@ -268,6 +275,24 @@ cudaError_t PlanGatherWgmma(const ProbeScoreShape& shape, const ProbeScoreResour
 }
 
 }  // namespace
+
+ProbeScoreDeviceFacts ProbeScoreFactsFrom(const DeviceLimits& limits) {
+  ProbeScoreDeviceFacts d;
+  d.cc_major = limits.cc_major;
+  d.cc_minor = limits.cc_minor;
+  d.num_sms = limits.num_sms;
+  d.smem_per_sm = limits.smem_per_sm;
+  d.smem_per_block_optin = limits.smem_per_block_optin;
+  d.reserved_smem_per_block = limits.reserved_smem_per_block;
+  d.max_threads_per_sm = limits.max_threads_per_sm;
+  d.regs_per_sm = limits.regs_per_sm;
+  return d;
+}
+
+bool TcConfigFits(int config, int terms, const ProbeScoreDeviceFacts& device) {
+  if (config < 0 || config >= kNumTcConfigs) return false;
+  return TcSmemBytes(kTcConfigs[config], terms) <= device.smem_per_block_optin;
+}
 
 ProbeScoreWorkspaceLimits ProbeScoreWorkspaceLimitsFor(const ProbeScoreWorkspaceConfig& config) {
   ProbeScoreWorkspaceLimits l;

@@ -10,6 +10,7 @@
 #include <string>
 
 #include "common/dtype.h"
+#include "kernels/common/device_family.h"
 #include "kernels/probe_score/probe_score_config.h"
 #include "kernels/probe_score/probe_score_precision.h"
 
@@ -41,10 +42,12 @@ struct ProbeScoreShape {
 // What planning needs to know about the device: read once, when a workspace is created.
 struct ProbeScoreDeviceFacts {
   int32_t cc_major = 0, cc_minor = 0;  // compute capability (arch-specific paths key on it)
-  bool gather_wgmma = false;           // compute capability 9.0 (the sm_90a kernels' machine
-                                       // code) and the driver encodes tensor maps
+  bool gather_wgmma = false;           // compute capability 9.0, the sm_90a kernels in this
+                                       // build, and the driver encodes tensor maps
   int32_t num_sms = 0;
   int64_t smem_per_sm = 0;              // bytes
+  int64_t smem_per_block_optin = 0;     // bytes a block may have: tile configurations beyond it
+                                        // are never planned (sm_86/89/120: 99 KB; sm_90: 227 KB)
   int64_t reserved_smem_per_block = 0;  // bytes
   int32_t max_threads_per_sm = 2048;
   int32_t regs_per_sm = 65536;
@@ -58,6 +61,9 @@ struct ProbeScoreWorkspaceConfig {
   int32_t max_rows = 8192;    // the largest max_rows any plan for this workspace uses
   int32_t max_hidden = 8192;  // the largest H
   int32_t max_probes = 4096;  // the largest P
+  // Tests and benchmarks only: plan as for a device of this family (ClampToFamily: its shared
+  // memory and thread limits, no gather_wgmma off sm_90) on the GPU in hand. nullptr: the device.
+  const DeviceFamily* limit_to_family = nullptr;
 };
 
 // The capacities of a workspace's buffers (a pure function of its config): every plan fits them.
@@ -138,6 +144,13 @@ struct ProbeScorePlan {
   FusedTcPlan gather_wgmma;
   ProbeScoreWorkspaceNeeds needs;
 };
+
+// The planner's view of a device from its limits (gather_wgmma and the register counts are the
+// workspace's to fill: they depend on the build and its kernels).
+ProbeScoreDeviceFacts ProbeScoreFactsFrom(const DeviceLimits& limits);
+
+// Whether fused_tc configuration `config` with `terms` weight terms fits a block of this device.
+bool TcConfigFits(int config, int terms, const ProbeScoreDeviceFacts& device);
 
 // Whether `path` can run this shape on this device (fused_tc needs bf16/fp16 and H % 8 == 0).
 bool ProbeScorePathSupports(ProbeScorePath path, const ProbeScoreShape& shape,

@@ -16,7 +16,9 @@ namespace {
 using common::DType;
 using probe_score_detail::kFusedPTValues;
 using probe_score_detail::kFusedSmemLimit;
+using probe_score_detail::kNumTcConfigs;
 using probe_score_detail::kTcConfigs;
+using probe_score_detail::TcSmemBytes;
 
 // An H200 as the workspace reads it (132 SMs, 228 KB of shared memory per SM, 1 KB reserved per
 // block); fused_cuda's register counts as ptxas reports them (bench/NOTES.md: 114-128).
@@ -25,9 +27,21 @@ ProbeScoreDeviceFacts H200() {
   d.cc_major = 9;
   d.num_sms = 132;
   d.smem_per_sm = 233472;
+  d.smem_per_block_optin = 232448;
   d.reserved_smem_per_block = 1024;
   d.max_threads_per_sm = 2048;
   d.regs_per_sm = 65536;
+  for (auto& per_dtype : d.fused_cuda_regs) {
+    for (int32_t& regs : per_dtype) regs = 128;
+  }
+  return d;
+}
+
+// A device of `family` as the workspace reads it (ProbeScoreFactsFrom, gather_wgmma where the
+// family runs sm_90a code), the same register counts.
+ProbeScoreDeviceFacts FamilyFacts(const DeviceFamily& family) {
+  ProbeScoreDeviceFacts d = ProbeScoreFactsFrom(family.limits);
+  d.gather_wgmma = family.sm90a;
   for (auto& per_dtype : d.fused_cuda_regs) {
     for (int32_t& regs : per_dtype) regs = 128;
   }
@@ -255,6 +269,118 @@ TEST(ProbeScorePlanTest, RejectsWhatTheWorkspaceOrPathCannotRun) {
   EXPECT_EQ(plan_of(ok, ProbeScorePath::kFusedCuda, no_device), cudaErrorInvalidValue);
   EXPECT_EQ(PlanProbeScore(ok, ProbeScorePath::kFusedCuda, res, {}, nullptr),
             cudaErrorInvalidValue);
+}
+
+// ---------------------------------------------------------------------------------------------
+// GPU families (kDeviceFamilies): every family's limits, from the table of device properties.
+
+TEST(ProbeScoreFamilyTest, TheH200FactsAreTheSm90Family) {
+  const ProbeScoreDeviceFacts f = FamilyFacts(*FindDeviceFamily("sm_90"));
+  EXPECT_EQ(f.smem_per_block_optin, H200().smem_per_block_optin);
+  EXPECT_EQ(f.smem_per_sm, H200().smem_per_sm);
+  EXPECT_TRUE(f.gather_wgmma);
+  EXPECT_EQ(FindDeviceFamily("sm_75"), nullptr);
+}
+
+// Every family, every shape: the dispatcher picks a path the family runs (no gather_wgmma off
+// sm_90), and its plan fits the family's blocks (shared memory) and SMs (threads).
+TEST(ProbeScoreFamilyTest, EveryFamilyGetsPlansThatFitIt) {
+  ProbeScoreWorkspaceConfig config;
+  config.max_rows = 8192;
+  config.max_hidden = 8192;
+  config.max_probes = 4096;
+  for (const DeviceFamily& family : kDeviceFamilies) {
+    SCOPED_TRACE(family.name);
+    const ProbeScoreResources res{FamilyFacts(family), ProbeScoreWorkspaceLimitsFor(config)};
+    for (DType dtype : {DType::kFloat32, DType::kFloat16, DType::kBFloat16}) {
+      for (ProbePrecision precision : {ProbePrecision::kFast, ProbePrecision::kExact}) {
+        for (int32_t R : {1, 7, 64, 256, 1000, 4096, 8192}) {
+          for (int32_t P : {1, 3, 16, 64, 128, 256, 1024, 4096}) {
+            for (int32_t H : {896, 4096, 8192}) {
+              const ProbeScoreShape shape{dtype, R, P, H, precision};
+              const ProbeScorePath path = ChooseProbeScorePath(shape, res.device);
+              SCOPED_TRACE(std::string(common::DTypeName(dtype)) + " " +
+                           ProbePrecisionName(precision) + " R=" + std::to_string(R) +
+                           " P=" + std::to_string(P) + " H=" + std::to_string(H) + " " +
+                           ProbeScorePathName(path));
+              if (!family.sm90a) {
+                EXPECT_NE(path, ProbeScorePath::kGatherWgmma);
+              }
+              ProbeScorePlan plan;
+              ASSERT_EQ(PlanProbeScore(shape, path, res, {}, &plan), cudaSuccess);
+              if (path == ProbeScorePath::kFusedTensorCore) {
+                EXPECT_LE(plan.fused_tc.smem_bytes, family.limits.smem_per_block_optin);
+                EXPECT_EQ(plan.fused_tc.smem_bytes,
+                          TcSmemBytes(kTcConfigs[plan.fused_tc.config], plan.fused_tc.terms));
+              }
+              if (path == ProbeScorePath::kFusedCuda) {
+                EXPECT_LE(plan.fused_cuda.smem_bytes, family.limits.smem_per_block_optin);
+              }
+              // fused_tc where it can run, on every family: each of its plans fits too.
+              if (ProbeScorePathSupports(ProbeScorePath::kFusedTensorCore, shape, res.device)) {
+                ASSERT_EQ(PlanProbeScore(shape, ProbeScorePath::kFusedTensorCore, res, {}, &plan),
+                          cudaSuccess);
+                EXPECT_LE(plan.fused_tc.smem_bytes, family.limits.smem_per_block_optin);
+              }
+            }
+          }
+        }
+      }
+    }
+  }
+}
+
+// The tiles the 99 KB and 163 KB blocks get instead of those that do not fit them, and the
+// H200's, unchanged.
+TEST(ProbeScoreFamilyTest, TilesStepDownToWhatTheBlockHolds) {
+  const auto tile = [](const char* family, int32_t R, int32_t P, ProbePrecision precision) {
+    ProbeScoreWorkspaceConfig config;
+    const ProbeScoreResources res{FamilyFacts(*FindDeviceFamily(family)),
+                                  ProbeScoreWorkspaceLimitsFor(config)};
+    ProbeScorePlan plan;
+    EXPECT_EQ(PlanProbeScore({DType::kBFloat16, R, P, 4096, precision},
+                             ProbeScorePath::kFusedTensorCore, res, {}, &plan),
+              cudaSuccess);
+    return std::string(kTcConfigs[plan.fused_tc.config].name);
+  };
+  const ProbePrecision exact = ProbePrecision::kExact, fast = ProbePrecision::kFast;
+  // 128x128 exact: 192 KB; 64x64 exact: 128 KB; 64x16k128 exact: 112 KB.
+  EXPECT_EQ(tile("sm_90", 8192, 1024, exact), "128x128");
+  EXPECT_EQ(tile("sm_100", 8192, 1024, exact), "128x128");
+  EXPECT_EQ(tile("sm_80", 8192, 1024, exact), "128x128s2");
+  EXPECT_EQ(tile("sm_80", 256, 128, exact), "64x64");
+  for (const char* small : {"sm_86", "sm_89", "sm_120"}) {
+    SCOPED_TRACE(small);
+    EXPECT_EQ(tile(small, 8192, 1024, exact), "64x64s2");
+    EXPECT_EQ(tile(small, 256, 128, exact), "64x64s2");
+    EXPECT_EQ(tile(small, 2048, 16, exact), "64x16");
+    // Fast precision: every configuration fits 99 KB (128x128: 96 KB).
+    EXPECT_EQ(tile(small, 8192, 1024, fast), "128x128");
+    EXPECT_EQ(tile(small, 2048, 16, fast), "64x16k128");
+  }
+}
+
+// A forced tile that does not fit the device's blocks is refused, not launched.
+TEST(ProbeScoreFamilyTest, ForcedTilesThatDoNotFitAreRefused) {
+  ProbeScoreWorkspaceConfig config;
+  const ProbeScoreResources res{FamilyFacts(*FindDeviceFamily("sm_120")),
+                                ProbeScoreWorkspaceLimitsFor(config)};
+  for (int c = 0; c < kNumTcConfigs; ++c) {
+    for (ProbePrecision precision : {ProbePrecision::kFast, ProbePrecision::kExact}) {
+      const int terms = precision == ProbePrecision::kExact ? 3 : 1;
+      ProbeScoreTuning tuning;
+      tuning.tc_config = c;
+      ProbeScorePlan plan;
+      const cudaError_t err = PlanProbeScore({DType::kBFloat16, 1024, 256, 4096, precision},
+                                             ProbeScorePath::kFusedTensorCore, res, tuning, &plan);
+      const bool fits = TcSmemBytes(kTcConfigs[c], terms) <= 101376;
+      EXPECT_EQ(TcConfigFits(c, terms, res.device), fits) << kTcConfigs[c].name;
+      EXPECT_EQ(err, fits ? cudaSuccess : cudaErrorInvalidValue) << kTcConfigs[c].name;
+      if (fits) {
+        EXPECT_EQ(plan.fused_tc.config, c);
+      }
+    }
+  }
 }
 
 TEST(ProbeScorePlanTest, WorkspaceLimitsFollowTheConfig) {

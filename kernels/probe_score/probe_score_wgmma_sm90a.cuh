@@ -19,6 +19,7 @@
 
 #include <cute/arch/mma_sm90_gmma.hpp>
 
+#include "kernels/common/grid_dependency.cuh"
 #include "kernels/common/alignment.h"
 #include "kernels/common/cp_async.cuh"
 #include "kernels/common/epilogue.cuh"
@@ -88,7 +89,7 @@ __global__ void __launch_bounds__(128 * kWGs, 1)
   uint8_t* smem = wgmma_smem_raw + blocks::SwizzleAtomPadding(blocks::SmemAddr(wgmma_smem_raw));
   const uint32_t s0 = blocks::SmemAddr(smem);
   // The split-K reduction may be scheduled now: it waits for this whole grid before reading.
-  if (p.splits > 1) cudaTriggerProgrammaticLaunchCompletion();
+  if (p.splits > 1) blocks::GridDependencyTrigger();
 
   const int n0 = blockIdx.x * kBN, m0 = blockIdx.y * S::kBM, split = blockIdx.z;
   const int tid = threadIdx.x;

@@ -3,6 +3,7 @@
 
 #include <new>
 
+#include "kernels/common/device_support.h"
 #include "kernels/common/tensor_map.h"
 #include "kernels/probe_score/probe_score_fused_cuda.h"
 #include "kernels/probe_score/probe_score_fused_tc.h"
@@ -17,37 +18,26 @@ using probe_score_detail::kNumTcConfigs;
 using probe_score_detail::kTcConfigs;
 
 // Device properties and the registers of each fused_cuda instantiation (its occupancy), read
-// once here so that planning is arithmetic; raises the kernels' shared-memory limits on the way.
-cudaError_t ReadDeviceFactsAndSetAttributes(int device, ProbeScoreDeviceFacts* facts) {
-  int32_t smem_per_sm = 0, reserved = 0;
-  const struct {
-    cudaDeviceAttr attribute;
-    int32_t* value;
-  } reads[] = {
-      {cudaDevAttrComputeCapabilityMajor, &facts->cc_major},
-      {cudaDevAttrComputeCapabilityMinor, &facts->cc_minor},
-      {cudaDevAttrMultiProcessorCount, &facts->num_sms},
-      {cudaDevAttrMaxSharedMemoryPerMultiprocessor, &smem_per_sm},
-      {cudaDevAttrReservedSharedMemoryPerBlock, &reserved},
-      {cudaDevAttrMaxThreadsPerMultiProcessor, &facts->max_threads_per_sm},
-      {cudaDevAttrMaxRegistersPerMultiprocessor, &facts->regs_per_sm},
-  };
-  cudaError_t err = cudaSuccess;
-  for (const auto& read : reads) {
-    int v = 0;
-    if ((err = cudaDeviceGetAttribute(&v, read.attribute, device)) != cudaSuccess) return err;
-    *read.value = v;
-  }
-  facts->smem_per_sm = smem_per_sm;
-  facts->reserved_smem_per_block = reserved;
-  // sm_90a machine code runs on compute capability 9.0 exactly; its warp-specialised tile reads
-  // W by TMA, through a tensor map the driver encodes.
-  facts->gather_wgmma =
-      facts->cc_major == 9 && facts->cc_minor == 0 && blocks::TensorMapEncoderAvailable();
+// once here so that planning is arithmetic; raises the kernels' shared-memory limits on the way
+// (of the fused_tc configurations that fit the device's blocks: the planner takes no other).
+cudaError_t ReadDeviceFactsAndSetAttributes(int device, const DeviceFamily* limit_to_family,
+                                            ProbeScoreDeviceFacts* facts) {
+  DeviceLimits limits;
+  cudaError_t err = ReadDeviceLimits(device, &limits);
+  if (err != cudaSuccess) return err;
+  if (limit_to_family != nullptr) limits = ClampToFamily(limits, *limit_to_family);
+  *facts = ProbeScoreFactsFrom(limits);
+  // sm_90a machine code runs on compute capability 9.0 exactly, when the build holds it; its
+  // warp-specialised tile reads W by TMA, through a tensor map the driver encodes.
+  facts->gather_wgmma = facts->cc_major == 9 && facts->cc_minor == 0 && Sm90aKernelsBuilt() &&
+                        blocks::TensorMapEncoderAvailable() &&
+                        (limit_to_family == nullptr || limit_to_family->sm90a);
   if (facts->gather_wgmma &&
       (err = probe_score_detail::SetGatherWgmmaAttributes()) != cudaSuccess) {
     return err;
   }
+  if (facts->smem_per_block_optin < kFusedSmemLimit) return cudaErrorNotSupported;
+  probe_score_detail::PrepareSplitKReduceLaunch();
   for (int d = 0; d < common::kNumDTypes; ++d) {
     const common::DType dtype = static_cast<common::DType>(d);
     for (int i = 0; i < kNumFusedPT; ++i) {
@@ -63,7 +53,7 @@ cudaError_t ReadDeviceFactsAndSetAttributes(int device, ProbeScoreDeviceFacts* f
     for (int c = 0; c < kNumTcConfigs; ++c) {
       for (int terms : {1, 3}) {
         const void* fn = probe_score_detail::FusedTcKernelFn(dtype, c, terms);
-        if (fn == nullptr) continue;
+        if (fn == nullptr || !TcConfigFits(c, terms, *facts)) continue;
         if ((err = cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                         probe_score_detail::TcSmemBytes(kTcConfigs[c], terms))) !=
             cudaSuccess) {
@@ -136,7 +126,8 @@ cudaError_t CreateProbeScoreWorkspace(const ProbeScoreWorkspaceConfig& config, c
   };
   cudaError_t err = cudaGetDevice(&ws->device);
   if (err != cudaSuccess) return fail(err);
-  if ((err = ReadDeviceFactsAndSetAttributes(ws->device, &ws->resources.device)) != cudaSuccess) {
+  if ((err = ReadDeviceFactsAndSetAttributes(ws->device, config.limit_to_family,
+                                             &ws->resources.device)) != cudaSuccess) {
     return fail(err);
   }
   ws->resources.workspace = ProbeScoreWorkspaceLimitsFor(config);

@@ -174,7 +174,8 @@ const std::vector<Flag>& Flags() {
        }},
       {"backend", "auto|cpu|cuda",
        "auto uses the GPU when one is present, else the CPU backend (inline tensors only); cuda "
-       "fails to start without a GPU (default {default}).",
+       "fails to start without a GPU; both fail to start on a GPU this build holds no code for "
+       "(docs/gpu-support.md) (default {default}).",
        [](absl::string_view v, Config& c) -> absl::Status {
          if (v == "auto") {
            c.backend = Backend::kAuto;

@@ -161,7 +161,7 @@ TEST(ConfigTest, HelpShowsTheDefaultsOfConfig) {
   const std::string help = HelpText();
   for (const char* shown : {"the defaults unix:/tmp/probe-sidecar.sock and 127.0.0.1:50551.",
                             "endpoint (default 127.0.0.1:9464)",
-                            "without a GPU (default auto)",
+                            "no code for (docs/gpu-support.md) (default auto)",
                             "ordinal (default 0)",
                             "sent (default 64Mi;",
                             "RESOURCE_EXHAUSTED (default 256)",

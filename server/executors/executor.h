@@ -13,6 +13,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "absl/functional/any_invocable.h"
 #include "absl/status/status.h"
@@ -89,6 +90,10 @@ class Executor {
   // Requests that may wait for a worker (--max-queued-requests); more are refused at once.
   virtual uint64_t queue_capacity() const { return 0; }
   virtual DroppedRequests dropped() const { return {}; }
+  // The device's compute capability, "major.minor" (empty on the CPU backend), and the kernel
+  // paths this build runs on it (ServerInfo; fixed at start-up).
+  virtual std::string compute_capability() const { return ""; }
+  virtual std::vector<std::string> kernel_paths() const { return {}; }
   // Whether the device context is a client of an MPS control daemon (the CUDA backend asks the
   // driver at start-up).
   virtual bool mps() const { return false; }

@@ -39,6 +39,8 @@ class FaultInjectingExecutor final : public Executor {
   uint64_t queue_capacity() const override { return inner_->queue_capacity(); }
   DroppedRequests dropped() const override { return inner_->dropped(); }
   bool mps() const override { return inner_->mps(); }
+  std::string compute_capability() const override { return inner_->compute_capability(); }
+  std::vector<std::string> kernel_paths() const override { return inner_->kernel_paths(); }
   uint64_t gpu_requests() const override { return inner_->gpu_requests(); }
   uint64_t invalid_device_rows() const override { return inner_->invalid_device_rows(); }
   uint64_t invalid_verify_requests() const override { return inner_->invalid_verify_requests(); }

@@ -13,9 +13,13 @@ absl::StatusOr<std::unique_ptr<Executor>> MakeBackend(const Config& config) {
   if (config.backend != Backend::kCpu) {
     absl::StatusOr<std::unique_ptr<Executor>> cuda = CreateCudaExecutor(config);
     if (cuda.ok()) return cuda;
-    if (config.backend == Backend::kCuda) {
+    // A GPU this build holds no code for (FAILED_PRECONDITION) stops `auto` too: serving it on
+    // the CPU would fail its first GPU request instead of the start.
+    if (config.backend == Backend::kCuda ||
+        cuda.status().code() == absl::StatusCode::kFailedPrecondition) {
       return absl::FailedPreconditionError(
-          absl::StrCat("--backend cuda: ", cuda.status().message()));
+          absl::StrCat("--backend ", config.backend == Backend::kCuda ? "cuda" : "auto", ": ",
+                       cuda.status().message()));
     }
     LogInfo("backend auto: using the CPU backend (%s)", cuda.status().message());
   }

@@ -55,6 +55,8 @@ grpc::ServerUnaryReactor* ProbeSidecarService::ServerInfo(grpc::CallbackServerCo
   response->set_mps(env_.executor->mps());
   response->set_queued_requests(env_.executor->queued());
   response->set_gpu_requests(env_.executor->gpu_requests());
+  response->set_compute_capability(env_.executor->compute_capability());
+  for (const std::string& path : env_.executor->kernel_paths()) response->add_kernel_paths(path);
   return Answer(context, Rpc::kServerInfo, start, absl::OkStatus());
 }
 

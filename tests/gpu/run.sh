@@ -9,8 +9,11 @@
 #       BEFORE=path/to/old/probe-sidecar  also carry an older server binary, which the rpc step
 #                                   measures beside the current one (server_label "before")
 #       BINARIES="probe-score-bench probe_score_gpu_test"  bundle only these binaries: the whole
-#                                   bundle (~71 MB) exceeds what the device tool carries (64 MiB),
-#                                   so kernel work and server work go in separate calls
+#                                   bundle (~71 MB built for 90-real; the release list's binaries
+#                                   are about 3x larger, docs/gpu-support.md) exceeds what the
+#                                   device tool carries (64 MiB), so kernel work and server work go
+#                                   in separate calls; for an H200, BUILD_DIR configured with
+#                                   -DCMAKE_CUDA_ARCHITECTURES=90-real keeps them small
 #   tests/gpu/run.sh                on the GPU machine (through the device tool), from the
 #                                   repository root, with .gpu/ carried:
 #       run(command="STEPS='tests kernels rpc' tests/gpu/run.sh", carry=[".gpu"])

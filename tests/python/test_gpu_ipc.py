@@ -83,6 +83,14 @@ def test_server_runs_the_cuda_backend(sidecar):
         info = c.server_info()
     assert info.backend == "cuda"
     assert info.device_name
+    # The compute capability torch reads, and the paths of this build on it: the sm_90a ones
+    # only on compute capability 9.0 (docs/gpu-support.md).
+    major, minor = torch.cuda.get_device_capability()
+    assert info.compute_capability == f"{major}.{minor}"
+    portable = {"fused_cuda", "fused_tc", "gather_gemm", "split_kv", "baseline"}
+    assert portable <= set(info.kernel_paths)
+    if (major, minor) != (9, 0):
+        assert not {"gather_wgmma", "split_kv_sm90a"} & set(info.kernel_paths)
 
 
 @pytest.mark.parametrize("name", ["p1", "p16", "p128", "p1024"])

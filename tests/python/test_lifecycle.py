@@ -134,6 +134,7 @@ def test_defaults_load_the_bundled_demo_set():
         assert demo.num_probes == 4 and demo.hidden_size == 4096
         info = c.server_info()
         assert info.backend == "cpu"
+        assert info.compute_capability == "" and list(info.kernel_paths) == ["cpu"]
         assert s.tcp_target in info.listen and f"unix:{s.socket}" in info.listen
         assert info.metrics_listen == s.metrics_address
         assert info.limits.max_rows == 65536

@@ -23,6 +23,7 @@ class CpuExecutor final : public Executor {
 
   const char* backend() const override { return "cpu"; }
   std::string device_name() const override;
+  std::vector<std::string> kernel_paths() const override { return {"cpu"}; }
   // A fast set gets a place for its rounded weights (cpu_probe_weights.h).
   absl::Status PrepareProbeSet(ProbeSet& set) override;
   BufferRegistry* buffers() override { return nullptr; }

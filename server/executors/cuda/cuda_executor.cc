@@ -15,12 +15,16 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
+#include "kernels/common/device_support.h"
+#include "kernels/common/tensor_map.h"
 #include "kernels/probe_score/probe_score.h"
 #include "server/buffers/buffer_registry.h"
 #include "server/buffers/cuda_ipc.h"
 #include "server/executors/cuda/cuda_status.h"
+#include "server/executors/cuda/device_coverage.h"
 #include "server/executors/cuda/stream_slot.h"
 #include "server/executors/cuda/verify_runner.h"
 #include "server/executors/drop_counter.h"
@@ -93,9 +97,12 @@ absl::StatusOr<bool> MpsEnabled(int device) {
 
 class CudaExecutor final : public Executor {
  public:
-  CudaExecutor(const Config& config, std::string device_name, bool mps)
+  CudaExecutor(const Config& config, std::string device_name, std::string compute_capability,
+               std::vector<std::string> kernel_paths, bool mps)
       : config_(config),
         device_name_(std::move(device_name)),
+        compute_capability_(std::move(compute_capability)),
+        kernel_paths_(std::move(kernel_paths)),
         mps_(mps),
         opener_(config.device),
         buffers_(config.device, &opener_,
@@ -150,6 +157,8 @@ class CudaExecutor final : public Executor {
 
   const char* backend() const override { return "cuda"; }
   std::string device_name() const override { return device_name_; }
+  std::string compute_capability() const override { return compute_capability_; }
+  std::vector<std::string> kernel_paths() const override { return kernel_paths_; }
   BufferRegistry* buffers() override { return &buffers_; }
 
   absl::Status PrepareProbeSet(ProbeSet& set) override {
@@ -541,6 +550,8 @@ class CudaExecutor final : public Executor {
 
   const Config config_;
   const std::string device_name_;
+  const std::string compute_capability_;
+  const std::vector<std::string> kernel_paths_;
   const bool mps_;
   std::atomic<uint64_t> gpu_requests_{0};
   CudaIpcOpener opener_;
@@ -588,6 +599,24 @@ absl::StatusOr<std::unique_ptr<Executor>> CreateCudaExecutor(const Config& confi
   }
   cudaDeviceProp prop{};
   PS_RETURN_IF_CUDA(cudaGetDeviceProperties(&prop, config.device));
+  // A GPU this build holds no code for fails here, not at its first request (FAILED_PRECONDITION:
+  // MakeExecutor does not fall back to the CPU backend for it).
+  if (const cudaError_t covered = kernels::CheckDeviceCovered(config.device);
+      covered != cudaSuccess) {
+    cudaGetLastError();
+    if (covered == cudaErrorNoKernelImageForDevice) {
+      return absl::FailedPreconditionError(UncoveredDeviceMessage(
+          config.device, prop.name, prop.major, prop.minor, kernels::CudaBuildTargets()));
+    }
+    return CudaStatus(covered, "a kernel of this build on the device");
+  }
+  // The sm_90a paths where both workspaces take them: compute capability 9.0, the sm_90a
+  // kernels built, the driver's tensor-map encoder found.
+  const bool sm90a = prop.major == 9 && prop.minor == 0 && kernels::Sm90aKernelsBuilt() &&
+                     kernels::blocks::TensorMapEncoderAvailable();
+  LogInfo("CUDA device %d: %s, compute capability %d.%d; build targets %s; kernel paths %s",
+          config.device, prop.name, prop.major, prop.minor, kernels::CudaBuildTargets(),
+          absl::StrJoin(KernelPathsFor(sm90a), ", ").c_str());
   absl::StatusOr<bool> mps = MpsEnabled(config.device);
   if (!mps.ok()) {
     LogWarning("cannot tell whether this context uses MPS (%s): assuming it does not",
@@ -608,7 +637,9 @@ absl::StatusOr<std::unique_ptr<Executor>> CreateCudaExecutor(const Config& confi
         "ServerInfo.gpu_requests and the alert ProbeSidecarFrequentContextSwitches count them",
         config.device);
   }
-  auto executor = std::make_unique<CudaExecutor>(config, prop.name, mps.value_or(false));
+  auto executor =
+      std::make_unique<CudaExecutor>(config, prop.name, absl::StrCat(prop.major, ".", prop.minor),
+                                     KernelPathsFor(sm90a), mps.value_or(false));
   if (absl::Status s = executor->Init(); !s.ok()) return s;
   return std::unique_ptr<Executor>(std::move(executor));
 }
