@@ -13,6 +13,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "absl/functional/any_invocable.h"
 #include "absl/status/status.h"
@@ -24,9 +25,10 @@
 
 namespace probesidecar::server {
 
-class BufferRegistry;
-
-using ScoreDone = absl::AnyInvocable<void(absl::Status status, const ScoreTimings& timings) &&>;
+// A job is owned by the executor from Score (or Verify) until its completion callback, which gets
+// it back: releasing the job releases its leases (buffers, events, the probe set).
+using ScoreDone = absl::AnyInvocable<void(std::unique_ptr<ScoreJob> job, absl::Status status,
+                                          const ScoreTimings& timings) &&>;
 using WarmupDone = absl::AnyInvocable<void(absl::Status status) &&>;
 
 // How a Verify went.
@@ -40,7 +42,8 @@ struct VerifyOutcome {
   uint64_t compared = 0;
   uint64_t mismatched = 0;
 };
-using VerifyDone = absl::AnyInvocable<void(absl::Status status, const VerifyOutcome& outcome) &&>;
+using VerifyDone = absl::AnyInvocable<void(std::unique_ptr<VerifyJob> job, absl::Status status,
+                                           const VerifyOutcome& outcome) &&>;
 
 // Requests an executor skipped or stopped early because their lifetime had ended, each counted
 // once.
@@ -61,8 +64,9 @@ class Executor {
   // for the device.
   virtual absl::Status PrepareProbeSet(ProbeSet& set) = 0;
 
-  // The registered IPC buffers; nullptr when the backend has none.
-  virtual BufferRegistry* buffers() = 0;
+  // The CUDA devices it serves, on which clients may register IPC buffers and events; empty when
+  // the backend has none (the CPU backend: inline tensors only).
+  virtual std::vector<int> devices() const { return {}; }
 
   // Called once a probe set is published: captures its graphs for the configured row buckets on
   // every stream slot, then calls `done` (from any thread). Does not wait.
@@ -70,14 +74,15 @@ class Executor {
     std::move(done)(absl::OkStatus());
   }
 
-  // Queues `job` and returns; calls `done` exactly once, from one of the executor's threads —
-  // or at once, with RESOURCE_EXHAUSTED (the queue is full) or UNAVAILABLE (shut down). `job`
-  // stays valid until then. DEADLINE_EXCEEDED or CANCELLED: its lifetime ended first.
-  virtual void Score(const ScoreJob* job, ScoreDone done) = 0;
+  // Takes `job`, queues it and returns; calls `done` exactly once with the job, from one of the
+  // executor's threads — or at once, with RESOURCE_EXHAUSTED (the queue is full) or UNAVAILABLE
+  // (shut down). DEADLINE_EXCEEDED or CANCELLED: its lifetime ended first.
+  virtual void Score(std::unique_ptr<ScoreJob> job, ScoreDone done) = 0;
 
   // MLA verify attention (CUDA backend): like Score, queued, `done` called exactly once.
-  virtual void Verify(const VerifyJob* job, VerifyDone done) {
-    std::move(done)(absl::FailedPreconditionError("Verify needs the CUDA backend"), {});
+  virtual void Verify(std::unique_ptr<VerifyJob> job, VerifyDone done) {
+    std::move(done)(std::move(job), absl::FailedPreconditionError("Verify needs the CUDA backend"),
+                    {});
   }
 
   // Readable from any thread at any time without waiting (ServerInfo, metrics scrapes).

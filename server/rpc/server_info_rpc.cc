@@ -43,8 +43,9 @@ grpc::ServerUnaryReactor* ProbeSidecarService::ServerInfo(grpc::CallbackServerCo
   stats->set_captures(graphs.captures);
   stats->set_evictions(graphs.evictions);
   response->set_uptime_seconds(SecondsSince(started_));
-  if (BufferRegistry* buffers = env_.executor->buffers(); buffers != nullptr) {
-    response->set_registered_buffers(static_cast<uint32_t>(buffers->counters().registrations));
+  if (env_.ipc != nullptr) {
+    response->set_registered_buffers(
+        static_cast<uint32_t>(env_.ipc->buffers.counters().registrations));
   }
   {
     absl::MutexLock lock(&listening_mu_);

@@ -18,8 +18,6 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "kernels/probe_score/probe_score.h"
-#include "server/buffers/buffer_registry.h"
-#include "server/buffers/cuda_ipc.h"
 #include "server/executors/cuda/cuda_status.h"
 #include "server/executors/cuda/stream_slot.h"
 #include "server/executors/cuda/verify_runner.h"
@@ -97,10 +95,6 @@ class CudaExecutor final : public Executor {
       : config_(config),
         device_name_(std::move(device_name)),
         mps_(mps),
-        opener_(config.device),
-        buffers_(config.device, &opener_,
-                 BufferRegistryLimits{4096, config.max_session_buffer_bytes,
-                                      config.allow_sessionless_buffers}),
         ledger_(std::make_shared<DeviceMemoryLedger>()) {}
 
   ~CudaExecutor() override { Shutdown(); }
@@ -150,7 +144,7 @@ class CudaExecutor final : public Executor {
 
   const char* backend() const override { return "cuda"; }
   std::string device_name() const override { return device_name_; }
-  BufferRegistry* buffers() override { return &buffers_; }
+  std::vector<int> devices() const override { return {config_.device}; }
 
   absl::Status PrepareProbeSet(ProbeSet& set) override {
     PS_RETURN_IF_CUDA(cudaSetDevice(config_.device));
@@ -216,22 +210,22 @@ class CudaExecutor final : public Executor {
     }
   }
 
-  void Score(const ScoreJob* job, ScoreDone done) override {
+  void Score(std::unique_ptr<ScoreJob> job, ScoreDone done) override {
     if (lost_.load()) {
-      std::move(done)(LostStatus(), ScoreTimings{});
+      std::move(done)(std::move(job), LostStatus(), ScoreTimings{});
       return;
     }
     const bool fault =
         illegal_address_at_ != 0 && score_requests_.fetch_add(1) + 1 == illegal_address_at_;
-    pool_->Submit(ScoreTask(job, Clock::now(), fault, std::move(done)));
+    pool_->Submit(ScoreTask(std::move(job), Clock::now(), fault, std::move(done)));
   }
 
-  void Verify(const VerifyJob* job, VerifyDone done) override {
+  void Verify(std::unique_ptr<VerifyJob> job, VerifyDone done) override {
     if (lost_.load()) {
-      std::move(done)(LostStatus(), VerifyOutcome{});
+      std::move(done)(std::move(job), LostStatus(), VerifyOutcome{});
       return;
     }
-    pool_->Submit(VerifyTask(job, Clock::now(), std::move(done)));
+    pool_->Submit(VerifyTask(std::move(job), Clock::now(), std::move(done)));
   }
 
   uint64_t non_finite_device_scores() const override {
@@ -339,60 +333,62 @@ class CudaExecutor final : public Executor {
   // A Score (or Verify) for whichever worker takes it: on that worker's slot when the slot is idle;
   // else the worker is parked (no shared work until its stream is past what it waits for) and
   // the task goes back to the head of the queue for another worker.
-  WorkerPool::Task ScoreTask(const ScoreJob* job, Clock::time_point submitted, bool fault,
+  WorkerPool::Task ScoreTask(std::unique_ptr<ScoreJob> job, Clock::time_point submitted, bool fault,
                              ScoreDone done) {
-    return [this, job, submitted, fault, done = std::move(done)](int worker) mutable {
-      ScoreTimings timings;
-      if (worker == WorkerPool::kRefused) {
-        std::move(done)(Refused(), timings);
-        return;
-      }
-      if (lost_.load()) {
-        std::move(done)(LostStatus(), timings);
-        return;
-      }
-      if (!Admit(worker)) {
-        pool_->SubmitFront(ScoreTask(job, submitted, fault, std::move(done)));
-        return;
-      }
-      timings.queue = SecondsSince(submitted);
-      if (absl::Status alive = job->lifetime.Check(); !alive.ok()) {
-        drops_.Count(alive);
-        std::move(done)(alive, timings);
-        return;
-      }
-      gpu_requests_.fetch_add(1, std::memory_order_relaxed);
-      absl::Status status = slots_[worker]->Run(*job, &timings, &timings.enqueued, fault);
-      status = Checked(std::move(status), "Score");
-      if (status.ok() && !timings.enqueued && lost_.load()) {
-        // Computed while the context was being lost: no answer from a lost context is trusted.
-        status = LostStatus();
-      }
-      drops_.Count(status);  // given up at its deadline, or for a caller gone, on the GPU
-      ParkIfBusy(worker);
-      std::move(done)(status, timings);
-    };
+    return
+        [this, job = std::move(job), submitted, fault, done = std::move(done)](int worker) mutable {
+          ScoreTimings timings;
+          if (worker == WorkerPool::kRefused) {
+            std::move(done)(std::move(job), Refused(), timings);
+            return;
+          }
+          if (lost_.load()) {
+            std::move(done)(std::move(job), LostStatus(), timings);
+            return;
+          }
+          if (!Admit(worker)) {
+            pool_->SubmitFront(ScoreTask(std::move(job), submitted, fault, std::move(done)));
+            return;
+          }
+          timings.queue = SecondsSince(submitted);
+          if (absl::Status alive = job->lifetime.Check(); !alive.ok()) {
+            drops_.Count(alive);
+            std::move(done)(std::move(job), alive, timings);
+            return;
+          }
+          gpu_requests_.fetch_add(1, std::memory_order_relaxed);
+          absl::Status status = slots_[worker]->Run(*job, &timings, &timings.enqueued, fault);
+          status = Checked(std::move(status), "Score");
+          if (status.ok() && !timings.enqueued && lost_.load()) {
+            // Computed while the context was being lost: no answer from a lost context is trusted.
+            status = LostStatus();
+          }
+          drops_.Count(status);  // given up at its deadline, or for a caller gone, on the GPU
+          ParkIfBusy(worker);
+          std::move(done)(std::move(job), status, timings);
+        };
   }
 
-  WorkerPool::Task VerifyTask(const VerifyJob* job, Clock::time_point submitted, VerifyDone done) {
-    return [this, job, submitted, done = std::move(done)](int worker) mutable {
+  WorkerPool::Task VerifyTask(std::unique_ptr<VerifyJob> job, Clock::time_point submitted,
+                              VerifyDone done) {
+    return [this, job = std::move(job), submitted, done = std::move(done)](int worker) mutable {
       VerifyOutcome outcome;
       if (worker == WorkerPool::kRefused) {
-        std::move(done)(Refused(), outcome);
+        std::move(done)(std::move(job), Refused(), outcome);
         return;
       }
       if (lost_.load()) {
-        std::move(done)(LostStatus(), outcome);
+        std::move(done)(std::move(job), LostStatus(), outcome);
         return;
       }
       if (!Admit(worker)) {
-        pool_->SubmitFront(VerifyTask(job, submitted, std::move(done)));
+        pool_->SubmitFront(VerifyTask(std::move(job), submitted, std::move(done)));
         return;
       }
       outcome.queue_seconds = SecondsSince(submitted);
       if (absl::Status alive = job->lifetime.Check(); !alive.ok()) {
         drops_.Count(alive);
-        std::move(done)(alive, outcome);
+        std::move(done)(std::move(job), alive, outcome);
         return;
       }
       gpu_requests_.fetch_add(1, std::memory_order_relaxed);
@@ -400,7 +396,7 @@ class CudaExecutor final : public Executor {
       if (status.ok() && lost_.load()) status = LostStatus();  // see ScoreTask
       drops_.Count(status);
       ParkIfBusy(worker);
-      std::move(done)(status, outcome);
+      std::move(done)(std::move(job), status, outcome);
     };
   }
 
@@ -543,8 +539,6 @@ class CudaExecutor final : public Executor {
   const std::string device_name_;
   const bool mps_;
   std::atomic<uint64_t> gpu_requests_{0};
-  CudaIpcOpener opener_;
-  BufferRegistry buffers_;
   const std::shared_ptr<DeviceMemoryLedger> ledger_;
   // Fixed after Init (read without a lock by counters and workers).
   std::vector<std::unique_ptr<StreamSlot>> slots_;
