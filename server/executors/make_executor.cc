@@ -3,7 +3,6 @@
 #include "absl/strings/str_cat.h"
 #include "server/executors/cpu/cpu_executor.h"
 #include "server/executors/cuda/cuda_executor.h"
-#include "server/executors/fault_injection.h"
 #include "server/observability/log.h"
 
 namespace probesidecar::server {
@@ -26,12 +25,7 @@ absl::StatusOr<std::unique_ptr<Executor>> MakeBackend(const Config& config) {
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<Executor>> MakeExecutor(const Config& config) {
-  absl::StatusOr<std::unique_ptr<Executor>> executor = MakeBackend(config);
-  if (!executor.ok()) return executor;
-  if (const uint64_t every = FaultEveryFromEnvironment(); every > 0) {
-    return InjectFaults(std::move(*executor), every);
-  }
-  return executor;
+  return MakeBackend(config);
 }
 
 }  // namespace probesidecar::server
