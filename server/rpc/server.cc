@@ -173,18 +173,21 @@ void StartExitWatchdog(absl::Time at, int exit_code) {
   }).detach();
 }
 
+// The signals that start a shutdown; RunServer blocks them in every thread, Serve waits for them.
+sigset_t ShutdownSignals() {
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGINT);
+  sigaddset(&signals, SIGTERM);
+  return signals;
+}
+
 // Starts the service, serves until SIGINT or SIGTERM (or until the executor can no longer serve:
 // a lost CUDA context), drains and stops it; every gRPC object it made is gone when it returns.
 // `*device_abandoned` is set when work was left pending on the device (the process must then end
 // without the CUDA runtime's teardown, which could wait for it).
 int Serve(const Config& config, ExecutorDecorator decorate, bool* device_abandoned) {
-  // Every thread started from here on inherits this mask; main takes the signals with sigwait.
-  sigset_t signals;
-  sigemptyset(&signals);
-  sigaddset(&signals, SIGINT);
-  sigaddset(&signals, SIGTERM);
-  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
-  signal(SIGPIPE, SIG_IGN);
+  const sigset_t signals = ShutdownSignals();
 
   CudaIpcOpener ipc_opener;
   std::unique_ptr<IpcRegistries> ipc;  // destroyed after the executor
@@ -497,6 +500,12 @@ void ReleaseGrpcLibrary(int exit_code) {
 }  // namespace
 
 int RunServer(const Config& config, ExecutorDecorator decorate) {
+  // Blocked before any thread exists (grpc_init below starts gRPC's own), so that every thread
+  // inherits the mask and SIGINT/SIGTERM reach only Serve's sigwait: a thread that did not block
+  // them would take the signal's default action and kill the process without draining.
+  const sigset_t signals = ShutdownSignals();
+  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+  signal(SIGPIPE, SIG_IGN);
   SetLogLevel(ParseLogLevel(config.log_level));
   // This reference outlives every gRPC object Serve makes, so that the library's final shutdown
   // happens here, with a bound (ReleaseGrpcLibrary), and not in the destructor of whichever of

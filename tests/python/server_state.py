@@ -73,6 +73,8 @@ def record_figures(name: str, figures: dict) -> pathlib.Path:
     docs/reliability.md quotes."""
     out = BIN.parent.parent / "reliability" / f"{name}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
+    # The commit that made them (tests/gpu/run.sh sets PROBESIDECAR_GIT from the bundle).
+    figures = {"git": os.environ.get("PROBESIDECAR_GIT", "unknown"), **figures}
     text = json.dumps(figures, indent=2, sort_keys=True)
     out.write_text(text + "\n")
     print(f"\n{name}: {text}\nwritten to {out}")

@@ -6,7 +6,12 @@ scenarios are in shutdown_scenarios.py; bench/shutdown/run.py times them."""
 
 from __future__ import annotations
 
+import pathlib
+import signal
+
 import grpc
+
+from conftest import Sidecar
 
 from shutdown_scenarios import idle_exit, large_response_exit, loaded_exit
 
@@ -61,3 +66,23 @@ def test_sigterm_under_load_drains_then_exits_within_the_grace_period():
     assert min(drained) >= 1, drained
     # ... and every call got an answer: done, refused (UNAVAILABLE) or cut off at the end.
     assert codes <= {grpc.StatusCode.OK, grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED}
+
+
+def test_every_thread_but_the_waiting_one_blocks_the_shutdown_signals():
+    """A thread that does not block SIGTERM takes it with the default action: the process dies at
+    once (exit status -15), nothing drained. gRPC's own threads (started by grpc_init) once did."""
+    shutdown_signals = (1 << (signal.SIGINT - 1)) | (1 << (signal.SIGTERM - 1))
+    s = Sidecar(["--backend=cpu"])
+    s.start()
+    try:
+        pid = s.process.pid
+        unblocked = []
+        for task in pathlib.Path(f"/proc/{pid}/task").iterdir():
+            if int(task.name) == pid:
+                continue  # main, in sigwait: the kernel shows the signals it waits for unblocked
+            fields = dict(line.split(":", 1) for line in (task / "status").read_text().splitlines())
+            if int(fields["SigBlk"], 16) & shutdown_signals != shutdown_signals:
+                unblocked.append((task / "comm").read_text().strip())
+        assert not unblocked, f"threads that would die of SIGTERM: {unblocked}"
+    finally:
+        s.close()
