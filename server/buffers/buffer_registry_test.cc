@@ -353,5 +353,91 @@ TEST(BufferRegistryLimitsTest, SessionlessBuffersAreRefusedByDefaultAndSessionsH
   EXPECT_TRUE(registry.Register(Request('c', 0, 100, sessions.Open(2))).ok());
 }
 
+// A registry of several devices: each registration names its device (none is refused, as is one
+// not served), its leases carry it, and the counters split by device. An allocation is on one
+// device: registering it again for another is refused. Events likewise.
+TEST(BufferRegistryDevicesTest, EachBufferAndEventIsOnTheDeviceItNames) {
+  FakeOpener opener;
+  SessionTable sessions;
+  BufferRegistry registry({0, 2}, &sessions, &opener, BufferRegistryLimits{8, 1 << 20, true});
+  EventRegistry events({0, 2}, &sessions, &opener, 8);
+  BufferRegistration none = Request('a', 0, 64);
+  absl::StatusOr<RegisteredBuffer> refused = registry.Register(none);
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(refused.status().message().find("device_id: missing; this server serves CUDA devices "
+                                            "0, 2: say which device the buffer is on"),
+            absl::string_view::npos)
+      << refused.status();
+  BufferRegistration on_1 = Request('a', 0, 64);
+  on_1.device = 1;
+  refused = registry.Register(on_1);
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(refused.status().message().find("serves CUDA devices 0, 2; the buffer is on device 1"),
+            absl::string_view::npos)
+      << refused.status();
+  EXPECT_EQ(opener.opens, 0);  // nothing was opened for a refusal
+
+  BufferRegistration on_2 = Request('a', 0, 64);
+  on_2.device = 2;
+  absl::StatusOr<RegisteredBuffer> a = registry.Register(on_2);
+  ASSERT_TRUE(a.ok()) << a.status();
+  EXPECT_EQ(a->device, 2);
+  BufferRegistration on_0 = Request('b', 0, 32);
+  on_0.device = 0;
+  absl::StatusOr<RegisteredBuffer> b = registry.Register(on_0);
+  ASSERT_TRUE(b.ok()) << b.status();
+  EXPECT_EQ(b->device, 0);
+  // The allocation of `a` is on device 2: a second window of it named on device 0 is refused.
+  BufferRegistration again = Request('a', 64, 64);
+  again.device = 0;
+  refused = registry.Register(again);
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(refused.status().message().find("the allocation is on device 2"),
+            absl::string_view::npos)
+      << refused.status();
+
+  absl::StatusOr<BufferLease> lease = registry.Acquire(a->buffer_id, 0, 64, 0);
+  ASSERT_TRUE(lease.ok());
+  EXPECT_EQ(lease->device, 2);
+  EXPECT_EQ(registry.counters(2).registrations, 1u);
+  EXPECT_EQ(registry.counters(2).registered_bytes, 64u);
+  EXPECT_EQ(registry.counters(2).open_handles, 1u);
+  EXPECT_EQ(registry.counters(0).registered_bytes, 32u);
+  EXPECT_EQ(registry.counters(1).registrations, 0u);
+  EXPECT_EQ(registry.counters().registrations, 2u);
+  std::vector<BufferListing> listed = registry.List();
+  ASSERT_EQ(listed.size(), 2u);
+  EXPECT_EQ(listed[0].device, 2);
+  EXPECT_EQ(listed[1].device, 0);
+
+  const uint64_t session = sessions.Open(1);
+  EventRegistration event = EventRequest(session);
+  EXPECT_EQ(events.Register(event).status().code(), absl::StatusCode::kInvalidArgument);
+  event.device = 2;
+  absl::StatusOr<uint64_t> id = events.Register(event);
+  ASSERT_TRUE(id.ok()) << id.status();
+  absl::StatusOr<EventLease> held = events.Acquire(*id, session);
+  ASSERT_TRUE(held.ok());
+  EXPECT_EQ(held->device, 2);
+  EXPECT_EQ(events.size(2), 1u);
+  EXPECT_EQ(events.size(0), 0u);
+}
+
+// With one device, a registration that names none is on it (today's clients, which send no
+// device, keep working).
+TEST(BufferRegistryDevicesTest, OneDeviceTakesRegistrationsThatNameNone) {
+  FakeOpener opener;
+  SessionTable sessions;
+  BufferRegistry registry({3}, &sessions, &opener, BufferRegistryLimits{8, 1 << 20, true});
+  absl::StatusOr<RegisteredBuffer> a = registry.Register(Request('a', 0, 64));
+  ASSERT_TRUE(a.ok()) << a.status();
+  EXPECT_EQ(a->device, 3);
+  BufferRegistration other = Request('b', 0, 64);
+  other.device = 0;
+  EXPECT_NE(registry.Register(other).status().message().find(
+                "this server serves CUDA device 3; the buffer is on device 0"),
+            absl::string_view::npos);
+}
+
 }  // namespace
 }  // namespace probesidecar::server

@@ -59,7 +59,7 @@ void FillProbeSetInfo(const ProbeSet& set, v1::ProbeSetInfo* info) {
 BufferRegistration FromProto(const v1::RegisterBufferRequest& request) {
   BufferRegistration r;
   r.name = request.name();
-  r.device = request.device_id();
+  if (request.has_device_id()) r.device = request.device_id();
   r.byte_size = request.byte_size();
   r.offset_bytes = request.offset_bytes();
   r.handle = request.handle();
@@ -71,7 +71,7 @@ BufferRegistration FromProto(const v1::RegisterBufferRequest& request) {
 EventRegistration FromProto(const v1::RegisterEventRequest& request) {
   EventRegistration r;
   r.name = request.name();
-  r.device = request.device_id();
+  if (request.has_device_id()) r.device = request.device_id();
   r.handle = request.handle();
   r.session_id = request.session_id();
   return r;
