@@ -52,6 +52,19 @@ struct DroppedRequests {
   uint64_t cancelled = 0;  // the caller had gone
 };
 
+// What one served CUDA device reports (ServerInfo.devices, the metrics' device label).
+struct DeviceReport {
+  int device = 0;
+  std::string name;
+  uint64_t memory_bytes = 0;  // device memory the service holds there
+  uint64_t queued = 0;        // requests waiting for one of its stream slots
+  uint64_t gpu_requests = 0;  // requests its workers ran on the GPU so far
+  uint64_t parked_slots = 0;
+  GraphCacheCounters graph_cache;
+  // Empty while the device serves; why not once its context is lost.
+  std::string failure;
+};
+
 class Executor {
  public:
   virtual ~Executor() = default;
@@ -67,6 +80,9 @@ class Executor {
   // The CUDA devices it serves, on which clients may register IPC buffers and events; empty when
   // the backend has none (the CPU backend: inline tensors only).
   virtual std::vector<int> devices() const { return {}; }
+  // One report per served device, ascending by ordinal (empty on the CPU backend). Readable from
+  // any thread at any time without waiting.
+  virtual std::vector<DeviceReport> device_reports() const { return {}; }
 
   // Called once a probe set is published: captures its graphs for the configured row buckets on
   // every stream slot, then calls `done` (from any thread). Does not wait.
@@ -76,7 +92,8 @@ class Executor {
 
   // Takes `job`, queues it and returns; calls `done` exactly once with the job, from one of the
   // executor's threads — or at once, with RESOURCE_EXHAUSTED (the queue is full) or UNAVAILABLE
-  // (shut down). DEADLINE_EXCEEDED or CANCELLED: its lifetime ended first.
+  // (shut down). DEADLINE_EXCEEDED or CANCELLED: its lifetime ended first. A job runs on its
+  // device (job->device: that of its buffers; unset for inline tensors: any device).
   virtual void Score(std::unique_ptr<ScoreJob> job, ScoreDone done) = 0;
 
   // MLA verify attention (CUDA backend): like Score, queued, `done` called exactly once.

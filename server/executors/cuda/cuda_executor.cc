@@ -146,6 +146,19 @@ class CudaExecutor final : public Executor {
   std::string device_name() const override { return device_name_; }
   std::vector<int> devices() const override { return {config_.device}; }
 
+  std::vector<DeviceReport> device_reports() const override {
+    DeviceReport report;
+    report.device = config_.device;
+    report.name = device_name_;
+    report.memory_bytes = device_memory_bytes();
+    report.queued = queued();
+    report.gpu_requests = gpu_requests();
+    report.parked_slots = parked_slots();
+    report.graph_cache = graph_cache();
+    if (lost_.load()) report.failure = std::string(LostStatus().message());
+    return {report};
+  }
+
   absl::Status PrepareProbeSet(ProbeSet& set) override {
     PS_RETURN_IF_CUDA(cudaSetDevice(config_.device));
     auto weights = std::make_unique<kernels::ProbeWeights>();
@@ -158,7 +171,7 @@ class CudaExecutor final : public Executor {
     const int64_t bytes = static_cast<int64_t>(weights->storage_bytes);
     ledger_->device_bytes += bytes;
     const int device = config_.device;
-    set.executor_weights = std::shared_ptr<const void>(
+    set.device_weights[device] = std::shared_ptr<const void>(
         weights.release(), [device, bytes, ledger = ledger_](const void* p) {
           auto* w =
               const_cast<kernels::ProbeWeights*>(static_cast<const kernels::ProbeWeights*>(p));
@@ -566,7 +579,7 @@ class CudaExecutor final : public Executor {
 
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<Executor>> CreateCudaExecutor(const Config& config) {
+absl::StatusOr<int> CudaDeviceCount() {
   int count = 0;
   if (cudaError_t e = cudaGetDeviceCount(&count); e != cudaSuccess || count == 0) {
     cudaGetLastError();
@@ -576,9 +589,15 @@ absl::StatusOr<std::unique_ptr<Executor>> CreateCudaExecutor(const Config& confi
                          : absl::StrCat(cudaGetErrorName(e), ": ", cudaGetErrorString(e)),
         ")"));
   }
-  if (config.device >= count) {
-    return absl::UnavailableError(
-        absl::StrCat("--device ", config.device, " but only ", count, " CUDA devices"));
+  return count;
+}
+
+absl::StatusOr<std::unique_ptr<Executor>> CreateCudaExecutor(const Config& config) {
+  absl::StatusOr<int> count = CudaDeviceCount();
+  if (!count.ok()) return count.status();
+  if (config.device >= *count) {
+    return absl::UnavailableError(absl::StrCat("CUDA device ", config.device, " is not there (",
+                                               *count, " CUDA devices: 0 to ", *count - 1, ")"));
   }
   cudaDeviceProp prop{};
   PS_RETURN_IF_CUDA(cudaGetDeviceProperties(&prop, config.device));

@@ -416,11 +416,14 @@ absl::StatusOr<GraphEntry*> StreamSlot::GraphFor(const GraphKey& key,
 }
 
 absl::StatusOr<GraphEntry> StreamSlot::Capture(const GraphKey& key, const ProbeSet& set) {
+  const auto placed = set.device_weights.find(device_);
   const auto* device_weights =
-      static_cast<const kernels::ProbeWeights*>(set.executor_weights.get());
+      placed == set.device_weights.end()
+          ? nullptr
+          : static_cast<const kernels::ProbeWeights*>(placed->second.get());
   if (device_weights == nullptr) {
     return absl::InternalError(
-        absl::StrCat("probe set '", set.name, "' has no device weights (not prepared)"));
+        absl::StrCat("probe set '", set.name, "' has no weights on CUDA device ", device_));
   }
   const kernels::ProbeWeights& weights = *device_weights;
   // The path and its launch plan are chosen once here; every replay runs them.
