@@ -164,7 +164,7 @@ class Metrics::Impl final : public prometheus::Collectable {
 
   std::vector<MetricFamily> Collect() const override {
     std::vector<MetricFamily> out;
-    out.reserve(20);
+    out.reserve(40);
     // Sampled state.
     const MetricsState s = state_ ? state_() : MetricsState{};
 
@@ -272,15 +272,43 @@ class Metrics::Impl final : public prometheus::Collectable {
     auto add = [&out](const char* name, const char* help, MetricType type, uint64_t value) {
       AddValue(out.emplace_back(Family(name, help, type)), static_cast<double>(value));
     };
-    add("probesidecar_registered_buffers", "CUDA IPC buffer windows registered.", MetricType::Gauge,
-        s.registered_buffers);
-    add("probesidecar_registered_buffer_bytes", "Bytes of the registered buffer windows.",
-        MetricType::Gauge, s.registered_buffer_bytes);
-    add("probesidecar_ipc_handles_open", "CUDA IPC allocations the server has open.",
-        MetricType::Gauge, s.open_ipc_handles);
+    // Families with a series per served device (unlabelled totals on the CPU backend).
+    auto per_device = [&out, &s](const char* name, const char* help, MetricType type,
+                                 uint64_t total, auto of) {
+      MetricFamily& family = out.emplace_back(Family(name, help, type));
+      if (s.devices.empty()) {
+        AddValue(family, static_cast<double>(total));
+        return;
+      }
+      for (const DeviceMetricsState& d : s.devices) {
+        AddValue(family, static_cast<double>(of(d)), {L("device", d.device)});
+      }
+    };
+    per_device("probesidecar_registered_buffers", "CUDA IPC buffer windows registered.",
+               MetricType::Gauge, s.registered_buffers,
+               [](const DeviceMetricsState& d) { return d.registered_buffers; });
+    per_device("probesidecar_registered_buffer_bytes", "Bytes of the registered buffer windows.",
+               MetricType::Gauge, s.registered_buffer_bytes,
+               [](const DeviceMetricsState& d) { return d.registered_buffer_bytes; });
+    per_device("probesidecar_ipc_handles_open", "CUDA IPC allocations the server has open.",
+               MetricType::Gauge, s.open_ipc_handles,
+               [](const DeviceMetricsState& d) { return d.open_ipc_handles; });
+    per_device("probesidecar_device_memory_bytes",
+               "GPU memory allocated by the service (each probe set is placed on every served "
+               "device).",
+               MetricType::Gauge, s.device_memory_bytes,
+               [](const DeviceMetricsState& d) { return d.memory_bytes; });
+    if (!s.devices.empty()) {
+      MetricFamily& up = out.emplace_back(
+          Family("probesidecar_device_up",
+                 "1 while the served CUDA device works, 0 once its context is lost (the server "
+                 "then reports NOT_SERVING and exits).",
+                 MetricType::Gauge));
+      for (const DeviceMetricsState& d : s.devices) {
+        AddValue(up, d.up ? 1.0 : 0.0, {L("device", d.device)});
+      }
+    }
     add("probesidecar_probe_sets_loaded", "Probe sets loaded.", MetricType::Gauge, s.probe_sets);
-    add("probesidecar_device_memory_bytes", "GPU memory allocated by the service.",
-        MetricType::Gauge, s.device_memory_bytes);
     add("probesidecar_mps_client",
         "1 when this server's CUDA context is a client of an MPS control daemon, else 0 (without "
         "MPS, its kernels and the inference server's are time-sliced: docs/mps.md).",
@@ -296,10 +324,11 @@ class Metrics::Impl final : public prometheus::Collectable {
         "Verify requests whose device page table or lengths were out of range (checked on the GPU; "
         "they were refused and their outputs are NaN).",
         MetricType::Counter, s.invalid_verify_requests);
-    add("probesidecar_stream_slots_parked",
-        "GPU stream slots taking no requests because their stream still waits on the GPU for work "
-        "answered already (e.g. a client's ready event that has not fired).",
-        MetricType::Gauge, s.parked_slots);
+    per_device("probesidecar_stream_slots_parked",
+               "GPU stream slots taking no requests because their stream still waits on the GPU "
+               "for work answered already (e.g. a client's ready event that has not fired).",
+               MetricType::Gauge, s.parked_slots,
+               [](const DeviceMetricsState& d) { return d.parked_slots; });
     add("probesidecar_executor_queued_requests",
         "Requests waiting in the executor's queue for a worker (a stream slot on the GPU).",
         MetricType::Gauge, s.queued_requests);
@@ -315,18 +344,24 @@ class Metrics::Impl final : public prometheus::Collectable {
         "Requests the executor did not run, or stopped early, because their caller had cancelled "
         "or gone away (answered CANCELLED).",
         MetricType::Counter, s.cancelled_requests);
-    add("probesidecar_graph_cache_entries", "Captured CUDA graphs held.", MetricType::Gauge,
-        s.graph_cache.entries);
-    add("probesidecar_graph_cache_capacity", "Captured CUDA graphs the cache may hold.",
-        MetricType::Gauge, s.graph_cache.capacity);
-    add("probesidecar_graph_cache_hits_total", "Requests that replayed a cached CUDA graph.",
-        MetricType::Counter, s.graph_cache.hits);
-    add("probesidecar_graph_cache_misses_total", "Requests that found no cached CUDA graph.",
-        MetricType::Counter, s.graph_cache.misses);
-    add("probesidecar_graph_cache_captures_total", "CUDA graphs captured.", MetricType::Counter,
-        s.graph_cache.captures);
-    add("probesidecar_graph_cache_evictions_total", "CUDA graphs evicted from the cache.",
-        MetricType::Counter, s.graph_cache.evictions);
+    per_device("probesidecar_graph_cache_entries", "Captured CUDA graphs held.", MetricType::Gauge,
+               s.graph_cache.entries,
+               [](const DeviceMetricsState& d) { return d.graph_cache.entries; });
+    per_device("probesidecar_graph_cache_capacity", "Captured CUDA graphs the cache may hold.",
+               MetricType::Gauge, s.graph_cache.capacity,
+               [](const DeviceMetricsState& d) { return d.graph_cache.capacity; });
+    per_device("probesidecar_graph_cache_hits_total", "Requests that replayed a cached CUDA graph.",
+               MetricType::Counter, s.graph_cache.hits,
+               [](const DeviceMetricsState& d) { return d.graph_cache.hits; });
+    per_device("probesidecar_graph_cache_misses_total", "Requests that found no cached CUDA graph.",
+               MetricType::Counter, s.graph_cache.misses,
+               [](const DeviceMetricsState& d) { return d.graph_cache.misses; });
+    per_device("probesidecar_graph_cache_captures_total", "CUDA graphs captured.",
+               MetricType::Counter, s.graph_cache.captures,
+               [](const DeviceMetricsState& d) { return d.graph_cache.captures; });
+    per_device("probesidecar_graph_cache_evictions_total", "CUDA graphs evicted from the cache.",
+               MetricType::Counter, s.graph_cache.evictions,
+               [](const DeviceMetricsState& d) { return d.graph_cache.evictions; });
 
     AddValue(
         out.emplace_back(Family("probesidecar_build_info",

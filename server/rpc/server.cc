@@ -259,6 +259,20 @@ int Serve(const Config& config, ExecutorDecorator decorate, bool* device_abandon
       state.registered_buffer_bytes = counters.registered_bytes;
       state.open_ipc_handles = counters.open_handles;
     }
+    for (const DeviceReport& report : executor->device_reports()) {
+      DeviceMetricsState& d = state.devices.emplace_back();
+      d.device = absl::StrCat(report.device);
+      d.up = report.failure.empty();
+      d.memory_bytes = report.memory_bytes;
+      d.parked_slots = report.parked_slots;
+      d.graph_cache = report.graph_cache;
+      if (ipc != nullptr) {
+        const BufferCounters counters = ipc->buffers.counters(report.device);
+        d.registered_buffers = counters.registrations;
+        d.registered_buffer_bytes = counters.registered_bytes;
+        d.open_ipc_handles = counters.open_handles;
+      }
+    }
     return state;
   });
 
