@@ -43,7 +43,10 @@ class Sidecar:
         flags.append("--metrics-listen=127.0.0.1:0" if metrics else "--metrics-listen=none")
         if probes_dir is not None:
             flags.append(f"--probes={probes_dir}")
-        self.argv = [str(binary or BIN), *flags, *(args or [])]
+        # PROBE_SIDECAR_ARGS: flags added to every server a test starts, e.g. --devices=all to
+        # run the GPU tests against a server of every device (tests/gpu/, docs/tensor-parallel.md).
+        extra = os.environ.get("PROBE_SIDECAR_ARGS", "").split()
+        self.argv = [str(binary or BIN), *flags, *(args or []), *extra]
         self.umask = umask
         self.process: subprocess.Popen | None = None
         self.tcp_target = ""
