@@ -240,8 +240,8 @@ const std::vector<Flag>& Flags() {
        Count(&Config::max_concurrent_requests, "max-concurrent-requests", 1, 1 << 20),
        [](const Config& c) { return absl::StrCat(c.max_concurrent_requests); }},
       {"max-queued-requests", "N",
-       "Requests waiting for a worker (a GPU's stream slots, or the CPU threads); more are "
-       "refused with RESOURCE_EXHAUSTED at once (default {default}).",
+       "Requests waiting for a worker (a GPU's stream slots, per served GPU, or the CPU threads); "
+       "more are refused with RESOURCE_EXHAUSTED at once (default {default}).",
        Count(&Config::max_queued_requests, "max-queued-requests", 1, 1 << 20),
        [](const Config& c) { return absl::StrCat(c.max_queued_requests); }},
       {"max-rows", "N", "Largest number of rows in one Score request (default {default}).",
@@ -257,8 +257,8 @@ const std::vector<Flag>& Flags() {
        Count(&Config::cpu_threads, "cpu-threads", 0, 4096),
        [](const Config& c) { return absl::StrCat(c.cpu_threads); }},
       {"cuda-workers", "N",
-       "CUDA backend workers, each with its own stream, staging buffers and graphs (default "
-       "{default}).",
+       "CUDA backend workers per served GPU, each with its own stream, staging buffers and graphs "
+       "(default {default}).",
        Count(&Config::cuda_workers, "cuda-workers", 1, 64),
        [](const Config& c) { return absl::StrCat(c.cuda_workers); }},
       {"graph-cache-entries", "N", "Captured CUDA graphs kept per worker (default {default}).",
@@ -362,7 +362,7 @@ const std::vector<Flag>& Flags() {
        [](const Config& c) { return absl::StrCat(c.max_probe_sets); }},
       {"max-probe-set-bytes", "BYTES",
        "Bytes of the weights and biases of all loaded probe sets together, as float32 (each set "
-       "is held once in host memory and once on the GPU; default {default}).",
+       "is held once in host memory and once on each served GPU; default {default}).",
        Size(&Config::max_probe_set_bytes, "max-probe-set-bytes", 64, uint64_t{1} << 44),
        [](const Config& c) { return ShowSize(c.max_probe_set_bytes); }},
       {"strict-probes", nullptr,
