@@ -22,6 +22,7 @@ struct BufferLease {
 struct EventLease {
   void* event = nullptr;  // the cudaEvent_t, opened in this process
   std::shared_ptr<void> hold;
+  int device = 0;  // where it was opened
 };
 
 // Resolves a buffer location for `extent_bytes` bytes.

@@ -4,11 +4,31 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 
 namespace probesidecar::server {
 
-BufferRegistry::BufferRegistry(int device, IpcOpener* opener, BufferRegistryLimits limits)
-    : device_(device), opener_(opener), limits_(limits) {}
+absl::StatusOr<int> ResolveDevice(const std::optional<int>& device, const std::vector<int>& devices,
+                                  const char* what) {
+  const std::string served = absl::StrJoin(devices, ", ");
+  const char* plural = devices.size() == 1 ? "" : "s";
+  if (!device.has_value()) {
+    if (devices.size() == 1) return devices.front();
+    return absl::InvalidArgumentError(absl::StrCat(
+        "device_id: missing; this server serves CUDA devices ", served, ": say which device the ",
+        what, " is on (the ordinal as the server numbers its devices)"));
+  }
+  if (std::find(devices.begin(), devices.end(), *device) == devices.end()) {
+    return absl::InvalidArgumentError(absl::StrCat("device_id: this server serves CUDA device",
+                                                   plural, " ", served, "; the ", what,
+                                                   " is on device ", *device));
+  }
+  return *device;
+}
+
+BufferRegistry::BufferRegistry(std::vector<int> devices, const SessionTable* sessions,
+                               IpcOpener* opener, BufferRegistryLimits limits)
+    : devices_(std::move(devices)), sessions_(sessions), opener_(opener), limits_(limits) {}
 
 uint64_t BufferRegistry::SessionBytesLocked(uint64_t session_id) const {
   uint64_t bytes = 0;
@@ -20,26 +40,21 @@ uint64_t BufferRegistry::SessionBytesLocked(uint64_t session_id) const {
 
 BufferRegistry::~BufferRegistry() {
   absl::MutexLock lock(&mu_);
-  events_.clear();  // each closes once no request holds it (none may outlive the registry)
-  for (auto& [handle, mapping] : mappings_) opener_->Close(mapping->base);
+  for (auto& [handle, mapping] : mappings_) opener_->Close(mapping->base, mapping->device);
   mappings_.clear();
   registrations_.clear();
 }
 
-absl::StatusOr<v1::RegisterBufferResponse> BufferRegistry::Register(
-    const v1::RegisterBufferRequest& request) {
-  absl::StatusOr<IpcHandleBytes> handle = ParseIpcHandle(request.handle());
+absl::StatusOr<RegisteredBuffer> BufferRegistry::Register(const BufferRegistration& request) {
+  absl::StatusOr<IpcHandleBytes> handle = ParseIpcHandle(request.handle);
   if (!handle.ok()) return handle.status();
-  if (request.device_id() != device_) {
-    return absl::InvalidArgumentError(absl::StrCat("device_id: this server serves CUDA device ",
-                                                   device_, "; the buffer is on device ",
-                                                   request.device_id()));
-  }
-  if (request.byte_size() == 0) {
+  absl::StatusOr<int> device = ResolveDevice(request.device, devices_, "buffer");
+  if (!device.ok()) return device.status();
+  if (request.byte_size == 0) {
     return absl::InvalidArgumentError("byte_size: must be positive");
   }
   uint64_t window_end = 0;
-  if (__builtin_add_overflow(request.offset_bytes(), request.byte_size(), &window_end)) {
+  if (__builtin_add_overflow(request.offset_bytes, request.byte_size, &window_end)) {
     return absl::InvalidArgumentError("offset_bytes + byte_size overflows");
   }
   auto check_window = [&](uint64_t allocation_bytes) -> absl::Status {
@@ -48,23 +63,23 @@ absl::StatusOr<v1::RegisterBufferResponse> BufferRegistry::Register(
                                                    " is past the end of the allocation (",
                                                    allocation_bytes, " bytes)"));
   };
-  if (request.session_id() == 0 && !limits_.allow_sessionless) {
+  if (request.session_id == 0 && !limits_.allow_sessionless) {
     return absl::InvalidArgumentError(
         "session_id: missing; a buffer belongs to the session (OpenSession) that registers it, "
         "so that no other client can use it (--allow-sessionless-buffers accepts buffers "
         "without one)");
   }
   auto check_session = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) -> absl::Status {
-    if (request.session_id() != 0 && !sessions_.contains(request.session_id())) {
+    if (request.session_id != 0 && !sessions_->IsOpen(request.session_id)) {
       return absl::NotFoundError(
-          absl::StrCat("session_id: session ", request.session_id(), " is not open"));
+          absl::StrCat("session_id: session ", request.session_id, " is not open"));
     }
-    const uint64_t held = SessionBytesLocked(request.session_id());
-    if (held + request.byte_size() > limits_.max_session_bytes) {
-      return absl::ResourceExhaustedError(absl::StrCat(
-          "session ", request.session_id(), " has ", held, " bytes registered; ",
-          request.byte_size(), " more is over the limit of ", limits_.max_session_bytes,
-          " bytes per session (--max-session-buffer-bytes)"));
+    const uint64_t held = SessionBytesLocked(request.session_id);
+    if (held + request.byte_size > limits_.max_session_bytes) {
+      return absl::ResourceExhaustedError(
+          absl::StrCat("session ", request.session_id, " has ", held, " bytes registered; ",
+                       request.byte_size, " more is over the limit of ", limits_.max_session_bytes,
+                       " bytes per session (--max-session-buffer-bytes)"));
     }
     return absl::OkStatus();
   };
@@ -80,24 +95,30 @@ absl::StatusOr<v1::RegisterBufferResponse> BufferRegistry::Register(
           "this server already holds ", registrations_.size(), " registrations (the limit)"));
     }
     if (auto it = mappings_.find(*handle); it != mappings_.end()) {
+      if (it->second->device != *device) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("device_id: the allocation is on device ", it->second->device,
+                         " (registered there before), not device ", *device));
+      }
       if (absl::Status s = check_window(it->second->size); !s.ok()) return s;
       return AddLocked(request, it->second.get());
     }
   }
   // Opening takes 60-150 µs: done without mu_, so requests go on meanwhile.
-  absl::StatusOr<IpcOpener::Mapping> opened = opener_->Open(*handle);
+  absl::StatusOr<IpcOpener::Mapping> opened = opener_->Open(*handle, *device);
   if (!opened.ok()) return opened.status();
   if (absl::Status s = check_window(opened->size); !s.ok()) {
-    opener_->Close(opened->base);
+    opener_->Close(opened->base, *device);
     return s;
   }
   absl::MutexLock lock(&mu_);
   if (absl::Status s = check_session(); !s.ok()) {  // the session ended meanwhile
-    opener_->Close(opened->base);
+    opener_->Close(opened->base, *device);
     return s;
   }
   auto mapping = std::make_unique<Mapping>();
   mapping->handle = *handle;
+  mapping->device = *device;
   mapping->base = opened->base;
   mapping->size = opened->size;
   Mapping* raw = mapping.get();
@@ -105,23 +126,24 @@ absl::StatusOr<v1::RegisterBufferResponse> BufferRegistry::Register(
   return AddLocked(request, raw);
 }
 
-v1::RegisterBufferResponse BufferRegistry::AddLocked(const v1::RegisterBufferRequest& request,
-                                                     Mapping* mapping) {
+RegisteredBuffer BufferRegistry::AddLocked(const BufferRegistration& request, Mapping* mapping) {
   const bool shared = mapping->refs > 0;
   ++mapping->refs;
   const uint64_t id = next_buffer_id_++;
   Registration& r = registrations_[id];
-  r.name = request.name();
-  r.client_pid = request.client_pid();
-  r.session_id = request.session_id();
-  r.offset = request.offset_bytes();
-  r.size = request.byte_size();
+  r.name = request.name;
+  r.device = mapping->device;
+  r.client_pid = request.client_pid;
+  r.session_id = request.session_id;
+  r.offset = request.offset_bytes;
+  r.size = request.byte_size;
   r.mapping = mapping;
-  v1::RegisterBufferResponse response;
-  response.set_buffer_id(id);
-  response.set_allocation_bytes(mapping->size);
-  response.set_shared_mapping(shared);
-  return response;
+  RegisteredBuffer registered;
+  registered.buffer_id = id;
+  registered.allocation_bytes = mapping->size;
+  registered.shared_mapping = shared;
+  registered.device = mapping->device;
+  return registered;
 }
 
 bool BufferRegistry::RemoveLocked(uint64_t buffer_id) {
@@ -158,7 +180,9 @@ void BufferRegistry::CloseUnused() {
       }
     }
   }
-  for (const std::unique_ptr<Mapping>& mapping : unused) opener_->Close(mapping->base);
+  for (const std::unique_ptr<Mapping>& mapping : unused) {
+    opener_->Close(mapping->base, mapping->device);
+  }
 }
 
 absl::StatusOr<bool> BufferRegistry::Unregister(uint64_t buffer_id, uint64_t session_id) {
@@ -180,21 +204,21 @@ absl::StatusOr<bool> BufferRegistry::Unregister(uint64_t buffer_id, uint64_t ses
   return deferred;
 }
 
-std::vector<v1::BufferInfo> BufferRegistry::List() const {
+std::vector<BufferListing> BufferRegistry::List() const {
   absl::MutexLock lock(&mu_);
-  std::vector<v1::BufferInfo> out;
+  std::vector<BufferListing> out;
   for (const auto& [id, r] : registrations_) {
-    v1::BufferInfo& info = out.emplace_back();
-    info.set_buffer_id(id);
-    info.set_name(r.name);
-    info.set_device_id(device_);
-    info.set_offset_bytes(r.offset);
-    info.set_byte_size(r.size);
-    info.set_allocation_bytes(r.mapping->size);
-    info.set_client_pid(r.client_pid);
-    info.set_session_id(r.session_id);
-    info.set_in_flight(r.in_flight);
-    info.set_closing(r.closing);
+    BufferListing& info = out.emplace_back();
+    info.buffer_id = id;
+    info.name = r.name;
+    info.device = r.device;
+    info.offset_bytes = r.offset;
+    info.byte_size = r.size;
+    info.allocation_bytes = r.mapping->size;
+    info.client_pid = r.client_pid;
+    info.session_id = r.session_id;
+    info.in_flight = r.in_flight;
+    info.closing = r.closing;
   }
   return out;
 }
@@ -220,7 +244,7 @@ absl::StatusOr<BufferLease> BufferRegistry::Acquire(uint64_t buffer_id, uint64_t
   }
   ++r.in_flight;
   BufferLease lease;
-  lease.device = device_;
+  lease.device = r.device;
   lease.device_ptr = static_cast<char*>(r.mapping->base) + r.offset + offset_bytes;
   // The deleter runs when the request's last copy of the lease goes away.
   lease.hold =
@@ -239,103 +263,10 @@ void BufferRegistry::Release(uint64_t buffer_id) {
   if (close) CloseUnused();
 }
 
-uint64_t BufferRegistry::OpenSession(int64_t client_pid) {
-  absl::MutexLock lock(&mu_);
-  const uint64_t id = next_session_id_++;
-  sessions_[id] = client_pid;
-  return id;
-}
-
-absl::StatusOr<uint64_t> BufferRegistry::RegisterEvent(const v1::RegisterEventRequest& request) {
-  absl::StatusOr<IpcHandleBytes> parsed = ParseIpcEventHandle(request.handle());
-  if (!parsed.ok()) return parsed.status();
-  if (request.device_id() != device_) {
-    return absl::InvalidArgumentError(absl::StrCat("device_id: this server serves CUDA device ",
-                                                   device_, "; the event is on device ",
-                                                   request.device_id()));
-  }
-  const IpcHandleBytes handle = *parsed;
-  auto check = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) -> absl::Status {
-    if (request.session_id() == 0) {
-      return absl::InvalidArgumentError(
-          "session_id: events belong to a session; open one with OpenSession");
-    }
-    if (!sessions_.contains(request.session_id())) {
-      return absl::NotFoundError(
-          absl::StrCat("session_id: session ", request.session_id(), " is not open"));
-    }
-    if (events_.size() >= limits_.max_registrations) {
-      return absl::ResourceExhaustedError(
-          absl::StrCat("this server already holds ", events_.size(), " events (the limit)"));
-    }
-    return absl::OkStatus();
-  };
-  {
-    absl::MutexLock lock(&mu_);
-    if (absl::Status s = check(); !s.ok()) return s;
-  }
-  absl::StatusOr<void*> opened = opener_->OpenEvent(handle);
-  if (!opened.ok()) return opened.status();
-  IpcOpener* opener = opener_;
-  auto event = std::shared_ptr<Event>(new Event{*opened, request.session_id()}, [opener](Event* e) {
-    opener->CloseEvent(e->event);
-    delete e;
-  });
-  absl::MutexLock lock(&mu_);
-  if (absl::Status s = check(); !s.ok()) return s;  // (the event closes with `event`)
-  const uint64_t id = next_event_id_++;
-  events_.emplace(id, std::move(event));
-  return id;
-}
-
-absl::Status BufferRegistry::UnregisterEvent(uint64_t event_id, uint64_t session_id) {
-  std::shared_ptr<Event> released;  // closed outside the lock, unless a request holds it
-  absl::MutexLock lock(&mu_);
-  absl::StatusOr<EventMap::iterator> it = FindEvent(event_id, session_id);
-  if (!it.ok()) return it.status();
-  released = std::move((*it)->second);
-  events_.erase(*it);
-  return absl::OkStatus();
-}
-
-absl::StatusOr<EventLease> BufferRegistry::AcquireEvent(uint64_t event_id, uint64_t session_id) {
-  absl::MutexLock lock(&mu_);
-  absl::StatusOr<EventMap::iterator> it = FindEvent(event_id, session_id);
-  if (!it.ok()) return it.status();
-  EventLease lease;
-  lease.event = (*it)->second->event;
-  lease.hold = (*it)->second;
-  return lease;
-}
-
-absl::StatusOr<BufferRegistry::EventMap::iterator> BufferRegistry::FindEvent(uint64_t event_id,
-                                                                             uint64_t session_id) {
-  auto it = events_.find(event_id);
-  if (it == events_.end()) {
-    return absl::NotFoundError(absl::StrCat("event ", event_id, " is not registered"));
-  }
-  if (it->second->session_id != session_id) {
-    return absl::PermissionDeniedError(
-        absl::StrCat("event ", event_id, " belongs to another session (the request names session ",
-                     session_id, ")"));
-  }
-  return it;
-}
-
 void BufferRegistry::CloseSession(uint64_t session_id) {
   bool close = false;
-  std::vector<std::shared_ptr<Event>> released;  // closed outside the lock
   {
     absl::MutexLock lock(&mu_);
-    sessions_.erase(session_id);
-    for (auto it = events_.begin(); it != events_.end();) {
-      if (it->second->session_id == session_id) {
-        released.push_back(std::move(it->second));
-        it = events_.erase(it);
-      } else {
-        ++it;
-      }
-    }
     std::vector<uint64_t> ids;
     for (const auto& [id, r] : registrations_) {
       if (r.session_id == session_id && !r.closing) ids.push_back(id);
@@ -354,8 +285,20 @@ BufferCounters BufferRegistry::counters() const {
   c.registrations = registrations_.size();
   for (const auto& [id, r] : registrations_) c.registered_bytes += r.size;
   for (const auto& [handle, mapping] : mappings_) c.open_handles += mapping->refs > 0 ? 1 : 0;
-  c.sessions = sessions_.size();
-  c.events = events_.size();
+  return c;
+}
+
+BufferCounters BufferRegistry::counters(int device) const {
+  absl::MutexLock lock(&mu_);
+  BufferCounters c;
+  for (const auto& [id, r] : registrations_) {
+    if (r.device != device) continue;
+    ++c.registrations;
+    c.registered_bytes += r.size;
+  }
+  for (const auto& [handle, mapping] : mappings_) {
+    c.open_handles += mapping->device == device && mapping->refs > 0 ? 1 : 0;
+  }
   return c;
 }
 

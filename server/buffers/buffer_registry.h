@@ -8,48 +8,70 @@
 // process exits, its connection breaks and the session with it — so a restarted inference
 // server's memory is not kept pinned by our mappings.
 //
-// The registry also holds the sessions' CUDA IPC events (GPU-side ordering): opened once, named by
-// id in requests, usable only by their own session.
+// A buffer lives on one of the served CUDA devices, the one its registration names; its leases
+// carry that device, so that a request runs where its buffers are. The API speaks plain types:
+// the RPC layer converts the protos (server/rpc/proto_conversion.h).
 #pragma once
 
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
-#include "probesidecar/v1/buffers.pb.h"
 #include "server/buffers/buffer_lease.h"
 #include "server/buffers/ipc_handle.h"
+#include "server/buffers/ipc_opener.h"
+#include "server/buffers/session_table.h"
 
 namespace probesidecar::server {
 
-// Opens and closes IPC allocations: CUDA in the server (cuda_ipc.h), a fake in tests.
-class IpcOpener {
- public:
-  struct Mapping {
-    void* base = nullptr;
-    uint64_t size = 0;  // bytes of the whole allocation
-  };
-  virtual ~IpcOpener() = default;
-  // INVALID_ARGUMENT when the handle cannot be opened (stale, foreign, wrong device).
-  virtual absl::StatusOr<Mapping> Open(const IpcHandleBytes& handle) = 0;
-  virtual void Close(void* base) = 0;
-  // The same for a cudaIpcEventHandle_t: the opened cudaEvent_t.
-  virtual absl::StatusOr<void*> OpenEvent(const IpcHandleBytes& handle) = 0;
-  virtual void CloseEvent(void* event) = 0;
+// What a client asks to register: a window [offset_bytes, offset_bytes + byte_size) of the
+// allocation `handle` names (a raw or PyTorch-versioned cudaIpcMemHandle_t).
+struct BufferRegistration {
+  std::string name;
+  std::optional<int> device;  // unset: the only served device (refused when there are several)
+  uint64_t byte_size = 0;
+  uint64_t offset_bytes = 0;
+  std::string handle;
+  int64_t client_pid = 0;
+  uint64_t session_id = 0;  // 0: none (only with allow_sessionless)
+};
+
+struct RegisteredBuffer {
+  uint64_t buffer_id = 0;
+  uint64_t allocation_bytes = 0;
+  bool shared_mapping = false;  // another registration had opened the allocation already
+  int device = 0;
+};
+
+struct BufferListing {
+  uint64_t buffer_id = 0;
+  std::string name;
+  int device = 0;
+  uint64_t offset_bytes = 0;
+  uint64_t byte_size = 0;
+  uint64_t allocation_bytes = 0;
+  int64_t client_pid = 0;
+  uint64_t session_id = 0;
+  uint32_t in_flight = 0;
+  bool closing = false;
 };
 
 struct BufferCounters {
   uint64_t registrations = 0;
   uint64_t registered_bytes = 0;
   uint64_t open_handles = 0;
-  uint64_t sessions = 0;
-  uint64_t events = 0;
 };
+
+// The device a registration names, checked against the served `devices`: INVALID_ARGUMENT for a
+// device that is not served, or for none when several are. `what` is "buffer" or "event".
+absl::StatusOr<int> ResolveDevice(const std::optional<int>& device, const std::vector<int>& devices,
+                                  const char* what);
 
 struct BufferRegistryLimits {
   uint32_t max_registrations = 4096;               // buffers and events, each
@@ -57,48 +79,46 @@ struct BufferRegistryLimits {
   bool allow_sessionless = false;  // buffers registered without a session (usable by anyone)
 };
 
-class BufferRegistry final : public BufferResolver {
+class BufferRegistry final {
  public:
-  BufferRegistry(int device, IpcOpener* opener, BufferRegistryLimits limits = {});
+  // `devices`: the served CUDA devices; `sessions` and `opener` outlive the registry.
+  BufferRegistry(std::vector<int> devices, const SessionTable* sessions, IpcOpener* opener,
+                 BufferRegistryLimits limits = {});
   // Closes every mapping; no lease may outlive the registry.
-  ~BufferRegistry() override;
+  ~BufferRegistry();
 
   // INVALID_ARGUMENT for bad handles, sizes, windows or devices, and for a missing session
   // (unless sessionless buffers are allowed); UNIMPLEMENTED for PyTorch expandable-segment
   // handles; NOT_FOUND for unknown sessions; RESOURCE_EXHAUSTED past the registration limit or
   // the session's byte limit.
-  absl::StatusOr<v1::RegisterBufferResponse> Register(const v1::RegisterBufferRequest& request);
+  absl::StatusOr<RegisteredBuffer> Register(const BufferRegistration& request);
   // Returns true when deferred (requests still use it). NOT_FOUND when unknown or already closing;
   // PERMISSION_DENIED for a buffer of another session.
   absl::StatusOr<bool> Unregister(uint64_t buffer_id, uint64_t session_id);
-  std::vector<v1::BufferInfo> List() const;
+  std::vector<BufferListing> List() const;
 
   absl::StatusOr<BufferLease> Acquire(uint64_t buffer_id, uint64_t offset_bytes,
-                                      uint64_t extent_bytes, uint64_t session_id) override;
+                                      uint64_t extent_bytes, uint64_t session_id);
 
-  // CUDA IPC events (GPU-side ordering), owned by a session. INVALID_ARGUMENT for bad handles
-  // or devices, NOT_FOUND for a session that is not open, RESOURCE_EXHAUSTED past the limit.
-  absl::StatusOr<uint64_t> RegisterEvent(const v1::RegisterEventRequest& request);
-  // NOT_FOUND when unknown, PERMISSION_DENIED when it belongs to another session. Requests that
-  // hold the event keep it open until they end.
-  absl::Status UnregisterEvent(uint64_t event_id, uint64_t session_id);
-  absl::StatusOr<EventLease> AcquireEvent(uint64_t event_id, uint64_t session_id) override;
-
-  uint64_t OpenSession(int64_t client_pid);
-  // Releases every registration and event of the session (deferred where in use).
+  // Releases every registration of the session (deferred where in use); called once the session
+  // has closed.
   void CloseSession(uint64_t session_id);
 
   BufferCounters counters() const;
+  // The same, of the buffers on `device`.
+  BufferCounters counters(int device) const;
 
  private:
   struct Mapping {
     IpcHandleBytes handle;
+    int device = 0;
     void* base = nullptr;
     uint64_t size = 0;
     int refs = 0;
   };
   struct Registration {
     std::string name;
+    int device = 0;
     int64_t client_pid = 0;
     uint64_t session_id = 0;
     uint64_t offset = 0;
@@ -110,7 +130,7 @@ class BufferRegistry final : public BufferResolver {
 
   // Drops one lease of `buffer_id`; completes a deferred unregister.
   void Release(uint64_t buffer_id);
-  v1::RegisterBufferResponse AddLocked(const v1::RegisterBufferRequest& request, Mapping* mapping)
+  RegisteredBuffer AddLocked(const BufferRegistration& request, Mapping* mapping)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Removes a registration; true when its mapping is now unused (call CloseUnused).
   bool RemoveLocked(uint64_t buffer_id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -122,7 +142,8 @@ class BufferRegistry final : public BufferResolver {
   // Bytes of windows `session_id` has registered.
   uint64_t SessionBytesLocked(uint64_t session_id) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
-  const int device_;
+  const std::vector<int> devices_;
+  const SessionTable* const sessions_;
   IpcOpener* const opener_;
   const BufferRegistryLimits limits_;
   // Serialises opening and closing allocations (slow CUDA calls) without holding mu_, which the
@@ -130,21 +151,8 @@ class BufferRegistry final : public BufferResolver {
   absl::Mutex open_mu_ ABSL_ACQUIRED_BEFORE(mu_);
   mutable absl::Mutex mu_;
   uint64_t next_buffer_id_ ABSL_GUARDED_BY(mu_) = 1;
-  uint64_t next_session_id_ ABSL_GUARDED_BY(mu_) = 1;
   std::map<uint64_t, Registration> registrations_ ABSL_GUARDED_BY(mu_);
   std::map<IpcHandleBytes, std::unique_ptr<Mapping>> mappings_ ABSL_GUARDED_BY(mu_);
-  std::map<uint64_t, int64_t> sessions_ ABSL_GUARDED_BY(mu_);  // id -> client pid
-  // An opened event; closed when the registry and every request have let go of it.
-  struct Event {
-    void* event = nullptr;
-    uint64_t session_id = 0;
-  };
-  uint64_t next_event_id_ ABSL_GUARDED_BY(mu_) = 1;
-  using EventMap = std::map<uint64_t, std::shared_ptr<Event>>;
-  // The event, if it is registered and belongs to `session_id`.
-  absl::StatusOr<EventMap::iterator> FindEvent(uint64_t event_id, uint64_t session_id)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  EventMap events_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace probesidecar::server

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "gtest/gtest.h"
+#include "server/buffers/event_registry.h"
 
 namespace probesidecar::server {
 namespace {
@@ -16,7 +17,7 @@ namespace {
 // cudaIpcOpenMemHandle does when a handle is opened twice without a close in between.
 class FakeOpener final : public IpcOpener {
  public:
-  absl::StatusOr<Mapping> Open(const IpcHandleBytes& handle) override {
+  absl::StatusOr<Mapping> Open(const IpcHandleBytes& handle, int /*device*/) override {
     const std::string key(handle.data(), handle.size());
     if (open_.count(key)) return absl::InternalError("already mapped (opened twice)");
     if (key[1] == 'X') return absl::InvalidArgumentError("handle: cannot open");
@@ -27,7 +28,7 @@ class FakeOpener final : public IpcOpener {
     open_[key] = m.base;
     return m;
   }
-  void Close(void* base) override {
+  void Close(void* base, int /*device*/) override {
     for (auto it = open_.begin(); it != open_.end(); ++it) {
       if (it->second == base) {
         open_.erase(it);
@@ -38,12 +39,12 @@ class FakeOpener final : public IpcOpener {
     ADD_FAILURE() << "closing an allocation that is not open";
   }
   size_t open_count() const { return open_.size(); }
-  absl::StatusOr<void*> OpenEvent(const IpcHandleBytes& handle) override {
+  absl::StatusOr<void*> OpenEvent(const IpcHandleBytes& handle, int /*device*/) override {
     if (handle[0] == 'X') return absl::InvalidArgumentError("handle: cannot open event");
     ++event_opens;
     return reinterpret_cast<void*>(0x7000 + event_opens);
   }
-  void CloseEvent(void* event) override {
+  void CloseEvent(void* event, int /*device*/) override {
     ++event_closes;
     closed_events.push_back(event);
   }
@@ -65,50 +66,60 @@ std::string Handle(char id) {
   return h;
 }
 
-v1::RegisterBufferRequest Request(char id, uint64_t offset, uint64_t size, uint64_t session = 0) {
-  v1::RegisterBufferRequest r;
-  r.set_name(std::string("buf-") + id);
-  r.set_handle(Handle(id));
-  r.set_offset_bytes(offset);
-  r.set_byte_size(size);
-  r.set_client_pid(4242);
-  r.set_session_id(session);
+BufferRegistration Request(char id, uint64_t offset, uint64_t size, uint64_t session = 0) {
+  BufferRegistration r;
+  r.name = std::string("buf-") + id;
+  r.handle = Handle(id);
+  r.offset_bytes = offset;
+  r.byte_size = size;
+  r.client_pid = 4242;
+  r.session_id = session;
   return r;
 }
 
 class BufferRegistryTest : public ::testing::Test {
  protected:
+  // Ends a session as the service does: the table first, then what it registered.
+  void CloseSession(uint64_t session) {
+    sessions_.Close(session);
+    registry_.CloseSession(session);
+    events_.CloseSession(session);
+  }
+
   FakeOpener opener_;
+  SessionTable sessions_;
   // Sessionless buffers allowed here, so that most tests need no session (session 0).
-  BufferRegistry registry_{0, &opener_, BufferRegistryLimits{8, uint64_t{1} << 40, true}};
+  BufferRegistry registry_{
+      {0}, &sessions_, &opener_, BufferRegistryLimits{8, uint64_t{1} << 40, true}};
+  EventRegistry events_{{0}, &sessions_, &opener_, 8};
 };
 
 TEST_F(BufferRegistryTest, RegistrationsOfOneAllocationShareOneMapping) {
   auto a = registry_.Register(Request('a', 0, 4096));
   auto b = registry_.Register(Request('a', 8192, 4096));
   ASSERT_TRUE(a.ok() && b.ok()) << a.status() << b.status();
-  EXPECT_FALSE(a->shared_mapping());
-  EXPECT_TRUE(b->shared_mapping());
-  EXPECT_NE(a->buffer_id(), b->buffer_id());
-  EXPECT_EQ(a->allocation_bytes(), FakeOpener::kAllocationBytes);
+  EXPECT_FALSE(a->shared_mapping);
+  EXPECT_TRUE(b->shared_mapping);
+  EXPECT_NE(a->buffer_id, b->buffer_id);
+  EXPECT_EQ(a->allocation_bytes, FakeOpener::kAllocationBytes);
   EXPECT_EQ(opener_.opens, 1);
   EXPECT_EQ(registry_.counters().open_handles, 1u);
   EXPECT_EQ(registry_.counters().registrations, 2u);
   EXPECT_EQ(registry_.counters().registered_bytes, 8192u);
 
   // Each window maps at its own offset.
-  auto la = registry_.Acquire(a->buffer_id(), 16, 32, 0);
-  auto lb = registry_.Acquire(b->buffer_id(), 16, 32, 0);
+  auto la = registry_.Acquire(a->buffer_id, 16, 32, 0);
+  auto lb = registry_.Acquire(b->buffer_id, 16, 32, 0);
   ASSERT_TRUE(la.ok() && lb.ok());
   EXPECT_EQ(static_cast<char*>(lb->device_ptr) - static_cast<char*>(la->device_ptr), 8192);
 
-  absl::StatusOr<bool> deferred = registry_.Unregister(a->buffer_id(), 0);
+  absl::StatusOr<bool> deferred = registry_.Unregister(a->buffer_id, 0);
   ASSERT_TRUE(deferred.ok());
   EXPECT_TRUE(*deferred);  // la is in flight
   la->hold.reset();
   lb->hold.reset();
   EXPECT_EQ(opener_.closes, 0);  // b still uses the mapping
-  ASSERT_TRUE(registry_.Unregister(b->buffer_id(), 0).ok());
+  ASSERT_TRUE(registry_.Unregister(b->buffer_id, 0).ok());
   EXPECT_EQ(opener_.closes, 1);
   EXPECT_EQ(opener_.open_count(), 0u);
   // The allocation can be registered again: it is opened anew.
@@ -119,20 +130,19 @@ TEST_F(BufferRegistryTest, RegistrationsOfOneAllocationShareOneMapping) {
 TEST_F(BufferRegistryTest, UnregisterWhileInUseIsDeferredUntilTheLastLease) {
   auto a = registry_.Register(Request('a', 0, 4096));
   ASSERT_TRUE(a.ok());
-  auto lease1 = registry_.Acquire(a->buffer_id(), 0, 4096, 0);
-  auto lease2 = registry_.Acquire(a->buffer_id(), 100, 10, 0);
+  auto lease1 = registry_.Acquire(a->buffer_id, 0, 4096, 0);
+  auto lease2 = registry_.Acquire(a->buffer_id, 100, 10, 0);
   ASSERT_TRUE(lease1.ok() && lease2.ok());
-  absl::StatusOr<bool> deferred = registry_.Unregister(a->buffer_id(), 0);
+  absl::StatusOr<bool> deferred = registry_.Unregister(a->buffer_id, 0);
   ASSERT_TRUE(deferred.ok());
   EXPECT_TRUE(*deferred);
   // Closing: no new request can use it, a second unregister is NOT_FOUND, it is still listed.
-  EXPECT_EQ(registry_.Acquire(a->buffer_id(), 0, 1, 0).status().code(),
-            absl::StatusCode::kNotFound);
-  EXPECT_EQ(registry_.Unregister(a->buffer_id(), 0).status().code(), absl::StatusCode::kNotFound);
-  std::vector<v1::BufferInfo> listed = registry_.List();
+  EXPECT_EQ(registry_.Acquire(a->buffer_id, 0, 1, 0).status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(registry_.Unregister(a->buffer_id, 0).status().code(), absl::StatusCode::kNotFound);
+  std::vector<BufferListing> listed = registry_.List();
   ASSERT_EQ(listed.size(), 1u);
-  EXPECT_TRUE(listed[0].closing());
-  EXPECT_EQ(listed[0].in_flight(), 2u);
+  EXPECT_TRUE(listed[0].closing);
+  EXPECT_EQ(listed[0].in_flight, 2u);
   lease1->hold.reset();
   EXPECT_EQ(opener_.closes, 0);
   lease2->hold.reset();
@@ -143,42 +153,42 @@ TEST_F(BufferRegistryTest, UnregisterWhileInUseIsDeferredUntilTheLastLease) {
 TEST_F(BufferRegistryTest, UnregisterWhenIdleClosesAtOnce) {
   auto a = registry_.Register(Request('a', 0, 64));
   ASSERT_TRUE(a.ok());
-  absl::StatusOr<bool> deferred = registry_.Unregister(a->buffer_id(), 0);
+  absl::StatusOr<bool> deferred = registry_.Unregister(a->buffer_id, 0);
   ASSERT_TRUE(deferred.ok());
   EXPECT_FALSE(*deferred);
   EXPECT_EQ(opener_.closes, 1);
-  EXPECT_EQ(registry_.Unregister(a->buffer_id(), 0).status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(registry_.Unregister(a->buffer_id, 0).status().code(), absl::StatusCode::kNotFound);
 }
 
 TEST_F(BufferRegistryTest, AcquireChecksTheWindowOverflowSafely) {
   auto a = registry_.Register(Request('a', 4096, 1000));
   ASSERT_TRUE(a.ok());
-  EXPECT_TRUE(registry_.Acquire(a->buffer_id(), 0, 1000, 0).ok());
-  EXPECT_TRUE(registry_.Acquire(a->buffer_id(), 999, 1, 0).ok());
+  EXPECT_TRUE(registry_.Acquire(a->buffer_id, 0, 1000, 0).ok());
+  EXPECT_TRUE(registry_.Acquire(a->buffer_id, 999, 1, 0).ok());
   for (auto [offset, extent] : std::vector<std::pair<uint64_t, uint64_t>>{
            {0, 1001}, {1000, 1}, {1, 1000}, {UINT64_MAX, 2}, {2, UINT64_MAX}}) {
-    absl::StatusOr<BufferLease> lease = registry_.Acquire(a->buffer_id(), offset, extent, 0);
+    absl::StatusOr<BufferLease> lease = registry_.Acquire(a->buffer_id, offset, extent, 0);
     ASSERT_FALSE(lease.ok()) << offset << " " << extent;
     EXPECT_EQ(lease.status().code(), absl::StatusCode::kInvalidArgument);
     EXPECT_NE(lease.status().message().find("past the end"), absl::string_view::npos);
   }
   EXPECT_EQ(registry_.Acquire(999, 0, 1, 0).status().code(), absl::StatusCode::kNotFound);
   // Refused acquisitions took no lease: the buffer closes at once.
-  EXPECT_FALSE(*registry_.Unregister(a->buffer_id(), 0));
+  EXPECT_FALSE(*registry_.Unregister(a->buffer_id, 0));
 }
 
 TEST_F(BufferRegistryTest, BadRegistrationsChangeNothing) {
   struct Case {
-    v1::RegisterBufferRequest request;
+    BufferRegistration request;
     absl::StatusCode code;
     const char* fragment;
   };
-  v1::RegisterBufferRequest other_device = Request('a', 0, 16);
-  other_device.set_device_id(1);
-  v1::RegisterBufferRequest short_handle = Request('a', 0, 16);
-  short_handle.set_handle("abc");
-  v1::RegisterBufferRequest unopenable = Request('a', 0, 16);
-  unopenable.set_handle(std::string(1, 'z') + "X" + std::string(62, 'q'));
+  BufferRegistration other_device = Request('a', 0, 16);
+  other_device.device = 1;
+  BufferRegistration short_handle = Request('a', 0, 16);
+  short_handle.handle = "abc";
+  BufferRegistration unopenable = Request('a', 0, 16);
+  unopenable.handle = std::string(1, 'z') + "X" + std::string(62, 'q');
   for (const Case& c : std::vector<Case>{
            {Request('a', 0, 0), absl::StatusCode::kInvalidArgument, "byte_size"},
            {Request('a', FakeOpener::kAllocationBytes, 1), absl::StatusCode::kInvalidArgument,
@@ -208,17 +218,17 @@ TEST_F(BufferRegistryTest, RegistrationLimit) {
 }
 
 TEST_F(BufferRegistryTest, EndingASessionReleasesItsBuffers) {
-  const uint64_t session = registry_.OpenSession(4242);
-  const uint64_t other = registry_.OpenSession(777);
+  const uint64_t session = sessions_.Open(4242);
+  const uint64_t other = sessions_.Open(777);
   auto a = registry_.Register(Request('a', 0, 64, session));
   auto b = registry_.Register(Request('b', 0, 64, session));
   auto c = registry_.Register(Request('c', 0, 64, other));
   auto d = registry_.Register(Request('d', 0, 64));  // no session: lives until unregistered
   ASSERT_TRUE(a.ok() && b.ok() && c.ok() && d.ok());
-  auto lease = registry_.Acquire(b->buffer_id(), 0, 64, session);
+  auto lease = registry_.Acquire(b->buffer_id, 0, 64, session);
   ASSERT_TRUE(lease.ok());
-  registry_.CloseSession(session);
-  EXPECT_EQ(registry_.Acquire(a->buffer_id(), 0, 1, session).status().code(),
+  CloseSession(session);
+  EXPECT_EQ(registry_.Acquire(a->buffer_id, 0, 1, session).status().code(),
             absl::StatusCode::kNotFound);
   EXPECT_EQ(opener_.closes, 1);  // a closed; b waits for its request
   lease->hold.reset();
@@ -226,7 +236,7 @@ TEST_F(BufferRegistryTest, EndingASessionReleasesItsBuffers) {
   EXPECT_EQ(registry_.List().size(), 2u);
   EXPECT_EQ(registry_.Register(Request('e', 0, 1, session)).status().code(),
             absl::StatusCode::kNotFound);
-  EXPECT_EQ(registry_.counters().sessions, 1u);
+  EXPECT_EQ(sessions_.size(), 1u);
 }
 
 TEST_F(BufferRegistryTest, ConcurrentLeasesAndUnregister) {
@@ -237,104 +247,101 @@ TEST_F(BufferRegistryTest, ConcurrentLeasesAndUnregister) {
   for (int t = 0; t < 4; ++t) {
     threads.emplace_back([&] {
       for (int i = 0; i < 2000; ++i) {
-        absl::StatusOr<BufferLease> lease = registry_.Acquire(a->buffer_id(), 0, 64, 0);
+        absl::StatusOr<BufferLease> lease = registry_.Acquire(a->buffer_id, 0, 64, 0);
         if (lease.ok()) ++ok;
       }
     });
   }
   // Unregister while the threads are leasing (not before they started, on a loaded machine).
   while (ok.load() == 0) std::this_thread::yield();
-  ASSERT_TRUE(registry_.Unregister(a->buffer_id(), 0).ok());
+  ASSERT_TRUE(registry_.Unregister(a->buffer_id, 0).ok());
   for (std::thread& t : threads) t.join();
   EXPECT_GT(ok.load(), 0);
   EXPECT_EQ(opener_.closes, 1);
   EXPECT_TRUE(registry_.List().empty());
 }
 
-v1::RegisterEventRequest EventRequest(uint64_t session, char id = 'e') {
-  v1::RegisterEventRequest r;
-  r.set_handle(Handle(id));
-  r.set_session_id(session);
+EventRegistration EventRequest(uint64_t session, char id = 'e') {
+  EventRegistration r;
+  r.handle = Handle(id);
+  r.session_id = session;
   return r;
 }
 
 TEST_F(BufferRegistryTest, EventsBelongToTheirSessionAndCloseWithIt) {
-  const uint64_t mine = registry_.OpenSession(1);
-  const uint64_t theirs = registry_.OpenSession(2);
-  absl::StatusOr<uint64_t> event = registry_.RegisterEvent(EventRequest(mine));
+  const uint64_t mine = sessions_.Open(1);
+  const uint64_t theirs = sessions_.Open(2);
+  absl::StatusOr<uint64_t> event = events_.Register(EventRequest(mine));
   ASSERT_TRUE(event.ok()) << event.status();
-  absl::StatusOr<EventLease> lease = registry_.AcquireEvent(*event, mine);
+  absl::StatusOr<EventLease> lease = events_.Acquire(*event, mine);
   ASSERT_TRUE(lease.ok()) << lease.status();
   EXPECT_NE(lease->event, nullptr);
   // Another session may neither use nor unregister it; unknown ids are NOT_FOUND.
-  EXPECT_EQ(registry_.AcquireEvent(*event, theirs).status().code(),
-            absl::StatusCode::kPermissionDenied);
-  EXPECT_EQ(registry_.AcquireEvent(*event, 0).status().code(), absl::StatusCode::kPermissionDenied);
-  EXPECT_EQ(registry_.UnregisterEvent(*event, theirs).code(), absl::StatusCode::kPermissionDenied);
-  EXPECT_EQ(registry_.AcquireEvent(*event + 100, mine).status().code(),
-            absl::StatusCode::kNotFound);
+  EXPECT_EQ(events_.Acquire(*event, theirs).status().code(), absl::StatusCode::kPermissionDenied);
+  EXPECT_EQ(events_.Acquire(*event, 0).status().code(), absl::StatusCode::kPermissionDenied);
+  EXPECT_EQ(events_.Unregister(*event, theirs).code(), absl::StatusCode::kPermissionDenied);
+  EXPECT_EQ(events_.Acquire(*event + 100, mine).status().code(), absl::StatusCode::kNotFound);
   // The session ends while a request holds the event: it closes when the request lets go.
-  registry_.CloseSession(mine);
-  EXPECT_EQ(registry_.AcquireEvent(*event, mine).status().code(), absl::StatusCode::kNotFound);
+  CloseSession(mine);
+  EXPECT_EQ(events_.Acquire(*event, mine).status().code(), absl::StatusCode::kNotFound);
   EXPECT_EQ(opener_.event_closes, 0);
   lease->hold.reset();
   EXPECT_EQ(opener_.event_closes, 1);
-  EXPECT_EQ(registry_.counters().events, 0u);
+  EXPECT_EQ(events_.size(), 0u);
 }
 
 TEST_F(BufferRegistryTest, EventRegistrationIsValidated) {
-  const uint64_t session = registry_.OpenSession(1);
-  v1::RegisterEventRequest short_handle = EventRequest(session);
-  short_handle.set_handle("abc");
-  EXPECT_EQ(registry_.RegisterEvent(short_handle).status().code(),
-            absl::StatusCode::kInvalidArgument);
-  v1::RegisterEventRequest zero_handle = EventRequest(session);
-  zero_handle.set_handle(std::string(64, '\0'));
-  EXPECT_EQ(registry_.RegisterEvent(zero_handle).status().message(),
+  const uint64_t session = sessions_.Open(1);
+  EventRegistration short_handle = EventRequest(session);
+  short_handle.handle = "abc";
+  EXPECT_EQ(events_.Register(short_handle).status().code(), absl::StatusCode::kInvalidArgument);
+  EventRegistration zero_handle = EventRequest(session);
+  zero_handle.handle = std::string(64, '\0');
+  EXPECT_EQ(events_.Register(zero_handle).status().message(),
             "handle: all zero bytes; not a handle from cudaIpcGetEventHandle");
-  EXPECT_EQ(registry_.RegisterEvent(EventRequest(0)).status().code(),
+  EXPECT_EQ(events_.Register(EventRequest(0)).status().code(),
             absl::StatusCode::kInvalidArgument);  // no session
-  EXPECT_EQ(registry_.RegisterEvent(EventRequest(session + 9)).status().code(),
+  EXPECT_EQ(events_.Register(EventRequest(session + 9)).status().code(),
             absl::StatusCode::kNotFound);  // not open
-  v1::RegisterEventRequest other_device = EventRequest(session);
-  other_device.set_device_id(3);
-  EXPECT_EQ(registry_.RegisterEvent(other_device).status().code(),
-            absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(registry_.RegisterEvent(EventRequest(session, 'X')).status().code(),
+  EventRegistration other_device = EventRequest(session);
+  other_device.device = 3;
+  EXPECT_EQ(events_.Register(other_device).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(events_.Register(EventRequest(session, 'X')).status().code(),
             absl::StatusCode::kInvalidArgument);  // the opener refuses it
   EXPECT_EQ(opener_.event_opens, 0);
-  EXPECT_EQ(registry_.counters().events, 0u);
-  absl::StatusOr<uint64_t> event = registry_.RegisterEvent(EventRequest(session));
+  EXPECT_EQ(events_.size(), 0u);
+  absl::StatusOr<uint64_t> event = events_.Register(EventRequest(session));
   ASSERT_TRUE(event.ok());
-  EXPECT_TRUE(registry_.UnregisterEvent(*event, session).ok());
+  EXPECT_TRUE(events_.Unregister(*event, session).ok());
   EXPECT_EQ(opener_.event_closes, 1);
-  EXPECT_EQ(registry_.UnregisterEvent(*event, session).code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(events_.Unregister(*event, session).code(), absl::StatusCode::kNotFound);
 }
 
 TEST_F(BufferRegistryTest, ABufferIsUsableOnlyByItsSession) {
-  const uint64_t mine = registry_.OpenSession(1);
-  const uint64_t theirs = registry_.OpenSession(2);
+  const uint64_t mine = sessions_.Open(1);
+  const uint64_t theirs = sessions_.Open(2);
   auto a = registry_.Register(Request('a', 0, 64, mine));
   ASSERT_TRUE(a.ok()) << a.status();
-  EXPECT_TRUE(registry_.Acquire(a->buffer_id(), 0, 64, mine).ok());
+  EXPECT_TRUE(registry_.Acquire(a->buffer_id, 0, 64, mine).ok());
   for (uint64_t other : {theirs, uint64_t{0}}) {
-    EXPECT_EQ(registry_.Acquire(a->buffer_id(), 0, 64, other).status().code(),
+    EXPECT_EQ(registry_.Acquire(a->buffer_id, 0, 64, other).status().code(),
               absl::StatusCode::kPermissionDenied);
-    EXPECT_EQ(registry_.Unregister(a->buffer_id(), other).status().code(),
+    EXPECT_EQ(registry_.Unregister(a->buffer_id, other).status().code(),
               absl::StatusCode::kPermissionDenied);
   }
   EXPECT_EQ(registry_.List().size(), 1u);  // still there
-  EXPECT_TRUE(registry_.Unregister(a->buffer_id(), mine).ok());
+  EXPECT_TRUE(registry_.Unregister(a->buffer_id, mine).ok());
 }
 
 TEST(BufferRegistryLimitsTest, SessionlessBuffersAreRefusedByDefaultAndSessionsHaveAByteCap) {
   FakeOpener opener;
-  BufferRegistry registry(0, &opener, BufferRegistryLimits{8, 100, false});
-  absl::StatusOr<v1::RegisterBufferResponse> none = registry.Register(Request('a', 0, 64));
+  SessionTable sessions;
+  BufferRegistry registry({0}, &sessions, &opener, BufferRegistryLimits{8, 100, false});
+  absl::StatusOr<RegisteredBuffer> none = registry.Register(Request('a', 0, 64));
   EXPECT_EQ(none.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(none.status().message().find("--allow-sessionless-buffers"), absl::string_view::npos);
   EXPECT_EQ(opener.opens, 0);
-  const uint64_t session = registry.OpenSession(1);
+  const uint64_t session = sessions.Open(1);
   EXPECT_TRUE(registry.Register(Request('a', 0, 60, session)).ok());
   // 60 + 41 > 100: refused, whether the allocation is open already or not.
   EXPECT_EQ(registry.Register(Request('a', 0, 41, session)).status().code(),
@@ -343,7 +350,93 @@ TEST(BufferRegistryLimitsTest, SessionlessBuffersAreRefusedByDefaultAndSessionsH
             absl::StatusCode::kResourceExhausted);
   EXPECT_TRUE(registry.Register(Request('b', 0, 40, session)).ok());
   // Another session has its own budget.
-  EXPECT_TRUE(registry.Register(Request('c', 0, 100, registry.OpenSession(2))).ok());
+  EXPECT_TRUE(registry.Register(Request('c', 0, 100, sessions.Open(2))).ok());
+}
+
+// A registry of several devices: each registration names its device (none is refused, as is one
+// not served), its leases carry it, and the counters split by device. An allocation is on one
+// device: registering it again for another is refused. Events likewise.
+TEST(BufferRegistryDevicesTest, EachBufferAndEventIsOnTheDeviceItNames) {
+  FakeOpener opener;
+  SessionTable sessions;
+  BufferRegistry registry({0, 2}, &sessions, &opener, BufferRegistryLimits{8, 1 << 20, true});
+  EventRegistry events({0, 2}, &sessions, &opener, 8);
+  BufferRegistration none = Request('a', 0, 64);
+  absl::StatusOr<RegisteredBuffer> refused = registry.Register(none);
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(refused.status().message().find("device_id: missing; this server serves CUDA devices "
+                                            "0, 2: say which device the buffer is on"),
+            absl::string_view::npos)
+      << refused.status();
+  BufferRegistration on_1 = Request('a', 0, 64);
+  on_1.device = 1;
+  refused = registry.Register(on_1);
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(refused.status().message().find("serves CUDA devices 0, 2; the buffer is on device 1"),
+            absl::string_view::npos)
+      << refused.status();
+  EXPECT_EQ(opener.opens, 0);  // nothing was opened for a refusal
+
+  BufferRegistration on_2 = Request('a', 0, 64);
+  on_2.device = 2;
+  absl::StatusOr<RegisteredBuffer> a = registry.Register(on_2);
+  ASSERT_TRUE(a.ok()) << a.status();
+  EXPECT_EQ(a->device, 2);
+  BufferRegistration on_0 = Request('b', 0, 32);
+  on_0.device = 0;
+  absl::StatusOr<RegisteredBuffer> b = registry.Register(on_0);
+  ASSERT_TRUE(b.ok()) << b.status();
+  EXPECT_EQ(b->device, 0);
+  // The allocation of `a` is on device 2: a second window of it named on device 0 is refused.
+  BufferRegistration again = Request('a', 64, 64);
+  again.device = 0;
+  refused = registry.Register(again);
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(refused.status().message().find("the allocation is on device 2"),
+            absl::string_view::npos)
+      << refused.status();
+
+  absl::StatusOr<BufferLease> lease = registry.Acquire(a->buffer_id, 0, 64, 0);
+  ASSERT_TRUE(lease.ok());
+  EXPECT_EQ(lease->device, 2);
+  EXPECT_EQ(registry.counters(2).registrations, 1u);
+  EXPECT_EQ(registry.counters(2).registered_bytes, 64u);
+  EXPECT_EQ(registry.counters(2).open_handles, 1u);
+  EXPECT_EQ(registry.counters(0).registered_bytes, 32u);
+  EXPECT_EQ(registry.counters(1).registrations, 0u);
+  EXPECT_EQ(registry.counters().registrations, 2u);
+  std::vector<BufferListing> listed = registry.List();
+  ASSERT_EQ(listed.size(), 2u);
+  EXPECT_EQ(listed[0].device, 2);
+  EXPECT_EQ(listed[1].device, 0);
+
+  const uint64_t session = sessions.Open(1);
+  EventRegistration event = EventRequest(session);
+  EXPECT_EQ(events.Register(event).status().code(), absl::StatusCode::kInvalidArgument);
+  event.device = 2;
+  absl::StatusOr<uint64_t> id = events.Register(event);
+  ASSERT_TRUE(id.ok()) << id.status();
+  absl::StatusOr<EventLease> held = events.Acquire(*id, session);
+  ASSERT_TRUE(held.ok());
+  EXPECT_EQ(held->device, 2);
+  EXPECT_EQ(events.size(2), 1u);
+  EXPECT_EQ(events.size(0), 0u);
+}
+
+// With one device, a registration that names none is on it (today's clients, which send no
+// device, keep working).
+TEST(BufferRegistryDevicesTest, OneDeviceTakesRegistrationsThatNameNone) {
+  FakeOpener opener;
+  SessionTable sessions;
+  BufferRegistry registry({3}, &sessions, &opener, BufferRegistryLimits{8, 1 << 20, true});
+  absl::StatusOr<RegisteredBuffer> a = registry.Register(Request('a', 0, 64));
+  ASSERT_TRUE(a.ok()) << a.status();
+  EXPECT_EQ(a->device, 3);
+  BufferRegistration other = Request('b', 0, 64);
+  other.device = 0;
+  EXPECT_NE(registry.Register(other).status().message().find(
+                "this server serves CUDA device 3; the buffer is on device 0"),
+            absl::string_view::npos);
 }
 
 }  // namespace

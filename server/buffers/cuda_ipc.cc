@@ -30,8 +30,8 @@ PFN_cuMemGetAddressRange_v3020 AddressRangeFn() {
 
 }  // namespace
 
-absl::StatusOr<IpcOpener::Mapping> CudaIpcOpener::Open(const IpcHandleBytes& handle) {
-  if (cudaError_t e = cudaSetDevice(device_); e != cudaSuccess) {
+absl::StatusOr<IpcOpener::Mapping> CudaIpcOpener::Open(const IpcHandleBytes& handle, int device) {
+  if (cudaError_t e = cudaSetDevice(device); e != cudaSuccess) {
     return absl::InternalError(absl::StrCat("cudaSetDevice: ", cudaGetErrorString(e)));
   }
   cudaIpcMemHandle_t ipc;
@@ -45,7 +45,24 @@ absl::StatusOr<IpcOpener::Mapping> CudaIpcOpener::Open(const IpcHandleBytes& han
         "handle: cudaIpcOpenMemHandle failed (", cudaGetErrorName(e), ": ", cudaGetErrorString(e),
         "); is the allocating process alive, on this host, and was the handle made by "
         "cudaIpcGetMemHandle for a cudaMalloc allocation on device ",
-        device_, "?"));
+        device, "?"));
+  }
+  // With peer access an allocation of another device opens too (mapped over NVLink or PCIe): a
+  // request would then read across devices. Where the memory lives decides.
+  cudaPointerAttributes attributes{};
+  if (cudaError_t e = cudaPointerGetAttributes(&attributes, base); e != cudaSuccess) {
+    cudaGetLastError();
+    cudaIpcCloseMemHandle(base);
+    return absl::InternalError(absl::StrCat(
+        "cudaPointerGetAttributes on an opened IPC allocation: ", cudaGetErrorString(e)));
+  }
+  if (attributes.device != device) {
+    cudaIpcCloseMemHandle(base);
+    return absl::InvalidArgumentError(
+        absl::StrCat("device_id: the handle's allocation is on CUDA device ", attributes.device,
+                     ", not device ", device,
+                     " (device_id names the device the memory is on, as the server "
+                     "numbers its devices)"));
   }
   Mapping mapping;
   mapping.base = base;
@@ -63,15 +80,15 @@ absl::StatusOr<IpcOpener::Mapping> CudaIpcOpener::Open(const IpcHandleBytes& han
   return mapping;
 }
 
-void CudaIpcOpener::Close(void* base) {
-  cudaSetDevice(device_);
+void CudaIpcOpener::Close(void* base, int device) {
+  cudaSetDevice(device);
   if (cudaError_t e = cudaIpcCloseMemHandle(base); e != cudaSuccess) {
     LogError("cudaIpcCloseMemHandle: %s", cudaGetErrorString(e));
   }
 }
 
-absl::StatusOr<void*> CudaIpcOpener::OpenEvent(const IpcHandleBytes& handle) {
-  if (cudaError_t e = cudaSetDevice(device_); e != cudaSuccess) {
+absl::StatusOr<void*> CudaIpcOpener::OpenEvent(const IpcHandleBytes& handle, int device) {
+  if (cudaError_t e = cudaSetDevice(device); e != cudaSuccess) {
     return absl::InternalError(absl::StrCat("cudaSetDevice: ", cudaGetErrorString(e)));
   }
   cudaIpcEventHandle_t ipc;
@@ -83,13 +100,13 @@ absl::StatusOr<void*> CudaIpcOpener::OpenEvent(const IpcHandleBytes& handle) {
     return absl::InvalidArgumentError(absl::StrCat(
         "handle: cudaIpcOpenEventHandle failed (", cudaGetErrorName(e), ": ", cudaGetErrorString(e),
         "); was the event created with cudaEventInterprocess | cudaEventDisableTiming on device ",
-        device_, " by a process that is still alive on this host?"));
+        device, " by a process that is still alive on this host?"));
   }
   return static_cast<void*>(event);
 }
 
-void CudaIpcOpener::CloseEvent(void* event) {
-  cudaSetDevice(device_);
+void CudaIpcOpener::CloseEvent(void* event, int device) {
+  cudaSetDevice(device);
   if (cudaError_t e = cudaEventDestroy(static_cast<cudaEvent_t>(event)); e != cudaSuccess) {
     LogError("cudaEventDestroy (IPC event): %s", cudaGetErrorString(e));
   }

@@ -1,21 +1,17 @@
 // The real IpcOpener: cudaIpcOpenMemHandle / cudaIpcCloseMemHandle, and cudaIpcOpenEventHandle /
-// cudaEventDestroy, on one device.
+// cudaEventDestroy, on the device each registration names.
 #pragma once
 
-#include "server/buffers/buffer_registry.h"
+#include "server/buffers/ipc_opener.h"
 
 namespace probesidecar::server {
 
 class CudaIpcOpener final : public IpcOpener {
  public:
-  explicit CudaIpcOpener(int device) : device_(device) {}
-  absl::StatusOr<Mapping> Open(const IpcHandleBytes& handle) override;
-  void Close(void* base) override;
-  absl::StatusOr<void*> OpenEvent(const IpcHandleBytes& handle) override;
-  void CloseEvent(void* event) override;
-
- private:
-  const int device_;
+  absl::StatusOr<Mapping> Open(const IpcHandleBytes& handle, int device) override;
+  void Close(void* base, int device) override;
+  absl::StatusOr<void*> OpenEvent(const IpcHandleBytes& handle, int device) override;
+  void CloseEvent(void* event, int device) override;
 };
 
 }  // namespace probesidecar::server

@@ -1,5 +1,6 @@
 #include "server/config/config.h"
 
+#include <algorithm>
 #include <cmath>
 #include <functional>
 #include <string>
@@ -142,6 +143,37 @@ absl::Status CheckListenAddress(absl::string_view flag, absl::string_view value)
   return absl::OkStatus();
 }
 
+// --devices=all|N[,N...] (and --device=N): ordinals in [0, 1023], each once, kept ascending.
+absl::Status ParseDevices(absl::string_view flag, absl::string_view value, Config& config) {
+  if (flag == "devices" && value == "all") {
+    config.all_devices = true;
+    config.devices.clear();
+    return absl::OkStatus();
+  }
+  std::vector<int> devices;
+  for (absl::string_view part : absl::StrSplit(value, ',')) {
+    absl::StatusOr<uint32_t> n = ParseCount(flag, part, 0, 1023);
+    if (!n.ok()) {
+      return BadValue(flag, value,
+                      flag == "device" ? "expected a device ordinal in [0, 1023]"
+                                       : "expected all, or device ordinals in [0, 1023] "
+                                         "separated by commas");
+    }
+    if (std::find(devices.begin(), devices.end(), static_cast<int>(*n)) != devices.end()) {
+      return BadValue(flag, value, absl::StrCat("device ", *n, " is listed twice"));
+    }
+    devices.push_back(static_cast<int>(*n));
+  }
+  if (flag == "device" && devices.size() != 1) {
+    return BadValue(flag, value, "one device ordinal (--devices takes a list)");
+  }
+  std::sort(devices.begin(), devices.end());
+  config.all_devices = false;
+  config.devices = std::move(devices);
+  config.device = config.devices.front();
+  return absl::OkStatus();
+}
+
 const std::vector<Flag>& Flags() {
   static const auto* flags = new std::vector<Flag>{
       {"listen", "ADDR",
@@ -189,9 +221,16 @@ const std::vector<Flag>& Flags() {
          return absl::OkStatus();
        },
        [](const Config& c) -> std::string { return BackendName(c.backend); }},
-      {"device", "N", "CUDA device ordinal (default {default}).",
-       Count(&Config::device, "device", 0, 1023),
-       [](const Config& c) { return absl::StrCat(c.device); }},
+      {"devices", "all|N[,N...]",
+       "CUDA devices to serve, by ordinal, or all the process sees (default {default}). One "
+       "server serves them all: per device a CUDA context, stream slots, graph cache and the "
+       "probe sets' weights; a buffer or event is registered on the device it lives on, and a "
+       "request runs on the device of its buffers (docs/tensor-parallel.md).",
+       nullptr,  // handled in ParseFlags: --device is its one-device alias
+       [](const Config& c) -> std::string {
+         return c.all_devices ? "all" : absl::StrJoin(c.devices, ",");
+       }},
+      {"device", "N", "The same as --devices=N (one device).", nullptr},
       {"max-message-bytes", "BYTES",
        "Largest gRPC message received or sent (default {default}; suffixes Ki, Mi, Gi).",
        Size(&Config::max_message_bytes, "max-message-bytes", 4096, uint64_t{2047} << 20),
@@ -202,8 +241,8 @@ const std::vector<Flag>& Flags() {
        Count(&Config::max_concurrent_requests, "max-concurrent-requests", 1, 1 << 20),
        [](const Config& c) { return absl::StrCat(c.max_concurrent_requests); }},
       {"max-queued-requests", "N",
-       "Requests waiting for a worker (a GPU's stream slots, or the CPU threads); more are "
-       "refused with RESOURCE_EXHAUSTED at once (default {default}).",
+       "Requests waiting for a worker (a GPU's stream slots, per served GPU, or the CPU threads); "
+       "more are refused with RESOURCE_EXHAUSTED at once (default {default}).",
        Count(&Config::max_queued_requests, "max-queued-requests", 1, 1 << 20),
        [](const Config& c) { return absl::StrCat(c.max_queued_requests); }},
       {"max-rows", "N", "Largest number of rows in one Score request (default {default}).",
@@ -219,8 +258,8 @@ const std::vector<Flag>& Flags() {
        Count(&Config::cpu_threads, "cpu-threads", 0, 4096),
        [](const Config& c) { return absl::StrCat(c.cpu_threads); }},
       {"cuda-workers", "N",
-       "CUDA backend workers, each with its own stream, staging buffers and graphs (default "
-       "{default}).",
+       "CUDA backend workers per served GPU, each with its own stream, staging buffers and graphs "
+       "(default {default}).",
        Count(&Config::cuda_workers, "cuda-workers", 1, 64),
        [](const Config& c) { return absl::StrCat(c.cuda_workers); }},
       {"graph-cache-entries", "N", "Captured CUDA graphs kept per worker (default {default}).",
@@ -324,7 +363,7 @@ const std::vector<Flag>& Flags() {
        [](const Config& c) { return absl::StrCat(c.max_probe_sets); }},
       {"max-probe-set-bytes", "BYTES",
        "Bytes of the weights and biases of all loaded probe sets together, as float32 (each set "
-       "is held once in host memory and once on the GPU; default {default}).",
+       "is held once in host memory and once on each served GPU; default {default}).",
        Size(&Config::max_probe_set_bytes, "max-probe-set-bytes", 64, uint64_t{1} << 44),
        [](const Config& c) { return ShowSize(c.max_probe_set_bytes); }},
       {"strict-probes", nullptr,
@@ -377,6 +416,7 @@ const char* BackendName(Backend backend) {
 absl::StatusOr<ParsedFlags> ParseFlags(int argc, const char* const* argv) {
   ParsedFlags parsed;
   bool listen_given = false;
+  const char* device_flag = nullptr;  // "device" or "devices", once given
   for (int i = 1; i < argc; ++i) {
     absl::string_view arg = argv[i];
     if (!absl::ConsumePrefix(&arg, "--")) {
@@ -412,6 +452,17 @@ absl::StatusOr<ParsedFlags> ParseFlags(int argc, const char* const* argv) {
         return absl::InvalidArgumentError(absl::StrCat("--", name, " needs a value"));
       }
       value = argv[++i];
+    }
+    if (name == "devices" || name == "device") {
+      if (device_flag != nullptr) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("--", name, " after --", device_flag,
+                         ": give the devices once (--device=N is --devices=N)"));
+      }
+      device_flag = flag->name;
+      absl::Status s = ParseDevices(name, value, parsed.config);
+      if (!s.ok()) return s;
+      continue;
     }
     if (name == "listen") {
       absl::Status s = CheckListenAddress(name, value);

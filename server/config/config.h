@@ -22,6 +22,13 @@ struct Config {
   // Empty: the bundled demo directory next to the binary.
   std::string probes_dir;
   Backend backend = Backend::kAuto;
+  // The CUDA devices served (--devices): one executor, context and IPC registry per device.
+  // all_devices: every device the process sees (counted at start); else `devices`, ascending,
+  // each once.
+  bool all_devices = false;
+  std::vector<int> devices = {0};
+  // The one device a CUDA executor serves: the first of `devices` (--device); MakeExecutor sets
+  // it for each device's executor.
   int device = 0;
   uint64_t max_message_bytes = uint64_t{64} << 20;
   uint32_t max_concurrent_requests = 256;

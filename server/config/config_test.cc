@@ -126,6 +126,7 @@ TEST(ConfigTest, HelpAndVersion) {
                            "--probes",
                            "--backend",
                            "--device",
+                           "--devices",
                            "--max-message-bytes",
                            "--max-concurrent-requests",
                            "--max-queued-requests",
@@ -162,7 +163,7 @@ TEST(ConfigTest, HelpShowsTheDefaultsOfConfig) {
   for (const char* shown : {"the defaults unix:/tmp/probe-sidecar.sock and 127.0.0.1:50551.",
                             "endpoint (default 127.0.0.1:9464)",
                             "no code for (docs/gpu-support.md) (default auto)",
-                            "ordinal (default 0)",
+                            "the process sees (default 0)",
                             "sent (default 64Mi;",
                             "RESOURCE_EXHAUSTED (default 256)",
                             "at once (default 128)",
@@ -200,6 +201,58 @@ TEST(ConfigTest, HelpShowsTheDefaultsOfConfig) {
         "sent (default 3Mi;", "(default none;", "connect (default 0600)", "cancelled (default 2.5)",
         "default 'fast')"}) {
     EXPECT_NE(shown.find(expected), std::string::npos) << expected;
+  }
+}
+
+TEST(ConfigTest, DevicesAllAListOrOneDevice) {
+  const Config defaults;
+  EXPECT_FALSE(defaults.all_devices);
+  EXPECT_EQ(defaults.devices, std::vector<int>{0});
+  absl::StatusOr<ParsedFlags> all = Parse({"--devices=all"});
+  ASSERT_TRUE(all.ok()) << all.status();
+  EXPECT_TRUE(all->config.all_devices);
+  EXPECT_TRUE(all->config.devices.empty());
+  absl::StatusOr<ParsedFlags> list = Parse({"--devices", "3,1,7"});
+  ASSERT_TRUE(list.ok()) << list.status();
+  EXPECT_FALSE(list->config.all_devices);
+  EXPECT_EQ(list->config.devices, (std::vector<int>{1, 3, 7}));  // ascending
+  EXPECT_EQ(list->config.device, 1);
+  // --device=N is --devices=N.
+  absl::StatusOr<ParsedFlags> one = Parse({"--device=2"});
+  ASSERT_TRUE(one.ok()) << one.status();
+  EXPECT_EQ(one->config.devices, std::vector<int>{2});
+  EXPECT_EQ(one->config.device, 2);
+  EXPECT_FALSE(one->config.all_devices);
+  const std::string help = HelpText();
+  EXPECT_NE(help.find("--devices=all|N[,N...]"), std::string::npos);
+  EXPECT_NE(help.find("(default 0)"), std::string::npos);
+  Config every;
+  every.all_devices = true;
+  EXPECT_NE(HelpText(every).find("or all the process sees (default all)"), std::string::npos);
+}
+
+TEST(ConfigTest, BadDevicesAreRefused) {
+  struct Case {
+    std::vector<const char*> args;
+    const char* fragment;
+  };
+  for (const Case& c : std::vector<Case>{
+           {{"--devices="}, "--devices=: expected all, or device ordinals"},
+           {{"--devices=0,,1"}, "expected all, or device ordinals"},
+           {{"--devices=0,1,0"}, "device 0 is listed twice"},
+           {{"--devices=1024"}, "in [0, 1023]"},
+           {{"--devices=-1"}, "--devices=-1"},
+           {{"--devices=All"}, "--devices=All"},
+           {{"--device=all"}, "--device=all: expected a device ordinal"},
+           {{"--device=0,1"}, "--device=0,1"},
+           {{"--device=0", "--devices=1"}, "--devices after --device"},
+           {{"--devices=all", "--devices=1"}, "--devices after --devices"},
+       }) {
+    absl::StatusOr<ParsedFlags> parsed = Parse(c.args);
+    ASSERT_FALSE(parsed.ok()) << c.fragment;
+    EXPECT_EQ(parsed.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_NE(parsed.status().message().find(c.fragment), absl::string_view::npos)
+        << parsed.status().message();
   }
 }
 

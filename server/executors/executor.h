@@ -25,9 +25,10 @@
 
 namespace probesidecar::server {
 
-class BufferRegistry;
-
-using ScoreDone = absl::AnyInvocable<void(absl::Status status, const ScoreTimings& timings) &&>;
+// A job is owned by the executor from Score (or Verify) until its completion callback, which gets
+// it back: releasing the job releases its leases (buffers, events, the probe set).
+using ScoreDone = absl::AnyInvocable<void(std::unique_ptr<ScoreJob> job, absl::Status status,
+                                          const ScoreTimings& timings) &&>;
 using WarmupDone = absl::AnyInvocable<void(absl::Status status) &&>;
 
 // How a Verify went.
@@ -41,13 +42,29 @@ struct VerifyOutcome {
   uint64_t compared = 0;
   uint64_t mismatched = 0;
 };
-using VerifyDone = absl::AnyInvocable<void(absl::Status status, const VerifyOutcome& outcome) &&>;
+using VerifyDone = absl::AnyInvocable<void(std::unique_ptr<VerifyJob> job, absl::Status status,
+                                           const VerifyOutcome& outcome) &&>;
 
 // Requests an executor skipped or stopped early because their lifetime had ended, each counted
 // once.
 struct DroppedRequests {
   uint64_t expired = 0;    // the deadline had passed
   uint64_t cancelled = 0;  // the caller had gone
+};
+
+// What one served CUDA device reports (ServerInfo.devices, the metrics' device label).
+struct DeviceReport {
+  int device = 0;
+  std::string name;
+  std::string compute_capability;         // "major.minor"
+  std::vector<std::string> kernel_paths;  // the kernel paths this build runs there
+  uint64_t memory_bytes = 0;  // device memory the service holds there
+  uint64_t queued = 0;        // requests waiting for one of its stream slots
+  uint64_t gpu_requests = 0;  // requests its workers ran on the GPU so far
+  uint64_t parked_slots = 0;
+  GraphCacheCounters graph_cache;
+  // Empty while the device serves; why not once its context is lost.
+  std::string failure;
 };
 
 class Executor {
@@ -62,8 +79,12 @@ class Executor {
   // for the device.
   virtual absl::Status PrepareProbeSet(ProbeSet& set) = 0;
 
-  // The registered IPC buffers; nullptr when the backend has none.
-  virtual BufferRegistry* buffers() = 0;
+  // The CUDA devices it serves, on which clients may register IPC buffers and events; empty when
+  // the backend has none (the CPU backend: inline tensors only).
+  virtual std::vector<int> devices() const { return {}; }
+  // One report per served device, ascending by ordinal (empty on the CPU backend). Readable from
+  // any thread at any time without waiting.
+  virtual std::vector<DeviceReport> device_reports() const { return {}; }
 
   // Called once a probe set is published: captures its graphs for the configured row buckets on
   // every stream slot, then calls `done` (from any thread). Does not wait.
@@ -71,14 +92,16 @@ class Executor {
     std::move(done)(absl::OkStatus());
   }
 
-  // Queues `job` and returns; calls `done` exactly once, from one of the executor's threads —
-  // or at once, with RESOURCE_EXHAUSTED (the queue is full) or UNAVAILABLE (shut down). `job`
-  // stays valid until then. DEADLINE_EXCEEDED or CANCELLED: its lifetime ended first.
-  virtual void Score(const ScoreJob* job, ScoreDone done) = 0;
+  // Takes `job`, queues it and returns; calls `done` exactly once with the job, from one of the
+  // executor's threads — or at once, with RESOURCE_EXHAUSTED (the queue is full) or UNAVAILABLE
+  // (shut down). DEADLINE_EXCEEDED or CANCELLED: its lifetime ended first. A job runs on its
+  // device (job->device: that of its buffers; unset for inline tensors: any device).
+  virtual void Score(std::unique_ptr<ScoreJob> job, ScoreDone done) = 0;
 
   // MLA verify attention (CUDA backend): like Score, queued, `done` called exactly once.
-  virtual void Verify(const VerifyJob* job, VerifyDone done) {
-    std::move(done)(absl::FailedPreconditionError("Verify needs the CUDA backend"), {});
+  virtual void Verify(std::unique_ptr<VerifyJob> job, VerifyDone done) {
+    std::move(done)(std::move(job), absl::FailedPreconditionError("Verify needs the CUDA backend"),
+                    {});
   }
 
   // Readable from any thread at any time without waiting (ServerInfo, metrics scrapes).

@@ -20,17 +20,19 @@ class FaultInjectingExecutor final : public Executor {
   const char* backend() const override { return inner_->backend(); }
   std::string device_name() const override { return inner_->device_name(); }
   absl::Status PrepareProbeSet(ProbeSet& set) override { return inner_->PrepareProbeSet(set); }
-  BufferRegistry* buffers() override { return inner_->buffers(); }
+  std::vector<int> devices() const override { return inner_->devices(); }
   void Warmup(const std::shared_ptr<const ProbeSet>& set, WarmupDone done) override {
     inner_->Warmup(set, std::move(done));
   }
 
-  void Score(const ScoreJob* job, ScoreDone done) override {
-    inner_->Score(job, NextFails() ? FailIfOk<ScoreTimings>(std::move(done)) : std::move(done));
+  void Score(std::unique_ptr<ScoreJob> job, ScoreDone done) override {
+    inner_->Score(std::move(job), NextFails() ? FailIfOk<ScoreJob, ScoreTimings>(std::move(done))
+                                              : std::move(done));
   }
 
-  void Verify(const VerifyJob* job, VerifyDone done) override {
-    inner_->Verify(job, NextFails() ? FailIfOk<VerifyOutcome>(std::move(done)) : std::move(done));
+  void Verify(std::unique_ptr<VerifyJob> job, VerifyDone done) override {
+    inner_->Verify(std::move(job), NextFails() ? FailIfOk<VerifyJob, VerifyOutcome>(std::move(done))
+                                               : std::move(done));
   }
 
   GraphCacheCounters graph_cache() const override { return inner_->graph_cache(); }
@@ -56,10 +58,11 @@ class FaultInjectingExecutor final : public Executor {
   bool NextFails() { return (submitted_.fetch_add(1) + 1) % every_ == 0; }
 
   // `done`, answering the injected failure where the request succeeded.
-  template <typename Outcome, typename Done>
+  template <typename Job, typename Outcome, typename Done>
   static Done FailIfOk(Done done) {
-    return [done = std::move(done)](absl::Status status, const Outcome& outcome) mutable {
-      std::move(done)(status.ok() ? Injected() : status, outcome);
+    return [done = std::move(done)](std::unique_ptr<Job> job, absl::Status status,
+                                    const Outcome& outcome) mutable {
+      std::move(done)(std::move(job), status.ok() ? Injected() : status, outcome);
     };
   }
 

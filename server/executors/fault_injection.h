@@ -2,9 +2,9 @@
 // the service's handling of one (INTERNAL, the cuda_errors metric, the next requests served) can
 // be tested on machines without a GPU.
 //
-// Off unless the environment variable PROBESIDECAR_TEST_FAULT_EVERY=N (N >= 1) is set when the
-// server starts; it is not a flag and is not in --help. Never set it in production: it fails
-// real requests on purpose.
+// Linked only into the test binary probe-sidecar-test-faults (server/rpc/test_faults_main.cc),
+// never into probe-sidecar; there it is off unless the environment variable
+// PROBESIDECAR_TEST_FAULT_EVERY=N (N >= 1) is set when the server starts.
 #pragma once
 
 #include <memory>

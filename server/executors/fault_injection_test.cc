@@ -19,9 +19,12 @@ class AnsweringExecutor final : public Executor {
   const char* backend() const override { return "test"; }
   std::string device_name() const override { return "answering (test)"; }
   absl::Status PrepareProbeSet(ProbeSet&) override { return absl::OkStatus(); }
-  BufferRegistry* buffers() override { return nullptr; }
-  void Score(const ScoreJob*, ScoreDone done) override { std::move(done)(status_, {}); }
-  void Verify(const VerifyJob*, VerifyDone done) override { std::move(done)(status_, {}); }
+  void Score(std::unique_ptr<ScoreJob> job, ScoreDone done) override {
+    std::move(done)(std::move(job), status_, {});
+  }
+  void Verify(std::unique_ptr<VerifyJob> job, VerifyDone done) override {
+    std::move(done)(std::move(job), status_, {});
+  }
   void Shutdown() override {}
 
  private:
@@ -31,16 +34,20 @@ class AnsweringExecutor final : public Executor {
 TEST(FaultInjectionTest, EveryNthRequestFailsWithInternal) {
   std::unique_ptr<Executor> executor =
       InjectFaults(std::make_unique<AnsweringExecutor>(absl::OkStatus()), 3);
-  const ScoreJob score_job;
-  const VerifyJob verify_job;
   std::vector<absl::Status> answers;
   for (int i = 0; i < 8; ++i) {  // Score and Verify, counted together
     if (i % 2 == 0) {
-      executor->Score(&score_job,
-                      [&](absl::Status s, const ScoreTimings&) { answers.push_back(s); });
+      executor->Score(std::make_unique<ScoreJob>(),
+                      [&](std::unique_ptr<ScoreJob> job, absl::Status s, const ScoreTimings&) {
+                        EXPECT_NE(job, nullptr);  // handed back with the answer
+                        answers.push_back(s);
+                      });
     } else {
-      executor->Verify(&verify_job,
-                       [&](absl::Status s, const VerifyOutcome&) { answers.push_back(s); });
+      executor->Verify(std::make_unique<VerifyJob>(),
+                       [&](std::unique_ptr<VerifyJob> job, absl::Status s, const VerifyOutcome&) {
+                         EXPECT_NE(job, nullptr);
+                         answers.push_back(s);
+                       });
     }
   }
   ASSERT_EQ(answers.size(), 8u);
@@ -57,9 +64,9 @@ TEST(FaultInjectionTest, EveryNthRequestFailsWithInternal) {
 TEST(FaultInjectionTest, TheExecutorsOwnFailuresPassThrough) {
   std::unique_ptr<Executor> executor = InjectFaults(
       std::make_unique<AnsweringExecutor>(absl::ResourceExhaustedError("queue full")), 1);
-  const ScoreJob job;
   absl::Status answer;
-  executor->Score(&job, [&](absl::Status s, const ScoreTimings&) { answer = s; });
+  executor->Score(std::make_unique<ScoreJob>(), [&](std::unique_ptr<ScoreJob>, absl::Status s,
+                                                    const ScoreTimings&) { answer = s; });
   EXPECT_EQ(answer.code(), absl::StatusCode::kResourceExhausted);
 }
 

@@ -10,8 +10,8 @@
 namespace probesidecar::server {
 
 // auto: the CUDA backend when a device is usable, else the CPU backend (the reason is logged).
-// cuda: the CUDA backend or FAILED_PRECONDITION saying why not. With the test-only
-// PROBESIDECAR_TEST_FAULT_EVERY set, wrapped in a fault injector (fault_injection.h).
+// cuda: the CUDA backend or FAILED_PRECONDITION saying why not. (The test-only fault injector,
+// fault_injection.h, is linked into the test binary probe-sidecar-test-faults only.)
 absl::StatusOr<std::unique_ptr<Executor>> MakeExecutor(const Config& config);
 
 }  // namespace probesidecar::server

@@ -11,11 +11,11 @@
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
-#include "absl/hash/hash.h"
 #include "absl/synchronization/mutex.h"
 #include "prometheus/client_metric.h"
 #include "prometheus/metric_family.h"
 #include "prometheus/text_serializer.h"
+#include "server/observability/sharded_counters.h"
 
 namespace probesidecar::server {
 namespace {
@@ -24,125 +24,15 @@ using prometheus::ClientMetric;
 using prometheus::MetricFamily;
 using prometheus::MetricType;
 
-// Shards per metric. Each thread records into one shard, the one with the fewest live threads
-// when it first records, so up to kShards threads record at once without sharing a cache line; a
-// scrape sums the shards. More threads than shards share shards: still correct (atomics), only
-// slower.
-constexpr int kShards = 16;
-// Shards are aligned and padded to 128 bytes, not 64: x86's adjacent-line prefetcher pairs 64-byte
-// lines, so two threads writing neighbouring lines would still slow each other down.
-constexpr size_t kShardAlign = 128;
-constexpr int kNumBuckets = static_cast<int>(kLatencyBucketBounds.size()) + 1;  // + the +Inf one
 constexpr int kNumCodes = 17;  // absl::StatusCode kOk (0) .. kUnauthenticated (16)
 constexpr char kOtherProbeSet[] = "_other";
-// Lock-free lookup table of (probe_set, kernel_path) series: a power of two, at most half full.
-constexpr size_t kTableSlots = 1024;
-constexpr size_t kMaxTableGroups = kTableSlots / 2;
-static_assert(kMaxLabelledSeries < static_cast<int>(kMaxTableGroups));
 
-// Which shard each live thread records into (gRPC's threads come and go: a round-robin choice
-// would soon put two busy threads on one shard).
-class ShardAssignment {
- public:
-  int Acquire() {
-    absl::MutexLock lock(&mu_);
-    const int shard =
-        static_cast<int>(std::min_element(users_.begin(), users_.end()) - users_.begin());
-    ++users_[shard];
-    return shard;
-  }
-  void Release(int shard) {
-    absl::MutexLock lock(&mu_);
-    --users_[shard];
-  }
-
- private:
-  absl::Mutex mu_;
-  std::array<int, kShards> users_ ABSL_GUARDED_BY(mu_){};
-};
-
-ShardAssignment& Assignment() {
-  static ShardAssignment* assignment = new ShardAssignment();  // outlives every thread
-  return *assignment;
-}
-
-struct ThreadShardHolder {
-  ThreadShardHolder() : index(Assignment().Acquire()) {}
-  ~ThreadShardHolder() { Assignment().Release(index); }
-  const int index;
-};
-
-// The calling thread's shard, shared by every Metrics object.
-int ThreadShard() {
-  thread_local const ThreadShardHolder holder;
-  return holder.index;
-}
+using LatencyHistogram = DurationHistogram<kLatencyBucketBounds>;
 
 int CodeIndex(absl::StatusCode code) {
   const int index = static_cast<int>(code);
   return index >= 0 && index < kNumCodes ? index : static_cast<int>(absl::StatusCode::kUnknown);
 }
-
-// A histogram of durations with the fixed buckets kLatencyBucketBounds, sharded per thread.
-// Observe costs a branchless binary search and two uncontended relaxed atomic adds. The count is
-// the sum of the buckets, so a scrape always sees cumulative buckets whose +Inf equals the count
-// (the sum may be a few observations ahead or behind while requests record).
-class DurationHistogram {
- public:
-  // `shard` is ThreadShard() (the caller looks it up once for several observations).
-  void Observe(double seconds, int shard) {
-    // NaN and negatives count as 0; the clamp keeps the nanosecond sum in range.
-    seconds = seconds > 0 ? std::min(seconds, 1e9) : 0.0;
-    Shard& s = shards_[shard];
-    s.buckets[BucketIndex(seconds)].fetch_add(1, std::memory_order_relaxed);
-    s.sum_ns.fetch_add(static_cast<uint64_t>(std::llround(seconds * 1e9)),
-                       std::memory_order_relaxed);
-  }
-
-  // The first bucket whose bound is >= seconds (Prometheus' le), kNumBuckets - 1 for +Inf. A
-  // branchless binary search (conditional moves): request durations are unpredictable, and
-  // mispredicted branches would cost more than the rest of an observation.
-  static int BucketIndex(double seconds) {
-    const double* base = kLatencyBucketBounds.data();
-    size_t n = kLatencyBucketBounds.size();
-    while (n > 1) {
-      const size_t half = n / 2;
-      base = base[half - 1] < seconds ? base + half : base;
-      n -= half;
-    }
-    return static_cast<int>(base - kLatencyBucketBounds.data()) + (*base < seconds ? 1 : 0);
-  }
-
-  ClientMetric::Histogram Snapshot() const {
-    std::array<uint64_t, kNumBuckets> counts{};
-    uint64_t sum_ns = 0;
-    for (const Shard& shard : shards_) {
-      for (int b = 0; b < kNumBuckets; ++b) {
-        counts[b] += shard.buckets[b].load(std::memory_order_relaxed);
-      }
-      sum_ns += shard.sum_ns.load(std::memory_order_relaxed);
-    }
-    ClientMetric::Histogram h;
-    h.bucket.resize(kNumBuckets);
-    uint64_t cumulative = 0;
-    for (int b = 0; b < kNumBuckets; ++b) {
-      cumulative += counts[b];
-      h.bucket[b].cumulative_count = cumulative;
-      h.bucket[b].upper_bound =
-          b + 1 < kNumBuckets ? kLatencyBucketBounds[b] : std::numeric_limits<double>::infinity();
-    }
-    h.sample_count = cumulative;
-    h.sample_sum = static_cast<double>(sum_ns) * 1e-9;
-    return h;
-  }
-
- private:
-  struct alignas(kShardAlign) Shard {
-    std::array<std::atomic<uint64_t>, kNumBuckets> buckets{};
-    std::atomic<uint64_t> sum_ns{0};
-  };
-  std::array<Shard, kShards> shards_;
-};
 
 // The histograms of one (probe_set, kernel_path) pair, each created when first recorded (so
 // that, e.g., the GPU-only stages do not appear as empty series on the CPU backend).
@@ -160,23 +50,23 @@ class SeriesGroup {
   bool Is(absl::string_view probe_set, absl::string_view kernel_path, size_t hash) const {
     return hash_ == hash && probe_set_ == probe_set && kernel_path_ == kernel_path;
   }
-  DurationHistogram& ForRpc(Rpc rpc) { return GetOrCreate(rpc_[static_cast<int>(rpc)]); }
-  DurationHistogram& ForStage(Stage stage) { return GetOrCreate(stage_[static_cast<int>(stage)]); }
+  LatencyHistogram& ForRpc(Rpc rpc) { return GetOrCreate(rpc_[static_cast<int>(rpc)]); }
+  LatencyHistogram& ForStage(Stage stage) { return GetOrCreate(stage_[static_cast<int>(stage)]); }
   // nullptr until recorded.
-  const DurationHistogram* FindRpc(int rpc) const {
+  const LatencyHistogram* FindRpc(int rpc) const {
     return rpc_[rpc].load(std::memory_order_acquire);
   }
-  const DurationHistogram* FindStage(int stage) const {
+  const LatencyHistogram* FindStage(int stage) const {
     return stage_[stage].load(std::memory_order_acquire);
   }
   const std::string& probe_set() const { return probe_set_; }
   const std::string& kernel_path() const { return kernel_path_; }
 
  private:
-  static DurationHistogram& GetOrCreate(std::atomic<DurationHistogram*>& slot) {
-    DurationHistogram* h = slot.load(std::memory_order_acquire);
+  static LatencyHistogram& GetOrCreate(std::atomic<LatencyHistogram*>& slot) {
+    LatencyHistogram* h = slot.load(std::memory_order_acquire);
     if (h != nullptr) return *h;
-    auto fresh = std::make_unique<DurationHistogram>();
+    auto fresh = std::make_unique<LatencyHistogram>();
     if (slot.compare_exchange_strong(h, fresh.get(), std::memory_order_acq_rel,
                                      std::memory_order_acquire)) {
       return *fresh.release();
@@ -187,75 +77,13 @@ class SeriesGroup {
   const std::string probe_set_;
   const std::string kernel_path_;
   const size_t hash_;
-  std::array<std::atomic<DurationHistogram*>, kNumRpcs> rpc_{};
-  std::array<std::atomic<DurationHistogram*>, kNumStages> stage_{};
+  std::array<std::atomic<LatencyHistogram*>, kNumRpcs> rpc_{};
+  std::array<std::atomic<LatencyHistogram*>, kNumStages> stage_{};
 };
 
-// (probe_set, kernel_path) -> SeriesGroup. Lookups take no lock: an open-addressing table whose
-// slots are written once (under mu_) and never cleared, so a reader either finds a published
-// group or an empty slot, and on an empty slot takes the lock and looks again.
-class SeriesTable {
- public:
-  SeriesTable()
-      : unlabelled_(std::make_unique<SeriesGroup>("", "", 0)),
-        overflow_(std::make_unique<SeriesGroup>(kOtherProbeSet, kOtherProbeSet, 0)) {}
-
-  SeriesGroup& Get(absl::string_view probe_set, absl::string_view kernel_path) {
-    if (probe_set.empty() && kernel_path.empty()) return *unlabelled_;
-    size_t hash = Hash(probe_set, kernel_path);
-    if (SeriesGroup* group = Find(probe_set, kernel_path, hash)) return *group;
-    absl::MutexLock lock(&mu_);
-    if (SeriesGroup* group = Find(probe_set, kernel_path, hash)) return *group;
-    if (groups_.size() >= static_cast<size_t>(kMaxLabelledSeries)) {
-      // Fold new probe-set names; kernel paths are the executor's few constants.
-      probe_set = kOtherProbeSet;
-      hash = Hash(probe_set, kernel_path);
-      if (SeriesGroup* group = Find(probe_set, kernel_path, hash)) return *group;
-      if (groups_.size() >= kMaxTableGroups) return *overflow_;
-    }
-    auto group =
-        std::make_unique<SeriesGroup>(std::string(probe_set), std::string(kernel_path), hash);
-    for (size_t i = hash & (kTableSlots - 1);; i = (i + 1) & (kTableSlots - 1)) {
-      if (slots_[i].load(std::memory_order_relaxed) == nullptr) {
-        slots_[i].store(group.get(), std::memory_order_release);
-        break;
-      }
-    }
-    groups_.push_back(std::move(group));
-    return *groups_.back();
-  }
-
-  // Every group, in the order they appeared.
-  std::vector<const SeriesGroup*> All() const {
-    std::vector<const SeriesGroup*> all = {unlabelled_.get()};
-    {
-      absl::MutexLock lock(&mu_);
-      for (const auto& group : groups_) all.push_back(group.get());
-    }
-    all.push_back(overflow_.get());
-    return all;
-  }
-
- private:
-  static size_t Hash(absl::string_view probe_set, absl::string_view kernel_path) {
-    return absl::Hash<std::pair<absl::string_view, absl::string_view>>()(
-        std::make_pair(probe_set, kernel_path));
-  }
-
-  SeriesGroup* Find(absl::string_view probe_set, absl::string_view kernel_path, size_t hash) const {
-    for (size_t i = hash & (kTableSlots - 1);; i = (i + 1) & (kTableSlots - 1)) {
-      SeriesGroup* group = slots_[i].load(std::memory_order_acquire);
-      if (group == nullptr) return nullptr;
-      if (group->Is(probe_set, kernel_path, hash)) return group;
-    }
-  }
-
-  const std::unique_ptr<SeriesGroup> unlabelled_;
-  const std::unique_ptr<SeriesGroup> overflow_;
-  std::array<std::atomic<SeriesGroup*>, kTableSlots> slots_{};
-  mutable absl::Mutex mu_;
-  std::vector<std::unique_ptr<SeriesGroup>> groups_ ABSL_GUARDED_BY(mu_);
-};
+// (probe_set, kernel_path) -> its histograms.
+using Series = SeriesTable<SeriesGroup>;
+static_assert(kMaxLabelledSeries < static_cast<int>(Series::kMaxGroups));
 
 // Per-thread shard of the unlabelled-by-name counters and gauges.
 struct alignas(kShardAlign) CounterShard {
@@ -288,7 +116,7 @@ void AddValue(MetricFamily& family, double value, std::vector<ClientMetric::Labe
   family.metric.push_back(std::move(metric));
 }
 
-void AddHistogram(MetricFamily& family, const DurationHistogram& histogram,
+void AddHistogram(MetricFamily& family, const LatencyHistogram& histogram,
                   std::vector<ClientMetric::Label> labels) {
   ClientMetric metric;
   metric.label = std::move(labels);
@@ -322,7 +150,7 @@ class Metrics::Impl final : public prometheus::Collectable {
                 .count()) {}
 
   CounterShard& shard(int index) { return shards_[index]; }
-  SeriesTable& series() { return series_; }
+  Series& series() { return series_; }
 
   void ShadowCompared(double rel_l2_error, bool mismatched) {
     absl::MutexLock lock(&shadow_mu_);
@@ -336,7 +164,7 @@ class Metrics::Impl final : public prometheus::Collectable {
 
   std::vector<MetricFamily> Collect() const override {
     std::vector<MetricFamily> out;
-    out.reserve(20);
+    out.reserve(40);
     // Sampled state.
     const MetricsState s = state_ ? state_() : MetricsState{};
 
@@ -389,14 +217,14 @@ class Metrics::Impl final : public prometheus::Collectable {
                MetricType::Histogram));
     for (const SeriesGroup* group : series_.All()) {
       for (int r = 0; r < kNumRpcs; ++r) {
-        if (const DurationHistogram* h = group->FindRpc(r)) {
+        if (const LatencyHistogram* h = group->FindRpc(r)) {
           AddHistogram(duration, *h,
                        {L("rpc", RpcName(static_cast<Rpc>(r))), L("probe_set", group->probe_set()),
                         L("kernel_path", group->kernel_path())});
         }
       }
       for (int s = 0; s < kNumStages; ++s) {
-        if (const DurationHistogram* h = group->FindStage(s)) {
+        if (const LatencyHistogram* h = group->FindStage(s)) {
           AddHistogram(
               stages, *h,
               {L("stage", StageName(static_cast<Stage>(s))), L("probe_set", group->probe_set()),
@@ -444,15 +272,43 @@ class Metrics::Impl final : public prometheus::Collectable {
     auto add = [&out](const char* name, const char* help, MetricType type, uint64_t value) {
       AddValue(out.emplace_back(Family(name, help, type)), static_cast<double>(value));
     };
-    add("probesidecar_registered_buffers", "CUDA IPC buffer windows registered.", MetricType::Gauge,
-        s.registered_buffers);
-    add("probesidecar_registered_buffer_bytes", "Bytes of the registered buffer windows.",
-        MetricType::Gauge, s.registered_buffer_bytes);
-    add("probesidecar_ipc_handles_open", "CUDA IPC allocations the server has open.",
-        MetricType::Gauge, s.open_ipc_handles);
+    // Families with a series per served device (unlabelled totals on the CPU backend).
+    auto per_device = [&out, &s](const char* name, const char* help, MetricType type,
+                                 uint64_t total, auto of) {
+      MetricFamily& family = out.emplace_back(Family(name, help, type));
+      if (s.devices.empty()) {
+        AddValue(family, static_cast<double>(total));
+        return;
+      }
+      for (const DeviceMetricsState& d : s.devices) {
+        AddValue(family, static_cast<double>(of(d)), {L("device", d.device)});
+      }
+    };
+    per_device("probesidecar_registered_buffers", "CUDA IPC buffer windows registered.",
+               MetricType::Gauge, s.registered_buffers,
+               [](const DeviceMetricsState& d) { return d.registered_buffers; });
+    per_device("probesidecar_registered_buffer_bytes", "Bytes of the registered buffer windows.",
+               MetricType::Gauge, s.registered_buffer_bytes,
+               [](const DeviceMetricsState& d) { return d.registered_buffer_bytes; });
+    per_device("probesidecar_ipc_handles_open", "CUDA IPC allocations the server has open.",
+               MetricType::Gauge, s.open_ipc_handles,
+               [](const DeviceMetricsState& d) { return d.open_ipc_handles; });
+    per_device("probesidecar_device_memory_bytes",
+               "GPU memory allocated by the service (each probe set is placed on every served "
+               "device).",
+               MetricType::Gauge, s.device_memory_bytes,
+               [](const DeviceMetricsState& d) { return d.memory_bytes; });
+    if (!s.devices.empty()) {
+      MetricFamily& up = out.emplace_back(
+          Family("probesidecar_device_up",
+                 "1 while the served CUDA device works, 0 once its context is lost (the server "
+                 "then reports NOT_SERVING and exits).",
+                 MetricType::Gauge));
+      for (const DeviceMetricsState& d : s.devices) {
+        AddValue(up, d.up ? 1.0 : 0.0, {L("device", d.device)});
+      }
+    }
     add("probesidecar_probe_sets_loaded", "Probe sets loaded.", MetricType::Gauge, s.probe_sets);
-    add("probesidecar_device_memory_bytes", "GPU memory allocated by the service.",
-        MetricType::Gauge, s.device_memory_bytes);
     add("probesidecar_mps_client",
         "1 when this server's CUDA context is a client of an MPS control daemon, else 0 (without "
         "MPS, its kernels and the inference server's are time-sliced: docs/mps.md).",
@@ -468,10 +324,11 @@ class Metrics::Impl final : public prometheus::Collectable {
         "Verify requests whose device page table or lengths were out of range (checked on the GPU; "
         "they were refused and their outputs are NaN).",
         MetricType::Counter, s.invalid_verify_requests);
-    add("probesidecar_stream_slots_parked",
-        "GPU stream slots taking no requests because their stream still waits on the GPU for work "
-        "answered already (e.g. a client's ready event that has not fired).",
-        MetricType::Gauge, s.parked_slots);
+    per_device("probesidecar_stream_slots_parked",
+               "GPU stream slots taking no requests because their stream still waits on the GPU "
+               "for work answered already (e.g. a client's ready event that has not fired).",
+               MetricType::Gauge, s.parked_slots,
+               [](const DeviceMetricsState& d) { return d.parked_slots; });
     add("probesidecar_executor_queued_requests",
         "Requests waiting in the executor's queue for a worker (a stream slot on the GPU).",
         MetricType::Gauge, s.queued_requests);
@@ -487,18 +344,24 @@ class Metrics::Impl final : public prometheus::Collectable {
         "Requests the executor did not run, or stopped early, because their caller had cancelled "
         "or gone away (answered CANCELLED).",
         MetricType::Counter, s.cancelled_requests);
-    add("probesidecar_graph_cache_entries", "Captured CUDA graphs held.", MetricType::Gauge,
-        s.graph_cache.entries);
-    add("probesidecar_graph_cache_capacity", "Captured CUDA graphs the cache may hold.",
-        MetricType::Gauge, s.graph_cache.capacity);
-    add("probesidecar_graph_cache_hits_total", "Requests that replayed a cached CUDA graph.",
-        MetricType::Counter, s.graph_cache.hits);
-    add("probesidecar_graph_cache_misses_total", "Requests that found no cached CUDA graph.",
-        MetricType::Counter, s.graph_cache.misses);
-    add("probesidecar_graph_cache_captures_total", "CUDA graphs captured.", MetricType::Counter,
-        s.graph_cache.captures);
-    add("probesidecar_graph_cache_evictions_total", "CUDA graphs evicted from the cache.",
-        MetricType::Counter, s.graph_cache.evictions);
+    per_device("probesidecar_graph_cache_entries", "Captured CUDA graphs held.", MetricType::Gauge,
+               s.graph_cache.entries,
+               [](const DeviceMetricsState& d) { return d.graph_cache.entries; });
+    per_device("probesidecar_graph_cache_capacity", "Captured CUDA graphs the cache may hold.",
+               MetricType::Gauge, s.graph_cache.capacity,
+               [](const DeviceMetricsState& d) { return d.graph_cache.capacity; });
+    per_device("probesidecar_graph_cache_hits_total", "Requests that replayed a cached CUDA graph.",
+               MetricType::Counter, s.graph_cache.hits,
+               [](const DeviceMetricsState& d) { return d.graph_cache.hits; });
+    per_device("probesidecar_graph_cache_misses_total", "Requests that found no cached CUDA graph.",
+               MetricType::Counter, s.graph_cache.misses,
+               [](const DeviceMetricsState& d) { return d.graph_cache.misses; });
+    per_device("probesidecar_graph_cache_captures_total", "CUDA graphs captured.",
+               MetricType::Counter, s.graph_cache.captures,
+               [](const DeviceMetricsState& d) { return d.graph_cache.captures; });
+    per_device("probesidecar_graph_cache_evictions_total", "CUDA graphs evicted from the cache.",
+               MetricType::Counter, s.graph_cache.evictions,
+               [](const DeviceMetricsState& d) { return d.graph_cache.evictions; });
 
     AddValue(
         out.emplace_back(Family("probesidecar_build_info",
@@ -517,7 +380,7 @@ class Metrics::Impl final : public prometheus::Collectable {
   const BuildInfo build_;
   const std::function<MetricsState()> state_;
   const double start_time_seconds_;
-  SeriesTable series_;
+  Series series_{kMaxLabelledSeries, kOtherProbeSet};
   std::array<CounterShard, kShards> shards_;
   mutable absl::Mutex shadow_mu_;
   std::array<uint64_t, kErrorBucketBounds.size() + 1> shadow_buckets_ ABSL_GUARDED_BY(shadow_mu_){};

@@ -21,20 +21,24 @@
 //       MetricsState.non_finite_device_scores: device outputs, counted on the GPU)
 //   probesidecar_shadow_rel_l2_error                                histogram (kErrorBucketBounds)
 //   probesidecar_shadow_mismatched_requests_total                   counter
-//   probesidecar_registered_buffers, probesidecar_registered_buffer_bytes,
-//   probesidecar_ipc_handles_open, probesidecar_probe_sets_loaded,
-//   probesidecar_device_memory_bytes, probesidecar_executor_queued_requests,
+//   probesidecar_registered_buffers{device}, probesidecar_registered_buffer_bytes{device},
+//   probesidecar_ipc_handles_open{device}, probesidecar_probe_sets_loaded,
+//   probesidecar_device_memory_bytes{device}, probesidecar_executor_queued_requests,
 //   probesidecar_executor_queue_capacity, probesidecar_mps_client,
-//   probesidecar_stream_slots_parked,
-//   probesidecar_graph_cache_entries,
-//   probesidecar_graph_cache_capacity                               gauges (MetricsState)
-//   probesidecar_graph_cache_{hits,misses,captures,evictions}_total,
+//   probesidecar_stream_slots_parked{device},
+//   probesidecar_graph_cache_entries{device},
+//   probesidecar_graph_cache_capacity{device},
+//   probesidecar_device_up{device}                                  gauges (MetricsState)
+//   probesidecar_graph_cache_{hits,misses,captures,evictions}_total{device},
 //   probesidecar_invalid_device_rows_total,
 //   probesidecar_invalid_verify_requests_total,
 //   probesidecar_probe_set_load_errors_total,
 //   probesidecar_executor_{expired,cancelled}_requests_total        counters (MetricsState)
 //   probesidecar_build_info{version,git_commit,cuda_runtime,device,backend}  gauge, value 1
 //   probesidecar_start_time_seconds                                 gauge (Unix time)
+//
+// {device}: one series per served CUDA device, device="<ordinal>" (MetricsState.devices); on the
+// CPU backend one series without the label (and no probesidecar_device_up).
 //
 // Label cardinality is bounded: rpc, code and stage are fixed sets; probe_set must be "" or the
 // name of a loaded set (callers pass "" for names a client made up), kernel_path one of the
@@ -47,6 +51,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/strings/string_view.h"
@@ -111,6 +116,18 @@ struct BuildInfo {
   std::string backend;
 };
 
+// One served CUDA device, sampled at scrape time (its series carry device="<ordinal>").
+struct DeviceMetricsState {
+  std::string device;  // the label value: the ordinal
+  bool up = true;      // false once its context is lost
+  uint64_t memory_bytes = 0;
+  uint64_t registered_buffers = 0;
+  uint64_t registered_buffer_bytes = 0;
+  uint64_t open_ipc_handles = 0;
+  uint64_t parked_slots = 0;
+  GraphCacheCounters graph_cache;
+};
+
 // Sampled at scrape time (the callback runs on the exposer's thread, once per scrape).
 struct MetricsState {
   uint64_t registered_buffers = 0;       // buffer windows (RegisterBuffer) currently registered
@@ -129,6 +146,10 @@ struct MetricsState {
   uint64_t probe_set_load_errors = 0;  // files of the probes directory skipped at start
   bool mps = false;                    // the CUDA context is an MPS client
   GraphCacheCounters graph_cache;
+  // Per served device (CUDA backend): the device-labelled series of the buffer, memory, stream
+  // slot and graph cache families, and probesidecar_device_up. Empty (the CPU backend): those
+  // families are one unlabelled series each, from the totals above.
+  std::vector<DeviceMetricsState> devices;
 };
 
 class Metrics {

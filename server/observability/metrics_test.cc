@@ -184,6 +184,42 @@ TEST(MetricsTest, FamiliesExistBeforeTrafficAndStateIsSampled) {
   EXPECT_EQ(Samples(metrics.Serialize()).at("probesidecar_cuda_errors_total"), 1);
 }
 
+// With served devices, the GPU families have one series per device (label device) and
+// probesidecar_device_up says which works; without (the CPU backend), one unlabelled series each
+// and no probesidecar_device_up.
+TEST(MetricsTest, GpuFamiliesHaveASeriesPerDevice) {
+  Metrics metrics(BuildInfo{"v", "g", "13.0", "dev", "cuda"}, [] {
+    MetricsState s;
+    s.device_memory_bytes = 30;
+    for (int d : {0, 1}) {
+      DeviceMetricsState& device = s.devices.emplace_back();
+      device.device = absl::StrCat(d);
+      device.up = d == 0;
+      device.memory_bytes = 10 + 10 * d;
+      device.registered_buffers = 2 + d;
+      device.parked_slots = d;
+      device.graph_cache.hits = 100 + d;
+    }
+    return s;
+  });
+  const std::map<std::string, double> s = Samples(metrics.Serialize());
+  EXPECT_EQ(s.at("probesidecar_device_memory_bytes{device=\"0\"}"), 10);
+  EXPECT_EQ(s.at("probesidecar_device_memory_bytes{device=\"1\"}"), 20);
+  EXPECT_EQ(s.count("probesidecar_device_memory_bytes"), 0u);  // no unlabelled total beside them
+  EXPECT_EQ(s.at("probesidecar_registered_buffers{device=\"1\"}"), 3);
+  EXPECT_EQ(s.at("probesidecar_stream_slots_parked{device=\"1\"}"), 1);
+  EXPECT_EQ(s.at("probesidecar_graph_cache_hits_total{device=\"0\"}"), 100);
+  EXPECT_EQ(s.at("probesidecar_device_up{device=\"0\"}"), 1);
+  EXPECT_EQ(s.at("probesidecar_device_up{device=\"1\"}"), 0);
+
+  const std::map<std::string, double> cpu = Samples(NewMetrics().Serialize());
+  EXPECT_EQ(cpu.at("probesidecar_device_memory_bytes"), 0);
+  EXPECT_EQ(cpu.at("probesidecar_graph_cache_hits_total"), 7);
+  for (const auto& [sample, value] : cpu) {
+    EXPECT_EQ(sample.find("probesidecar_device_up"), std::string::npos) << sample;
+  }
+}
+
 TEST(MetricsTest, ProbeSetLabelsAreBounded) {
   Metrics metrics = NewMetrics();
   for (int i = 0; i < kMaxLabelledSeries + 100; ++i) {

@@ -11,6 +11,7 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -54,11 +55,13 @@ struct ProbeSet {
   std::vector<float> bias;        // [P]
   std::string source;             // path, or "inline"
   uint64_t file_bytes = 0;
-  // The weights in the form the executor scores with: a kernels::ProbeWeights (the device copy)
-  // on the CUDA backend; on the CPU backend a CpuProbeWeights (copies rounded to the activations'
-  // type) for a fast set, none for an exact one. Attached once before the set is published, freed
-  // with the last reference.
+  // The weights in the form the executor scores with. On the CUDA backend a kernels::ProbeWeights
+  // (the device copy) per served device, by ordinal: a set is placed on every device. On the CPU
+  // backend executor_weights is a CpuProbeWeights (copies rounded to the activations' type) for a
+  // fast set, none for an exact one. Attached once before the set is published, freed with the
+  // last reference.
   std::shared_ptr<const void> executor_weights;
+  std::map<int, std::shared_ptr<const void>> device_weights;
 
   // Bytes of the float32 weight and bias (one copy).
   uint64_t weight_bytes() const { return (weight.size() + bias.size()) * sizeof(float); }

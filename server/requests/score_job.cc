@@ -16,7 +16,8 @@ absl::StatusOr<ScoreJob> PrepareScoreJob(const v1::ScoreRequest& request,
   if (job.probe_set == nullptr) {
     // The name is the caller's: quoted, escaped and cut, so that a hostile one cannot forge log
     // lines or outgrow the response's metadata.
-    return absl::NotFoundError(absl::StrCat("probe set ", common::QuoteForMessage(request.probe_set()),
+    return absl::NotFoundError(absl::StrCat("probe set ",
+                                            common::QuoteForMessage(request.probe_set()),
                                             " is not loaded (see ListProbeSets)"));
   }
   const ProbeSet& set = *job.probe_set;
@@ -109,6 +110,15 @@ absl::StatusOr<ScoreJob> PrepareScoreJob(const v1::ScoreRequest& request,
       !s.ok()) {
     return s;
   }
+  absl::StatusOr<std::optional<int>> device = OneDevice({
+      {"activations", job.activations.on_device(), job.activations.device.device},
+      {"device_rows", job.rows_on_device(), job.device_rows.device.device},
+      {"output", job.host_out == nullptr, job.device_out.device.device},
+      {"ready_event", job.ready.event != nullptr, job.ready.device},
+      {"done_event", job.done.event != nullptr, job.done.device},
+  });
+  if (!device.ok()) return device.status();
+  job.device = *device;
   job.enqueue_only =
       job.done.event != nullptr && job.activations.on_device() && job.host_out == nullptr;
   return job;

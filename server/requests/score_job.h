@@ -3,6 +3,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "absl/status/statusor.h"
@@ -38,6 +39,9 @@ struct ScoreJob {
   bool enqueue_only = false;
   // Until when the request is worth running (checked by the executor before and while it runs).
   RequestLifetime lifetime;
+  // The CUDA device of its buffers and events (all on one); unset when it names none (inline
+  // activations and scores: any device may run it).
+  std::optional<int> device;
 
   bool rows_on_device() const { return rows == nullptr; }
 };

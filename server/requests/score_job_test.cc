@@ -21,20 +21,26 @@ constexpr int32_t kProbes = 3;
 
 std::string Floats(size_t n) { return std::string(n * sizeof(float), '\0'); }
 
-// A resolver that knows one buffer of 4096 bytes at a fake device address.
+// A resolver that knows buffers of 4096 bytes at fake device addresses: 7 on device 0, 11 on
+// device 1.
 class FakeBuffers final : public BufferResolver {
  public:
-  // Buffer 7 belongs to session 1.
+  // Buffers 7 and 11 belong to session 1.
   absl::StatusOr<BufferLease> Acquire(uint64_t id, uint64_t offset, uint64_t extent,
                                       uint64_t session) override {
+    if (id == 11 && session == 1 && offset + extent <= 4096) {
+      ++acquired;
+      return BufferLease{reinterpret_cast<char*>(0x90000) + offset, 1, nullptr};
+    }
     if (id != 7) return absl::NotFoundError("buffer is not registered");
     if (session != 1) return absl::PermissionDeniedError("belongs to another session");
     if (offset + extent > 4096) return absl::InvalidArgumentError("past the end");
     ++acquired;
     return BufferLease{reinterpret_cast<char*>(0x10000) + offset, 0, nullptr};
   }
-  // Events 5 and 6 belong to session 1.
+  // Events 5 and 6 (device 0) and 10 (device 1) belong to session 1.
   absl::StatusOr<EventLease> AcquireEvent(uint64_t id, uint64_t session) override {
+    if (id == 10 && session == 1) return EventLease{reinterpret_cast<void*>(0x510), nullptr, 1};
     if (id == 8) return absl::PermissionDeniedError("belongs to another session");  // session 2's
     if (id != 5 && id != 6) return absl::NotFoundError("event is not registered");
     if (session != 1) return absl::PermissionDeniedError("belongs to another session");
@@ -190,8 +196,8 @@ TEST_F(ScoreJobTest, ALongShapeIsCountedNotListed) {
   r.mutable_activations()->mutable_shape()->Resize(5000, 7);
   const absl::Status status = Prepare(r).status();
   EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_TRUE(absl::StrContains(status.message(),
-                                "got [4, 8, 7, 7, 7, 7, 7, 7, ... (5000 dimensions)]"))
+  EXPECT_TRUE(
+      absl::StrContains(status.message(), "got [4, 8, 7, 7, 7, 7, 7, 7, ... (5000 dimensions)]"))
       << status;
   EXPECT_LT(status.message().size(), 200u);
 }
@@ -278,6 +284,54 @@ TEST_F(ScoreJobTest, DeviceRowsAndEventsMakeAnEnqueueOnlyJob) {
   r.set_done_event(6);
   r.clear_output();
   EXPECT_FALSE(Prepare(r, &buffers)->enqueue_only);
+}
+
+// A request runs on the device of its buffers and events; an inline request names none; buffers
+// or events on two devices are refused, and the refusal names both.
+TEST_F(ScoreJobTest, AJobRunsOnTheOneDeviceOfItsBuffersAndEvents) {
+  FakeBuffers buffers;
+  absl::StatusOr<ScoreJob> inline_job = Prepare(Good(), &buffers);
+  ASSERT_TRUE(inline_job.ok()) << inline_job.status();
+  EXPECT_FALSE(inline_job->device.has_value());
+  absl::StatusOr<ScoreJob> on_0 = Prepare(DeviceRequest(3), &buffers);
+  ASSERT_TRUE(on_0.ok()) << on_0.status();
+  EXPECT_EQ(on_0->device, 0);
+  v1::ScoreRequest all_on_1 = DeviceRequest(3);
+  all_on_1.mutable_activations()->mutable_buffer()->set_buffer_id(11);
+  all_on_1.mutable_device_rows()->mutable_buffer()->set_buffer_id(11);
+  all_on_1.mutable_output()->mutable_buffer()->set_buffer_id(11);
+  all_on_1.set_done_event(10);
+  absl::StatusOr<ScoreJob> on_1 = Prepare(all_on_1, &buffers);
+  ASSERT_TRUE(on_1.ok()) << on_1.status();
+  EXPECT_EQ(on_1->device, 1);
+
+  struct Case {
+    std::function<void(v1::ScoreRequest&)> mutate;
+    const char* fragment;
+  };
+  for (const Case& c : std::vector<Case>{
+           {[](auto& r) { r.mutable_output()->mutable_buffer()->set_buffer_id(11); },
+            "activations is on CUDA device 0 and output on device 1"},
+           {[](auto& r) { r.mutable_device_rows()->mutable_buffer()->set_buffer_id(11); },
+            "activations is on CUDA device 0 and device_rows on device 1"},
+           {[](auto& r) { r.set_ready_event(10); },
+            "activations is on CUDA device 0 and ready_event on device 1"},
+           {[](auto& r) {
+              r.mutable_activations()->mutable_buffer()->set_buffer_id(11);
+              r.mutable_device_rows()->mutable_buffer()->set_buffer_id(11);
+              r.set_done_event(6);
+            },
+            "activations is on CUDA device 1 and output on device 0"},
+       }) {
+    v1::ScoreRequest r = DeviceRequest(3);
+    c.mutate(r);
+    absl::StatusOr<ScoreJob> job = Prepare(r, &buffers);
+    ASSERT_FALSE(job.ok()) << c.fragment;
+    EXPECT_EQ(job.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_NE(job.status().message().find(c.fragment), absl::string_view::npos)
+        << job.status().message();
+    EXPECT_NE(job.status().message().find("a request runs on one device"), absl::string_view::npos);
+  }
 }
 
 TEST_F(ScoreJobTest, DeviceRowAndEventRefusals) {

@@ -169,8 +169,8 @@ absl::StatusOr<Tensor2D> ResolveTensor2D(const v1::TensorRef& ref, absl::string_
       const std::string& data = ref.data();
       // rows * row_stride * size, saturated: a stride near 2^62 wraps row_stride * size alone.
       uint64_t full = 0;
-      if (__builtin_mul_overflow(static_cast<uint64_t>(t.rows),
-                                 static_cast<uint64_t>(t.row_stride), &full) ||
+      if (__builtin_mul_overflow(static_cast<uint64_t>(t.rows), static_cast<uint64_t>(t.row_stride),
+                                 &full) ||
           __builtin_mul_overflow(full, static_cast<uint64_t>(size), &full)) {
         full = UINT64_MAX;
       }
@@ -179,10 +179,10 @@ absl::StatusOr<Tensor2D> ResolveTensor2D(const v1::TensorRef& ref, absl::string_
                                   : full == UINT64_MAX
                                       ? absl::StrCat("at least ", *extent)
                                       : absl::StrCat("between ", *extent, " and ", full);
-        return absl::InvalidArgumentError(absl::StrCat(
-            what, ": inline data holds ", data.size(), " bytes; shape [", t.rows, ", ", t.cols,
-            "] ", common::DTypeName(t.dtype), " with row stride ", t.row_stride, " needs ", needs,
-            " bytes"));
+        return absl::InvalidArgumentError(
+            absl::StrCat(what, ": inline data holds ", data.size(), " bytes; shape [", t.rows, ", ",
+                         t.cols, "] ", common::DTypeName(t.dtype), " with row stride ",
+                         t.row_stride, " needs ", needs, " bytes"));
       }
       t.host = data.data();
       return t;
@@ -199,6 +199,24 @@ absl::StatusOr<Tensor2D> ResolveTensor2D(const v1::TensorRef& ref, absl::string_
   }
   return absl::InvalidArgumentError(
       absl::StrCat(what, ": has neither inline data nor a buffer location"));
+}
+
+absl::StatusOr<std::optional<int>> OneDevice(std::initializer_list<DeviceUse> uses) {
+  const DeviceUse* first = nullptr;
+  for (const DeviceUse& use : uses) {
+    if (!use.used) continue;
+    if (first == nullptr) {
+      first = &use;
+    } else if (use.device != first->device) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(first->what, " is on CUDA device ", first->device, " and ", use.what,
+                       " on device ", use.device,
+                       ": a request runs on one device, and every buffer and event it names must "
+                       "be registered there"));
+    }
+  }
+  if (first == nullptr) return std::nullopt;
+  return first->device;
 }
 
 }  // namespace probesidecar::server

@@ -3,6 +3,8 @@
 #pragma once
 
 #include <cstdint>
+#include <initializer_list>
+#include <optional>
 #include <string>
 
 #include "absl/status/statusor.h"
@@ -12,6 +14,17 @@
 #include "server/buffers/buffer_lease.h"
 
 namespace probesidecar::server {
+
+// One buffer or event a request uses, for OneDevice: `used` false for what it does not name.
+struct DeviceUse {
+  const char* what;  // "activations", "output", "ready_event", ...
+  bool used;
+  int device;
+};
+
+// The one device every used buffer and event of a request is on (a request runs on one device);
+// nullopt when it uses none. INVALID_ARGUMENT naming the first two that differ.
+absl::StatusOr<std::optional<int>> OneDevice(std::initializer_list<DeviceUse> uses);
 
 // A validated 2-D tensor: either host bytes (inline) or a leased device window.
 struct Tensor2D {

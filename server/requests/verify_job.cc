@@ -296,6 +296,19 @@ absl::StatusOr<VerifyJob> PrepareVerifyJob(const v1::VerifyRequest& request,
       !s.ok()) {
     return s;
   }
+  absl::StatusOr<std::optional<int>> device = OneDevice({
+      {"q", job.q.device_ptr != nullptr, job.q.device},
+      {"kv_cache", job.kv_cache.device_ptr != nullptr, job.kv_cache.device},
+      {"block_table", job.block_table.on_device(), job.block_table.device.device},
+      {"cache_seqlens", job.cache_seqlens.on_device(), job.cache_seqlens.device.device},
+      {"out", job.out.device_ptr != nullptr, job.out.device},
+      {"lse", job.lse.device_ptr != nullptr, job.lse.device},
+      {"compare_to", job.compare_to.device_ptr != nullptr, job.compare_to.device},
+      {"ready_event", job.ready.event != nullptr, job.ready.device},
+      {"done_event", job.done.event != nullptr, job.done.device},
+  });
+  if (!device.ok()) return device.status();
+  job.device = device->value_or(0);
   return job;
 }
 

@@ -50,6 +50,8 @@ struct VerifyJob {
   EventLease ready, done;
   // Until when the request is worth running (checked by the executor before it runs).
   RequestLifetime lifetime;
+  // The CUDA device of its buffers and events (all on one: Verify always reads device buffers).
+  int device = 0;
 };
 
 // Two kernels that round to bf16 (and run P.V on bf16 tensor cores) differ by a few bf16 ulps:

@@ -16,12 +16,14 @@ constexpr int64_t kBatch = 2, kSq = 2, kHq = 16, kPages = 8, kMaxPages = 3;
 // Buffer 7: 1 GiB at a 16-byte-aligned fake address; it and events 5 and 6 belong to session 1.
 class FakeBuffers final : public BufferResolver {
  public:
+  // Buffer 7 is on device 0, buffer 11 on device 2.
   absl::StatusOr<BufferLease> Acquire(uint64_t id, uint64_t offset, uint64_t extent,
                                       uint64_t session) override {
-    if (id != 7) return absl::NotFoundError("buffer is not registered");
+    if (id != 7 && id != 11) return absl::NotFoundError("buffer is not registered");
     if (session != 1) return absl::PermissionDeniedError("belongs to another session");
     if (offset + extent > (uint64_t{1} << 30)) return absl::InvalidArgumentError("past the end");
-    return BufferLease{reinterpret_cast<char*>(0x100000) + offset, 0, nullptr};
+    return BufferLease{reinterpret_cast<char*>(id == 7 ? 0x100000 : 0x900000) + offset,
+                       id == 7 ? 0 : 2, nullptr};
   }
   absl::StatusOr<EventLease> AcquireEvent(uint64_t id, uint64_t session) override {
     if (id == 8) return absl::PermissionDeniedError("belongs to another session");  // session 2's
@@ -67,6 +69,28 @@ v1::VerifyRequest Good() {
 absl::StatusOr<VerifyJob> Prepare(const v1::VerifyRequest& r) {
   FakeBuffers buffers;
   return PrepareVerifyJob(r, &buffers, VerifyLimits{});
+}
+
+TEST(VerifyJobTest, AJobRunsOnTheDeviceOfItsBuffersAndMixingDevicesIsRefused) {
+  absl::StatusOr<VerifyJob> on_0 = Prepare(Good());
+  ASSERT_TRUE(on_0.ok()) << on_0.status();
+  EXPECT_EQ(on_0->device, 0);
+  v1::VerifyRequest on_2 = Good();
+  for (v1::TensorRef* ref :
+       {on_2.mutable_q(), on_2.mutable_kv_cache(), on_2.mutable_out(), on_2.mutable_lse()}) {
+    ref->mutable_buffer()->set_buffer_id(11);
+  }
+  absl::StatusOr<VerifyJob> job = Prepare(on_2);
+  ASSERT_TRUE(job.ok()) << job.status();
+  EXPECT_EQ(job->device, 2);
+  v1::VerifyRequest mixed = Good();
+  mixed.mutable_kv_cache()->mutable_buffer()->set_buffer_id(11);
+  job = Prepare(mixed);
+  ASSERT_FALSE(job.ok());
+  EXPECT_EQ(job.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(job.status().message().find("q is on CUDA device 0 and kv_cache on device 2"),
+            absl::string_view::npos)
+      << job.status().message();
 }
 
 TEST(VerifyJobTest, AValidRequestHasItsShapesStridesAndPointers) {

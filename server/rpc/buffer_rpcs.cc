@@ -5,9 +5,10 @@
 #include <atomic>
 #include <utility>
 
-#include "server/buffers/buffer_registry.h"
+#include "server/buffers/ipc_registries.h"
 #include "server/observability/log.h"
 #include "server/rpc/grpc_status.h"
+#include "server/rpc/proto_conversion.h"
 #include "server/rpc/rpc_helpers.h"
 #include "server/rpc/service.h"
 
@@ -20,8 +21,8 @@ namespace {
 class SessionReactor final : public grpc::ServerWriteReactor<v1::SessionEvent>,
                              public DrainableStream {
  public:
-  SessionReactor(ProbeSidecarService* service, BufferRegistry* buffers, int64_t client_pid)
-      : service_(service), buffers_(buffers), id_(buffers->OpenSession(client_pid)) {
+  SessionReactor(ProbeSidecarService* service, IpcRegistries* ipc, int64_t client_pid)
+      : service_(service), ipc_(ipc), id_(ipc->sessions.Open(client_pid)) {
     LogInfo("session %d opened (pid %d)", id_, client_pid);
     event_.set_session_id(id_);
     StartWrite(&event_);
@@ -33,8 +34,8 @@ class SessionReactor final : public grpc::ServerWriteReactor<v1::SessionEvent>,
   void OnCancel() override { End(ToGrpcStatus(absl::CancelledError("session ended"))); }
   void OnDone() override {
     // Closing the session's allocations is driver work: on the control worker, not here.
-    service_->RunOnControlWorker([buffers = buffers_, id = id_] {
-      buffers->CloseSession(id);
+    service_->RunOnControlWorker([ipc = ipc_, id = id_] {
+      ipc->CloseSession(id);
       LogInfo("session %d closed: its buffers are released", id);
     });
     service_->RemoveStream(this);
@@ -48,7 +49,7 @@ class SessionReactor final : public grpc::ServerWriteReactor<v1::SessionEvent>,
   }
 
   ProbeSidecarService* const service_;
-  BufferRegistry* const buffers_;
+  IpcRegistries* const ipc_;
   const uint64_t id_;
   v1::SessionEvent event_;
   std::atomic<bool> ended_{false};
@@ -70,12 +71,11 @@ grpc::ServerUnaryReactor* ProbeSidecarService::AnswerFromBufferRegistry(
       return Refuse(context, rpc, local);
     }
   }
-  BufferRegistry* buffers = env_.executor->buffers();
-  if (buffers == nullptr)
-    return Refuse(context, rpc, NoBuffersOnThisBackend(env_.executor->backend()));
+  IpcRegistries* ipc = env_.ipc;
+  if (ipc == nullptr) return Refuse(context, rpc, NoBuffersOnThisBackend(env_.executor->backend()));
   return AnswerFromControlWorker(context, rpc, /*refuse_while_draining=*/registration,
-                                 [buffers, work = std::move(work)](Finish finish) mutable {
-                                   std::move(finish)(std::move(work)(*buffers));
+                                 [ipc, work = std::move(work)](Finish finish) mutable {
+                                   std::move(finish)(std::move(work)(*ipc));
                                  });
 }
 
@@ -85,10 +85,10 @@ grpc::ServerUnaryReactor* ProbeSidecarService::RegisterBuffer(
   // cudaIpcOpenMemHandle takes 60-150 µs.
   return AnswerFromBufferRegistry(
       context, Rpc::kRegisterBuffer, /*registration=*/true,
-      [request, response](BufferRegistry& buffers) {
-        absl::StatusOr<v1::RegisterBufferResponse> registered = buffers.Register(*request);
+      [request, response](IpcRegistries& ipc) {
+        absl::StatusOr<RegisteredBuffer> registered = ipc.buffers.Register(FromProto(*request));
         if (!registered.ok()) return registered.status();
-        *response = std::move(*registered);
+        FillRegisterBufferResponse(*registered, response);
         LogInfo(
             "registered buffer %d '%s': %d bytes at offset %d of a %d-byte allocation%s (pid %d)",
             response->buffer_id(), request->name(), request->byte_size(), request->offset_bytes(),
@@ -102,8 +102,8 @@ grpc::ServerUnaryReactor* ProbeSidecarService::UnregisterBuffer(
     grpc::CallbackServerContext* context, const v1::UnregisterBufferRequest* request,
     v1::UnregisterBufferResponse* response) {
   return AnswerFromBufferRegistry(context, Rpc::kUnregisterBuffer, /*registration=*/false,
-                                  [request, response](BufferRegistry& buffers) {
-                                    absl::StatusOr<bool> deferred = buffers.Unregister(
+                                  [request, response](IpcRegistries& ipc) {
+                                    absl::StatusOr<bool> deferred = ipc.buffers.Unregister(
                                         request->buffer_id(), request->session_id());
                                     if (!deferred.ok()) return deferred.status();
                                     response->set_deferred(*deferred);
@@ -116,23 +116,23 @@ grpc::ServerUnaryReactor* ProbeSidecarService::UnregisterBuffer(
 grpc::ServerUnaryReactor* ProbeSidecarService::RegisterEvent(
     grpc::CallbackServerContext* context, const v1::RegisterEventRequest* request,
     v1::RegisterEventResponse* response) {
-  return AnswerFromBufferRegistry(context, Rpc::kRegisterEvent, /*registration=*/true,
-                                  [request, response](BufferRegistry& buffers) {
-                                    absl::StatusOr<uint64_t> id = buffers.RegisterEvent(*request);
-                                    if (!id.ok()) return id.status();
-                                    response->set_event_id(*id);
-                                    LogDebug("registered event %d '%s' (session %d)", *id,
-                                             request->name(), request->session_id());
-                                    return absl::OkStatus();
-                                  });
+  return AnswerFromBufferRegistry(
+      context, Rpc::kRegisterEvent, /*registration=*/true, [request, response](IpcRegistries& ipc) {
+        absl::StatusOr<uint64_t> id = ipc.events.Register(FromProto(*request));
+        if (!id.ok()) return id.status();
+        response->set_event_id(*id);
+        LogDebug("registered event %d '%s' (session %d)", *id, request->name(),
+                 request->session_id());
+        return absl::OkStatus();
+      });
 }
 
 grpc::ServerUnaryReactor* ProbeSidecarService::UnregisterEvent(
     grpc::CallbackServerContext* context, const v1::UnregisterEventRequest* request,
     v1::UnregisterEventResponse* /*response*/) {
   return AnswerFromBufferRegistry(
-      context, Rpc::kUnregisterEvent, /*registration=*/false, [request](BufferRegistry& buffers) {
-        return buffers.UnregisterEvent(request->event_id(), request->session_id());
+      context, Rpc::kUnregisterEvent, /*registration=*/false, [request](IpcRegistries& ipc) {
+        return ipc.events.Unregister(request->event_id(), request->session_id());
       });
 }
 
@@ -142,8 +142,10 @@ grpc::ServerUnaryReactor* ProbeSidecarService::ListBuffers(
   const Clock::time_point start = Clock::now();
   env_.metrics->RpcStarted(Rpc::kListBuffers);
   // A backend without IPC has no buffers: the list is empty.
-  if (BufferRegistry* buffers = env_.executor->buffers(); buffers != nullptr) {
-    for (v1::BufferInfo& info : buffers->List()) *response->add_buffers() = std::move(info);
+  if (env_.ipc != nullptr) {
+    for (const BufferListing& listing : env_.ipc->buffers.List()) {
+      FillBufferInfo(listing, response->add_buffers());
+    }
   }
   return Answer(context, Rpc::kListBuffers, start, absl::OkStatus());
 }
@@ -152,13 +154,13 @@ grpc::ServerWriteReactor<v1::SessionEvent>* ProbeSidecarService::OpenSession(
     grpc::CallbackServerContext* /*context*/, const v1::OpenSessionRequest* request) {
   const Clock::time_point start = Clock::now();
   env_.metrics->RpcStarted(Rpc::kOpenSession);
-  BufferRegistry* buffers = env_.executor->buffers();
+  IpcRegistries* ipc = env_.ipc;
   const absl::Status refused =
-      buffers == nullptr ? NoBuffersOnThisBackend(env_.executor->backend()) : Draining();
+      ipc == nullptr ? NoBuffersOnThisBackend(env_.executor->backend()) : Draining();
   // Counted as answered once open: the session's lifetime is not an RPC's duration.
   RecordFinished(Rpc::kOpenSession, start, refused, "", "");
   if (!refused.ok()) return new RefusedSession(ToGrpcStatus(refused));
-  return new SessionReactor(this, buffers, request->client_pid());
+  return new SessionReactor(this, ipc, request->client_pid());
 }
 
 }  // namespace probesidecar::server

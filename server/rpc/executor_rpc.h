@@ -37,11 +37,11 @@ struct ExecutorWork {
 };
 
 // The executor's entry point for each kind of job.
-inline void SubmitToExecutor(Executor& executor, const ScoreJob* job, ScoreDone done) {
-  executor.Score(job, std::move(done));
+inline void SubmitToExecutor(Executor& executor, std::unique_ptr<ScoreJob> job, ScoreDone done) {
+  executor.Score(std::move(job), std::move(done));
 }
-inline void SubmitToExecutor(Executor& executor, const VerifyJob* job, VerifyDone done) {
-  executor.Verify(job, std::move(done));
+inline void SubmitToExecutor(Executor& executor, std::unique_ptr<VerifyJob> job, VerifyDone done) {
+  executor.Verify(std::move(job), std::move(done));
 }
 
 // 1. Admission, on the gRPC thread: counted in the metrics; refused while draining, once the
@@ -76,30 +76,30 @@ void ProbeSidecarService::RunOnExecutor(Rpc rpc, RequestLifetime lifetime, Work 
   }
   auto job = std::make_unique<Job>(std::move(*prepared));
   job->lifetime = std::move(lifetime);
-  const Job* submitted = job.get();
   in_flight_.fetch_add(1);
-  SubmitToExecutor(
-      *env_.executor, submitted,
-      [this, rpc, start, work = std::move(work), probe_set = std::move(probe_set),
-       job = std::move(job),
-       finish = std::move(finish)](absl::Status status, const Outcome& outcome) mutable {
-        if (status.ok()) status = job->lifetime.Check();
-        if (status.ok()) {
-          work.Fill(*job, outcome, SecondsSince(start), *env_.metrics);
-        } else if (status.code() == absl::StatusCode::kInternal) {
-          env_.metrics->CudaError();
-          if (probe_set.empty()) {
-            LogError("%s failed: %s", Work::kName, status.ToString());
-          } else {
-            LogError("%s on probe set '%s' failed: %s", Work::kName, probe_set, status.ToString());
-          }
-        }
-        job.reset();
-        admitted_.fetch_sub(1);
-        RecordFinished(rpc, start, status, probe_set, outcome.kernel_path);
-        std::move(finish)(status);
-        in_flight_.fetch_sub(1);
-      });
+  // The executor owns the job until it calls back with it.
+  SubmitToExecutor(*env_.executor, std::move(job),
+                   [this, rpc, start, work = std::move(work), probe_set = std::move(probe_set),
+                    finish = std::move(finish)](std::unique_ptr<Job> job, absl::Status status,
+                                                const Outcome& outcome) mutable {
+                     if (status.ok()) status = job->lifetime.Check();
+                     if (status.ok()) {
+                       work.Fill(*job, outcome, SecondsSince(start), *env_.metrics);
+                     } else if (status.code() == absl::StatusCode::kInternal) {
+                       env_.metrics->CudaError();
+                       if (probe_set.empty()) {
+                         LogError("%s failed: %s", Work::kName, status.ToString());
+                       } else {
+                         LogError("%s on probe set '%s' failed: %s", Work::kName, probe_set,
+                                  status.ToString());
+                       }
+                     }
+                     job.reset();
+                     admitted_.fetch_sub(1);
+                     RecordFinished(rpc, start, status, probe_set, outcome.kernel_path);
+                     std::move(finish)(status);
+                     in_flight_.fetch_sub(1);
+                   });
 }
 
 }  // namespace probesidecar::server

@@ -56,4 +56,45 @@ void FillProbeSetInfo(const ProbeSet& set, v1::ProbeSetInfo* info) {
   info->set_precision(ToProtoPrecision(set.precision));
 }
 
+BufferRegistration FromProto(const v1::RegisterBufferRequest& request) {
+  BufferRegistration r;
+  r.name = request.name();
+  if (request.has_device_id()) r.device = request.device_id();
+  r.byte_size = request.byte_size();
+  r.offset_bytes = request.offset_bytes();
+  r.handle = request.handle();
+  r.client_pid = request.client_pid();
+  r.session_id = request.session_id();
+  return r;
+}
+
+EventRegistration FromProto(const v1::RegisterEventRequest& request) {
+  EventRegistration r;
+  r.name = request.name();
+  if (request.has_device_id()) r.device = request.device_id();
+  r.handle = request.handle();
+  r.session_id = request.session_id();
+  return r;
+}
+
+void FillRegisterBufferResponse(const RegisteredBuffer& registered,
+                                v1::RegisterBufferResponse* response) {
+  response->set_buffer_id(registered.buffer_id);
+  response->set_allocation_bytes(registered.allocation_bytes);
+  response->set_shared_mapping(registered.shared_mapping);
+}
+
+void FillBufferInfo(const BufferListing& listing, v1::BufferInfo* info) {
+  info->set_buffer_id(listing.buffer_id);
+  info->set_name(listing.name);
+  info->set_device_id(listing.device);
+  info->set_offset_bytes(listing.offset_bytes);
+  info->set_byte_size(listing.byte_size);
+  info->set_allocation_bytes(listing.allocation_bytes);
+  info->set_client_pid(listing.client_pid);
+  info->set_session_id(listing.session_id);
+  info->set_in_flight(listing.in_flight);
+  info->set_closing(listing.closing);
+}
+
 }  // namespace probesidecar::server

@@ -46,8 +46,8 @@ struct ScoreWork : ExecutorWork<v1::ScoreRequest, v1::ScoreResponse, ScoreJob, S
     ScoreLimits limits;
     limits.max_rows = env.config.max_rows;
     limits.max_message_bytes = env.config.max_message_bytes;
-    absl::StatusOr<ScoreJob> job = PrepareScoreJob(*request, *env.probes, env.executor->buffers(),
-                                                   limits, response->mutable_scores());
+    absl::StatusOr<ScoreJob> job =
+        PrepareScoreJob(*request, *env.probes, env.ipc, limits, response->mutable_scores());
     // A prepared job holds its set; a refused one is labelled only with a set that is loaded.
     if (job.ok() || env.probes->Find(request->probe_set()) != nullptr) {
       *probe_set = request->probe_set();

@@ -31,13 +31,14 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "prometheus/exposer.h"
-#include "server/buffers/buffer_registry.h"
+#include "server/buffers/cuda_ipc.h"
+#include "server/buffers/ipc_registries.h"
 #include "server/config/version.h"
 #include "server/executors/make_executor.h"
+#include "server/observability/exposer_stop.h"
 #include "server/observability/log.h"
 #include "server/observability/metrics.h"
 #include "server/probes/probe_registry.h"
-#include "server/rpc/exposer_stop.h"
 #include "server/rpc/service.h"
 #include "server/rpc/unix_listener.h"
 
@@ -185,15 +186,27 @@ sigset_t ShutdownSignals() {
 // a lost CUDA context), drains and stops it; every gRPC object it made is gone when it returns.
 // `*device_abandoned` is set when work was left pending on the device (the process must then end
 // without the CUDA runtime's teardown, which could wait for it).
-int Serve(const Config& config, bool* device_abandoned) {
+int Serve(const Config& config, ExecutorDecorator decorate, bool* device_abandoned) {
   const sigset_t signals = ShutdownSignals();
 
+  CudaIpcOpener ipc_opener;
+  std::unique_ptr<IpcRegistries> ipc;  // destroyed after the executor
   absl::StatusOr<std::unique_ptr<Executor>> made = MakeExecutor(config);
   if (!made.ok()) {
     LogError("cannot start: %s", made.status().message());
     return 1;
   }
   std::unique_ptr<Executor> executor = std::move(*made);
+  if (decorate) executor = decorate(std::move(executor));
+  // The service's sessions, buffers and events, on the executor's devices. Declared before the
+  // executor's work can take leases and gone after the executor has stopped (a lease points into
+  // the registries).
+  if (const std::vector<int> devices = executor->devices(); !devices.empty()) {
+    ipc =
+        std::make_unique<IpcRegistries>(devices, &ipc_opener,
+                                        BufferRegistryLimits{4096, config.max_session_buffer_bytes,
+                                                             config.allow_sessionless_buffers});
+  }
 
   const bool bundled = config.probes_dir.empty();
   const std::string probes_dir = bundled ? BundledProbesDir() : config.probes_dir;
@@ -224,7 +237,7 @@ int Serve(const Config& config, bool* device_abandoned) {
   LogInfo("probe sets from %s: [%s]", probes_dir, absl::StrJoin(loaded, ", "));
 
   BuildInfo build{kVersion, kGitCommit, kCudaRuntime, executor->device_name(), executor->backend()};
-  Metrics metrics(build, [&probes, &executor, load_errors = *probe_set_load_errors] {
+  Metrics metrics(build, [&probes, &executor, &ipc, load_errors = *probe_set_load_errors] {
     MetricsState state;
     state.probe_sets = probes.size();
     state.probe_set_load_errors = load_errors;
@@ -240,11 +253,25 @@ int Serve(const Config& config, bool* device_abandoned) {
     state.non_finite_device_scores = executor->non_finite_device_scores();
     state.parked_slots = executor->parked_slots();
     state.mps = executor->mps();
-    if (const BufferRegistry* buffers = executor->buffers(); buffers != nullptr) {
-      const BufferCounters counters = buffers->counters();
+    if (ipc != nullptr) {
+      const BufferCounters counters = ipc->buffers.counters();
       state.registered_buffers = counters.registrations;
       state.registered_buffer_bytes = counters.registered_bytes;
       state.open_ipc_handles = counters.open_handles;
+    }
+    for (const DeviceReport& report : executor->device_reports()) {
+      DeviceMetricsState& d = state.devices.emplace_back();
+      d.device = absl::StrCat(report.device);
+      d.up = report.failure.empty();
+      d.memory_bytes = report.memory_bytes;
+      d.parked_slots = report.parked_slots;
+      d.graph_cache = report.graph_cache;
+      if (ipc != nullptr) {
+        const BufferCounters counters = ipc->buffers.counters(report.device);
+        d.registered_buffers = counters.registrations;
+        d.registered_buffer_bytes = counters.registered_bytes;
+        d.open_ipc_handles = counters.open_handles;
+      }
     }
     return state;
   });
@@ -315,6 +342,7 @@ int Serve(const Config& config, bool* device_abandoned) {
   env.metrics_listening = metrics_listening;
   env.probes = &probes;
   env.executor = executor.get();
+  env.ipc = ipc.get();
   env.metrics = &metrics;
   env.admin_token = *admin_token;
   env.admin_unix_gid = *admin_unix_gid;
@@ -424,7 +452,7 @@ int Serve(const Config& config, bool* device_abandoned) {
   for (const auto& listener : unix_listeners) listener->Stop();
   server->Shutdown(absl::ToChronoTime(std::min(deadline, absl::Now() + absl::Milliseconds(100))));
   server->Wait();
-  service.StopControlWorker();  // releases of ended sessions use the executor's buffers
+  service.StopControlWorker();  // releases of ended sessions (the IPC registries outlive it)
   // Every call is answered; what the GPU still runs is ms away, unless a stream waits for a
   // client's event that never comes: that is not waited for past a short moment.
   // (The metrics endpoint stops first: a scrape reads the executor's slots.)
@@ -443,6 +471,7 @@ int Serve(const Config& config, bool* device_abandoned) {
     // the pending work. The process's exit reclaims them.
     *device_abandoned = true;
     executor.release();  // NOLINT(bugprone-unused-return-value): left to the exit
+    ipc.release();       // NOLINT(bugprone-unused-return-value): its mappings too
   }
   LogInfo("stopped");
   return exit_code;
@@ -484,7 +513,7 @@ void ReleaseGrpcLibrary(int exit_code) {
 
 }  // namespace
 
-int RunServer(const Config& config) {
+int RunServer(const Config& config, ExecutorDecorator decorate) {
   // Blocked before any thread exists (grpc_init below starts gRPC's own), so that every thread
   // inherits the mask and SIGINT/SIGTERM reach only Serve's sigwait: a thread that did not block
   // them would take the signal's default action and kill the process without draining.
@@ -497,7 +526,7 @@ int RunServer(const Config& config) {
   // them goes last.
   grpc_init();
   bool device_abandoned = false;
-  const int exit_code = Serve(config, &device_abandoned);
+  const int exit_code = Serve(config, std::move(decorate), &device_abandoned);
   if (device_abandoned) {
     // Neither gRPC's library shutdown nor the CUDA runtime's teardown at exit: the device still
     // has work of ours pending (or a lost context), and both could wait for it.
@@ -506,6 +535,23 @@ int RunServer(const Config& config) {
   }
   ReleaseGrpcLibrary(exit_code);
   return exit_code;
+}
+
+int ServerMain(int argc, char** argv, ExecutorDecorator decorate) {
+  absl::StatusOr<ParsedFlags> parsed = ParseFlags(argc, argv);
+  if (!parsed.ok()) {
+    std::fprintf(stderr, "probe-sidecar: %s\n", std::string(parsed.status().message()).c_str());
+    return 2;
+  }
+  if (parsed->show_help) {
+    std::fputs(HelpText().c_str(), stdout);
+    return 0;
+  }
+  if (parsed->show_version) {
+    std::printf("probe-sidecar %s (git %s, CUDA runtime %s)\n", kVersion, kGitCommit, kCudaRuntime);
+    return 0;
+  }
+  return RunServer(parsed->config, std::move(decorate));
 }
 
 }  // namespace probesidecar::server

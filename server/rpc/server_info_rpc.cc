@@ -2,6 +2,7 @@
 // waiting (the executor's counters are atomics; the registries take short locks).
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "server/buffers/buffer_registry.h"
 #include "server/config/version.h"
@@ -10,6 +11,18 @@
 #include "server/rpc/service.h"
 
 namespace probesidecar::server {
+namespace {
+
+void FillGraphCacheStats(const GraphCacheCounters& graphs, v1::GraphCacheStats* stats) {
+  stats->set_entries(graphs.entries);
+  stats->set_capacity(graphs.capacity);
+  stats->set_hits(graphs.hits);
+  stats->set_misses(graphs.misses);
+  stats->set_captures(graphs.captures);
+  stats->set_evictions(graphs.evictions);
+}
+
+}  // namespace
 
 grpc::ServerUnaryReactor* ProbeSidecarService::ServerInfo(grpc::CallbackServerContext* context,
                                                           const v1::ServerInfoRequest* /*request*/,
@@ -20,7 +33,26 @@ grpc::ServerUnaryReactor* ProbeSidecarService::ServerInfo(grpc::CallbackServerCo
   response->set_git_commit(kGitCommit);
   response->set_backend(env_.executor->backend());
   response->set_device_name(env_.executor->device_name());
-  response->set_device_id(env_.config.device);
+  const std::vector<DeviceReport> devices = env_.executor->device_reports();
+  response->set_device_id(devices.empty() ? env_.config.device : devices.front().device);
+  for (const DeviceReport& report : devices) {
+    v1::DeviceInfo* info = response->add_devices();
+    info->set_device_id(report.device);
+    info->set_name(report.name);
+    info->set_compute_capability(report.compute_capability);
+    for (const std::string& path : report.kernel_paths) info->add_kernel_paths(path);
+    info->set_memory_bytes(report.memory_bytes);
+    info->set_healthy(report.failure.empty());
+    info->set_failure(report.failure);
+    info->set_queued_requests(report.queued);
+    info->set_gpu_requests(report.gpu_requests);
+    FillGraphCacheStats(report.graph_cache, info->mutable_graph_cache());
+    if (env_.ipc != nullptr) {
+      info->set_registered_buffers(
+          static_cast<uint32_t>(env_.ipc->buffers.counters(report.device).registrations));
+      info->set_registered_events(static_cast<uint32_t>(env_.ipc->events.size(report.device)));
+    }
+  }
   v1::Limits* limits = response->mutable_limits();
   limits->set_max_message_bytes(env_.config.max_message_bytes);
   limits->set_max_concurrent_requests(env_.config.max_concurrent_requests);
@@ -34,17 +66,11 @@ grpc::ServerUnaryReactor* ProbeSidecarService::ServerInfo(grpc::CallbackServerCo
   for (const std::shared_ptr<const ProbeSet>& set : env_.probes->List()) {
     FillProbeSetInfo(*set, response->add_probe_sets());
   }
-  const GraphCacheCounters graphs = env_.executor->graph_cache();
-  v1::GraphCacheStats* stats = response->mutable_graph_cache();
-  stats->set_entries(graphs.entries);
-  stats->set_capacity(graphs.capacity);
-  stats->set_hits(graphs.hits);
-  stats->set_misses(graphs.misses);
-  stats->set_captures(graphs.captures);
-  stats->set_evictions(graphs.evictions);
+  FillGraphCacheStats(env_.executor->graph_cache(), response->mutable_graph_cache());
   response->set_uptime_seconds(SecondsSince(started_));
-  if (BufferRegistry* buffers = env_.executor->buffers(); buffers != nullptr) {
-    response->set_registered_buffers(static_cast<uint32_t>(buffers->counters().registrations));
+  if (env_.ipc != nullptr) {
+    response->set_registered_buffers(
+        static_cast<uint32_t>(env_.ipc->buffers.counters().registrations));
   }
   {
     absl::MutexLock lock(&listening_mu_);

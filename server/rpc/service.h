@@ -24,6 +24,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "probesidecar/v1/sidecar.grpc.pb.h"
+#include "server/buffers/ipc_registries.h"
 #include "server/config/config.h"
 #include "server/executors/executor.h"
 #include "server/executors/worker_pool.h"
@@ -49,6 +50,9 @@ struct ServiceEnv {
   uid_t server_uid = 0;
   ProbeRegistry* probes = nullptr;
   Executor* executor = nullptr;
+  // Sessions, buffers and events (owned by the server, beside the executor); nullptr when the
+  // backend has no devices (no IPC).
+  IpcRegistries* ipc = nullptr;
   Metrics* metrics = nullptr;
 };
 
@@ -117,7 +121,7 @@ class ProbeSidecarService final : public v1::ProbeSidecar::CallbackService {
   // True once no request is in progress and no stream is open; false at the deadline.
   bool WaitUntilIdle(absl::Time deadline);
   // Finishes the queued administrative work and stops the control worker (after the gRPC
-  // server has stopped, before the executor does: the work uses the executor's buffers).
+  // server has stopped, before the executor does: releasing a session waits for no request).
   void StopControlWorker();
 
   // Streams register so that BeginDrain can end them.
@@ -142,7 +146,7 @@ class ProbeSidecarService final : public v1::ProbeSidecar::CallbackService {
   void RunOnControlWorker(absl::AnyInvocable<void() &&> work);
 
   Metrics* metrics() const { return env_.metrics; }
-  BufferRegistry* buffers() const { return env_.executor->buffers(); }
+  IpcRegistries* ipc() const { return env_.ipc; }
 
  private:
   // The one skeleton of the RPCs whose work runs on the executor (Score, each ScoreStream
@@ -171,7 +175,7 @@ class ProbeSidecarService final : public v1::ProbeSidecar::CallbackService {
   // `registration`, when the peer is not on this host; then `work` runs on the control worker
   // (opening and closing IPC handles is driver work). Registrations are refused while draining;
   // releases are let through.
-  using BufferWork = absl::AnyInvocable<absl::Status(BufferRegistry& buffers) &&>;
+  using BufferWork = absl::AnyInvocable<absl::Status(IpcRegistries& ipc) &&>;
   grpc::ServerUnaryReactor* AnswerFromBufferRegistry(grpc::CallbackServerContext* context, Rpc rpc,
                                                      bool registration, BufferWork work);
 

@@ -37,10 +37,9 @@ class HoldingExecutor final : public Executor {
   const char* backend() const override { return "cpu"; }
   std::string device_name() const override { return "holding (test)"; }
   absl::Status PrepareProbeSet(ProbeSet&) override { return absl::OkStatus(); }
-  BufferRegistry* buffers() override { return nullptr; }
-  void Score(const ScoreJob* job, ScoreDone done) override {
+  void Score(std::unique_ptr<ScoreJob> job, ScoreDone done) override {
     absl::MutexLock lock(&mu_);
-    held_.push_back(std::move(done));
+    held_.push_back({std::move(job), std::move(done)});
   }
   // True once `n` requests are held; false if they are not within `timeout`.
   [[nodiscard]] bool AwaitHeld(int n, absl::Duration timeout = absl::Seconds(30)) {
@@ -53,20 +52,24 @@ class HoldingExecutor final : public Executor {
   }
   // Completes every held request, from a thread of its own (as an executor's worker would).
   void Release() {
-    std::vector<ScoreDone> done;
+    std::vector<Held> done;
     {
       absl::MutexLock lock(&mu_);
       done.swap(held_);
     }
     std::thread([done = std::move(done)]() mutable {
-      for (ScoreDone& d : done) std::move(d)(absl::OkStatus(), ScoreTimings{});
+      for (Held& d : done) std::move(d.done)(std::move(d.job), absl::OkStatus(), ScoreTimings{});
     }).join();
   }
   void Shutdown() override {}
 
  private:
+  struct Held {
+    std::unique_ptr<ScoreJob> job;
+    ScoreDone done;
+  };
   absl::Mutex mu_;
-  std::vector<ScoreDone> held_ ABSL_GUARDED_BY(mu_);
+  std::vector<Held> held_ ABSL_GUARDED_BY(mu_);
 };
 
 std::string ProbeFile() {

@@ -20,7 +20,7 @@ struct VerifyWork : ExecutorWork<v1::VerifyRequest, v1::VerifyResponse, VerifyJo
 
   // No probe set: `probe_set` stays "".
   absl::StatusOr<VerifyJob> Prepare(const ServiceEnv& env, std::string* /*probe_set*/) const {
-    return PrepareVerifyJob(*request, env.executor->buffers(), VerifyLimits{});
+    return PrepareVerifyJob(*request, env.ipc, VerifyLimits{});
   }
 
   void Fill(const VerifyJob& job, const VerifyOutcome& outcome, double /*seconds*/,

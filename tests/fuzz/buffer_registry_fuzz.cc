@@ -16,10 +16,11 @@
 #include <cstring>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
-#include "server/buffers/buffer_registry.h"
+#include "server/buffers/ipc_registries.h"
 #include "tests/fuzz/fake_ipc_opener.h"
 #include "tests/fuzz/fuzz_check.h"
 #include "tests/fuzz/message_check.h"
@@ -27,8 +28,8 @@
 namespace {
 
 using probesidecar::server::BufferLease;
-using probesidecar::server::BufferRegistry;
 using probesidecar::server::EventLease;
+using probesidecar::server::IpcRegistries;
 
 enum class Op : uint8_t {
   kRegister,
@@ -60,6 +61,18 @@ uint64_t PickId(FuzzedDataProvider& in, const std::vector<uint64_t>& known) {
       return in.ConsumeIntegralInRange<uint64_t>(0, 8);
     default:
       return in.ConsumeIntegral<uint64_t>();
+  }
+}
+
+// The device a registration names: none, the served device 0, or anything.
+std::optional<int> PickDevice(FuzzedDataProvider& in) {
+  switch (in.ConsumeIntegralInRange<int>(0, 2)) {
+    case 0:
+      return std::nullopt;
+    case 1:
+      return 0;
+    default:
+      return in.ConsumeIntegral<int32_t>();
   }
 }
 
@@ -105,7 +118,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     limits.max_registrations = 16;
     limits.max_session_bytes = uint64_t{1} << in.ConsumeIntegralInRange<int>(6, 40);
     limits.allow_sessionless = in.ConsumeBool();
-    auto registry = std::make_unique<BufferRegistry>(0, &opener, limits);
+    auto ipc = std::make_unique<IpcRegistries>(std::vector<int>{0}, &opener, limits);
     std::vector<uint64_t> buffers, sessions, events;
     struct Held {
       uint64_t buffer_id;
@@ -121,29 +134,31 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     for (int step = 0; step < 64 && in.remaining_bytes() > 0; ++step) {
       switch (in.ConsumeEnum<Op>()) {
         case Op::kRegister: {
-          probesidecar::v1::RegisterBufferRequest r;
-          r.set_handle(PickHandle(in));
-          r.set_device_id(in.ConsumeBool() ? 0 : in.ConsumeIntegral<int32_t>());
-          r.set_offset_bytes(PickBytes(in));
-          r.set_byte_size(PickBytes(in));
-          r.set_session_id(in.ConsumeBool() ? 0 : PickId(in, sessions));
-          r.set_name(in.ConsumeRandomLengthString(16));
-          absl::StatusOr<probesidecar::v1::RegisterBufferResponse> response = registry->Register(r);
+          probesidecar::server::BufferRegistration r;
+          r.handle = PickHandle(in);
+          r.device = PickDevice(in);
+          r.offset_bytes = PickBytes(in);
+          r.byte_size = PickBytes(in);
+          r.session_id = in.ConsumeBool() ? 0 : PickId(in, sessions);
+          r.name = in.ConsumeRandomLengthString(16);
+          absl::StatusOr<probesidecar::server::RegisteredBuffer> response =
+              ipc->buffers.Register(r);
           if (!response.ok()) {
             probesidecar::fuzz::CheckRefusalMessage(response.status());
             break;
           }
-          FUZZ_CHECK(r.offset_bytes() + r.byte_size() <= response->allocation_bytes());
-          FUZZ_CHECK(r.byte_size() > 0);
-          FUZZ_CHECK(r.session_id() != 0 || limits.allow_sessionless);
-          buffers.push_back(response->buffer_id());
-          windows[response->buffer_id()] = {r.offset_bytes(), r.byte_size(), r.session_id()};
+          FUZZ_CHECK(r.offset_bytes + r.byte_size <= response->allocation_bytes);
+          FUZZ_CHECK(r.byte_size > 0);
+          FUZZ_CHECK(r.session_id != 0 || limits.allow_sessionless);
+          FUZZ_CHECK(response->device == 0);
+          buffers.push_back(response->buffer_id);
+          windows[response->buffer_id] = {r.offset_bytes, r.byte_size, r.session_id};
           break;
         }
         case Op::kUnregister: {
           const uint64_t id = PickId(in, buffers);
           const uint64_t session = in.ConsumeBool() ? 0 : PickId(in, sessions);
-          absl::StatusOr<bool> deferred = registry->Unregister(id, session);
+          absl::StatusOr<bool> deferred = ipc->buffers.Unregister(id, session);
           FUZZ_CHECK(!deferred.ok() || windows[id].session == session);
           if (!deferred.ok()) probesidecar::fuzz::CheckRefusalMessage(deferred.status());
           break;
@@ -153,7 +168,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
           const uint64_t offset = PickBytes(in);
           const uint64_t extent = PickBytes(in);
           const uint64_t session = in.ConsumeBool() ? 0 : PickId(in, sessions);
-          absl::StatusOr<BufferLease> lease = registry->Acquire(id, offset, extent, session);
+          absl::StatusOr<BufferLease> lease = ipc->buffers.Acquire(id, offset, extent, session);
           if (!lease.ok()) {
             probesidecar::fuzz::CheckRefusalMessage(lease.status());
             break;
@@ -178,17 +193,17 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
           }
           break;
         case Op::kOpenSession:
-          sessions.push_back(registry->OpenSession(in.ConsumeIntegral<int64_t>()));
+          sessions.push_back(ipc->sessions.Open(in.ConsumeIntegral<int64_t>()));
           break;
         case Op::kCloseSession:
-          registry->CloseSession(PickId(in, sessions));
+          ipc->CloseSession(PickId(in, sessions));
           break;
         case Op::kRegisterEvent: {
-          probesidecar::v1::RegisterEventRequest r;
-          r.set_handle(in.ConsumeBool() ? std::string(64, 'e') : PickHandle(in));
-          r.set_device_id(in.ConsumeBool() ? 0 : in.ConsumeIntegral<int32_t>());
-          r.set_session_id(PickId(in, sessions));
-          absl::StatusOr<uint64_t> id = registry->RegisterEvent(r);
+          probesidecar::server::EventRegistration r;
+          r.handle = in.ConsumeBool() ? std::string(64, 'e') : PickHandle(in);
+          r.device = PickDevice(in);
+          r.session_id = PickId(in, sessions);
+          absl::StatusOr<uint64_t> id = ipc->events.Register(r);
           if (!id.ok()) {
             probesidecar::fuzz::CheckRefusalMessage(id.status());
             break;
@@ -197,13 +212,13 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
           break;
         }
         case Op::kUnregisterEvent: {
-          absl::Status s = registry->UnregisterEvent(PickId(in, events), PickId(in, sessions));
+          absl::Status s = ipc->events.Unregister(PickId(in, events), PickId(in, sessions));
           if (!s.ok()) probesidecar::fuzz::CheckRefusalMessage(s);
           break;
         }
         case Op::kAcquireEvent: {
           absl::StatusOr<EventLease> lease =
-              registry->AcquireEvent(PickId(in, events), PickId(in, sessions));
+              ipc->events.Acquire(PickId(in, events), PickId(in, sessions));
           if (!lease.ok()) {
             probesidecar::fuzz::CheckRefusalMessage(lease.status());
             break;
@@ -216,21 +231,21 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
           break;
       }
       // After every operation: the counters agree with the listing and with the opener.
-      const probesidecar::server::BufferCounters counters = registry->counters();
-      const std::vector<probesidecar::v1::BufferInfo> list = registry->List();
+      const probesidecar::server::BufferCounters counters = ipc->buffers.counters();
+      const std::vector<probesidecar::server::BufferListing> list = ipc->buffers.List();
       FUZZ_CHECK(counters.registrations == list.size());
       uint64_t bytes = 0;
       uint64_t in_flight = 0;
       std::map<uint64_t, uint64_t> session_bytes;
-      for (const probesidecar::v1::BufferInfo& info : list) {
-        bytes += info.byte_size();
-        if (info.session_id() != 0 && !info.closing()) {
-          session_bytes[info.session_id()] += info.byte_size();
-          FUZZ_CHECK(session_bytes[info.session_id()] <= limits.max_session_bytes);
+      for (const probesidecar::server::BufferListing& info : list) {
+        bytes += info.byte_size;
+        if (info.session_id != 0 && !info.closing) {
+          session_bytes[info.session_id] += info.byte_size;
+          FUZZ_CHECK(session_bytes[info.session_id] <= limits.max_session_bytes);
         }
-        in_flight += info.in_flight();
-        FUZZ_CHECK(info.offset_bytes() + info.byte_size() <= info.allocation_bytes());
-        FUZZ_CHECK(info.closing() ? info.in_flight() > 0 : true);
+        in_flight += info.in_flight;
+        FUZZ_CHECK(info.offset_bytes + info.byte_size <= info.allocation_bytes);
+        FUZZ_CHECK(info.closing ? info.in_flight > 0 : true);
       }
       FUZZ_CHECK(counters.registered_bytes == bytes);
       FUZZ_CHECK(in_flight == leases.size());
@@ -240,10 +255,10 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     // Requests end, then the server: nothing stays open.
     leases.clear();
     event_leases.clear();
-    for (const probesidecar::v1::BufferInfo& info : registry->List()) {
-      FUZZ_CHECK(!info.closing());
+    for (const probesidecar::server::BufferListing& info : ipc->buffers.List()) {
+      FUZZ_CHECK(!info.closing);
     }
-    registry.reset();
+    ipc.reset();
   }
   FUZZ_CHECK(opener.open_allocations() == 0);
   FUZZ_CHECK(opener.open_events() == 0);

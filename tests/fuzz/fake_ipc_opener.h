@@ -9,7 +9,7 @@
 #include <memory>
 #include <set>
 
-#include "server/buffers/buffer_registry.h"
+#include "server/buffers/ipc_opener.h"
 
 namespace probesidecar::fuzz {
 
@@ -20,10 +20,10 @@ class FakeIpcOpener final : public server::IpcOpener {
   explicit FakeIpcOpener(SizeFn size_of) : size_of_(size_of) {}
   ~FakeIpcOpener() override;
 
-  absl::StatusOr<Mapping> Open(const server::IpcHandleBytes& handle) override;
-  void Close(void* base) override;
-  absl::StatusOr<void*> OpenEvent(const server::IpcHandleBytes& handle) override;
-  void CloseEvent(void* event) override;
+  absl::StatusOr<Mapping> Open(const server::IpcHandleBytes& handle, int device) override;
+  void Close(void* base, int device) override;
+  absl::StatusOr<void*> OpenEvent(const server::IpcHandleBytes& handle, int device) override;
+  void CloseEvent(void* event, int device) override;
 
   size_t open_allocations() const { return allocations_.size(); }
   size_t open_events() const { return events_.size(); }

@@ -19,7 +19,7 @@
 #include "google/protobuf/stubs/logging.h"
 #include "kernels/probe_score/probe_score_cpu.h"
 #include "probesidecar/v1/score.pb.h"
-#include "server/buffers/buffer_registry.h"
+#include "server/buffers/ipc_registries.h"
 #include "server/probes/probe_registry.h"
 #include "server/requests/score_job.h"
 #include "tests/fuzz/fake_ipc_opener.h"
@@ -29,7 +29,6 @@
 
 namespace {
 
-using probesidecar::server::BufferRegistry;
 using probesidecar::server::ScoreJob;
 
 // Handles 'B'... are allocations of 64 bytes, the others of 4096 bytes.
@@ -56,26 +55,26 @@ std::string ProbeSetFile(const char* dtype, int64_t p, int64_t h,
 // and events 1 and 2, session 2 with buffer 4 and event 3, and probe sets "p" (F32, P=3, H=8) and
 // "h" (BF16, P=2, H=16, sigmoid, thresholds).
 struct World {
-  World() : opener(AllocationBytes), buffers(0, &opener) {
-    const uint64_t s1 = buffers.OpenSession(1);
-    const uint64_t s2 = buffers.OpenSession(2);
+  World() : opener(AllocationBytes), ipc({0}, &opener, {}) {
+    const uint64_t s1 = ipc.sessions.Open(1);
+    const uint64_t s2 = ipc.sessions.Open(2);
     auto reg = [&](char handle, uint64_t offset, uint64_t bytes, uint64_t session) {
-      probesidecar::v1::RegisterBufferRequest r;
-      r.set_handle(Handle(handle));
-      r.set_offset_bytes(offset);
-      r.set_byte_size(bytes);
-      r.set_session_id(session);
-      FUZZ_CHECK(buffers.Register(r).ok());
+      probesidecar::server::BufferRegistration r;
+      r.handle = Handle(handle);
+      r.offset_bytes = offset;
+      r.byte_size = bytes;
+      r.session_id = session;
+      FUZZ_CHECK(ipc.buffers.Register(r).ok());
     };
     reg('A', 0, 4096, s1);    // buffer 1: a whole 4096-byte allocation
     reg('A', 100, 1000, s1);  // buffer 2: a window of it at an odd offset
     reg('B', 0, 64, s1);      // buffer 3: a small allocation of its own
     reg('C', 0, 4096, s2);    // buffer 4: another session's
     for (uint64_t session : {s1, s1, s2}) {
-      probesidecar::v1::RegisterEventRequest e;
-      e.set_handle(Handle('E'));
-      e.set_session_id(session);
-      FUZZ_CHECK(buffers.RegisterEvent(e).ok());
+      probesidecar::server::EventRegistration e;
+      e.handle = Handle('E');
+      e.session_id = session;
+      FUZZ_CHECK(ipc.events.Register(e).ok());
     }
     FUZZ_CHECK(probes.LoadFromBytes("p", ProbeSetFile("F32", 3, 8, {}), false).ok());
     FUZZ_CHECK(
@@ -87,7 +86,7 @@ struct World {
             .ok());
   }
   probesidecar::fuzz::FakeIpcOpener opener;
-  BufferRegistry buffers;
+  probesidecar::server::IpcRegistries ipc;
   probesidecar::server::ProbeRegistry probes{
       "", probesidecar::server::ProbeSetLimits{},
       [](probesidecar::server::ProbeSet&) { return absl::OkStatus(); }};
@@ -165,7 +164,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   limits.max_rows = 64;
   limits.max_message_bytes = 1 << 16;
   std::string scores;
-  probesidecar::fuzz::RecordingResolver leased(&world->buffers);
+  probesidecar::fuzz::RecordingResolver leased(&world->ipc);
   {
     absl::StatusOr<ScoreJob> job =
         PrepareScoreJob(request, world->probes, &leased, limits, &scores);
@@ -186,8 +185,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     }
   }
   // Every lease ended with the job.
-  for (const probesidecar::v1::BufferInfo& info : world->buffers.List()) {
-    FUZZ_CHECK(info.in_flight() == 0);
+  for (const probesidecar::server::BufferListing& info : world->ipc.buffers.List()) {
+    FUZZ_CHECK(info.in_flight == 0);
   }
   return 0;
 }

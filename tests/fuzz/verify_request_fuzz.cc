@@ -14,7 +14,7 @@
 
 #include "google/protobuf/stubs/logging.h"
 #include "probesidecar/v1/verify.pb.h"
-#include "server/buffers/buffer_registry.h"
+#include "server/buffers/ipc_registries.h"
 #include "server/requests/verify_job.h"
 #include "tests/fuzz/fake_ipc_opener.h"
 #include "tests/fuzz/fuzz_check.h"
@@ -37,30 +37,30 @@ uint64_t AllocationBytes(const probesidecar::server::IpcHandleBytes& handle) {
 // all of 'A', buffer 2 = 'A' from offset 16, buffer 3 = all of 'B', buffer 4 = 'B' from offset 4,
 // and events 1 and 2; session 2 with event 3.
 struct World {
-  World() : opener(AllocationBytes), buffers(0, &opener) {
-    const uint64_t s1 = buffers.OpenSession(1);
-    const uint64_t s2 = buffers.OpenSession(2);
+  World() : opener(AllocationBytes), ipc({0}, &opener, {}) {
+    const uint64_t s1 = ipc.sessions.Open(1);
+    const uint64_t s2 = ipc.sessions.Open(2);
     auto reg = [&](char id, uint64_t offset, uint64_t bytes) {
-      probesidecar::v1::RegisterBufferRequest r;
-      r.set_handle(std::string(1, id) + std::string(63, 'h'));
-      r.set_offset_bytes(offset);
-      r.set_byte_size(bytes);
-      r.set_session_id(s1);
-      FUZZ_CHECK(buffers.Register(r).ok());
+      probesidecar::server::BufferRegistration r;
+      r.handle = std::string(1, id) + std::string(63, 'h');
+      r.offset_bytes = offset;
+      r.byte_size = bytes;
+      r.session_id = s1;
+      FUZZ_CHECK(ipc.buffers.Register(r).ok());
     };
     reg('A', 0, uint64_t{4} << 20);
     reg('A', 16, (uint64_t{4} << 20) - 16);
     reg('B', 0, 4096);
     reg('B', 4, 4092);
     for (uint64_t session : {s1, s1, s2}) {
-      probesidecar::v1::RegisterEventRequest e;
-      e.set_handle(std::string(64, 'e'));
-      e.set_session_id(session);
-      FUZZ_CHECK(buffers.RegisterEvent(e).ok());
+      probesidecar::server::EventRegistration e;
+      e.handle = std::string(64, 'e');
+      e.session_id = session;
+      FUZZ_CHECK(ipc.events.Register(e).ok());
     }
   }
   probesidecar::fuzz::FakeIpcOpener opener;
-  probesidecar::server::BufferRegistry buffers;
+  probesidecar::server::IpcRegistries ipc;
 };
 
 volatile char sink;
@@ -152,7 +152,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   static World* world = new World();  // lives for the whole run, like the server's
   probesidecar::v1::VerifyRequest request;
   if (!request.ParseFromArray(data, static_cast<int>(size))) return 0;
-  probesidecar::fuzz::RecordingResolver recording(&world->buffers);
+  probesidecar::fuzz::RecordingResolver recording(&world->ipc);
   leased = &recording;
   {
     absl::StatusOr<VerifyJob> job =
@@ -165,8 +165,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       FUZZ_CHECK((job->done.event != nullptr) == (request.done_event() != 0));
     }
   }
-  for (const probesidecar::v1::BufferInfo& info : world->buffers.List()) {
-    FUZZ_CHECK(info.in_flight() == 0);
+  for (const probesidecar::server::BufferListing& info : world->ipc.buffers.List()) {
+    FUZZ_CHECK(info.in_flight == 0);
   }
   return 0;
 }

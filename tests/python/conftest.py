@@ -17,6 +17,9 @@ import pytest
 from probe_sidecar import Client
 
 BIN = pathlib.Path(os.environ.get("PROBE_SIDECAR_BIN", "build/bin/probe-sidecar")).resolve()
+# The same server with the test-only fault injector (server/rpc/test_faults_main.cc).
+FAULTS_BIN = pathlib.Path(
+    os.environ.get("PROBE_SIDECAR_TEST_FAULTS_BIN", BIN.parent / "probe-sidecar-test-faults")).resolve()
 CLIENT_BIN = pathlib.Path(os.environ.get("PROBE_CLIENT_BIN", "build/bin/probe-client")).resolve()
 DEMO_DIR = BIN.parent.parent / "share" / "probe-sidecar" / "probes"
 
@@ -26,11 +29,11 @@ _READY = re.compile(r"serving on (?P<listen>.*?); metrics on (?P<metrics>\S+);")
 class Sidecar:
     """One probe-sidecar process. ``args`` are extra flags; listeners are chosen here (a
     ``--listen`` in ``args`` adds one, and the last TCP one becomes ``tcp_target``). ``umask``
-    is the server process's umask."""
+    is the server process's umask; ``binary`` another server binary than ``BIN``."""
 
     def __init__(self, args: list[str] | None = None, *, workdir: pathlib.Path | None = None,
                  probes_dir: pathlib.Path | None = None, metrics: bool = True,
-                 umask: int | None = None):
+                 umask: int | None = None, binary: pathlib.Path | None = None):
         self._tmp = tempfile.TemporaryDirectory(prefix="probe-sidecar-test-")
         self.workdir = pathlib.Path(workdir or self._tmp.name)
         self.socket = self.workdir / "sidecar.sock"
@@ -40,7 +43,10 @@ class Sidecar:
         flags.append("--metrics-listen=127.0.0.1:0" if metrics else "--metrics-listen=none")
         if probes_dir is not None:
             flags.append(f"--probes={probes_dir}")
-        self.argv = [str(BIN), *flags, *(args or [])]
+        # PROBE_SIDECAR_ARGS: flags added to every server a test starts, e.g. --devices=all to
+        # run the GPU tests against a server of every device (tests/gpu/, docs/tensor-parallel.md).
+        extra = os.environ.get("PROBE_SIDECAR_ARGS", "").split()
+        self.argv = [str(binary or BIN), *flags, *(args or []), *extra]
         self.umask = umask
         self.process: subprocess.Popen | None = None
         self.tcp_target = ""

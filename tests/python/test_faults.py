@@ -13,7 +13,7 @@ import grpc
 import numpy as np
 import pytest
 
-from conftest import Sidecar
+from conftest import FAULTS_BIN, Sidecar
 from probe_files import ProbeFile
 from probe_sidecar import ProbeSidecarError, score_request
 from probesidecar.v1 import buffers_pb2
@@ -158,11 +158,11 @@ def test_a_client_that_never_cleans_up_leaves_nothing_behind(probe):
 
 
 def test_an_injected_cuda_error_fails_one_request_and_the_next_ones_succeed(monkeypatch):
-    # PROBESIDECAR_TEST_FAULT_EVERY=N (test-only) fails every Nth Score as a failed CUDA call
-    # would. A real CUDA fault needs a GPU: not run here.
+    # PROBESIDECAR_TEST_FAULT_EVERY=N fails every Nth Score as a failed CUDA call would, in the
+    # test binary that links the injector. A real CUDA fault needs a GPU: not run here.
     monkeypatch.setenv("PROBESIDECAR_TEST_FAULT_EVERY", "4")
     x = np.random.default_rng(1).standard_normal((2, 4096)).astype(np.float32)
-    with Sidecar(["--backend=cpu"]) as s, s.client() as c:
+    with Sidecar(["--backend=cpu"], binary=FAULTS_BIN) as s, s.client() as c:
         assert "test-only fault hook" in s.log()
         expected = c.score(x, [0, 1], "demo").scores  # request 1
         outcomes = []
@@ -187,3 +187,14 @@ def test_an_injected_cuda_error_fails_one_request_and_the_next_ones_succeed(monk
         assert metric(s, "probesidecar_cuda_errors_total") == 3
         assert c.score(x, [0, 1], "demo").scores.shape == (2, 4)
         assert s.log().count("failed: INTERNAL") == 3
+
+
+def test_the_production_binary_has_no_fault_injector(monkeypatch):
+    # The injector is linked into probe-sidecar-test-faults only: the shipped binary serves every
+    # request whatever the environment says.
+    monkeypatch.setenv("PROBESIDECAR_TEST_FAULT_EVERY", "1")
+    x = np.ones((1, 4096), np.float32)
+    with Sidecar(["--backend=cpu"]) as s, s.client() as c:
+        for _ in range(3):
+            assert c.score(x, [0], "demo").scores.shape == (1, 4)
+        assert "fault hook" not in s.log()

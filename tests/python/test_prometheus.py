@@ -101,10 +101,19 @@ def dashboard_queries() -> list[tuple[str, str, str, str]]:
 
 
 def render(expr: str, instance: str) -> str:
-    """What Grafana sends: $__rate_interval and the (regex-escaped) instance substituted."""
+    """What Grafana sends: $__rate_interval and the (regex-escaped) instance substituted, and the
+    device selector's All value (".*", which also matches the CPU backend's unlabelled series)."""
     instance_regex = re.escape(instance).replace("\\", "\\\\")  # inside a PromQL "string"
     return (expr.replace("$__rate_interval", RATE_INTERVAL)
-            .replace("${instance}", instance_regex).replace("$instance", instance_regex))
+            .replace("${instance}", instance_regex).replace("$instance", instance_regex)
+            .replace("$device", ".*"))
+
+
+# The families with a series per served CUDA device (label device), which the device selector
+# filters.
+DEVICE_FAMILIES = re.compile(r"probesidecar_(device_memory_bytes|registered_buffers|"
+                             r"registered_buffer_bytes|ipc_handles_open|graph_cache_\w+|"
+                             r"stream_slots_parked)\{")
 
 
 def test_dashboard_structure():
@@ -118,6 +127,11 @@ def test_dashboard_structure():
     assert instance["datasource"] == {"type": "prometheus", "uid": "${datasource}"}
     query = instance["query"]["query"] if isinstance(instance["query"], dict) else instance["query"]
     assert query == "label_values(probesidecar_build_info, instance)"
+    device = variables["device"]
+    assert device["type"] == "query" and device["multi"] is True and device["includeAll"] is True
+    assert device["allValue"] == ".*"
+    assert device["query"]["query"] == \
+        'label_values(probesidecar_device_up{instance=~"$instance"}, device)'
 
     panels = all_panels(d["panels"])
     ids = [p["id"] for p in panels]
@@ -137,6 +151,11 @@ def test_dashboard_structure():
         # Every selector honours the instance selector; every window is $__rate_interval.
         for selector in re.findall(r"\{([^}]*)\}", expr):
             assert 'instance=~"$instance"' in selector, expr
+        # Every per-device family honours the device selector, and sums keep the device apart.
+        for family in DEVICE_FAMILIES.finditer(expr):
+            assert expr[family.end():].startswith('instance=~"$instance", device=~"$device"}'), expr
+        if DEVICE_FAMILIES.search(expr) and "sum by" in expr:
+            assert "sum by (instance)" not in expr, expr
         assert re.findall(r"\[([^\]]*)\]", expr) in ([], ["$__rate_interval"] * expr.count("[")), expr
         if "histogram_quantile" in expr:
             assert re.search(r"histogram_quantile\(0\.\d+, sum by \(le[,)]", expr), expr

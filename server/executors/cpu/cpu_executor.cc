@@ -55,14 +55,17 @@ bool CpuExecutor::TryEnqueue() {
   return true;
 }
 
-void CpuExecutor::Score(const ScoreJob* job, ScoreDone done) {
+void CpuExecutor::Score(std::unique_ptr<ScoreJob> owned, ScoreDone done) {
   if (!TryEnqueue()) {
-    std::move(done)(absl::ResourceExhaustedError(absl::StrCat(
+    std::move(done)(std::move(owned),
+                    absl::ResourceExhaustedError(absl::StrCat(
                         "the CPU executor's queue is full (", capacity_, " requests wait for ",
                         pool_.workers(), " threads; --max-queued-requests); retry later")),
                     ScoreTimings{});
     return;
   }
+  // The tasks share the job (Shared owns it) and read it through `job` until the last reports.
+  const ScoreJob* job = owned.get();
   const ProbeSet& set = *job->probe_set;
   kernels::ProbeScoreCpuParams params;
   params.x = job->activations.host;
@@ -87,6 +90,7 @@ void CpuExecutor::Score(const ScoreJob* job, ScoreDone done) {
   // Shared by the tasks; the last one to finish reports. The first failure (refusal at shutdown,
   // lifetime ended) is the answer, and the tasks after it do nothing.
   struct Shared {
+    std::unique_ptr<ScoreJob> job;
     ScoreDone done;
     const RequestLifetime* lifetime;
     std::atomic<int32_t> remaining;
@@ -104,6 +108,7 @@ void CpuExecutor::Score(const ScoreJob* job, ScoreDone done) {
     }
   };
   auto shared = std::make_shared<Shared>();
+  shared->job = std::move(owned);
   shared->done = std::move(done);
   shared->lifetime = &job->lifetime;
   shared->remaining.store(num_tasks);
@@ -150,7 +155,7 @@ void CpuExecutor::Score(const ScoreJob* job, ScoreDone done) {
           status = shared->status;
         }
         drops_.Count(status);
-        std::move(shared->done)(status, timings);
+        std::move(shared->done)(std::move(shared->job), status, timings);
       }
     });
   }

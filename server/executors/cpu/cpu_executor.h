@@ -26,10 +26,9 @@ class CpuExecutor final : public Executor {
   std::vector<std::string> kernel_paths() const override { return {"cpu"}; }
   // A fast set gets a place for its rounded weights (cpu_probe_weights.h).
   absl::Status PrepareProbeSet(ProbeSet& set) override;
-  BufferRegistry* buffers() override { return nullptr; }
   // Before each task the job's lifetime is checked: a request whose deadline passed or whose
   // caller went away runs no further task and answers DEADLINE_EXCEEDED or CANCELLED.
-  void Score(const ScoreJob* job, ScoreDone done) override;
+  void Score(std::unique_ptr<ScoreJob> job, ScoreDone done) override;
   uint64_t queued() const override { return waiting_.load(std::memory_order_relaxed); }
   uint64_t queue_capacity() const override { return capacity_; }
   DroppedRequests dropped() const override { return drops_.counts(); }

@@ -92,11 +92,13 @@ TEST(CpuExecutorTest, ConcurrentCallersEachGetTheirScoresOnce) {
     callers.emplace_back([&, c] {
       for (int j = 0; j < kJobsPerCaller; ++j) {
         OwnedJob* job = jobs[c * kJobsPerCaller + j].get();
-        executor.Score(&job->job, [job, &finished](absl::Status status, const ScoreTimings&) {
-          job->status = status;
-          job->calls.fetch_add(1);
-          finished.fetch_add(1);
-        });
+        executor.Score(
+            std::make_unique<ScoreJob>(job->job),
+            [job, &finished](std::unique_ptr<ScoreJob>, absl::Status status, const ScoreTimings&) {
+              job->status = status;
+              job->calls.fetch_add(1);
+              finished.fetch_add(1);
+            });
       }
     });
   }
@@ -119,10 +121,11 @@ TEST(CpuExecutorTest, AFullQueueRefusesAndShutdownAnswersEveryJobOnce) {
     callers.emplace_back([&, c] {
       for (int j = 0; j < 4; ++j) {
         OwnedJob* job = jobs[c * 4 + j].get();
-        executor.Score(&job->job, [job](absl::Status status, const ScoreTimings&) {
-          job->status = status;
-          job->calls.fetch_add(1);
-        });
+        executor.Score(std::make_unique<ScoreJob>(job->job),
+                       [job](std::unique_ptr<ScoreJob>, absl::Status status, const ScoreTimings&) {
+                         job->status = status;
+                         job->calls.fetch_add(1);
+                       });
       }
     });
   }
@@ -143,7 +146,7 @@ TEST(CpuExecutorTest, AFullQueueRefusesAndShutdownAnswersEveryJobOnce) {
 
 // Records the answer in `job`; the test thread reads it once `calls` is 1.
 ScoreDone Record(OwnedJob* job) {
-  return [job](absl::Status status, const ScoreTimings&) {
+  return [job](std::unique_ptr<ScoreJob>, absl::Status status, const ScoreTimings&) {
     job->status = status;
     job->calls.fetch_add(1);
   };
@@ -181,14 +184,14 @@ TEST(CpuExecutorTest, TheQueueIsBoundedByRequestsNotTasks) {
     gone.WaitForNotification();
     return true;
   };
-  executor.Score(&holder.job, Record(&holder));
+  executor.Score(std::make_unique<ScoreJob>(holder.job), Record(&holder));
   const bool started = WaitUntil([&] { return executor.queued() == 0; });
   if (!started) gone.Notify();  // lets the executor stop
   ASSERT_TRUE(started) << "the first request did not start";
   std::vector<std::unique_ptr<OwnedJob>> waiting;
   for (int i = 0; i < 4; ++i) {
     waiting.push_back(std::make_unique<OwnedJob>(128, kHidden, kProbes, 2.0f + i));
-    executor.Score(&waiting.back()->job, Record(waiting.back().get()));
+    executor.Score(std::make_unique<ScoreJob>(waiting.back()->job), Record(waiting.back().get()));
   }
   EXPECT_EQ(executor.queued(), 3u);
   EXPECT_EQ(waiting[3]->calls.load(), 1);  // answered on this thread
@@ -210,7 +213,7 @@ TEST(CpuExecutorTest, ARequestPastItsDeadlineIsNotRun) {
   CpuExecutor executor(1, 8);
   OwnedJob expired(64, kHidden, kProbes, 1.0f);
   expired.job.lifetime.deadline = absl::Now() - absl::Milliseconds(1);
-  executor.Score(&expired.job, Record(&expired));
+  executor.Score(std::make_unique<ScoreJob>(expired.job), Record(&expired));
   ASSERT_TRUE(AwaitAnswer(expired));
   EXPECT_EQ(expired.status.code(), absl::StatusCode::kDeadlineExceeded);
   EXPECT_EQ(ScoredRows(expired), 0);
@@ -218,7 +221,7 @@ TEST(CpuExecutorTest, ARequestPastItsDeadlineIsNotRun) {
   // The same request with time to spare runs.
   OwnedJob timely(64, kHidden, kProbes, 1.0f);
   timely.job.lifetime.deadline = absl::Now() + absl::Seconds(60);
-  executor.Score(&timely.job, Record(&timely));
+  executor.Score(std::make_unique<ScoreJob>(timely.job), Record(&timely));
   ASSERT_TRUE(AwaitAnswer(timely));
   EXPECT_TRUE(timely.status.ok()) << timely.status;
   EXPECT_EQ(ScoredRows(timely), 64);
@@ -232,7 +235,7 @@ TEST(CpuExecutorTest, ACancelledRequestStopsBetweenTasks) {
   OwnedJob job(256, kHidden, kProbes, 1.0f);
   std::atomic<int> checks{0};
   job.job.lifetime.cancelled = [&checks] { return checks.fetch_add(1) >= 4; };
-  executor.Score(&job.job, Record(&job));
+  executor.Score(std::make_unique<ScoreJob>(job.job), Record(&job));
   ASSERT_TRUE(AwaitAnswer(job));
   executor.Shutdown();
   EXPECT_EQ(job.calls.load(), 1);
@@ -272,10 +275,11 @@ TEST(CpuExecutorTest, EachSetScoresAtItsPrecision) {
     std::vector<float> out(exact_job.scores.size());
     job.host_out = out.data();
     absl::Notification done;
-    executor.Score(&job, [&](absl::Status status, const ScoreTimings&) {
-      EXPECT_TRUE(status.ok()) << status;
-      done.Notify();
-    });
+    executor.Score(std::make_unique<ScoreJob>(job),
+                   [&](std::unique_ptr<ScoreJob>, absl::Status status, const ScoreTimings&) {
+                     EXPECT_TRUE(status.ok()) << status;
+                     done.Notify();
+                   });
     done.WaitForNotification();
     return out;
   };

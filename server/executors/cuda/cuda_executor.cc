@@ -21,8 +21,6 @@
 #include "kernels/common/device_support.h"
 #include "kernels/common/tensor_map.h"
 #include "kernels/probe_score/probe_score.h"
-#include "server/buffers/buffer_registry.h"
-#include "server/buffers/cuda_ipc.h"
 #include "server/executors/cuda/cuda_status.h"
 #include "server/executors/cuda/device_coverage.h"
 #include "server/executors/cuda/stream_slot.h"
@@ -104,10 +102,6 @@ class CudaExecutor final : public Executor {
         compute_capability_(std::move(compute_capability)),
         kernel_paths_(std::move(kernel_paths)),
         mps_(mps),
-        opener_(config.device),
-        buffers_(config.device, &opener_,
-                 BufferRegistryLimits{4096, config.max_session_buffer_bytes,
-                                      config.allow_sessionless_buffers}),
         ledger_(std::make_shared<DeviceMemoryLedger>()) {}
 
   ~CudaExecutor() override { Shutdown(); }
@@ -159,7 +153,22 @@ class CudaExecutor final : public Executor {
   std::string device_name() const override { return device_name_; }
   std::string compute_capability() const override { return compute_capability_; }
   std::vector<std::string> kernel_paths() const override { return kernel_paths_; }
-  BufferRegistry* buffers() override { return &buffers_; }
+  std::vector<int> devices() const override { return {config_.device}; }
+
+  std::vector<DeviceReport> device_reports() const override {
+    DeviceReport report;
+    report.device = config_.device;
+    report.name = device_name_;
+    report.compute_capability = compute_capability_;
+    report.kernel_paths = kernel_paths_;
+    report.memory_bytes = device_memory_bytes();
+    report.queued = queued();
+    report.gpu_requests = gpu_requests();
+    report.parked_slots = parked_slots();
+    report.graph_cache = graph_cache();
+    if (lost_.load()) report.failure = std::string(LostStatus().message());
+    return {report};
+  }
 
   absl::Status PrepareProbeSet(ProbeSet& set) override {
     PS_RETURN_IF_CUDA(cudaSetDevice(config_.device));
@@ -173,7 +182,7 @@ class CudaExecutor final : public Executor {
     const int64_t bytes = static_cast<int64_t>(weights->storage_bytes);
     ledger_->device_bytes += bytes;
     const int device = config_.device;
-    set.executor_weights = std::shared_ptr<const void>(
+    set.device_weights[device] = std::shared_ptr<const void>(
         weights.release(), [device, bytes, ledger = ledger_](const void* p) {
           auto* w =
               const_cast<kernels::ProbeWeights*>(static_cast<const kernels::ProbeWeights*>(p));
@@ -225,22 +234,22 @@ class CudaExecutor final : public Executor {
     }
   }
 
-  void Score(const ScoreJob* job, ScoreDone done) override {
+  void Score(std::unique_ptr<ScoreJob> job, ScoreDone done) override {
     if (lost_.load()) {
-      std::move(done)(LostStatus(), ScoreTimings{});
+      std::move(done)(std::move(job), LostStatus(), ScoreTimings{});
       return;
     }
     const bool fault =
         illegal_address_at_ != 0 && score_requests_.fetch_add(1) + 1 == illegal_address_at_;
-    pool_->Submit(ScoreTask(job, Clock::now(), fault, std::move(done)));
+    pool_->Submit(ScoreTask(std::move(job), Clock::now(), fault, std::move(done)));
   }
 
-  void Verify(const VerifyJob* job, VerifyDone done) override {
+  void Verify(std::unique_ptr<VerifyJob> job, VerifyDone done) override {
     if (lost_.load()) {
-      std::move(done)(LostStatus(), VerifyOutcome{});
+      std::move(done)(std::move(job), LostStatus(), VerifyOutcome{});
       return;
     }
-    pool_->Submit(VerifyTask(job, Clock::now(), std::move(done)));
+    pool_->Submit(VerifyTask(std::move(job), Clock::now(), std::move(done)));
   }
 
   uint64_t non_finite_device_scores() const override {
@@ -348,60 +357,62 @@ class CudaExecutor final : public Executor {
   // A Score (or Verify) for whichever worker takes it: on that worker's slot when the slot is idle;
   // else the worker is parked (no shared work until its stream is past what it waits for) and
   // the task goes back to the head of the queue for another worker.
-  WorkerPool::Task ScoreTask(const ScoreJob* job, Clock::time_point submitted, bool fault,
+  WorkerPool::Task ScoreTask(std::unique_ptr<ScoreJob> job, Clock::time_point submitted, bool fault,
                              ScoreDone done) {
-    return [this, job, submitted, fault, done = std::move(done)](int worker) mutable {
-      ScoreTimings timings;
-      if (worker == WorkerPool::kRefused) {
-        std::move(done)(Refused(), timings);
-        return;
-      }
-      if (lost_.load()) {
-        std::move(done)(LostStatus(), timings);
-        return;
-      }
-      if (!Admit(worker)) {
-        pool_->SubmitFront(ScoreTask(job, submitted, fault, std::move(done)));
-        return;
-      }
-      timings.queue = SecondsSince(submitted);
-      if (absl::Status alive = job->lifetime.Check(); !alive.ok()) {
-        drops_.Count(alive);
-        std::move(done)(alive, timings);
-        return;
-      }
-      gpu_requests_.fetch_add(1, std::memory_order_relaxed);
-      absl::Status status = slots_[worker]->Run(*job, &timings, &timings.enqueued, fault);
-      status = Checked(std::move(status), "Score");
-      if (status.ok() && !timings.enqueued && lost_.load()) {
-        // Computed while the context was being lost: no answer from a lost context is trusted.
-        status = LostStatus();
-      }
-      drops_.Count(status);  // given up at its deadline, or for a caller gone, on the GPU
-      ParkIfBusy(worker);
-      std::move(done)(status, timings);
-    };
+    return
+        [this, job = std::move(job), submitted, fault, done = std::move(done)](int worker) mutable {
+          ScoreTimings timings;
+          if (worker == WorkerPool::kRefused) {
+            std::move(done)(std::move(job), Refused(), timings);
+            return;
+          }
+          if (lost_.load()) {
+            std::move(done)(std::move(job), LostStatus(), timings);
+            return;
+          }
+          if (!Admit(worker)) {
+            pool_->SubmitFront(ScoreTask(std::move(job), submitted, fault, std::move(done)));
+            return;
+          }
+          timings.queue = SecondsSince(submitted);
+          if (absl::Status alive = job->lifetime.Check(); !alive.ok()) {
+            drops_.Count(alive);
+            std::move(done)(std::move(job), alive, timings);
+            return;
+          }
+          gpu_requests_.fetch_add(1, std::memory_order_relaxed);
+          absl::Status status = slots_[worker]->Run(*job, &timings, &timings.enqueued, fault);
+          status = Checked(std::move(status), "Score");
+          if (status.ok() && !timings.enqueued && lost_.load()) {
+            // Computed while the context was being lost: no answer from a lost context is trusted.
+            status = LostStatus();
+          }
+          drops_.Count(status);  // given up at its deadline, or for a caller gone, on the GPU
+          ParkIfBusy(worker);
+          std::move(done)(std::move(job), status, timings);
+        };
   }
 
-  WorkerPool::Task VerifyTask(const VerifyJob* job, Clock::time_point submitted, VerifyDone done) {
-    return [this, job, submitted, done = std::move(done)](int worker) mutable {
+  WorkerPool::Task VerifyTask(std::unique_ptr<VerifyJob> job, Clock::time_point submitted,
+                              VerifyDone done) {
+    return [this, job = std::move(job), submitted, done = std::move(done)](int worker) mutable {
       VerifyOutcome outcome;
       if (worker == WorkerPool::kRefused) {
-        std::move(done)(Refused(), outcome);
+        std::move(done)(std::move(job), Refused(), outcome);
         return;
       }
       if (lost_.load()) {
-        std::move(done)(LostStatus(), outcome);
+        std::move(done)(std::move(job), LostStatus(), outcome);
         return;
       }
       if (!Admit(worker)) {
-        pool_->SubmitFront(VerifyTask(job, submitted, std::move(done)));
+        pool_->SubmitFront(VerifyTask(std::move(job), submitted, std::move(done)));
         return;
       }
       outcome.queue_seconds = SecondsSince(submitted);
       if (absl::Status alive = job->lifetime.Check(); !alive.ok()) {
         drops_.Count(alive);
-        std::move(done)(alive, outcome);
+        std::move(done)(std::move(job), alive, outcome);
         return;
       }
       gpu_requests_.fetch_add(1, std::memory_order_relaxed);
@@ -409,7 +420,7 @@ class CudaExecutor final : public Executor {
       if (status.ok() && lost_.load()) status = LostStatus();  // see ScoreTask
       drops_.Count(status);
       ParkIfBusy(worker);
-      std::move(done)(status, outcome);
+      std::move(done)(std::move(job), status, outcome);
     };
   }
 
@@ -554,8 +565,6 @@ class CudaExecutor final : public Executor {
   const std::vector<std::string> kernel_paths_;
   const bool mps_;
   std::atomic<uint64_t> gpu_requests_{0};
-  CudaIpcOpener opener_;
-  BufferRegistry buffers_;
   const std::shared_ptr<DeviceMemoryLedger> ledger_;
   // Fixed after Init (read without a lock by counters and workers).
   std::vector<std::unique_ptr<StreamSlot>> slots_;
@@ -583,7 +592,7 @@ class CudaExecutor final : public Executor {
 
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<Executor>> CreateCudaExecutor(const Config& config) {
+absl::StatusOr<int> CudaDeviceCount() {
   int count = 0;
   if (cudaError_t e = cudaGetDeviceCount(&count); e != cudaSuccess || count == 0) {
     cudaGetLastError();
@@ -593,9 +602,15 @@ absl::StatusOr<std::unique_ptr<Executor>> CreateCudaExecutor(const Config& confi
                          : absl::StrCat(cudaGetErrorName(e), ": ", cudaGetErrorString(e)),
         ")"));
   }
-  if (config.device >= count) {
-    return absl::UnavailableError(
-        absl::StrCat("--device ", config.device, " but only ", count, " CUDA devices"));
+  return count;
+}
+
+absl::StatusOr<std::unique_ptr<Executor>> CreateCudaExecutor(const Config& config) {
+  absl::StatusOr<int> count = CudaDeviceCount();
+  if (!count.ok()) return count.status();
+  if (config.device >= *count) {
+    return absl::UnavailableError(absl::StrCat("CUDA device ", config.device, " is not there (",
+                                               *count, " CUDA devices: 0 to ", *count - 1, ")"));
   }
   cudaDeviceProp prop{};
   PS_RETURN_IF_CUDA(cudaGetDeviceProperties(&prop, config.device));

@@ -16,7 +16,11 @@ namespace probesidecar::server {
 // set when the server starts; not a flag, not in --help. Never set it in production.
 inline constexpr char kIllegalAddressAtEnv[] = "PROBESIDECAR_TEST_ILLEGAL_ADDRESS_AT";
 
-// UNAVAILABLE (with the reason) when no usable CUDA device is present.
+// The executor of one device, config.device. UNAVAILABLE (with the reason) when that device is
+// not usable.
 absl::StatusOr<std::unique_ptr<Executor>> CreateCudaExecutor(const Config& config);
+
+// The CUDA devices this process sees; UNAVAILABLE when there are none.
+absl::StatusOr<int> CudaDeviceCount();
 
 }  // namespace probesidecar::server

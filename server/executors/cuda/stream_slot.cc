@@ -16,12 +16,6 @@
 namespace probesidecar::server {
 namespace {
 
-size_t Grown(size_t need, size_t have) {
-  size_t bytes = std::max<size_t>(have * 2, size_t{1} << 20);
-  while (bytes < need) bytes *= 2;
-  return bytes;
-}
-
 // What the host callback of an enqueue-only request receives.
 struct DoneCallback {
   StreamSlot* slot;
@@ -38,12 +32,12 @@ StreamSlot::StreamSlot(int device, const Config& config, std::atomic<int64_t>* d
       stopping_(stopping),
       device_bytes_(device_bytes),
       nudge_(std::move(nudge)),
-      graphs_(config.graph_cache_entries, [this](GraphEntry& entry) {
-        // An enqueue-only request may still have this graph queued: let it finish first.
-        if (stream_ != nullptr) cudaStreamSynchronize(stream_);
-        if (entry.exec != nullptr) cudaGraphExecDestroy(entry.exec);
-        if (entry.graph != nullptr) cudaGraphDestroy(entry.graph);
-      }) {}
+      h_rows_(StagingBuffer::Kind::kPinned, device_bytes),
+      d_rows_staged_(StagingBuffer::Kind::kDevice, device_bytes),
+      h_x_(StagingBuffer::Kind::kPinned, device_bytes),
+      d_x_(StagingBuffer::Kind::kDevice, device_bytes),
+      h_out_(StagingBuffer::Kind::kMapped, device_bytes),
+      graphs_(config.graph_cache_entries) {}
 
 StreamSlot::~StreamSlot() {
   cudaSetDevice(device_);
@@ -54,13 +48,13 @@ StreamSlot::~StreamSlot() {
     if (e != nullptr) cudaEventDestroy(e);
   }
   if (completion_ != nullptr) cudaEventDestroy(completion_);
-  for (void* p : {static_cast<void*>(d_args_), static_cast<void*>(d_rows_),
-                  static_cast<void*>(d_invalid_), static_cast<void*>(d_identity_rows_),
-                  static_cast<void*>(d_count_scratch_), d_rows_staged_.ptr, d_x_.ptr}) {
+  for (void* p :
+       {static_cast<void*>(d_args_), static_cast<void*>(d_rows_), static_cast<void*>(d_invalid_),
+        static_cast<void*>(d_identity_rows_), static_cast<void*>(d_count_scratch_)}) {
     cudaFree(p);
   }
-  for (void* p : {static_cast<void*>(h_invalid_), static_cast<void*>(h_non_finite_), h_rows_.ptr,
-                  h_x_.ptr, h_out_.ptr}) {
+  for (StagingBuffer* b : {&h_rows_, &d_rows_staged_, &h_x_, &d_x_, &h_out_}) b->Free();
+  for (void* p : {static_cast<void*>(h_invalid_), static_cast<void*>(h_non_finite_)}) {
     cudaFreeHost(p);
   }
   if (stream_ != nullptr) cudaStreamDestroy(stream_);
@@ -69,6 +63,7 @@ StreamSlot::~StreamSlot() {
 absl::Status StreamSlot::Init(const Config& config) {
   PS_RETURN_IF_CUDA(cudaSetDevice(device_));
   PS_RETURN_IF_CUDA(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+  graphs_.SetStream(stream_);
   for (cudaEvent_t& e : events_) PS_RETURN_IF_CUDA(cudaEventCreate(&e));
   PS_RETURN_IF_CUDA(cudaEventCreateWithFlags(&completion_, cudaEventDisableTiming));
   PS_RETURN_IF_CUDA(cudaMalloc(reinterpret_cast<void**>(&d_args_), kernels::kMaxStagedArgsBytes));
@@ -103,7 +98,7 @@ absl::Status StreamSlot::Init(const Config& config) {
   return absl::OkStatus();
 }
 
-StreamSlot::RowSource StreamSlot::RowSourceOf(const ScoreJob& job) {
+RowSource StreamSlot::RowSourceOf(const ScoreJob& job) {
   if (!job.activations.on_device()) return RowSource::kIdentity;
   if (job.rows_on_device()) return RowSource::kDevice;
   return job.num_rows <= kernels::kMaxInlineRows ? RowSource::kParams : RowSource::kStaged;
@@ -126,16 +121,13 @@ absl::Status StreamSlot::Run(const ScoreJob& job, ScoreTimings* timings, bool* e
   // reads from host memory can be overwritten by the next one (staged rows are).
   const bool async = job.enqueue_only && source != RowSource::kStaged;
   const bool timed = !async && timing_every_ > 0 && requests_++ % timing_every_ == 0;
-  const GraphKey key = KeyFor(*set, dtype, bucket, !job.activations.on_device(), source, timed);
-  timings->kernel_path = kernels::ProbeScorePathName(key.path);
+  const GraphKey key{set->id, dtype, bucket, !job.activations.on_device(), source, timed};
   PS_RETURN_IF_CUDA(ReserveFor(key, hidden));
-  if (job.host_out != nullptr) {
-    PS_RETURN_IF_CUDA(Grow(h_out_, sizeof(float) * rows * probes, /*host=*/true, /*mapped=*/true));
-  }
+  if (job.host_out != nullptr) PS_RETURN_IF_CUDA(h_out_.Reserve(sizeof(float) * rows * probes));
   if (key.inline_x) {
     // Only the selected rows travel: gathered here into [R, H], read back with identity rows.
     const auto* src = static_cast<const char*>(job.activations.host);
-    auto* dst = static_cast<char*>(h_x_.ptr);
+    auto* dst = static_cast<char*>(h_x_.ptr());
     const size_t row_bytes = static_cast<size_t>(hidden) * element;
     for (int32_t r = 0; r < rows; ++r) {
       std::memcpy(dst + r * row_bytes,
@@ -143,13 +135,14 @@ absl::Status StreamSlot::Run(const ScoreJob& job, ScoreTimings* timings, bool* e
                   row_bytes);
     }
   } else if (source == RowSource::kStaged) {
-    PS_RETURN_IF_CUDA(Grow(h_rows_, sizeof(int32_t) * rows, /*host=*/true, /*mapped=*/false));
-    PS_RETURN_IF_CUDA(Grow(d_rows_staged_, sizeof(int32_t) * rows, /*host=*/false, false));
-    std::memcpy(h_rows_.ptr, job.rows, sizeof(int32_t) * rows);
+    PS_RETURN_IF_CUDA(h_rows_.Reserve(sizeof(int32_t) * rows));
+    PS_RETURN_IF_CUDA(d_rows_staged_.Reserve(sizeof(int32_t) * rows));
+    std::memcpy(h_rows_.ptr(), job.rows, sizeof(int32_t) * rows);
   }
   FillStageParams(job, key);
   absl::StatusOr<GraphEntry*> entry = GraphFor(key, set);
   if (!entry.ok()) return entry.status();
+  timings->kernel_path = kernels::ProbeScorePathName((*entry)->path);
   void* pointer_storage[1];
   cudaKernelNodeParams node;
   PS_RETURN_IF_CUDA(kernels::StageRequestNodeParams(stage_.get(), pointer_storage, &node));
@@ -162,7 +155,7 @@ absl::Status StreamSlot::Run(const ScoreJob& job, ScoreTimings* timings, bool* e
   }
   if (inject_fault) PS_RETURN_IF_CUDA(kernels::LaunchTestIllegalAddress(stream_));
   if (source == RowSource::kStaged) {
-    PS_RETURN_IF_CUDA(cudaMemcpyAsync(d_rows_staged_.ptr, h_rows_.ptr, sizeof(int32_t) * rows,
+    PS_RETURN_IF_CUDA(cudaMemcpyAsync(d_rows_staged_.ptr(), h_rows_.ptr(), sizeof(int32_t) * rows,
                                       cudaMemcpyHostToDevice, stream_));
   }
   PS_RETURN_IF_CUDA(cudaGraphLaunch((*entry)->exec, stream_));
@@ -207,7 +200,7 @@ absl::Status StreamSlot::Run(const ScoreJob& job, ScoreTimings* timings, bool* e
     }
   }
   if (job.host_out != nullptr) {
-    std::memcpy(job.host_out, h_out_.ptr, sizeof(float) * rows * probes);
+    std::memcpy(job.host_out, h_out_.ptr(), sizeof(float) * rows * probes);
   }
   return absl::OkStatus();
 }
@@ -225,14 +218,14 @@ void StreamSlot::FillStageParams(const ScoreJob& job, const GraphKey& key) {
   StagedArgs args;
   args.score.num_rows = job.num_rows;
   if (key.inline_x) {
-    args.score.x = d_x_.ptr;
+    args.score.x = d_x_.ptr();
     args.score.x_row_stride = job.probe_set->hidden;
   } else {
     args.score.x = job.activations.device.device_ptr;
     args.score.x_row_stride = job.activations.row_stride;
   }
   if (job.host_out != nullptr) {
-    args.score.out = static_cast<float*>(h_out_.device_alias);
+    args.score.out = static_cast<float*>(h_out_.device_alias());
     args.score.out_row_stride = job.probe_set->num_probes;
   } else {
     args.score.out = static_cast<float*>(job.device_out.device.device_ptr);
@@ -250,7 +243,7 @@ void StreamSlot::FillStageParams(const ScoreJob& job, const GraphKey& key) {
       std::memcpy(stage.inline_rows, job.rows, sizeof(int32_t) * job.num_rows);
       break;
     case RowSource::kStaged:
-      stage.device_rows = static_cast<const int32_t*>(d_rows_staged_.ptr);
+      stage.device_rows = static_cast<const int32_t*>(d_rows_staged_.ptr());
       break;
     case RowSource::kDevice:
       stage.device_rows = static_cast<const int32_t*>(job.device_rows.device.device_ptr);
@@ -384,8 +377,12 @@ absl::Status StreamSlot::Warmup(const std::shared_ptr<const ProbeSet>& set, int3
   const RowSource host_rows =
       bucket <= kernels::kMaxInlineRows ? RowSource::kParams : RowSource::kStaged;
   for (bool inline_x : {true, false}) {
-    const GraphKey key = KeyFor(*set, common::DType::kBFloat16, bucket, inline_x,
-                                inline_x ? RowSource::kIdentity : host_rows, timing_every_ > 0);
+    const GraphKey key{set->id,
+                       common::DType::kBFloat16,
+                       bucket,
+                       inline_x,
+                       inline_x ? RowSource::kIdentity : host_rows,
+                       timing_every_ > 0};
     PS_RETURN_IF_CUDA(ReserveFor(key, set->hidden));
     absl::StatusOr<GraphEntry*> entry = GraphFor(key, set);
     if (!entry.ok()) return entry.status();
@@ -393,21 +390,7 @@ absl::Status StreamSlot::Warmup(const std::shared_ptr<const ProbeSet>& set, int3
   return absl::OkStatus();
 }
 
-void StreamSlot::DropStaleGraphs() {
-  graphs_.EraseIf([](const GraphKey&, const GraphEntry& e) { return e.probe_set.expired(); });
-  PublishCounters();
-}
-
-GraphCacheCounters StreamSlot::counters() const {
-  GraphCacheCounters c;
-  c.entries = entries_.load(std::memory_order_relaxed);
-  c.capacity = graphs_.capacity();
-  c.hits = hits_.load(std::memory_order_relaxed);
-  c.misses = misses_.load(std::memory_order_relaxed);
-  c.captures = captures_.load(std::memory_order_relaxed);
-  c.evictions = evictions_.load(std::memory_order_relaxed);
-  return c;
-}
+GraphCacheCounters StreamSlot::counters() const { return graphs_.counters(); }
 
 uint64_t StreamSlot::invalid_rows() const {
   return h_invalid_ == nullptr ? 0 : reinterpret_cast<const volatile uint32_t*>(h_invalid_)[0];
@@ -418,98 +401,45 @@ uint64_t StreamSlot::non_finite_scores() const {
                                   : reinterpret_cast<const volatile uint32_t*>(h_non_finite_)[0];
 }
 
-void StreamSlot::PublishCounters() {
-  entries_.store(graphs_.size(), std::memory_order_relaxed);
-  hits_.store(graphs_.hits(), std::memory_order_relaxed);
-  misses_.store(graphs_.misses(), std::memory_order_relaxed);
-  evictions_.store(graphs_.evictions(), std::memory_order_relaxed);
-}
-
-StreamSlot::GraphKey StreamSlot::KeyFor(const ProbeSet& set, common::DType dtype, int32_t bucket,
-                                        bool inline_x, RowSource rows, bool timed) const {
-  // The set's device weights (PrepareProbeSet) carry its precision, which the dispatcher weighs.
-  const auto* weights = static_cast<const kernels::ProbeWeights*>(set.executor_weights.get());
-  const kernels::ProbeScoreShape shape{
-      dtype, bucket, set.num_probes, set.hidden,
-      weights != nullptr ? weights->precision : kernels::ProbePrecision::kFast};
-  const kernels::ProbeScorePath path = kernels::ChooseProbeScorePath(
-      shape, kernels::ProbeScoreWorkspaceResources(*workspace_).device);
-  return GraphKey{set.id, path, dtype, bucket, inline_x, rows, timed};
-}
-
 cudaError_t StreamSlot::ReserveFor(const GraphKey& key, int32_t hidden) {
   if (!key.inline_x) return cudaSuccess;
   const size_t bytes = size_t{1} * key.bucket * hidden * common::DTypeSize(key.dtype);
-  if (bytes <= d_x_.bytes && bytes <= h_x_.bytes) return cudaSuccess;
-  // The graphs' copy nodes hold the old addresses.
-  graphs_.Clear();
-  PublishCounters();
-  cudaError_t e = Grow(h_x_, bytes, /*host=*/true, /*mapped=*/false);
-  return e == cudaSuccess ? Grow(d_x_, bytes, /*host=*/false, /*mapped=*/false) : e;
+  if (bytes <= d_x_.bytes() && bytes <= h_x_.bytes()) return cudaSuccess;
+  graphs_.Clear();  // their copy nodes hold the old addresses
+  cudaError_t e = h_x_.Reserve(bytes);
+  return e == cudaSuccess ? d_x_.Reserve(bytes) : e;
 }
 
-cudaError_t StreamSlot::Grow(Staging& staging, size_t bytes, bool host, bool mapped) {
-  if (bytes <= staging.bytes) return cudaSuccess;
-  const size_t grown = Grown(bytes, staging.bytes);
-  if (host) {
-    cudaFreeHost(staging.ptr);
-  } else {
-    cudaFree(staging.ptr);
-    *device_bytes_ -= static_cast<int64_t>(staging.bytes);
-  }
-  staging = Staging{};
-  const cudaError_t e =
-      host ? cudaHostAlloc(&staging.ptr, grown, mapped ? cudaHostAllocMapped : cudaHostAllocDefault)
-           : cudaMalloc(&staging.ptr, grown);
-  if (e != cudaSuccess) {
-    staging = Staging{};
-    return e;
-  }
-  if (mapped) {
-    if (cudaError_t m = cudaHostGetDevicePointer(&staging.device_alias, staging.ptr, 0);
-        m != cudaSuccess) {
-      cudaFreeHost(staging.ptr);
-      staging = Staging{};
-      return m;
-    }
-  }
-  staging.bytes = grown;
-  if (!host) *device_bytes_ += static_cast<int64_t>(grown);
-  return cudaSuccess;
+absl::StatusOr<GraphEntry*> StreamSlot::GraphFor(const GraphKey& key,
+                                                 const std::shared_ptr<const ProbeSet>& set) {
+  return graphs_.FindOrCapture(key, set, [&] { return Capture(key, *set); });
 }
 
-absl::StatusOr<StreamSlot::GraphEntry*> StreamSlot::GraphFor(
-    const GraphKey& key, const std::shared_ptr<const ProbeSet>& set) {
-  GraphEntry* entry = graphs_.Find(key);
-  if (entry == nullptr) {
-    const auto* weights = static_cast<const kernels::ProbeWeights*>(set->executor_weights.get());
-    absl::StatusOr<GraphEntry> captured = Capture(key, *weights, set->activation);
-    if (!captured.ok()) {
-      PublishCounters();
-      return captured.status();
-    }
-    captured->probe_set = set;
-    entry = &graphs_.Insert(key, *captured);
+absl::StatusOr<GraphEntry> StreamSlot::Capture(const GraphKey& key, const ProbeSet& set) {
+  const auto placed = set.device_weights.find(device_);
+  const auto* device_weights =
+      placed == set.device_weights.end()
+          ? nullptr
+          : static_cast<const kernels::ProbeWeights*>(placed->second.get());
+  if (device_weights == nullptr) {
+    return absl::InternalError(
+        absl::StrCat("probe set '", set.name, "' has no weights on CUDA device ", device_));
   }
-  PublishCounters();
-  return entry;
-}
-
-absl::StatusOr<StreamSlot::GraphEntry> StreamSlot::Capture(const GraphKey& key,
-                                                           const kernels::ProbeWeights& weights,
-                                                           kernels::Activation activation) {
-  DropStaleGraphs();
-  // Planned once here; every replay runs this plan.
+  const kernels::ProbeWeights& weights = *device_weights;
+  // The path and its launch plan are chosen once here; every replay runs them.
+  const kernels::ProbeScoreShape shape{key.dtype, key.bucket, set.num_probes, set.hidden,
+                                       set.precision};
+  const kernels::ProbeScoreResources& resources =
+      kernels::ProbeScoreWorkspaceResources(*workspace_);
+  GraphEntry entry;
+  entry.path = kernels::ChooseProbeScorePath(shape, resources.device);
   kernels::ProbeScorePlan plan;
-  PS_RETURN_IF_CUDA(kernels::PlanProbeScore(
-      kernels::ProbeScoreShape{key.dtype, key.bucket, weights.num_probes, weights.hidden,
-                               weights.precision},
-      key.path, kernels::ProbeScoreWorkspaceResources(*workspace_), {}, &plan));
+  PS_RETURN_IF_CUDA(kernels::PlanProbeScore(shape, entry.path, resources, {}, &plan));
   kernels::ProbeScoreParams params;
   params.args = &d_args_->score;
   params.rows = key.rows == RowSource::kIdentity ? d_identity_rows_ : d_rows_;
   params.weights = &weights;
-  params.activation = activation;
+  params.activation = set.activation;
   // The staging node is captured with an empty request (not the slot's stage_, which holds the
   // request being run); every launch sets its parameters.
   auto capture_stage = std::make_unique<kernels::StageRequestParams>();
@@ -525,7 +455,6 @@ absl::StatusOr<StreamSlot::GraphEntry> StreamSlot::Capture(const GraphKey& key,
                      : cudaSuccess;
   };
   PS_RETURN_IF_CUDA(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal));
-  GraphEntry entry;
   cudaError_t error = mark(0);
   if (error == cudaSuccess) error = kernels::LaunchStageRequest(stage, stream_);
   if (error == cudaSuccess) {
@@ -538,7 +467,7 @@ absl::StatusOr<StreamSlot::GraphEntry> StreamSlot::Capture(const GraphKey& key,
     if (error == cudaSuccess && count == 1) entry.stage_node = last[0];
   }
   if (error == cudaSuccess && key.inline_x) {
-    error = cudaMemcpyAsync(d_x_.ptr, h_x_.ptr, size_t{1} * key.bucket * weights.hidden * element,
+    error = cudaMemcpyAsync(d_x_.ptr(), h_x_.ptr(), size_t{1} * key.bucket * set.hidden * element,
                             cudaMemcpyHostToDevice, stream_);
   }
   if (error == cudaSuccess) error = mark(1);
@@ -575,9 +504,8 @@ absl::StatusOr<StreamSlot::GraphEntry> StreamSlot::Capture(const GraphKey& key,
     if (entry.exec != nullptr) cudaGraphExecDestroy(entry.exec);
     if (entry.graph != nullptr) cudaGraphDestroy(entry.graph);
     return CudaStatus(
-        error, absl::StrCat("capturing the ", kernels::ProbeScorePathName(key.path), " graph"));
+        error, absl::StrCat("capturing the ", kernels::ProbeScorePathName(entry.path), " graph"));
   }
-  ++captures_;
   return entry;
 }
 

@@ -25,7 +25,6 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
-#include <tuple>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
@@ -37,7 +36,8 @@
 #include "kernels/probe_score/probe_score.h"
 #include "kernels/request_staging/request_staging.h"
 #include "server/config/config.h"
-#include "server/executors/cuda/lru_cache.h"
+#include "server/executors/cuda/graph_cache.h"
+#include "server/executors/cuda/staging_buffer.h"
 #include "server/observability/stage_timings.h"
 #include "server/probes/probe_set.h"
 #include "server/requests/request_lifetime.h"
@@ -125,37 +125,6 @@ class StreamSlot {
   uint64_t non_finite_scores() const;
 
  private:
-  enum class RowSource : int8_t {
-    kParams,    // rows in the staging kernel's parameters (host rows, R <= kMaxInlineRows)
-    kStaged,    // host rows copied to the device before the graph (R > kMaxInlineRows)
-    kDevice,    // the client's device buffer: checked on the GPU, invalid rows poisoned
-    kIdentity,  // 0..R-1 over staged inline activations
-  };
-  // A graph is specific to a probe set instance, a kernel path, a dtype, a row bucket, where the
-  // activations and rows come from, and whether it carries timing events.
-  struct GraphKey {
-    uint64_t probe_set_id;
-    kernels::ProbeScorePath path;
-    common::DType dtype;
-    int32_t bucket;
-    bool inline_x;  // activations staged from the request (else read from an IPC buffer)
-    RowSource rows;
-    bool timed;  // with CUDA event nodes around the stages
-    auto Tie() const { return std::tie(probe_set_id, path, dtype, bucket, inline_x, rows, timed); }
-    bool operator<(const GraphKey& other) const { return Tie() < other.Tie(); }
-  };
-  struct GraphEntry {
-    cudaGraph_t graph = nullptr;  // kept: node updates name its nodes
-    cudaGraphExec_t exec = nullptr;
-    cudaGraphNode_t stage_node = nullptr;
-    std::weak_ptr<const ProbeSet> probe_set;  // a graph is dropped once its set is gone
-  };
-  // A device (or pinned host) buffer that grows on demand.
-  struct Staging {
-    void* ptr = nullptr;
-    size_t bytes = 0;
-    void* device_alias = nullptr;  // mapped host memory: its address on the device
-  };
   // The device block the staging kernel writes: the scoring kernels' arguments, then what the
   // poison kernel reads.
   struct StagedArgs {
@@ -166,24 +135,15 @@ class StreamSlot {
   static_assert(sizeof(StagedArgs) <= kernels::kMaxStagedArgsBytes);
 
   static RowSource RowSourceOf(const ScoreJob& job);
-  GraphKey KeyFor(const ProbeSet& set, common::DType dtype, int32_t bucket, bool inline_x,
-                  RowSource rows, bool timed) const;
   // Grows the activation staging that graphs of `key` copy through; growing drops the graphs
   // (they hold its address), so this comes before GraphFor.
   cudaError_t ReserveFor(const GraphKey& key, int32_t hidden);
-  // Grows a staging buffer (pinned host, mapped or not, or device) to at least `bytes`.
-  cudaError_t Grow(Staging& staging, size_t bytes, bool host, bool mapped);
-  // The cached graph of `key`, captured on a miss.
+  // The cached graph of `key`, captured on a miss (the dispatcher chooses its kernel path then).
   absl::StatusOr<GraphEntry*> GraphFor(const GraphKey& key,
                                        const std::shared_ptr<const ProbeSet>& set);
-  absl::StatusOr<GraphEntry> Capture(const GraphKey& key, const kernels::ProbeWeights& weights,
-                                     kernels::Activation activation);
+  absl::StatusOr<GraphEntry> Capture(const GraphKey& key, const ProbeSet& set);
   // The staging kernel's parameters for `job` (writes the argument block and rows).
   void FillStageParams(const ScoreJob& job, const GraphKey& key);
-  // Drops graphs whose probe set is gone (unloaded or replaced, and no request holds it).
-  void DropStaleGraphs();
-  // Publishes the cache's counters for counters() (after each operation).
-  void PublishCounters();
   // Keeps `leases` until the work queued so far on the stream has finished.
   absl::Status HoldUntilDone(GpuLeases leases);
   static void CUDART_CB OnStreamDone(void* data);
@@ -207,14 +167,12 @@ class StreamSlot {
   uint32_t* h_non_finite_ = nullptr;     // mapped [2]: non-finite device scores so far, in the last
   uint32_t* d_non_finite_alias_ = nullptr;  // its device address
   uint32_t* d_count_scratch_ = nullptr;     // [2] the count kernel's scratch
-  Staging h_rows_, d_rows_staged_;          // host rows past kMaxInlineRows, and their device copy
-  Staging h_x_, d_x_;                       // staged activation rows [bucket, H]
-  Staging h_out_;                           // mapped: scores for the response [R, P]
+  StagingBuffer h_rows_, d_rows_staged_;    // host rows past kMaxInlineRows, and their device copy
+  StagingBuffer h_x_, d_x_;                 // staged activation rows [bucket, H]
+  StagingBuffer h_out_;                     // mapped: scores for the response [R, P]
   std::unique_ptr<kernels::StageRequestParams> stage_;  // ~4 KB, reused per request
   kernels::ProbeScoreWorkspace* workspace_ = nullptr;
-  LruCache<GraphKey, GraphEntry> graphs_;
-  std::atomic<uint64_t> captures_{0};
-  std::atomic<uint64_t> entries_{0}, hits_{0}, misses_{0}, evictions_{0};
+  GraphCache graphs_;
   // Leases of enqueue-only requests whose work the GPU has finished (filled on CUDA's callback
   // thread, released on the worker thread).
   absl::Mutex done_mu_;

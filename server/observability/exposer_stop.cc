@@ -1,4 +1,4 @@
-#include "server/rpc/exposer_stop.h"
+#include "server/observability/exposer_stop.h"
 
 #include <netdb.h>
 #include <poll.h>

@@ -1,0 +1,207 @@
+#include "server/executors/multi_device_executor.h"
+
+#include <algorithm>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+
+namespace probesidecar::server {
+
+MultiDeviceExecutor::MultiDeviceExecutor(std::vector<int> devices,
+                                         std::vector<std::unique_ptr<Executor>> executors)
+    : devices_(std::move(devices)), executors_(std::move(executors)) {}
+
+MultiDeviceExecutor::~MultiDeviceExecutor() { Shutdown(); }
+
+const char* MultiDeviceExecutor::backend() const { return executors_.front()->backend(); }
+
+std::string MultiDeviceExecutor::device_name() const {
+  const std::string first = executors_.front()->device_name();
+  for (const auto& e : executors_) {
+    if (e->device_name() != first) {
+      std::string names;
+      for (const auto& each : executors_) {
+        absl::StrAppend(&names, names.empty() ? "" : ", ", each->device_name());
+      }
+      return names;
+    }
+  }
+  return executors_.size() == 1 ? first : absl::StrCat(first, " (x", executors_.size(), ")");
+}
+
+std::vector<DeviceReport> MultiDeviceExecutor::device_reports() const {
+  std::vector<DeviceReport> reports;
+  for (const auto& e : executors_) {
+    for (DeviceReport& r : e->device_reports()) reports.push_back(std::move(r));
+  }
+  return reports;
+}
+
+Executor* MultiDeviceExecutor::For(int device) const {
+  for (size_t i = 0; i < devices_.size(); ++i) {
+    if (devices_[i] == device) return executors_[i].get();
+  }
+  return nullptr;
+}
+
+Executor* MultiDeviceExecutor::LeastQueued() const {
+  Executor* best = executors_.front().get();
+  for (const auto& e : executors_) {
+    if (e->queued() < best->queued()) best = e.get();
+  }
+  return best;
+}
+
+absl::Status MultiDeviceExecutor::PrepareProbeSet(ProbeSet& set) {
+  for (size_t i = 0; i < executors_.size(); ++i) {
+    if (absl::Status s = executors_[i]->PrepareProbeSet(set); !s.ok()) {
+      set.device_weights.clear();  // the copies placed so far are freed with it
+      return absl::Status(s.code(), absl::StrCat("CUDA device ", devices_[i], ": ", s.message()));
+    }
+  }
+  return absl::OkStatus();
+}
+
+void MultiDeviceExecutor::Warmup(const std::shared_ptr<const ProbeSet>& set, WarmupDone done) {
+  struct Countdown {
+    absl::Mutex mu;
+    size_t remaining;
+    absl::Status status;
+    WarmupDone done;
+  };
+  auto countdown = std::make_shared<Countdown>();
+  countdown->remaining = executors_.size();
+  countdown->done = std::move(done);
+  for (const auto& e : executors_) {
+    e->Warmup(set, [countdown](absl::Status status) {
+      WarmupDone finished;
+      {
+        absl::MutexLock lock(&countdown->mu);
+        if (countdown->status.ok()) countdown->status = status;
+        if (--countdown->remaining == 0) finished = std::move(countdown->done);
+      }
+      if (finished) std::move(finished)(countdown->status);
+    });
+  }
+}
+
+void MultiDeviceExecutor::Score(std::unique_ptr<ScoreJob> job, ScoreDone done) {
+  Executor* executor = job->device.has_value() ? For(*job->device) : LeastQueued();
+  if (executor == nullptr) {
+    const int device = *job->device;
+    std::move(done)(
+        std::move(job),
+        absl::InvalidArgumentError(absl::StrCat("the request's buffers are on CUDA device ", device,
+                                                ", which this server does not serve")),
+        ScoreTimings{});
+    return;
+  }
+  executor->Score(std::move(job), std::move(done));
+}
+
+void MultiDeviceExecutor::Verify(std::unique_ptr<VerifyJob> job, VerifyDone done) {
+  Executor* executor = For(job->device);
+  if (executor == nullptr) {
+    const int device = job->device;
+    std::move(done)(
+        std::move(job),
+        absl::InvalidArgumentError(absl::StrCat("the request's buffers are on CUDA device ", device,
+                                                ", which this server does not serve")),
+        VerifyOutcome{});
+    return;
+  }
+  executor->Verify(std::move(job), std::move(done));
+}
+
+GraphCacheCounters MultiDeviceExecutor::graph_cache() const {
+  GraphCacheCounters total;
+  for (const auto& e : executors_) {
+    const GraphCacheCounters c = e->graph_cache();
+    total.entries += c.entries;
+    total.capacity += c.capacity;
+    total.hits += c.hits;
+    total.misses += c.misses;
+    total.captures += c.captures;
+    total.evictions += c.evictions;
+  }
+  return total;
+}
+
+namespace {
+
+template <typename F>
+uint64_t Sum(const std::vector<std::unique_ptr<Executor>>& executors, F f) {
+  uint64_t total = 0;
+  for (const auto& e : executors) total += f(*e);
+  return total;
+}
+
+}  // namespace
+
+uint64_t MultiDeviceExecutor::device_memory_bytes() const {
+  return Sum(executors_, [](const Executor& e) { return e.device_memory_bytes(); });
+}
+uint64_t MultiDeviceExecutor::queued() const {
+  return Sum(executors_, [](const Executor& e) { return e.queued(); });
+}
+uint64_t MultiDeviceExecutor::queue_capacity() const {
+  return Sum(executors_, [](const Executor& e) { return e.queue_capacity(); });
+}
+DroppedRequests MultiDeviceExecutor::dropped() const {
+  DroppedRequests total;
+  for (const auto& e : executors_) {
+    const DroppedRequests d = e->dropped();
+    total.expired += d.expired;
+    total.cancelled += d.cancelled;
+  }
+  return total;
+}
+bool MultiDeviceExecutor::mps() const {
+  return std::any_of(executors_.begin(), executors_.end(), [](const auto& e) { return e->mps(); });
+}
+uint64_t MultiDeviceExecutor::gpu_requests() const {
+  return Sum(executors_, [](const Executor& e) { return e.gpu_requests(); });
+}
+uint64_t MultiDeviceExecutor::invalid_device_rows() const {
+  return Sum(executors_, [](const Executor& e) { return e.invalid_device_rows(); });
+}
+uint64_t MultiDeviceExecutor::invalid_verify_requests() const {
+  return Sum(executors_, [](const Executor& e) { return e.invalid_verify_requests(); });
+}
+uint64_t MultiDeviceExecutor::non_finite_device_scores() const {
+  return Sum(executors_, [](const Executor& e) { return e.non_finite_device_scores(); });
+}
+uint64_t MultiDeviceExecutor::parked_slots() const {
+  return Sum(executors_, [](const Executor& e) { return e.parked_slots(); });
+}
+
+void MultiDeviceExecutor::SetFatalHandler(FatalHandler handler) {
+  {
+    absl::MutexLock lock(&fatal_->mu);
+    fatal_->handler = std::move(handler);
+  }
+  for (size_t i = 0; i < executors_.size(); ++i) {
+    executors_[i]->SetFatalHandler([fatal = fatal_, device = devices_[i]](const absl::Status& why) {
+      FatalHandler handler;
+      {
+        absl::MutexLock lock(&fatal->mu);
+        if (fatal->fired || !fatal->handler) return;
+        fatal->fired = true;
+        handler = std::move(fatal->handler);
+      }
+      handler(absl::Status(why.code(), absl::StrCat("CUDA device ", device, ": ", why.message())));
+    });
+  }
+}
+
+void MultiDeviceExecutor::Shutdown() {
+  for (const auto& e : executors_) e->Shutdown();
+}
+
+bool MultiDeviceExecutor::ShutdownBy(absl::Time deadline) {
+  bool clean = true;
+  for (const auto& e : executors_) clean = e->ShutdownBy(deadline) && clean;
+  return clean;
+}
+
+}  // namespace probesidecar::server

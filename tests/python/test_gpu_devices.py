@@ -1,0 +1,116 @@
+"""--devices=all on a GPU host: the server serves every device the process sees, exactly as the
+one-device server did on one GPU (scores against float64, ServerInfo, device-labelled metrics);
+registrations that name no device go to the only device, and one that names a device the server
+does not serve is refused and changes nothing.
+
+Runs on the GPU machine (tests/gpu/run.sh); skipped where torch or a CUDA device is missing (and
+failed there instead, where PROBESIDECAR_REQUIRE_GPU=1). Two GPUs: test_gpu_two_devices.py.
+"""
+
+from __future__ import annotations
+
+import os
+
+import grpc
+import pytest
+
+from conftest import require_cuda  # noqa: E402
+
+torch = require_cuda()
+
+from conftest import Sidecar  # noqa: E402
+from probe_files import safetensors_bytes  # noqa: E402
+from probe_sidecar.torch import TorchClient  # noqa: E402
+from probesidecar.v1 import buffers_pb2  # noqa: E402
+from server_state import samples  # noqa: E402
+
+H = 4096
+
+
+@pytest.fixture(scope="module")
+def sidecar():
+    with Sidecar(["--backend=cuda", "--devices=all", "--warmup-rows=1,64"]) as s:
+        yield s
+        assert s.process.poll() is None, s.log()
+
+
+@pytest.fixture(scope="module")
+def probe(sidecar):
+    torch.manual_seed(0)
+    weight = (torch.randn(16, H) / H**0.5).to(torch.bfloat16)
+    bias = (torch.randn(16) * 0.1).to(torch.bfloat16)
+    bits = lambda t: t.view(torch.int16).numpy().view("uint16")  # noqa: E731
+    with sidecar.client() as c:
+        c.load_probe_set("p16", data=safetensors_bytes({"weight": (bits(weight), "bf16"),
+                                                        "bias": (bits(bias), "bf16")}))
+    return weight.double(), bias.double()
+
+
+def test_every_device_is_served_and_reported(sidecar, probe):
+    with sidecar.client() as c:
+        info = c.server_info()
+    count = torch.cuda.device_count()
+    assert [d.device_id for d in info.devices] == list(range(count))
+    assert info.device_id == 0
+    for d in info.devices:
+        assert d.healthy and not d.failure
+        assert d.name == torch.cuda.get_device_name(d.device_id)
+        assert d.memory_bytes > 0  # its stream slots and the probe sets' weights
+    if count == 1:
+        assert info.device_name == torch.cuda.get_device_name(0)  # as the one-device server
+
+
+def test_scores_match_float64_on_device_0(sidecar, probe):
+    weight, bias = probe
+    x = torch.randn(2048, H, device="cuda:0", dtype=torch.bfloat16)
+    rows = list(range(0, 2048, 5))
+    with TorchClient(sidecar.uds_target) as tc:
+        result = tc.score(x, rows, "p16")
+    ref = x[rows].double().cpu() @ weight.t() + bias  # float64 (446 rows: cheap on the CPU)
+    got = torch.as_tensor(result.scores, dtype=torch.float64)
+    assert float(torch.linalg.norm(got - ref) / torch.linalg.norm(ref)) <= 1e-3
+
+
+def raw_registration(tc: TorchClient, tensor: torch.Tensor, **fields):
+    shared = tensor.untyped_storage()._share_cuda_()
+    return buffers_pb2.RegisterBufferRequest(
+        name="raw", handle=bytes(shared[1]), offset_bytes=shared[3], byte_size=shared[2],
+        client_pid=os.getpid(), session_id=tc.session_id, **fields)
+
+
+def test_a_registration_without_a_device_goes_to_the_only_device(sidecar, probe):
+    if torch.cuda.device_count() != 1:
+        pytest.skip("several devices: a registration must name one (test_gpu_two_devices.py)")
+    x = torch.zeros(64, H, device="cuda:0", dtype=torch.bfloat16)
+    with TorchClient(sidecar.uds_target) as tc:
+        request = raw_registration(tc, x)
+        assert not request.HasField("device_id")  # as a client before the field was optional
+        response = tc.client.stub.RegisterBuffer(request)
+        assert response.buffer_id > 0
+        listed = tc.client.stub.ListBuffers(buffers_pb2.ListBuffersRequest()).buffers
+        assert [b.device_id for b in listed if b.buffer_id == response.buffer_id] == [0]
+
+
+def test_a_device_that_is_not_served_is_refused_and_changes_nothing(sidecar, probe):
+    x = torch.zeros(64, H, device="cuda:0", dtype=torch.bfloat16)
+    served = torch.cuda.device_count()
+    with TorchClient(sidecar.uds_target) as tc:
+        before = list(tc.client.stub.ListBuffers(buffers_pb2.ListBuffersRequest()).buffers)
+        with pytest.raises(grpc.RpcError) as refused:
+            tc.client.stub.RegisterBuffer(raw_registration(tc, x, device_id=served + 3))
+        assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert f"the buffer is on device {served + 3}" in refused.value.details()
+        after = list(tc.client.stub.ListBuffers(buffers_pb2.ListBuffersRequest()).buffers)
+        assert after == before
+        # The same tensor, named on its own device, registers and scores.
+        assert tc.score(x, [0], "p16").scores.shape == (1, 16)
+
+
+def test_gpu_families_carry_the_device_label(sidecar, probe):
+    scraped = samples(sidecar)
+    for d in range(torch.cuda.device_count()):
+        label = (("device", str(d)),)
+        assert scraped[("probesidecar_device_up", label)] == 1
+        assert scraped[("probesidecar_device_memory_bytes", label)] > 0
+        assert ("probesidecar_graph_cache_entries", label) in scraped
+    assert ("probesidecar_device_memory_bytes", ()) not in scraped
