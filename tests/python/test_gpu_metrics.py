@@ -59,7 +59,17 @@ def scrape(sidecar) -> list[tuple[str, dict, float]]:
     return samples
 
 
+# The families the CUDA backend labels by device (one series per served GPU, device="0" here).
+PER_DEVICE = {"probesidecar_registered_buffers", "probesidecar_registered_buffer_bytes",
+              "probesidecar_ipc_handles_open", "probesidecar_device_memory_bytes",
+              "probesidecar_stream_slots_parked", "probesidecar_device_up"} | {
+    f"probesidecar_graph_cache_{n}" for n in
+    ("entries", "capacity", "hits_total", "misses_total", "captures_total", "evictions_total")}
+
+
 def value(samples, name, **labels) -> float:
+    if name in PER_DEVICE:
+        labels.setdefault("device", "0")
     found = [v for n, l, v in samples if n == name and l == labels]
     assert len(found) <= 1, (name, labels)
     return found[0] if found else 0.0
