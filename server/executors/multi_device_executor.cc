@@ -115,15 +115,7 @@ void MultiDeviceExecutor::Verify(std::unique_ptr<VerifyJob> job, VerifyDone done
 
 GraphCacheCounters MultiDeviceExecutor::graph_cache() const {
   GraphCacheCounters total;
-  for (const auto& e : executors_) {
-    const GraphCacheCounters c = e->graph_cache();
-    total.entries += c.entries;
-    total.capacity += c.capacity;
-    total.hits += c.hits;
-    total.misses += c.misses;
-    total.captures += c.captures;
-    total.evictions += c.evictions;
-  }
+  for (const auto& e : executors_) total += e->graph_cache();
   return total;
 }
 

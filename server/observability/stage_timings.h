@@ -29,6 +29,17 @@ struct GraphCacheCounters {
   uint64_t misses = 0;
   uint64_t captures = 0;
   uint64_t evictions = 0;
+
+  // Sums another cache's counters into these (a server's slots, or its devices).
+  GraphCacheCounters& operator+=(const GraphCacheCounters& o) {
+    entries += o.entries;
+    capacity += o.capacity;
+    hits += o.hits;
+    misses += o.misses;
+    captures += o.captures;
+    evictions += o.evictions;
+    return *this;
+  }
 };
 
 }  // namespace probesidecar::server

@@ -277,15 +277,7 @@ class CudaExecutor final : public Executor {
 
   GraphCacheCounters graph_cache() const override {
     GraphCacheCounters total;
-    for (const auto& slot : slots_) {
-      const GraphCacheCounters c = slot->counters();
-      total.entries += c.entries;
-      total.capacity += c.capacity;
-      total.hits += c.hits;
-      total.misses += c.misses;
-      total.captures += c.captures;
-      total.evictions += c.evictions;
-    }
+    for (const auto& slot : slots_) total += slot->counters();
     return total;
   }
 
