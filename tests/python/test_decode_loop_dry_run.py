@@ -22,9 +22,9 @@ def test_every_variant_runs_and_checks_against_float64(tmp_path):
     variants = "none,in_process,tap_k1,tap_k4,tap_k16_graph,tap_k4_host,sidecar_async"
     done = subprocess.run(
         [sys.executable, str(ROOT / "bench" / "decode_loop" / "run.py"), "--cpu-dry-run",
-         "--quick", "--allow-dirty", "--mps=both", "--batches=2", "--steps=32", "--profile",
+         "--quick", "--budget-s=200", "--allow-dirty", "--mps=both", "--batches=2", "--steps=32", "--profile",
          f"--variants={variants}", f"--out-dir={tmp_path}"],
-        capture_output=True, text=True, timeout=300, env=dict(os.environ, PYTHONUNBUFFERED="1"))
+        capture_output=True, text=True, timeout=400, env=dict(os.environ, PYTHONUNBUFFERED="1"))
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     doc = json.loads((tmp_path / "decode_loop.json").read_text())
     seen = {(r["variant"], r["shape"]["mps"]) for r in doc["records"]}
