@@ -29,11 +29,13 @@ _READY = re.compile(r"serving on (?P<listen>.*?); metrics on (?P<metrics>\S+);")
 class Sidecar:
     """One probe-sidecar process. ``args`` are extra flags; listeners are chosen here (a
     ``--listen`` in ``args`` adds one, and the last TCP one becomes ``tcp_target``). ``umask``
-    is the server process's umask; ``binary`` another server binary than ``BIN``."""
+    is the server process's umask; ``binary`` another server binary than ``BIN``; ``env``
+    variables set in the server's environment over this process's."""
 
     def __init__(self, args: list[str] | None = None, *, workdir: pathlib.Path | None = None,
                  probes_dir: pathlib.Path | None = None, metrics: bool = True,
-                 umask: int | None = None, binary: pathlib.Path | None = None):
+                 umask: int | None = None, binary: pathlib.Path | None = None,
+                 env: dict[str, str] | None = None):
         self._tmp = tempfile.TemporaryDirectory(prefix="probe-sidecar-test-")
         self.workdir = pathlib.Path(workdir or self._tmp.name)
         self.socket = self.workdir / "sidecar.sock"
@@ -48,6 +50,7 @@ class Sidecar:
         extra = os.environ.get("PROBE_SIDECAR_ARGS", "").split()
         self.argv = [str(binary or BIN), *flags, *(args or []), *extra]
         self.umask = umask
+        self.env = None if env is None else {**os.environ, **env}
         self.process: subprocess.Popen | None = None
         self.tcp_target = ""
         self.metrics_address = ""
@@ -60,6 +63,7 @@ class Sidecar:
         self._log = open(self.log_path, "wb")
         umask = self.umask
         self.process = subprocess.Popen(self.argv, stdout=self._log, stderr=subprocess.STDOUT,
+                                        env=self.env,
                                         preexec_fn=None if umask is None else lambda: os.umask(umask))
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
