@@ -1,14 +1,18 @@
-// probe-sidecar-test-faults: the service binary with the test-only fault injector
-// (server/executors/fault_injection.h), for the tests of what the service does when a request
-// fails as a CUDA error would. Built with the tests only and never installed: the production
-// binary does not contain the injector, whatever its environment says.
+// probe-sidecar-test-faults: the service binary with the test-only fault injectors, for the tests
+// of what the service does when a request fails as a CUDA error would
+// (server/executors/fault_injection.h, PROBESIDECAR_TEST_FAULT_EVERY) and when a real CUDA fault
+// loses the GPU context (server/executors/cuda/illegal_address_fault.h,
+// PROBESIDECAR_TEST_ILLEGAL_ADDRESS_AT). Built with the tests only and never installed: the
+// production binary contains neither, whatever its environment says.
 #include <utility>
 
+#include "server/executors/cuda/illegal_address_fault.h"
 #include "server/executors/fault_injection.h"
 #include "server/rpc/server.h"
 
 int main(int argc, char** argv) {
   using probesidecar::server::Executor;
+  probesidecar::server::ArmIllegalAddressFaultFromEnvironment();
   return probesidecar::server::ServerMain(
       argc, argv, [](std::unique_ptr<Executor> executor) -> std::unique_ptr<Executor> {
         const uint64_t every = probesidecar::server::FaultEveryFromEnvironment();

@@ -13,7 +13,7 @@ import grpc
 import numpy as np
 import pytest
 
-from conftest import FAULTS_BIN, Sidecar
+from conftest import BIN, FAULTS_BIN, Sidecar
 from probe_files import ProbeFile
 from probe_sidecar import ProbeSidecarError, score_request
 from probesidecar.v1 import buffers_pb2
@@ -192,9 +192,16 @@ def test_an_injected_cuda_error_fails_one_request_and_the_next_ones_succeed(monk
 
 
 def test_the_production_binary_has_no_fault_injector(monkeypatch):
-    # The injector is linked into probe-sidecar-test-faults only: the shipped binary serves every
-    # request whatever the environment says.
+    # The injectors are linked into probe-sidecar-test-faults only: the shipped binary holds
+    # neither the variables that arm them nor the faulting kernel, and serves every request
+    # whatever the environment says.
+    armed_by = [b"PROBESIDECAR_TEST_FAULT_EVERY", b"PROBESIDECAR_TEST_ILLEGAL_ADDRESS_AT",
+                b"WriteOutOfBoundsKernel"]
+    production, test_binary = BIN.read_bytes(), FAULTS_BIN.read_bytes()
+    assert [name for name in armed_by if name in production] == []
+    assert [name for name in armed_by if name not in test_binary] == []
     monkeypatch.setenv("PROBESIDECAR_TEST_FAULT_EVERY", "1")
+    monkeypatch.setenv("PROBESIDECAR_TEST_ILLEGAL_ADDRESS_AT", "1")
     x = np.ones((1, 4096), np.float32)
     with Sidecar(["--backend=cpu"]) as s, s.client() as c:
         for _ in range(3):

@@ -1,7 +1,7 @@
 """Real CUDA faults against the real server (CUDA backend), from this torch process:
 
-- a sticky fault (a test-only kernel that writes out of bounds, PROBESIDECAR_TEST_ILLEGAL_ADDRESS_AT)
-  loses the server's CUDA context: health turns NOT_SERVING, the faulting request and the one in
+- a sticky fault (a test-only kernel that writes out of bounds, PROBESIDECAR_TEST_ILLEGAL_ADDRESS_AT
+  in the test binary probe-sidecar-test-faults) loses the server's CUDA context: health turns NOT_SERVING, the faulting request and the one in
   flight beside it fail, new ones get UNAVAILABLE, the error is logged, and the process exits with
   status 3 within the grace period plus one second;
 - the same fault in an enqueue-only window (the tap's path): the window itself was answered
@@ -28,7 +28,7 @@ from conftest import require_cuda  # noqa: E402
 
 torch = require_cuda()
 
-from conftest import Sidecar  # noqa: E402
+from conftest import FAULTS_BIN, Sidecar  # noqa: E402
 from gpu_faults_support import (H, P, T, busy_stream, make_probes, reference,  # noqa: E402
                                 rel_error, request_after)
 from probe_sidecar import ProbeSidecarError  # noqa: E402
@@ -124,7 +124,8 @@ def test_a_real_cuda_fault_stops_the_server_and_fails_every_request(probes, monk
     grace = 2.0
     # Requests 1 and 2 succeed, 3 is in flight (waiting on the GPU for its ready event), 4 faults.
     monkeypatch.setenv("PROBESIDECAR_TEST_ILLEGAL_ADDRESS_AT", "4")
-    s = Sidecar(["--backend=cuda", f"--shutdown-grace-seconds={grace}", "--warmup-rows=1,64"])
+    s = Sidecar(["--backend=cuda", f"--shutdown-grace-seconds={grace}", "--warmup-rows=1,64"],
+                binary=FAULTS_BIN)
     s.start()
     try:
         assert "test-only fault hook" in s.log()
@@ -180,7 +181,8 @@ def test_a_fault_in_an_enqueue_only_window_shows_on_the_next_window(probes, monk
     scores. What the client's GPU sees of the failed window's done event is recorded."""
     _, _, data = probes
     monkeypatch.setenv("PROBESIDECAR_TEST_ILLEGAL_ADDRESS_AT", "3")
-    s = Sidecar(["--backend=cuda", "--shutdown-grace-seconds=2", "--warmup-rows=1,64"]).start()
+    s = Sidecar(["--backend=cuda", "--shutdown-grace-seconds=2", "--warmup-rows=1,64"],
+                binary=FAULTS_BIN).start()
     try:
         with s.client() as c:
             c.load_probe_set("p16", data=data)

@@ -7,13 +7,11 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
-#include <cstdlib>
 #include <thread>
 #include <utility>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
-#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/synchronization/mutex.h"
@@ -23,6 +21,7 @@
 #include "kernels/probe_score/probe_score.h"
 #include "server/executors/cuda/cuda_status.h"
 #include "server/executors/cuda/device_coverage.h"
+#include "server/executors/cuda/score_fault_hook.h"
 #include "server/executors/cuda/stream_slot.h"
 #include "server/executors/cuda/verify_runner.h"
 #include "server/executors/drop_counter.h"
@@ -107,15 +106,12 @@ class CudaExecutor final : public Executor {
   ~CudaExecutor() override { Shutdown(); }
 
   absl::Status Init() {
-    if (const char* at = std::getenv(kIllegalAddressAtEnv); at != nullptr) {
-      if (absl::SimpleAtoi(at, &illegal_address_at_) && illegal_address_at_ > 0) {
-        LogWarning(
-            "%s=%d: Score request number %d will first launch a kernel that writes out of bounds "
-            "(a test-only fault hook: the CUDA context is then lost and the server stops)",
-            kIllegalAddressAtEnv, illegal_address_at_, illegal_address_at_);
-      } else {
-        illegal_address_at_ = 0;
-      }
+    fault_hook_ = InstalledScoreFaultHook();
+    if (fault_hook_.at != 0) {
+      LogWarning(
+          "Score request number %d will first launch a kernel that writes out of bounds "
+          "(a test-only fault hook: the CUDA context is then lost and the server stops)",
+          static_cast<int>(fault_hook_.at));
     }
     PS_RETURN_IF_CUDA(cudaSetDevice(config_.device));
     PS_RETURN_IF_CUDA(cudaEventCreateWithFlags(&probe_event_, cudaEventDisableTiming));
@@ -239,8 +235,10 @@ class CudaExecutor final : public Executor {
       std::move(done)(std::move(job), LostStatus(), ScoreTimings{});
       return;
     }
-    const bool fault =
-        illegal_address_at_ != 0 && score_requests_.fetch_add(1) + 1 == illegal_address_at_;
+    const FaultLaunch fault =
+        fault_hook_.at != 0 && score_requests_.fetch_add(1) + 1 == fault_hook_.at
+            ? fault_hook_.launch
+            : nullptr;
     pool_->Submit(ScoreTask(std::move(job), Clock::now(), fault, std::move(done)));
   }
 
@@ -349,7 +347,7 @@ class CudaExecutor final : public Executor {
   // A Score (or Verify) for whichever worker takes it: on that worker's slot when the slot is idle;
   // else the worker is parked (no shared work until its stream is past what it waits for) and
   // the task goes back to the head of the queue for another worker.
-  WorkerPool::Task ScoreTask(std::unique_ptr<ScoreJob> job, Clock::time_point submitted, bool fault,
+  WorkerPool::Task ScoreTask(std::unique_ptr<ScoreJob> job, Clock::time_point submitted, FaultLaunch fault,
                              ScoreDone done) {
     return
         [this, job = std::move(job), submitted, fault, done = std::move(done)](int worker) mutable {
@@ -577,8 +575,9 @@ class CudaExecutor final : public Executor {
   std::thread monitor_;
   absl::Mutex monitor_mu_;
   bool monitor_stop_ ABSL_GUARDED_BY(monitor_mu_) = false;
-  // TEST-ONLY (kIllegalAddressAtEnv): the Score request that first launches a faulting kernel.
-  uint64_t illegal_address_at_ = 0;
+  // TEST-ONLY (score_fault_hook.h): none unless the test binary installed one; Score requests are
+  // counted only then.
+  ScoreFaultHook fault_hook_;
   std::atomic<uint64_t> score_requests_{0};
 };
 

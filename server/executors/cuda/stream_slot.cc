@@ -9,7 +9,6 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
-#include "kernels/test_faults/test_faults.h"
 #include "server/executors/cuda/cuda_status.h"
 #include "server/executors/cuda/row_buckets.h"
 
@@ -105,7 +104,7 @@ RowSource StreamSlot::RowSourceOf(const ScoreJob& job) {
 }
 
 absl::Status StreamSlot::Run(const ScoreJob& job, ScoreTimings* timings, bool* enqueued,
-                             bool inject_fault) {
+                             FaultLaunch inject_fault) {
   *enqueued = false;
   const std::shared_ptr<const ProbeSet>& set = job.probe_set;
   PS_RETURN_IF_CUDA(cudaSetDevice(device_));
@@ -153,7 +152,7 @@ absl::Status StreamSlot::Run(const ScoreJob& job, ScoreTimings* timings, bool* e
     if (absl::Status s = AwaitClientEvent(ready, job.lifetime); !s.ok()) return s;
     PS_RETURN_IF_CUDA(cudaStreamWaitEvent(stream_, ready, 0));  // met: orders the reads after it
   }
-  if (inject_fault) PS_RETURN_IF_CUDA(kernels::LaunchTestIllegalAddress(stream_));
+  if (inject_fault != nullptr) PS_RETURN_IF_CUDA(inject_fault(stream_));
   if (source == RowSource::kStaged) {
     PS_RETURN_IF_CUDA(cudaMemcpyAsync(d_rows_staged_.ptr(), h_rows_.ptr(), sizeof(int32_t) * rows,
                                       cudaMemcpyHostToDevice, stream_));

@@ -37,6 +37,7 @@
 #include "kernels/request_staging/request_staging.h"
 #include "server/config/config.h"
 #include "server/executors/cuda/graph_cache.h"
+#include "server/executors/cuda/score_fault_hook.h"
 #include "server/executors/cuda/staging_buffer.h"
 #include "server/observability/stage_timings.h"
 #include "server/probes/probe_set.h"
@@ -69,9 +70,9 @@ class StreamSlot {
   // unless the job is enqueue-only (then `*enqueued` is set and the job's GpuLeases are kept until
   // the GPU has finished; the job itself may go away at once). The wait ends at the job's
   // deadline or when its caller goes (FinishOnGpu). Runs on the slot's worker thread, on an idle
-  // slot. TEST-ONLY: `inject_fault` first enqueues a kernel that writes out of bounds.
+  // slot. TEST-ONLY: `inject_fault` (score_fault_hook.h), when set, is enqueued first.
   absl::Status Run(const ScoreJob& job, ScoreTimings* timings, bool* enqueued,
-                   bool inject_fault = false);
+                   FaultLaunch inject_fault = nullptr);
 
   // Marks the end of the work queued so far and waits for the GPU to get there: OK then;
   // DEADLINE_EXCEEDED or CANCELLED when `lifetime` ends first, UNAVAILABLE when the server
