@@ -107,12 +107,6 @@ class CudaExecutor final : public Executor {
 
   absl::Status Init() {
     fault_hook_ = InstalledScoreFaultHook();
-    if (fault_hook_.at != 0) {
-      LogWarning(
-          "Score request number %d will first launch a kernel that writes out of bounds "
-          "(a test-only fault hook: the CUDA context is then lost and the server stops)",
-          static_cast<int>(fault_hook_.at));
-    }
     PS_RETURN_IF_CUDA(cudaSetDevice(config_.device));
     PS_RETURN_IF_CUDA(cudaEventCreateWithFlags(&probe_event_, cudaEventDisableTiming));
     PS_RETURN_IF_CUDA(cudaStreamCreateWithFlags(&probe_stream_, cudaStreamNonBlocking));
