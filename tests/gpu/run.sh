@@ -9,7 +9,7 @@
 #       BEFORE=path/to/old/probe-sidecar  also carry an older server binary, which the rpc step
 #                                   measures beside the current one (server_label "before")
 #       BINARIES="probe-score-bench probe_score_gpu_test"  bundle only these binaries: the whole
-#                                   bundle (~71 MB built for 90-real; the release list's binaries
+#                                   bundle (~80 MB built for 90-real; the release list's binaries
 #                                   are about 3x larger, docs/gpu-support.md) exceeds what the
 #                                   device tool carries (64 MiB), so kernel work and server work go
 #                                   in separate calls; for an H200, BUILD_DIR configured with
@@ -45,12 +45,13 @@ if [[ "${1:-}" == prepare ]]; then
   build="${BUILD_DIR:-$root/build}"
   cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DPROBESIDECAR_BUILD_BENCH=ON \
     -DPython3_EXECUTABLE="$root/.venv/bin/python" >/dev/null
-  binaries=(probe-sidecar probe-client probe-bench probe-echo-server probe-score-bench
-    mla-verify-bench metrics_bench probe_score_gpu_test probe_score_cpu_test
+  # probe-sidecar-test-faults: the server with the test-only fault hooks (test_gpu_faults.py).
+  binaries=(probe-sidecar probe-sidecar-test-faults probe-client probe-bench probe-echo-server
+    probe-score-bench mla-verify-bench metrics_bench probe_score_gpu_test probe_score_cpu_test
     request_staging_gpu_test verify_support_gpu_test mla_verify_gpu_test mla_verify_cpu_test
     tap_write_gpu_test tap_gpu_test)
   # BINARIES: bundle only these (the device tool carries at most 64 MiB with the tree, and the
-  # whole bundle is ~71 MB); steps whose binaries are missing then fail (exit 127).
+  # whole bundle is ~80 MB); steps whose binaries are missing then fail (exit 127).
   if [[ -n "${BINARIES:-}" ]]; then read -r -a binaries <<<"$BINARIES"; fi
   cmake --build "$build" -j "$(nproc)" --target "${binaries[@]}" demo_probe_set
   rm -rf "$gpu"
