@@ -9,11 +9,12 @@
 #       BEFORE=path/to/old/probe-sidecar  also carry an older server binary, which the rpc step
 #                                   measures beside the current one (server_label "before")
 #       BINARIES="probe-score-bench probe_score_gpu_test"  bundle only these binaries: the whole
-#                                   bundle (~80 MB built for 90-real; the release list's binaries
-#                                   are about 3x larger, docs/gpu-support.md) exceeds what the
-#                                   device tool carries (64 MiB), so kernel work and server work go
-#                                   in separate calls; for an H200, BUILD_DIR configured with
-#                                   -DCMAKE_CUDA_ARCHITECTURES=90-real keeps them small
+#                                   bundle (over 64 MiB even built for 90-real; the release
+#                                   list's binaries are about 3x larger, docs/gpu-support.md)
+#                                   exceeds what the device tool carries (64 MiB), so kernel work
+#                                   and server work go in separate calls; for an H200, BUILD_DIR
+#                                   configured with -DCMAKE_CUDA_ARCHITECTURES=90-real keeps them
+#                                   small
 #   tests/gpu/run.sh                on the GPU machine (through the device tool), from the
 #                                   repository root, with .gpu/ carried:
 #       run(command="STEPS='tests kernels rpc' tests/gpu/run.sh", carry=[".gpu"])
@@ -51,7 +52,7 @@ if [[ "${1:-}" == prepare ]]; then
     request_staging_gpu_test verify_support_gpu_test mla_verify_gpu_test mla_verify_cpu_test
     tap_write_gpu_test tap_gpu_test)
   # BINARIES: bundle only these (the device tool carries at most 64 MiB with the tree, and the
-  # whole bundle is ~80 MB); steps whose binaries are missing then fail (exit 127).
+  # whole bundle is larger); steps whose binaries are missing then fail (exit 127).
   if [[ -n "${BINARIES:-}" ]]; then read -r -a binaries <<<"$BINARIES"; fi
   cmake --build "$build" -j "$(nproc)" --target "${binaries[@]}" demo_probe_set
   rm -rf "$gpu"
