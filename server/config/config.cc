@@ -205,8 +205,9 @@ const std::vector<Flag>& Flags() {
          return absl::OkStatus();
        }},
       {"backend", "auto|cpu|cuda",
-       "auto uses the GPU when one is present, else the CPU backend (inline tensors only); cuda "
-       "fails to start without a GPU; both fail to start on a GPU this build holds no code for "
+       "auto uses the GPUs of --devices when they are usable, else (none usable) the CPU backend "
+       "(inline tensors only); cuda fails to start without a GPU; both fail to start when some "
+       "of those devices are usable and others not, or on a GPU this build holds no code for "
        "(docs/gpu-support.md) (default {default}).",
        [](absl::string_view v, Config& c) -> absl::Status {
          if (v == "auto") {

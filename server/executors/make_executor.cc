@@ -1,5 +1,9 @@
 #include "server/executors/make_executor.h"
 
+#include <string>
+#include <utility>
+#include <vector>
+
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "server/executors/cpu/cpu_executor.h"
@@ -11,24 +15,43 @@ namespace probesidecar::server {
 namespace {
 
 // One executor per device of --devices (all: every device the process sees); the device's own
-// executor alone when there is one, so that one device is served exactly as before.
-absl::StatusOr<std::unique_ptr<Executor>> CreateCudaExecutors(const Config& config) {
+// executor alone when there is one, so that one device is served exactly as before. Every device
+// is tried: UNAVAILABLE (naming each device's reason) only when none is usable, FAILED_PRECONDITION
+// when some are and others are not, or when a device has no code in this build.
+absl::StatusOr<std::unique_ptr<Executor>> CreateCudaExecutors(const Config& config,
+                                                              const CudaExecutorFactory& cuda) {
   std::vector<int> devices = config.devices;
   if (config.all_devices) {
-    absl::StatusOr<int> count = CudaDeviceCount();
+    absl::StatusOr<int> count = cuda.device_count();
     if (!count.ok()) return count.status();
     devices.clear();
     for (int d = 0; d < *count; ++d) devices.push_back(d);
   }
   std::vector<std::unique_ptr<Executor>> executors;
+  std::vector<int> usable;
+  std::vector<std::string> failures;
   for (int device : devices) {
     Config one = config;
     one.all_devices = false;
     one.devices = {device};
     one.device = device;
-    absl::StatusOr<std::unique_ptr<Executor>> executor = CreateCudaExecutor(one);
-    if (!executor.ok()) return executor.status();
+    absl::StatusOr<std::unique_ptr<Executor>> executor = cuda.create(one);
+    if (!executor.ok()) {
+      if (executor.status().code() == absl::StatusCode::kFailedPrecondition) {
+        return executor.status();
+      }
+      failures.push_back(absl::StrCat("device ", device, ": ", executor.status().message()));
+      continue;
+    }
+    usable.push_back(device);
     executors.push_back(std::move(*executor));
+  }
+  if (!failures.empty()) {
+    const std::string why = absl::StrJoin(failures, "; ");
+    if (usable.empty()) return absl::UnavailableError(why);
+    return absl::FailedPreconditionError(absl::StrCat(
+        why, " (device", usable.size() == 1 ? " " : "s ", absl::StrJoin(usable, ", "),
+        " usable): every device of --devices must be usable; list only those to serve them"));
   }
   if (executors.size() == 1) return std::move(executors.front());
   LogInfo("serving CUDA devices %s: one executor each (%d stream slots per device)",
@@ -37,28 +60,29 @@ absl::StatusOr<std::unique_ptr<Executor>> CreateCudaExecutors(const Config& conf
       std::make_unique<MultiDeviceExecutor>(std::move(devices), std::move(executors)));
 }
 
-absl::StatusOr<std::unique_ptr<Executor>> MakeBackend(const Config& config) {
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<Executor>> MakeExecutor(const Config& config,
+                                                       const CudaExecutorFactory& cuda) {
   if (config.backend != Backend::kCpu) {
-    absl::StatusOr<std::unique_ptr<Executor>> cuda = CreateCudaExecutors(config);
-    if (cuda.ok()) return cuda;
-    // A GPU this build holds no code for (FAILED_PRECONDITION) stops `auto` too: serving it on
-    // the CPU would fail its first GPU request instead of the start.
+    absl::StatusOr<std::unique_ptr<Executor>> made = CreateCudaExecutors(config, cuda);
+    if (made.ok()) return made;
+    // FAILED_PRECONDITION stops `auto` too: a GPU this build holds no code for, or some devices
+    // unusable. Serving on the CPU then would fail the first GPU request instead of the start.
     if (config.backend == Backend::kCuda ||
-        cuda.status().code() == absl::StatusCode::kFailedPrecondition) {
+        made.status().code() == absl::StatusCode::kFailedPrecondition) {
       return absl::FailedPreconditionError(
           absl::StrCat("--backend ", config.backend == Backend::kCuda ? "cuda" : "auto", ": ",
-                       cuda.status().message()));
+                       made.status().message()));
     }
-    LogInfo("backend auto: using the CPU backend (%s)", cuda.status().message());
+    LogInfo("backend auto: using the CPU backend (%s)", made.status().message());
   }
   return std::unique_ptr<Executor>(
       std::make_unique<CpuExecutor>(config.cpu_threads, config.max_queued_requests));
 }
 
-}  // namespace
-
 absl::StatusOr<std::unique_ptr<Executor>> MakeExecutor(const Config& config) {
-  return MakeBackend(config);
+  return MakeExecutor(config, {.device_count = &CudaDeviceCount, .create = &CreateCudaExecutor});
 }
 
 }  // namespace probesidecar::server

@@ -1,7 +1,8 @@
 """--devices=all on a GPU host: the server serves every device the process sees, exactly as the
 one-device server did on one GPU (scores against float64, ServerInfo, device-labelled metrics);
 registrations that name no device go to the only device, and one that names a device the server
-does not serve is refused and changes nothing.
+does not serve is refused and changes nothing; a listed device that is missing stops the start
+(under --backend=auto too: no server of fewer devices, no CPU one in its place).
 
 Runs on the GPU machine (tests/gpu/run.sh); skipped where torch or a CUDA device is missing (and
 failed there instead, where PROBESIDECAR_REQUIRE_GPU=1). Two GPUs: test_gpu_two_devices.py.
@@ -10,6 +11,7 @@ failed there instead, where PROBESIDECAR_REQUIRE_GPU=1). Two GPUs: test_gpu_two_
 from __future__ import annotations
 
 import os
+import subprocess
 
 import grpc
 import pytest
@@ -18,7 +20,7 @@ from conftest import require_cuda  # noqa: E402
 
 torch = require_cuda()
 
-from conftest import Sidecar  # noqa: E402
+from conftest import BIN, Sidecar  # noqa: E402
 from probe_files import safetensors_bytes  # noqa: E402
 from probe_sidecar.torch import TorchClient  # noqa: E402
 from probesidecar.v1 import buffers_pb2  # noqa: E402
@@ -114,3 +116,16 @@ def test_gpu_families_carry_the_device_label(sidecar, probe):
         assert scraped[("probesidecar_device_memory_bytes", label)] > 0
         assert ("probesidecar_graph_cache_entries", label) in scraped
     assert ("probesidecar_device_memory_bytes", ()) not in scraped
+
+
+@pytest.mark.parametrize("backend", ["auto", "cuda"])
+def test_a_listed_device_that_is_missing_stops_the_start(backend, tmp_path):
+    missing = torch.cuda.device_count()  # one past the devices this process sees
+    run = subprocess.run([str(BIN), f"--backend={backend}", f"--devices=0,{missing}",
+                          f"--listen=unix:{tmp_path / 's.sock'}", "--metrics-listen=none"],
+                         capture_output=True, text=True, timeout=60)
+    log = run.stdout + run.stderr
+    assert run.returncode == 1, log
+    assert f"cannot start: --backend {backend}: device {missing}: " in log, log
+    assert "(device 0 usable): every device of --devices must be usable" in log, log
+    assert "serving on" not in log, log
