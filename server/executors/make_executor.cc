@@ -20,10 +20,11 @@ namespace {
 // when some are and others are not, or when a device has no code in this build.
 absl::StatusOr<std::unique_ptr<Executor>> CreateCudaExecutors(const Config& config,
                                                               const CudaExecutorFactory& cuda) {
+  // No device at all (or no driver): one reason, not one per listed device.
+  absl::StatusOr<int> count = cuda.device_count();
+  if (!count.ok()) return count.status();
   std::vector<int> devices = config.devices;
   if (config.all_devices) {
-    absl::StatusOr<int> count = cuda.device_count();
-    if (!count.ok()) return count.status();
     devices.clear();
     for (int d = 0; d < *count; ++d) devices.push_back(d);
   }

@@ -69,6 +69,11 @@ TEST(MakeExecutor, AutoFallsBackToTheCpuOnlyWhenNoDeviceIsUsable) {
   ASSERT_TRUE(none_seen.ok()) << none_seen.status();
   EXPECT_STREQ((*none_seen)->backend(), "cpu");
 
+  auto none_listed_seen = MakeExecutor(With(Backend::kAuto, {0, 1}),
+                                       Devices(absl::UnavailableError("no CUDA device")));
+  ASSERT_TRUE(none_listed_seen.ok()) << none_listed_seen.status();
+  EXPECT_STREQ((*none_listed_seen)->backend(), "cpu");
+
   auto none_usable = MakeExecutor(With(Backend::kAuto, {0, 1}),
                                   Devices(0, {{0, kMissing}, {1, kMissing}}));
   ASSERT_TRUE(none_usable.ok()) << none_usable.status();
@@ -109,6 +114,11 @@ TEST(MakeExecutor, ADeviceWithoutCodeInThisBuildStopsAuto) {
 }
 
 TEST(MakeExecutor, CudaNeverFallsBack) {
+  auto no_gpu = MakeExecutor(With(Backend::kCuda, {0, 1}),
+                             Devices(absl::UnavailableError("no usable CUDA device")));
+  ASSERT_FALSE(no_gpu.ok());
+  EXPECT_EQ(no_gpu.status().message(), "--backend cuda: no usable CUDA device");
+
   auto made = MakeExecutor(With(Backend::kCuda, {0}), Devices(1, {{0, kMissing}}));
   ASSERT_FALSE(made.ok());
   EXPECT_EQ(made.status().code(), absl::StatusCode::kFailedPrecondition);
