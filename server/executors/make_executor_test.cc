@@ -69,13 +69,13 @@ TEST(MakeExecutor, AutoFallsBackToTheCpuOnlyWhenNoDeviceIsUsable) {
   ASSERT_TRUE(none_seen.ok()) << none_seen.status();
   EXPECT_STREQ((*none_seen)->backend(), "cpu");
 
-  auto none_listed_seen = MakeExecutor(With(Backend::kAuto, {0, 1}),
-                                       Devices(absl::UnavailableError("no CUDA device")));
+  auto none_listed_seen =
+      MakeExecutor(With(Backend::kAuto, {0, 1}), Devices(absl::UnavailableError("no CUDA device")));
   ASSERT_TRUE(none_listed_seen.ok()) << none_listed_seen.status();
   EXPECT_STREQ((*none_listed_seen)->backend(), "cpu");
 
-  auto none_usable = MakeExecutor(With(Backend::kAuto, {0, 1}),
-                                  Devices(0, {{0, kMissing}, {1, kMissing}}));
+  auto none_usable =
+      MakeExecutor(With(Backend::kAuto, {0, 1}), Devices(0, {{0, kMissing}, {1, kMissing}}));
   ASSERT_TRUE(none_usable.ok()) << none_usable.status();
   EXPECT_STREQ((*none_usable)->backend(), "cpu");
 }
@@ -89,8 +89,7 @@ TEST(MakeExecutor, SomeDevicesUnusableStopsTheStartNamingThem) {
       ASSERT_FALSE(made.ok());
       EXPECT_EQ(made.status().code(), absl::StatusCode::kFailedPrecondition);
       const std::string message(made.status().message());
-      EXPECT_NE(message.find(absl::StrCat("device ", broken, ": cudaSetDevice")),
-                std::string::npos)
+      EXPECT_NE(message.find(absl::StrCat("device ", broken, ": cudaSetDevice")), std::string::npos)
           << message;
       EXPECT_NE(message.find("--devices"), std::string::npos) << message;
     }

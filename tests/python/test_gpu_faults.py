@@ -1,9 +1,10 @@
 """Real CUDA faults against the real server (CUDA backend), from this torch process:
 
 - a sticky fault (a test-only kernel that writes out of bounds, PROBESIDECAR_TEST_ILLEGAL_ADDRESS_AT
-  in the test binary probe-sidecar-test-faults) loses the server's CUDA context: health turns NOT_SERVING, the faulting request and the one in
-  flight beside it fail, new ones get UNAVAILABLE, the error is logged, and the process exits with
-  status 3 within the grace period plus one second;
+  in the test binary probe-sidecar-test-faults) loses the server's CUDA context: health turns
+  NOT_SERVING, the faulting request and the one in flight beside it fail, new ones get
+  UNAVAILABLE, the error is logged, and the process exits with status 3 within the grace period
+  plus one second;
 - the same fault in an enqueue-only window (the tap's path): the window itself was answered
   before the GPU ran it, and the next window fails;
 - a non-sticky error (out of memory, with this process holding the GPU's memory) fails only its

@@ -341,8 +341,8 @@ class CudaExecutor final : public Executor {
   // A Score (or Verify) for whichever worker takes it: on that worker's slot when the slot is idle;
   // else the worker is parked (no shared work until its stream is past what it waits for) and
   // the task goes back to the head of the queue for another worker.
-  WorkerPool::Task ScoreTask(std::unique_ptr<ScoreJob> job, Clock::time_point submitted, FaultLaunch fault,
-                             ScoreDone done) {
+  WorkerPool::Task ScoreTask(std::unique_ptr<ScoreJob> job, Clock::time_point submitted,
+                             FaultLaunch fault, ScoreDone done) {
     return
         [this, job = std::move(job), submitted, fault, done = std::move(done)](int worker) mutable {
           ScoreTimings timings;
