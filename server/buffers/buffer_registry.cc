@@ -70,9 +70,8 @@ absl::StatusOr<RegisteredBuffer> BufferRegistry::Register(const BufferRegistrati
         "without one)");
   }
   auto check_session = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) -> absl::Status {
-    if (request.session_id != 0 && !sessions_->IsOpen(request.session_id)) {
-      return absl::NotFoundError(
-          absl::StrCat("session_id: session ", request.session_id, " is not open"));
+    if (request.session_id != 0) {
+      if (absl::Status open = sessions_->RequireOpen(request.session_id); !open.ok()) return open;
     }
     const uint64_t held = SessionBytesLocked(request.session_id);
     if (held + request.byte_size > limits_.max_session_bytes) {

@@ -27,10 +27,7 @@ absl::StatusOr<uint64_t> EventRegistry::Register(const EventRegistration& reques
       return absl::InvalidArgumentError(
           "session_id: events belong to a session; open one with OpenSession");
     }
-    if (!sessions_->IsOpen(request.session_id)) {
-      return absl::NotFoundError(
-          absl::StrCat("session_id: session ", request.session_id, " is not open"));
-    }
+    if (absl::Status open = sessions_->RequireOpen(request.session_id); !open.ok()) return open;
     if (events_.size() >= max_events_) {
       return absl::ResourceExhaustedError(
           absl::StrCat("this server already holds ", events_.size(), " events (the limit)"));

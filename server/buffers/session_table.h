@@ -7,6 +7,8 @@
 #include <map>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 
 namespace probesidecar::server {
@@ -24,9 +26,12 @@ class SessionTable {
     absl::MutexLock lock(&mu_);
     sessions_.erase(id);
   }
-  bool IsOpen(uint64_t id) const {
+  // OK when session `id` is open; NOT_FOUND, naming it, when not (what a registration under it
+  // answers).
+  absl::Status RequireOpen(uint64_t id) const {
     absl::MutexLock lock(&mu_);
-    return sessions_.contains(id);
+    if (sessions_.contains(id)) return absl::OkStatus();
+    return absl::NotFoundError(absl::StrCat("session_id: session ", id, " is not open"));
   }
   uint64_t size() const {
     absl::MutexLock lock(&mu_);
