@@ -6,6 +6,22 @@
 #include "absl/strings/str_cat.h"
 
 namespace probesidecar::server {
+namespace {
+
+// What a request whose buffers are on a device this server does not serve answers.
+absl::Status NotServed(int device) {
+  return absl::InvalidArgumentError(absl::StrCat("the request's buffers are on CUDA device ",
+                                                 device, ", which this server does not serve"));
+}
+
+template <typename F>
+uint64_t Sum(const std::vector<std::unique_ptr<Executor>>& executors, F f) {
+  uint64_t total = 0;
+  for (const auto& e : executors) total += f(*e);
+  return total;
+}
+
+}  // namespace
 
 MultiDeviceExecutor::MultiDeviceExecutor(std::vector<int> devices,
                                          std::vector<std::unique_ptr<Executor>> executors)
@@ -88,12 +104,8 @@ void MultiDeviceExecutor::Warmup(const std::shared_ptr<const ProbeSet>& set, War
 void MultiDeviceExecutor::Score(std::unique_ptr<ScoreJob> job, ScoreDone done) {
   Executor* executor = job->device.has_value() ? For(*job->device) : LeastQueued();
   if (executor == nullptr) {
-    const int device = *job->device;
-    std::move(done)(
-        std::move(job),
-        absl::InvalidArgumentError(absl::StrCat("the request's buffers are on CUDA device ", device,
-                                                ", which this server does not serve")),
-        ScoreTimings{});
+    absl::Status refused = NotServed(*job->device);
+    std::move(done)(std::move(job), std::move(refused), ScoreTimings{});
     return;
   }
   executor->Score(std::move(job), std::move(done));
@@ -102,12 +114,8 @@ void MultiDeviceExecutor::Score(std::unique_ptr<ScoreJob> job, ScoreDone done) {
 void MultiDeviceExecutor::Verify(std::unique_ptr<VerifyJob> job, VerifyDone done) {
   Executor* executor = For(job->device);
   if (executor == nullptr) {
-    const int device = job->device;
-    std::move(done)(
-        std::move(job),
-        absl::InvalidArgumentError(absl::StrCat("the request's buffers are on CUDA device ", device,
-                                                ", which this server does not serve")),
-        VerifyOutcome{});
+    absl::Status refused = NotServed(job->device);
+    std::move(done)(std::move(job), std::move(refused), VerifyOutcome{});
     return;
   }
   executor->Verify(std::move(job), std::move(done));
@@ -118,17 +126,6 @@ GraphCacheCounters MultiDeviceExecutor::graph_cache() const {
   for (const auto& e : executors_) total += e->graph_cache();
   return total;
 }
-
-namespace {
-
-template <typename F>
-uint64_t Sum(const std::vector<std::unique_ptr<Executor>>& executors, F f) {
-  uint64_t total = 0;
-  for (const auto& e : executors) total += f(*e);
-  return total;
-}
-
-}  // namespace
 
 uint64_t MultiDeviceExecutor::device_memory_bytes() const {
   return Sum(executors_, [](const Executor& e) { return e.device_memory_bytes(); });
