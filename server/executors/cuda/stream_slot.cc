@@ -416,15 +416,11 @@ absl::StatusOr<GraphEntry*> StreamSlot::GraphFor(const GraphKey& key,
 
 absl::StatusOr<GraphEntry> StreamSlot::Capture(const GraphKey& key, const ProbeSet& set) {
   const auto placed = set.device_weights.find(device_);
-  const auto* device_weights =
-      placed == set.device_weights.end()
-          ? nullptr
-          : static_cast<const kernels::ProbeWeights*>(placed->second.get());
-  if (device_weights == nullptr) {
+  if (placed == set.device_weights.end() || placed->second == nullptr) {
     return absl::InternalError(
         absl::StrCat("probe set '", set.name, "' has no weights on CUDA device ", device_));
   }
-  const kernels::ProbeWeights& weights = *device_weights;
+  const auto& weights = *static_cast<const kernels::ProbeWeights*>(placed->second.get());
   // The path and its launch plan are chosen once here; every replay runs them.
   const kernels::ProbeScoreShape shape{key.dtype, key.bucket, set.num_probes, set.hidden,
                                        set.precision};
