@@ -30,6 +30,16 @@ def steps(log: str) -> list[tuple[str, int, int, list[str]]]:
     return out
 
 
+def family_results(folder: str, prefix: str, kernel: str) -> dict[str, dict]:
+    """The benchmark JSON of `kernel` per family that has one: PREFIX_KERNEL_FAMILY.json."""
+    out = {}
+    for fam in ("native", "sm_80", "sm_120"):
+        path = os.path.join(folder, f"{prefix}_{kernel}_{fam}.json")
+        if os.path.exists(path):
+            out[fam] = json.load(open(path))
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("dir")
@@ -52,11 +62,7 @@ def main() -> None:
     md += ["", "## MLA verify: each family's portable tile on the H200 (graph replay p50, µs)", "",
            "The tiles the planner gives each family's limits, all run by the H200's 132 SMs and "
            "HBM: what changes is the tile and ring depth (and blocks per SM), not the GPU.", ""]
-    mla = {}
-    for fam in ("native", "sm_80", "sm_120"):
-        p = os.path.join(a.dir, f"{a.prefix}_mla_verify_{fam}.json")
-        if os.path.exists(p):
-            mla[fam] = json.load(open(p))
+    mla = family_results(a.dir, a.prefix, "mla_verify")
     if mla:
         md += ["| h_q | s_q | batch | seqlen | H200 split_kv_sm90a | H200 split_kv (tile) | sm_80 tiles | "
                "sm_120 tiles | sm_120 / H200 split_kv |", "|---|---|---|---|---|---|---|---|---|"]
@@ -81,11 +87,7 @@ def main() -> None:
                       f"{cell('native', 'split_kv')} | {cell('sm_80', 'split_kv')} | "
                       f"{cell('sm_120', 'split_kv')} | {ratio} |")
     md += ["", "## Probe scoring: each family's plans on the H200 (graph replay p50, µs)", ""]
-    ps = {}
-    for fam in ("native", "sm_80", "sm_120"):
-        p = os.path.join(a.dir, f"{a.prefix}_probe_score_{fam}.json")
-        if os.path.exists(p):
-            ps[fam] = json.load(open(p))
+    ps = family_results(a.dir, a.prefix, "probe_score")
     if ps:
         md += ["| dtype | R | H | P | impl | H200 | sm_80 | sm_120 |", "|---|---|---|---|---|---|---|---|"]
         rows = {}
