@@ -4,6 +4,7 @@
 // the planners to another family's limits (ClampToFamily) to run that family's tile choices.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <string_view>
 
@@ -67,16 +68,11 @@ inline DeviceLimits ClampToFamily(const DeviceLimits& real, const DeviceFamily& 
   const DeviceLimits& f = family.limits;
   l.cc_major = f.cc_major;
   l.cc_minor = f.cc_minor;
-  l.smem_per_sm = real.smem_per_sm < f.smem_per_sm ? real.smem_per_sm : f.smem_per_sm;
-  l.smem_per_block_optin = real.smem_per_block_optin < f.smem_per_block_optin
-                               ? real.smem_per_block_optin
-                               : f.smem_per_block_optin;
-  l.reserved_smem_per_block = real.reserved_smem_per_block > f.reserved_smem_per_block
-                                  ? real.reserved_smem_per_block
-                                  : f.reserved_smem_per_block;
-  l.max_threads_per_sm = real.max_threads_per_sm < f.max_threads_per_sm ? real.max_threads_per_sm
-                                                                        : f.max_threads_per_sm;
-  l.regs_per_sm = real.regs_per_sm < f.regs_per_sm ? real.regs_per_sm : f.regs_per_sm;
+  l.smem_per_sm = std::min(real.smem_per_sm, f.smem_per_sm);
+  l.smem_per_block_optin = std::min(real.smem_per_block_optin, f.smem_per_block_optin);
+  l.reserved_smem_per_block = std::max(real.reserved_smem_per_block, f.reserved_smem_per_block);
+  l.max_threads_per_sm = std::min(real.max_threads_per_sm, f.max_threads_per_sm);
+  l.regs_per_sm = std::min(real.regs_per_sm, f.regs_per_sm);
   return l;
 }
 
