@@ -17,6 +17,14 @@ const char* CudaBuildTargets();
 // Whether the sm_90a kernels (gather_wgmma, split_kv_sm90a) are in this build.
 bool Sm90aKernelsBuilt();
 
+// Whether the sm_90a kernels can run on a device of compute capability `cc_major`.`cc_minor`:
+// 9.0 exactly (sm_90a machine code runs nowhere else), the kernels in this build, and `family`,
+// when the planners are confined to one, allowing them.
+inline bool Sm90aKernelsRunOn(int cc_major, int cc_minor, const DeviceFamily* family = nullptr) {
+  return cc_major == 9 && cc_minor == 0 && Sm90aKernelsBuilt() &&
+         (family == nullptr || family->sm90a);
+}
+
 // cudaSuccess when this build holds machine code or PTX the device can run (checked by asking the
 // runtime for a kernel of this build: PTX is compiled for the device here, once);
 // cudaErrorNoKernelImageForDevice when it does not; another error when the device cannot be used.

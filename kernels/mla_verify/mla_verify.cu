@@ -102,10 +102,8 @@ cudaError_t CreateMlaVerifyWorkspace(const MlaVerifyWorkspaceConfig& config,
   DeviceLimits limits;
   if ((err = ReadDeviceLimits(device, &limits)) != cudaSuccess) return err;
   if (config.limit_to_family != nullptr) limits = ClampToFamily(limits, *config.limit_to_family);
-  // sm_90a machine code runs on compute capability 9.0 exactly, where the build holds it.
   bool sm90a_available = false;
-  if (limits.cc_major == 9 && limits.cc_minor == 0 && Sm90aKernelsBuilt() &&
-      (config.limit_to_family == nullptr || config.limit_to_family->sm90a) &&
+  if (Sm90aKernelsRunOn(limits.cc_major, limits.cc_minor, config.limit_to_family) &&
       (err = mla::SetSm90aAttributes(&sm90a_available)) != cudaSuccess) {
     return err;
   }

@@ -27,11 +27,9 @@ cudaError_t ReadDeviceFactsAndSetAttributes(int device, const DeviceFamily* limi
   if (err != cudaSuccess) return err;
   if (limit_to_family != nullptr) limits = ClampToFamily(limits, *limit_to_family);
   *facts = ProbeScoreFactsFrom(limits);
-  // sm_90a machine code runs on compute capability 9.0 exactly, when the build holds it; its
-  // warp-specialised tile reads W by TMA, through a tensor map the driver encodes.
-  facts->gather_wgmma = facts->cc_major == 9 && facts->cc_minor == 0 && Sm90aKernelsBuilt() &&
-                        blocks::TensorMapEncoderAvailable() &&
-                        (limit_to_family == nullptr || limit_to_family->sm90a);
+  // The sm_90a warp-specialised tile reads W by TMA, through a tensor map the driver encodes.
+  facts->gather_wgmma = Sm90aKernelsRunOn(facts->cc_major, facts->cc_minor, limit_to_family) &&
+                        blocks::TensorMapEncoderAvailable();
   if (facts->gather_wgmma &&
       (err = probe_score_detail::SetGatherWgmmaAttributes()) != cudaSuccess) {
     return err;

@@ -610,9 +610,9 @@ absl::StatusOr<std::unique_ptr<Executor>> CreateCudaExecutor(const Config& confi
     }
     return CudaStatus(covered, "a kernel of this build on the device");
   }
-  // The sm_90a paths where both workspaces take them: compute capability 9.0, the sm_90a
-  // kernels built, the driver's tensor-map encoder found.
-  const bool sm90a = prop.major == 9 && prop.minor == 0 && kernels::Sm90aKernelsBuilt() &&
+  // The sm_90a paths where both workspaces take them: the sm_90a kernels run here, and the
+  // driver's tensor-map encoder is found.
+  const bool sm90a = kernels::Sm90aKernelsRunOn(prop.major, prop.minor) &&
                      kernels::blocks::TensorMapEncoderAvailable();
   LogInfo("CUDA device %d: %s, compute capability %d.%d; build targets %s; kernel paths %s",
           config.device, prop.name, prop.major, prop.minor, kernels::CudaBuildTargets(),
