@@ -28,11 +28,11 @@ bool ProgrammaticLaunchUsable(const void* kernel) {
     }
   }
   cudaFuncAttributes attr{};
-  const cudaError_t err = cudaFuncGetAttributes(&attr, kernel);
+  // On failure the launch itself reports (and nothing is remembered).
+  if (cudaFuncGetAttributes(&attr, kernel) != cudaSuccess) return false;
   // ptxVersion: the virtual architecture the kernel's code was compiled from (x10): the grid
-  // dependency instructions are in it from 90 on. On failure the launch itself reports.
-  const bool usable = err == cudaSuccess && attr.ptxVersion >= 90;
-  if (err != cudaSuccess) return false;
+  // dependency instructions are in it from 90 on.
+  const bool usable = attr.ptxVersion >= 90;
   std::lock_guard<std::mutex> lock(mu);
   known.push_back({kernel, device, usable});
   return usable;
