@@ -139,10 +139,17 @@ def test_list_buffers_is_empty_on_cpu(client):
     assert list(client.stub.ListBuffers(buffers_pb2.ListBuffersRequest(), timeout=10).buffers) == []
 
 
-def test_open_session_refused_on_cpu(client):
+def test_a_session_on_cpu_carries_labels_but_holds_no_buffers(client):
+    # Sessions exist on every backend (their labels label the probe-outcome series); buffers
+    # need the CUDA backend.
+    call = client.stub.OpenSession(buffers_pb2.OpenSessionRequest(client_pid=1), timeout=10)
+    session = next(call).session_id
+    assert session > 0
     with pytest.raises(grpc.RpcError) as error:
-        list(client.stub.OpenSession(buffers_pb2.OpenSessionRequest(client_pid=1), timeout=10))
+        client.stub.RegisterBuffer(buffers_pb2.RegisterBufferRequest(
+            handle=b"\0" * 64, byte_size=16, session_id=session), timeout=10)
     assert error.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+    call.cancel()
 
 
 # --- probe sets -------------------------------------------------------------------------------
