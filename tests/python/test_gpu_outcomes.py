@@ -111,6 +111,8 @@ def test_device_counters_equal_a_host_recount_of_every_returned_score(server):
                 for tap in taps.values():
                     tap.step()
             for tap in taps.values():
+                tap.flush()
+                tap.wait_delivered(timeout=120)
                 tap.close()
         torch.cuda.synchronize()
 
