@@ -8,9 +8,10 @@
 //
 // --sweep outcomes: what counting probe outcomes costs (kernels/probe_outcomes): per shape, the
 // dispatcher's path alone ("dispatch"), followed by the outcome count in stream order
-// ("dispatch+outcomes") and as its programmatic dependent ("dispatch+outcomes_pdl", what the
-// server runs), sigmoid scores, interleaved over rounds (graph_us_rounds) so that drift
-// affects every variant alike.
+// ("dispatch+outcomes"), as its programmatic dependent ("dispatch+outcomes_pdl", what the server
+// runs), and so with the request's non-finite count published ("dispatch+outcomes_pdl_publish":
+// a synchronous request with a device output); sigmoid scores, interleaved over rounds
+// (graph_us_rounds) so that drift affects every variant alike.
 //   probe-score-bench --dispatch-table FILE.txt [--sms 132]   (the dispatcher's path, and the
 //                      fused_tc plan, per sweep shape; host only, no GPU)
 //
@@ -258,7 +259,14 @@ struct Record {
 };
 
 // What follows the scoring kernels in the graph a variant times (--sweep outcomes).
-enum class Counting { kNone, kStreamOrder, kProgrammatic };
+enum class Counting {
+  kNone,
+  kStreamOrder,
+  kProgrammatic,
+  // As the server's graph of a synchronous request with a device output: its non-finite count
+  // published (the last block's ticket).
+  kProgrammaticPublish,
+};
 
 std::string JsonNum(double v, int prec = 4) {
   if (!std::isfinite(v)) return "null";
@@ -297,12 +305,14 @@ class Bench {
     CHECK_CUDA(cudaMalloc(&out_, size_t{8192} * 1024 * 4));
     CHECK_CUDA(cudaMalloc(&args_d_, kSlots * sizeof(ps::ProbeScoreDeviceArgs)));
     CHECK_CUDA(cudaMalloc(&rows_d_, size_t{kSlots} * 8192 * 4));
-    CHECK_CUDA(cudaMalloc(&outcome_d_, kSlots * sizeof(ps::ProbeOutcomeDescriptor)));
+    CHECK_CUDA(cudaMalloc(&outcome_d_, 2 * kSlots * sizeof(ps::ProbeOutcomeDescriptor)));
     CHECK_CUDA(cudaMalloc(&count_scratch_, 2 * sizeof(uint32_t)));
     CHECK_CUDA(cudaMemset(count_scratch_, 0, 2 * sizeof(uint32_t)));
-    CHECK_CUDA(cudaHostAlloc(reinterpret_cast<void**>(&non_finite_), 2 * sizeof(uint32_t),
+    CHECK_CUDA(cudaHostAlloc(reinterpret_cast<void**>(&non_finite_), sizeof(uint32_t),
                              cudaHostAllocMapped));
     CHECK_CUDA(cudaHostGetDevicePointer(reinterpret_cast<void**>(&non_finite_d_), non_finite_, 0));
+    CHECK_CUDA(cudaMalloc(&non_finite_total_, sizeof(unsigned long long)));
+    CHECK_CUDA(cudaMemset(non_finite_total_, 0, sizeof(unsigned long long)));
     return true;
   }
 
@@ -375,12 +385,16 @@ class Bench {
       CHECK_CUDA(cudaStreamSynchronize(stream_));
       outcome_probes_ = s.P;
     }
-    std::vector<ps::ProbeOutcomeDescriptor> d(kSlots);
-    for (auto& one : d) {
-      one.scores = out_;
-      one.scores_row_stride = s.P;
-      one.counters = counters_;
-      one.num_rows = s.R;
+    // [0, kSlots): as the server counts a request (add_to_total); [kSlots, 2 kSlots): the same,
+    // its non-finite count published.
+    std::vector<ps::ProbeOutcomeDescriptor> d(2 * kSlots);
+    for (size_t i = 0; i < d.size(); ++i) {
+      d[i].scores = out_;
+      d[i].scores_row_stride = s.P;
+      d[i].counters = counters_;
+      d[i].num_rows = s.R;
+      d[i].add_to_total = 1;
+      d[i].publish_count = i >= kSlots ? 1 : 0;
     }
     CHECK_CUDA(cudaMemcpy(outcome_d_, d.data(), d.size() * sizeof(d[0]), cudaMemcpyHostToDevice));
     return true;
@@ -392,18 +406,20 @@ class Bench {
     const cudaError_t e = ps::LaunchProbeScore(plan, Params(w, slot), ws_, stream_);
     if (e != cudaSuccess || counting == Counting::kNone) return e;
     ps::CountProbeOutcomesParams count;
-    count.descriptor = outcome_d_ + slot;
+    count.descriptor =
+        outcome_d_ + slot + (counting == Counting::kProgrammaticPublish ? kSlots : 0);
     count.thresholds = tables_.thresholds;
     count.bounds = tables_.bounds;
     count.num_probes = plan.shape.num_probes;
     count.num_bounds = 20;
     count.bucket = plan.shape.max_rows;
     count.scratch = count_scratch_;
-    count.non_finite_counts = non_finite_d_;
+    count.non_finite_total = non_finite_total_;
+    count.request_non_finite = non_finite_d_;
     return ps::LaunchCountProbeOutcomes(count, stream_,
-                                        counting == Counting::kProgrammatic
-                                            ? ps::OutcomeLaunch::kProgrammatic
-                                            : ps::OutcomeLaunch::kStreamOrder);
+                                        counting == Counting::kStreamOrder
+                                            ? ps::OutcomeLaunch::kStreamOrder
+                                            : ps::OutcomeLaunch::kProgrammatic);
   }
 
   ps::ProbeScoreParams Params(const ps::ProbeWeights* w, int slot) const {
@@ -463,12 +479,14 @@ class Bench {
       const std::pair<const char*, Counting> kVariants[] = {
           {"dispatch", Counting::kNone},
           {"dispatch+outcomes", Counting::kStreamOrder},
-          {"dispatch+outcomes_pdl", Counting::kProgrammatic}};
-      std::vector<Record> recs(3);
+          {"dispatch+outcomes_pdl", Counting::kProgrammatic},
+          {"dispatch+outcomes_pdl_publish", Counting::kProgrammaticPublish}};
+      constexpr int kNumVariants = 4;
+      std::vector<Record> recs(kNumVariants);
       for (int round = 0; round < rounds; ++round) {
-        for (int v = 0; v < 3; ++v) {
+        for (int v = 0; v < kNumVariants; ++v) {
           // Each round in another order: no variant always runs right after another.
-          const int which = (v + round) % 3;
+          const int which = (v + round) % kNumVariants;
           Record one;
           if (!Measure(plan, w, &one, kVariants[which].second)) return false;
           recs[which].graph_us_rounds.push_back(one.graph_us);
@@ -477,7 +495,7 @@ class Bench {
                                      : std::min(recs[which].eager_us, one.eager_us);
         }
       }
-      for (int v = 0; v < 3; ++v) {
+      for (int v = 0; v < kNumVariants; ++v) {
         Record& r = recs[v];
         r.impl = kVariants[v].first;
         r.path = ImplName(path, shape);
@@ -644,13 +662,14 @@ class Bench {
   int32_t* rows_d_ = nullptr;
   ps::Activation activation_ = ps::Activation::kNone;
   // --sweep outcomes.
-  ps::ProbeOutcomeDescriptor* outcome_d_ = nullptr;  // [kSlots]
+  ps::ProbeOutcomeDescriptor* outcome_d_ = nullptr;  // [2 kSlots]
   ps::ProbeOutcomeTables tables_;
   unsigned long long* counters_ = nullptr;
   int32_t outcome_probes_ = 0;
   uint32_t* count_scratch_ = nullptr;
   uint32_t* non_finite_ = nullptr;  // mapped [2]
   uint32_t* non_finite_d_ = nullptr;
+  unsigned long long* non_finite_total_ = nullptr;
   std::map<std::tuple<int32_t, int32_t, int>, ps::ProbeWeights> weights_;
 };
 

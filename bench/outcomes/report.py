@@ -21,6 +21,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 import receipt  # noqa: E402
 
 VARIANTS = ["dispatch", "dispatch+outcomes", "dispatch+outcomes_pdl"]
+PUBLISH = "dispatch+outcomes_pdl_publish"  # a synchronous request with a device output
 
 
 def within_target(base: float, added: float) -> bool:
@@ -51,13 +52,14 @@ def main() -> None:
         "variant once, in a rotating order; bf16 activations, H = 4096, sigmoid scores, rows "
         "random over a 2 GiB pool). `score`: the dispatcher's path alone. `+count`: followed by "
         "the outcome count in stream order. `+count (pdl)`: followed by it as a programmatic "
-        "dependent, as the server's graph runs it. Δ against `score`; the target is Δ ≤ 1 µs or "
-        "≤ 1%, whichever is larger. R = 1024 is the Score of a tap's window (16 decode steps of "
-        "a batch of 64).",
+        "dependent, as the server's graph runs it. `+publish`: that, with the request's "
+        "non-finite count published (what only a synchronous request with a device output asks "
+        "for). Δ against `score`; the target is Δ ≤ 1 µs or ≤ 1%, whichever is larger. R = 1024 "
+        "is the Score of a tap's window (16 decode steps of a batch of 64).",
         "",
-        "| R | P | path | score | +count | Δ | +count (pdl) | Δ | Δ % (pdl) | target | rounds "
-        "score / +count (pdl) |",
-        "|---:|---:|---|---:|---:|---:|---:|---:|---:|---|---|",
+        "| R | P | path | score | +count | Δ | +count (pdl) | Δ | Δ % (pdl) | target | +publish "
+        "| rounds score / +count (pdl) |",
+        "|---:|---:|---|---:|---:|---:|---:|---:|---:|---|---:|---|",
     ]
     worst = 0.0
     for key in sorted(by_shape, key=lambda k: (k[3], k[1])):
@@ -71,10 +73,12 @@ def main() -> None:
         rounds = " ".join(f"{x:.2f}" for x in recs["dispatch"].get("graph_us_rounds", []))
         rounds_pdl = " ".join(
             f"{x:.2f}" for x in recs["dispatch+outcomes_pdl"].get("graph_us_rounds", []))
+        publish = recs.get(PUBLISH, {}).get("graph_us_p50")
         lines.append(
             f"| {key[1]} | {key[3]} | {recs['dispatch'].get('path', '')} | {base:.2f} | "
             f"{plain:.2f} | {d_plain:+.2f} | {pdl:.2f} | {d_pdl:+.2f} | "
-            f"{100 * d_pdl / base:+.1f}% | {'yes' if ok else '**no**'} | {rounds} / {rounds_pdl} |")
+            f"{100 * d_pdl / base:+.1f}% | {'yes' if ok else '**no**'} | "
+            f"{'—' if publish is None else f'{publish:.2f}'} | {rounds} / {rounds_pdl} |")
     spread = []
     for recs in by_shape.values():
         rounds = recs.get("dispatch", {}).get("graph_us_rounds", [])

@@ -17,9 +17,9 @@ using probe_outcomes_detail::kUnroll;
 cudaError_t LaunchCountProbeOutcomes(const CountProbeOutcomesParams& params, cudaStream_t stream,
                                      OutcomeLaunch launch) {
   if (params.descriptor == nullptr || params.thresholds == nullptr || params.scratch == nullptr ||
-      params.non_finite_counts == nullptr || params.num_probes <= 0 || params.bucket <= 0 ||
-      params.num_bounds < 0 || params.num_bounds > kMaxScoreBounds ||
-      (params.num_bounds > 0 && params.bounds == nullptr)) {
+      params.non_finite_total == nullptr || params.request_non_finite == nullptr ||
+      params.num_probes <= 0 || params.bucket <= 0 || params.num_bounds < 0 ||
+      params.num_bounds > kMaxScoreBounds || (params.num_bounds > 0 && params.bounds == nullptr)) {
     return cudaErrorInvalidValue;
   }
   const int tile_width = std::min(params.num_probes, kTileProbes);

@@ -114,17 +114,20 @@ struct ProbeOutcomeDescriptor {
   // non-finite scores alike (the others are padding); all are still copied.
   const int32_t* group_counts = nullptr;
   int32_t num_rows = 0;  // R
-  // Nonzero: the request's non-finite scores are also added to non_finite_counts[0] (the running
+  // Nonzero: the request's non-finite scores are also added to *non_finite_total (the running
   // total of device outputs; scores returned in responses are counted by the host that reads them).
   int32_t add_to_total = 0;
   int32_t group_rows = 1;  // > 0
-  int32_t pad_ = 0;
+  // Nonzero: the request's non-finite count is written to *request_non_finite (a synchronous
+  // request with a device output answers with it). It takes the blocks a ticket to add up, so
+  // only requests that need it ask.
+  int32_t publish_count = 0;
 };
 
-// Grid: (row groups, probe tiles of kOutcomeTileProbes), threads: a multiple of the tile's width
-// (each thread one probe column, several rows); a histogram per probe of the tile in shared
-// memory, added to the counters once per block; the last block to finish publishes the request's
-// non-finite count.
+// Grid: (row groups, probe tiles of 128 probes), threads: a multiple of the tile's width (each
+// thread one probe column, several rows); a histogram per probe of the tile in shared memory,
+// added to the counters once per block; where asked, the request's non-finite count is published
+// (by the last block to finish).
 struct CountProbeOutcomesParams {
   const ProbeOutcomeDescriptor* descriptor = nullptr;  // [1] device
   const float* thresholds = nullptr;                   // [P] device; NaN: none
@@ -132,12 +135,15 @@ struct CountProbeOutcomesParams {
   int32_t num_probes = 0;                              // P
   int32_t num_bounds = 0;                              // B <= kMaxScoreBounds
   int32_t bucket = 0;                                  // launch shape: rows at most (R <= bucket)
-  // [2] device scratch: non-finite count so far and blocks done; zero before the first launch and
-  // left zero by every launch (the last block resets it).
+  // [2] device scratch of publish_count: non-finite count so far and blocks done; zero before the
+  // first launch and left zero by every launch (the last block resets it).
   uint32_t* scratch = nullptr;
-  // [2] NaN or infinite scores: [0] the running total of requests with add_to_total, [1] this
-  // request's (host-mapped memory is fine: only the last block writes them).
-  uint32_t* non_finite_counts = nullptr;
+  // [1] device: the running total of NaN or infinite scores of requests with add_to_total (read by
+  // copying it, like the counters).
+  unsigned long long* non_finite_total = nullptr;
+  // [1] this request's NaN or infinite scores, when publish_count (host-mapped memory is fine: one
+  // plain store).
+  uint32_t* request_non_finite = nullptr;
 };
 
 // How the count follows the kernel before it on the stream.

@@ -2,8 +2,8 @@
 // rounding), over shapes that take every grid form (one tile or several, a partial last tile, rows
 // fewer than a pass, many passes), with NaN and infinities, strided scores, probes without
 // thresholds, no bounds and the most bounds; the copy into host-mapped memory is exact; the
-// request's non-finite count and the running total are published and the scratch left zero; and a
-// captured graph whose descriptor changes between replays counts every replay.
+// request's non-finite count (where asked) and the running total are kept and the scratch left
+// zero; and a captured graph whose descriptor changes between replays counts every replay.
 #include <cuda_runtime.h>
 
 #include <atomic>
@@ -94,24 +94,40 @@ class CountProbeOutcomesTest : public ::testing::Test {
     ASSERT_CUDA(cudaMalloc(&descriptor_, sizeof(ProbeOutcomeDescriptor)));
     ASSERT_CUDA(cudaMalloc(&scratch_, 2 * sizeof(uint32_t)));
     ASSERT_CUDA(cudaMemset(scratch_, 0, 2 * sizeof(uint32_t)));
-    ASSERT_CUDA(cudaHostAlloc(&counts_, 2 * sizeof(uint32_t), cudaHostAllocMapped));
+    ASSERT_CUDA(cudaHostAlloc(&counts_, sizeof(uint32_t), cudaHostAllocMapped));
     ASSERT_CUDA(cudaHostGetDevicePointer(reinterpret_cast<void**>(&counts_device_), counts_, 0));
-    counts_[0] = 0;
-    counts_[1] = 99;
+    counts_[0] = 99;
+    ASSERT_CUDA(cudaMalloc(&total_, sizeof(unsigned long long)));
+    ASSERT_CUDA(cudaMemset(total_, 0, sizeof(unsigned long long)));
   }
   void TearDown() override {
     cudaFree(descriptor_);
     cudaFree(scratch_);
     cudaFreeHost(counts_);
+    cudaFree(total_);
     cudaStreamDestroy(stream_);
   }
-  uint32_t NonFinite(int i) const { return reinterpret_cast<volatile uint32_t*>(counts_)[i]; }
+  // The last request's published non-finite count.
+  uint32_t Published() const { return reinterpret_cast<volatile uint32_t*>(counts_)[0]; }
+  // The running total of requests with add_to_total.
+  uint64_t Total() const {
+    unsigned long long total = 0;
+    EXPECT_EQ(cudaMemcpy(&total, total_, sizeof(total), cudaMemcpyDeviceToHost), cudaSuccess);
+    return total;
+  }
+  void Bind(CountProbeOutcomesParams* p) const {
+    p->descriptor = descriptor_;
+    p->scratch = scratch_;
+    p->non_finite_total = total_;
+    p->request_non_finite = counts_device_;
+  }
 
   cudaStream_t stream_ = nullptr;
   ProbeOutcomeDescriptor* descriptor_ = nullptr;
   uint32_t* scratch_ = nullptr;
-  uint32_t* counts_ = nullptr;  // mapped
+  uint32_t* counts_ = nullptr;  // mapped [1]: the published count
   uint32_t* counts_device_ = nullptr;
+  unsigned long long* total_ = nullptr;  // device [1]: the running total
 };
 
 TEST_F(CountProbeOutcomesTest, EqualsTheHostCountForEveryGridForm) {
@@ -152,6 +168,7 @@ TEST_F(CountProbeOutcomesTest, EqualsTheHostCountForEveryGridForm) {
     d.counters = counters;
     d.num_rows = s.rows;
     d.add_to_total = 1;
+    d.publish_count = 1;
     ASSERT_CUDA(cudaMemcpyAsync(descriptor_, &d, sizeof(d), cudaMemcpyHostToDevice, stream_));
     CountProbeOutcomesParams p;
     p.descriptor = descriptor_;
@@ -160,8 +177,7 @@ TEST_F(CountProbeOutcomesTest, EqualsTheHostCountForEveryGridForm) {
     p.num_probes = s.probes;
     p.num_bounds = s.bounds;
     p.bucket = s.bucket;
-    p.scratch = scratch_;
-    p.non_finite_counts = counts_device_;
+    Bind(&p);
     // Twice: the counts double, the scratch is left zero between launches.
     ASSERT_CUDA(LaunchCountProbeOutcomes(p, stream_));
     ASSERT_CUDA(LaunchCountProbeOutcomes(p, stream_));
@@ -187,8 +203,8 @@ TEST_F(CountProbeOutcomesTest, EqualsTheHostCountForEveryGridForm) {
       }
     }
     total += 2 * non_finite;
-    EXPECT_EQ(NonFinite(1), non_finite);
-    EXPECT_EQ(NonFinite(0), total);
+    EXPECT_EQ(Published(), non_finite);
+    EXPECT_EQ(Total(), total);
     uint32_t left[2] = {1, 1};
     ASSERT_CUDA(cudaMemcpy(left, scratch_, sizeof(left), cudaMemcpyDeviceToHost));
     EXPECT_EQ(left[0], 0u);
@@ -223,8 +239,7 @@ TEST_F(CountProbeOutcomesTest, AGraphReplayedWithChangingDescriptorsCountsEveryR
   p.num_probes = s.probes;
   p.num_bounds = s.bounds;
   p.bucket = s.bucket;
-  p.scratch = scratch_;
-  p.non_finite_counts = counts_device_;
+  Bind(&p);
   cudaGraph_t graph = nullptr;
   cudaGraphExec_t exec = nullptr;
   ASSERT_CUDA(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal));
@@ -245,12 +260,15 @@ TEST_F(CountProbeOutcomesTest, AGraphReplayedWithChangingDescriptorsCountsEveryR
     const int slot = replay % 2;
     const bool counted = replay % 7 != 3;
     const bool add_to_total = replay % 5 != 0;
+    const bool publish = replay % 3 != 1;
     ProbeOutcomeDescriptor d;
     d.scores = d_scores;
     d.scores_row_stride = s.stride;
     d.counters = counted ? slots[slot] : nullptr;
     d.num_rows = shape.rows;
     d.add_to_total = add_to_total ? 1 : 0;
+    d.publish_count = publish ? 1 : 0;
+    counts_[0] = 12345;  // what a request that does not publish leaves as it is
     ASSERT_CUDA(cudaMemcpyAsync(descriptor_, &d, sizeof(d), cudaMemcpyHostToDevice, stream_));
     ASSERT_CUDA(cudaGraphLaunch(exec, stream_));
     ASSERT_CUDA(cudaStreamSynchronize(stream_));  // `scores` is reused by the next replay
@@ -262,8 +280,8 @@ TEST_F(CountProbeOutcomesTest, AGraphReplayedWithChangingDescriptorsCountsEveryR
     uint32_t non_finite = 0;
     for (float v : scores) non_finite += std::isfinite(v) ? 0 : 1;
     if (add_to_total) total += non_finite;
-    ASSERT_EQ(NonFinite(1), non_finite) << replay;
-    ASSERT_EQ(NonFinite(0), total) << replay;
+    ASSERT_EQ(Published(), publish ? non_finite : 12345u) << replay;
+    ASSERT_EQ(Total(), total) << replay;
   }
   for (int slot = 0; slot < 2; ++slot) {
     ProbeOutcomeCounts expected(layout, 1), got(layout, 1);
@@ -315,6 +333,7 @@ TEST_F(CountProbeOutcomesTest, GroupCountsCountOnlyTheRealRowsOfEachGroup) {
   d.group_counts = d_counts;
   d.num_rows = s.rows;
   d.add_to_total = 1;
+  d.publish_count = 1;
   d.group_rows = group_rows;
   ASSERT_CUDA(cudaMemcpy(descriptor_, &d, sizeof(d), cudaMemcpyHostToDevice));
   CountProbeOutcomesParams p;
@@ -324,8 +343,7 @@ TEST_F(CountProbeOutcomesTest, GroupCountsCountOnlyTheRealRowsOfEachGroup) {
   p.num_probes = s.probes;
   p.num_bounds = s.bounds;
   p.bucket = s.bucket;
-  p.scratch = scratch_;
-  p.non_finite_counts = counts_device_;
+  Bind(&p);
   ASSERT_CUDA(LaunchCountProbeOutcomes(p, stream_));
   ASSERT_CUDA(cudaStreamSynchronize(stream_));
 
@@ -352,7 +370,8 @@ TEST_F(CountProbeOutcomesTest, GroupCountsCountOnlyTheRealRowsOfEachGroup) {
     for (int c = 0; c < s.probes; ++c)
       non_finite += std::isfinite(counted[i * s.stride + c]) ? 0 : 1;
   }
-  EXPECT_EQ(NonFinite(1), non_finite);
+  EXPECT_EQ(Published(), non_finite);
+  EXPECT_EQ(Total(), non_finite);
   for (int r = 0; r < s.rows; ++r) {
     for (int c = 0; c < s.probes; ++c) {
       ASSERT_EQ(Bits(copy[r * s.probes + c]), Bits(scores[r * s.stride + c])) << r;
@@ -408,8 +427,7 @@ TEST_F(CountProbeOutcomesTest, AProgrammaticCountWaitsForTheScores) {
   p.num_probes = s.probes;
   p.num_bounds = s.bounds;
   p.bucket = s.bucket;
-  p.scratch = scratch_;
-  p.non_finite_counts = counts_device_;
+  Bind(&p);
   std::printf("programmatic launches here: %s\n", CountCanFollowProgrammatically() ? "yes" : "no");
   const int n = static_cast<int>(scores.size());
   auto enqueue = [&]() {
@@ -454,8 +472,10 @@ TEST(CountProbeOutcomesValidation, OutOfRangeParamsAreRefused) {
   p.descriptor = &d;
   p.thresholds = &f;
   p.bounds = &f;
+  unsigned long long total = 0;
   p.scratch = u;
-  p.non_finite_counts = u;
+  p.non_finite_total = &total;
+  p.request_non_finite = u;
   p.num_probes = 1;
   p.bucket = 1;
   p.num_bounds = kMaxScoreBounds + 1;

@@ -18,7 +18,7 @@ inline constexpr int kMaxThreads = 256;
 inline constexpr int kUnroll = 4;
 // Blocks in all: each adds its tile's histograms to the counters once, so more blocks means more
 // global atomics on the same words.
-inline constexpr int kMaxBlocks = 512;
+inline constexpr int kMaxBlocks = 256;
 
 // The bucket of a finite score in `bounds` [num_bounds] (shared memory): the first b with
 // score <= bounds[b], else num_bounds.
@@ -39,8 +39,9 @@ __device__ __forceinline__ int Bucket(const float* bounds, int num_bounds, float
 // min(P, kTileProbes). Thread t counts probe column t % tile_width of the tile over the rows
 // (t / tile_width) + k * rows_per_pass * gridDim.x, kUnroll rows at a time, in registers and a
 // shared-memory histogram; the block then adds what it counted to the slot's counters (nonzero
-// words only), and the last block to finish publishes the request's non-finite count and resets
-// the scratch.
+// words only) and its non-finite scores to the running total; where the descriptor asks, the
+// request's non-finite count is published (by the last block to finish, which resets the
+// scratch).
 __global__ void __launch_bounds__(kMaxThreads)
     CountProbeOutcomesKernel(const __grid_constant__ CountProbeOutcomesParams p) {
   __shared__ uint32_t histogram[kTileProbes * (kMaxScoreBounds + 1)];
@@ -149,6 +150,16 @@ __global__ void __launch_bounds__(kMaxThreads)
     }
   }
 
+  if (tid == 0 && block_non_finite != 0 && d.add_to_total != 0) {
+    atomicAdd(p.non_finite_total, static_cast<unsigned long long>(block_non_finite));
+  }
+  if (d.publish_count == 0) return;
+  // The request's count: a lone block has it; several add theirs up and the last to finish
+  // publishes (a ticket and fences: a cost only the requests that need the count pay).
+  if (gridDim.x * gridDim.y == 1) {
+    if (tid == 0) *p.request_non_finite = block_non_finite;
+    return;
+  }
   if (tid == 0) {
     if (block_non_finite != 0) atomicAdd(&p.scratch[0], block_non_finite);
     __threadfence();
@@ -157,9 +168,7 @@ __global__ void __launch_bounds__(kMaxThreads)
   __syncthreads();
   if (last_block && tid == 0) {
     __threadfence();
-    const uint32_t total = atomicAdd(&p.scratch[0], 0u);
-    if (d.add_to_total != 0) p.non_finite_counts[0] += total;
-    p.non_finite_counts[1] = total;
+    *p.request_non_finite = atomicAdd(&p.scratch[0], 0u);
     p.scratch[0] = 0;
     p.scratch[1] = 0;
   }

@@ -1,5 +1,6 @@
 #include <cmath>
 
+#include "kernels/common/grid_dependency.cuh"
 #include "kernels/request_staging/request_staging.h"
 
 namespace probesidecar::kernels {
@@ -41,6 +42,9 @@ __global__ void __launch_bounds__(kStageThreads) StageRequestKernel(const StageR
 
 // Grid: one block per bucket row, 128 threads across the columns.
 __global__ void PoisonInvalidRowsKernel(const PoisonInvalidRowsParams p) {
+  // The probe-outcome count after it (a programmatic dependent) may be scheduled now: it waits
+  // for this grid before reading the scores.
+  blocks::GridDependencyTrigger();
   const int r = blockIdx.x;
   const PoisonDescriptor d = *p.descriptor;
   if (r >= d.num_rows || p.invalid[r] == 0) return;

@@ -130,7 +130,7 @@ class Executor {
   virtual uint64_t invalid_verify_requests() const { return 0; }
 
   // NaN or infinite scores the GPU found in device outputs (CUDA backend; host outputs are
-  // counted by the service).
+  // counted by the service), as of the last copy from the devices (RefreshOutcomes).
   virtual uint64_t non_finite_device_scores() const { return 0; }
   // Stream slots out of service because their stream still waits on the GPU for work answered
   // already (CUDA backend).

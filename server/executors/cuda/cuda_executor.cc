@@ -599,9 +599,10 @@ class CudaExecutor final : public Executor {
     }
   }
 
-  // Copies every live set's outcome counters (the label slots in use) to pinned host memory on the
-  // probe stream, waits, and publishes each copy: one batch per request for a copy, however many
-  // Score requests ran since. On a CUDA error the previous copies stay.
+  // Copies every live set's outcome counters (the label slots in use), and each stream slot's
+  // running total of non-finite device scores, to pinned host memory on the probe stream, waits,
+  // and publishes each copy: one batch per request for a copy, however many Score requests ran
+  // since. On a CUDA error the previous copies stay.
   void CopyOutcomes() {
     if (lost_.load()) return;
     std::vector<std::shared_ptr<DeviceOutcomeCounters>> live;
@@ -617,26 +618,31 @@ class CudaExecutor final : public Executor {
       offsets.push_back(words);
       words += counters->CopyWords();
     }
-    if (words == 0) return;
-    if (words > outcome_host_words_) {
+    // The stream slots' totals come after the counters, one word each.
+    const int64_t totals = words;
+    const int64_t needed = totals + static_cast<int64_t>(slots_.size());
+    if (needed > outcome_host_words_) {
       if (outcome_host_ != nullptr) cudaFreeHost(outcome_host_);
       outcome_host_ = nullptr;
       outcome_host_words_ = 0;
-      if (cudaHostAlloc(reinterpret_cast<void**>(&outcome_host_), sizeof(uint64_t) * words,
+      if (cudaHostAlloc(reinterpret_cast<void**>(&outcome_host_), sizeof(uint64_t) * needed,
                         cudaHostAllocDefault) != cudaSuccess) {
         cudaGetLastError();
         outcome_host_ = nullptr;
         return;
       }
-      outcome_host_words_ = words;
+      outcome_host_words_ = needed;
     }
     std::vector<int> slots(live.size(), 0);
     cudaError_t e = cudaSuccess;
     {
       absl::MutexLock lock(&probe_mu_);
       for (size_t i = 0; i < live.size() && e == cudaSuccess; ++i) {
-        const int64_t capacity = (i + 1 < live.size() ? offsets[i + 1] : words) - offsets[i];
+        const int64_t capacity = (i + 1 < live.size() ? offsets[i + 1] : totals) - offsets[i];
         e = live[i]->CopyTo(outcome_host_ + offsets[i], capacity, probe_stream_, &slots[i]);
+      }
+      for (size_t i = 0; i < slots_.size() && e == cudaSuccess; ++i) {
+        e = slots_[i]->CopyNonFiniteTotal(outcome_host_ + totals + i, probe_stream_);
       }
       if (e == cudaSuccess) e = cudaStreamSynchronize(probe_stream_);
     }
@@ -647,6 +653,9 @@ class CudaExecutor final : public Executor {
       return;
     }
     for (size_t i = 0; i < live.size(); ++i) live[i]->Publish(outcome_host_ + offsets[i], slots[i]);
+    for (size_t i = 0; i < slots_.size(); ++i) {
+      slots_[i]->PublishNonFiniteTotal(outcome_host_[totals + i]);
+    }
   }
 
   absl::Status Refused() const {

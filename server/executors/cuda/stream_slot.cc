@@ -49,9 +49,9 @@ StreamSlot::~StreamSlot() {
     if (e != nullptr) cudaEventDestroy(e);
   }
   if (completion_ != nullptr) cudaEventDestroy(completion_);
-  for (void* p :
-       {static_cast<void*>(d_args_), static_cast<void*>(d_rows_), static_cast<void*>(d_invalid_),
-        static_cast<void*>(d_identity_rows_), static_cast<void*>(d_count_scratch_)}) {
+  for (void* p : {static_cast<void*>(d_args_), static_cast<void*>(d_rows_),
+                  static_cast<void*>(d_invalid_), static_cast<void*>(d_identity_rows_),
+                  static_cast<void*>(d_count_scratch_), static_cast<void*>(d_non_finite_total_)}) {
     cudaFree(p);
   }
   for (StagingBuffer* b : {&h_rows_, &d_rows_staged_, &h_x_, &d_x_, &d_out_, &h_out_}) b->Free();
@@ -81,13 +81,16 @@ absl::Status StreamSlot::Init(const Config& config) {
   h_invalid_[0] = h_invalid_[1] = 0;
   PS_RETURN_IF_CUDA(
       cudaHostGetDevicePointer(reinterpret_cast<void**>(&d_invalid_alias_), h_invalid_, 0));
-  PS_RETURN_IF_CUDA(cudaHostAlloc(reinterpret_cast<void**>(&h_non_finite_), 2 * sizeof(uint32_t),
+  PS_RETURN_IF_CUDA(cudaHostAlloc(reinterpret_cast<void**>(&h_non_finite_), sizeof(uint32_t),
                                   cudaHostAllocMapped));
-  h_non_finite_[0] = h_non_finite_[1] = 0;
+  h_non_finite_[0] = 0;
   PS_RETURN_IF_CUDA(
       cudaHostGetDevicePointer(reinterpret_cast<void**>(&d_non_finite_alias_), h_non_finite_, 0));
   PS_RETURN_IF_CUDA(cudaMalloc(reinterpret_cast<void**>(&d_count_scratch_), 2 * sizeof(uint32_t)));
   PS_RETURN_IF_CUDA(cudaMemset(d_count_scratch_, 0, 2 * sizeof(uint32_t)));
+  PS_RETURN_IF_CUDA(
+      cudaMalloc(reinterpret_cast<void**>(&d_non_finite_total_), sizeof(unsigned long long)));
+  PS_RETURN_IF_CUDA(cudaMemset(d_non_finite_total_, 0, sizeof(unsigned long long)));
   stage_ = std::make_unique<kernels::StageRequestParams>();
   // Asked here, outside any capture: the outcome count then follows the scoring kernels as their
   // programmatic dependent where it can (its set-up overlaps their tail).
@@ -156,7 +159,8 @@ absl::Status StreamSlot::Run(const ScoreJob& job, ScoreTimings* timings, bool* e
     PS_RETURN_IF_CUDA(d_rows_staged_.Reserve(sizeof(int32_t) * rows));
     std::memcpy(h_rows_.ptr(), job.rows, sizeof(int32_t) * rows);
   }
-  FillStageParams(job, key, counters);
+  // Only a synchronous answer with a device output carries the GPU's non-finite count.
+  FillStageParams(job, key, counters, /*publish_non_finite=*/job.host_out == nullptr && !async);
   absl::StatusOr<GraphEntry*> entry = GraphFor(key, set);
   if (!entry.ok()) return entry.status();
   timings->kernel_path = kernels::ProbeScorePathName((*entry)->path);
@@ -206,7 +210,7 @@ absl::Status StreamSlot::Run(const ScoreJob& job, ScoreTimings* timings, bool* e
     timings->kernel = kernel_ms * 1e-3;
   }
   if (job.host_out == nullptr) {
-    timings->device_non_finite = reinterpret_cast<volatile uint32_t*>(h_non_finite_)[1];
+    timings->device_non_finite = reinterpret_cast<volatile uint32_t*>(h_non_finite_)[0];
   }
   if (source == RowSource::kDevice) {
     const uint32_t invalid = reinterpret_cast<volatile uint32_t*>(h_invalid_)[1];
@@ -224,7 +228,7 @@ absl::Status StreamSlot::Run(const ScoreJob& job, ScoreTimings* timings, bool* e
 }
 
 void StreamSlot::FillStageParams(const ScoreJob& job, const GraphKey& key,
-                                 unsigned long long* counters) {
+                                 unsigned long long* counters, bool publish_non_finite) {
   kernels::StageRequestParams& stage = *stage_;
   stage.args_dst = d_args_;
   stage.rows_dst = key.rows == RowSource::kIdentity ? nullptr : d_rows_;
@@ -268,6 +272,7 @@ void StreamSlot::FillStageParams(const ScoreJob& job, const GraphKey& key,
   }
   args.outcomes.num_rows = job.num_rows;
   args.outcomes.add_to_total = job.host_out == nullptr ? 1 : 0;
+  args.outcomes.publish_count = publish_non_finite ? 1 : 0;
   std::memcpy(stage.args, &args, sizeof(args));
   stage.device_rows = nullptr;
   switch (key.rows) {
@@ -429,8 +434,16 @@ uint64_t StreamSlot::invalid_rows() const {
 }
 
 uint64_t StreamSlot::non_finite_scores() const {
-  return h_non_finite_ == nullptr ? 0
-                                  : reinterpret_cast<const volatile uint32_t*>(h_non_finite_)[0];
+  return non_finite_copied_.load(std::memory_order_relaxed);
+}
+
+cudaError_t StreamSlot::CopyNonFiniteTotal(uint64_t* host, cudaStream_t stream) const {
+  if (d_non_finite_total_ == nullptr) {
+    *host = 0;
+    return cudaSuccess;
+  }
+  return cudaMemcpyAsync(host, d_non_finite_total_, sizeof(uint64_t), cudaMemcpyDeviceToHost,
+                         stream);
 }
 
 cudaError_t StreamSlot::ReserveFor(const GraphKey& key, int32_t hidden) {
@@ -525,7 +538,8 @@ absl::StatusOr<GraphEntry> StreamSlot::Capture(const GraphKey& key, const ProbeS
     count.num_bounds = outcomes.layout().num_bounds;
     count.bucket = key.bucket;
     count.scratch = d_count_scratch_;
-    count.non_finite_counts = d_non_finite_alias_;
+    count.non_finite_total = d_non_finite_total_;
+    count.request_non_finite = d_non_finite_alias_;
     error = kernels::LaunchCountProbeOutcomes(count, stream_, outcome_launch_);
   }
   if (error == cudaSuccess) error = mark(2);

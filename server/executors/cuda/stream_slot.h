@@ -124,8 +124,14 @@ class StreamSlot {
   GraphCacheCounters counters() const;
   // Row indices found outside [0, T) on the GPU so far (device rows).
   uint64_t invalid_rows() const;
-  // NaN or infinite scores written to device outputs so far (counted on the GPU).
+  // NaN or infinite scores written to device outputs (counted on the GPU), as of the last copy
+  // (CopyNonFiniteTotal, then PublishNonFiniteTotal: the device monitor's).
   uint64_t non_finite_scores() const;
+  // Enqueues the copy of the device's running total into `host` (pinned) on `stream`.
+  cudaError_t CopyNonFiniteTotal(uint64_t* host, cudaStream_t stream) const;
+  void PublishNonFiniteTotal(uint64_t total) {
+    non_finite_copied_.store(total, std::memory_order_relaxed);
+  }
 
  private:
   // The device block the staging kernel writes: the scoring kernels' arguments, then what the
@@ -146,8 +152,10 @@ class StreamSlot {
                                        const std::shared_ptr<const ProbeSet>& set);
   absl::StatusOr<GraphEntry> Capture(const GraphKey& key, const ProbeSet& set);
   // The staging kernel's parameters for `job` (writes the argument block and rows); `counters`:
-  // the outcome counters of its set and label slot on this device (nullptr: not counted).
-  void FillStageParams(const ScoreJob& job, const GraphKey& key, unsigned long long* counters);
+  // the outcome counters of its set and label slot on this device (nullptr: not counted);
+  // `publish_non_finite`: the request's non-finite count is wanted in its answer.
+  void FillStageParams(const ScoreJob& job, const GraphKey& key, unsigned long long* counters,
+                       bool publish_non_finite);
   // Keeps `leases` until the work queued so far on the stream has finished.
   absl::Status HoldUntilDone(GpuLeases leases);
   static void CUDART_CB OnStreamDone(void* data);
@@ -168,11 +176,16 @@ class StreamSlot {
   int32_t* d_identity_rows_ = nullptr;   // 0, 1, 2 ... for staged activations
   uint32_t* h_invalid_ = nullptr;        // mapped [2]: invalid rows so far, and in the last request
   uint32_t* d_invalid_alias_ = nullptr;  // its device address
-  uint32_t* h_non_finite_ = nullptr;     // mapped [2]: non-finite device scores so far, in the last
+  uint32_t* h_non_finite_ = nullptr;     // mapped [1]: non-finite scores of the last synchronous
+                                         // request with a device output (the count publishes it)
   uint32_t* d_non_finite_alias_ = nullptr;  // its device address
-  uint32_t* d_count_scratch_ = nullptr;     // [2] the outcome count's scratch
-  StagingBuffer h_rows_, d_rows_staged_;    // host rows past kMaxInlineRows, and their device copy
-  StagingBuffer h_x_, d_x_;                 // staged activation rows [bucket, H]
+  // [1] device: non-finite scores written to device outputs so far (the count adds to it; the
+  // device monitor copies it with the outcome counters: non_finite_scores).
+  unsigned long long* d_non_finite_total_ = nullptr;
+  std::atomic<uint64_t> non_finite_copied_{0};
+  uint32_t* d_count_scratch_ = nullptr;   // [2] the outcome count's scratch
+  StagingBuffer h_rows_, d_rows_staged_;  // host rows past kMaxInlineRows, and their device copy
+  StagingBuffer h_x_, d_x_;               // staged activation rows [bucket, H]
   // Scores for the response [R, P]: written by the scoring kernels on the device, copied into the
   // mapped host buffer by the outcome count as it reads them.
   StagingBuffer d_out_, h_out_;
