@@ -160,6 +160,13 @@ enum class OutcomeLaunch {
 // (e.g. when a stream slot is made): the answer is cached.
 bool CountCanFollowProgrammatically();
 
+// Scores (rows x probes of a launch shape) up to which following programmatically pays: above it
+// the count's blocks, launched during the scoring kernel's last wave, slowed a long scoring
+// kernel more than their early launch saved (H200, bench/results/outcomes.md: R = 8192, P = 1024
+// took +100 µs programmatically, +70 µs in stream order; up to 1M scores programmatic was
+// 0-1.5 µs faster).
+inline constexpr int64_t kProgrammaticCountMaxScores = int64_t{1} << 21;
+
 // Enqueues the count on `stream` (or captures it). cudaErrorInvalidValue for params out of range.
 cudaError_t LaunchCountProbeOutcomes(const CountProbeOutcomesParams& params, cudaStream_t stream,
                                      OutcomeLaunch launch = OutcomeLaunch::kStreamOrder);

@@ -18,7 +18,7 @@ inline constexpr int kMaxThreads = 256;
 inline constexpr int kUnroll = 4;
 // Blocks in all: each adds its tile's histograms to the counters once, so more blocks means more
 // global atomics on the same words.
-inline constexpr int kMaxBlocks = 256;
+inline constexpr int kMaxBlocks = 512;
 
 // The bucket of a finite score in `bounds` [num_bounds] (shared memory): the first b with
 // score <= bounds[b], else num_bounds.

@@ -93,7 +93,8 @@ absl::Status StreamSlot::Init(const Config& config) {
   PS_RETURN_IF_CUDA(cudaMemset(d_non_finite_total_, 0, sizeof(unsigned long long)));
   stage_ = std::make_unique<kernels::StageRequestParams>();
   // Asked here, outside any capture: the outcome count then follows the scoring kernels as their
-  // programmatic dependent where it can (its set-up overlaps their tail).
+  // programmatic dependent where it can (its launch overlaps their last wave), in launch shapes
+  // of up to kProgrammaticCountMaxScores scores.
   outcome_launch_ = kernels::CountCanFollowProgrammatically()
                         ? kernels::OutcomeLaunch::kProgrammatic
                         : kernels::OutcomeLaunch::kStreamOrder;
@@ -540,7 +541,10 @@ absl::StatusOr<GraphEntry> StreamSlot::Capture(const GraphKey& key, const ProbeS
     count.scratch = d_count_scratch_;
     count.non_finite_total = d_non_finite_total_;
     count.request_non_finite = d_non_finite_alias_;
-    error = kernels::LaunchCountProbeOutcomes(count, stream_, outcome_launch_);
+    const bool small =
+        int64_t{key.bucket} * weights.num_probes <= kernels::kProgrammaticCountMaxScores;
+    error = kernels::LaunchCountProbeOutcomes(
+        count, stream_, small ? outcome_launch_ : kernels::OutcomeLaunch::kStreamOrder);
   }
   if (error == cudaSuccess) error = mark(2);
   const cudaError_t end = cudaStreamEndCapture(stream_, &entry.graph);
