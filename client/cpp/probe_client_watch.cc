@@ -34,14 +34,18 @@ std::string LabelsText(const v1::LabelledProbeOutcomes& labelled) {
 // The q-quantile of a probe's finite scores from its histogram, interpolated inside the bucket as
 // Prometheus' histogram_quantile does (the first bucket from 0, or from its bound when that is
 // negative; the bucket above every bound answers the last bound).
-std::string Quantile(const v1::ProbeOutcome& probe, const v1::ProbeSetInfo& set, double q) {
+std::string Quantile(const v1::ProbeOutcomes& outcomes, int probe, const v1::ProbeSetInfo& set,
+                     double q) {
+  const int buckets = set.score_bucket_bounds_size() + 1;
+  if (outcomes.bucket_counts_size() < (probe + 1) * buckets) return "-";
+  const uint64_t* counts = outcomes.bucket_counts().data() + probe * buckets;
   uint64_t count = 0;
-  for (uint64_t n : probe.bucket_counts()) count += n;
+  for (int b = 0; b < buckets; ++b) count += counts[b];
   if (count == 0) return "-";
   const double rank = q * static_cast<double>(count);
   uint64_t below = 0;
-  for (int b = 0; b < probe.bucket_counts_size(); ++b) {
-    const uint64_t in = probe.bucket_counts(b);
+  for (int b = 0; b < buckets; ++b) {
+    const uint64_t in = counts[b];
     if (static_cast<double>(below + in) >= rank && in > 0) {
       if (b >= set.score_bucket_bounds_size()) {
         return absl::StrFormat("%.3g", set.score_bucket_bounds(set.score_bucket_bounds_size() - 1));
@@ -79,15 +83,17 @@ void AppendBlock(const v1::ProbeSetInfo& set, const Block& block, double seconds
     double sort_key;
   };
   std::vector<Row> rows;
-  for (int p = 0; p < now.probes_size() && p < set.probes_size(); ++p) {
-    const uint64_t fired_before = block.before != nullptr && p < block.before->probes_size()
-                                      ? block.before->probes(p).fired()
-                                      : 0;
-    const uint64_t new_fired =
-        now.probes(p).fired() - std::min(now.probes(p).fired(), fired_before);
-    const double rate = new_rows > 0 ? static_cast<double>(new_fired) / new_rows
+  // Fired since the previous table, by probe.
+  auto new_fired = [&](int p) {
+    const uint64_t before =
+        block.before != nullptr && p < block.before->fired_size() ? block.before->fired(p) : 0;
+    return now.fired(p) - std::min(now.fired(p), before);
+  };
+  const int probes = std::min({now.fired_size(), now.non_finite_size(), set.probes_size()});
+  for (int p = 0; p < probes; ++p) {
+    const double rate = new_rows > 0 ? static_cast<double>(new_fired(p)) / new_rows
                         : now.rows_scored() > 0
-                            ? static_cast<double>(now.probes(p).fired()) / now.rows_scored()
+                            ? static_cast<double>(now.fired(p)) / now.rows_scored()
                             : 0;
     rows.push_back({p, rate});
   }
@@ -98,19 +104,14 @@ void AppendBlock(const v1::ProbeSetInfo& set, const Block& block, double seconds
   }
   for (const Row& row : rows) {
     const int p = row.probe;
-    const v1::ProbeOutcome& probe = now.probes(p);
     const v1::Probe& spec = set.probes(p);
-    const uint64_t fired_before = block.before != nullptr && p < block.before->probes_size()
-                                      ? block.before->probes(p).fired()
-                                      : 0;
-    const uint64_t new_fired = probe.fired() - std::min(probe.fired(), fired_before);
     const bool interval = block.before != nullptr && seconds > 0;
     absl::StrAppendFormat(
         out, "  %-24s %10s %10s %12s %12s %12d %10d %8s %8s\n", spec.name().substr(0, 24),
         spec.has_threshold() ? absl::StrFormat("%.4g", spec.threshold()) : "-",
-        interval ? absl::StrFormat("%.1f", static_cast<double>(new_fired) / seconds) : "-",
-        interval ? Percent(new_fired, new_rows) : "-", Percent(probe.fired(), now.rows_scored()),
-        probe.fired(), probe.non_finite(), Quantile(probe, set, 0.5), Quantile(probe, set, 0.9));
+        interval ? absl::StrFormat("%.1f", static_cast<double>(new_fired(p)) / seconds) : "-",
+        interval ? Percent(new_fired(p), new_rows) : "-", Percent(now.fired(p), now.rows_scored()),
+        now.fired(p), now.non_finite(p), Quantile(now, p, set, 0.5), Quantile(now, p, set, 0.9));
   }
   absl::StrAppend(out, "\n");
 }

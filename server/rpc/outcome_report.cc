@@ -17,22 +17,30 @@ double Decimal(float bound) {
   return bound;
 }
 
-void FillOutcomes(const kernels::ProbeOutcomeCounts& counts, int32_t slot, v1::ProbeOutcomes* out) {
+// Adds slot `slot` of `counts` into `out` (sized for the set: Sized).
+void AddOutcomes(const kernels::ProbeOutcomeCounts& counts, int32_t slot, v1::ProbeOutcomes* out) {
   const kernels::ProbeOutcomeLayout& l = counts.layout;
+  const int32_t buckets = l.num_bounds + 1;
   out->set_rows_scored(out->rows_scored() + counts.rows(slot));
   for (int32_t p = 0; p < l.num_probes; ++p) {
-    v1::ProbeOutcome* probe = p < out->probes_size() ? out->mutable_probes(p) : out->add_probes();
-    probe->set_fired(probe->fired() + counts.fired(slot, p));
-    probe->set_non_finite(probe->non_finite() + counts.non_finite(slot, p));
-    probe->set_score_sum(probe->score_sum() + counts.sum(slot, p));
-    for (int32_t b = 0; b <= l.num_bounds; ++b) {
-      if (b < probe->bucket_counts_size()) {
-        probe->set_bucket_counts(b, probe->bucket_counts(b) + counts.bucket(slot, p, b));
-      } else {
-        probe->add_bucket_counts(counts.bucket(slot, p, b));
-      }
+    out->set_fired(p, out->fired(p) + counts.fired(slot, p));
+    out->set_non_finite(p, out->non_finite(p) + counts.non_finite(slot, p));
+    out->set_score_sum(p, out->score_sum(p) + counts.sum(slot, p));
+    for (int32_t b = 0; b < buckets; ++b) {
+      const int index = p * buckets + b;
+      out->set_bucket_counts(index, out->bucket_counts(index) + counts.bucket(slot, p, b));
     }
   }
+}
+
+// `out` with every array at its size for `set`, zero.
+void Sized(const ProbeSet& set, v1::ProbeOutcomes* out) {
+  const int p = set.num_probes;
+  const int buckets = static_cast<int>(set.score_bounds.size()) + 1;
+  out->mutable_fired()->Resize(p, 0);
+  out->mutable_non_finite()->Resize(p, 0);
+  out->mutable_score_sum()->Resize(p, 0.0);
+  out->mutable_bucket_counts()->Resize(p * buckets, 0);
 }
 
 }  // namespace
@@ -46,24 +54,26 @@ std::vector<double> ScoreBoundsAsDecimals(const ProbeSet& set) {
 void FillProbeOutcomes(const ProbeSet& set, const kernels::ProbeOutcomeCounts& counts,
                        const OutcomeLabels& labels, v1::ProbeSetInfo* info) {
   v1::ProbeOutcomes* total = info->mutable_outcomes();
-  // Every probe has a record, also before anything was scored.
-  for (int32_t p = total->probes_size(); p < set.num_probes; ++p) {
-    total->add_probes()->mutable_bucket_counts()->Resize(
-        static_cast<int>(set.score_bounds.size()) + 1, 0);
+  // Every probe has its counts, also before anything was scored.
+  Sized(set, total);
+  if (counts.slots == 0 || counts.layout.num_probes != set.num_probes ||
+      counts.layout.num_bounds != static_cast<int32_t>(set.score_bounds.size())) {
+    return;
   }
-  if (counts.slots == 0 || counts.layout.num_probes != set.num_probes) return;
   const std::vector<std::vector<std::string>> values = labels.Values();
   for (int32_t slot = 0; slot < counts.slots; ++slot) {
     if (!counts.Any(slot)) continue;
-    FillOutcomes(counts, slot, total);
+    AddOutcomes(counts, slot, total);
     v1::LabelledProbeOutcomes* labelled = info->add_outcomes_by_labels();
     if (slot < static_cast<int32_t>(values.size())) {
       for (size_t k = 0; k < labels.keys().size(); ++k) {
-        if (!values[slot][k].empty())
+        if (!values[slot][k].empty()) {
           (*labelled->mutable_labels())[labels.keys()[k]] = values[slot][k];
+        }
       }
     }
-    FillOutcomes(counts, slot, labelled->mutable_outcomes());
+    Sized(set, labelled->mutable_outcomes());
+    AddOutcomes(counts, slot, labelled->mutable_outcomes());
   }
 }
 

@@ -47,25 +47,28 @@ TEST(OutcomeReport, FillsTotalsAndEachSetOfLabels) {
   const ProbeSet set = TwoProbes();
   v1::ProbeSetInfo info;
   FillProbeOutcomes(set, Counts(), labels, &info);
-  EXPECT_EQ(info.outcomes().rows_scored(), 10u);
-  ASSERT_EQ(info.outcomes().probes_size(), 2);
-  EXPECT_EQ(info.outcomes().probes(0).fired(), 6u);
-  EXPECT_EQ(info.outcomes().probes(0).bucket_counts_size(), 3);
-  EXPECT_EQ(info.outcomes().probes(0).bucket_counts(0), 6u);
-  EXPECT_EQ(info.outcomes().probes(0).bucket_counts(2), 4u);
-  EXPECT_EQ(info.outcomes().probes(0).score_sum(), 2.5);
-  EXPECT_EQ(info.outcomes().probes(1).non_finite(), 4u);
+  const v1::ProbeOutcomes& total = info.outcomes();
+  EXPECT_EQ(total.rows_scored(), 10u);
+  ASSERT_EQ(total.fired_size(), 2);
+  EXPECT_EQ(total.fired(0), 6u);
+  ASSERT_EQ(total.bucket_counts_size(), 2 * 3);  // [P, B + 1]
+  EXPECT_EQ(total.bucket_counts(0), 6u);
+  EXPECT_EQ(total.bucket_counts(2), 4u);
+  EXPECT_EQ(total.bucket_counts(4), 6u);  // probe 1, bucket 1
+  EXPECT_EQ(total.score_sum(0), 2.5);
+  EXPECT_EQ(total.non_finite(1), 4u);
   ASSERT_EQ(info.outcomes_by_labels_size(), 2);  // the slots that scored
   EXPECT_TRUE(info.outcomes_by_labels(0).labels().empty());
   EXPECT_EQ(info.outcomes_by_labels(0).outcomes().rows_scored(), 4u);
   EXPECT_EQ(info.outcomes_by_labels(1).labels().at("model"), "m");
-  EXPECT_EQ(info.outcomes_by_labels(1).outcomes().probes(0).fired(), 5u);
+  EXPECT_EQ(info.outcomes_by_labels(1).outcomes().fired(0), 5u);
 
-  // Nothing counted yet: every probe has a zero record with every bucket.
+  // Nothing counted yet: every probe has zero counts and every bucket.
   v1::ProbeSetInfo fresh;
   FillProbeOutcomes(set, kernels::ProbeOutcomeCounts{}, labels, &fresh);
-  ASSERT_EQ(fresh.outcomes().probes_size(), 2);
-  EXPECT_EQ(fresh.outcomes().probes(1).bucket_counts_size(), 3);
+  EXPECT_EQ(fresh.outcomes().fired_size(), 2);
+  EXPECT_EQ(fresh.outcomes().non_finite_size(), 2);
+  EXPECT_EQ(fresh.outcomes().bucket_counts_size(), 6);
   EXPECT_EQ(fresh.outcomes_by_labels_size(), 0);
 }
 

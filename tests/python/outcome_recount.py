@@ -55,10 +55,8 @@ class Recount:
 def assert_matches_proto(recount: Recount, outcomes, what: str) -> None:
     """`outcomes`: a probesidecar.v1.ProbeOutcomes (ListProbeSets)."""
     assert outcomes.rows_scored == recount.rows, (what, outcomes.rows_scored, recount.rows)
-    for p, probe in enumerate(outcomes.probes):
-        assert probe.fired == recount.fired[p], (what, p, probe.fired, recount.fired[p])
-        assert probe.non_finite == recount.non_finite[p], (what, p)
-        assert list(probe.bucket_counts) == list(recount.buckets[p]), \
-            (what, p, list(probe.bucket_counts), list(recount.buckets[p]))
-        assert abs(probe.score_sum - recount.score_sum[p]) <= 1e-4 * (1 + abs(recount.score_sum[p])), \
-            (what, p, probe.score_sum, recount.score_sum[p])
+    assert list(outcomes.fired) == list(recount.fired), what
+    assert list(outcomes.non_finite) == list(recount.non_finite), what
+    assert list(outcomes.bucket_counts) == recount.buckets.reshape(-1).tolist(), what
+    np.testing.assert_allclose(np.array(outcomes.score_sum), recount.score_sum, rtol=1e-4,
+                               atol=1e-4, err_msg=str(what))

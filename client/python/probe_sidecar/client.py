@@ -102,9 +102,9 @@ class ProbeSetInfo:
 
     @property
     def outcomes(self) -> probes_pb2.ProbeOutcomes:
-        """What its probes found since it was loaded, every session together: rows_scored, and per
-        probe fired, non_finite, bucket_counts, score_sum (``outcomes_by_labels`` in ``proto``
-        splits them by session labels)."""
+        """What its probes found since it was loaded, every session together: rows_scored, and
+        arrays over its probes (fired, non_finite, score_sum; bucket_counts [P, buckets]
+        row-major); ``outcomes_by_labels`` in ``proto`` splits them by session labels."""
         return self.proto.outcomes
 
     def __repr__(self) -> str:
