@@ -145,6 +145,14 @@ MLA_HD int32_t NumParts(int32_t num_sms, int32_t rows) {
 MLA_HD int32_t NumPartsSm90a(int32_t num_sms, int32_t rows) {
   return NumPartsFor(num_sms, rows, 64, 1);
 }
+// The sm_90a tile's schedule for s_q * h_q = `rows` query rows: one page at a time where a single
+// 64-row tile holds them all (its scores take a fraction of a page's load time, so what matters is
+// that a page is always in flight), page pairs beyond (several tiles read each page, and the pairs
+// keep the tensor cores busier).
+MLA_HD bool UseOnePageSchedule(int32_t rows) { return rows <= 64; }
+// The page loads' L2 policy: EVICT_FIRST where one row tile reads each page; with several tiles
+// side by side (rows > 64) the pages stay normal, so that the tiles after the first find them.
+MLA_HD bool KvEvictFirst(int32_t rows) { return rows <= 64; }
 // A bound on the split requests of a plan, the combine kernel's grid: each spans a boundary between
 // two ranges and no two share one, so there are at most min(batch, num_parts - 1);
 // min(batch, num_parts) keeps the grid non-empty for a single range.
