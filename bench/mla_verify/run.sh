@@ -15,7 +15,8 @@
 # commit, PREV_GIT its commit: its dispatched path on the same points, "previous" in the report),
 # TRACE_BIN (a mla-verify-bench built with -DPROBESIDECAR_MLA_TRACE=ON) with TRACE_POINTS and
 # TRACE_IMPLS (its in-kernel trace at those points, summarised by trace_report.py), SANITIZE=1
-# (compute-sanitizer memcheck and racecheck over a few GPU tests, after the benchmarks),
+# (compute-sanitizer over a few GPU tests after the benchmarks: SANITIZE_TOOLS, default memcheck
+# and racecheck; SANITIZE_FILTER, a gtest filter),
 # RUN_COMMAND (the command line the report names, default the script's own).
 set -uo pipefail
 BIN=${1:?usage: run.sh BIN_DIR OUT_DIR [WHEEL_DIR]}
@@ -116,8 +117,8 @@ fi
 if [[ "${SANITIZE:-0}" == 1 ]]; then
   SAN=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
   echo "== compute-sanitizer ($(left) s left)" | tee -a "$LOG"
-  FILTER='MlaVerifyGpuTest.PagePairsAcrossRequests:MlaVerifyGpuTest.StridedViewsAndEmptyRows'
-  for tool in memcheck racecheck; do
+  FILTER=${SANITIZE_FILTER:-MlaVerifyGpuTest.PagePairsAcrossRequests:MlaVerifyGpuTest.StridedViewsAndEmptyRows}
+  for tool in ${SANITIZE_TOOLS:-memcheck racecheck}; do
     timeout 100 "$SAN" --tool "$tool" --error-exitcode 9 "$BIN/mla_verify_gpu_test" \
       --gtest_brief=1 --gtest_filter="$FILTER" >"$OUT_DIR/.san_$tool.log" 2>&1
     rc=$?
