@@ -9,9 +9,11 @@
 // --sweep targets: the points the issue's targets name (and a few short ones); --points: only
 // these points (h_q:s_q:batch:len) of the sweep chosen. Impls: split_kv, split_kv_sm90a (the
 // plan's schedule: what LaunchMlaVerify runs), baseline, and split_kv_sm90a with a schedule forced
-// (split_kv_sm90a_pairs: page pairs with EVICT_FIRST page loads, the kernel before one-page
-// schedules existed; split_kv_sm90a_pairs_normal: page pairs, EVICT_NORMAL;
-// split_kv_sm90a_one_page: one page at a time, the plan's L2 policy).
+// (split_kv_sm90a_pairs: page pairs with EVICT_FIRST page loads and no L2 prefetch, the kernel
+// before one-page schedules existed; split_kv_sm90a_pairs_normal: page pairs, EVICT_NORMAL;
+// split_kv_sm90a_pairs_prefetch: page pairs, EVICT_NORMAL, the next pair prefetched into L2;
+// split_kv_sm90a_one_page: one page at a time, the plan's L2 policy; _one_page_serial: the same
+// with each page's scores issued after the previous page's P V is done).
 // --trace-dir: in a build with the in-kernel trace (-DPROBESIDECAR_MLA_TRACE=ON), after timing a
 // point (of --trace-points, default every point) each split_kv_sm90a* impl runs once more with the
 // trace recording, written to DIR/trace_h<h>_s<s>_b<b>_l<len>_<impl>.bin
@@ -377,6 +379,14 @@ bool RunPoint(const Point& pt, const Pools& pools, MlaVerifyWorkspace* dispatch_
   return true;
 }
 
+// value / ceiling with 4 decimals, or null when the ceiling was not measured (--skip-ceilings).
+std::string Fraction(double value, double ceiling) {
+  if (!(ceiling > 0)) return "null";
+  char buf[32];
+  std::snprintf(buf, sizeof(buf), "%.4f", value / ceiling);
+  return buf;
+}
+
 std::string JsonEscape(const std::string& s) {
   std::string o;
   for (char c : s) {
@@ -499,18 +509,19 @@ int main(int argc, char** argv) {
     CHECK_CUDA(cudaDeviceSynchronize());
     using probesidecar::kernels::MlaVerifySm90aSchedule;
     std::vector<MlaVerifyWorkspace*> workspaces;
-    auto make_ws = [&](MlaVerifySm90aSchedule schedule, int32_t evict_first,
+    auto make_ws = [&](MlaVerifySm90aSchedule schedule, int32_t evict_first, int32_t prefetch,
                        MlaVerifyWorkspace** out) -> bool {
       probesidecar::kernels::MlaVerifyWorkspaceConfig ws_config;
       ws_config.limit_to_family = family;
       ws_config.sm90a_schedule = schedule;
       ws_config.sm90a_kv_evict_first = evict_first;
+      ws_config.sm90a_kv_prefetch_l2 = prefetch;
       CHECK_CUDA(probesidecar::kernels::CreateMlaVerifyWorkspace(ws_config, out));
       workspaces.push_back(*out);
       return true;
     };
     MlaVerifyWorkspace* ws = nullptr;
-    if (!make_ws(MlaVerifySm90aSchedule::kAuto, -1, &ws)) return false;
+    if (!make_ws(MlaVerifySm90aSchedule::kAuto, -1, -1, &ws)) return false;
     std::printf("sm_90a path: %s; tiles as on %s; trace %s\n", ws->has_sm90a ? "yes" : "no",
                 family != nullptr ? family->name : "this device",
                 probesidecar::kernels::MlaVerifyTraceCompiledIn() ? "compiled in" : "absent");
@@ -521,16 +532,18 @@ int main(int argc, char** argv) {
     struct Forced {
       const char* name;
       MlaVerifySm90aSchedule schedule;
-      int32_t evict_first;
+      int32_t evict_first, prefetch;
     };
-    for (const Forced& f : {Forced{"split_kv_sm90a_pairs", MlaVerifySm90aSchedule::kPagePairs, 1},
-                            Forced{"split_kv_sm90a_pairs_normal",
-                                   MlaVerifySm90aSchedule::kPagePairs, 0},
-                            Forced{"split_kv_sm90a_one_page", MlaVerifySm90aSchedule::kOnePage,
-                                   -1}}) {
+    for (const Forced& f :
+         {Forced{"split_kv_sm90a_pairs", MlaVerifySm90aSchedule::kPagePairs, 1, 0},
+          Forced{"split_kv_sm90a_pairs_normal", MlaVerifySm90aSchedule::kPagePairs, 0, 0},
+          Forced{"split_kv_sm90a_pairs_prefetch", MlaVerifySm90aSchedule::kPagePairs, 0, 1},
+          Forced{"split_kv_sm90a_one_page", MlaVerifySm90aSchedule::kOnePage, -1, -1},
+          Forced{"split_kv_sm90a_one_page_serial", MlaVerifySm90aSchedule::kOnePageSerial, -1,
+                 -1}}) {
       if (!want(f.name) || !ws->has_sm90a) continue;
       MlaVerifyWorkspace* forced = nullptr;
-      if (!make_ws(f.schedule, f.evict_first, &forced)) return false;
+      if (!make_ws(f.schedule, f.evict_first, f.prefetch, &forced)) return false;
       impls.push_back({MlaVerifyPath::kSplitKvSm90a, forced, f.name});
     }
     if (want("baseline")) impls.push_back({MlaVerifyPath::kBaseline, ws, "baseline"});
@@ -600,10 +613,11 @@ int main(int argc, char** argv) {
           "\"dtype\": \"bf16\", "
           "\"shape\": {\"batch\": %d, \"s_q\": %d, \"h_q\": %d, \"seqlen\": %d, "
           "\"page_size\": 64}, \"graph_us_p50\": %.2f, \"eager_us_p50\": %.2f, "
-          "\"gbps\": %.1f, \"tflops\": %.1f, \"frac_copy\": %.4f, \"frac_tflops\": %.4f}%s\n",
+          "\"gbps\": %.1f, \"tflops\": %.1f, \"frac_copy\": %s, \"frac_tflops\": %s}%s\n",
           r.impl.c_str(), r.tile.c_str(), r.dispatched ? "true" : "false", r.pt.batch, r.pt.s_q,
-          r.pt.h_q, r.pt.len, r.graph_us, r.eager_us, r.gbps, r.tflops, r.gbps / ceil.copy_gbps,
-          r.tflops / ceil.bf16_tflops, i + 1 < records.size() ? "," : "");
+          r.pt.h_q, r.pt.len, r.graph_us, r.eager_us, r.gbps, r.tflops,
+          Fraction(r.gbps, ceil.copy_gbps).c_str(), Fraction(r.tflops, ceil.bf16_tflops).c_str(),
+          i + 1 < records.size() ? "," : "");
     }
     std::fprintf(f, "  ]\n}\n");
     std::fclose(f);

@@ -3,7 +3,8 @@
 # reference, FlashInfer fa3) and the report, within one device call. Writes under OUT_DIR:
 #   mla_verify_run.log, mla_verify_ours.json, mla_verify_peers.json,
 #   mla_verify.json, mla_verify.md, mla_verify.png
-# and, where asked for, mla_verify_previous.json, mla_verify_trace.md / .json, sanitizer.log.
+# and, where asked for, mla_verify_previous.json, mla_verify_trace.md / .json / _timeline.txt /
+# _timed.json, sanitizer.log.
 #
 #   PROBESIDECAR_GIT=<40-char commit> bench/mla_verify/run.sh BIN_DIR OUT_DIR [WHEEL_DIR]
 #
@@ -72,6 +73,16 @@ if [[ -x "$CUOBJDUMP" ]]; then
   rm -f "$OUT_DIR/.sass"
 fi
 
+# The benchmarks time graph replays between CUDA events: a host busy with FlashInfer's JIT build
+# delays the launches between the events, so they wait for it to finish.
+if [[ -n "$WARM_PID" ]]; then
+  wait "$WARM_PID"
+  echo "== flashinfer warm-up (exit $?, $(left) s left)" >>"$LOG"
+  cat "$OUT_DIR/.warm.log" >>"$LOG"
+  rm -f "$OUT_DIR/.warm.log"
+  WARM_PID=
+fi
+
 echo "== bench ($(left) s left)" | tee -a "$LOG"
 timeout 200 "$BIN/mla-verify-bench" --out "$OUT_DIR/mla_verify_ours.json" --sweep "$SWEEP" \
   --impls "$IMPLS" "${POINT_ARGS[@]}" --git "$GIT" >>"$LOG" 2>&1 || status=1
@@ -79,9 +90,11 @@ timeout 200 "$BIN/mla-verify-bench" --out "$OUT_DIR/mla_verify_ours.json" --swee
 PREV_ARGS=()
 if [[ -n "${PREV_BIN:-}" ]]; then
   echo "== previous kernel ${PREV_GIT:-?} ($(left) s left)" | tee -a "$LOG"
-  timeout 120 "$PREV_BIN" --out "$OUT_DIR/mla_verify_previous.json" --sweep "$SWEEP" \
+  timeout 120 "$PREV_BIN" --out /tmp/mla_verify_previous.json --sweep "$SWEEP" \
     --impls split_kv_sm90a --skip-ceilings "${POINT_ARGS[@]}" --git "${PREV_GIT:?set PREV_GIT}" \
     >>"$LOG" 2>&1 || status=1
+  # Its fractions of the (unmeasured) ceilings are inf, which JSON has no word for.
+  sed 's/: inf/: null/g' /tmp/mla_verify_previous.json >"$OUT_DIR/mla_verify_previous.json"
   PREV_ARGS=(--previous "$OUT_DIR/mla_verify_previous.json")
 fi
 
@@ -93,7 +106,8 @@ if [[ -n "${TRACE_BIN:-}" ]]; then
     --impls "${TRACE_IMPLS:-split_kv_sm90a}" --points "${TRACE_POINTS:?set TRACE_POINTS}" \
     --trace-dir /tmp/mla_trace --git "$GIT" --allow-dirty >>"$LOG" 2>&1 || status=1
   python3 "$HERE/trace_report.py" /tmp/mla_trace --out "$OUT_DIR/mla_verify_trace.md" \
-    --json "$OUT_DIR/mla_verify_trace.json" >>"$LOG" 2>&1 || status=1
+    --json "$OUT_DIR/mla_verify_trace.json" --timeline "$OUT_DIR/mla_verify_trace_timeline.txt" \
+    >>"$LOG" 2>&1 || status=1
   cp /tmp/mla_trace/timed.json "$OUT_DIR/mla_verify_trace_timed.json" 2>/dev/null
   TRACE_ARGS=(--trace "$OUT_DIR/mla_verify_trace.md")
 fi

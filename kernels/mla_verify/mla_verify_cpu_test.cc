@@ -366,6 +366,26 @@ TEST(MlaPlanTest, TilesAndParts) {
   EXPECT_EQ(mla::UnitsOf(65), 2);
 }
 
+// The sm_90a tile's plan options by row count: one page at a time while one 64-row tile holds the
+// rows, page pairs (with the L2 prefetch and pages kept for the sibling tiles) beyond.
+TEST(MlaPlanTest, Sm90aScheduleByRows) {
+  for (int32_t rows : {16, 32, 48, 64}) {
+    EXPECT_TRUE(mla::UseOnePageSchedule(rows)) << rows;
+    EXPECT_TRUE(mla::KvEvictFirst(rows)) << rows;
+    EXPECT_FALSE(mla::KvPrefetchL2(rows)) << rows;
+  }
+  for (int32_t rows : {128, 256, 1024, 2048}) {
+    EXPECT_FALSE(mla::UseOnePageSchedule(rows)) << rows;
+    EXPECT_FALSE(mla::KvEvictFirst(rows)) << rows;
+    EXPECT_TRUE(mla::KvPrefetchL2(rows)) << rows;
+  }
+  EXPECT_STREQ(MlaVerifySm90aScheduleName(MlaVerifySm90aSchedule::kAuto), "auto");
+  EXPECT_STREQ(MlaVerifySm90aScheduleName(MlaVerifySm90aSchedule::kPagePairs), "page_pairs");
+  EXPECT_STREQ(MlaVerifySm90aScheduleName(MlaVerifySm90aSchedule::kOnePage), "one_page");
+  EXPECT_STREQ(MlaVerifySm90aScheduleName(MlaVerifySm90aSchedule::kOnePageSerial),
+               "one_page_serial");
+}
+
 // ---------------------------------------------------------------------------------------------
 // Launch checks (host side, no device needed).
 

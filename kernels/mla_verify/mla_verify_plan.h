@@ -153,6 +153,9 @@ MLA_HD bool UseOnePageSchedule(int32_t rows) { return rows <= 64; }
 // The page loads' L2 policy: EVICT_FIRST where one row tile reads each page; with several tiles
 // side by side (rows > 64) the pages stay normal, so that the tiles after the first find them.
 MLA_HD bool KvEvictFirst(int32_t rows) { return rows <= 64; }
+// Page pairs (rows > 64, compute-bound): the next pair's pages are prefetched into L2 as a pair
+// starts, so that the loads issued as its boxes die find them there instead of waiting on HBM.
+MLA_HD bool KvPrefetchL2(int32_t rows) { return rows > 64; }
 // A bound on the split requests of a plan, the combine kernel's grid: each spans a boundary between
 // two ranges and no two share one, so there are at most min(batch, num_parts - 1);
 // min(batch, num_parts) keeps the grid non-empty for a single range.

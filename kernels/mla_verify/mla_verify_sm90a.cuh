@@ -83,8 +83,9 @@ struct Sm90aArgs {
   CUtensorMap kv_map;  // [pages, 64, 576] bf16, box 64 x 64, 128-byte swizzle
   CUtensorMap q_map;   // [b, s_q, h_q, 576] bf16, box 64 rows (heads x tokens) x 64 columns
   KernelArgs args;
-  uint64_t kv_hint;    // L2 policy of the page loads: kEvictFirst or kEvictNormal (the plan's)
-  TraceArgs trace;     // where the timestamp trace goes (nowhere unless compiled in and set)
+  uint64_t kv_hint;        // L2 policy of the page loads: kEvictFirst or kEvictNormal (the plan's)
+  int32_t kv_prefetch_l2;  // page pairs: prefetch the next pair's pages into L2 (the plan's)
+  TraceArgs trace;         // where the timestamp trace goes (nowhere unless compiled in and set)
 };
 
 // Waits for a page box; in a traced build, records the wait when the box had not landed yet.
@@ -191,6 +192,13 @@ __device__ __forceinline__ void LoadPageBoxes(const CUtensorMap* map, uint8_t* d
     cutlass::arch::ClusterTransactionBarrier::arrive_and_expect_tx(&bars[slab], kSlabBytes);
     cute::SM90_TMA_LOAD_3D::copy(map, &bars[slab], hint, dst + slab * kSlabBytes, slab * 64, 0,
                                  page);
+  }
+}
+// One thread: the nine boxes of cache page `page` prefetched into L2 (no shared memory, no barrier).
+__device__ __forceinline__ void PrefetchPageL2(const CUtensorMap* map, int32_t page) {
+#pragma unroll 1
+  for (int slab = 0; slab < kSlabs; ++slab) {
+    cute::SM90_TMA_LOAD_3D::PREFETCH::copy(map, slab * 64, 0, page);
   }
 }
 // Boxes [begin, end) of the page a cursor names into page buffer `which`, or, where the cursor's
@@ -439,6 +447,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   __syncthreads();
   blocks::GridDependencyWait();     // the plan is written
   blocks::GridDependencyTrigger();  // the combine may be scheduled (it waits too)
+  rec.Add(MlaTraceEvent::kGridWaitEnd, 0);
 
   // This block's range and the request it starts in.
   int32_t u0, u1;
@@ -617,6 +626,12 @@ __global__ void __launch_bounds__(kThreads, 1)
         blocks::FenceOperands(o);
       }
     } else {
+      // The next pair's pages into L2 while this warpgroup waits for wg0's softmax: its boxes are
+      // loaded as this pair's die, the last ones at the pair's end.
+      if (t == 0 && targs.kv_prefetch_l2 && nxt_valid) {
+        if (nxt.Has0()) PrefetchPageL2(&targs.kv_map, nxt.page[0]);
+        if (nxt.Has1()) PrefetchPageL2(&targs.kv_map, nxt.page[1]);
+      }
       // ---- Warpgroup 1: O_R = O_R scale0 + P0 V0_R first (its operands are all there), with
       // the softmax of S1 under it: m1 = max(m0, rowmax S1), scale1 = 2^(m0 - m1).
       Traced(rec, MlaTraceEvent::kWaitPeerBegin, step, [] { Wait(kScale0Ready); });

@@ -17,8 +17,11 @@
 //        boxes 0..3 and 8 are dead: it issues them for page i + 2.
 // So while one page is under compute the other buffer's page is in flight, and the dead half of
 // the computed page starts refilling as soon as the first P V half is done. wg0's P V of page i
-// overlaps wg1's scores of page i + 1. wg1 alone holds the running max and row sums; at a
-// request's last page it hands 1 / row sum to wg0 and each writes its half of O.
+// overlaps wg1's scores of page i + 1. With kScoresUnderPv, wg1 issues the scores of page i + 1
+// right behind its P V of page i instead of waiting for that P V first (the tensor cores go from
+// one to the other without a drain; the boxes 4..7 are reissued once the first score slab's group
+// is behind it). wg1 alone holds the running max and row sums; at a request's last page it hands
+// 1 / row sum to wg0 and each writes its half of O.
 #pragma once
 
 #include "kernels/mla_verify/mla_verify_sm90a.cuh"
@@ -47,6 +50,7 @@ static_assert(static_cast<uint32_t>(kRequestDone) < static_cast<uint32_t>(kWarpg
 
 using PageCursor = StepCursor<1>;
 
+template <bool kScoresUnderPv>
 __global__ void __launch_bounds__(kThreads, 1)
     MlaVerifyPageSm90aKernel(const __grid_constant__ Sm90aArgs targs) {
   // Grid: (64-row tiles, ranges); block: 256 threads (2 warpgroups); dynamic shared memory
@@ -83,6 +87,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   __syncthreads();
   blocks::GridDependencyWait();     // the plan is written
   blocks::GridDependencyTrigger();  // the combine may be scheduled (it waits too)
+  rec.Add(MlaTraceEvent::kGridWaitEnd, 0);
 
   int32_t u0, u1;
   RequestCursor start;
@@ -136,6 +141,16 @@ __global__ void __launch_bounds__(kThreads, 1)
   float l_run[2] = {0.0f, 0.0f};            // wg1: this thread's share of the row sums
   int q_phase = 0;
   int req_parity = 0;  // requests finished, mod 2 (which inv_sum row the next one uses)
+  if (kScoresUnderPv && wg == 1) {  // the first page's scores; the loop issues the others
+    rec.Add(MlaTraceEvent::kStep, 0);
+    Traced(rec, MlaTraceEvent::kWaitQBegin, 0,
+           [&] { cutlass::arch::ClusterTransactionBarrier::wait(&sm.bar_q, q_phase); });
+    q_phase ^= 1;
+    blocks::FenceOperands(s);
+    ScoreSlabs<0, kSlabs, true>(sq, sk0, sm.bar_k[0], 0, s, rec, 0);
+    Traced(rec, MlaTraceEvent::kWaitMmaBegin, 0, [] { cute::warpgroup_wait<0>(); });
+    blocks::FenceOperands(s);
+  }
 
   while (true) {
     const int b = step & 1;
@@ -149,18 +164,20 @@ __global__ void __launch_bounds__(kThreads, 1)
     const bool has = c0.Has0();
     const int32_t valid = len - k_page;  // keys in the page (when has)
     const bool c1_valid = c1.Valid(u1), c2_valid = c2.Valid(u1);
-    rec.Add(MlaTraceEvent::kStep, step);
+    if (wg == 0 || !kScoresUnderPv) rec.Add(MlaTraceEvent::kStep, step);
 
     if (wg == 1) {
-      if (c0.First()) {
-        Traced(rec, MlaTraceEvent::kWaitQBegin, step,
-               [&] { cutlass::arch::ClusterTransactionBarrier::wait(&sm.bar_q, q_phase); });
-        q_phase ^= 1;
+      if constexpr (!kScoresUnderPv) {
+        if (c0.First()) {
+          Traced(rec, MlaTraceEvent::kWaitQBegin, step,
+                 [&] { cutlass::arch::ClusterTransactionBarrier::wait(&sm.bar_q, q_phase); });
+          q_phase ^= 1;
+        }
+        blocks::FenceOperands(s);
+        ScoreSlabs<0, kSlabs, true>(q_addr, k_addr, sm.bar_k[b], phase, s, rec, step);
+        Traced(rec, MlaTraceEvent::kWaitMmaBegin, step, [] { cute::warpgroup_wait<0>(); });
+        blocks::FenceOperands(s);
       }
-      blocks::FenceOperands(s);
-      ScoreSlabs<0, kSlabs, true>(q_addr, k_addr, sm.bar_k[b], phase, s, rec, step);
-      Traced(rec, MlaTraceEvent::kWaitMmaBegin, step, [] { cute::warpgroup_wait<0>(); });
-      blocks::FenceOperands(s);
       // The request's last scores in this range are done: Q is dead, the next request's comes.
       if (t == 0 && c0.Last() && c1_valid) load_q(c1.r);
 
@@ -192,12 +209,37 @@ __global__ void __launch_bounds__(kThreads, 1)
       cute::warpgroup_arrive();
       PvFromRegisters(pk, k_addr, 1, o);
       cute::warpgroup_commit_batch();
-      Traced(rec, MlaTraceEvent::kWaitMmaBegin, step, [] { cute::warpgroup_wait<0>(); });
-      blocks::FenceOperands(o);
-      blocks::FenceOperands(pk);
-      if (t == 0 && c2_valid) {
-        LoadOrSkip(targs, c2.Has0(), c2.page[0], sm.k[b], sm.bar_k[b], 4, kPSlab);
-        rec.Add(MlaTraceEvent::kIssueLoad, step);
+      auto load_v_right = [&] {  // boxes 4..7 are dead once P V_R is done
+        if (t == 0 && c2_valid) {
+          LoadOrSkip(targs, c2.Has0(), c2.page[0], sm.k[b], sm.bar_k[b], 4, kPSlab);
+          rec.Add(MlaTraceEvent::kIssueLoad, step);
+        }
+      };
+      if (kScoresUnderPv && c1_valid) {
+        // ---- The next page's scores behind P V_R (other buffer; the next request's Q, loaded
+        // above, where the next page starts one).
+        const int nb = b ^ 1, nphase = ((step + 1) >> 1) & 1;
+        const uint32_t n_addr = sk0 + nb * kTileBytes;
+        rec.Add(MlaTraceEvent::kStep, step + 1);
+        if (c1.First()) {
+          Traced(rec, MlaTraceEvent::kWaitQBegin, step + 1,
+                 [&] { cutlass::arch::ClusterTransactionBarrier::wait(&sm.bar_q, q_phase); });
+          q_phase ^= 1;
+        }
+        blocks::FenceOperands(s);
+        ScoreSlabs<0, 1, true>(q_addr, n_addr, sm.bar_k[nb], nphase, s, rec, step + 1);
+        Traced(rec, MlaTraceEvent::kWaitMmaBegin, step, [] { cute::warpgroup_wait<1>(); });
+        blocks::FenceOperands(o);
+        blocks::FenceOperands(pk);
+        load_v_right();
+        ScoreSlabs<1, kSlabs, false>(q_addr, n_addr, sm.bar_k[nb], nphase, s, rec, step + 1);
+        Traced(rec, MlaTraceEvent::kWaitMmaBegin, step + 1, [] { cute::warpgroup_wait<0>(); });
+        blocks::FenceOperands(s);
+      } else {
+        Traced(rec, MlaTraceEvent::kWaitMmaBegin, step, [] { cute::warpgroup_wait<0>(); });
+        blocks::FenceOperands(o);
+        blocks::FenceOperands(pk);
+        load_v_right();
       }
       // ---- The request's last page in this range: 1 / row sums to wg0, LSE, O_R out.
       if (c0.Last()) {

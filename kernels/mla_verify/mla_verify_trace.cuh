@@ -36,7 +36,8 @@ class TraceRecorder {
       if (!records || args.buffer == nullptr || block >= args.max_blocks) return;
       cap_ = static_cast<uint32_t>(args.events_per_warpgroup);
       out_ = args.buffer + (static_cast<int64_t>(block) * 2 + warpgroup) * cap_ * 2;
-      n_ = 1;
+      n_ = 2;
+      out_[2] = GlobalTimer();
       t0_ = clock64();
     }
   }
@@ -53,6 +54,7 @@ class TraceRecorder {
     if constexpr (kTraceOn) {
       Add(MlaTraceEvent::kDone, step);
       if (out_ == nullptr) return;
+      out_[3] = GlobalTimer();
       uint32_t sm;
       asm volatile("mov.u32 %0, %%smid;" : "=r"(sm));
       *reinterpret_cast<uint2*>(out_) = make_uint2(n_, sm);
@@ -60,6 +62,12 @@ class TraceRecorder {
   }
 
  private:
+  static __device__ __forceinline__ uint32_t GlobalTimer() {
+    uint64_t ns;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(ns));
+    return static_cast<uint32_t>(ns);
+  }
+
   uint32_t* out_;
   uint32_t n_, cap_;
   long long t0_;

@@ -8,8 +8,9 @@
 //
 // Buffer layout (uint32, device): for block b (blockIdx.y * gridDim.x + blockIdx.x) and warpgroup
 // w, the region at (b * 2 + w) * events_per_warpgroup * 2 holds events_per_warpgroup pairs:
-//   pair 0:      {events recorded (pairs 1.. used), SM id}
-//   pair k >= 1: {SM cycles since the block's start (clock64, low 32 bits), event << 24 | step}
+//   pair 0:      {pairs used (events + 2), SM id}
+//   pair 1:      {%globaltimer (ns, low 32 bits) at the block's start, and at its end}
+//   pair k >= 2: {SM cycles since the block's start (clock64, low 32 bits), event << 24 | step}
 // where step counts the kernel's steps (pages, or pairs of pages) from 0 (low 24 bits). Blocks
 // past max_blocks record nothing. bench/mla_verify/trace_report.py reads it.
 #pragma once
@@ -35,6 +36,7 @@ enum class MlaTraceEvent : uint32_t {
   kEpilogueBegin = 10,   // a finished request's rows written
   kEpilogueEnd = 11,
   kDone = 12,            // the block leaves its loop
+  kGridWaitEnd = 13,     // the plan kernel's writes are visible (programmatic dependency)
 };
 
 // Whether this build records the trace.
