@@ -9,11 +9,7 @@
 // --sweep targets: the points the issue's targets name (and a few short ones); --points: only
 // these points (h_q:s_q:batch:len) of the sweep chosen. Impls: split_kv, split_kv_sm90a (the
 // plan's schedule: what LaunchMlaVerify runs), baseline, and split_kv_sm90a with a schedule forced
-// (split_kv_sm90a_pairs: page pairs with EVICT_FIRST page loads and no L2 prefetch, the kernel
-// before one-page schedules existed; split_kv_sm90a_pairs_normal: page pairs, EVICT_NORMAL;
-// split_kv_sm90a_pairs_prefetch: page pairs, EVICT_NORMAL, the next pair prefetched into L2;
-// split_kv_sm90a_one_page: one page at a time, the plan's L2 policy; _one_page_serial: the same
-// with each page's scores issued after the previous page's P V is done).
+// (split_kv_sm90a_pairs: page pairs; split_kv_sm90a_one_page: one page at a time).
 // --trace-dir: in a build with the in-kernel trace (-DPROBESIDECAR_MLA_TRACE=ON), after timing a
 // point (of --trace-points, default every point) each split_kv_sm90a* impl runs once more with the
 // trace recording, written to DIR/trace_h<h>_s<s>_b<b>_l<len>_<impl>.bin
@@ -360,7 +356,7 @@ bool RunPoint(const Point& pt, const Pools& pools, MlaVerifyWorkspace* dispatch_
       using probesidecar::kernels::MlaVerifySm90aSchedule;
       MlaVerifySm90aSchedule schedule = ws->sm90a_schedule;
       if (schedule == MlaVerifySm90aSchedule::kAuto) {
-        schedule = probesidecar::kernels::mla::UseOnePageSchedule(pt.s_q * pt.h_q)
+        schedule = probesidecar::kernels::mla::UseOnePageSchedule(pt.s_q * pt.h_q, pt.batch)
                        ? MlaVerifySm90aSchedule::kOnePage
                        : MlaVerifySm90aSchedule::kPagePairs;
       }
@@ -509,19 +505,16 @@ int main(int argc, char** argv) {
     CHECK_CUDA(cudaDeviceSynchronize());
     using probesidecar::kernels::MlaVerifySm90aSchedule;
     std::vector<MlaVerifyWorkspace*> workspaces;
-    auto make_ws = [&](MlaVerifySm90aSchedule schedule, int32_t evict_first, int32_t prefetch,
-                       MlaVerifyWorkspace** out) -> bool {
+    auto make_ws = [&](MlaVerifySm90aSchedule schedule, MlaVerifyWorkspace** out) -> bool {
       probesidecar::kernels::MlaVerifyWorkspaceConfig ws_config;
       ws_config.limit_to_family = family;
       ws_config.sm90a_schedule = schedule;
-      ws_config.sm90a_kv_evict_first = evict_first;
-      ws_config.sm90a_kv_prefetch_l2 = prefetch;
       CHECK_CUDA(probesidecar::kernels::CreateMlaVerifyWorkspace(ws_config, out));
       workspaces.push_back(*out);
       return true;
     };
     MlaVerifyWorkspace* ws = nullptr;
-    if (!make_ws(MlaVerifySm90aSchedule::kAuto, -1, -1, &ws)) return false;
+    if (!make_ws(MlaVerifySm90aSchedule::kAuto, &ws)) return false;
     std::printf("sm_90a path: %s; tiles as on %s; trace %s\n", ws->has_sm90a ? "yes" : "no",
                 family != nullptr ? family->name : "this device",
                 probesidecar::kernels::MlaVerifyTraceCompiledIn() ? "compiled in" : "absent");
@@ -532,18 +525,12 @@ int main(int argc, char** argv) {
     struct Forced {
       const char* name;
       MlaVerifySm90aSchedule schedule;
-      int32_t evict_first, prefetch;
     };
-    for (const Forced& f :
-         {Forced{"split_kv_sm90a_pairs", MlaVerifySm90aSchedule::kPagePairs, 1, 0},
-          Forced{"split_kv_sm90a_pairs_normal", MlaVerifySm90aSchedule::kPagePairs, 0, 0},
-          Forced{"split_kv_sm90a_pairs_prefetch", MlaVerifySm90aSchedule::kPagePairs, 0, 1},
-          Forced{"split_kv_sm90a_one_page", MlaVerifySm90aSchedule::kOnePage, -1, -1},
-          Forced{"split_kv_sm90a_one_page_serial", MlaVerifySm90aSchedule::kOnePageSerial, -1,
-                 -1}}) {
+    for (const Forced& f : {Forced{"split_kv_sm90a_pairs", MlaVerifySm90aSchedule::kPagePairs},
+                            Forced{"split_kv_sm90a_one_page", MlaVerifySm90aSchedule::kOnePage}}) {
       if (!want(f.name) || !ws->has_sm90a) continue;
       MlaVerifyWorkspace* forced = nullptr;
-      if (!make_ws(f.schedule, f.evict_first, f.prefetch, &forced)) return false;
+      if (!make_ws(f.schedule, &forced)) return false;
       impls.push_back({MlaVerifyPath::kSplitKvSm90a, forced, f.name});
     }
     if (want("baseline")) impls.push_back({MlaVerifyPath::kBaseline, ws, "baseline"});

@@ -126,8 +126,6 @@ cudaError_t CreateMlaVerifyWorkspace(const MlaVerifyWorkspaceConfig& config,
   ws->max_batch = config.max_batch;
   ws->has_sm90a = sm90a_available;
   ws->sm90a_schedule = config.sm90a_schedule;
-  ws->sm90a_kv_evict_first = config.sm90a_kv_evict_first;
-  ws->sm90a_kv_prefetch_l2 = config.sm90a_kv_prefetch_l2;
   ws->limits = limits;
   ws->partial_rows = mla::PartialRowsFor(num_sms);
   const size_t plan_bytes = static_cast<size_t>(mla::PlanInts(config.max_batch)) * 4;
@@ -196,12 +194,9 @@ cudaError_t PlanMlaVerify(const MlaVerifyParams& params, MlaVerifyPath path, Mla
     made.num_parts = mla::NumPartsSm90a(ws->num_sms, rows);
     made.sm90a_schedule = ws->sm90a_schedule != MlaVerifySm90aSchedule::kAuto
                               ? ws->sm90a_schedule
-                          : mla::UseOnePageSchedule(rows) ? MlaVerifySm90aSchedule::kOnePage
-                                                          : MlaVerifySm90aSchedule::kPagePairs;
-    made.kv_evict_first = ws->sm90a_kv_evict_first >= 0 ? ws->sm90a_kv_evict_first == 1
-                                                        : mla::KvEvictFirst(rows);
-    made.kv_prefetch_l2 = ws->sm90a_kv_prefetch_l2 >= 0 ? ws->sm90a_kv_prefetch_l2 == 1
-                                                        : mla::KvPrefetchL2(rows);
+                          : mla::UseOnePageSchedule(rows, params.batch)
+                              ? MlaVerifySm90aSchedule::kOnePage
+                              : MlaVerifySm90aSchedule::kPagePairs;
   } else {
     const mla::TileChoice tile = mla::ChooseTile(rows, TileDeviceOf(*ws));
     if (tile.index < 0) return cudaErrorNotSupported;
@@ -235,13 +230,8 @@ cudaError_t RunMlaVerify(const MlaVerifyPlan& plan, const MlaVerifyParams& param
   cudaError_t err = cudaSuccess;
   switch (plan.path) {
     case MlaVerifyPath::kSplitKvSm90a:
-      err = mla::LaunchTileSm90a(
-          args, dim3(plan.row_tiles, plan.num_parts),
-          mla::Sm90aOptions{plan.sm90a_schedule == MlaVerifySm90aSchedule::kOnePage ||
-                                plan.sm90a_schedule == MlaVerifySm90aSchedule::kOnePageSerial,
-                            plan.sm90a_schedule == MlaVerifySm90aSchedule::kOnePage,
-                            plan.kv_evict_first, plan.kv_prefetch_l2},
-          stream);
+      err = mla::LaunchTileSm90a(args, dim3(plan.row_tiles, plan.num_parts),
+                                 plan.sm90a_schedule == MlaVerifySm90aSchedule::kOnePage, stream);
       break;
     case MlaVerifyPath::kSplitKv:
       if (!mla::TileFits(plan.tile, TileDeviceOf(*ws))) return cudaErrorInvalidValue;

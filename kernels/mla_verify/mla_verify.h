@@ -59,16 +59,14 @@ inline constexpr int kNumMlaVerifyPaths = 3;
 const char* MlaVerifyPathName(MlaVerifyPath path);
 
 // How the split_kv_sm90a tile walks its range of cache pages (mla_verify_sm90a*.cuh): the plan
-// picks by row count (mla::UseOnePageSchedule) unless a workspace made for tests or benchmarks
-// forces one.
+// picks by row count and batch (mla::UseOnePageSchedule) unless a workspace made for tests or
+// benchmarks forces one.
 enum class MlaVerifySm90aSchedule : int32_t {
   kAuto = 0,       // the plan's choice
   kPagePairs = 1,  // two pages at a time, one per warpgroup ("seesaw")
-  kOnePage = 2,    // one page at a time, both warpgroups on it, the other buffer refilling; the
-                   // next page's scores issued right behind this page's P V
-  kOnePageSerial = 3,  // the same, the next page's scores issued once this page's P V is done
+  kOnePage = 2,    // one page at a time, both warpgroups on it, the other buffer refilling
 };
-// "auto", "page_pairs", "one_page", "one_page_serial".
+// "auto", "page_pairs", "one_page".
 const char* MlaVerifySm90aScheduleName(MlaVerifySm90aSchedule schedule);
 
 struct MlaVerifyParams {
@@ -117,12 +115,8 @@ struct MlaVerifyWorkspaceConfig {
   // shared-memory and thread limits, no sm_90a path off sm_90) on the GPU in hand. nullptr: the
   // device's own limits.
   const DeviceFamily* limit_to_family = nullptr;
-  // Tests and benchmarks only: the split_kv_sm90a schedule every plan on this workspace takes,
-  // the L2 policy of its page loads (-1: the plan's, 0: EVICT_NORMAL, 1: EVICT_FIRST) and whether
-  // the page-pair schedule prefetches the next pair into L2 (-1: the plan's, 0: no, 1: yes).
+  // Tests and benchmarks only: the split_kv_sm90a schedule every plan on this workspace takes.
   MlaVerifySm90aSchedule sm90a_schedule = MlaVerifySm90aSchedule::kAuto;
-  int32_t sm90a_kv_evict_first = -1;
-  int32_t sm90a_kv_prefetch_l2 = -1;
 };
 
 struct MlaVerifyWorkspace {
@@ -132,8 +126,6 @@ struct MlaVerifyWorkspace {
   bool has_sm90a = false;  // compute capability 9.0, this build holds the sm_90a kernels, and the
                            // driver's tensor-map encoder was found (their loads are TMA)
   MlaVerifySm90aSchedule sm90a_schedule = MlaVerifySm90aSchedule::kAuto;  // as configured
-  int32_t sm90a_kv_evict_first = -1;                                      // as configured
-  int32_t sm90a_kv_prefetch_l2 = -1;                                      // as configured
   DeviceLimits limits;     // as the tile choice sees the device (limit_to_family applied)
   int32_t* plan = nullptr;         // device, see mla_verify_plan.h
   float* partial_out = nullptr;    // device [partial_rows, 512]
@@ -154,11 +146,8 @@ struct MlaVerifyPlan {
   int32_t row_tiles = 0;  // grid.x of the attention kernel: query-row tiles of a request
   int32_t num_parts = 0;  // grid.y: ranges of the flattened batch (one block per SM in all)
   bool combine_rows = false;  // combine with a warp per query row (few splits per request)
-  // split_kv_sm90a: the tile's schedule (never kAuto in a plan), its page loads' L2 policy, and
-  // (page pairs) whether the next pair is prefetched into L2.
+  // split_kv_sm90a: the tile's schedule (never kAuto in a plan).
   MlaVerifySm90aSchedule sm90a_schedule = MlaVerifySm90aSchedule::kAuto;
-  bool kv_evict_first = true;
-  bool kv_prefetch_l2 = false;
   const MlaVerifyWorkspace* workspace = nullptr;
   uint64_t id = 0;        // workspace->plans_made when this plan was made
 };

@@ -366,24 +366,19 @@ TEST(MlaPlanTest, TilesAndParts) {
   EXPECT_EQ(mla::UnitsOf(65), 2);
 }
 
-// The sm_90a tile's plan options by row count: one page at a time while one 64-row tile holds the
-// rows, page pairs (with the L2 prefetch and pages kept for the sibling tiles) beyond.
-TEST(MlaPlanTest, Sm90aScheduleByRows) {
+// The sm_90a tile's schedule: one page at a time for a single request within one 64-row tile,
+// page pairs otherwise.
+TEST(MlaPlanTest, Sm90aScheduleByRowsAndBatch) {
   for (int32_t rows : {16, 32, 48, 64}) {
-    EXPECT_TRUE(mla::UseOnePageSchedule(rows)) << rows;
-    EXPECT_TRUE(mla::KvEvictFirst(rows)) << rows;
-    EXPECT_FALSE(mla::KvPrefetchL2(rows)) << rows;
+    EXPECT_TRUE(mla::UseOnePageSchedule(rows, 1)) << rows;
+    for (int32_t batch : {2, 8, 64, 256}) EXPECT_FALSE(mla::UseOnePageSchedule(rows, batch));
   }
   for (int32_t rows : {128, 256, 1024, 2048}) {
-    EXPECT_FALSE(mla::UseOnePageSchedule(rows)) << rows;
-    EXPECT_FALSE(mla::KvEvictFirst(rows)) << rows;
-    EXPECT_TRUE(mla::KvPrefetchL2(rows)) << rows;
+    for (int32_t batch : {1, 8, 128}) EXPECT_FALSE(mla::UseOnePageSchedule(rows, batch));
   }
   EXPECT_STREQ(MlaVerifySm90aScheduleName(MlaVerifySm90aSchedule::kAuto), "auto");
   EXPECT_STREQ(MlaVerifySm90aScheduleName(MlaVerifySm90aSchedule::kPagePairs), "page_pairs");
   EXPECT_STREQ(MlaVerifySm90aScheduleName(MlaVerifySm90aSchedule::kOnePage), "one_page");
-  EXPECT_STREQ(MlaVerifySm90aScheduleName(MlaVerifySm90aSchedule::kOnePageSerial),
-               "one_page_serial");
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -349,21 +349,15 @@ class MlaVerifyGpuTest : public ::testing::Test {
     config.limit_to_family = g_family;
     ASSERT_EQ(CreateMlaVerifyWorkspace(config, &ws_), cudaSuccess);
     config.sm90a_schedule = MlaVerifySm90aSchedule::kPagePairs;
-    config.sm90a_kv_prefetch_l2 = 1;  // the L2 prefetch at every row count
     ASSERT_EQ(CreateMlaVerifyWorkspace(config, &ws_pairs_), cudaSuccess);
-    config.sm90a_kv_prefetch_l2 = -1;
     config.sm90a_schedule = MlaVerifySm90aSchedule::kOnePage;
-    config.sm90a_kv_evict_first = 0;  // the other L2 policy than the plan's at <= 64 rows
     ASSERT_EQ(CreateMlaVerifyWorkspace(config, &ws_one_page_), cudaSuccess);
-    config.sm90a_schedule = MlaVerifySm90aSchedule::kOnePageSerial;
-    ASSERT_EQ(CreateMlaVerifyWorkspace(config, &ws_one_page_serial_), cudaSuccess);
     CUDA_ASSERT(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
   }
   void TearDown() override {
     DestroyMlaVerifyWorkspace(ws_);
     DestroyMlaVerifyWorkspace(ws_pairs_);
     DestroyMlaVerifyWorkspace(ws_one_page_);
-    DestroyMlaVerifyWorkspace(ws_one_page_serial_);
     cudaStreamDestroy(stream_);
   }
 
@@ -416,16 +410,13 @@ class MlaVerifyGpuTest : public ::testing::Test {
       v.push_back({MlaVerifyPath::kSplitKvSm90a, ws_, "split_kv_sm90a"});
       v.push_back({MlaVerifyPath::kSplitKvSm90a, ws_pairs_, "split_kv_sm90a/page_pairs"});
       v.push_back({MlaVerifyPath::kSplitKvSm90a, ws_one_page_, "split_kv_sm90a/one_page"});
-      v.push_back(
-          {MlaVerifyPath::kSplitKvSm90a, ws_one_page_serial_, "split_kv_sm90a/one_page_serial"});
     }
     return v;
   }
 
   MlaVerifyWorkspace* ws_ = nullptr;
-  MlaVerifyWorkspace* ws_pairs_ = nullptr;     // forced to page pairs (with the L2 prefetch)
-  MlaVerifyWorkspace* ws_one_page_ = nullptr;  // forced to one page (EVICT_NORMAL loads)
-  MlaVerifyWorkspace* ws_one_page_serial_ = nullptr;  // one page, scores after P V (EVICT_NORMAL)
+  MlaVerifyWorkspace* ws_pairs_ = nullptr;     // split_kv_sm90a forced to page pairs
+  MlaVerifyWorkspace* ws_one_page_ = nullptr;  // split_kv_sm90a forced to one page
   cudaStream_t stream_ = nullptr;
 };
 

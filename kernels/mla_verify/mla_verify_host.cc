@@ -35,8 +35,6 @@ const char* MlaVerifySm90aScheduleName(MlaVerifySm90aSchedule schedule) {
       return "page_pairs";
     case MlaVerifySm90aSchedule::kOnePage:
       return "one_page";
-    case MlaVerifySm90aSchedule::kOnePageSerial:
-      return "one_page_serial";
   }
   return "unknown";
 }

@@ -50,12 +50,6 @@ cudaError_t EncodeQMap(const MlaVerifyParams& p, CUtensorMap* map) {
 // is compiled in.
 TraceArgs g_trace;
 
-// The one-page kernel, with the next page's scores issued under this page's P V or after it.
-auto PageKernel(bool scores_under_pv) {
-  return scores_under_pv ? sm90a::MlaVerifyPageSm90aKernel<true>
-                         : sm90a::MlaVerifyPageSm90aKernel<false>;
-}
-
 }  // namespace
 
 cudaError_t SetSm90aAttributes(bool* available) {
@@ -66,24 +60,20 @@ cudaError_t SetSm90aAttributes(bool* available) {
   cudaError_t err =
       cudaFuncSetAttribute(sm90a::MlaVerifyTileSm90aKernel,
                            cudaFuncAttributeMaxDynamicSharedMemorySize, sm90a::kSmemBytes);
-  for (bool under_pv : {false, true}) {
-    if (err != cudaSuccess) break;
-    err = cudaFuncSetAttribute(PageKernel(under_pv), cudaFuncAttributeMaxDynamicSharedMemorySize,
-                               sm90a::kPageSmemBytes);
-    blocks::ProgrammaticLaunchUsable(reinterpret_cast<const void*>(PageKernel(under_pv)));
+  if (err == cudaSuccess) {
+    err = cudaFuncSetAttribute(sm90a::MlaVerifyPageSm90aKernel,
+                               cudaFuncAttributeMaxDynamicSharedMemorySize, sm90a::kPageSmemBytes);
   }
   if (err != cudaSuccess) return err;
   blocks::ProgrammaticLaunchUsable(reinterpret_cast<const void*>(sm90a::MlaVerifyTileSm90aKernel));
+  blocks::ProgrammaticLaunchUsable(reinterpret_cast<const void*>(sm90a::MlaVerifyPageSm90aKernel));
   *available = true;
   return cudaSuccess;
 }
 
-cudaError_t LaunchTileSm90a(const KernelArgs& args, dim3 grid, const Sm90aOptions& options,
-                            cudaStream_t stream) {
+cudaError_t LaunchTileSm90a(const KernelArgs& args, dim3 grid, bool one_page, cudaStream_t stream) {
   sm90a::Sm90aArgs targs;
   targs.args = args;
-  targs.kv_hint = options.kv_evict_first ? sm90a::kEvictFirst : sm90a::kEvictNormal;
-  targs.kv_prefetch_l2 = options.kv_prefetch_l2 ? 1 : 0;
   targs.trace = g_trace;
   cudaError_t err = EncodeKvMap(args.p, &targs.kv_map);
   if (err == cudaSuccess) err = EncodeQMap(args.p, &targs.q_map);
@@ -91,8 +81,8 @@ cudaError_t LaunchTileSm90a(const KernelArgs& args, dim3 grid, const Sm90aOption
   if (err != cudaSuccess) return err;
   // A programmatic dependent of the plan kernel before it: its set-up overlaps the plan's tail,
   // and it waits for the plan in-kernel before reading anything global.
-  return options.one_page
-             ? blocks::LaunchProgrammaticDependent(PageKernel(options.scores_under_pv), grid,
+  return one_page
+             ? blocks::LaunchProgrammaticDependent(sm90a::MlaVerifyPageSm90aKernel, grid,
                                                    dim3(sm90a::kThreads), sm90a::kPageSmemBytes,
                                                    stream, targs)
              : blocks::LaunchProgrammaticDependent(sm90a::MlaVerifyTileSm90aKernel, grid,

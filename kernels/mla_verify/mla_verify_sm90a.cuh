@@ -1,12 +1,12 @@
 // MLA verify tile kernels for sm_90a: wgmma with every operand read by the tensor cores where it
 // lands in shared memory, Q and keys brought in by the tensor-memory accelerator (TMA), split-KV
 // mode with the plan of mla_verify_plan.h. Compiled only for -gencode
-// arch=compute_90a,code=sm_90a (mla_verify_sm90a.cu). This file holds what both schedules share
-// and the page-pair ("seesaw") kernel; mla_verify_sm90a_page.cuh the one-page kernel. The plan
-// picks one per shape (mla::UseOnePageSchedule).
+// arch=compute_90a,code=sm_90a (mla_verify_sm90a.cu). This file holds the layouts and wgmma / TMA
+// helpers both schedules use and the page-pair ("seesaw") kernel; mla_verify_sm90a_page.cuh the
+// one-page kernel, which the plan takes where it measured faster (mla::UseOnePageSchedule). Both
+// record the in-kernel trace of mla_verify_trace.h where it is compiled in.
 //
-// Page-pair kernel. Grid: (64-row query tiles, ranges of the flattened batch); one block per SM.
-// Block: 2
+// Page-pair kernel. Grid: (64-row query tiles, ranges of the flattened batch); one block per SM. Block: 2
 // warpgroups (256 threads) on one 64-row tile (the wgmma M; rows past s_q * h_q are zeros that
 // TMA fills in, and their results are dropped). Dynamic shared memory kSmemBytes: the Q tile and
 // two cache pages of 64 x 576 bf16.
@@ -59,10 +59,8 @@ inline constexpr int kSlabs = kMlaHeadDimQk / 64;       // 9 slabs of 64 columns
 inline constexpr int kSlabBytes = 64 * 128;             // 64 rows x 64 bf16
 inline constexpr int kTileBytes = kSlabs * kSlabBytes;  // 73728: the Q tile, or one page
 inline constexpr int kPSlab = 8;                        // the rope slab, reused for P
-inline constexpr uint64_t kEvictFirst =  // cache pages read by one row tile only
+inline constexpr uint64_t kEvictFirst =  // cache pages: read once (or by sibling tiles at once)
     static_cast<uint64_t>(cute::TMA::CacheHintSm90::EVICT_FIRST);
-inline constexpr uint64_t kEvictNormal =  // cache pages the sibling row tiles of a range read too
-    static_cast<uint64_t>(cute::TMA::CacheHintSm90::EVICT_NORMAL);
 inline constexpr uint64_t kEvictLast =  // a Q tile: read by every block of its request
     static_cast<uint64_t>(cute::TMA::CacheHintSm90::EVICT_LAST);
 
@@ -83,9 +81,7 @@ struct Sm90aArgs {
   CUtensorMap kv_map;  // [pages, 64, 576] bf16, box 64 x 64, 128-byte swizzle
   CUtensorMap q_map;   // [b, s_q, h_q, 576] bf16, box 64 rows (heads x tokens) x 64 columns
   KernelArgs args;
-  uint64_t kv_hint;        // L2 policy of the page loads: kEvictFirst or kEvictNormal (the plan's)
-  int32_t kv_prefetch_l2;  // page pairs: prefetch the next pair's pages into L2 (the plan's)
-  TraceArgs trace;         // where the timestamp trace goes (nowhere unless compiled in and set)
+  TraceArgs trace;  // where the timestamp trace goes (nowhere unless compiled in and set)
 };
 
 // Waits for a page box; in a traced build, records the wait when the box had not landed yet.
@@ -99,14 +95,6 @@ __device__ __forceinline__ void WaitBox(uint64_t* bar, int phase, TraceRecorder&
   } else {
     cutlass::arch::ClusterTransactionBarrier::wait(bar, phase);
   }
-}
-// A wait of the kind `begin` names (its end is begin + 1), recorded in a traced build.
-template <typename F>
-__device__ __forceinline__ void Traced(TraceRecorder& rec, MlaTraceEvent begin, int32_t step,
-                                       F&& wait) {
-  rec.Add(begin, step);
-  wait();
-  rec.Add(static_cast<MlaTraceEvent>(static_cast<uint32_t>(begin) + 1), step);
 }
 
 // Named barriers (ids after CUTLASS's reserved ones). The 256-thread ones pair an arrive of one
@@ -185,31 +173,13 @@ __device__ __forceinline__ void PvFromShared(uint32_t p_page, uint32_t v_page, i
 }
 
 // One thread: boxes [begin, end) of cache page `page` into a page buffer, each completing on its
-// own barrier, with L2 policy `hint`.
+// own barrier.
 __device__ __forceinline__ void LoadPageBoxes(const CUtensorMap* map, uint8_t* dst, uint64_t* bars,
-                                              int32_t page, int begin, int end, uint64_t hint) {
+                                              int32_t page, int begin, int end) {
   for (int slab = begin; slab < end; ++slab) {
     cutlass::arch::ClusterTransactionBarrier::arrive_and_expect_tx(&bars[slab], kSlabBytes);
-    cute::SM90_TMA_LOAD_3D::copy(map, &bars[slab], hint, dst + slab * kSlabBytes, slab * 64, 0,
-                                 page);
-  }
-}
-// One thread: the nine boxes of cache page `page` prefetched into L2 (no shared memory, no barrier).
-__device__ __forceinline__ void PrefetchPageL2(const CUtensorMap* map, int32_t page) {
-#pragma unroll 1
-  for (int slab = 0; slab < kSlabs; ++slab) {
-    cute::SM90_TMA_LOAD_3D::PREFETCH::copy(map, slab * 64, 0, page);
-  }
-}
-// Boxes [begin, end) of the page a cursor names into page buffer `which`, or, where the cursor's
-// slot holds no page, the boxes' barrier phases completed without data (the buffer's stale, finite
-// contents then run through the same wgmma with all-zero probabilities).
-__device__ __forceinline__ void LoadOrSkip(const Sm90aArgs& targs, bool has, int32_t page,
-                                           uint8_t* dst, uint64_t* bars, int begin, int end) {
-  if (has) {
-    LoadPageBoxes(&targs.kv_map, dst, bars, page, begin, end, targs.kv_hint);
-  } else {
-    for (int slab = begin; slab < end; ++slab) cutlass::arch::ClusterTransactionBarrier::arrive(&bars[slab]);
+    cute::SM90_TMA_LOAD_3D::copy(map, &bars[slab], kEvictFirst, dst + slab * kSlabBytes, slab * 64,
+                                 0, page);
   }
 }
 
@@ -246,138 +216,37 @@ __device__ __forceinline__ float ExponentiateRow(float (&s)[32], int h, float sc
   return sum;
 }
 
-// This thread's share of a page's scores (rows row0, row0 + 8 as h = 0, 1; s[n * 4 + h * 2 + e]:
-// key n * 8 + quad * 2 + e of the page): keys at or past border[h] (relative to the page) set to
-// -inf when `masked`, and the row maxima in log2 units (-inf stays -inf).
-__device__ __forceinline__ void MaskAndRowMax(float (&s)[32], bool masked,
-                                              const int32_t (&border)[2], int quad,
-                                              float scale_log2, float (&mx)[2]) {
-#pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    float v = -INFINITY;
-    if (masked) {
-#pragma unroll
-      for (int n = 0; n < 8; ++n) {
-#pragma unroll
-        for (int e = 0; e < 2; ++e) {
-          const int key = n * 8 + quad * 2 + e;
-          float& x = s[n * 4 + h * 2 + e];
-          x = key < border[h] ? x : -INFINITY;
-          v = fmaxf(v, x);
-        }
-      }
-    } else {
-#pragma unroll
-      for (int n = 0; n < 8; ++n) v = fmaxf(v, fmaxf(s[n * 4 + h * 2], s[n * 4 + h * 2 + 1]));
-    }
-    mx[h] = QuadMax(v) * scale_log2;
-  }
-}
-
-// P (bf16 pairs, pk[n][h]) of this thread's rows into a page's slab 8 (K-major, swizzled) for the
-// other warpgroup's SS wgmma; the slab's rope keys are dead once the page's scores are done.
-__device__ __forceinline__ void StoreP(uint8_t* page_buf, const uint32_t (&pk)[8][2], int row0,
-                                       int quad) {
-  uint8_t* dst = page_buf + kPSlab * kSlabBytes;
-#pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    const int r = row0 + 8 * h;
-#pragma unroll
-    for (int n = 0; n < 8; ++n) {
-      *reinterpret_cast<uint32_t*>(dst + blocks::Swizzle128Offset(r, n) + quad * 4) = pk[n][h];
-    }
-  }
-  blocks::FenceProxyAsyncShared();
-}
-
-// O (this thread's 64 x 256 half, rows row0 and row0 + 8) times the rows' rescale factors; skipped
-// by a warp whose rows' maxima did not move.
-__device__ __forceinline__ void RescaleO(float (&o)[128], const float (&sc)[2]) {
-  if (__any_sync(0xffffffffu, sc[0] != 1.0f || sc[1] != 1.0f)) {
-#pragma unroll
-    for (int n = 0; n < 32; ++n) {
-      o[n * 4] *= sc[0];
-      o[n * 4 + 1] *= sc[0];
-      o[n * 4 + 2] *= sc[1];
-      o[n * 4 + 3] *= sc[1];
-    }
-  }
-}
-
-// This warpgroup's half of O (columns 256 wg ..) of a finished request r, times inv[h] (1 / row
-// sum), to out, or to its partial slot when the request is split over ranges; lse2[h] (log2
-// domain, -inf for a row that saw no key) goes with it where write_lse.
-__device__ __forceinline__ void WriteRows(const KernelArgs& args, int32_t r, int32_t per,
-                                          int tile, int row0, int quad, int wg,
-                                          const float (&o)[128], const float (&inv)[2],
-                                          const float (&lse2)[2], bool write_lse) {
-  const MlaVerifyParams& p = args.p;
-  const int32_t* cum = args.plan + kPlanCum;
-  const int32_t rows = p.s_q * p.h_q;
-  int64_t slot = 0;
-  const bool direct = !PartialSlot(args, per, r, cum[r], cum[r + 1], blockIdx.y, &slot);
-#pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    const int32_t g = tile * kM + row0 + 8 * h;
-    if (g >= rows) continue;
-    const int32_t j = g / p.h_q, head = g - j * p.h_q;
-    const int col = wg * 256 + quad * 2;
-    if (direct) {
-      __nv_bfloat16* dst = p.out + r * p.out_batch_stride + j * p.out_token_stride +
-                           head * p.out_head_stride + col;
-#pragma unroll
-      for (int n = 0; n < 32; ++n) {
-        *reinterpret_cast<__nv_bfloat162*>(dst + n * 8) =
-            __floats2bfloat162_rn(o[n * 4 + h * 2] * inv[h], o[n * 4 + h * 2 + 1] * inv[h]);
-      }
-      if (p.lse != nullptr && write_lse && quad == 0) {
-        p.lse[r * p.lse_batch_stride + head * p.lse_head_stride + j] =
-            lse2[h] == -INFINITY ? -INFINITY : lse2[h] * blocks::kLn2;
-      }
-    } else {
-      float* dst = args.partial_out + (slot * rows + g) * kMlaHeadDimV + col;
-#pragma unroll
-      for (int n = 0; n < 32; ++n) {
-        *reinterpret_cast<float2*>(dst + n * 8) =
-            make_float2(o[n * 4 + h * 2] * inv[h], o[n * 4 + h * 2 + 1] * inv[h]);
-      }
-      if (write_lse && quad == 0) args.partial_lse[slot * rows + g] = lse2[h];
-    }
-  }
-}
-
-// The steps of a block's range [u0, u1) of the flattened batch: each request's part of the range
-// kPages pages at a time from its first page there (a part's last step may hold fewer). The step's
-// cache page indices are read when the cursor arrives at it, a step or two before the TMA loads
-// that use them, so that no issuing thread waits for a global load there.
-template <int kPages>
-struct StepCursor {
+// The pairs of pages of a block's range [u0, u1) of the flattened batch: each request's part of
+// the range two pages at a time from its first page there (a part's last pair may hold one page).
+// The pair's cache page indices are read when the cursor arrives at the pair, a pair before the
+// TMA loads that use them, so that no issuing thread waits for a global load there.
+struct PairCursor {
   int32_t r;                   // request
-  int32_t u;                   // unit (flattened page) of the step's first page
+  int32_t u;                   // unit (flattened page) of the pair's first page
   int32_t req_begin;           // the request's first unit (cum[r])
   int32_t seg_begin, seg_end;  // the request's units inside the range
   int32_t len;                 // the request's length
-  int32_t page[kPages];        // cache pages of units u, u + 1, ... (where HasPage)
+  int32_t page[2];             // cache pages of units u, u + 1 (where Has0 / Has1)
 
   __device__ __forceinline__ bool Valid(int32_t u1) const { return u < u1; }
   __device__ __forceinline__ int32_t Page() const { return u - req_begin; }
   __device__ __forceinline__ int32_t Key0() const { return Page() * kMlaPageSize; }
   // Unit u + i is in this request's part of the range and holds keys.
   __device__ __forceinline__ bool HasPage(int i) const {
-    return (i == 0 || u + i < seg_end) && Key0() + i * kMlaPageSize < len;
+    return u + i < seg_end && Key0() + i * kMlaPageSize < len;
   }
-  __device__ __forceinline__ bool Has0() const { return HasPage(0); }
+  __device__ __forceinline__ bool Has0() const { return Key0() < len; }
   __device__ __forceinline__ bool Has1() const { return HasPage(1); }
   __device__ __forceinline__ bool First() const { return u == seg_begin; }
-  __device__ __forceinline__ bool Last() const { return u + kPages >= seg_end; }
+  __device__ __forceinline__ bool Last() const { return u + 2 >= seg_end; }
 
   __device__ __forceinline__ const int32_t* Table(const MlaVerifyParams& p) const {
     return p.block_table + static_cast<int64_t>(r) * p.block_table_batch_stride;
   }
   __device__ __forceinline__ void LoadPages(const MlaVerifyParams& p) {
     const int32_t* table = Table(p);
-#pragma unroll
-    for (int i = 0; i < kPages; ++i) page[i] = HasPage(i) ? table[Page() + i] : 0;
+    page[0] = Has0() ? table[Page()] : 0;
+    page[1] = Has1() ? table[Page() + 1] : 0;
   }
   __device__ __forceinline__ void Init(const MlaVerifyParams& p, const RequestCursor& start,
                                        int32_t u0, int32_t u1) {
@@ -391,7 +260,7 @@ struct StepCursor {
   __device__ __forceinline__ void Advance(const MlaVerifyParams& p, const int32_t* cum,
                                           int32_t u1) {
     if (u >= u1) return;
-    u += kPages;
+    u += 2;
     if (u < seg_end) {
       LoadPages(p);
       return;
@@ -407,10 +276,7 @@ struct StepCursor {
     LoadPages(p);
   }
 };
-using PairCursor = StepCursor<2>;
 
-// Shared-memory plan, barrier ids and helpers of the one-page kernel are in
-// mla_verify_sm90a_page.cuh; these are the page-pair kernel's.
 __global__ void __launch_bounds__(kThreads, 1)
     MlaVerifyTileSm90aKernel(const __grid_constant__ Sm90aArgs targs) {
   // Grid: (64-row tiles, ranges); block: 256 threads (2 warpgroups); dynamic shared memory
@@ -461,11 +327,14 @@ __global__ void __launch_bounds__(kThreads, 1)
   PairCursor nxt = cur;
   nxt.Advance(p, cum, u1);
 
-  // Keys [0, border) are visible to this thread's row h: min(L, L - s_q + 1 + j) for token j; L
-  // for padding rows.
+  // This thread's two query rows (h = 0, 1) in the request: g, its token j (-1 past the rows).
+  // Recomputed where used (cheap) rather than held in registers across the loop.
+  auto row_g = [&](int h) { return tile * kM + row0 + 8 * h; };
+  auto row_j = [&](int h) { return row_g(h) < rows ? row_g(h) / p.h_q : -1; };
+  // Keys [0, border) are visible to the row: min(L, L - s_q + 1 + j); L for padding rows.
   auto border_of = [&](int h, int32_t len) {
-    const int32_t g = tile * kM + row0 + 8 * h;
-    return g >= rows ? len : min(len, len - p.s_q + 1 + g / p.h_q);
+    const int32_t j = row_j(h);
+    return j < 0 ? len : min(len, len - p.s_q + 1 + j);
   };
 
   // Q tile of request r: nine boxes of 64 columns x (heads x tokens) = 64 rows.
@@ -484,8 +353,13 @@ __global__ void __launch_bounds__(kThreads, 1)
   // is finite: a buffer holds zeros until its first load, and the rows past a sequence's end
   // that a load brings are zeroed in the pair that uses them.
   auto load_or_skip = [&](const PairCursor& c, int which, int begin, int end) {
-    LoadOrSkip(targs, which == 0 ? c.Has0() : c.Has1(), c.page[which], sm.k[which],
-               sm.bar_k[which], begin, end);
+    const bool has = which == 0 ? c.Has0() : c.Has1();
+    if (has) {
+      LoadPageBoxes(&targs.kv_map, sm.k[which], sm.bar_k[which], c.page[which], begin, end);
+    } else {
+      for (int slab = begin; slab < end; ++slab)
+        cutlass::arch::ClusterTransactionBarrier::arrive(&sm.bar_k[which][slab]);
+    }
   };
   // Prologue: the first pair's Q and pages, and its scores. A buffer the first pair leaves
   // unloaded is zeroed (once the other loads are under way), the TMA writes into it later.
@@ -514,13 +388,16 @@ __global__ void __launch_bounds__(kThreads, 1)
   int q_phase = 0;
 
   rec.Add(MlaTraceEvent::kStep, step);
-  Traced(rec, MlaTraceEvent::kWaitQBegin, step,
-         [&] { cutlass::arch::ClusterTransactionBarrier::wait(&sm.bar_q, q_phase); });
+  rec.Add(MlaTraceEvent::kWaitQBegin, step);
+  cutlass::arch::ClusterTransactionBarrier::wait(&sm.bar_q, q_phase);
+  rec.Add(MlaTraceEvent::kWaitQEnd, step);
   q_phase ^= 1;
   blocks::FenceOperands(s);
   ScoreSlabs<0, kSlabs, true>(sq, wg == 0 ? sk[0] : sk[1], wg == 0 ? sm.bar_k[0] : sm.bar_k[1],
                               phase, s, rec, step);
-  Traced(rec, MlaTraceEvent::kWaitMmaBegin, step, [] { cute::warpgroup_wait<0>(); });
+  rec.Add(MlaTraceEvent::kWaitMmaBegin, step);
+  cute::warpgroup_wait<0>();
+  rec.Add(MlaTraceEvent::kWaitMmaEnd, step);
   blocks::FenceOperands(s);
   phase ^= 1;
 
@@ -539,43 +416,87 @@ __global__ void __launch_bounds__(kThreads, 1)
     const bool nxt_valid = nxt.Valid(u1);
 
     // ---- Softmax of this warpgroup's page: mask (causal and past the end; a page that is not
-    // there is all masked), row max in log2 units.
+    // there is all masked), row max in log2 units. s[n * 4 + e]: row row0 + 8 (e / 2), key
+    // k_page + n * 8 + quad * 2 + e % 2.
     float mx[2];
-    {
-      const bool masked = !has_mine || k_page + kMlaPageSize > len - p.s_q + 1;
-      const int32_t border[2] = {has_mine ? border_of(0, len) - k_page : 0,
-                                 has_mine ? border_of(1, len) - k_page : 0};
-      MaskAndRowMax(s, masked, border, quad, args.scale_log2, mx);
+    const bool masked = !has_mine || k_page + kMlaPageSize > len - p.s_q + 1;
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      float v = -INFINITY;
+      if (masked) {
+        const int32_t border = has_mine ? border_of(h, len) - k_page : 0;
+#pragma unroll
+        for (int n = 0; n < 8; ++n) {
+#pragma unroll
+          for (int e = 0; e < 2; ++e) {
+            const int key = n * 8 + quad * 2 + e;
+            float& x = s[n * 4 + h * 2 + e];
+            x = key < border ? x : -INFINITY;
+            v = fmaxf(v, x);
+          }
+        }
+      } else {
+#pragma unroll
+        for (int n = 0; n < 8; ++n) v = fmaxf(v, fmaxf(s[n * 4 + h * 2], s[n * 4 + h * 2 + 1]));
+      }
+      mx[h] = QuadMax(v) * args.scale_log2;  // -inf stays -inf (scale > 0)
     }
 
     uint32_t pk[8][2];  // this warpgroup's P as bf16 pairs (the RS operand, and P in smem)
+    // P (bf16 pairs) into the page's slab 8 (K-major, swizzled) for the other warpgroup's SS
+    // wgmma; the slab's rope keys are dead once the page's scores are done.
+    auto store_p = [&](uint8_t* page_buf) {
+      uint8_t* dst = page_buf + kPSlab * kSlabBytes;
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int r = row0 + 8 * h;
+#pragma unroll
+        for (int n = 0; n < 8; ++n) {
+          *reinterpret_cast<uint32_t*>(dst + blocks::Swizzle128Offset(r, n) + quad * 4) = pk[n][h];
+        }
+      }
+      blocks::FenceProxyAsyncShared();
+    };
+    auto rescale_o = [&](const float(&sc)[2]) {
+      if (__any_sync(0xffffffffu, sc[0] != 1.0f || sc[1] != 1.0f)) {  // the max moved
+#pragma unroll
+        for (int n = 0; n < 32; ++n) {
+          o[n * 4] *= sc[0];
+          o[n * 4 + 1] *= sc[0];
+          o[n * 4 + 2] *= sc[1];
+          o[n * 4 + 3] *= sc[1];
+        }
+      }
+    };
     if (wg == 0) {
       // ---- Warpgroup 0: m0 = max(m, rowmax S0), scale0 = 2^(m - m0), P0 relative to m0
       // (published with m0 and scale0 for wg1, before anything waits on the tensor cores).
       float sc0[2];
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
-        const blocks::OnlineSoftmaxStep sstep = blocks::NextOnlineSoftmaxStep(m_run[h], mx[h]);
-        sc0[h] = sstep.rescale;
-        const float sum = ExponentiateRow(s, h, args.scale_log2, sstep.offset, pk);
+        const blocks::OnlineSoftmaxStep step = blocks::NextOnlineSoftmaxStep(m_run[h], mx[h]);
+        sc0[h] = step.rescale;
+        const float sum = ExponentiateRow(s, h, args.scale_log2, step.offset, pk);
         l_run[h] = l_run[h] * sc0[h] + sum;
-        m_run[h] = sstep.max;
+        m_run[h] = step.max;
         if (quad == 0) {
-          sm.max0[row0 + 8 * h] = sstep.max;
+          sm.max0[row0 + 8 * h] = step.max;
           sm.scale0[row0 + 8 * h] = sc0[h];
         }
       }
-      StoreP(sm.k[0], pk, row0, quad);
+      store_p(sm.k[0]);
       Arrive(kScale0Ready);
       // ---- O_L = O_L scale0 + P0 V0_L.
-      RescaleO(o, sc0);
+      rescale_o(sc0);
       if (has0 && valid0 < kMlaPageSize) ZeroRowsPastEnd(sm.k[0], 0, valid0, t, 0);
       blocks::FenceOperands(o);
       blocks::FenceOperands(pk);
       cute::warpgroup_arrive();
       PvFromRegisters(pk, k_addr[0], 0, o);
       cute::warpgroup_commit_batch();
-      Traced(rec, MlaTraceEvent::kWaitMmaBegin, step, [] { cute::warpgroup_wait<0>(); });
+      rec.Add(MlaTraceEvent::kWaitMmaBegin, step);
+      cute::warpgroup_wait<0>();
+      rec.Add(MlaTraceEvent::kWaitMmaEnd, step);
       blocks::FenceOperands(o);
       blocks::FenceOperands(pk);
       // K0's boxes 0..3 (V0_L) are dead: the next even page's first boxes.
@@ -585,7 +506,9 @@ __global__ void __launch_bounds__(kThreads, 1)
       }
       // ---- wg1's m1, scale1 (and P1 in K1's slab 8): O_L = O_L scale1 + P1 V1_L. wg1's scores
       // of this pair are done, so Q is dead: the next request's Q.
-      Traced(rec, MlaTraceEvent::kWaitPeerBegin, step, [] { Wait(kScale1Ready); });
+      rec.Add(MlaTraceEvent::kWaitPeerBegin, step);
+      Wait(kScale1Ready);
+      rec.Add(MlaTraceEvent::kWaitPeerEnd, step);
       float sc1[2];
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
@@ -594,7 +517,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         l_run[h] *= sc1[h];
       }
       if (tid == 0 && nxt_valid && nxt.First()) load_q(nxt.r);
-      RescaleO(o, sc1);
+      rescale_o(sc1);
       if (has1 && valid1 < kMlaPageSize) ZeroRowsPastEnd(sm.k[1], 0, valid1, t, 0);
       blocks::FenceOperands(o);
       cute::warpgroup_arrive();
@@ -605,12 +528,15 @@ __global__ void __launch_bounds__(kThreads, 1)
       if (nxt_valid) {
         rec.Add(MlaTraceEvent::kStep, step + 1);
         if (nxt.First()) {
-          Traced(rec, MlaTraceEvent::kWaitQBegin, step + 1,
-                 [&] { cutlass::arch::ClusterTransactionBarrier::wait(&sm.bar_q, q_phase); });
+          rec.Add(MlaTraceEvent::kWaitQBegin, step + 1);
+          cutlass::arch::ClusterTransactionBarrier::wait(&sm.bar_q, q_phase);
+          rec.Add(MlaTraceEvent::kWaitQEnd, step + 1);
         }
         blocks::FenceOperands(s);
         ScoreSlabs<0, 4, true>(q_addr, k_addr[0], sm.bar_k[0], phase, s, rec, step + 1);
-        Traced(rec, MlaTraceEvent::kWaitMmaBegin, step + 1, [] { cute::warpgroup_wait<4>(); });
+        rec.Add(MlaTraceEvent::kWaitMmaBegin, step + 1);
+        cute::warpgroup_wait<4>();
+        rec.Add(MlaTraceEvent::kWaitMmaEnd, step + 1);
         blocks::FenceOperands(o);
         if (tid == 0) {
           load_or_skip(nxt, 1, 0, 4);
@@ -618,30 +544,30 @@ __global__ void __launch_bounds__(kThreads, 1)
           rec.Add(MlaTraceEvent::kIssueLoad, step);
         }
         ScoreSlabs<4, kSlabs, false>(q_addr, k_addr[0], sm.bar_k[0], phase, s, rec, step + 1);
-        Traced(rec, MlaTraceEvent::kWaitMmaBegin, step + 1, [] { cute::warpgroup_wait<0>(); });
+        rec.Add(MlaTraceEvent::kWaitMmaBegin, step + 1);
+        cute::warpgroup_wait<0>();
+        rec.Add(MlaTraceEvent::kWaitMmaEnd, step + 1);
         blocks::FenceOperands(s);
         phase ^= 1;
       } else {
-        Traced(rec, MlaTraceEvent::kWaitMmaBegin, step, [] { cute::warpgroup_wait<0>(); });
+        rec.Add(MlaTraceEvent::kWaitMmaBegin, step);
+        cute::warpgroup_wait<0>();
+        rec.Add(MlaTraceEvent::kWaitMmaEnd, step);
         blocks::FenceOperands(o);
       }
     } else {
-      // The next pair's pages into L2 while this warpgroup waits for wg0's softmax: its boxes are
-      // loaded as this pair's die, the last ones at the pair's end.
-      if (t == 0 && targs.kv_prefetch_l2 && nxt_valid) {
-        if (nxt.Has0()) PrefetchPageL2(&targs.kv_map, nxt.page[0]);
-        if (nxt.Has1()) PrefetchPageL2(&targs.kv_map, nxt.page[1]);
-      }
       // ---- Warpgroup 1: O_R = O_R scale0 + P0 V0_R first (its operands are all there), with
       // the softmax of S1 under it: m1 = max(m0, rowmax S1), scale1 = 2^(m0 - m1).
-      Traced(rec, MlaTraceEvent::kWaitPeerBegin, step, [] { Wait(kScale0Ready); });
+      rec.Add(MlaTraceEvent::kWaitPeerBegin, step);
+      Wait(kScale0Ready);
+      rec.Add(MlaTraceEvent::kWaitPeerEnd, step);
       float m0[2], sc0[2];
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
         m0[h] = sm.max0[row0 + 8 * h];
         sc0[h] = sm.scale0[row0 + 8 * h];
       }
-      RescaleO(o, sc0);
+      rescale_o(sc0);
       if (has0 && valid0 < kMlaPageSize) ZeroRowsPastEnd(sm.k[0], 1, valid0, t, 1);
       blocks::FenceOperands(o);
       cute::warpgroup_arrive();
@@ -650,34 +576,38 @@ __global__ void __launch_bounds__(kThreads, 1)
       float sc1[2];
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
-        const blocks::OnlineSoftmaxStep sstep = blocks::NextOnlineSoftmaxStep(m0[h], mx[h]);
-        sc1[h] = sstep.rescale;
-        const float sum = ExponentiateRow(s, h, args.scale_log2, sstep.offset, pk);
+        const blocks::OnlineSoftmaxStep step = blocks::NextOnlineSoftmaxStep(m0[h], mx[h]);
+        sc1[h] = step.rescale;
+        const float sum = ExponentiateRow(s, h, args.scale_log2, step.offset, pk);
         l_run[h] = l_run[h] * (sc0[h] * sc1[h]) + sum;
-        m_run[h] = sstep.max;
+        m_run[h] = step.max;
         if (quad == 0) {
-          sm.max1[row0 + 8 * h] = sstep.max;
+          sm.max1[row0 + 8 * h] = step.max;
           sm.scale1[row0 + 8 * h] = sc1[h];
         }
       }
-      StoreP(sm.k[1], pk, row0, quad);
+      store_p(sm.k[1]);
       Arrive(kScale1Ready);
       // Once P0 V0_R is done, K0's boxes 4..8 are dead: the next even page's last boxes.
-      Traced(rec, MlaTraceEvent::kWaitMmaBegin, step, [] { cute::warpgroup_wait<0>(); });
+      rec.Add(MlaTraceEvent::kWaitMmaBegin, step);
+      cute::warpgroup_wait<0>();
+      rec.Add(MlaTraceEvent::kWaitMmaEnd, step);
       blocks::FenceOperands(o);
       if (t == 0 && nxt_valid) {
         load_or_skip(nxt, 0, 4, kSlabs);
         rec.Add(MlaTraceEvent::kIssueLoad, step);
       }
       // ---- O_R = O_R scale1 + P1 V1_R.
-      RescaleO(o, sc1);
+      rescale_o(sc1);
       if (has1 && valid1 < kMlaPageSize) ZeroRowsPastEnd(sm.k[1], 1, valid1, t, 1);
       blocks::FenceOperands(o);
       blocks::FenceOperands(pk);
       cute::warpgroup_arrive();
       PvFromRegisters(pk, k_addr[1], 1, o);
       cute::warpgroup_commit_batch();
-      Traced(rec, MlaTraceEvent::kWaitMmaBegin, step, [] { cute::warpgroup_wait<0>(); });
+      rec.Add(MlaTraceEvent::kWaitMmaBegin, step);
+      cute::warpgroup_wait<0>();
+      rec.Add(MlaTraceEvent::kWaitMmaEnd, step);
       blocks::FenceOperands(o);
       blocks::FenceOperands(pk);
       // K1's boxes 4..7 (V1_R) are dead: the next odd page's.
@@ -689,15 +619,18 @@ __global__ void __launch_bounds__(kThreads, 1)
       if (nxt_valid) {
         rec.Add(MlaTraceEvent::kStep, step + 1);
         if (nxt.First()) {
-          Traced(rec, MlaTraceEvent::kWaitQBegin, step + 1,
-                 [&] { cutlass::arch::ClusterTransactionBarrier::wait(&sm.bar_q, q_phase); });
+          rec.Add(MlaTraceEvent::kWaitQBegin, step + 1);
+          cutlass::arch::ClusterTransactionBarrier::wait(&sm.bar_q, q_phase);
+          rec.Add(MlaTraceEvent::kWaitQEnd, step + 1);
         }
         blocks::FenceOperands(s);
         ScoreSlabs<0, 4, true>(q_addr, k_addr[1], sm.bar_k[1], phase, s, rec, step + 1);
         ScoreSlabs<kPSlab, kSlabs, false>(q_addr, k_addr[1], sm.bar_k[1], phase, s, rec,
                                           step + 1);
         ScoreSlabs<4, kPSlab, false>(q_addr, k_addr[1], sm.bar_k[1], phase, s, rec, step + 1);
-        Traced(rec, MlaTraceEvent::kWaitMmaBegin, step + 1, [] { cute::warpgroup_wait<0>(); });
+        rec.Add(MlaTraceEvent::kWaitMmaBegin, step + 1);
+        cute::warpgroup_wait<0>();
+        rec.Add(MlaTraceEvent::kWaitMmaEnd, step + 1);
         blocks::FenceOperands(s);
         phase ^= 1;
       }
@@ -708,20 +641,49 @@ __global__ void __launch_bounds__(kThreads, 1)
     // warpgroup's half of O to out (or to a partial slot when the request is split).
     if (cur.Last()) {
       rec.Add(MlaTraceEvent::kEpilogueBegin, step);
+      float l_tot[2];
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
-        const float l_tot = QuadSum(l_run[h]);
-        if (quad == 0) sm.row_sum[wg][row0 + 8 * h] = l_tot;
+        l_tot[h] = QuadSum(l_run[h]);
+        if (quad == 0) sm.row_sum[wg][row0 + 8 * h] = l_tot[h];
       }
-      Traced(rec, MlaTraceEvent::kWaitPeerBegin, step, [] { Wait(kRowSums); });
-      float inv[2], lse2[2];
+      rec.Add(MlaTraceEvent::kWaitPeerBegin, step);
+      Wait(kRowSums);
+      rec.Add(MlaTraceEvent::kWaitPeerEnd, step);
+      const int32_t r = cur.r;
+      int64_t slot = 0;
+      const bool direct = !PartialSlot(args, per, r, cum[r], cum[r + 1], blockIdx.y, &slot);
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
+        const int32_t g = row_g(h);
+        if (g >= rows) continue;
         const float l = sm.row_sum[0][row0 + 8 * h] + sm.row_sum[1][row0 + 8 * h];
-        inv[h] = l > 0.0f ? 1.0f / l : 0.0f;
-        lse2[h] = l > 0.0f ? m_run[h] + __log2f(l) : -INFINITY;
+        const float inv = l > 0.0f ? 1.0f / l : 0.0f;
+        const float lse2 = l > 0.0f ? m_run[h] + __log2f(l) : -INFINITY;
+        const int32_t j = g / p.h_q, head = g - j * p.h_q;
+        const int col = wg * 256 + quad * 2;
+        if (direct) {
+          __nv_bfloat16* dst = p.out + r * p.out_batch_stride + j * p.out_token_stride +
+                               head * p.out_head_stride + col;
+#pragma unroll
+          for (int n = 0; n < 32; ++n) {
+            *reinterpret_cast<__nv_bfloat162*>(dst + n * 8) =
+                __floats2bfloat162_rn(o[n * 4 + h * 2] * inv, o[n * 4 + h * 2 + 1] * inv);
+          }
+          if (p.lse != nullptr && wg == 0 && quad == 0) {
+            p.lse[r * p.lse_batch_stride + head * p.lse_head_stride + j] =
+                l > 0.0f ? lse2 * blocks::kLn2 : -INFINITY;
+          }
+        } else {
+          float* dst = args.partial_out + (slot * rows + g) * kMlaHeadDimV + col;
+#pragma unroll
+          for (int n = 0; n < 32; ++n) {
+            *reinterpret_cast<float2*>(dst + n * 8) =
+                make_float2(o[n * 4 + h * 2] * inv, o[n * 4 + h * 2 + 1] * inv);
+          }
+          if (wg == 0 && quad == 0) args.partial_lse[slot * rows + g] = lse2;
+        }
       }
-      WriteRows(args, cur.r, per, tile, row0, quad, wg, o, inv, lse2, wg == 0);
 #pragma unroll
       for (int i = 0; i < 128; ++i) o[i] = 0.0f;
 #pragma unroll

@@ -17,16 +17,193 @@
 //        boxes 0..3 and 8 are dead: it issues them for page i + 2.
 // So while one page is under compute the other buffer's page is in flight, and the dead half of
 // the computed page starts refilling as soon as the first P V half is done. wg0's P V of page i
-// overlaps wg1's scores of page i + 1. With kScoresUnderPv, wg1 issues the scores of page i + 1
-// right behind its P V of page i instead of waiting for that P V first (the tensor cores go from
-// one to the other without a drain; the boxes 4..7 are reissued once the first score slab's group
-// is behind it). wg1 alone holds the running max and row sums; at a request's last page it hands
-// 1 / row sum to wg0 and each writes its half of O.
+// overlaps wg1's scores of page i + 1. wg1 alone holds the running max and row sums; at a
+// request's last page it hands 1 / row sum to wg0 and each writes its half of O.
+//
+// Against the page-pair kernel (the in-kernel trace, bench/mla_verify/NOTES.md): about 5,300 cycles
+// per page on the H200 whatever the shape, where a pair takes 9,300-10,500 (4,650-5,250 a page)
+// even with its second warpgroup waiting 2,000-2,800 cycles a pair for page boxes at h_q = 16:
+// with one page's scores at a time, the tensor cores idle during wg1's softmax. Where a block has
+// few pages (one request over all SMs, short sequences) its shorter start and end win.
 #pragma once
 
 #include "kernels/mla_verify/mla_verify_sm90a.cuh"
 
 namespace probesidecar::kernels::mla::sm90a {
+
+// Boxes [begin, end) of the page a cursor names into page buffer `which`, or, where the cursor's
+// slot holds no page, the boxes' barrier phases completed without data (the buffer's stale, finite
+// contents then run through the same wgmma with all-zero probabilities).
+__device__ __forceinline__ void LoadOrSkip(const Sm90aArgs& targs, bool has, int32_t page,
+                                           uint8_t* dst, uint64_t* bars, int begin, int end) {
+  if (has) {
+    LoadPageBoxes(&targs.kv_map, dst, bars, page, begin, end);
+  } else {
+    for (int slab = begin; slab < end; ++slab) cutlass::arch::ClusterTransactionBarrier::arrive(&bars[slab]);
+  }
+}
+
+// This thread's share of a page's scores (rows row0, row0 + 8 as h = 0, 1; s[n * 4 + h * 2 + e]:
+// key n * 8 + quad * 2 + e of the page): keys at or past border[h] (relative to the page) set to
+// -inf when `masked`, and the row maxima in log2 units (-inf stays -inf).
+__device__ __forceinline__ void MaskAndRowMax(float (&s)[32], bool masked,
+                                              const int32_t (&border)[2], int quad,
+                                              float scale_log2, float (&mx)[2]) {
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    float v = -INFINITY;
+    if (masked) {
+#pragma unroll
+      for (int n = 0; n < 8; ++n) {
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          const int key = n * 8 + quad * 2 + e;
+          float& x = s[n * 4 + h * 2 + e];
+          x = key < border[h] ? x : -INFINITY;
+          v = fmaxf(v, x);
+        }
+      }
+    } else {
+#pragma unroll
+      for (int n = 0; n < 8; ++n) v = fmaxf(v, fmaxf(s[n * 4 + h * 2], s[n * 4 + h * 2 + 1]));
+    }
+    mx[h] = QuadMax(v) * scale_log2;
+  }
+}
+
+// P (bf16 pairs, pk[n][h]) of this thread's rows into a page's slab 8 (K-major, swizzled) for the
+// other warpgroup's SS wgmma; the slab's rope keys are dead once the page's scores are done.
+__device__ __forceinline__ void StoreP(uint8_t* page_buf, const uint32_t (&pk)[8][2], int row0,
+                                       int quad) {
+  uint8_t* dst = page_buf + kPSlab * kSlabBytes;
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int r = row0 + 8 * h;
+#pragma unroll
+    for (int n = 0; n < 8; ++n) {
+      *reinterpret_cast<uint32_t*>(dst + blocks::Swizzle128Offset(r, n) + quad * 4) = pk[n][h];
+    }
+  }
+  blocks::FenceProxyAsyncShared();
+}
+
+// O (this thread's 64 x 256 half, rows row0 and row0 + 8) times the rows' rescale factors; skipped
+// by a warp whose rows' maxima did not move.
+__device__ __forceinline__ void RescaleO(float (&o)[128], const float (&sc)[2]) {
+  if (__any_sync(0xffffffffu, sc[0] != 1.0f || sc[1] != 1.0f)) {
+#pragma unroll
+    for (int n = 0; n < 32; ++n) {
+      o[n * 4] *= sc[0];
+      o[n * 4 + 1] *= sc[0];
+      o[n * 4 + 2] *= sc[1];
+      o[n * 4 + 3] *= sc[1];
+    }
+  }
+}
+
+// This warpgroup's half of O (columns 256 wg ..) of a finished request r, times inv[h] (1 / row
+// sum), to out, or to its partial slot when the request is split over ranges; lse2[h] (log2
+// domain, -inf for a row that saw no key) goes with it where write_lse.
+__device__ __forceinline__ void WriteRows(const KernelArgs& args, int32_t r, int32_t per,
+                                          int tile, int row0, int quad, int wg,
+                                          const float (&o)[128], const float (&inv)[2],
+                                          const float (&lse2)[2], bool write_lse) {
+  const MlaVerifyParams& p = args.p;
+  const int32_t* cum = args.plan + kPlanCum;
+  const int32_t rows = p.s_q * p.h_q;
+  int64_t slot = 0;
+  const bool direct = !PartialSlot(args, per, r, cum[r], cum[r + 1], blockIdx.y, &slot);
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int32_t g = tile * kM + row0 + 8 * h;
+    if (g >= rows) continue;
+    const int32_t j = g / p.h_q, head = g - j * p.h_q;
+    const int col = wg * 256 + quad * 2;
+    if (direct) {
+      __nv_bfloat16* dst = p.out + r * p.out_batch_stride + j * p.out_token_stride +
+                           head * p.out_head_stride + col;
+#pragma unroll
+      for (int n = 0; n < 32; ++n) {
+        *reinterpret_cast<__nv_bfloat162*>(dst + n * 8) =
+            __floats2bfloat162_rn(o[n * 4 + h * 2] * inv[h], o[n * 4 + h * 2 + 1] * inv[h]);
+      }
+      if (p.lse != nullptr && write_lse && quad == 0) {
+        p.lse[r * p.lse_batch_stride + head * p.lse_head_stride + j] =
+            lse2[h] == -INFINITY ? -INFINITY : lse2[h] * blocks::kLn2;
+      }
+    } else {
+      float* dst = args.partial_out + (slot * rows + g) * kMlaHeadDimV + col;
+#pragma unroll
+      for (int n = 0; n < 32; ++n) {
+        *reinterpret_cast<float2*>(dst + n * 8) =
+            make_float2(o[n * 4 + h * 2] * inv[h], o[n * 4 + h * 2 + 1] * inv[h]);
+      }
+      if (write_lse && quad == 0) args.partial_lse[slot * rows + g] = lse2[h];
+    }
+  }
+}
+
+// The steps of a block's range [u0, u1) of the flattened batch: each request's part of the range
+// kPages pages at a time from its first page there (a part's last step may hold fewer). The step's
+// cache page indices are read when the cursor arrives at it, a step or two before the TMA loads
+// that use them, so that no issuing thread waits for a global load there.
+template <int kPages>
+struct StepCursor {
+  int32_t r;                   // request
+  int32_t u;                   // unit (flattened page) of the step's first page
+  int32_t req_begin;           // the request's first unit (cum[r])
+  int32_t seg_begin, seg_end;  // the request's units inside the range
+  int32_t len;                 // the request's length
+  int32_t page[kPages];        // cache pages of units u, u + 1, ... (where HasPage)
+
+  __device__ __forceinline__ bool Valid(int32_t u1) const { return u < u1; }
+  __device__ __forceinline__ int32_t Page() const { return u - req_begin; }
+  __device__ __forceinline__ int32_t Key0() const { return Page() * kMlaPageSize; }
+  // Unit u + i is in this request's part of the range and holds keys.
+  __device__ __forceinline__ bool HasPage(int i) const {
+    return (i == 0 || u + i < seg_end) && Key0() + i * kMlaPageSize < len;
+  }
+  __device__ __forceinline__ bool Has0() const { return HasPage(0); }
+  __device__ __forceinline__ bool Has1() const { return HasPage(1); }
+  __device__ __forceinline__ bool First() const { return u == seg_begin; }
+  __device__ __forceinline__ bool Last() const { return u + kPages >= seg_end; }
+
+  __device__ __forceinline__ const int32_t* Table(const MlaVerifyParams& p) const {
+    return p.block_table + static_cast<int64_t>(r) * p.block_table_batch_stride;
+  }
+  __device__ __forceinline__ void LoadPages(const MlaVerifyParams& p) {
+    const int32_t* table = Table(p);
+#pragma unroll
+    for (int i = 0; i < kPages; ++i) page[i] = HasPage(i) ? table[Page() + i] : 0;
+  }
+  __device__ __forceinline__ void Init(const MlaVerifyParams& p, const RequestCursor& start,
+                                       int32_t u0, int32_t u1) {
+    r = start.r;
+    u = seg_begin = u0;
+    req_begin = start.begin;
+    seg_end = min(u1, start.end);
+    len = start.len;
+    LoadPages(p);
+  }
+  __device__ __forceinline__ void Advance(const MlaVerifyParams& p, const int32_t* cum,
+                                          int32_t u1) {
+    if (u >= u1) return;
+    u += kPages;
+    if (u < seg_end) {
+      LoadPages(p);
+      return;
+    }
+    if (seg_end >= u1) {
+      u = u1;
+      return;
+    }
+    ++r;
+    req_begin = seg_begin = u = seg_end;
+    seg_end = min(u1, cum[r + 1]);
+    len = p.cache_seqlens[r];
+    LoadPages(p);
+  }
+};
 
 struct PageStorage {
   uint8_t q[kTileBytes];     // 1024-byte aligned (the swizzle's period)
@@ -50,7 +227,6 @@ static_assert(static_cast<uint32_t>(kRequestDone) < static_cast<uint32_t>(kWarpg
 
 using PageCursor = StepCursor<1>;
 
-template <bool kScoresUnderPv>
 __global__ void __launch_bounds__(kThreads, 1)
     MlaVerifyPageSm90aKernel(const __grid_constant__ Sm90aArgs targs) {
   // Grid: (64-row tiles, ranges); block: 256 threads (2 warpgroups); dynamic shared memory
@@ -141,17 +317,6 @@ __global__ void __launch_bounds__(kThreads, 1)
   float l_run[2] = {0.0f, 0.0f};            // wg1: this thread's share of the row sums
   int q_phase = 0;
   int req_parity = 0;  // requests finished, mod 2 (which inv_sum row the next one uses)
-  if (kScoresUnderPv && wg == 1) {  // the first page's scores; the loop issues the others
-    rec.Add(MlaTraceEvent::kStep, 0);
-    Traced(rec, MlaTraceEvent::kWaitQBegin, 0,
-           [&] { cutlass::arch::ClusterTransactionBarrier::wait(&sm.bar_q, q_phase); });
-    q_phase ^= 1;
-    blocks::FenceOperands(s);
-    ScoreSlabs<0, kSlabs, true>(sq, sk0, sm.bar_k[0], 0, s, rec, 0);
-    Traced(rec, MlaTraceEvent::kWaitMmaBegin, 0, [] { cute::warpgroup_wait<0>(); });
-    blocks::FenceOperands(s);
-  }
-
   while (true) {
     const int b = step & 1;
     const int phase = (step >> 1) & 1;  // of buffer b's barriers: its (step / 2)-th page
@@ -164,20 +329,21 @@ __global__ void __launch_bounds__(kThreads, 1)
     const bool has = c0.Has0();
     const int32_t valid = len - k_page;  // keys in the page (when has)
     const bool c1_valid = c1.Valid(u1), c2_valid = c2.Valid(u1);
-    if (wg == 0 || !kScoresUnderPv) rec.Add(MlaTraceEvent::kStep, step);
+    rec.Add(MlaTraceEvent::kStep, step);
 
     if (wg == 1) {
-      if constexpr (!kScoresUnderPv) {
-        if (c0.First()) {
-          Traced(rec, MlaTraceEvent::kWaitQBegin, step,
-                 [&] { cutlass::arch::ClusterTransactionBarrier::wait(&sm.bar_q, q_phase); });
-          q_phase ^= 1;
-        }
-        blocks::FenceOperands(s);
-        ScoreSlabs<0, kSlabs, true>(q_addr, k_addr, sm.bar_k[b], phase, s, rec, step);
-        Traced(rec, MlaTraceEvent::kWaitMmaBegin, step, [] { cute::warpgroup_wait<0>(); });
-        blocks::FenceOperands(s);
+      if (c0.First()) {
+        rec.Add(MlaTraceEvent::kWaitQBegin, step);
+        cutlass::arch::ClusterTransactionBarrier::wait(&sm.bar_q, q_phase);
+        rec.Add(MlaTraceEvent::kWaitQEnd, step);
+        q_phase ^= 1;
       }
+      blocks::FenceOperands(s);
+      ScoreSlabs<0, kSlabs, true>(q_addr, k_addr, sm.bar_k[b], phase, s, rec, step);
+      rec.Add(MlaTraceEvent::kWaitMmaBegin, step);
+      cute::warpgroup_wait<0>();
+      rec.Add(MlaTraceEvent::kWaitMmaEnd, step);
+      blocks::FenceOperands(s);
       // The request's last scores in this range are done: Q is dead, the next request's comes.
       if (t == 0 && c0.Last() && c1_valid) load_q(c1.r);
 
@@ -209,37 +375,14 @@ __global__ void __launch_bounds__(kThreads, 1)
       cute::warpgroup_arrive();
       PvFromRegisters(pk, k_addr, 1, o);
       cute::warpgroup_commit_batch();
-      auto load_v_right = [&] {  // boxes 4..7 are dead once P V_R is done
-        if (t == 0 && c2_valid) {
-          LoadOrSkip(targs, c2.Has0(), c2.page[0], sm.k[b], sm.bar_k[b], 4, kPSlab);
-          rec.Add(MlaTraceEvent::kIssueLoad, step);
-        }
-      };
-      if (kScoresUnderPv && c1_valid) {
-        // ---- The next page's scores behind P V_R (other buffer; the next request's Q, loaded
-        // above, where the next page starts one).
-        const int nb = b ^ 1, nphase = ((step + 1) >> 1) & 1;
-        const uint32_t n_addr = sk0 + nb * kTileBytes;
-        rec.Add(MlaTraceEvent::kStep, step + 1);
-        if (c1.First()) {
-          Traced(rec, MlaTraceEvent::kWaitQBegin, step + 1,
-                 [&] { cutlass::arch::ClusterTransactionBarrier::wait(&sm.bar_q, q_phase); });
-          q_phase ^= 1;
-        }
-        blocks::FenceOperands(s);
-        ScoreSlabs<0, 1, true>(q_addr, n_addr, sm.bar_k[nb], nphase, s, rec, step + 1);
-        Traced(rec, MlaTraceEvent::kWaitMmaBegin, step, [] { cute::warpgroup_wait<1>(); });
-        blocks::FenceOperands(o);
-        blocks::FenceOperands(pk);
-        load_v_right();
-        ScoreSlabs<1, kSlabs, false>(q_addr, n_addr, sm.bar_k[nb], nphase, s, rec, step + 1);
-        Traced(rec, MlaTraceEvent::kWaitMmaBegin, step + 1, [] { cute::warpgroup_wait<0>(); });
-        blocks::FenceOperands(s);
-      } else {
-        Traced(rec, MlaTraceEvent::kWaitMmaBegin, step, [] { cute::warpgroup_wait<0>(); });
-        blocks::FenceOperands(o);
-        blocks::FenceOperands(pk);
-        load_v_right();
+      rec.Add(MlaTraceEvent::kWaitMmaBegin, step);
+      cute::warpgroup_wait<0>();
+      rec.Add(MlaTraceEvent::kWaitMmaEnd, step);
+      blocks::FenceOperands(o);
+      blocks::FenceOperands(pk);
+      if (t == 0 && c2_valid) {
+        LoadOrSkip(targs, c2.Has0(), c2.page[0], sm.k[b], sm.bar_k[b], 4, kPSlab);
+        rec.Add(MlaTraceEvent::kIssueLoad, step);
       }
       // ---- The request's last page in this range: 1 / row sums to wg0, LSE, O_R out.
       if (c0.Last()) {
@@ -252,7 +395,9 @@ __global__ void __launch_bounds__(kThreads, 1)
           lse2[h] = l > 0.0f ? m_run[h] + __log2f(l) : -INFINITY;
           if (quad == 0) sm.inv_sum[req_parity][row0 + 8 * h] = inv[h];
         }
-        Traced(rec, MlaTraceEvent::kWaitPeerBegin, step, [] { Wait(kRequestDone); });
+        rec.Add(MlaTraceEvent::kWaitPeerBegin, step);
+        Wait(kRequestDone);
+        rec.Add(MlaTraceEvent::kWaitPeerEnd, step);
         WriteRows(args, c0.r, per, tile, row0, quad, 1, o, inv, lse2, true);
 #pragma unroll
         for (int i = 0; i < 128; ++i) o[i] = 0.0f;
@@ -267,7 +412,9 @@ __global__ void __launch_bounds__(kThreads, 1)
     } else {
       // ---- O_L = O_L rescale + P V_L, with wg1's P from slab 8; then boxes 0..3 and 8 of this
       // buffer take page i + 2's.
-      Traced(rec, MlaTraceEvent::kWaitPeerBegin, step, [&] { Wait(kPReady0 + b); });
+      rec.Add(MlaTraceEvent::kWaitPeerBegin, step);
+      Wait(kPReady0 + b);
+      rec.Add(MlaTraceEvent::kWaitPeerEnd, step);
       const float sc[2] = {sm.scale[b][row0], sm.scale[b][row0 + 8]};
       RescaleO(o, sc);
       if (has && valid < kMlaPageSize) ZeroRowsPastEnd(sm.k[b], 0, valid, t, 0);
@@ -275,7 +422,9 @@ __global__ void __launch_bounds__(kThreads, 1)
       cute::warpgroup_arrive();
       PvFromShared(k_addr, k_addr, 0, o);
       cute::warpgroup_commit_batch();
-      Traced(rec, MlaTraceEvent::kWaitMmaBegin, step, [] { cute::warpgroup_wait<0>(); });
+      rec.Add(MlaTraceEvent::kWaitMmaBegin, step);
+      cute::warpgroup_wait<0>();
+      rec.Add(MlaTraceEvent::kWaitMmaEnd, step);
       blocks::FenceOperands(o);
       if (tid == 0 && c2_valid) {
         LoadOrSkip(targs, c2.Has0(), c2.page[0], sm.k[b], sm.bar_k[b], 0, 4);
@@ -284,7 +433,9 @@ __global__ void __launch_bounds__(kThreads, 1)
       }
       if (c0.Last()) {
         rec.Add(MlaTraceEvent::kEpilogueBegin, step);
-        Traced(rec, MlaTraceEvent::kWaitPeerBegin, step, [] { Wait(kRequestDone); });
+        rec.Add(MlaTraceEvent::kWaitPeerBegin, step);
+        Wait(kRequestDone);
+        rec.Add(MlaTraceEvent::kWaitPeerEnd, step);
         const float inv[2] = {sm.inv_sum[req_parity][row0], sm.inv_sum[req_parity][row0 + 8]};
         const float no_lse[2] = {0.0f, 0.0f};
         WriteRows(args, c0.r, per, tile, row0, quad, 0, o, inv, no_lse, false);
