@@ -167,8 +167,11 @@ def targets(by_point, ceil):
     both = [k for k in by_point if OURS in by_point[k] and "baseline" in by_point[k]]
     slower = [k for k in both if by_point[k][OURS]["graph_us_p50"] >
               by_point[k]["baseline"]["graph_us_p50"]]
-    out.append(f"| never slower than baseline | slower at {len(slower)} of {len(both)} points | – | "
-               f"{'yes' if not slower else 'no'} |")
+    if both:
+        out.append(f"| never slower than baseline | slower at {len(slower)} of {len(both)} points | – "
+                   f"| {'yes' if not slower else 'no'} |")
+    else:
+        out.append("| never slower than baseline | not run in this sweep | – | – |")
     prev = [k for k in by_point if OURS in by_point[k] and PREVIOUS in by_point[k]]
     if prev:
         ratios = {k: by_point[k][OURS]["graph_us_p50"] / by_point[k][PREVIOUS]["graph_us_p50"]
