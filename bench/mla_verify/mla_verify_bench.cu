@@ -220,8 +220,8 @@ bool TraceOnce(const Point& pt, const MlaVerifyParams& params, const Impl& impl,
                cudaStream_t stream) {
   const size_t words = static_cast<size_t>(trace.max_blocks) * 2 * trace.events * 2;
   CHECK_CUDA(cudaMemsetAsync(trace.buffer, 0, words * 4, stream));
-  CHECK_CUDA(probesidecar::kernels::SetMlaVerifyTraceBuffer(trace.buffer, trace.max_blocks,
-                                                            trace.events));
+  CHECK_CUDA(
+      probesidecar::kernels::SetMlaVerifyTraceBuffer(trace.buffer, trace.max_blocks, trace.events));
   const cudaError_t launch =
       probesidecar::kernels::LaunchMlaVerifyPath(params, impl.path, impl.ws, stream);
   CHECK_CUDA(probesidecar::kernels::SetMlaVerifyTraceBuffer(nullptr, 0, 0));
@@ -537,7 +537,8 @@ int main(int argc, char** argv) {
     Trace trace;
     if (!trace_dir.empty()) {
       if (!probesidecar::kernels::MlaVerifyTraceCompiledIn()) {
-        std::fprintf(stderr, "--trace-dir: this build has no trace (-DPROBESIDECAR_MLA_TRACE=ON)\n");
+        std::fprintf(stderr,
+                     "--trace-dir: this build has no trace (-DPROBESIDECAR_MLA_TRACE=ON)\n");
         return false;
       }
       trace.dir = trace_dir;
@@ -563,7 +564,8 @@ int main(int argc, char** argv) {
       for (size_t i = before; i < records.size(); ++i) {
         const Record& r = records[i];
         std::printf(
-            "h_q=%3d s_q=%d batch=%3d len=%6d %-27s %-10s graph %9.1f us eager %9.1f us  %6.0f GB/s "
+            "h_q=%3d s_q=%d batch=%3d len=%6d %-27s %-10s graph %9.1f us eager %9.1f us  %6.0f "
+            "GB/s "
             "(%.2f)  %5.0f TFLOP/s (%.2f)\n",
             pt.h_q, pt.s_q, pt.batch, pt.len, r.impl.c_str(), r.tile.c_str(), r.graph_us,
             r.eager_us, r.gbps, r.gbps / ceil.copy_gbps, r.tflops, r.tflops / ceil.bf16_tflops);

@@ -192,8 +192,7 @@ cudaError_t PlanMlaVerify(const MlaVerifyParams& params, MlaVerifyPath path, Mla
   if (path == MlaVerifyPath::kSplitKvSm90a) {
     made.row_tiles = (rows + 63) / 64;
     made.num_parts = mla::NumPartsSm90a(ws->num_sms, rows);
-    made.sm90a_schedule = ws->sm90a_schedule != MlaVerifySm90aSchedule::kAuto
-                              ? ws->sm90a_schedule
+    made.sm90a_schedule = ws->sm90a_schedule != MlaVerifySm90aSchedule::kAuto ? ws->sm90a_schedule
                           : mla::UseOnePageSchedule(rows, params.batch)
                               ? MlaVerifySm90aSchedule::kOnePage
                               : MlaVerifySm90aSchedule::kPagePairs;

@@ -81,13 +81,12 @@ cudaError_t LaunchTileSm90a(const KernelArgs& args, dim3 grid, bool one_page, cu
   if (err != cudaSuccess) return err;
   // A programmatic dependent of the plan kernel before it: its set-up overlaps the plan's tail,
   // and it waits for the plan in-kernel before reading anything global.
-  return one_page
-             ? blocks::LaunchProgrammaticDependent(sm90a::MlaVerifyPageSm90aKernel, grid,
-                                                   dim3(sm90a::kThreads), sm90a::kPageSmemBytes,
-                                                   stream, targs)
-             : blocks::LaunchProgrammaticDependent(sm90a::MlaVerifyTileSm90aKernel, grid,
-                                                   dim3(sm90a::kThreads), sm90a::kSmemBytes,
-                                                   stream, targs);
+  return one_page ? blocks::LaunchProgrammaticDependent(sm90a::MlaVerifyPageSm90aKernel, grid,
+                                                        dim3(sm90a::kThreads),
+                                                        sm90a::kPageSmemBytes, stream, targs)
+                  : blocks::LaunchProgrammaticDependent(sm90a::MlaVerifyTileSm90aKernel, grid,
+                                                        dim3(sm90a::kThreads), sm90a::kSmemBytes,
+                                                        stream, targs);
 }
 
 }  // namespace probesidecar::kernels::mla

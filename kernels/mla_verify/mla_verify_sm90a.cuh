@@ -6,10 +6,10 @@
 // one-page kernel, which the plan takes where it measured faster (mla::UseOnePageSchedule). Both
 // record the in-kernel trace of mla_verify_trace.h where it is compiled in.
 //
-// Page-pair kernel. Grid: (64-row query tiles, ranges of the flattened batch); one block per SM. Block: 2
-// warpgroups (256 threads) on one 64-row tile (the wgmma M; rows past s_q * h_q are zeros that
-// TMA fills in, and their results are dropped). Dynamic shared memory kSmemBytes: the Q tile and
-// two cache pages of 64 x 576 bf16.
+// Page-pair kernel. Grid: (64-row query tiles, ranges of the flattened batch); one block per SM.
+// Block: 2 warpgroups (256 threads) on one 64-row tile (the wgmma M; rows past s_q * h_q are zeros
+// that TMA fills in, and their results are dropped). Dynamic shared memory kSmemBytes: the Q tile
+// and two cache pages of 64 x 576 bf16.
 //
 // Schedule (after FlashMLA's dense decode kernel, "seesaw"): keys come one cache page (64 keys)
 // at a time, in pairs; warpgroup 0 owns the even page of a pair (buffer K0), warpgroup 1 the odd
@@ -625,8 +625,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         }
         blocks::FenceOperands(s);
         ScoreSlabs<0, 4, true>(q_addr, k_addr[1], sm.bar_k[1], phase, s, rec, step + 1);
-        ScoreSlabs<kPSlab, kSlabs, false>(q_addr, k_addr[1], sm.bar_k[1], phase, s, rec,
-                                          step + 1);
+        ScoreSlabs<kPSlab, kSlabs, false>(q_addr, k_addr[1], sm.bar_k[1], phase, s, rec, step + 1);
         ScoreSlabs<4, kPSlab, false>(q_addr, k_addr[1], sm.bar_k[1], phase, s, rec, step + 1);
         rec.Add(MlaTraceEvent::kWaitMmaBegin, step + 1);
         cute::warpgroup_wait<0>();

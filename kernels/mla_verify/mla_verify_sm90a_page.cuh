@@ -39,7 +39,8 @@ __device__ __forceinline__ void LoadOrSkip(const Sm90aArgs& targs, bool has, int
   if (has) {
     LoadPageBoxes(&targs.kv_map, dst, bars, page, begin, end);
   } else {
-    for (int slab = begin; slab < end; ++slab) cutlass::arch::ClusterTransactionBarrier::arrive(&bars[slab]);
+    for (int slab = begin; slab < end; ++slab)
+      cutlass::arch::ClusterTransactionBarrier::arrive(&bars[slab]);
   }
 }
 
@@ -104,10 +105,10 @@ __device__ __forceinline__ void RescaleO(float (&o)[128], const float (&sc)[2]) 
 // This warpgroup's half of O (columns 256 wg ..) of a finished request r, times inv[h] (1 / row
 // sum), to out, or to its partial slot when the request is split over ranges; lse2[h] (log2
 // domain, -inf for a row that saw no key) goes with it where write_lse.
-__device__ __forceinline__ void WriteRows(const KernelArgs& args, int32_t r, int32_t per,
-                                          int tile, int row0, int quad, int wg,
-                                          const float (&o)[128], const float (&inv)[2],
-                                          const float (&lse2)[2], bool write_lse) {
+__device__ __forceinline__ void WriteRows(const KernelArgs& args, int32_t r, int32_t per, int tile,
+                                          int row0, int quad, int wg, const float (&o)[128],
+                                          const float (&inv)[2], const float (&lse2)[2],
+                                          bool write_lse) {
   const MlaVerifyParams& p = args.p;
   const int32_t* cum = args.plan + kPlanCum;
   const int32_t rows = p.s_q * p.h_q;
@@ -120,8 +121,8 @@ __device__ __forceinline__ void WriteRows(const KernelArgs& args, int32_t r, int
     const int32_t j = g / p.h_q, head = g - j * p.h_q;
     const int col = wg * 256 + quad * 2;
     if (direct) {
-      __nv_bfloat16* dst = p.out + r * p.out_batch_stride + j * p.out_token_stride +
-                           head * p.out_head_stride + col;
+      __nv_bfloat16* dst =
+          p.out + r * p.out_batch_stride + j * p.out_token_stride + head * p.out_head_stride + col;
 #pragma unroll
       for (int n = 0; n < 32; ++n) {
         *reinterpret_cast<__nv_bfloat162*>(dst + n * 8) =
@@ -218,8 +219,8 @@ inline constexpr int kPageSmemBytes = static_cast<int>(sizeof(PageStorage)) + 10
 // Named barriers of this kernel (wg1 arrives, wg0 waits). Ids 3 and 4 are kWarpgroup0 / 1, which
 // ZeroRowsPastEnd uses.
 enum PageBarrierId : uint32_t {
-  kPReady0 = 0,  // P of an even page in its slab 8, its O rescale in scale[0]
-  kPReady1 = 1,  // the same for odd pages
+  kPReady0 = 0,      // P of an even page in its slab 8, its O rescale in scale[0]
+  kPReady1 = 1,      // the same for odd pages
   kRequestDone = 2,  // a request's last page: 1 / row sums in inv_sum (both warpgroups wait)
 };
 static_assert(static_cast<uint32_t>(kRequestDone) < static_cast<uint32_t>(kWarpgroup0),

@@ -23,20 +23,20 @@ namespace probesidecar::kernels {
 
 // Event codes (stable: trace_report.py names them by number).
 enum class MlaTraceEvent : uint32_t {
-  kStep = 0,             // a step (a page, or a pair of pages) begins
-  kWaitKvBegin = 1,      // waiting for a TMA box of a page (recorded only when it had not landed)
+  kStep = 0,         // a step (a page, or a pair of pages) begins
+  kWaitKvBegin = 1,  // waiting for a TMA box of a page (recorded only when it had not landed)
   kWaitKvEnd = 2,
-  kWaitQBegin = 3,       // waiting for the request's Q tile
+  kWaitQBegin = 3,  // waiting for the request's Q tile
   kWaitQEnd = 4,
-  kWaitPeerBegin = 5,    // waiting on a named barrier for the other warpgroup
+  kWaitPeerBegin = 5,  // waiting on a named barrier for the other warpgroup
   kWaitPeerEnd = 6,
-  kWaitMmaBegin = 7,     // waiting for this warpgroup's own wgmma to complete
+  kWaitMmaBegin = 7,  // waiting for this warpgroup's own wgmma to complete
   kWaitMmaEnd = 8,
-  kIssueLoad = 9,        // this thread issued TMA loads (step = the step that issues them)
-  kEpilogueBegin = 10,   // a finished request's rows written
+  kIssueLoad = 9,       // this thread issued TMA loads (step = the step that issues them)
+  kEpilogueBegin = 10,  // a finished request's rows written
   kEpilogueEnd = 11,
-  kDone = 12,            // the block leaves its loop
-  kGridWaitEnd = 13,     // the plan kernel's writes are visible (programmatic dependency)
+  kDone = 12,         // the block leaves its loop
+  kGridWaitEnd = 13,  // the plan kernel's writes are visible (programmatic dependency)
 };
 
 // Whether this build records the trace.
