@@ -54,8 +54,8 @@ def main() -> int:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", required=True)
     parser.add_argument("--batches", default="8,64")
-    parser.add_argument("--new-tokens", type=int, default=256)
-    parser.add_argument("--reps", type=int, default=3)
+    parser.add_argument("--new-tokens", type=int, default=512)
+    parser.add_argument("--reps", type=int, default=6)
     parser.add_argument("--window", type=int, default=16)
     parser.add_argument("--server", default=os.environ.get("PROBE_SIDECAR_BIN", "probe-sidecar"))
     parser.add_argument("--allow-dirty", action="store_true")
@@ -133,8 +133,8 @@ def measure(llm, client, tap_model, batch: int, args, notes: list) -> list[dict]
         if skips:
             notes.append(f"batch {batch}: Inductor skipped CUDA graphs {skips} times")
         runs = {"none": [], "tap": []}
-        for _ in range(args.reps):
-            for variant in ("none", "tap"):
+        for rep in range(args.reps):  # interleaved, the order alternating: drift hits both
+            for variant in (("none", "tap") if rep % 2 == 0 else ("tap", "none")):
                 runs[variant].append(run(variant))
         model_tap.tap.wait_delivered(60)
         stats = model_tap.tap.stats
@@ -152,6 +152,9 @@ def measure(llm, client, tap_model, batch: int, args, notes: list) -> list[dict]
                   "runs_tokens_per_s": [round(v, 1) for v in values]}
         out.append(record)
     out[1]["kept"] = round(out[1]["tokens_per_s"] / out[0]["tokens_per_s"], 4)
+    # Each run's ratio to the median of the other variant: the spread behind `kept`.
+    none = statistics.median(runs["none"])
+    out[1]["kept_range"] = [round(min(runs["tap"]) / none, 4), round(max(runs["tap"]) / none, 4)]
     out[1]["windows_scored"] = stats.windows_delivered
     return out
 

@@ -7,7 +7,7 @@ test checks that every generated token of every request was scored exactly once,
 position, against float64 of the same hidden states computed by transformers on the same
 weights; that the summaries on the outputs, the JSONL sink and the records agree; that an
 aborted request leaves nothing behind; and that later starts of the engine, which reuse vLLM's
-compile cache, tap correctly (the same layer) and never reuse a graph of another tap (layer 0).
+compile cache key, tap correctly (the same layer) and never reuse a graph of another tap (layer 0).
 
 Needs the vLLM environment (tests/vllm/setup.sh); skipped without vllm.
 """
@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import os
 import pathlib
+import re
 import subprocess
 import sys
 
@@ -255,14 +256,30 @@ def test_the_tap_joins_the_compile_cache_key(setup):
     assert len({plain, tapped, config.compute_hash()}) == 3
 
 
-def test_later_starts_reuse_the_compile_cache_and_never_another_taps_graph(setup, batch):
-    """A start tapping decoder layer 0 (a new cache key: compiled afresh) scores layer 0's
-    residual stream; a start like the first one loads the first one's compiled graph from the
-    cache, and its tap still writes every row."""
+def compile_cache_entry(log: str) -> tuple[str, str]:
+    """(what vLLM did with its compiled-graph cache, the cache key's folder) from an engine log."""
+    for event, pattern in (("loaded", r"Directly load AOT compilation from path (\S+)"),
+                           ("load failed", r"Compiling model again due to a load failure from "
+                                           r"(\S+),"),
+                           ("saved", r"saved AOT compiled function to (\S+)")):
+        match = re.search(pattern, log)
+        if match:
+            return event, match.group(1).split("/torch_aot_compile/")[1].split("/")[0]
+    raise AssertionError("no compile cache line in the engine's log")
+
+
+def test_later_starts_use_the_compile_cache_key_of_their_own_tap(setup, batch):
+    """A start tapping decoder layer 0 gets a cache key of its own (compiled afresh) and scores
+    layer 0's residual stream; a start like the first one finds the first one's cache entry
+    (vLLM then loads that graph — its CPU build cannot load it back and compiles again, which it
+    says in its log) and its tap writes every row."""
     layer0 = run_engine(setup, "layer0", "short", layer=0)
     again = run_engine(setup, "again", "short")
-    assert "Directly load AOT compilation" not in layer0["log"]
-    assert "Directly load AOT compilation" in again["log"], again["log"][-4000:]
+    first_event, first_key = compile_cache_entry(batch["log"])
+    layer0_event, layer0_key = compile_cache_entry(layer0["log"])
+    again_event, again_key = compile_cache_entry(again["log"])
+    assert first_event == "saved" and layer0_event == "saved" and layer0_key != first_key
+    assert again_key == first_key and again_event in ("loaded", "load failed")
     for run, layer in ((layer0, 0), (again, "final")):
         requests, records = generated_requests(run)
         checked = check_records_against_float64(setup, records, requests, layer)

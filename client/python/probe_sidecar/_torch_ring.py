@@ -57,7 +57,8 @@ class TorchRing(Ring):
 
     def write(self, hidden, num_rows=None) -> None:
         if not isinstance(hidden, torch.Tensor) or hidden.device != self.device:
-            raise TapError(f"write() takes a tensor on {self.device}, got "
+            kind = "CUDA" if self.device.type == "cuda" else "CPU"
+            raise TapError(f"write() takes a {kind} tensor on {self.device}, got "
                            f"{getattr(hidden, 'device', type(hidden))}")
         if hidden.dim() != 2 or hidden.shape[1] != self.hidden_size:
             raise TapError(f"write() needs [n, {self.hidden_size}] rows, got "

@@ -174,11 +174,16 @@ class _StepCounter:
 
     def __init__(self, model_tap: ModelTap):
         self._model_tap = model_tap
+        self._never = None  # its answer, made once (never written: generate() combines it)
 
     def __call__(self, input_ids: torch.Tensor, scores, **kwargs) -> torch.Tensor:
         if self._model_tap._mode != "paused":
             self._model_tap.tap.step()
-        return torch.zeros(input_ids.shape[0], dtype=torch.bool, device=input_ids.device)
+        never = self._never
+        batch, device = input_ids.shape[0], input_ids.device
+        if never is None or never.shape[0] != batch or never.device != device:
+            never = self._never = torch.zeros(batch, dtype=torch.bool, device=device)
+        return never
 
 
 __all__ = ["ModelTap", "final_norm", "tap_model"]
