@@ -7,6 +7,8 @@ P=16 probes scored on the sidecar every K=16 steps, no MPS), interleaved, repeat
 each and kept = tap / none.
 
     python3 bench/decode_loop/compiled_generate.py --out bench/results/compiled_generate.json
+    python3 bench/decode_loop/compiled_generate.py --render bench/results/compiled_generate.json
+                                                   (writes the .md next to it)
 
 `none` is the model with the tap's hook paused (traced to nothing: its compiled graph has no tap
 kernel) and generate() without the tap's step counter: what the user runs without the sidecar.
@@ -52,7 +54,8 @@ def start_sidecar(binary: str, workdir: str) -> tuple[subprocess.Popen, str]:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--out", required=True)
+    parser.add_argument("--out", help="the results JSON to write")
+    parser.add_argument("--render", help="a results JSON to render as markdown next to it")
     parser.add_argument("--batches", default="8,64")
     parser.add_argument("--new-tokens", type=int, default=512)
     parser.add_argument("--reps", type=int, default=6)
@@ -60,6 +63,12 @@ def main() -> int:
     parser.add_argument("--server", default=os.environ.get("PROBE_SIDECAR_BIN", "probe-sidecar"))
     parser.add_argument("--allow-dirty", action="store_true")
     args = parser.parse_args()
+    if args.render:
+        doc = json.loads(pathlib.Path(args.render).read_text())
+        pathlib.Path(args.render).with_suffix(".md").write_text(markdown(doc))
+        return 0
+    if not args.out:
+        parser.error("--out or --render")
     git = receipt.identify(None)
     if git.endswith("+dirty") and not args.allow_dirty:
         raise SystemExit(f"refusing to record results of a dirty tree ({git}); --allow-dirty")
@@ -97,11 +106,37 @@ def main() -> int:
            "command": " ".join([os.path.relpath(sys.argv[0])] + sys.argv[1:]),
            "ceilings": None, "notes": notes, "records": records}
     pathlib.Path(args.out).write_text(json.dumps(doc, indent=1) + "\n")
+    pathlib.Path(args.out).with_suffix(".md").write_text(markdown(doc))
     for r in records:
         print(f"batch {r['shape']['batch']:3d} {r['impl']:5s} {r['tokens_per_s']:9.1f} tokens/s "
               f"(runs {r['runs_tokens_per_s']})" + (f"  kept {r['kept']:.4f}" if "kept" in r
                                                      else ""))
     return 0
+
+
+def markdown(doc: dict) -> str:
+    lines = [f"# A compiled decode loop with and without the tap on {doc['device']}", "",
+             f"- commit `{doc['git']}`, {doc['date']}", f"- command: `{doc['command']}`",
+             "- transformers' `generate(cache_implementation=\"static\")`, which compiles the "
+             "decode forward with `torch.compile(mode=\"reduce-overhead\")` (CUDA graphs); a "
+             "random Llama of Llama 3.2 1B's shape, bf16; greedy; `tap`: `tap_model` on the final "
+             "norm (the tap operator inside the compiled graph), P=16 probes, one Score per 16 "
+             "steps on the sidecar, no MPS; variants interleaved, the order alternating",
+             "- kept = median tokens/s with the tap / median without; range: each tap run over "
+             "the median without", "",
+             "| batch | new tokens | none tokens/s | tap tokens/s | kept | kept range | runs "
+             "(none) | runs (tap) |", "|---|---|---|---|---|---|---|---|"]
+    records = doc["records"]
+    for none, tap in zip(records[0::2], records[1::2]):
+        lines.append(
+            f"| {none['shape']['batch']} | {none['shape']['new_tokens']} | "
+            f"{none['tokens_per_s']:.0f} | {tap['tokens_per_s']:.0f} | {tap['kept']:.4f} | "
+            f"{tap['kept_range'][0]:.3f}–{tap['kept_range'][1]:.3f} | "
+            f"{', '.join(f'{v:.0f}' for v in none['runs_tokens_per_s'])} | "
+            f"{', '.join(f'{v:.0f}' for v in tap['runs_tokens_per_s'])} |")
+    lines += ["", "Notes: " + ("; ".join(doc["notes"]) if doc["notes"] else "none "
+                               "(no CUDA graph skipped, no window failed)"), ""]
+    return "\n".join(lines)
 
 
 def measure(llm, client, tap_model, batch: int, args, notes: list) -> list[dict]:
