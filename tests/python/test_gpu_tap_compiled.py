@@ -20,7 +20,7 @@ torch = require_cuda()
 transformers = pytest.importorskip("transformers")
 
 from conftest import Sidecar  # noqa: E402
-from probe_files import safetensors_bytes  # noqa: E402
+from probe_files import bf16_tensor_file  # noqa: E402
 from probe_sidecar import tap_op  # noqa: E402
 from probe_sidecar.torch import TorchClient  # noqa: E402
 from probe_sidecar.transformers import tap_model  # noqa: E402
@@ -34,24 +34,12 @@ def setup():
     torch.manual_seed(3)
     weight = (torch.randn(P, H, device="cuda") / H**0.5).to(torch.bfloat16)
     bias = (torch.randn(P, device="cuda") * 0.1).to(torch.bfloat16)
-    as_u16 = lambda t: t.cpu().view(torch.int16).numpy().view(np.uint16)  # noqa: E731
-    data = safetensors_bytes({"weight": (as_u16(weight), "bf16"), "bias": (as_u16(bias), "bf16")},
-                             {"activation": "none"})
+    data = bf16_tensor_file(weight, bias, {"activation": "none"})
     with Sidecar(["--backend=cuda", "--warmup-rows=none"]) as server:
         with server.client() as c:
             c.load_probe_set("compiled", data=data)
         yield server, weight, bias
         assert server.process.poll() is None, server.log()
-
-
-@pytest.fixture(params=["triton", "torch"])
-def kernel(request, monkeypatch):
-    if request.param == "torch":
-        monkeypatch.setenv("PROBE_SIDECAR_TAP_KERNEL", "torch")
-    else:
-        pytest.importorskip("triton")
-        monkeypatch.delenv("PROBE_SIDECAR_TAP_KERNEL", raising=False)
-    return request.param
 
 
 def relative_error(got: np.ndarray, rows: torch.Tensor, weight, bias) -> float:
