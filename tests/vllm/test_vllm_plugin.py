@@ -7,7 +7,8 @@ test checks that every generated token of every request was scored exactly once,
 position, against float64 of the same hidden states computed by transformers on the same
 weights; that the summaries on the outputs, the JSONL sink and the records agree; that an
 aborted request leaves nothing behind; and that later starts of the engine, which reuse vLLM's
-compile cache key, tap correctly (the same layer) and never reuse a graph of another tap (layer 0).
+compile cache key, tap correctly (the same layer) and never reuse a graph of another tap (decoder
+layer 0 beside the final norm).
 
 Needs the vLLM environment (tests/vllm/setup.sh); skipped without vllm.
 """
@@ -111,7 +112,7 @@ def reference_hidden(setup, tokens: list[int], layer) -> np.ndarray:
 
 def expected_scores(setup, hidden: np.ndarray, probe_set: str) -> np.ndarray:
     w, b = setup["weight"], setup["bias"]
-    if probe_set == "tiny":
+    if probe_set.split("@")[0] == "tiny":
         return hidden @ w.T + b
     return 1 / (1 + np.exp(-(hidden @ w[:2].T + b[:2])))
 
@@ -123,14 +124,16 @@ def by_request(records) -> dict:
     return rows
 
 
-def check_records_against_float64(setup, records, requests, layer="final") -> int:
-    """Every record of `requests` ({engine id: (prompt, generated)}) against float64: returns the
-    rows checked."""
+def check_records_against_float64(setup, records, requests) -> int:
+    """Every record of `requests` ({engine id: (prompt, generated)}) against float64 of its layer
+    (a tap named "<probe set>@<layer>" scores that layer, else the final norm): returns the rows
+    checked."""
     checked = 0
     for (request_id, probe_set), rows in by_request(records).items():
         prompt, generated = requests[request_id]
         tokens = prompt + generated
-        hidden = reference_hidden(setup, tokens, layer)
+        layer = probe_set.split("@")[1] if "@" in probe_set else "final"
+        hidden = reference_hidden(setup, tokens, "final" if layer == "final" else int(layer))
         for r in rows:
             if r["position"] >= len(tokens):
                 continue  # an aborted request's last row: its token never reached the caller
@@ -138,7 +141,7 @@ def check_records_against_float64(setup, records, requests, layer="final") -> in
             got = np.array(r["scores"])
             np.testing.assert_allclose(got, want, rtol=2e-4, atol=2e-4,
                                        err_msg=f"{request_id} position {r['position']}")
-            thresholds = THRESHOLDS if probe_set == "tiny" else [0.5, 0.9]
+            thresholds = THRESHOLDS if probe_set.split("@")[0] == "tiny" else [0.5, 0.9]
             assert r["fired"] == [bool(s >= t) for s, t in zip(r["scores"], thresholds)]
             checked += 1
     return checked
@@ -269,18 +272,21 @@ def compile_cache_entry(log: str) -> tuple[str, str]:
 
 
 def test_later_starts_use_the_compile_cache_key_of_their_own_tap(setup, batch):
-    """A start tapping decoder layer 0 gets a cache key of its own (compiled afresh) and scores
-    layer 0's residual stream; a start like the first one finds the first one's cache entry
-    (vLLM then loads that graph — its CPU build cannot load it back and compiles again, which it
-    says in its log) and its tap writes every row."""
-    layer0 = run_engine(setup, "layer0", "short", layer=0)
+    """A start tapping decoder layer 0 and the final norm (one tap per probe set and layer) gets a
+    cache key of its own (compiled afresh) and scores each layer; a start like the first one
+    finds the first one's cache entry (vLLM then loads that graph — its CPU build cannot load it
+    back and compiles again, which it says in its log) and its tap writes every row."""
+    layers = run_engine(setup, "layers", "short", layer=[0, "final"])
     again = run_engine(setup, "again", "short")
     first_event, first_key = compile_cache_entry(batch["log"])
-    layer0_event, layer0_key = compile_cache_entry(layer0["log"])
+    layers_event, layers_key = compile_cache_entry(layers["log"])
     again_event, again_key = compile_cache_entry(again["log"])
-    assert first_event == "saved" and layer0_event == "saved" and layer0_key != first_key
+    assert first_event == "saved" and layers_event == "saved" and layers_key != first_key
     assert again_key == first_key and again_event in ("loaded", "load failed")
-    for run, layer in ((layer0, 0), (again, "final")):
+    for run, taps in ((layers, 4), (again, 2)):
         requests, records = generated_requests(run)
-        checked = check_records_against_float64(setup, records, requests, layer)
-        assert checked == 2 * sum(len(q["generated"]) for q in run["out"]["requests"])
+        assert len({r["probe_set"] for r in records}) == taps
+        checked = check_records_against_float64(setup, records, requests)
+        assert checked == taps * sum(len(q["generated"]) for q in run["out"]["requests"])
+    summary = layers["out"]["requests"][0]["summary"]
+    assert set(summary) == {"tiny@0", "tiny@final", "tiny_sigmoid@0", "tiny_sigmoid@final"}

@@ -6,8 +6,10 @@ object or the path of a file holding one. Unset: the plugin does nothing.
 Keys (only `probe_sets` is required):
   target          the sidecar (default unix:///tmp/probe-sidecar.sock)
   probe_sets      probe sets to score every row with (loaded on the sidecar; one tap each)
-  layer           "final" (the final norm's output: what the LM head reads; default) or a decoder
-                  layer's index (its output residual stream; negative counts from the end)
+  layer           "final" (the final norm's output: what the LM head reads; default), a decoder
+                  layer's index (its output residual stream; negative counts from the end), or a
+                  list of those: every probe set scores every listed layer, and with more than
+                  one layer a tap (and what records and summaries name) is "<probe set>@<layer>"
   window          steps per Score (K, default 16)
   max_window_s    a window open this long is scored even if not full, also while the engine is
                   idle (default 1.0; null: only full windows and the end of a generate())
@@ -41,7 +43,7 @@ class ConfigError(ValueError):
 class PluginConfig:
     probe_sets: tuple[str, ...]
     target: str = "unix:///tmp/probe-sidecar.sock"
-    layer: str | int = "final"
+    layer: str | int | tuple = "final"
     window: int = 16
     max_window_s: float | None = 1.0
     tap_rank: int = 0
@@ -52,10 +54,20 @@ class PluginConfig:
     max_finished: int = 10000
     timeout_s: float = 30.0
 
+    @property
+    def layers(self) -> tuple:
+        return self.layer if isinstance(self.layer, tuple) else (self.layer,)
+
+    def taps(self) -> dict[str, tuple[str, str | int]]:
+        """{tap name: (probe set, layer)}: one tap per probe set and layer."""
+        several = len(self.layers) > 1
+        return {f"{p}@{layer}" if several else p: (p, layer)
+                for layer in self.layers for p in self.probe_sets}
+
     def digest(self) -> str:
         """What changes the compiled model (which layer is tapped, by which probe sets): vLLM's
         compile cache key must include it, or a graph compiled without the tap would come back."""
-        graph = {"layer": self.layer, "probe_sets": list(self.probe_sets),
+        graph = {"layers": list(self.layers), "probe_sets": list(self.probe_sets),
                  "tap_rank": self.tap_rank}
         return hashlib.sha256(json.dumps(graph, sort_keys=True).encode()).hexdigest()[:16]
 
@@ -97,9 +109,15 @@ def parse(data) -> PluginConfig:
         raise ConfigError(f"{ENV}: probe_sets names a set twice")
     values["probe_sets"] = tuple(probe_sets)
     layer = values.get("layer", "final")
-    if not (layer == "final" or (isinstance(layer, int) and not isinstance(layer, bool))):
-        raise ConfigError(f"{ENV}: layer must be \"final\" or a decoder layer's index, got "
-                          f"{layer!r}")
+    layers = layer if isinstance(layer, list) else [layer]
+    if not layers or not all(v == "final" or (isinstance(v, int) and not isinstance(v, bool))
+                             for v in layers):
+        raise ConfigError(f"{ENV}: layer must be \"final\", a decoder layer's index, or a list "
+                          f"of those, got {layer!r}")
+    if len(set(layers)) != len(layers):
+        raise ConfigError(f"{ENV}: layer names a layer twice")
+    if isinstance(layer, list):
+        values["layer"] = tuple(layers)
 
     def number(name, kind, low, allow_none=False):
         value = values.get(name, fields[name].default)

@@ -3,8 +3,9 @@
 In every process, when PROBE_SIDECAR_VLLM is set (register(), the `vllm.general_plugins` entry
 point), it patches three things:
   * `Worker.load_model`: after the model is loaded, the tapping rank (tap_rank, default 0) makes
-    one tap per probe set, adds each tap's ring to the tapped module as a buffer and registers a
-    forward hook on it that calls the tap operator (probe_sidecar.tap_op) in gather mode. The hook
+    one tap per probe set and tapped layer, adds each tap's ring to its module as a buffer and
+    registers a forward hook on the module that calls the tap operator (probe_sidecar.tap_op) in
+    gather mode, once per ring. The hook
     is traced into vLLM's compiled model (one node) and its CUDA graphs (one kernel); the module
     itself is not replaced, so parameter names and weight reloading are unchanged.
   * that worker's model runner (the instance, not the class): `_prepare_inputs` arms the taps
@@ -113,23 +114,28 @@ def install(worker, config: PluginConfig) -> EngineTap | None:
         logger().info("probe-sidecar: rank %d does not tap (tap_rank %d)", rank, config.tap_rank)
         return None
     model = runner.get_model()
-    module, where, residual_stream = _tapped_module(model, config.layer)
+    targets = {layer: _tapped_module(model, layer) for layer in config.layers}
+    if len({id(module) for module, _, _ in targets.values()}) != len(targets):
+        raise ConfigError(f"probe-sidecar: the layers {list(config.layers)} name one decoder "
+                          f"layer twice")
     device = torch.device(runner.device)
     dtype = vllm_config.model_config.dtype
     max_batch = vllm_config.scheduler_config.max_num_seqs
     engine_tap = _make_engine_tap(config, device=device, dtype=dtype, max_batch=max_batch,
                                   hidden_size=vllm_config.model_config.get_hidden_size())
     try:
-        rings = [tap.ring for tap in engine_tap.taps.values()]
-        names = []
-        for i, ring in enumerate(rings):
-            name = f"probe_sidecar_ring_{i}"
-            module.register_buffer(name, ring.raw, persistent=False)
-            names.append(name)
-        module.register_forward_hook(_WriteHook(names, [r.layout_args for r in rings],
-                                                residual_stream))
-        _add_to_cache_key(vllm_config, {"probe_sidecar": config.digest(),
-                                        "layouts": [r.layout_args for r in rings],
+        layouts = []
+        for layer, (module, _, residual_stream) in targets.items():
+            rings = [engine_tap.taps[name].ring for name, (_, tapped) in config.taps().items()
+                     if tapped == layer]
+            buffers = []
+            for i, ring in enumerate(rings):
+                buffers.append(f"probe_sidecar_ring_{i}")
+                module.register_buffer(buffers[-1], ring.raw, persistent=False)
+            module.register_forward_hook(_WriteHook(buffers, [r.layout_args for r in rings],
+                                                    residual_stream))
+            layouts += [r.layout_args for r in rings]
+        _add_to_cache_key(vllm_config, {"probe_sidecar": config.digest(), "layouts": layouts,
                                         "dtype": str(dtype), "device": device.type})
         _wrap_runner(runner, engine_tap)
     except BaseException:
@@ -141,7 +147,8 @@ def install(worker, config: PluginConfig) -> EngineTap | None:
     logger().info(
         "probe-sidecar: tapping %s (H=%d, %s) with probe sets %s on %s; window %d steps of up to "
         "%d rows (max_window_s %s); torch.compile mode %s and CUDA graph mode %s are unchanged",
-        where, vllm_config.model_config.get_hidden_size(), dtype, list(config.probe_sets),
+        "; ".join(where for _, where, _ in targets.values()),
+        vllm_config.model_config.get_hidden_size(), dtype, list(config.probe_sets),
         config.target, config.window, max_batch, config.max_window_s, compilation.mode,
         compilation.cudagraph_mode)
     return engine_tap
@@ -223,16 +230,18 @@ def _make_engine_tap(config: PluginConfig, *, device: torch.device, dtype: torch
     from ..torch import TorchClient, cpu_tap
 
     client = Client(config.target, timeout=config.timeout_s)
-    names = {}
+    taps = config.taps()
     try:
-        for name in config.probe_sets:
-            names[name] = tuple(p.name for p in client.probe_set_info(name).probes)
+        probes = {p: tuple(x.name for x in client.probe_set_info(p).probes)
+                  for p in config.probe_sets}
+        names = {name: probes[probe_set] for name, (probe_set, _) in taps.items()}
         torch_client = TorchClient(client) if device.type == "cuda" else None
     except ProbeSidecarError as error:
         client.close()
         raise ConfigError(f"probe-sidecar at {config.target}: {error}") from None
 
-    def make_tap(probe_set, on_window):
+    def make_tap(name, on_window):
+        probe_set = taps[name][0]
         options = dict(max_batch=max_batch, window=config.window, dtype=dtype,
                        hidden_size=hidden_size, on_window=on_window, raise_errors=False)
         if torch_client is not None:

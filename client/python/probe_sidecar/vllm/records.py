@@ -15,7 +15,8 @@ import numpy as np
 @dataclasses.dataclass(frozen=True)
 class ProbeRecord:
     """One scored row: the hidden state at `position` of request `request_id` (the row the token
-    at position + 1 was sampled from), scored by every probe of `probe_set`."""
+    at position + 1 was sampled from), scored by every probe of `probe_set` — the tap's name: the
+    probe set, or "<probe set>@<layer>" when the plugin taps several layers."""
 
     request_id: str  # the engine's request id (vLLM adds "-" and 8 characters to the caller's id)
     position: int
