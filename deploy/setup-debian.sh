@@ -5,9 +5,11 @@
 #                                 embedded defaults and show a scored request (Ctrl-C stops it)
 #   deploy/setup-debian.sh test   install what is missing, build, run every test (CI runs this)
 #
-# `test` runs five stages, in this order; TEST_STAGES runs some of them alone (a space-separated
+# `test` runs six stages, in this order; TEST_STAGES runs some of them alone (a space-separated
 # list, e.g. TEST_STAGES=fuzz FUZZ_SECONDS=120 deploy/setup-debian.sh test):
 #   release   the normal build (build/) and every CTest test: unit, C++ and Python integration
+#   vllm      the vLLM plugin against a real vLLM engine (PyPI's CPU build, added to .venv/ by
+#             tests/vllm/setup.sh) and the release build's server: tests/vllm/
 #   asan      clang AddressSanitizer + UndefinedBehaviorSanitizer build (build-asan/, with the
 #             libFuzzer targets): every CPU test again, the Python integration tests against the
 #             sanitized server, and the fuzz corpora replayed
@@ -85,11 +87,11 @@ configure() {  # configure BUILD_DIR CUDA_ARCHITECTURES [cmake args...]
 }
 
 if [[ "$mode" == test ]]; then
-  stages="${TEST_STAGES:-release asan tsan fuzz deploy}"
+  stages="${TEST_STAGES:-release vllm asan tsan fuzz deploy}"
   for stage in $stages; do
     case "$stage" in
-      release | asan | tsan | fuzz | deploy) ;;
-      *) echo "error: unknown stage '$stage' in TEST_STAGES (release asan tsan fuzz deploy)" >&2; exit 2 ;;
+      release | vllm | asan | tsan | fuzz | deploy) ;;
+      *) echo "error: unknown stage '$stage' in TEST_STAGES (release vllm asan tsan fuzz deploy)" >&2; exit 2 ;;
     esac
   done
   for stage in $stages; do
@@ -101,6 +103,16 @@ if [[ "$mode" == test ]]; then
         cmake --build "$build" -j "$jobs"
         echo "== tests"
         ctest --test-dir "$build" --output-on-failure -j "$jobs" --timeout 900
+        ;;
+      vllm)
+        echo "== vLLM (CPU build) in $venv"
+        tests/vllm/setup.sh "$venv"
+        echo "== build ($build: probe-sidecar)"
+        configure "$build" "$cuda_archs" -DCMAKE_BUILD_TYPE=Release
+        cmake --build "$build" -j "$jobs" --target probe-sidecar
+        echo "== the vLLM plugin's tests (each starts the engine: about a minute each)"
+        PROBE_SIDECAR_BIN="$build/bin/probe-sidecar" "$venv/bin/python" -m pytest -q -rs \
+          -p no:cacheprovider tests/vllm
         ;;
       asan | fuzz)
         # One build serves both (ASan+UBSan, with the fuzz targets); the second is a no-op.

@@ -3,11 +3,17 @@
 // GEMM ceiling measured in the same run. Plain CUDA events (no Google Benchmark).
 //
 //   mla-verify-bench --out FILE.json --git HASH [--allow-dirty] [--sweep full|quick|targets]
-//                    [--impls split_kv,split_kv_sm90a,baseline] [--points H:S:B:L,...]
-//                    [--skip-ceilings]
+//                    [--impls split_kv,split_kv_sm90a,baseline,...] [--points H:S:B:L,...]
+//                    [--skip-ceilings] [--trace-dir DIR [--trace-points H:S:B:L,...]]
 //
 // --sweep targets: the points the issue's targets name (and a few short ones); --points: only
-// these points (h_q:s_q:batch:len) of the sweep chosen.
+// these points (h_q:s_q:batch:len) of the sweep chosen. Impls: split_kv, split_kv_sm90a (the
+// plan's schedule: what LaunchMlaVerify runs), baseline, and split_kv_sm90a with a schedule forced
+// (split_kv_sm90a_pairs: page pairs; split_kv_sm90a_one_page: one page at a time).
+// --trace-dir: in a build with the in-kernel trace (-DPROBESIDECAR_MLA_TRACE=ON), after timing a
+// point (of --trace-points, default every point) each split_kv_sm90a* impl runs once more with the
+// trace recording, written to DIR/trace_h<h>_s<s>_b<b>_l<len>_<impl>.bin
+// (bench/mla_verify/trace_report.py reads them).
 //
 // Each point: the median of many graph replays after warm-up, rotating over as many input sets
 // (cache pages, q, out, tables) as keep the working set above 400 MB (the L2 is 60 MB). Bytes
@@ -30,6 +36,8 @@
 
 #include "common/result_receipt.h"
 #include "kernels/mla_verify/mla_verify.h"
+#include "kernels/mla_verify/mla_verify_plan.h"
+#include "kernels/mla_verify/mla_verify_trace.h"
 
 namespace {
 
@@ -184,8 +192,74 @@ struct Impl {
   std::string name;
 };
 
+// The trace's file: a header, then the device buffer as recorded (mla_verify_trace.h).
+struct TraceHeader {
+  char magic[8] = {'M', 'L', 'A', 'T', 'R', 'A', 'C', 'E'};
+  int32_t version = 1;
+  int32_t max_blocks = 0, events_per_warpgroup = 0;
+  int32_t h_q = 0, s_q = 0, batch = 0, len = 0;
+  int32_t sm_clock_khz = 0;  // cudaDevAttrClockRate: cycles to time
+};
+struct Trace {
+  std::string dir;
+  std::string points;  // ",h:s:b:l,..." or empty (every point)
+  uint32_t* buffer = nullptr;
+  int32_t max_blocks = 0, events = 0;
+  int32_t clock_khz = 0;
+  bool Wants(const Point& p) const {
+    if (dir.empty()) return false;
+    if (points.empty()) return true;
+    const std::string key = "," + std::to_string(p.h_q) + ":" + std::to_string(p.s_q) + ":" +
+                            std::to_string(p.batch) + ":" + std::to_string(p.len) + ",";
+    return points.find(key) != std::string::npos;
+  }
+};
+
+// One traced run of `impl` on params set 0, written to the trace directory.
+bool TraceOnce(const Point& pt, const MlaVerifyParams& params, const Impl& impl, Trace& trace,
+               cudaStream_t stream) {
+  const size_t words = static_cast<size_t>(trace.max_blocks) * 2 * trace.events * 2;
+  CHECK_CUDA(cudaMemsetAsync(trace.buffer, 0, words * 4, stream));
+  CHECK_CUDA(
+      probesidecar::kernels::SetMlaVerifyTraceBuffer(trace.buffer, trace.max_blocks, trace.events));
+  const cudaError_t launch =
+      probesidecar::kernels::LaunchMlaVerifyPath(params, impl.path, impl.ws, stream);
+  CHECK_CUDA(probesidecar::kernels::SetMlaVerifyTraceBuffer(nullptr, 0, 0));
+  CHECK_CUDA(launch);
+  CHECK_CUDA(cudaStreamSynchronize(stream));
+  std::vector<uint32_t> host(words);
+  CHECK_CUDA(cudaMemcpy(host.data(), trace.buffer, words * 4, cudaMemcpyDeviceToHost));
+  TraceHeader header;
+  header.max_blocks = trace.max_blocks;
+  header.events_per_warpgroup = trace.events;
+  header.h_q = pt.h_q;
+  header.s_q = pt.s_q;
+  header.batch = pt.batch;
+  header.len = pt.len;
+  header.sm_clock_khz = trace.clock_khz;
+  const std::string path = trace.dir + "/trace_h" + std::to_string(pt.h_q) + "_s" +
+                           std::to_string(pt.s_q) + "_b" + std::to_string(pt.batch) + "_l" +
+                           std::to_string(pt.len) + "_" + impl.name + ".bin";
+  FILE* f = std::fopen(path.c_str(), "wb");
+  if (f == nullptr) {
+    std::fprintf(stderr, "cannot write %s\n", path.c_str());
+    return false;
+  }
+  // Only the blocks that recorded anything (pair 0 of warpgroup 0 holds a count).
+  int32_t used = 0;
+  for (int32_t b = 0; b < trace.max_blocks; ++b) {
+    if (host[static_cast<size_t>(b) * 2 * trace.events * 2] != 0) used = b + 1;
+  }
+  header.max_blocks = used;
+  std::fwrite(&header, sizeof(header), 1, f);
+  std::fwrite(host.data(), 4, static_cast<size_t>(used) * 2 * trace.events * 2, f);
+  std::fclose(f);
+  return true;
+}
+
 bool RunPoint(const Point& pt, const Pools& pools, MlaVerifyWorkspace* dispatch_ws,
-              cudaStream_t stream, const std::vector<Impl>& impls, std::vector<Record>* records) {
+              cudaStream_t stream, const std::vector<Impl>& impls, Trace& trace,
+              std::vector<Record>* records) {
   const int sets = SetsFor(pt);
   const int max_pages = (pt.len + 63) / 64;
   const size_t pages_per_set = static_cast<size_t>(pt.batch) * max_pages;
@@ -268,12 +342,25 @@ bool RunPoint(const Point& pt, const Pools& pools, MlaVerifyWorkspace* dispatch_
       eager.push_back(t * 1e3);
     }
     for (cudaGraphExec_t e : execs) CHECK_CUDA(cudaGraphExecDestroy(e));
+    if (path == MlaVerifyPath::kSplitKvSm90a && trace.Wants(pt) &&
+        !TraceOnce(pt, params[0], impl, trace, stream)) {
+      return false;
+    }
     Record r;
     r.pt = pt;
     r.impl = impl.name;
     if (path != MlaVerifyPath::kSplitKvSm90a) {
       r.tile = probesidecar::kernels::MlaVerifyTileName(
           probesidecar::kernels::ChooseMlaVerifyTile(*ws, pt.s_q * pt.h_q));
+    } else {  // the schedule the plan takes
+      using probesidecar::kernels::MlaVerifySm90aSchedule;
+      MlaVerifySm90aSchedule schedule = ws->sm90a_schedule;
+      if (schedule == MlaVerifySm90aSchedule::kAuto) {
+        schedule = probesidecar::kernels::mla::UseOnePageSchedule(pt.s_q * pt.h_q, pt.batch)
+                       ? MlaVerifySm90aSchedule::kOnePage
+                       : MlaVerifySm90aSchedule::kPagePairs;
+      }
+      r.tile = probesidecar::kernels::MlaVerifySm90aScheduleName(schedule);
     }
     r.dispatched = ws == dispatch_ws &&
                    path == probesidecar::kernels::ChooseMlaVerifyPath(*ws, pt.s_q * pt.h_q);
@@ -286,6 +373,14 @@ bool RunPoint(const Point& pt, const Pools& pools, MlaVerifyWorkspace* dispatch_
   CHECK_CUDA(cudaEventDestroy(e0));
   CHECK_CUDA(cudaEventDestroy(e1));
   return true;
+}
+
+// value / ceiling with 4 decimals, or null when the ceiling was not measured (--skip-ceilings).
+std::string Fraction(double value, double ceiling) {
+  if (!(ceiling > 0)) return "null";
+  char buf[32];
+  std::snprintf(buf, sizeof(buf), "%.4f", value / ceiling);
+  return buf;
 }
 
 std::string JsonEscape(const std::string& s) {
@@ -303,6 +398,7 @@ int main(int argc, char** argv) {
   std::string out_path, git, sweep = "full", points_arg, family_arg,
                              impls_arg = "split_kv,split_kv_sm90a,baseline";
   bool allow_dirty = false, skip_ceilings = false;
+  std::string trace_dir, trace_points;
   std::string command;
   for (int i = 0; i < argc; ++i) command += (i ? " " : "") + std::string(argv[i]);
   for (int i = 1; i < argc; ++i) {
@@ -322,6 +418,10 @@ int main(int argc, char** argv) {
       points_arg = next();
     else if (a == "--skip-ceilings")
       skip_ceilings = true;  // profiling runs
+    else if (a == "--trace-dir")
+      trace_dir = next();
+    else if (a == "--trace-points")
+      trace_points = next();
     // Tiles as on a GPU of another family (its shared-memory limits; no sm_90a path off sm_90).
     else if (a == "--family")
       family_arg = next();
@@ -403,17 +503,52 @@ int main(int argc, char** argv) {
     FillRandomBf16<<<4096, 256>>>(pools.q, pools.q_elems, 12, 2.0f);
     CHECK_CUDA(cudaGetLastError());
     CHECK_CUDA(cudaDeviceSynchronize());
+    using probesidecar::kernels::MlaVerifySm90aSchedule;
+    std::vector<MlaVerifyWorkspace*> workspaces;
+    auto make_ws = [&](MlaVerifySm90aSchedule schedule, MlaVerifyWorkspace** out) -> bool {
+      probesidecar::kernels::MlaVerifyWorkspaceConfig ws_config;
+      ws_config.limit_to_family = family;
+      ws_config.sm90a_schedule = schedule;
+      CHECK_CUDA(probesidecar::kernels::CreateMlaVerifyWorkspace(ws_config, out));
+      workspaces.push_back(*out);
+      return true;
+    };
     MlaVerifyWorkspace* ws = nullptr;
-    probesidecar::kernels::MlaVerifyWorkspaceConfig ws_config;
-    ws_config.limit_to_family = family;
-    CHECK_CUDA(probesidecar::kernels::CreateMlaVerifyWorkspace(ws_config, &ws));
-    std::printf("sm_90a path: %s; tiles as on %s\n", ws->has_sm90a ? "yes" : "no",
-                family != nullptr ? family->name : "this device");
+    if (!make_ws(MlaVerifySm90aSchedule::kAuto, &ws)) return false;
+    std::printf("sm_90a path: %s; tiles as on %s; trace %s\n", ws->has_sm90a ? "yes" : "no",
+                family != nullptr ? family->name : "this device",
+                probesidecar::kernels::MlaVerifyTraceCompiledIn() ? "compiled in" : "absent");
     std::vector<Impl> impls;
     if (want("split_kv")) impls.push_back({MlaVerifyPath::kSplitKv, ws, "split_kv"});
     if (want("split_kv_sm90a") && ws->has_sm90a)
       impls.push_back({MlaVerifyPath::kSplitKvSm90a, ws, "split_kv_sm90a"});
+    struct Forced {
+      const char* name;
+      MlaVerifySm90aSchedule schedule;
+    };
+    for (const Forced& f : {Forced{"split_kv_sm90a_pairs", MlaVerifySm90aSchedule::kPagePairs},
+                            Forced{"split_kv_sm90a_one_page", MlaVerifySm90aSchedule::kOnePage}}) {
+      if (!want(f.name) || !ws->has_sm90a) continue;
+      MlaVerifyWorkspace* forced = nullptr;
+      if (!make_ws(f.schedule, &forced)) return false;
+      impls.push_back({MlaVerifyPath::kSplitKvSm90a, forced, f.name});
+    }
     if (want("baseline")) impls.push_back({MlaVerifyPath::kBaseline, ws, "baseline"});
+    Trace trace;
+    if (!trace_dir.empty()) {
+      if (!probesidecar::kernels::MlaVerifyTraceCompiledIn()) {
+        std::fprintf(stderr,
+                     "--trace-dir: this build has no trace (-DPROBESIDECAR_MLA_TRACE=ON)\n");
+        return false;
+      }
+      trace.dir = trace_dir;
+      trace.points = trace_points.empty() ? "" : "," + trace_points + ",";
+      trace.max_blocks = 2 * ws->num_sms;
+      trace.events = 1 << 14;
+      CHECK_CUDA(cudaDeviceGetAttribute(&trace.clock_khz, cudaDevAttrClockRate, 0));
+      CHECK_CUDA(cudaMalloc(&trace.buffer,
+                            static_cast<size_t>(trace.max_blocks) * 2 * trace.events * 2 * 4));
+    }
     cudaStream_t stream;
     CHECK_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
     std::vector<Record> records;
@@ -425,18 +560,20 @@ int main(int argc, char** argv) {
         continue;
       }
       const size_t before = records.size();
-      if (!RunPoint(pt, pools, ws, stream, impls, &records)) return false;
+      if (!RunPoint(pt, pools, ws, stream, impls, trace, &records)) return false;
       for (size_t i = before; i < records.size(); ++i) {
         const Record& r = records[i];
         std::printf(
-            "h_q=%3d s_q=%d batch=%3d len=%6d %-15s %-5s graph %9.1f us eager %9.1f us  %6.0f GB/s "
+            "h_q=%3d s_q=%d batch=%3d len=%6d %-27s %-10s graph %9.1f us eager %9.1f us  %6.0f "
+            "GB/s "
             "(%.2f)  %5.0f TFLOP/s (%.2f)\n",
             pt.h_q, pt.s_q, pt.batch, pt.len, r.impl.c_str(), r.tile.c_str(), r.graph_us,
             r.eager_us, r.gbps, r.gbps / ceil.copy_gbps, r.tflops, r.tflops / ceil.bf16_tflops);
       }
       std::fflush(stdout);
     }
-    probesidecar::kernels::DestroyMlaVerifyWorkspace(ws);
+    for (MlaVerifyWorkspace* w : workspaces) probesidecar::kernels::DestroyMlaVerifyWorkspace(w);
+    if (trace.buffer != nullptr) CHECK_CUDA(cudaFree(trace.buffer));
     FILE* f = std::fopen(out_path.c_str(), "w");
     if (f == nullptr) {
       std::fprintf(stderr, "cannot write %s\n", out_path.c_str());
@@ -465,10 +602,11 @@ int main(int argc, char** argv) {
           "\"dtype\": \"bf16\", "
           "\"shape\": {\"batch\": %d, \"s_q\": %d, \"h_q\": %d, \"seqlen\": %d, "
           "\"page_size\": 64}, \"graph_us_p50\": %.2f, \"eager_us_p50\": %.2f, "
-          "\"gbps\": %.1f, \"tflops\": %.1f, \"frac_copy\": %.4f, \"frac_tflops\": %.4f}%s\n",
+          "\"gbps\": %.1f, \"tflops\": %.1f, \"frac_copy\": %s, \"frac_tflops\": %s}%s\n",
           r.impl.c_str(), r.tile.c_str(), r.dispatched ? "true" : "false", r.pt.batch, r.pt.s_q,
-          r.pt.h_q, r.pt.len, r.graph_us, r.eager_us, r.gbps, r.tflops, r.gbps / ceil.copy_gbps,
-          r.tflops / ceil.bf16_tflops, i + 1 < records.size() ? "," : "");
+          r.pt.h_q, r.pt.len, r.graph_us, r.eager_us, r.gbps, r.tflops,
+          Fraction(r.gbps, ceil.copy_gbps).c_str(), Fraction(r.tflops, ceil.bf16_tflops).c_str(),
+          i + 1 < records.size() ? "," : "");
     }
     std::fprintf(f, "  ]\n}\n");
     std::fclose(f);

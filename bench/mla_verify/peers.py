@@ -2,8 +2,8 @@
 and FlashInfer's MLA paged decode (fa3 backend), under CUDA-graph replay, on the same sweep and
 the same input rotation as bench/mla_verify/mla_verify_bench.cu.
 
-  python3 peers.py --out peers.json --git HASH [--allow-dirty] [--sweep full|quick]
-                   [--impls torch_ref,flashinfer_fa3]
+  python3 peers.py --out peers.json --git HASH [--allow-dirty] [--sweep full|quick|targets]
+                   [--impls torch_ref,flashinfer_fa3] [--points H:S:B:L,...]
 
 Writes {device, git, date, command, notes, skipped, records}; bench/mla_verify/report.py merges
 it with the CUDA benchmark's file (whose ceilings both are measured against).
@@ -31,6 +31,12 @@ TORCH_REF_LIMIT = 8e9  # bytes of intermediates (gathered keys + float32 scores)
 
 
 def sweep_points(kind):
+    if kind == "targets":  # mla_verify_bench.cu's targets sweep, in its order
+        pts = [(16, s, b, l) for s in (1, 2, 4)
+               for (b, l) in ((64, 4096), (64, 16384), (128, 4096), (128, 65536))]
+        pts += [(128, s, 64, 16384) for s in (1, 2, 4, 8)]
+        pts += [(16, s, 1, 65536) for s in (1, 2, 4, 8)]
+        return pts + [(16, 1, 128, 1024), (16, 8, 64, 4096), (128, 1, 8, 1024), (128, 8, 1, 1024)]
     sqs = [1, 4] if kind == "quick" else [1, 2, 4, 8]
     batches = [1, 64] if kind == "quick" else [1, 8, 64, 128]
     lens = [4096, 65536] if kind == "quick" else [1024, 4096, 16384, 65536]
@@ -157,6 +163,7 @@ def main():
     ap.add_argument("--out", required=True)
     ap.add_argument("--sweep", default="full")
     ap.add_argument("--impls", default="torch_ref,flashinfer_fa3")
+    ap.add_argument("--points", default="", help="only these points of the sweep (h:s:b:len,...)")
     ap.add_argument("--warm-only", action="store_true",
                     help="only JIT-build FlashInfer's fa3 module (run beside the GPU tests)")
     receipt.add_arguments(ap)
@@ -194,7 +201,10 @@ def main():
             log(f"flashinfer unavailable: {type(e).__name__}: {e}")
             traceback.print_exc()
     checked_fi = False
+    only = {tuple(int(x) for x in p.split(":")) for p in args.points.split(",") if p}
     for (h, s, b, l) in sweep_points(args.sweep):
+        if only and (h, s, b, l) not in only:
+            continue
         sets = sets_for(b, l)
         pages = (l + 63) // 64
         pps = b * pages

@@ -2,10 +2,13 @@
 and renders mla_verify.md (table, targets, who wins each point) and mla_verify.png (time vs
 length per h_q).
 
-  python3 report.py OURS.json [PEERS.json] --out-dir DIR --command "..."
+  python3 report.py OURS.json [PEERS.json] --out-dir DIR --command "..." [--previous PREV.json]
+                   [--trace TRACE.md]
 
 Both inputs must name the same commit. Peers' fractions are computed against the ceilings the
-CUDA benchmark measured in the same run.
+CUDA benchmark measured in the same run. PREV.json: the same benchmark built from an earlier
+commit and run in the same call (its dispatched records become impl "previous", the kernel the
+"never slower than" target compares with). TRACE.md: trace_report.py's table, appended.
 """
 from __future__ import annotations
 
@@ -14,7 +17,9 @@ import json
 import os
 from collections import defaultdict
 
-ORDER = ("split_kv", "split_kv_sm90a", "baseline", "flashinfer_fa3", "torch_ref")
+ORDER = ("split_kv", "split_kv_sm90a", "split_kv_sm90a_pairs", "split_kv_sm90a_one_page",
+         "previous", "baseline", "flashinfer_fa3", "torch_ref")
+PREVIOUS = "previous"
 # "ours" in the targets: the split path LaunchMlaVerify dispatches to for the shape (the
 # record the benchmark marks "dispatched").
 OURS = "ours"
@@ -31,6 +36,8 @@ def main():
     ap.add_argument("peers", nargs="?")
     ap.add_argument("--out-dir", required=True)
     ap.add_argument("--command", required=True)
+    ap.add_argument("--previous")
+    ap.add_argument("--trace")
     args = ap.parse_args()
     ours = json.load(open(args.ours))
     peers = json.load(open(args.peers)) if args.peers and os.path.exists(args.peers) else None
@@ -43,6 +50,14 @@ def main():
         r["frac_copy"] = round(r["gbps"] / ceil["copy_gbps"], 4)
         r["frac_tflops"] = round(r["tflops"] / ceil["bf16_tflops"], 4)
         records.append(r)
+    previous_git = None
+    if args.previous and os.path.exists(args.previous):
+        prev = json.load(open(args.previous))
+        previous_git = prev["git"]
+        for r in prev["records"]:
+            if r.get("dispatched"):
+                r = dict(r, impl=PREVIOUS, dispatched=False, previous_git=previous_git)
+                records.append(r)
     merged = {"device": ours["device"], "git": ours["git"], "date": ours["date"],
               "command": args.command, "ceilings": ceil, "records": records,
               "skipped": ours.get("skipped", []) + (peers["skipped"] if peers else []),
@@ -50,6 +65,8 @@ def main():
               "counting": "bytes = per request len*576*2 (KV) + s_q*h_q*576*2 (q) + "
                           "s_q*h_q*512*2 (out); flops = 2*h_q*(576+512) per visible (query, key) "
                           "pair, s_q*len - s_q*(s_q-1)/2 pairs per request (causal)"}
+    if previous_git:
+        merged["previous_git"] = previous_git
     os.makedirs(args.out_dir, exist_ok=True)
     with open(os.path.join(args.out_dir, "mla_verify.json"), "w") as f:
         json.dump(merged, f, indent=1)
@@ -71,7 +88,11 @@ def main():
              f"(cudaMemcpy D2D, read + write), cuBLAS bf16 GEMM {ceil['bf16_tflops']:.0f} TFLOP/s",
              f"- counting: {merged['counting']}",
              "- times: median of CUDA-graph replays (µs), inputs rotated so the working set "
-             "exceeds 400 MB", ""]
+             "exceeds 400 MB"]
+    if previous_git:
+        lines.append(f"- previous: the same benchmark built from `{previous_git}`, its dispatched "
+                     "path, in the same run")
+    lines.append("")
     lines += targets(by_point, ceil)
     lines += ["", "## All points", "",
               "µs per impl; then ours (the dispatched split path, named) GB/s (fraction of copy) "
@@ -94,6 +115,8 @@ def main():
               if sp and "flashinfer_fa3" in d else "–")
         lines.append(f"| {k[0]} | {k[1]} | {k[2]} | {k[3]} | " + " | ".join(cells) +
                      f" | {sp['impl'] if sp else '–'} | {rate} | {tf} | {win} | {vs} |")
+    if args.trace and os.path.exists(args.trace):
+        lines += ["", "## In-kernel trace", "", open(args.trace).read().rstrip()]
     if merged["skipped"]:
         lines += ["", "## Skipped", ""] + [f"- {s}" for s in merged["skipped"]]
     lines += ["", "## Notes from the peers run", ""] + [f"- {n}" for n in merged["notes"]]
@@ -104,8 +127,8 @@ def main():
 
 
 def targets(by_point, ceil):
-    """The targets of issue 17, each with our value, FlashInfer's and whether it is met."""
-    out = ["## Targets (issue 17)", "",
+    """The targets of issue 28, each with our value, FlashInfer's and whether it is met."""
+    out = ["## Targets (issue 28)", "",
            "| target | ours | flashinfer_fa3 | met |", "|---|---|---|---|"]
 
     def frac(r):
@@ -140,12 +163,34 @@ def targets(by_point, ceil):
             sp = frac(by_point[k][OURS])
             out.append(f"| batch 1 x 64k h_q=16 s_q={s}: >= 0.55 of copy | {sp:.2f} | "
                        f"{fi_cell(k, frac, '%.2f')} | {'yes' if sp >= 0.55 else 'no'} |")
-    # 4. Never slower than the baseline.
+    # 4. Never slower than the baseline, nor than the previous kernel (where it was run).
     both = [k for k in by_point if OURS in by_point[k] and "baseline" in by_point[k]]
     slower = [k for k in both if by_point[k][OURS]["graph_us_p50"] >
               by_point[k]["baseline"]["graph_us_p50"]]
-    out.append(f"| never slower than baseline | slower at {len(slower)} of {len(both)} points | – | "
-               f"{'yes' if not slower else 'no'} |")
+    if both:
+        out.append(f"| never slower than baseline | slower at {len(slower)} of {len(both)} points | – "
+                   f"| {'yes' if not slower else 'no'} |")
+    else:
+        out.append("| never slower than baseline | not run in this sweep | – | – |")
+    prev = [k for k in by_point if OURS in by_point[k] and PREVIOUS in by_point[k]]
+    if prev:
+        ratios = {k: by_point[k][OURS]["graph_us_p50"] / by_point[k][PREVIOUS]["graph_us_p50"]
+                  for k in prev}
+        worse = sorted(k for k in prev if ratios[k] > 1.0)
+        beyond = sorted(k for k in prev if ratios[k] > 1.02)
+        worst = max(prev, key=lambda k: ratios[k])
+        gm = 1.0
+        for v in ratios.values():
+            gm *= v
+        gm **= 1.0 / len(ratios)
+        out.append(f"| never slower than the previous kernel (`{by_point[worst][PREVIOUS].get('previous_git', '')[:7]}`) | "
+                   f"slower at {len(worse)} of {len(prev)} points, {len(beyond)} of them by more "
+                   f"than 2% (worst {ratios[worst]:.3f}x its time at h{worst[0]} s{worst[1]} "
+                   f"b{worst[2]} {worst[3]}; geomean {gm:.3f}) | – | "
+                   f"{'yes' if not worse else 'no'} |")
+        if beyond:
+            out_beyond = ", ".join(f"h{k[0]} s{k[1]} b{k[2]} {k[3]}: {ratios[k]:.3f}" for k in beyond)
+            out.append(f"| (points more than 2% slower than the previous kernel: {out_beyond}) | | | |")
     # 5. Faster than FlashInfer at every point, or within 3% where both are >= 0.90 of copy.
     vs = [k for k in by_point if OURS in by_point[k] and "flashinfer_fa3" in by_point[k]]
 
@@ -156,9 +201,14 @@ def targets(by_point, ceil):
     lose = [k for k in vs if by_point[k][OURS]["graph_us_p50"] >
             by_point[k]["flashinfer_fa3"]["graph_us_p50"]]
     lose_unexcused = [k for k in lose if not excused(k)]
+    gm = 1.0
+    for k in vs:
+        gm *= by_point[k][OURS]["graph_us_p50"] / by_point[k]["flashinfer_fa3"]["graph_us_p50"]
+    gm = gm ** (1.0 / len(vs)) if vs else float("nan")
     out.append(f"| faster than FlashInfer at every point (or within 3% where both >= 0.90 of copy) | "
                f"slower at {len(lose)} of {len(vs)} points, {len(lose) - len(lose_unexcused)} of them "
-               f"within the 3% | – | {'yes' if vs and not lose_unexcused else 'no'} |")
+               f"within the 3% (geomean ours / FlashInfer time {gm:.3f}) | – | "
+               f"{'yes' if vs and not lose_unexcused else 'no'} |")
     if slower:
         out += ["", "Points where ours is slower than the baseline (ours / baseline time): " +
                 ", ".join(f"h{k[0]} s{k[1]} b{k[2]} {k[3]}: "
@@ -184,11 +234,13 @@ def plot(by_point, impls, path, merged):
         return
     fig, axes = plt.subplots(2, 2, figsize=(12, 9))
     styles = {"split_kv": "-o", "split_kv_sm90a": "-D", "baseline": "--s", "flashinfer_fa3": "-.^",
-              "torch_ref": ":x"}
+              "torch_ref": ":x", "previous": ":D"}
     for row, h in enumerate((16, 128)):
         for col, b in enumerate((1, 64)):
             ax = axes[row][col]
             for impl in impls:
+                if impl.startswith("split_kv_sm90a_"):  # forced schedules: in the table only
+                    continue
                 for s, color in ((1, "tab:blue"), (4, "tab:red")):
                     pts = sorted((k[3], v[impl]["graph_us_p50"]) for k, v in by_point.items()
                                  if k[0] == h and k[1] == s and k[2] == b and impl in v)

@@ -125,6 +125,7 @@ cudaError_t CreateMlaVerifyWorkspace(const MlaVerifyWorkspaceConfig& config,
   ws->num_sms = num_sms;
   ws->max_batch = config.max_batch;
   ws->has_sm90a = sm90a_available;
+  ws->sm90a_schedule = config.sm90a_schedule;
   ws->limits = limits;
   ws->partial_rows = mla::PartialRowsFor(num_sms);
   const size_t plan_bytes = static_cast<size_t>(mla::PlanInts(config.max_batch)) * 4;
@@ -191,6 +192,10 @@ cudaError_t PlanMlaVerify(const MlaVerifyParams& params, MlaVerifyPath path, Mla
   if (path == MlaVerifyPath::kSplitKvSm90a) {
     made.row_tiles = (rows + 63) / 64;
     made.num_parts = mla::NumPartsSm90a(ws->num_sms, rows);
+    made.sm90a_schedule = ws->sm90a_schedule != MlaVerifySm90aSchedule::kAuto ? ws->sm90a_schedule
+                          : mla::UseOnePageSchedule(rows, params.batch)
+                              ? MlaVerifySm90aSchedule::kOnePage
+                              : MlaVerifySm90aSchedule::kPagePairs;
   } else {
     const mla::TileChoice tile = mla::ChooseTile(rows, TileDeviceOf(*ws));
     if (tile.index < 0) return cudaErrorNotSupported;
@@ -224,7 +229,8 @@ cudaError_t RunMlaVerify(const MlaVerifyPlan& plan, const MlaVerifyParams& param
   cudaError_t err = cudaSuccess;
   switch (plan.path) {
     case MlaVerifyPath::kSplitKvSm90a:
-      err = mla::LaunchTileSm90a(args, dim3(plan.row_tiles, plan.num_parts), stream);
+      err = mla::LaunchTileSm90a(args, dim3(plan.row_tiles, plan.num_parts),
+                                 plan.sm90a_schedule == MlaVerifySm90aSchedule::kOnePage, stream);
       break;
     case MlaVerifyPath::kSplitKv:
       if (!mla::TileFits(plan.tile, TileDeviceOf(*ws))) return cudaErrorInvalidValue;

@@ -9,8 +9,9 @@
 //
 // Paths (MlaVerifyPath): the split-KV paths spread every request's keys over all SMs with a plan
 // made on the device, then merge the partial results by their LSEs: kSplitKv (portable:
-// mma.sync, 16/32/64-row tiles) and kSplitKvSm90a (wgmma + TMA, 64-row tiles, two warpgroups on
-// alternate cache pages, sm_90a machine code; ChooseMlaVerifyPath says where it is used); the
+// mma.sync, 16/32/64-row tiles) and kSplitKvSm90a (wgmma + TMA, 64-row tiles, two warpgroups per
+// tile with a schedule the plan picks by row count, MlaVerifySm90aSchedule; sm_90a machine code;
+// ChooseMlaVerifyPath says where it is used); the
 // baseline runs one block per (request, row tile) over the whole sequence. Every launch is
 // graph-capturable: no allocation, no host synchronisation, no device-property query; lengths
 // and page tables are read on the device, so one captured graph serves any lengths of its
@@ -56,6 +57,17 @@ inline constexpr int kNumMlaVerifyPaths = 3;
 
 // "split_kv", "baseline", "split_kv_sm90a" (the names used in metrics and benchmarks).
 const char* MlaVerifyPathName(MlaVerifyPath path);
+
+// How the split_kv_sm90a tile walks its range of cache pages (mla_verify_sm90a*.cuh): the plan
+// picks by row count and batch (mla::UseOnePageSchedule) unless a workspace made for tests or
+// benchmarks forces one.
+enum class MlaVerifySm90aSchedule : int32_t {
+  kAuto = 0,       // the plan's choice
+  kPagePairs = 1,  // two pages at a time, one per warpgroup ("seesaw")
+  kOnePage = 2,    // one page at a time, both warpgroups on it, the other buffer refilling
+};
+// "auto", "page_pairs", "one_page".
+const char* MlaVerifySm90aScheduleName(MlaVerifySm90aSchedule schedule);
 
 struct MlaVerifyParams {
   int32_t batch = 0;  // b
@@ -103,6 +115,8 @@ struct MlaVerifyWorkspaceConfig {
   // shared-memory and thread limits, no sm_90a path off sm_90) on the GPU in hand. nullptr: the
   // device's own limits.
   const DeviceFamily* limit_to_family = nullptr;
+  // Tests and benchmarks only: the split_kv_sm90a schedule every plan on this workspace takes.
+  MlaVerifySm90aSchedule sm90a_schedule = MlaVerifySm90aSchedule::kAuto;
 };
 
 struct MlaVerifyWorkspace {
@@ -111,6 +125,7 @@ struct MlaVerifyWorkspace {
   int32_t max_batch = 0;
   bool has_sm90a = false;  // compute capability 9.0, this build holds the sm_90a kernels, and the
                            // driver's tensor-map encoder was found (their loads are TMA)
+  MlaVerifySm90aSchedule sm90a_schedule = MlaVerifySm90aSchedule::kAuto;  // as configured
   DeviceLimits limits;     // as the tile choice sees the device (limit_to_family applied)
   int32_t* plan = nullptr;         // device, see mla_verify_plan.h
   float* partial_out = nullptr;    // device [partial_rows, 512]
@@ -131,6 +146,8 @@ struct MlaVerifyPlan {
   int32_t row_tiles = 0;  // grid.x of the attention kernel: query-row tiles of a request
   int32_t num_parts = 0;  // grid.y: ranges of the flattened batch (one block per SM in all)
   bool combine_rows = false;  // combine with a warp per query row (few splits per request)
+  // split_kv_sm90a: the tile's schedule (never kAuto in a plan).
+  MlaVerifySm90aSchedule sm90a_schedule = MlaVerifySm90aSchedule::kAuto;
   const MlaVerifyWorkspace* workspace = nullptr;
   uint64_t id = 0;        // workspace->plans_made when this plan was made
 };

@@ -366,6 +366,21 @@ TEST(MlaPlanTest, TilesAndParts) {
   EXPECT_EQ(mla::UnitsOf(65), 2);
 }
 
+// The sm_90a tile's schedule: one page at a time for a single request within one 64-row tile,
+// page pairs otherwise.
+TEST(MlaPlanTest, Sm90aScheduleByRowsAndBatch) {
+  for (int32_t rows : {16, 32, 48, 64}) {
+    EXPECT_TRUE(mla::UseOnePageSchedule(rows, 1)) << rows;
+    for (int32_t batch : {2, 8, 64, 256}) EXPECT_FALSE(mla::UseOnePageSchedule(rows, batch));
+  }
+  for (int32_t rows : {128, 256, 1024, 2048}) {
+    for (int32_t batch : {1, 8, 128}) EXPECT_FALSE(mla::UseOnePageSchedule(rows, batch));
+  }
+  EXPECT_STREQ(MlaVerifySm90aScheduleName(MlaVerifySm90aSchedule::kAuto), "auto");
+  EXPECT_STREQ(MlaVerifySm90aScheduleName(MlaVerifySm90aSchedule::kPagePairs), "page_pairs");
+  EXPECT_STREQ(MlaVerifySm90aScheduleName(MlaVerifySm90aSchedule::kOnePage), "one_page");
+}
+
 // ---------------------------------------------------------------------------------------------
 // Launch checks (host side, no device needed).
 

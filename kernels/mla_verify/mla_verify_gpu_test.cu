@@ -6,7 +6,8 @@
 // graph replay bit for bit equal to eager; split_kv and baseline within the bound of each other;
 // plans refused where they do not match. Every path runs through LaunchMlaVerifyPath (the
 // dispatcher's entry) with the path forced, so each kernel and tile size is checked wherever
-// the device has it.
+// the device has it; split_kv_sm90a runs with the plan's schedule and with each schedule forced
+// (workspaces made for that), at every row count.
 //
 // The float64 reference runs on the GPU (one block per query row, double arithmetic) so that
 // long sequences and 128 heads stay quick; the first test checks it against the CPU reference.
@@ -334,23 +335,36 @@ void GpuReference(const Problem& pr, Reference* ref) {
   CUDA_ASSERT(cudaMemcpy(ref->lse.data(), lse.ptr, n_rows * 8, cudaMemcpyDeviceToHost));
 }
 
+// A path on a workspace: the split_kv_sm90a schedules are told apart by the workspace.
+struct Variant {
+  MlaVerifyPath path;
+  MlaVerifyWorkspace* ws;
+  std::string name;
+};
+
 class MlaVerifyGpuTest : public ::testing::Test {
  protected:
   void SetUp() override {
     MlaVerifyWorkspaceConfig config;
     config.limit_to_family = g_family;
     ASSERT_EQ(CreateMlaVerifyWorkspace(config, &ws_), cudaSuccess);
+    config.sm90a_schedule = MlaVerifySm90aSchedule::kPagePairs;
+    ASSERT_EQ(CreateMlaVerifyWorkspace(config, &ws_pairs_), cudaSuccess);
+    config.sm90a_schedule = MlaVerifySm90aSchedule::kOnePage;
+    ASSERT_EQ(CreateMlaVerifyWorkspace(config, &ws_one_page_), cudaSuccess);
     CUDA_ASSERT(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
   }
   void TearDown() override {
     DestroyMlaVerifyWorkspace(ws_);
+    DestroyMlaVerifyWorkspace(ws_pairs_);
+    DestroyMlaVerifyWorkspace(ws_one_page_);
     cudaStreamDestroy(stream_);
   }
 
-  // Runs `path` on a poisoned output and compares every element with the reference.
-  void RunAndCheck(Problem* pr, MlaVerifyPath path, const Reference& ref, const char* what) {
+  // Runs a variant on a poisoned output and compares every element with the reference.
+  void RunAndCheck(Problem* pr, const Variant& v, const Reference& ref, const char* what) {
     Poison(pr);
-    CUDA_ASSERT(LaunchMlaVerifyPath(pr->params, path, ws_, stream_));
+    CUDA_ASSERT(LaunchMlaVerifyPath(pr->params, v.path, v.ws, stream_));
     CUDA_ASSERT(cudaStreamSynchronize(stream_));
     Fetch(pr);
     std::vector<float> out, lse;
@@ -360,9 +374,9 @@ class MlaVerifyGpuTest : public ::testing::Test {
     const MlaCompareResult rl = CompareMlaLse(lse.data(), ref.lse.data(), lse.size());
     char line[400];
     std::snprintf(line, sizeof(line),
-                  "[worst] %-14s %-30s out: max_abs %.3g err/bound %.3f rel_l2 %.3g bad %lld "
+                  "[worst] %-25s %-30s out: max_abs %.3g err/bound %.3f rel_l2 %.3g bad %lld "
                   "nan %lld | lse: max_abs %.3g bad %lld",
-                  MlaVerifyPathName(path), what, r.max_abs_err, r.max_err_over_bound, r.rel_l2,
+                  v.name.c_str(), what, r.max_abs_err, r.max_err_over_bound, r.rel_l2,
                   static_cast<long long>(r.bad), static_cast<long long>(r.nan), rl.max_abs_err,
                   static_cast<long long>(rl.bad));
     std::printf("%s\n", line);
@@ -381,20 +395,28 @@ class MlaVerifyGpuTest : public ::testing::Test {
     Reference ref;
     GpuReference(pr, &ref);
     if (HasFatalFailure()) return;
-    for (MlaVerifyPath path : Paths()) {
-      RunAndCheck(&pr, path, ref, what.c_str());
+    for (const Variant& v : Variants()) {
+      RunAndCheck(&pr, v, ref, what.c_str());
       if (HasFatalFailure()) return;
     }
   }
 
-  // Every path this device runs (the sm_90a one where it exists).
-  std::vector<MlaVerifyPath> Paths() const {
-    std::vector<MlaVerifyPath> paths = {MlaVerifyPath::kSplitKv, MlaVerifyPath::kBaseline};
-    if (ws_->has_sm90a) paths.push_back(MlaVerifyPath::kSplitKvSm90a);
-    return paths;
+  // Every path this device runs: split_kv, baseline (second), and where it exists split_kv_sm90a
+  // with the plan's schedule and with each schedule forced.
+  std::vector<Variant> Variants() const {
+    std::vector<Variant> v = {{MlaVerifyPath::kSplitKv, ws_, "split_kv"},
+                              {MlaVerifyPath::kBaseline, ws_, "baseline"}};
+    if (ws_->has_sm90a) {
+      v.push_back({MlaVerifyPath::kSplitKvSm90a, ws_, "split_kv_sm90a"});
+      v.push_back({MlaVerifyPath::kSplitKvSm90a, ws_pairs_, "split_kv_sm90a/page_pairs"});
+      v.push_back({MlaVerifyPath::kSplitKvSm90a, ws_one_page_, "split_kv_sm90a/one_page"});
+    }
+    return v;
   }
 
   MlaVerifyWorkspace* ws_ = nullptr;
+  MlaVerifyWorkspace* ws_pairs_ = nullptr;     // split_kv_sm90a forced to page pairs
+  MlaVerifyWorkspace* ws_one_page_ = nullptr;  // split_kv_sm90a forced to one page
   cudaStream_t stream_ = nullptr;
 };
 
@@ -442,7 +464,7 @@ TEST_F(MlaVerifyGpuTest, GpuReferenceMatchesCpuReference) {
       ASSERT_NEAR(gpu.lse[i], cpu.lse[i], 1e-12) << i;
     }
   }
-  RunAndCheck(&pr, MlaVerifyPath::kSplitKv, gpu, "cpu-ref case");
+  RunAndCheck(&pr, Variant{MlaVerifyPath::kSplitKv, ws_, "split_kv"}, gpu, "cpu-ref case");
   std::printf("sm_90a path %s\n", ws_->has_sm90a ? "present: tested beside the others"
                                                  : "absent on this device or build");
 }
@@ -547,10 +569,10 @@ TEST_F(MlaVerifyGpuTest, GraphReplayEqualsEagerBitForBit) {
   Problem pr;
   Build(shape, &pr);
   pr.params.num_pages = 0;  // "not given": the TMA map's page bound falls back to a large one
-  for (MlaVerifyPath path : Paths()) {
-    SCOPED_TRACE(MlaVerifyPathName(path));
+  for (const Variant& v : Variants()) {
+    SCOPED_TRACE(v.name);
     Poison(&pr);
-    CUDA_ASSERT(LaunchMlaVerifyPath(pr.params, path, ws_, stream_));
+    CUDA_ASSERT(LaunchMlaVerifyPath(pr.params, v.path, v.ws, stream_));
     CUDA_ASSERT(cudaStreamSynchronize(stream_));
     Fetch(&pr);
     const std::vector<uint16_t> eager_out = pr.out_host;
@@ -559,7 +581,7 @@ TEST_F(MlaVerifyGpuTest, GraphReplayEqualsEagerBitForBit) {
     cudaGraph_t graph = nullptr;
     cudaGraphExec_t exec = nullptr;
     CUDA_ASSERT(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal));
-    const cudaError_t launch = LaunchMlaVerifyPath(pr.params, path, ws_, stream_);
+    const cudaError_t launch = LaunchMlaVerifyPath(pr.params, v.path, v.ws, stream_);
     CUDA_ASSERT(cudaStreamEndCapture(stream_, &graph));
     CUDA_ASSERT(launch);
     CUDA_ASSERT(cudaGraphInstantiate(&exec, graph, 0));
@@ -580,7 +602,7 @@ TEST_F(MlaVerifyGpuTest, GraphReplayEqualsEagerBitForBit) {
     Fetch(&pr);
     const std::vector<uint16_t> graph_out2 = pr.out_host;
     Poison(&pr);
-    CUDA_ASSERT(LaunchMlaVerifyPath(pr.params, path, ws_, stream_));
+    CUDA_ASSERT(LaunchMlaVerifyPath(pr.params, v.path, v.ws, stream_));
     CUDA_ASSERT(cudaStreamSynchronize(stream_));
     Fetch(&pr);
     ASSERT_EQ(0, std::memcmp(graph_out2.data(), pr.out_host.data(), graph_out2.size() * 2));
@@ -612,14 +634,20 @@ TEST_F(MlaVerifyGpuTest, OnePlanServesSeveralLayers) {
   Reference ra, rb;
   GpuReference(a, &ra);
   GpuReference(b, &rb);
-  for (MlaVerifyPath path : Paths()) {
-    if (path == MlaVerifyPath::kBaseline) continue;
-    SCOPED_TRACE(MlaVerifyPathName(path));
+  for (const Variant& v : Variants()) {
+    if (v.path == MlaVerifyPath::kBaseline) continue;
+    SCOPED_TRACE(v.name);
     Poison(&a);
     Poison(&b);
     MlaVerifyPlan plan;
-    CUDA_ASSERT(PlanMlaVerify(a.params, path, ws_, stream_, &plan));
-    EXPECT_EQ(plan.path, path);
+    CUDA_ASSERT(PlanMlaVerify(a.params, v.path, v.ws, stream_, &plan));
+    EXPECT_EQ(plan.path, v.path);
+    if (v.path == MlaVerifyPath::kSplitKvSm90a) {
+      EXPECT_NE(plan.sm90a_schedule, MlaVerifySm90aSchedule::kAuto);
+      if (v.ws->sm90a_schedule != MlaVerifySm90aSchedule::kAuto) {
+        EXPECT_EQ(plan.sm90a_schedule, v.ws->sm90a_schedule);
+      }
+    }
     CUDA_ASSERT(RunMlaVerify(plan, a.params, stream_));
     CUDA_ASSERT(RunMlaVerify(plan, b.params, stream_));
     CUDA_ASSERT(cudaStreamSynchronize(stream_));
@@ -705,9 +733,10 @@ TEST_F(MlaVerifyGpuTest, PathsAgreeWithinTheBound) {
   Reference ref;
   GpuReference(pr, &ref);
   std::vector<std::vector<float>> outs;
-  for (MlaVerifyPath path : Paths()) {
+  const std::vector<Variant> variants = Variants();
+  for (const Variant& v : variants) {
     Poison(&pr);
-    CUDA_ASSERT(LaunchMlaVerifyPath(pr.params, path, ws_, stream_));
+    CUDA_ASSERT(LaunchMlaVerifyPath(pr.params, v.path, v.ws, stream_));
     CUDA_ASSERT(cudaStreamSynchronize(stream_));
     Fetch(&pr);
     std::vector<float> out, lse;
@@ -719,9 +748,9 @@ TEST_F(MlaVerifyGpuTest, PathsAgreeWithinTheBound) {
     std::vector<double> base(outs[1].begin(), outs[1].end());
     const MlaCompareResult r =
         CompareMlaOutput(outs[k].data(), base.data(), ref.absw.data(), base.size());
-    std::printf("[worst] %s vs baseline: max_abs %.3g err/bound %.3f\n",
-                MlaVerifyPathName(Paths()[k]), r.max_abs_err, r.max_err_over_bound);
-    EXPECT_TRUE(r.ok()) << MlaVerifyPathName(Paths()[k]) << " differs from the baseline";
+    std::printf("[worst] %s vs baseline: max_abs %.3g err/bound %.3f\n", variants[k].name.c_str(),
+                r.max_abs_err, r.max_err_over_bound);
+    EXPECT_TRUE(r.ok()) << variants[k].name << " differs from the baseline";
   }
 }
 

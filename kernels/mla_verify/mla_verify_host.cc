@@ -27,6 +27,18 @@ const char* MlaVerifyPathName(MlaVerifyPath path) {
   return "unknown";
 }
 
+const char* MlaVerifySm90aScheduleName(MlaVerifySm90aSchedule schedule) {
+  switch (schedule) {
+    case MlaVerifySm90aSchedule::kAuto:
+      return "auto";
+    case MlaVerifySm90aSchedule::kPagePairs:
+      return "page_pairs";
+    case MlaVerifySm90aSchedule::kOnePage:
+      return "one_page";
+  }
+  return "unknown";
+}
+
 MlaVerifyPath ChooseMlaVerifyPath(const MlaVerifyWorkspace& ws, int32_t rows) {
   // The sm_90a tile measured at or below the portable one's time for every row count and length
   // of the benchmark's sweep (16..1024 rows, bench/results/mla_verify.md), so it serves every

@@ -10,11 +10,11 @@ namespace probesidecar::kernels::mla {
 
 struct KernelArgs;
 
-// Raises the sm_90a kernel's dynamic shared-memory limit (once, at workspace creation) where the
-// driver encodes tensor maps; *available says whether the kernel can run (its loads are TMA).
+// Raises the sm_90a kernels' dynamic shared-memory limits (once, at workspace creation) where the
+// driver encodes tensor maps; *available says whether the kernels can run (its loads are TMA).
 cudaError_t SetSm90aAttributes(bool* available);
-// The sm_90a tile kernel (split mode) on grid (64-row tiles, ranges), as a programmatic
-// dependent of the plan kernel launched just before it.
-cudaError_t LaunchTileSm90a(const KernelArgs& args, dim3 grid, cudaStream_t stream);
+// The sm_90a tile kernel (split mode) on grid (64-row tiles, ranges), the one-page schedule or
+// page pairs, as a programmatic dependent of the plan kernel launched just before it.
+cudaError_t LaunchTileSm90a(const KernelArgs& args, dim3 grid, bool one_page, cudaStream_t stream);
 
 }  // namespace probesidecar::kernels::mla

@@ -145,6 +145,14 @@ MLA_HD int32_t NumParts(int32_t num_sms, int32_t rows) {
 MLA_HD int32_t NumPartsSm90a(int32_t num_sms, int32_t rows) {
   return NumPartsFor(num_sms, rows, 64, 1);
 }
+// The sm_90a tile's schedule for s_q * h_q = `rows` query rows and `batch` requests: one page at a
+// time for a single request held by one 64-row tile, page pairs otherwise. Measured on the H200
+// (bench/mla_verify/NOTES.md): a pair costs less than two single pages once a block streams many
+// pages (the pair's two score passes overlap each other's softmax), while the one-page kernel's
+// shorter start and end win where each block has few pages; batch 1 with <= 64 rows was never
+// slower with it (0.76-1.00 of the pair kernel's time), batch 8 and beyond lost at long
+// sequences, and the lengths are not known when the plan is made.
+MLA_HD bool UseOnePageSchedule(int32_t rows, int32_t batch) { return rows <= 64 && batch == 1; }
 // A bound on the split requests of a plan, the combine kernel's grid: each spans a boundary between
 // two ranges and no two share one, so there are at most min(batch, num_parts - 1);
 // min(batch, num_parts) keeps the grid non-empty for a single range.

@@ -1,12 +1,14 @@
-// The sm_90a (wgmma) tile kernel's tensor maps and launcher. Built with
-// -gencode arch=compute_90a,code=sm_90a only (see CMakeLists.txt); the plan and combine kernels
-// it shares with the portable path live in mla_verify.cu.
+// The sm_90a (wgmma) tile kernels' tensor maps and launcher, and the setter of their timestamp
+// trace. Built with -gencode arch=compute_90a,code=sm_90a only (see CMakeLists.txt); the plan and
+// combine kernels they share with the portable path live in mla_verify.cu.
 #include <cuda.h>
 
 #include "kernels/common/launch.cuh"
 #include "kernels/common/tensor_map.h"
 #include "kernels/mla_verify/mla_verify_internal.h"
 #include "kernels/mla_verify/mla_verify_sm90a.cuh"
+#include "kernels/mla_verify/mla_verify_sm90a_page.cuh"
+#include "kernels/mla_verify/mla_verify_trace.h"
 
 namespace probesidecar::kernels::mla {
 namespace {
@@ -44,6 +46,10 @@ cudaError_t EncodeQMap(const MlaVerifyParams& p, CUtensorMap* map) {
                                             strides, box);
 }
 
+// Where the launches record their trace (SetMlaVerifyTraceBuffer); stays empty unless the trace
+// is compiled in.
+TraceArgs g_trace;
+
 }  // namespace
 
 cudaError_t SetSm90aAttributes(bool* available) {
@@ -51,27 +57,53 @@ cudaError_t SetSm90aAttributes(bool* available) {
   if (!blocks::TensorMapEncoderAvailable()) {
     return cudaSuccess;  // no tensor maps: the portable path serves every shape
   }
-  const cudaError_t err =
+  cudaError_t err =
       cudaFuncSetAttribute(sm90a::MlaVerifyTileSm90aKernel,
                            cudaFuncAttributeMaxDynamicSharedMemorySize, sm90a::kSmemBytes);
+  if (err == cudaSuccess) {
+    err = cudaFuncSetAttribute(sm90a::MlaVerifyPageSm90aKernel,
+                               cudaFuncAttributeMaxDynamicSharedMemorySize, sm90a::kPageSmemBytes);
+  }
   if (err != cudaSuccess) return err;
   blocks::ProgrammaticLaunchUsable(reinterpret_cast<const void*>(sm90a::MlaVerifyTileSm90aKernel));
+  blocks::ProgrammaticLaunchUsable(reinterpret_cast<const void*>(sm90a::MlaVerifyPageSm90aKernel));
   *available = true;
   return cudaSuccess;
 }
 
-cudaError_t LaunchTileSm90a(const KernelArgs& args, dim3 grid, cudaStream_t stream) {
+cudaError_t LaunchTileSm90a(const KernelArgs& args, dim3 grid, bool one_page, cudaStream_t stream) {
   sm90a::Sm90aArgs targs;
   targs.args = args;
+  targs.trace = g_trace;
   cudaError_t err = EncodeKvMap(args.p, &targs.kv_map);
   if (err == cudaSuccess) err = EncodeQMap(args.p, &targs.q_map);
   if (err == cudaErrorNotSupported) return cudaErrorInvalidDeviceFunction;  // no encoder
   if (err != cudaSuccess) return err;
   // A programmatic dependent of the plan kernel before it: its set-up overlaps the plan's tail,
   // and it waits for the plan in-kernel before reading anything global.
-  return blocks::LaunchProgrammaticDependent(sm90a::MlaVerifyTileSm90aKernel, grid,
-                                             dim3(sm90a::kThreads), sm90a::kSmemBytes, stream,
-                                             targs);
+  return one_page ? blocks::LaunchProgrammaticDependent(sm90a::MlaVerifyPageSm90aKernel, grid,
+                                                        dim3(sm90a::kThreads),
+                                                        sm90a::kPageSmemBytes, stream, targs)
+                  : blocks::LaunchProgrammaticDependent(sm90a::MlaVerifyTileSm90aKernel, grid,
+                                                        dim3(sm90a::kThreads), sm90a::kSmemBytes,
+                                                        stream, targs);
 }
 
 }  // namespace probesidecar::kernels::mla
+
+namespace probesidecar::kernels {
+
+bool MlaVerifyTraceCompiledIn() { return mla::kTraceOn; }
+
+cudaError_t SetMlaVerifyTraceBuffer(uint32_t* buffer, int32_t max_blocks,
+                                    int32_t events_per_warpgroup) {
+  if (!mla::kTraceOn) return cudaErrorNotSupported;
+  if (buffer != nullptr && (max_blocks < 1 || events_per_warpgroup < 2)) {
+    return cudaErrorInvalidValue;
+  }
+  mla::g_trace = buffer == nullptr ? mla::TraceArgs{}
+                                   : mla::TraceArgs{buffer, max_blocks, events_per_warpgroup};
+  return cudaSuccess;
+}
+
+}  // namespace probesidecar::kernels

@@ -1,12 +1,15 @@
-// MLA verify tile kernel for sm_90a: wgmma with every operand read by the tensor cores where it
+// MLA verify tile kernels for sm_90a: wgmma with every operand read by the tensor cores where it
 // lands in shared memory, Q and keys brought in by the tensor-memory accelerator (TMA), split-KV
 // mode with the plan of mla_verify_plan.h. Compiled only for -gencode
-// arch=compute_90a,code=sm_90a (mla_verify_sm90a.cu).
+// arch=compute_90a,code=sm_90a (mla_verify_sm90a.cu). This file holds the layouts and wgmma / TMA
+// helpers both schedules use and the page-pair ("seesaw") kernel; mla_verify_sm90a_page.cuh the
+// one-page kernel, which the plan takes where it measured faster (mla::UseOnePageSchedule). Both
+// record the in-kernel trace of mla_verify_trace.h where it is compiled in.
 //
-// Grid: (64-row query tiles, ranges of the flattened batch); one block per SM. Block: 2
-// warpgroups (256 threads) on one 64-row tile (the wgmma M; rows past s_q * h_q are zeros that
-// TMA fills in, and their results are dropped). Dynamic shared memory kSmemBytes: the Q tile and
-// two cache pages of 64 x 576 bf16.
+// Page-pair kernel. Grid: (64-row query tiles, ranges of the flattened batch); one block per SM.
+// Block: 2 warpgroups (256 threads) on one 64-row tile (the wgmma M; rows past s_q * h_q are zeros
+// that TMA fills in, and their results are dropped). Dynamic shared memory kSmemBytes: the Q tile
+// and two cache pages of 64 x 576 bf16.
 //
 // Schedule (after FlashMLA's dense decode kernel, "seesaw"): keys come one cache page (64 keys)
 // at a time, in pairs; warpgroup 0 owns the even page of a pair (buffer K0), warpgroup 1 the odd
@@ -46,6 +49,7 @@
 #include "kernels/common/online_softmax.cuh"
 #include "kernels/common/wgmma.cuh"
 #include "kernels/mla_verify/mla_verify_common.cuh"
+#include "kernels/mla_verify/mla_verify_trace.cuh"
 
 namespace probesidecar::kernels::mla::sm90a {
 
@@ -77,7 +81,21 @@ struct Sm90aArgs {
   CUtensorMap kv_map;  // [pages, 64, 576] bf16, box 64 x 64, 128-byte swizzle
   CUtensorMap q_map;   // [b, s_q, h_q, 576] bf16, box 64 rows (heads x tokens) x 64 columns
   KernelArgs args;
+  TraceArgs trace;  // where the timestamp trace goes (nowhere unless compiled in and set)
 };
+
+// Waits for a page box; in a traced build, records the wait when the box had not landed yet.
+__device__ __forceinline__ void WaitBox(uint64_t* bar, int phase, TraceRecorder& rec,
+                                        int32_t step) {
+  if constexpr (kTraceOn) {
+    if (cutlass::arch::ClusterTransactionBarrier::test_wait(bar, phase, 1)) return;
+    rec.Add(MlaTraceEvent::kWaitKvBegin, step);
+    cutlass::arch::ClusterTransactionBarrier::wait(bar, phase);
+    rec.Add(MlaTraceEvent::kWaitKvEnd, step);
+  } else {
+    cutlass::arch::ClusterTransactionBarrier::wait(bar, phase);
+  }
+}
 
 // Named barriers (ids after CUTLASS's reserved ones). The 256-thread ones pair an arrive of one
 // warpgroup with a wait of the other.
@@ -118,10 +136,10 @@ __device__ __forceinline__ uint64_t DescV(uint32_t addr) {
 // one commit group per slab. kZeroFirst: the first k-step overwrites s instead of adding.
 template <int kBegin, int kEnd, bool kZeroFirst>
 __device__ __forceinline__ void ScoreSlabs(uint32_t sq, uint32_t sk, uint64_t* bars, int phase,
-                                           float (&s)[32]) {
+                                           float (&s)[32], TraceRecorder& rec, int32_t step) {
 #pragma unroll
   for (int slab = kBegin; slab < kEnd; ++slab) {
-    cutlass::arch::ClusterTransactionBarrier::wait(&bars[slab], phase);
+    WaitBox(&bars[slab], phase, rec, step);
     cute::warpgroup_arrive();
 #pragma unroll
     for (int ks = 0; ks < 4; ++ks) {
@@ -279,6 +297,9 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int row0 = ((t >> 5) << 4) + (lane >> 2);  // this thread's rows: row0, row0 + 8
   const int tile = blockIdx.x;
   const int32_t rows = p.s_q * p.h_q;
+  TraceRecorder rec;
+  rec.Begin(targs.trace, wg, t == 0);
+  int32_t step = 0;  // pairs done (the trace's step)
 
   if (tid == 0) {
     for (int b = 0; b < 2; ++b)
@@ -292,6 +313,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   __syncthreads();
   blocks::GridDependencyWait();     // the plan is written
   blocks::GridDependencyTrigger();  // the combine may be scheduled (it waits too)
+  rec.Add(MlaTraceEvent::kGridWaitEnd, 0);
 
   // This block's range and the request it starts in.
   int32_t u0, u1;
@@ -365,12 +387,17 @@ __global__ void __launch_bounds__(kThreads, 1)
   int phase = 0;                            // of this warpgroup's page buffer's barriers
   int q_phase = 0;
 
+  rec.Add(MlaTraceEvent::kStep, step);
+  rec.Add(MlaTraceEvent::kWaitQBegin, step);
   cutlass::arch::ClusterTransactionBarrier::wait(&sm.bar_q, q_phase);
+  rec.Add(MlaTraceEvent::kWaitQEnd, step);
   q_phase ^= 1;
   blocks::FenceOperands(s);
   ScoreSlabs<0, kSlabs, true>(sq, wg == 0 ? sk[0] : sk[1], wg == 0 ? sm.bar_k[0] : sm.bar_k[1],
-                              phase, s);
+                              phase, s, rec, step);
+  rec.Add(MlaTraceEvent::kWaitMmaBegin, step);
   cute::warpgroup_wait<0>();
+  rec.Add(MlaTraceEvent::kWaitMmaEnd, step);
   blocks::FenceOperands(s);
   phase ^= 1;
 
@@ -467,14 +494,21 @@ __global__ void __launch_bounds__(kThreads, 1)
       cute::warpgroup_arrive();
       PvFromRegisters(pk, k_addr[0], 0, o);
       cute::warpgroup_commit_batch();
+      rec.Add(MlaTraceEvent::kWaitMmaBegin, step);
       cute::warpgroup_wait<0>();
+      rec.Add(MlaTraceEvent::kWaitMmaEnd, step);
       blocks::FenceOperands(o);
       blocks::FenceOperands(pk);
       // K0's boxes 0..3 (V0_L) are dead: the next even page's first boxes.
-      if (tid == 0 && nxt_valid) load_or_skip(nxt, 0, 0, 4);
+      if (tid == 0 && nxt_valid) {
+        load_or_skip(nxt, 0, 0, 4);
+        rec.Add(MlaTraceEvent::kIssueLoad, step);
+      }
       // ---- wg1's m1, scale1 (and P1 in K1's slab 8): O_L = O_L scale1 + P1 V1_L. wg1's scores
       // of this pair are done, so Q is dead: the next request's Q.
+      rec.Add(MlaTraceEvent::kWaitPeerBegin, step);
       Wait(kScale1Ready);
+      rec.Add(MlaTraceEvent::kWaitPeerEnd, step);
       float sc1[2];
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
@@ -492,27 +526,41 @@ __global__ void __launch_bounds__(kThreads, 1)
       // ---- The next even page's scores: boxes 0..3 (loaded above), then, once P1 V1_L is done
       // (K1's boxes 0..3 and 8 are dead: the next odd page's), boxes 4..8 (loaded by wg1 early).
       if (nxt_valid) {
-        if (nxt.First()) cutlass::arch::ClusterTransactionBarrier::wait(&sm.bar_q, q_phase);
+        rec.Add(MlaTraceEvent::kStep, step + 1);
+        if (nxt.First()) {
+          rec.Add(MlaTraceEvent::kWaitQBegin, step + 1);
+          cutlass::arch::ClusterTransactionBarrier::wait(&sm.bar_q, q_phase);
+          rec.Add(MlaTraceEvent::kWaitQEnd, step + 1);
+        }
         blocks::FenceOperands(s);
-        ScoreSlabs<0, 4, true>(q_addr, k_addr[0], sm.bar_k[0], phase, s);
+        ScoreSlabs<0, 4, true>(q_addr, k_addr[0], sm.bar_k[0], phase, s, rec, step + 1);
+        rec.Add(MlaTraceEvent::kWaitMmaBegin, step + 1);
         cute::warpgroup_wait<4>();
+        rec.Add(MlaTraceEvent::kWaitMmaEnd, step + 1);
         blocks::FenceOperands(o);
         if (tid == 0) {
           load_or_skip(nxt, 1, 0, 4);
           load_or_skip(nxt, 1, kPSlab, kSlabs);
+          rec.Add(MlaTraceEvent::kIssueLoad, step);
         }
-        ScoreSlabs<4, kSlabs, false>(q_addr, k_addr[0], sm.bar_k[0], phase, s);
+        ScoreSlabs<4, kSlabs, false>(q_addr, k_addr[0], sm.bar_k[0], phase, s, rec, step + 1);
+        rec.Add(MlaTraceEvent::kWaitMmaBegin, step + 1);
         cute::warpgroup_wait<0>();
+        rec.Add(MlaTraceEvent::kWaitMmaEnd, step + 1);
         blocks::FenceOperands(s);
         phase ^= 1;
       } else {
+        rec.Add(MlaTraceEvent::kWaitMmaBegin, step);
         cute::warpgroup_wait<0>();
+        rec.Add(MlaTraceEvent::kWaitMmaEnd, step);
         blocks::FenceOperands(o);
       }
     } else {
       // ---- Warpgroup 1: O_R = O_R scale0 + P0 V0_R first (its operands are all there), with
       // the softmax of S1 under it: m1 = max(m0, rowmax S1), scale1 = 2^(m0 - m1).
+      rec.Add(MlaTraceEvent::kWaitPeerBegin, step);
       Wait(kScale0Ready);
+      rec.Add(MlaTraceEvent::kWaitPeerEnd, step);
       float m0[2], sc0[2];
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
@@ -541,9 +589,14 @@ __global__ void __launch_bounds__(kThreads, 1)
       store_p(sm.k[1]);
       Arrive(kScale1Ready);
       // Once P0 V0_R is done, K0's boxes 4..8 are dead: the next even page's last boxes.
+      rec.Add(MlaTraceEvent::kWaitMmaBegin, step);
       cute::warpgroup_wait<0>();
+      rec.Add(MlaTraceEvent::kWaitMmaEnd, step);
       blocks::FenceOperands(o);
-      if (t == 0 && nxt_valid) load_or_skip(nxt, 0, 4, kSlabs);
+      if (t == 0 && nxt_valid) {
+        load_or_skip(nxt, 0, 4, kSlabs);
+        rec.Add(MlaTraceEvent::kIssueLoad, step);
+      }
       // ---- O_R = O_R scale1 + P1 V1_R.
       rescale_o(sc1);
       if (has1 && valid1 < kMlaPageSize) ZeroRowsPastEnd(sm.k[1], 1, valid1, t, 1);
@@ -552,19 +605,31 @@ __global__ void __launch_bounds__(kThreads, 1)
       cute::warpgroup_arrive();
       PvFromRegisters(pk, k_addr[1], 1, o);
       cute::warpgroup_commit_batch();
+      rec.Add(MlaTraceEvent::kWaitMmaBegin, step);
       cute::warpgroup_wait<0>();
+      rec.Add(MlaTraceEvent::kWaitMmaEnd, step);
       blocks::FenceOperands(o);
       blocks::FenceOperands(pk);
       // K1's boxes 4..7 (V1_R) are dead: the next odd page's.
-      if (t == 0 && nxt_valid) load_or_skip(nxt, 1, 4, kPSlab);
+      if (t == 0 && nxt_valid) {
+        load_or_skip(nxt, 1, 4, kPSlab);
+        rec.Add(MlaTraceEvent::kIssueLoad, step);
+      }
       // ---- The next odd page's scores: boxes 0..3 and 8 (loaded by wg0), then 4..7.
       if (nxt_valid) {
-        if (nxt.First()) cutlass::arch::ClusterTransactionBarrier::wait(&sm.bar_q, q_phase);
+        rec.Add(MlaTraceEvent::kStep, step + 1);
+        if (nxt.First()) {
+          rec.Add(MlaTraceEvent::kWaitQBegin, step + 1);
+          cutlass::arch::ClusterTransactionBarrier::wait(&sm.bar_q, q_phase);
+          rec.Add(MlaTraceEvent::kWaitQEnd, step + 1);
+        }
         blocks::FenceOperands(s);
-        ScoreSlabs<0, 4, true>(q_addr, k_addr[1], sm.bar_k[1], phase, s);
-        ScoreSlabs<kPSlab, kSlabs, false>(q_addr, k_addr[1], sm.bar_k[1], phase, s);
-        ScoreSlabs<4, kPSlab, false>(q_addr, k_addr[1], sm.bar_k[1], phase, s);
+        ScoreSlabs<0, 4, true>(q_addr, k_addr[1], sm.bar_k[1], phase, s, rec, step + 1);
+        ScoreSlabs<kPSlab, kSlabs, false>(q_addr, k_addr[1], sm.bar_k[1], phase, s, rec, step + 1);
+        ScoreSlabs<4, kPSlab, false>(q_addr, k_addr[1], sm.bar_k[1], phase, s, rec, step + 1);
+        rec.Add(MlaTraceEvent::kWaitMmaBegin, step + 1);
         cute::warpgroup_wait<0>();
+        rec.Add(MlaTraceEvent::kWaitMmaEnd, step + 1);
         blocks::FenceOperands(s);
         phase ^= 1;
       }
@@ -574,13 +639,16 @@ __global__ void __launch_bounds__(kThreads, 1)
     // ---- The request's last pair in this range: row sums of both warpgroups, then this
     // warpgroup's half of O to out (or to a partial slot when the request is split).
     if (cur.Last()) {
+      rec.Add(MlaTraceEvent::kEpilogueBegin, step);
       float l_tot[2];
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
         l_tot[h] = QuadSum(l_run[h]);
         if (quad == 0) sm.row_sum[wg][row0 + 8 * h] = l_tot[h];
       }
+      rec.Add(MlaTraceEvent::kWaitPeerBegin, step);
       Wait(kRowSums);
+      rec.Add(MlaTraceEvent::kWaitPeerEnd, step);
       const int32_t r = cur.r;
       int64_t slot = 0;
       const bool direct = !PartialSlot(args, per, r, cum[r], cum[r + 1], blockIdx.y, &slot);
@@ -622,11 +690,14 @@ __global__ void __launch_bounds__(kThreads, 1)
         m_run[h] = -INFINITY;
         l_run[h] = 0.0f;
       }
+      rec.Add(MlaTraceEvent::kEpilogueEnd, step);
     }
     if (!nxt_valid) break;
     cur = nxt;
     nxt.Advance(p, cum, u1);
+    ++step;
   }
+  rec.End(step);
 }
 
 }  // namespace probesidecar::kernels::mla::sm90a

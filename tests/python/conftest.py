@@ -144,6 +144,18 @@ def pytest_report_header(config):
     return f"probe-sidecar binary: {BIN}"
 
 
+@pytest.fixture(params=["triton", "torch"])
+def kernel(request, monkeypatch):
+    """Both ways a CUDA tap's ring is written (probe_sidecar.tap_op): the Triton kernels, and the
+    torch operations used where Triton is missing."""
+    if request.param == "torch":
+        monkeypatch.setenv("PROBE_SIDECAR_TAP_KERNEL", "torch")
+    else:
+        pytest.importorskip("triton")
+        monkeypatch.delenv("PROBE_SIDECAR_TAP_KERNEL", raising=False)
+    return request.param
+
+
 def require_cuda():
     """torch with a CUDA device, for GPU test modules (call at module level).
 

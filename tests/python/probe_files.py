@@ -49,6 +49,16 @@ def safetensors_bytes(tensors: dict[str, tuple[np.ndarray, str]], metadata: dict
     return bytes(safetensors.serialize(specs, metadata=metadata))
 
 
+def bf16_tensor_file(weight, bias, metadata: dict | None = None) -> bytes:
+    """A probe file of torch bfloat16 tensors `weight` [P, H] and `bias` [P], bit for bit (a
+    bfloat16 value is exact in float32, and rounds back to its own bits)."""
+    def bits(t):
+        return bf16_bits(t.detach().float().cpu().numpy())
+
+    return safetensors_bytes({"weight": (bits(weight), "bf16"), "bias": (bits(bias), "bf16")},
+                             metadata)
+
+
 class ProbeFile:
     """A random probe set: its file bytes and the exact float32 weights the server will hold."""
 

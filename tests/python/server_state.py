@@ -44,6 +44,11 @@ def difference(after: dict[str, int], before: dict[str, int]) -> dict[str, int]:
     return {code: n for code, n in delta.items() if n}
 
 
+# A deadline on work a test only waits for: a safety net far past the work on a loaded 2-core
+# machine under ASan (the work itself takes seconds there), never a measurement.
+SAFETY_S = 600.0
+
+
 def wait_for(condition, timeout: float, interval: float = 0.01) -> bool:
     """Polls `condition` until it is true (True) or `timeout` seconds pass (False)."""
     deadline = time.monotonic() + timeout

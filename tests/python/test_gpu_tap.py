@@ -49,18 +49,6 @@ def setup():
         assert server.process.poll() is None, server.log()
 
 
-@pytest.fixture(params=["triton", "torch"])
-def kernel(request, monkeypatch):
-    """Both ways the ring is written: the Triton kernel, and the torch operations used where
-    Triton is missing."""
-    if request.param == "torch":
-        monkeypatch.setenv("PROBE_SIDECAR_TAP_KERNEL", "torch")
-    else:
-        pytest.importorskip("triton")
-        monkeypatch.delenv("PROBE_SIDECAR_TAP_KERNEL", raising=False)
-    return request.param
-
-
 def check_windows(windows, history, weight, bias, batch_of):
     """Every written row of every window against float64; padding rows are not delivered."""
     steps = 0

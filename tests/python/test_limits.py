@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import threading
-import time
 import urllib.request
 
 import grpc
@@ -13,6 +12,7 @@ import pytest
 from conftest import Sidecar
 from probe_files import ProbeFile
 from probe_sidecar import ProbeSidecarError
+from server_state import SAFETY_S, wait_for
 
 
 @pytest.fixture(scope="module")
@@ -72,14 +72,12 @@ def test_concurrency_limit():
         slow_result = {}
 
         def slow():
-            with s.client() as c:
+            with s.client(timeout=SAFETY_S) as c:
                 slow_result["r"] = c.score(x, np.arange(2000) % 64, "slow")  # ~2 G multiply-adds
 
         thread = threading.Thread(target=slow)
         thread.start()
-        deadline = time.monotonic() + 20
-        while _in_flight(s) < 1 and time.monotonic() < deadline:
-            time.sleep(0.005)
+        assert wait_for(lambda: _in_flight(s) >= 1, SAFETY_S), "the slow request never started"
         with s.client() as c:
             with pytest.raises(ProbeSidecarError) as error:
                 c.score(x, [0], "slow")

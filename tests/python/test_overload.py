@@ -13,7 +13,7 @@ import pytest
 from conftest import Sidecar
 from probe_files import ProbeFile
 from probe_sidecar import score_request
-from server_state import answered_by_code, cpu_seconds, difference, metric, wait_for
+from server_state import SAFETY_S, answered_by_code, cpu_seconds, difference, metric, wait_for
 
 # A row of this set is 1 M multiply-adds (the CPU scorer does ~5 G a second on one thread here);
 # requests of many rows of one activation row are heavy yet quick to validate and to answer.
@@ -61,7 +61,7 @@ def wait_scoring_alone(sidecar, rpc: str, cpu_before: float):
     server has spent SCORING_CPU_SECONDS of CPU since `cpu_before` (read before the call was
     sent): the call holds the only scoring thread and is being scored, past its validation."""
     assert wait_for(lambda: in_flight(sidecar, rpc) == 1 and queued(sidecar) == 0
-                    and server_cpu(sidecar) - cpu_before >= SCORING_CPU_SECONDS, 10, 0.05)
+                    and server_cpu(sidecar) - cpu_before >= SCORING_CPU_SECONDS, SAFETY_S, 0.05)
 
 
 def assert_serves(client):
@@ -71,10 +71,10 @@ def assert_serves(client):
 def test_a_full_queue_refuses_at_once_and_names_the_flag(sidecar, client):
     assert metric(sidecar, "probesidecar_executor_queue_capacity") == 2
     cpu_before = server_cpu(sidecar)
-    running = send(client, HEAVY, timeout=60)
+    running = send(client, HEAVY, timeout=SAFETY_S)
     wait_scoring_alone(sidecar, "Score", cpu_before)
-    waiting = [send(client, SMALL, timeout=60) for _ in range(2)]
-    assert wait_for(lambda: queued(sidecar) == 2, 10)
+    waiting = [send(client, SMALL, timeout=SAFETY_S) for _ in range(2)]
+    assert wait_for(lambda: queued(sidecar) == 2, SAFETY_S)
     # Refused, not queued until a worker is free: a call that waited would be scored once the
     # running one is cancelled, and answer OK.
     with pytest.raises(grpc.RpcError) as refused:
@@ -85,19 +85,19 @@ def test_a_full_queue_refuses_at_once_and_names_the_flag(sidecar, client):
     assert in_flight(sidecar) == 3
     running.cancel()
     for call in waiting:
-        assert len(call.result(timeout=5).scores) == len(SMALL) * P * 4
-    assert wait_for(lambda: in_flight(sidecar) == 0, 5)
+        assert len(call.result(timeout=SAFETY_S).scores) == len(SMALL) * P * 4
+    assert wait_for(lambda: in_flight(sidecar) == 0, SAFETY_S)
 
 
 def test_a_request_past_its_deadline_does_not_run(sidecar, client):
     before = answered_by_code(sidecar, "Score")
     expired_before = metric(sidecar, "probesidecar_executor_expired_requests_total")
     cpu_before = server_cpu(sidecar)
-    blocker = send(client, BLOCKER, timeout=30)
+    blocker = send(client, BLOCKER, timeout=SAFETY_S)
     wait_scoring_alone(sidecar, "Score", cpu_before)
     late = send(client, HEAVY, timeout=0.2)  # waits behind the blocker past its deadline
     assert late.exception(timeout=10).code() == grpc.StatusCode.DEADLINE_EXCEEDED
-    assert len(blocker.result(timeout=30).scores) == len(BLOCKER) * P * 4
+    assert len(blocker.result(timeout=SAFETY_S).scores) == len(BLOCKER) * P * 4
     assert_serves(client)
     # The executor dropped the late request when it took it: it never ran.
     assert metric(sidecar, "probesidecar_executor_expired_requests_total") == expired_before + 1
@@ -110,19 +110,19 @@ def test_cancelling_frees_the_worker_whether_waiting_or_running(sidecar, client)
     cancelled_before = metric(sidecar, "probesidecar_executor_cancelled_requests_total")
     # Waiting: skipped when the worker takes it.
     cpu_before = server_cpu(sidecar)
-    blocker = send(client, BLOCKER, timeout=30)
+    blocker = send(client, BLOCKER, timeout=SAFETY_S)
     wait_scoring_alone(sidecar, "Score", cpu_before)
-    waiting = send(client, HEAVY, timeout=60)
-    assert wait_for(lambda: queued(sidecar) == 1, 10)
+    waiting = send(client, HEAVY, timeout=SAFETY_S)
+    assert wait_for(lambda: queued(sidecar) == 1, SAFETY_S)
     waiting.cancel()
-    assert len(blocker.result(timeout=30).scores) == len(BLOCKER) * P * 4
+    assert len(blocker.result(timeout=SAFETY_S).scores) == len(BLOCKER) * P * 4
     assert_serves(client)
     # Running: stopped between two tasks (a task is ~2 M multiply-adds, well under a millisecond).
     cpu_before = server_cpu(sidecar)
-    running = send(client, HEAVY, timeout=60)
+    running = send(client, HEAVY, timeout=SAFETY_S)
     wait_scoring_alone(sidecar, "Score", cpu_before)
     running.cancel()
-    assert wait_for(lambda: in_flight(sidecar) == 0, 30)
+    assert wait_for(lambda: in_flight(sidecar) == 0, SAFETY_S)
     assert_serves(client)
     # Both were dropped by the executor (skipped, stopped early): had either run to its end, it
     # would be answered CANCELLED all the same but not counted here.
@@ -135,10 +135,10 @@ def test_a_cancelled_stream_frees_the_worker(sidecar, client):
     cancelled_before = metric(sidecar, "probesidecar_executor_cancelled_requests_total")
     requests = iter([score_request(X, HEAVY, "slow")])
     cpu_before = server_cpu(sidecar)
-    stream = client.stub.ScoreStream(requests, timeout=60)
+    stream = client.stub.ScoreStream(requests, timeout=SAFETY_S)
     wait_scoring_alone(sidecar, "ScoreStream", cpu_before)
     stream.cancel()
-    assert wait_for(lambda: in_flight(sidecar, "ScoreStream") == 0, 30)
+    assert wait_for(lambda: in_flight(sidecar, "ScoreStream") == 0, SAFETY_S)
     assert_serves(client)
     # Stopped by the executor between two tasks, not run to its end (~8 s).
     assert metric(sidecar, "probesidecar_executor_cancelled_requests_total") == cancelled_before + 1

@@ -12,6 +12,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from conftest import Sidecar
 from probe_files import safetensors_bytes
+from server_state import SAFETY_S
 
 H, P, R, REQUESTS = 4096, 256, 256, 8
 
@@ -22,7 +23,8 @@ def test_control_rpcs_answer_while_the_executor_is_busy():
     bias = rng.standard_normal(P).astype(np.float32)
     x = rng.standard_normal((R, H)).astype(np.float32)
     data = safetensors_bytes({"weight": (weight, "fp32"), "bias": (bias, "fp32")})
-    with Sidecar(["--backend=cpu", "--cpu-threads=1"]) as server, server.client() as c:
+    with Sidecar(["--backend=cpu", "--cpu-threads=1"]) as server, \
+            server.client(timeout=SAFETY_S) as c:
         c.load_probe_set("wide", data=data)
         health = health_pb2_grpc.HealthStub(c.channel)
         with ThreadPoolExecutor(REQUESTS) as pool:

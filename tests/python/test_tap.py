@@ -204,7 +204,9 @@ def test_a_window_the_server_refuses_is_an_error_not_stale_scores(sidecar, probe
         window = tap.get(timeout=30)
         assert isinstance(window.error, ProbeSidecarError)
         assert window.error.code.name == "NOT_FOUND"
-        assert window.scores.shape[0] == 0
+        # Its step, with no row scored: nothing to read, no stale number.
+        assert window.steps == 1 and list(window.records()) == []
+        assert np.isnan(window.scores).all() and not window.fired.any()
         assert tap.stats.windows_failed == 1
     finally:
         tap.close()

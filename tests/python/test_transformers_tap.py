@@ -65,6 +65,37 @@ def test_generate_is_scored_step_by_step_against_float64(client, model, probes):
         np.testing.assert_array_equal(r.fired, r.scores >= 0)
 
 
+def test_a_compiled_static_cache_generate_is_scored_step_by_step(client, model, probes):
+    """generate(cache_implementation="static") compiles its decode forward (on a GPU by itself;
+    here on the CPU, asked to): the hook is traced into the compiled forward as the tap operator
+    (fullgraph: no graph break), and generate()'s own steps are counted. Before the operator,
+    this compile failed (BackendCompilerFailed: input mutations on views with different dtypes)."""
+    weight, bias = probes
+    batch, new_tokens = 2, 7
+    prompt = torch.randint(0, 256, (batch, 6))
+    model_tap = tap_model(model, client, "llama_tiny", max_batch=4, window=3)
+    compile_config = transformers.CompileConfig(fullgraph=True, mode="default")
+    compile_config._compile_all_devices = True  # transformers compiles on GPUs only by itself
+    torch._dynamo.reset()
+    try:
+        with torch.no_grad():
+            out = model.generate(prompt, max_new_tokens=new_tokens, do_sample=False,
+                                 cache_implementation="static", compile_config=compile_config,
+                                 output_hidden_states=True, return_dict_in_generate=True,
+                                 pad_token_id=0)
+        assert torch._dynamo.utils.counters["stats"]["unique_graphs"] >= 1  # it was compiled
+    finally:
+        model_tap.close()
+    windows = list(model_tap.tap.windows())
+    assert [w.error for w in windows] == [None] * len(windows)
+    assert sum(w.steps for w in windows) == len(out.hidden_states) == new_tokens
+    for w in windows:
+        for r in w.records():
+            hidden = out.hidden_states[r.step][-1][r.row, -1].double().numpy()
+            np.testing.assert_allclose(r.scores, hidden @ weight.T + bias, rtol=1e-4, atol=1e-4)
+    assert len([r for w in windows for r in w.records()]) == new_tokens * batch
+
+
 def test_a_captured_step_writes_only_and_the_loop_counts(client, model, probes):
     """capturing(): forwards write without a step (the graph replays are counted by the loop);
     paused(): forwards are not tapped at all."""

@@ -74,7 +74,7 @@ class TapWindow:
     # and to their copy in host memory (CUDA tap; else None).
     device_latency_s: float | None = None
     host_memory_latency_s: float | None = None
-    error: Exception | None = None  # set when the window could not be scored: no scores then
+    error: Exception | None = None  # set when the window could not be scored: no rows then
 
     @property
     def steps(self) -> int:
@@ -346,7 +346,6 @@ class Tap:
                 self._results_cv.notify_all()
 
     def _finish(self, window: _Window) -> TapWindow | None:
-        empty = np.zeros((0,), np.int32)
         if window.error is None and not self._host_results:
             return None  # scores stay on the device; nothing to deliver
         if window.error is None:
@@ -362,9 +361,10 @@ class Tap:
                         f"{self.window} writes per window)")
         now = time.monotonic()
         if window.error is not None:
-            shape = (0, self.ring.max_batch, self.num_probes)
-            return TapWindow(window.index, window.first_step, empty,
-                             np.zeros(shape, np.float32), np.zeros(shape, bool), 0,
+            # Its steps, with no rows scored: steps stays true, records() yields nothing.
+            shape = (window.steps, self.ring.max_batch, self.num_probes)
+            return TapWindow(window.index, window.first_step, np.zeros(window.steps, np.int32),
+                             np.full(shape, np.nan, np.float32), np.zeros(shape, bool), 0,
                              window.closed_at, now, error=window.error)
         finite = np.isfinite(scores)
         fired = finite & (scores >= self._thresholds)
@@ -473,8 +473,22 @@ _HOST_DTYPES = {"float32": (np.float32, tensor_pb2.DTYPE_FLOAT32),
                 "bfloat16": (np.uint16, tensor_pb2.DTYPE_BFLOAT16)}  # bf16 as its raw bits
 
 
-class HostRing(Ring):
-    """A ring in host memory whose windows travel inline (no GPU needed anywhere)."""
+class InlineRing(Ring):
+    """A ring whose windows travel inline: close_window() sets `window.ring_state` to [num_rows,
+    writes, None] and puts the rows in the request; the answer brings the scores."""
+
+    def answered(self, window: _Window, response) -> None:
+        if response is not None:
+            window.ring_state[2] = np.frombuffer(response.scores, dtype="<f4").reshape(
+                window.steps, self.max_batch, -1)
+
+    def fetch(self, window: _Window):
+        num_rows, writes, scores = window.ring_state
+        return scores, num_rows, writes, None
+
+
+class HostRing(InlineRing):
+    """A ring of numpy arrays whose windows travel inline (no GPU needed anywhere)."""
 
     def __init__(self, probe_set: str, session_id: int, hidden_size: int, max_batch: int,
                  window: int, dtype: str):
@@ -522,15 +536,6 @@ class HostRing(Ring):
         window.ring_state = [self._num_rows[base:base + steps].copy(), self._writes, None]
         next_base = (1 - window.half) * self.window
         self._slot, self._limit, self._writes = next_base, next_base + self.window, 0
-
-    def answered(self, window: _Window, response) -> None:
-        if response is not None:
-            window.ring_state[2] = np.frombuffer(response.scores, dtype="<f4").reshape(
-                window.steps, self.max_batch, -1)
-
-    def fetch(self, window: _Window):
-        num_rows, writes, scores = window.ring_state
-        return scores, num_rows, writes, None
 
 
 def _host_array(hidden, dtype: str) -> np.ndarray:

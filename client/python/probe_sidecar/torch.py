@@ -36,15 +36,10 @@ import torch
 from probesidecar.v1 import buffers_pb2, score_pb2, tensor_pb2, verify_pb2
 
 from ._tensors import rows_array
+from ._torch_dtypes import PROTO_DTYPES
 from .client import Client, ProbeSidecarError, ScoreResult, _raise, _result
 from .pipeline import Pending, ScoreStreamPipeline
 from .tap import Tap, TapError, TapWindow, check_tap_shape
-
-_DTYPES = {
-    torch.float32: tensor_pb2.DTYPE_FLOAT32,
-    torch.float16: tensor_pb2.DTYPE_FLOAT16,
-    torch.bfloat16: tensor_pb2.DTYPE_BFLOAT16,
-}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -235,11 +230,11 @@ class TorchClient:
         """A TensorRef to a 2-D CUDA tensor (rows may be strided; columns contiguous)."""
         if tensor.dim() != 2:
             raise ValueError(f"expected a 2-D tensor, got shape {tuple(tensor.shape)}")
-        if tensor.dtype not in _DTYPES:
+        if tensor.dtype not in PROTO_DTYPES:
             raise TypeError(f"dtype {tensor.dtype} is not bfloat16, float16 or float32")
         if tensor.shape[1] > 1 and tensor.stride(1) != 1:
             raise ValueError("the tensor's rows must be contiguous (stride(1) == 1)")
-        return self._buffer_ref(tensor, _DTYPES[tensor.dtype], tensor.shape, tensor.stride(0))
+        return self._buffer_ref(tensor, PROTO_DTYPES[tensor.dtype], tensor.shape, tensor.stride(0))
 
     def _buffer_ref(self, tensor: torch.Tensor, dtype: int, shape, row_stride: int
                     ) -> tensor_pb2.TensorRef:
@@ -330,7 +325,8 @@ class TorchClient:
             dtype: torch.dtype = torch.bfloat16, hidden_size: int | None = None,
             device: torch.device | str | int | None = None,
             stream: torch.cuda.Stream | None = None, submit: str = "auto", **options) -> Tap:
-        """A CUDA tap (probe_sidecar.tap.Tap) for a decode loop on this GPU.
+        """A CUDA tap (probe_sidecar.tap.Tap) for a decode loop on this GPU (device="cpu": a CPU
+        tap, cpu_tap()).
 
         It owns a ring of 2 x `window` slots of [max_batch, H] `dtype` rows and their float32
         scores, in one cudaMalloc'd allocation registered once (so it works whatever the process's
@@ -356,6 +352,13 @@ class TorchClient:
         """
         from ._cuda_ring import CudaRing
 
+        if device is not None and torch.device(device).type == "cpu":
+            tap = cpu_tap(self.client, probe_set, max_batch=max_batch, window=window,
+                          dtype=dtype, hidden_size=hidden_size, session_id=self.session_id,
+                          **options)
+            with self._lock:
+                self._taps.append(tap)
+            return tap
         info = self.client.probe_set_info(probe_set)
         server = self.client.server_info()
         check_tap_shape(info, info.hidden_size if hidden_size is None else hidden_size,
@@ -366,8 +369,7 @@ class TorchClient:
             device = torch.device("cuda", torch.cuda.current_device())
         device = torch.device(device) if not isinstance(device, int) else torch.device("cuda", device)
         if device.type != "cuda":
-            raise TapError(f"TorchClient.tap needs a CUDA device, got {device}; for CPU rows use "
-                           "Client.tap")
+            raise TapError(f"TorchClient.tap needs a CUDA device or the CPU, got {device}")
         if device.index is None:
             device = torch.device("cuda", torch.cuda.current_device())
         ring = CudaRing(self, probe_set, info, max_batch=max_batch, window=window, dtype=dtype,
@@ -452,7 +454,7 @@ class TorchClient:
             raise TypeError(f"expected a CUDA {dtype} tensor, got {tensor.device} {tensor.dtype}")
         if not tensor[0].is_contiguous():
             raise ValueError("every dimension but the first must be contiguous")
-        return self._buffer_ref(tensor, _DTYPES[dtype], tensor.shape, tensor.stride(0))
+        return self._buffer_ref(tensor, PROTO_DTYPES[dtype], tensor.shape, tensor.stride(0))
 
     def _ref_int32(self, tensor: torch.Tensor) -> tensor_pb2.TensorRef:
         """An int32 TensorRef: by reference on the GPU, inline from the CPU."""
@@ -513,6 +515,24 @@ class TorchClient:
         return self.client._call(self.client.stub.RegisterEvent, request).event_id
 
 
+def cpu_tap(client: Client, probe_set: str, *, max_batch: int, window: int = 16,
+            dtype: torch.dtype = torch.float32, hidden_size: int | None = None,
+            session_id: int = 0, **options) -> Tap:
+    """A tap for a model on the CPU: its ring is host memory written by the tap operator
+    (probe_sidecar.tap_op, so a compiled forward writes it too), each window sent inline as one
+    Score (a CPU-backend sidecar works). `client`: a plain Client. Options: probe_sidecar.tap.Tap's
+    (max_window_s, on_window, host_results, max_queued_windows, raise_errors)."""
+    from ._torch_ring import CpuRing
+
+    info = client.probe_set_info(probe_set)
+    check_tap_shape(info, info.hidden_size if hidden_size is None else hidden_size, max_batch,
+                    window, client.server_info().limits.max_rows)
+    ring = CpuRing(probe_set, info, max_batch=max_batch, window=window, dtype=dtype,
+                   session_id=session_id)
+    pipeline = ScoreStreamPipeline(client.stub)
+    return Tap(ring, pipeline, info, on_close=pipeline.close, **options)
+
+
 def mps_enabled(device: int = 0) -> bool:
     """Whether CUDA contexts of this process on `device` go through an MPS control daemon (the
     driver's CU_DEVICE_ATTRIBUTE_MPS_ENABLED): compare with the sidecar's ServerInfo.mps — the
@@ -527,5 +547,5 @@ def mps_enabled(device: int = 0) -> bool:
     return bool(value.value)
 
 
-__all__ = ["TorchClient", "Registration", "ScoreHandle", "VerifyResult", "ProbeSidecarError",
+__all__ = ["TorchClient", "cpu_tap", "Registration", "ScoreHandle", "VerifyResult", "ProbeSidecarError",
            "Tap", "TapError", "TapWindow", "mps_enabled"]

@@ -1,19 +1,23 @@
 """Probe scoring for a `transformers` causal LM: a forward hook on the model's final norm writes the
 last position of every sequence into a tap (probe_sidecar.tap) at every forward pass — the hidden
-state that the next token is read from.
+state that the next token is read from. The write is the tap's operator (probe_sidecar.tap_op), so
+it is traced into a compiled forward and recorded in a captured CUDA graph like any other op.
 
-Eager generation (each forward is one step; left padding, as generate() pads decoder-only models,
-puts every sequence's newest token last):
+generate() — eager, or with a compiled decode forward (`cache_implementation="static"`, which
+compiles it on a GPU, or a `torch.compile`d forward): while the tapped model generates, the steps
+are counted where generate() steps (once per forward, by a stopping criterion the tap adds), not
+in the hook, whose Python a compiled forward never runs:
 
     model_tap = tap_model(model, client, "demo", max_batch=8, window=16)
-    out = model.generate(**inputs, max_new_tokens=64)
+    out = model.generate(**inputs, max_new_tokens=64)   # eager or cache_implementation="static"
     model_tap.flush()                      # score the partial window
     for window in model_tap.tap.windows(timeout=1):
         ...
     model_tap.close()
 
-A CUDA-graphed decode step (static cache): the hook runs only while the step is captured, so it
-writes inside the graph and the loop counts replays:
+Outside generate(), an eager forward writes and counts a step; a compiled forward only writes
+(call model_tap.step() after it). A CUDA-graphed decode step: the hook runs only while the step is
+captured, so it writes inside the graph and the loop counts replays:
 
     with model_tap.capturing():            # inside: write only, no step()
         graph = capture(decode_step)
@@ -22,16 +26,21 @@ writes inside the graph and the loop counts replays:
         model_tap.step()
 
 `client` is a TorchClient for a model on a GPU (a CUDA tap: rows never leave the device) or a
-plain Client for a model on the CPU (a host tap: windows travel inline).
+plain Client (or a TorchClient) for a model on the CPU (a CPU tap: windows travel inline).
+Chunked prefill (`prefill_chunk_size`) runs several forwards per step: not supported (the window
+then reports more writes than steps).
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 
 import torch
+from transformers import StoppingCriteriaList
 
 from .tap import Tap, TapError
+from .torch import cpu_tap
 
 _NORM_NAMES = ("norm", "final_layernorm", "final_layer_norm", "ln_f")
 
@@ -55,9 +64,17 @@ class ModelTap:
 
     def __init__(self, model: torch.nn.Module, tap: Tap, module: torch.nn.Module | None = None):
         self.tap = tap
+        self.model = model
         self.module = module if module is not None else final_norm(model)
         self._mode = "eager"  # eager: write + step; capture: write only; paused: nothing
+        self._generating = False  # inside generate(): its stopping criterion counts the steps
         self._handle = self.module.register_forward_hook(self._hook)
+        self._generate = None
+        if callable(getattr(model, "generate", None)):
+            self._generate = model.generate
+            counted = self._counted_generate
+            model.generate = functools.wraps(self._generate)(
+                lambda *args, **kwargs: counted(*args, **kwargs))
 
     def _hook(self, module, args, output) -> None:
         if self._mode == "paused":
@@ -65,10 +82,26 @@ class ModelTap:
         hidden = output[0] if isinstance(output, (tuple, list)) else output
         if hidden.dim() == 3:
             hidden = hidden[:, -1]  # [batch, seq, H] -> each sequence's last position
+        if torch.compiler.is_compiling():
+            # Traced into a compiled forward: the operator alone (its shape checks run at trace
+            # time); a compiled forward runs no Python, so it never counts a step.
+            self.tap.ring.write_op(hidden)
+            return
         self.tap.write(hidden)
-        if self._mode == "eager" and not (hidden.is_cuda and
-                                          torch.cuda.is_current_stream_capturing()):
+        if (self._mode == "eager" and not self._generating
+                and not (hidden.is_cuda and torch.cuda.is_current_stream_capturing())):
             self.tap.step()
+
+    def _counted_generate(self, *args, **kwargs):
+        """model.generate while tapped: one step per forward, counted by a stopping criterion
+        (generate() asks it once after every forward, compiled or not) instead of the hook."""
+        criteria = StoppingCriteriaList(kwargs.pop("stopping_criteria", None) or [])
+        criteria.append(_StepCounter(self))
+        previous, self._generating = self._generating, True
+        try:
+            return self._generate(*args, stopping_criteria=criteria, **kwargs)
+        finally:
+            self._generating = previous
 
     @contextlib.contextmanager
     def capturing(self):
@@ -95,8 +128,11 @@ class ModelTap:
         self.tap.flush()
 
     def detach(self) -> None:
-        """Removes the hook (the tap stays open)."""
+        """Removes the hook and the counting generate() (the tap stays open)."""
         self._handle.remove()
+        if self._generate is not None and self.model.__dict__.get("generate") is not None:
+            del self.model.generate  # the class's generate again
+            self._generate = None
 
     def close(self) -> None:
         self.detach()
@@ -123,18 +159,31 @@ def tap_model(model: torch.nn.Module, client, probe_set: str, *, max_batch: int,
         tap = client.tap(probe_set, max_batch=max_batch, window=window, dtype=parameter.dtype,
                          hidden_size=hidden_size, device=parameter.device, **options)
     else:
-        names = {torch.float32: "float32", torch.float16: "float16", torch.bfloat16: "bfloat16"}
-        if parameter.dtype not in names:
-            raise TapError(f"a model in {parameter.dtype} cannot be tapped (float32, float16 or "
-                           f"bfloat16)")
         plain = getattr(client, "client", client)  # a TorchClient wraps a Client
-        tap = plain.tap(probe_set, max_batch=max_batch, window=window,
-                        dtype=names[parameter.dtype], hidden_size=hidden_size, **options)
+        tap = cpu_tap(plain, probe_set, max_batch=max_batch, window=window,
+                      dtype=parameter.dtype, hidden_size=hidden_size, **options)
     try:
         return ModelTap(model, tap, module)
     except BaseException:
         tap.close()
         raise
+
+
+class _StepCounter:
+    """A stopping criterion that never stops: it counts the tapped model's steps in generate()."""
+
+    def __init__(self, model_tap: ModelTap):
+        self._model_tap = model_tap
+        self._never = None  # its answer, made once (never written: generate() combines it)
+
+    def __call__(self, input_ids: torch.Tensor, scores, **kwargs) -> torch.Tensor:
+        if self._model_tap._mode != "paused":
+            self._model_tap.tap.step()
+        never = self._never
+        batch, device = input_ids.shape[0], input_ids.device
+        if never is None or never.shape[0] != batch or never.device != device:
+            never = self._never = torch.zeros(batch, dtype=torch.bool, device=device)
+        return never
 
 
 __all__ = ["ModelTap", "final_norm", "tap_model"]

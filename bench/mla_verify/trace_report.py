@@ -1,0 +1,201 @@
+"""Where the sm_90a MLA verify kernels' cycles go, from their in-kernel timestamp traces.
+
+  python3 trace_report.py DIR [--out FILE.md] [--json FILE.json] [--timeline FILE.txt]
+
+Reads every DIR/trace_h<h>_s<s>_b<b>_l<len>_<impl>.bin that `mla-verify-bench --trace-dir DIR`
+wrote (a build with -DPROBESIDECAR_MLA_TRACE=ON; the format is in
+kernels/mla_verify/mla_verify_trace.h) and prints, per trace and warpgroup, the cycles of one step
+(a page, or a pair of pages for the page-pair schedule) averaged over the blocks, split into the
+waits the kernel recorded: for a page's TMA boxes (kv), for the request's Q (q), for the other
+warpgroup at a named barrier (peer), for its own wgmma (mma), the epilogue of finished requests,
+and the rest (issuing wgmma and TMA, softmax, rescaling: the warpgroup's own work); and per trace
+where a block's time outside its loop goes (waiting for the plan kernel, the prologue until the
+first step, the spread of the blocks' start and end times). --timeline: the first events of block
+0, both warpgroups, as text. Plain Python 3 with numpy: runs on the GPU machine next to the
+benchmark.
+"""
+from __future__ import annotations
+
+import argparse
+import glob
+import json
+import os
+import re
+import struct
+import sys
+
+import numpy as np
+
+HEADER = struct.Struct("<8si7i")  # magic, version, max_blocks, events, h_q, s_q, batch, len, khz
+EVENTS = {0: "step", 1: "kv_begin", 2: "kv_end", 3: "q_begin", 4: "q_end", 5: "peer_begin",
+          6: "peer_end", 7: "mma_begin", 8: "mma_end", 9: "issue", 10: "epi_begin", 11: "epi_end",
+          12: "done", 13: "grid_wait_end"}
+FIRST_EVENT = 2  # pair 0: {pairs used, SM}; pair 1: {globaltimer at start, at end}
+WAITS = {1: "kv", 3: "q", 5: "peer", 7: "mma", 10: "epilogue"}  # begin code -> name (end = +1)
+NAME = re.compile(r"trace_h(\d+)_s(\d+)_b(\d+)_l(\d+)_(.+)\.bin$")
+
+
+def read(path):
+    with open(path, "rb") as f:
+        raw = f.read()
+    magic, version, blocks, events, h, s, b, length, khz = HEADER.unpack_from(raw)
+    if magic != b"MLATRACE" or version != 1:
+        raise ValueError(f"{path}: not a version-1 MLA trace")
+    data = np.frombuffer(raw, dtype=np.uint32, offset=HEADER.size)
+    data = data[: blocks * 2 * events * 2].reshape(blocks, 2, events, 2)
+    return {"h_q": h, "s_q": s, "batch": b, "len": length, "khz": khz}, data
+
+
+def warpgroup_summary(rows):
+    """rows: [n, 2] uint32 of one warpgroup (pair 0 excluded). Cycles per wait kind, steps."""
+    t = rows[:, 0].astype(np.int64)
+    t = t + np.concatenate([[0], np.cumsum(np.diff(t) < 0)]) * (1 << 32)  # 32-bit wrap
+    code = (rows[:, 1] >> 24).astype(np.int64)
+    step = (rows[:, 1] & 0xFFFFFF).astype(np.int64)
+    out = {k: 0 for k in WAITS.values()}
+    out["nested"] = 0  # waits inside an epilogue (counted in both)
+    opened = {}
+    for ti, ci in zip(t.tolist(), code.tolist()):
+        if ci in WAITS:
+            opened[ci] = ti
+        elif ci - 1 in WAITS and ci - 1 in opened:
+            took = ti - opened.pop(ci - 1)
+            out[WAITS[ci - 1]] += took
+            if ci - 1 != 10 and 10 in opened:
+                out["nested"] += took
+    starts = t[code == 0]
+    done = t[code == 12]
+    grid = t[code == 13]
+    if len(starts) == 0 or len(done) == 0:
+        return None
+    out["total"] = int(done[-1] - starts[0])
+    out["grid_wait"] = int(grid[0]) if len(grid) else 0
+    out["prologue"] = int(starts[0] - (grid[0] if len(grid) else 0))
+    out["steps"] = int(step.max()) + 1
+    step_times = np.diff(starts)
+    out["step_median"] = float(np.median(step_times)) if len(step_times) else float(out["total"])
+    return out
+
+
+def block_span(data):
+    """µs from the first block's start to the last block's end (globaltimer), and the spread of
+    the blocks' starts and ends, from warpgroup 0's records."""
+    used = [b for b in range(data.shape[0]) if int(data[b, 0, 0, 0]) > FIRST_EVENT]
+    if not used:
+        return None
+    t0 = [int(data[b, 0, 1, 0]) for b in used]
+    t1 = [int(data[b, 0, 1, 1]) for b in used]
+    base = t0[0]
+    rel0 = [((x - base + (1 << 31)) % (1 << 32)) - (1 << 31) for x in t0]
+    rel1 = [((x - base + (1 << 31)) % (1 << 32)) - (1 << 31) for x in t1]
+    return {"span_us": (max(rel1) - min(rel0)) / 1e3,
+            "start_spread_us": (max(rel0) - min(rel0)) / 1e3,
+            "end_spread_us": (max(rel1) - min(rel1)) / 1e3,
+            "mean_block_us": float(np.mean([b - a for a, b in zip(rel0, rel1)])) / 1e3}
+
+
+def timeline(data, khz, limit=120):
+    lines = []
+    for w in range(2):
+        count = int(data[0, w, 0, 0])
+        rows = data[0, w, FIRST_EVENT:min(count, FIRST_EVENT + limit)]
+        lines.append(f"  warpgroup {w} ({count - FIRST_EVENT} events; cycles since block start):")
+        for ti, ev in rows.tolist():
+            lines.append(f"    {ti:9d} {EVENTS.get(ev >> 24, ev >> 24):14s} step {ev & 0xFFFFFF}")
+    return lines
+
+
+def summarise(meta, data):
+    per_wg = []
+    for w in range(2):
+        acc, n = {}, 0
+        for blk in range(data.shape[0]):
+            count = int(data[blk, w, 0, 0])
+            if count <= FIRST_EVENT:
+                continue
+            s = warpgroup_summary(data[blk, w, FIRST_EVENT:count])
+            if s is None:
+                continue
+            n += 1
+            for k, v in s.items():
+                acc[k] = acc.get(k, 0) + v
+        if n == 0:
+            per_wg.append(None)
+            continue
+        mean = {k: v / n for k, v in acc.items()}
+        steps = max(mean["steps"], 1e-9)
+        waits = sum(mean[k] for k in WAITS.values()) - mean["nested"]
+        row = {"blocks": n, "steps": mean["steps"], "cycles_per_step": mean["total"] / steps,
+               "median_step": mean["step_median"], "us_total": mean["total"] / meta["khz"] * 1e3}
+        for k in WAITS.values():
+            row[k + "_per_step"] = mean[k] / steps
+        row["own_work_per_step"] = (mean["total"] - waits) / steps
+        row["grid_wait_us"] = mean["grid_wait"] / meta["khz"] * 1e3
+        row["prologue_us"] = mean["prologue"] / meta["khz"] * 1e3
+        per_wg.append(row)
+    return per_wg
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("dir")
+    ap.add_argument("--out")
+    ap.add_argument("--json")
+    ap.add_argument("--timeline")
+    args = ap.parse_args()
+    results, timelines = [], []
+    for path in sorted(glob.glob(os.path.join(args.dir, "trace_*.bin"))):
+        m = NAME.search(os.path.basename(path))
+        if not m:
+            continue
+        meta, data = read(path)
+        meta["impl"] = m.group(5)
+        meta["warpgroups"] = summarise(meta, data)
+        meta["blocks"] = block_span(data)
+        results.append(meta)
+        timelines += [f"{os.path.basename(path)}:"] + timeline(data, meta["khz"])
+    lines = ["| point | impl | wg | steps/block | cycles/step (median) | kv wait | q wait | peer wait "
+             "| mma wait | epilogue | own work | µs in loop |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for r in results:
+        point = f"h{r['h_q']} s{r['s_q']} b{r['batch']} {r['len']}"
+        for w, s in enumerate(r["warpgroups"]):
+            if s is None:
+                continue
+            lines.append(
+                f"| {point} | {r['impl']} | {w} | {s['steps']:.1f} | {s['cycles_per_step']:.0f} "
+                f"({s['median_step']:.0f}) | {s['kv_per_step']:.0f} | {s['q_per_step']:.0f} | "
+                f"{s['peer_per_step']:.0f} | {s['mma_per_step']:.0f} | "
+                f"{s['epilogue_per_step']:.0f} | {s['own_work_per_step']:.0f} | "
+                f"{s['us_total']:.1f} |")
+    lines += ["", "| point | impl | blocks: first start to last end µs | start spread µs | end spread "
+              "µs | mean block µs | waiting for the plan µs | prologue µs (to the first step) |",
+              "|---|---|---|---|---|---|---|---|"]
+    for r in results:
+        b, w0 = r["blocks"], r["warpgroups"][0]
+        if b is None or w0 is None:
+            continue
+        lines.append(f"| h{r['h_q']} s{r['s_q']} b{r['batch']} {r['len']} | {r['impl']} | "
+                     f"{b['span_us']:.1f} | {b['start_spread_us']:.1f} | {b['end_spread_us']:.1f} | "
+                     f"{b['mean_block_us']:.1f} | {w0['grid_wait_us']:.2f} | {w0['prologue_us']:.2f} |")
+    text = ("Cycles per step (a page; a pair of pages for page_pairs) per warpgroup, mean over the "
+            "blocks (SM clock, cudaDevAttrClockRate for µs). Waits: kv = a page's TMA boxes not "
+            "landed, q = the request's Q, peer = the other warpgroup at a named barrier, mma = "
+            "this warpgroup's own wgmma; own work = the rest. Second table: the tile kernel's "
+            "blocks in time (globaltimer), and what a block spends before its loop.\n\n" +
+            "\n".join(lines) + "\n")
+    print(text)
+    if args.out:
+        with open(args.out, "w") as f:
+            f.write(text)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(results, f, indent=1)
+    if args.timeline:
+        with open(args.timeline, "w") as f:
+            f.write("\n".join(timelines) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

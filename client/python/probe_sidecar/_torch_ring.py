@@ -1,0 +1,124 @@
+"""Rings written by the tap's operator (probe_sidecar.tap_op): what a CUDA ring (_cuda_ring) and a
+CPU ring share, and the CPU ring itself.
+
+Both are one uint8 tensor laid out by tap_op.RingLayout, written by `tap_write` — from Python
+(`write`), from a captured CUDA graph, or from inside a compiled model (`write_op`, with no checks
+that would need Python to run: a compiled forward runs none) — with the slot chosen by the
+counters in the ring itself. A CPU ring sends each window's rows inline when the window closes.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from probesidecar.v1 import score_pb2
+
+from . import tap_op
+from ._torch_dtypes import PROTO_DTYPES
+from .tap import InlineRing, Ring, TapError, _Window
+
+
+class TorchRing(Ring):
+    """A ring in one uint8 tensor (`raw`), written by the tap operator."""
+
+    raw: torch.Tensor
+    layout: tap_op.RingLayout
+
+    def _setup_layout(self, info, *, max_batch: int, window: int, dtype: torch.dtype,
+                      device: torch.device, device_scores: bool) -> None:
+        if dtype not in PROTO_DTYPES:
+            raise TapError(f"dtype must be torch.bfloat16, float16 or float32, got {dtype}")
+        self.max_batch, self.window, self.hidden_size = max_batch, window, info.hidden_size
+        self.dtype, self.device = dtype, device
+        self.num_probes = info.num_probes
+        self.layout = tap_op.RingLayout.make(window=window, max_batch=max_batch,
+                                             hidden_size=info.hidden_size,
+                                             num_probes=info.num_probes, dtype=dtype,
+                                             device_scores=device_scores)
+        self.layout_args = self.layout.op_args()
+
+    def _adopt(self, raw: torch.Tensor) -> None:
+        """Takes `raw` (the ring's memory) and sets it to its starting state."""
+        self.raw = raw
+        self._views = self.layout.initialise(raw, self.dtype)
+        self.slots, self.counts, self.meta = (self._views["slots"], self._views["counts"],
+                                              self._views["meta"])
+
+    def _warm_up_writes(self) -> None:
+        """Runs the plain writes once (a CUDA ring compiles its kernels now, not inside a caller's
+        graph capture) and puts the counters back at the first window."""
+        probe = torch.zeros((1, self.hidden_size), dtype=self.dtype, device=self.device)
+        self.write(probe, None)
+        self.write(probe, torch.ones((), dtype=torch.int32, device=self.device))
+        tap_op.close_window(self.raw, self.layout, 1, 0)
+
+    # --- the decode thread ------------------------------------------------------------------
+
+    def write(self, hidden, num_rows=None) -> None:
+        if not isinstance(hidden, torch.Tensor) or hidden.device != self.device:
+            kind = "CUDA" if self.device.type == "cuda" else "CPU"
+            raise TapError(f"write() takes a {kind} tensor on {self.device}, got "
+                           f"{getattr(hidden, 'device', type(hidden))}")
+        if hidden.dim() != 2 or hidden.shape[1] != self.hidden_size:
+            raise TapError(f"write() needs [n, {self.hidden_size}] rows, got "
+                           f"{tuple(hidden.shape)}")
+        n = hidden.shape[0]
+        if n > self.max_batch or n < 1:
+            raise TapError(f"write() of {n} rows: the tap holds 1 to max_batch = {self.max_batch} "
+                           f"per step")
+        if hidden.dtype != self.dtype:
+            raise TapError(f"write() of {hidden.dtype} rows into a {self.dtype} tap")
+        if hidden.stride(1) != 1:
+            raise TapError("write() needs rows whose columns are contiguous (stride(1) == 1)")
+        if num_rows is not None:
+            if (not isinstance(num_rows, torch.Tensor) or num_rows.device != self.device
+                    or num_rows.numel() != 1 or num_rows.dtype not in (torch.int32, torch.int64)):
+                raise TapError("num_rows must be a one-element int32/int64 tensor on the tap's "
+                               "device (written by the loop, read where the write runs)")
+        tap_op.tap_write(hidden, self.raw, self.layout_args, num_rows=num_rows)
+
+    def write_op(self, hidden: torch.Tensor, *, residual: torch.Tensor | None = None,
+                 gather: bool = False) -> None:
+        """The write for code that torch.compile traces (a hook, a model's forward): only the
+        operator, whose own checks are of shapes and dtypes."""
+        tap_op.tap_write(hidden, self.raw, self.layout_args, residual=residual, gather=gather)
+
+    def arm(self, rows: torch.Tensor, count: int) -> None:
+        """Gather mode: the next write_op(gather=True) writes hidden[rows[:count]]."""
+        tap_op.arm(self.raw, self.layout, rows, count)
+
+    def disarm(self) -> None:
+        tap_op.disarm(self.raw, self.layout)
+
+
+class CpuRing(InlineRing, TorchRing):
+    """A ring in host memory for a model on the CPU, whose windows travel inline (a CPU-backend
+    sidecar, another host, tests): written by the operator inside a compiled forward as well."""
+
+    def __init__(self, probe_set: str, info, *, max_batch: int, window: int,
+                 dtype: torch.dtype, session_id: int = 0):
+        self._setup_layout(info, max_batch=max_batch, window=window, dtype=dtype,
+                           device=torch.device("cpu"), device_scores=False)
+        self._adopt(torch.zeros(self.layout.nbytes, dtype=torch.uint8))
+        self._probe_set, self._session_id = probe_set, session_id
+        self._rows = {}  # steps -> the rows list of a window of that many steps
+        self._warm_up_writes()
+
+    def close_window(self, window: _Window) -> None:
+        base, steps = window.half * self.window, window.steps
+        rows = steps * self.max_batch
+        request = score_pb2.ScoreRequest(probe_set=self._probe_set, session_id=self._session_id)
+        request.activations.dtype = PROTO_DTYPES[self.dtype]
+        request.activations.shape.extend([rows, self.hidden_size])
+        start = self.layout.offsets["slots"] + base * self.layout.slot_bytes
+        # The window's rows travel in the request: the half may be rewritten at once.
+        request.activations.data = self.raw[start:start + steps * self.layout.slot_bytes
+                                            ].numpy().tobytes()
+        if steps not in self._rows:
+            self._rows[steps] = list(range(rows))
+        request.rows.extend(self._rows[steps])
+        window.request = request
+        window.ring_state = [self.counts[base:base + steps].numpy().astype(np.int32),
+                             int(self.meta[tap_op.WRITES]), None]
+        tap_op.close_window(self.raw, self.layout, window.half, (1 - window.half) * self.window)

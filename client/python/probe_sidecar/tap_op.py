@@ -1,0 +1,368 @@
+"""The tap's write as a PyTorch operator, `torch.ops.probe_sidecar.tap_write`: one node of a
+compiled graph (torch.compile, vLLM, transformers' static-cache generate()) and one kernel of a
+captured CUDA graph, so that every replay writes the next slot of the tap's ring.
+
+A tap's ring is one uint8 tensor (device memory of its own for a CUDA tap, host memory for a CPU
+tap) laid out by `RingLayout`. The operator declares that it mutates the ring and nothing else,
+so Dynamo traces it as one opaque call, AOT autograd keeps the mutation (and Inductor writes it in
+place), and nothing in the caller's model changes dtype or aliasing. Which slot a write lands in
+is chosen on the device (`meta[NEXT]`), never by Python: a compiled forward runs no Python, and a
+replayed graph none either.
+
+Two modes:
+  * plain: `hidden` [n, H] is the step's rows (n <= max_batch); `num_rows` (a one-element device
+    tensor) may say how many of them are real.
+  * gather: the rows are `hidden[gather[i]]` for i < meta[ARMED]; an engine arms the ring before
+    each forward it wants written (`arm()`: the row indices and their count) and the write
+    disarms it. A forward that was not armed (warm-up, profiling, a graph capture's own run)
+    writes nothing and counts nothing.
+`residual` (same shape as `hidden`) is added in float32 before the store: the residual stream of
+a decoder layer whose output is split in two (vLLM's layers return hidden and residual apart).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+
+import torch
+
+_ALIGN = 256
+# meta [8] int64: the ring's counters, written on the device.
+NEXT = 0  # the slot the next write lands in
+LIMIT = 1  # the end of the current window's slots (writes past it go to the spare slot)
+TICKET = 2  # the write kernel's blocks count themselves here (the last one advances NEXT)
+WRITES = 3  # writes in the current window
+HALF_WRITES = 4  # 4 + h: writes of the last window of half h (kept when the window closes)
+ARMED = 6  # gather mode: rows to write at the next forward; -1 when not armed
+META = 8
+
+
+@dataclasses.dataclass(frozen=True)
+class RingLayout:
+    """Where each part of a ring lives in its one allocation (byte offsets, 256-byte aligned).
+
+      slots   [2K + 1, max_batch, H] rows; slot 2K takes writes past a window's end (never read)
+      scores  [2K, max_batch, P] float32, written by the sidecar (CUDA rings only)
+      rows    [K * max_batch] int32 = 0, 1, ...: the device rows of every window (CUDA rings only)
+      counts  [2K + 1] int32: rows written at each slot
+      gather  [max_batch] int32: gather mode's row indices
+      meta    [8] int64: the counters above
+    """
+
+    window: int
+    max_batch: int
+    hidden_size: int
+    num_probes: int
+    element_size: int
+    device_scores: bool  # scores and rows parts (a CUDA ring's Score reads and writes them)
+    offsets: dict = dataclasses.field(default_factory=dict, compare=False)
+    nbytes: int = 0
+
+    @classmethod
+    def make(cls, *, window: int, max_batch: int, hidden_size: int, num_probes: int,
+             dtype: torch.dtype, device_scores: bool) -> "RingLayout":
+        k2 = 2 * window
+        element = torch.empty((), dtype=dtype).element_size()
+        parts = {"slots": (k2 + 1) * max_batch * hidden_size * element}
+        if device_scores:
+            parts["scores"] = k2 * max_batch * num_probes * 4
+            parts["rows"] = window * max_batch * 4
+        parts.update(counts=(k2 + 1) * 4, gather=max_batch * 4, meta=META * 8)
+        offsets, total = {}, 0
+        for name, nbytes in parts.items():
+            offsets[name] = total
+            total += -(-nbytes // _ALIGN) * _ALIGN
+        return cls(window, max_batch, hidden_size, num_probes, element, device_scores, offsets,
+                   total)
+
+    @property
+    def overflow_slot(self) -> int:
+        return 2 * self.window
+
+    @property
+    def slot_bytes(self) -> int:
+        return self.max_batch * self.hidden_size * self.element_size
+
+    def op_args(self) -> list[int]:
+        """The operator's `layout` argument."""
+        return [self.offsets["slots"], self.offsets["counts"], self.offsets["meta"],
+                self.offsets["gather"], self.max_batch, self.hidden_size, self.overflow_slot]
+
+    def view(self, raw: torch.Tensor, name: str, dtype: torch.dtype, count: int) -> torch.Tensor:
+        start = self.offsets[name]
+        size = torch.empty((), dtype=dtype).element_size()
+        return raw[start:start + count * size].view(dtype)
+
+    def initialise(self, raw: torch.Tensor, dtype: torch.dtype) -> dict[str, torch.Tensor]:
+        """Views of every part of `raw`, set to their starting values (rows 0, 1, ..., counters
+        at the first window, scores NaN, not armed)."""
+        k2, mb, h = 2 * self.window, self.max_batch, self.hidden_size
+        views = {
+            "slots": self.view(raw, "slots", dtype, (k2 + 1) * mb * h).view(k2 + 1, mb, h),
+            "counts": self.view(raw, "counts", torch.int32, k2 + 1),
+            "gather": self.view(raw, "gather", torch.int32, mb),
+            "meta": self.view(raw, "meta", torch.int64, META),
+        }
+        views["counts"].zero_()
+        views["gather"].zero_()
+        views["meta"].copy_(torch.tensor([0, self.window, 0, 0, 0, 0, -1, 0], dtype=torch.int64))
+        if self.device_scores:
+            views["scores"] = self.view(raw, "scores", torch.float32,
+                                        k2 * mb * self.num_probes).view(k2, mb, self.num_probes)
+            views["rows"] = self.view(raw, "rows", torch.int32, self.window * mb)
+            views["rows"].copy_(torch.arange(self.window * mb, dtype=torch.int32))
+            views["scores"].fill_(float("nan"))
+        return views
+
+
+# --- the operator ---------------------------------------------------------------------------
+
+_LIBRARY = torch.library.Library("probe_sidecar", "DEF")
+_LIBRARY.define("tap_write(Tensor hidden, Tensor(a!) ring, int[] layout, Tensor? residual, "
+                "Tensor? num_rows, bool gather) -> ()")
+
+
+def _check(hidden: torch.Tensor, ring: torch.Tensor, layout, residual, gather: bool) -> None:
+    # Shapes and dtypes only (no device values): checked at trace, capture and eager calls alike.
+    if hidden.dim() != 2 or hidden.shape[1] != layout[5]:
+        raise ValueError(f"tap_write: hidden must be [n, {layout[5]}], got {tuple(hidden.shape)}")
+    if not gather and not 1 <= hidden.shape[0] <= layout[4]:
+        raise ValueError(f"tap_write: {hidden.shape[0]} rows, the tap holds 1 to max_batch = "
+                         f"{layout[4]} per step")
+    if hidden.stride(1) != 1:
+        raise ValueError("tap_write: rows must have contiguous columns (stride(1) == 1)")
+    if ring.dtype != torch.uint8 or ring.device != hidden.device:
+        raise ValueError("tap_write: the ring is a uint8 tensor on the rows' device")
+    if residual is not None and (residual.shape != hidden.shape or residual.dtype != hidden.dtype
+                                 or residual.stride(1) != 1):
+        raise ValueError("tap_write: residual must match hidden (shape, dtype, contiguous columns)")
+
+
+@torch.library.register_fake("probe_sidecar::tap_write")
+def _tap_write_fake(hidden, ring, layout, residual, num_rows, gather) -> None:
+    _check(hidden, ring, layout, residual, gather)
+
+
+def _tap_write_cpu(hidden, ring, layout, residual, num_rows, gather) -> None:
+    """Host memory: the counters are read and written directly (nothing is asynchronous)."""
+    _check(hidden, ring, layout, residual, gather)
+    slots_at, counts_at, meta_at, gather_at, max_batch, h, overflow = layout
+    meta = ring[meta_at:meta_at + META * 8].view(torch.int64)
+    if gather:
+        n = int(meta[ARMED])
+        if n < 0:
+            return
+        index = ring[gather_at:gather_at + n * 4].view(torch.int32).long()
+        rows = hidden.index_select(0, index)
+        if residual is not None:
+            rows = (rows.float() + residual.index_select(0, index).float()).to(hidden.dtype)
+        count = n
+    else:
+        rows = hidden if residual is None else (hidden.float() + residual.float()).to(hidden.dtype)
+        n = hidden.shape[0]
+        count = n if num_rows is None else int(num_rows.reshape(-1)[0])
+    slot, limit = int(meta[NEXT]), int(meta[LIMIT])
+    target = slot if slot < limit else overflow
+    slot_bytes = max_batch * h * hidden.element_size()
+    start = slots_at + target * slot_bytes
+    ring[start:start + n * h * hidden.element_size()].view(hidden.dtype).view(n, h).copy_(rows)
+    ring[counts_at:counts_at + (overflow + 1) * 4].view(torch.int32)[target] = count
+    meta[NEXT] = min(slot + 1, limit)
+    meta[WRITES] += 1
+    meta[ARMED] = -1
+
+
+def _tap_write_cuda(hidden, ring, layout, residual, num_rows, gather) -> None:
+    _check(hidden, ring, layout, residual, gather)
+    kernels = _triton_kernels()
+    if kernels is None:
+        _tap_write_cuda_torch(hidden, ring, layout, residual, num_rows, gather)
+        return
+    slots_at, counts_at, meta_at, gather_at, max_batch, h, overflow = layout
+    block = min(1024, 1 << (h - 1).bit_length())
+    n = max_batch if gather else hidden.shape[0]
+    kernels[0][(n, -(-h // block))](
+        hidden, hidden.stride(0), hidden if residual is None else residual,
+        hidden.stride(0) if residual is None else residual.stride(0), ring, slots_at, counts_at,
+        meta_at, gather_at, num_rows if num_rows is not None else ring, hidden.shape[0], h,
+        max_batch * h, overflow, BLOCK=block, HAS_NUM_ROWS=num_rows is not None,
+        HAS_RESIDUAL=residual is not None, GATHER=gather)
+
+
+def _tap_write_cuda_torch(hidden, ring, layout, residual, num_rows, gather) -> None:
+    """The same with torch operations (more launches, every decision on the device): for a
+    process without Triton, or PROBE_SIDECAR_TAP_KERNEL=torch."""
+    slots_at, counts_at, meta_at, gather_at, max_batch, h, overflow = layout
+    element = hidden.element_size()
+    meta = ring[meta_at:meta_at + META * 8].view(torch.int64)
+    counts = ring[counts_at:counts_at + (overflow + 1) * 4].view(torch.int32)
+    slots = ring[slots_at:slots_at + (overflow + 1) * max_batch * h * element].view(
+        hidden.dtype).view(overflow + 1, max_batch, h)
+    spare = torch.full_like(meta[NEXT:NEXT + 1], overflow)
+    if gather:
+        armed = meta[ARMED:ARMED + 1]
+        active = armed >= 0
+        index = ring[gather_at:gather_at + max_batch * 4].view(torch.int32).long()
+        index = index.clamp(0, hidden.shape[0] - 1)  # rows past the count may hold anything
+        rows = hidden.index_select(0, index)
+        if residual is not None:
+            rows = (rows.float() + residual.index_select(0, index).float()).to(hidden.dtype)
+        count = armed.clamp(0, max_batch).to(torch.int32)
+    else:
+        active = torch.ones_like(meta[NEXT:NEXT + 1], dtype=torch.bool)
+        rows = hidden if residual is None else (hidden.float() + residual.float()).to(hidden.dtype)
+        count = (torch.full_like(counts[:1], hidden.shape[0]) if num_rows is None
+                 else num_rows.reshape(1).to(torch.int32))
+    n = rows.shape[0]
+    writable = active & (meta[NEXT:NEXT + 1] < meta[LIMIT:LIMIT + 1])
+    # A write that is not armed lands in the spare slot, which nothing reads.
+    target = torch.where(writable, meta[NEXT:NEXT + 1], spare)
+    slots[:, :n].index_copy_(0, target, rows.unsqueeze(0))
+    counts.index_copy_(0, target, torch.where(active, count, counts.index_select(0, target)))
+    advanced = torch.minimum(meta[NEXT:NEXT + 1] + 1, meta[LIMIT:LIMIT + 1])
+    meta[NEXT:NEXT + 1].copy_(torch.where(active, advanced, meta[NEXT:NEXT + 1]))
+    meta[WRITES:WRITES + 1].add_(active.long())
+    meta[ARMED:ARMED + 1].fill_(-1)
+
+
+_LIBRARY.impl("tap_write", _tap_write_cpu, "CPU")
+_LIBRARY.impl("tap_write", _tap_write_cuda, "CUDA")
+
+
+def tap_write(hidden: torch.Tensor, ring: torch.Tensor, layout: list[int], *,
+              residual: torch.Tensor | None = None, num_rows: torch.Tensor | None = None,
+              gather: bool = False) -> None:
+    """Writes a step's rows into `ring`'s next slot (see the module's text)."""
+    torch.ops.probe_sidecar.tap_write(hidden, ring, layout, residual, num_rows, gather)
+
+
+def arm(ring: torch.Tensor, layout: RingLayout, rows: torch.Tensor, count: int) -> None:
+    """Gather mode: the next tap_write writes hidden[rows[i]] for i < `count` (<= max_batch).
+    `rows`: an integer tensor on the ring's device (e.g. the engine's sampled-row indices); on a
+    CUDA ring this is GPU work on the current stream (no host synchronisation)."""
+    if not 0 <= count <= layout.max_batch:
+        raise ValueError(f"arm: {count} rows, the tap holds 0 to max_batch = {layout.max_batch}")
+    kernels = _triton_kernels() if ring.is_cuda else None
+    if kernels is not None:  # one launch
+        block = 1 << max(layout.max_batch - 1, 1).bit_length()
+        kernels[2][(1,)](rows, ring, layout.offsets["gather"], layout.offsets["meta"], count,
+                         BLOCK=block)
+        return
+    gather = layout.view(ring, "gather", torch.int32, layout.max_batch)
+    meta = layout.view(ring, "meta", torch.int64, META)
+    if count:
+        gather[:count].copy_(rows[:count], non_blocking=True)
+    meta[ARMED:ARMED + 1].fill_(count)
+
+
+def disarm(ring: torch.Tensor, layout: RingLayout) -> None:
+    """Undoes arm() when the forward it was for will not run."""
+    layout.view(ring, "meta", torch.int64, META)[ARMED:ARMED + 1].fill_(-1)
+
+
+def close_window(ring: torch.Tensor, layout: RingLayout, half: int, next_base: int) -> None:
+    """Ends the current window (in stream order): keeps its write count for `half` and points the
+    counters at the next window's slots, starting at `next_base`."""
+    kernels = _triton_kernels() if ring.is_cuda else None
+    meta_at = layout.offsets["meta"]
+    if kernels is not None:
+        kernels[1][(1,)](ring, meta_at, half, next_base, next_base + layout.window)
+        return
+    meta = layout.view(ring, "meta", torch.int64, META)
+    meta[HALF_WRITES + half:HALF_WRITES + half + 1].copy_(meta[WRITES:WRITES + 1])
+    meta[NEXT].fill_(next_base)
+    meta[LIMIT].fill_(next_base + layout.window)
+    meta[WRITES].zero_()
+
+
+_KERNELS: list = []
+
+
+def _triton_kernels():
+    """The Triton write and close kernels, or None (then torch operations do the same work with
+    more launches): PROBE_SIDECAR_TAP_KERNEL=torch forces the latter."""
+    if os.environ.get("PROBE_SIDECAR_TAP_KERNEL") == "torch":
+        return None
+    if not _KERNELS:
+        _KERNELS.append(_make_triton_kernels())
+    return _KERNELS[0]
+
+
+def _make_triton_kernels():
+    try:
+        import triton
+        import triton.language as tl
+    except ImportError:
+        return None
+
+    # Not specialised on row counts or strides: one compilation (made when the tap starts) serves
+    # every batch size, so that none happens inside a caller's graph capture.
+    @triton.jit(do_not_specialize=["src_stride", "res_stride", "n"])
+    def write(src, src_stride, res, res_stride, ring, slots_at, counts_at, meta_at, gather_at,
+              num_rows, n, H, slot_elems, overflow, BLOCK: tl.constexpr,
+              HAS_NUM_ROWS: tl.constexpr, HAS_RESIDUAL: tl.constexpr, GATHER: tl.constexpr):
+        # Grid (rows, cdiv(H, BLOCK)): one block per row (max_batch rows in gather mode) and BLOCK
+        # columns. Every block reads the slot, copies its piece, then takes a ticket; the last one
+        # (all others have read the slot: the tickets are acquire-release) advances the counters.
+        meta = (ring + meta_at).to(tl.pointer_type(tl.int64))
+        counts = (ring + counts_at).to(tl.pointer_type(tl.int32))
+        slots = (ring + slots_at).to(src.dtype)
+        row = tl.program_id(0)
+        slot = tl.load(meta + 0)
+        limit = tl.load(meta + 1)
+        target = tl.where(slot < limit, slot, overflow)
+        cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+        if GATHER:
+            # Rows past the armed count (and every row when not armed: -1) copy nothing.
+            armed = tl.load(meta + 6)
+            gather = (ring + gather_at).to(tl.pointer_type(tl.int32))
+            source = tl.load(gather + row).to(tl.int64)  # row < max_batch: inside the part
+        else:
+            armed = n
+            source = row.to(tl.int64)
+        mask = cols < tl.where(row < armed, H, 0)
+        x = tl.load(src + source * src_stride + cols, mask=mask)
+        if HAS_RESIDUAL:
+            r = tl.load(res + source * res_stride + cols, mask=mask)
+            x = (x.to(tl.float32) + r.to(tl.float32)).to(src.dtype.element_ty)
+        tl.store(slots + target * slot_elems + row.to(tl.int64) * H + cols, x, mask=mask)
+        if armed >= 0:
+            ticket = tl.atomic_add(meta + 2, 1)
+            if ticket == tl.num_programs(0) * tl.num_programs(1) - 1:
+                if GATHER:
+                    count = armed.to(tl.int32)
+                elif HAS_NUM_ROWS:
+                    count = tl.load(num_rows).to(tl.int32)
+                else:
+                    count = n
+                tl.store(counts + target, count)
+                tl.store(meta + 0, tl.minimum(slot + 1, limit))
+                tl.store(meta + 3, tl.load(meta + 3) + 1)
+                tl.store(meta + 2, 0)
+                tl.store(meta + 6, -1)
+
+    @triton.jit
+    def close(ring, meta_at, half, next_base, next_limit):
+        # One block: keeps the window's write count for its half, points the counters at the next
+        # window.
+        meta = (ring + meta_at).to(tl.pointer_type(tl.int64))
+        tl.store(meta + 4 + half, tl.load(meta + 3))
+        tl.store(meta + 0, next_base)
+        tl.store(meta + 1, next_limit)
+        tl.store(meta + 3, 0)
+
+    @triton.jit(do_not_specialize=["count"])
+    def arm(rows, ring, gather_at, meta_at, count, BLOCK: tl.constexpr):
+        # One block: the row indices of the next gathered write, and their count.
+        gather = (ring + gather_at).to(tl.pointer_type(tl.int32))
+        meta = (ring + meta_at).to(tl.pointer_type(tl.int64))
+        i = tl.arange(0, BLOCK)
+        keep = i < count
+        tl.store(gather + i, tl.load(rows + i, mask=keep).to(tl.int32), mask=keep)
+        tl.store(meta + 6, count.to(tl.int64))
+
+    return write, close, arm
+
+
+__all__ = ["RingLayout", "tap_write", "arm", "disarm", "close_window"]

@@ -1,0 +1,61 @@
+"""Probe scoring inside vLLM: a `vllm.general_plugins` entry point that taps a model's hidden
+states (the final norm by default, or a decoder layer) with the tap operator, which vLLM's
+torch.compile and CUDA graphs keep, and scores every generated token of every request on the
+sidecar, a window of steps at a time.
+
+Configured by PROBE_SIDECAR_VLLM (probe_sidecar.vllm.config); off when it is unset:
+
+    export PROBE_SIDECAR_VLLM='{"target": "unix:///tmp/probe-sidecar.sock", "probe_sets": ["demo"]}'
+
+    llm = LLM(model=...)                              # CUDA graphs and torch.compile as usual
+    outputs = llm.generate(prompts, params)
+    outputs[0].probe_summary["demo"].max_score        # per probe; .first_fired: positions
+
+Per row, in the engine's process: `callback` / `jsonl` in the configuration, or records() here
+(with VLLM_ENABLE_V1_MULTIPROCESSING=0 the engine runs in the caller's process). For requests
+that LLM.generate() did not return (LLMEngine, aborted ones): collect(llm, ids).
+`docs/vllm.md` says what it does inside vLLM and what it refuses.
+"""
+
+from __future__ import annotations
+
+from .config import ConfigError, PluginConfig
+from .engine_tap import EngineTap, StepRows
+from .records import ProbeRecord, ProbeSummary
+
+
+def register() -> None:
+    """The entry point (does nothing unless PROBE_SIDECAR_VLLM is set)."""
+    from .install import register as install
+
+    install()
+
+
+def collect(llm, request_ids=None, timeout: float = 60.0) -> dict[str, dict[str, ProbeSummary]]:
+    """{engine request id: {probe set: ProbeSummary}} of finished requests, taken from the
+    workers (flushed and waited for): those named (the caller's ids or the engine's), or all."""
+    from .install import collect as collect_from
+
+    return collect_from(llm, request_ids, timeout)
+
+
+def state(llm) -> list[dict]:
+    """Each worker's tap state (empty on ranks that do not tap)."""
+    return llm.collective_rpc("probe_sidecar_state")
+
+
+def current() -> EngineTap | None:
+    """This process's engine tap (in the tapping worker's process), or None."""
+    from . import install
+
+    return install._ENGINE_TAP
+
+
+def records(timeout: float = 0.0):
+    """This process's delivered ProbeRecords, oldest first (see EngineTap.records)."""
+    engine_tap = current()
+    return iter(()) if engine_tap is None else engine_tap.records(timeout)
+
+
+__all__ = ["ConfigError", "EngineTap", "PluginConfig", "ProbeRecord", "ProbeSummary", "StepRows",
+           "collect", "current", "records", "register", "state"]

@@ -1,0 +1,156 @@
+"""The vLLM plugin's configuration: one environment variable, PROBE_SIDECAR_VLLM, holding a JSON
+object or the path of a file holding one. Unset: the plugin does nothing.
+
+    PROBE_SIDECAR_VLLM='{"target": "unix:///tmp/probe-sidecar.sock", "probe_sets": ["demo"]}'
+
+Keys (only `probe_sets` is required):
+  target          the sidecar (default unix:///tmp/probe-sidecar.sock)
+  probe_sets      probe sets to score every row with (loaded on the sidecar; one tap each)
+  layer           "final" (the final norm's output: what the LM head reads; default), a decoder
+                  layer's index (its output residual stream; negative counts from the end), or a
+                  list of those: every probe set scores every listed layer, and with more than
+                  one layer a tap (and what records and summaries name) is "<probe set>@<layer>"
+  window          steps per Score (K, default 16)
+  max_window_s    a window open this long is scored even if not full, also while the engine is
+                  idle (default 1.0; null: only full windows and the end of a generate())
+  tap_rank        the tensor-parallel rank that taps (default 0: the final hidden state is the
+                  same on every rank); the others run unchanged
+  jsonl           a file to append `fired` and `request` events to (one JSON object per line)
+  callback        "module:function" called in the engine's process with every ProbeRecord
+  request_callback  "module:function" called with (request_id, {probe_set: ProbeSummary}) when a
+                  request's summary is complete
+  max_queued_records  records kept for probe_sidecar.vllm.records() in the engine's process
+                  (default 0: none kept; the oldest go first)
+  max_finished    summaries of finished requests kept until collected (default 10000)
+  timeout_s       gRPC deadline for the sidecar's set-up calls (default 30)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+
+ENV = "PROBE_SIDECAR_VLLM"
+
+
+class ConfigError(ValueError):
+    """The plugin's configuration is wrong: the engine does not start."""
+
+
+@dataclasses.dataclass(frozen=True)
+class PluginConfig:
+    probe_sets: tuple[str, ...]
+    target: str = "unix:///tmp/probe-sidecar.sock"
+    layer: str | int | tuple = "final"
+    window: int = 16
+    max_window_s: float | None = 1.0
+    tap_rank: int = 0
+    jsonl: str | None = None
+    callback: str | None = None
+    request_callback: str | None = None
+    max_queued_records: int = 0
+    max_finished: int = 10000
+    timeout_s: float = 30.0
+
+    @property
+    def layers(self) -> tuple:
+        return self.layer if isinstance(self.layer, tuple) else (self.layer,)
+
+    def taps(self) -> dict[str, tuple[str, str | int]]:
+        """{tap name: (probe set, layer)}: one tap per probe set and layer."""
+        several = len(self.layers) > 1
+        return {f"{p}@{layer}" if several else p: (p, layer)
+                for layer in self.layers for p in self.probe_sets}
+
+    def digest(self) -> str:
+        """What changes the compiled model (which layer is tapped, by which probe sets): vLLM's
+        compile cache key must include it, or a graph compiled without the tap would come back."""
+        graph = {"layers": list(self.layers), "probe_sets": list(self.probe_sets),
+                 "tap_rank": self.tap_rank}
+        return hashlib.sha256(json.dumps(graph, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def load(environ=os.environ) -> PluginConfig | None:
+    """The configuration from PROBE_SIDECAR_VLLM, or None when it is unset or empty."""
+    text = environ.get(ENV, "").strip()
+    if not text:
+        return None
+    if not text.startswith("{"):
+        try:
+            with open(text, encoding="utf-8") as file:
+                text = file.read()
+        except OSError as error:
+            raise ConfigError(f"{ENV}: cannot read {text!r}: {error.strerror}") from None
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as error:
+        raise ConfigError(f"{ENV}: not valid JSON: {error}") from None
+    return parse(data)
+
+
+def parse(data) -> PluginConfig:
+    if not isinstance(data, dict):
+        raise ConfigError(f"{ENV}: expected a JSON object, got {type(data).__name__}")
+    fields = {f.name: f for f in dataclasses.fields(PluginConfig)}
+    unknown = sorted(set(data) - set(fields))
+    if unknown:
+        raise ConfigError(f"{ENV}: unknown key(s) {', '.join(unknown)} (known: "
+                          f"{', '.join(sorted(fields))})")
+    values = dict(data)
+    probe_sets = values.get("probe_sets")
+    if isinstance(probe_sets, str):
+        probe_sets = [probe_sets]
+    if (not isinstance(probe_sets, list) or not probe_sets
+            or not all(isinstance(p, str) and p for p in probe_sets)):
+        raise ConfigError(f"{ENV}: probe_sets must be a non-empty list of probe set names")
+    if len(set(probe_sets)) != len(probe_sets):
+        raise ConfigError(f"{ENV}: probe_sets names a set twice")
+    values["probe_sets"] = tuple(probe_sets)
+    layer = values.get("layer", "final")
+    layers = layer if isinstance(layer, list) else [layer]
+    if not layers or not all(v == "final" or (isinstance(v, int) and not isinstance(v, bool))
+                             for v in layers):
+        raise ConfigError(f"{ENV}: layer must be \"final\", a decoder layer's index, or a list "
+                          f"of those, got {layer!r}")
+    if len(set(layers)) != len(layers):
+        raise ConfigError(f"{ENV}: layer names a layer twice")
+    if isinstance(layer, list):
+        values["layer"] = tuple(layers)
+
+    def number(name, kind, low, allow_none=False):
+        value = values.get(name, fields[name].default)
+        if value is None and allow_none:
+            return
+        if not isinstance(value, kind) or isinstance(value, bool) or value < low:
+            raise ConfigError(f"{ENV}: {name} must be a number >= {low}, got {value!r}")
+
+    number("window", int, 1)
+    number("max_window_s", (int, float), 0.001, allow_none=True)
+    number("tap_rank", int, 0)
+    number("max_queued_records", int, 0)
+    number("max_finished", int, 1)
+    number("timeout_s", (int, float), 0.001)
+    for name in ("target", "jsonl", "callback", "request_callback"):
+        value = values.get(name)
+        if value is not None and not isinstance(value, str):
+            raise ConfigError(f"{ENV}: {name} must be a string, got {value!r}")
+    for name in ("callback", "request_callback"):
+        if values.get(name) is not None and ":" not in values[name]:
+            raise ConfigError(f"{ENV}: {name} must be \"module:function\", got {values[name]!r}")
+    return PluginConfig(**values)
+
+
+def resolve(qualified: str):
+    """The function named "module:function"."""
+    import importlib
+
+    module, _, name = qualified.partition(":")
+    try:
+        function = getattr(importlib.import_module(module), name)
+    except (ImportError, AttributeError) as error:
+        raise ConfigError(f"{ENV}: cannot import {qualified!r}: {error}") from None
+    if not callable(function):
+        raise ConfigError(f"{ENV}: {qualified!r} is not callable")
+    return function

@@ -1,0 +1,332 @@
+"""An engine's taps: one per probe set, stepped where the engine steps, results per request.
+
+An inference engine runs one forward per step over a batch whose rows belong to requests. Before
+the forward, `arm()` names the rows to write (the rows the engine samples from) and what each is
+(request id, token position, whether it produces a token); the forward's tap operator writes them
+on the device; after it, `count_step()` counts the step on every tap. Every `window` steps (or
+after `max_window_s`, also while the engine is idle) a window closes and is scored; when its
+scores arrive, each row becomes a `ProbeRecord` of its request and position, and a request that has
+finished gets its summary once every window holding its rows has been delivered.
+
+Nothing here knows vLLM: the plugin (probe_sidecar.vllm.install) calls it from the model runner,
+and tests call it directly.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterator
+
+import numpy as np
+import torch
+
+from ..tap import Tap, TapWindow
+from .records import JsonlSink, ProbeRecord, ProbeSummary, SummaryBuilder
+
+
+@dataclasses.dataclass(frozen=True)
+class StepRows:
+    """What one step writes: row i belongs to request_ids[i], at positions[i]."""
+
+    request_ids: tuple[str, ...]
+    positions: np.ndarray  # int64 [n]
+    sampled: np.ndarray  # bool [n]: the row produces a token (False: a partial prefill chunk)
+
+
+@dataclasses.dataclass
+class _Step:
+    rows: StepRows
+    taps_left: int  # taps whose window with this step has not been delivered
+
+
+class EngineTap:
+    def __init__(self, make_tap: Callable[[str, Callable[[TapWindow], None]], Tap],
+                 probe_names: dict[str, tuple[str, ...]], *, window: int,
+                 max_window_s: float | None = None,
+                 on_record: Callable[[ProbeRecord], None] | None = None,
+                 on_request: Callable[[str, dict[str, ProbeSummary]], None] | None = None,
+                 jsonl: str | None = None, max_queued_records: int = 0,
+                 max_finished: int = 10000, logger: logging.Logger | None = None):
+        """`make_tap(probe_set, on_window)`: a tap for that probe set whose windows go to
+        `on_window` (made with raise_errors=False: a failed window is reported, never raised into
+        the engine)."""
+        self.window = window
+        self.probe_names = probe_names
+        self._max_window_s = max_window_s
+        self._on_record = on_record
+        self._on_request = on_request
+        self._log = logger or logging.getLogger("probe_sidecar.vllm")
+        self._jsonl = JsonlSink(jsonl, probe_names) if jsonl else None
+        self._max_finished = max_finished
+        # The engine's side: arm, count, flush. Held by the engine around a whole step (so that
+        # the idle flusher never closes a window between a step's write and its count).
+        self.lock = threading.RLock()
+        self._armed: StepRows | None = None
+        self._step = 0  # steps counted (the taps' step numbers)
+        self._open = 0  # steps in the current window
+        self._opened_at = 0.0
+        self._stream = None  # the engine's CUDA stream, for a flush from the idle flusher
+        # The results' side (delivery threads and the engine).
+        self._results = threading.Condition()
+        self._steps: dict[int, _Step] = {}
+        self._live: set[str] = set()  # requests seen and not finished
+        self._finishing: dict[str, int] = {}  # finished request -> steps counted when it finished
+        self._builders: dict[str, dict[str, SummaryBuilder]] = {}
+        self._done: collections.OrderedDict[str, dict[str, ProbeSummary]] = (
+            collections.OrderedDict())
+        self._delivered = {name: 0 for name in probe_names}  # steps delivered, per probe set
+        self._records: collections.deque[ProbeRecord] = collections.deque(
+            maxlen=max_queued_records or None)
+        self._keep_records = max_queued_records > 0
+        self.stats = collections.Counter()
+        self.taps: dict[str, Tap] = {}
+        try:
+            for name in probe_names:
+                self.taps[name] = make_tap(name, lambda w, name=name: self._on_window(name, w))
+        except BaseException:
+            self.close()
+            raise
+        self._closing = threading.Event()
+        self._flusher = None
+        if max_window_s is not None:
+            self._flusher = threading.Thread(target=self._flush_loop, daemon=True,
+                                             name="probe-sidecar-vllm-flush")
+            self._flusher.start()
+
+    # --- the engine's thread ------------------------------------------------------------------
+
+    def arm(self, rows: torch.Tensor, step_rows: StepRows, new_requests=()) -> None:
+        """Before the forward (under `lock`): the forward writes rows[:n] of its hidden state,
+        n = len(step_rows.request_ids); `new_requests`: ids scheduled for the first time."""
+        count = len(step_rows.request_ids)
+        for tap in self.taps.values():
+            tap.ring.arm(rows, count)
+        if rows.is_cuda:
+            self._stream = torch.cuda.current_stream(rows.device)
+        if new_requests:
+            with self._results:
+                self._live.update(new_requests)
+        self._armed = step_rows
+
+    def disarm(self) -> None:
+        """The armed forward will not run (it raised)."""
+        if self._armed is not None:
+            for tap in self.taps.values():
+                tap.ring.disarm()
+            self._armed = None
+
+    def count_step(self) -> None:
+        """After the armed forward was issued (under `lock`): one step on every tap."""
+        step_rows, self._armed = self._armed, None
+        if step_rows is None:
+            return
+        with self._results:
+            self._steps[self._step] = _Step(step_rows, len(self.taps))
+        for tap in self.taps.values():
+            tap.step()  # every `window` steps: closes the window
+        self._step += 1
+        if self._open == 0:
+            self._opened_at = time.monotonic()
+        self._open += 1
+        if self._open >= self.window:
+            self._open = 0
+        elif (self._max_window_s is not None
+              and time.monotonic() - self._opened_at >= self._max_window_s):
+            self._flush_locked()
+
+    def finish(self, request_ids) -> None:
+        """Requests that have ended (finished, stopped early, aborted): each gets its summary
+        once the windows holding its rows (all in steps counted so far) are delivered."""
+        with self._results:
+            for request_id in request_ids:
+                if request_id in self._live:
+                    self._live.discard(request_id)
+                    self._finishing[request_id] = self._step
+            finished = self._finalize_ready()
+        self._emit([], finished)
+
+    def flush(self) -> None:
+        """Closes the current window now (any thread)."""
+        with self.lock:
+            self._flush_locked()
+
+    def _flush_locked(self) -> None:
+        if self._open == 0:
+            return
+        self._open = 0
+        if self._stream is not None:
+            with torch.cuda.stream(self._stream):
+                for tap in self.taps.values():
+                    tap.flush()
+        else:
+            for tap in self.taps.values():
+                tap.flush()
+
+    def wait_delivered(self, timeout: float) -> None:
+        for tap in self.taps.values():
+            tap.wait_delivered(timeout)
+
+    def _flush_loop(self) -> None:
+        """Closes a window left open longer than max_window_s (the engine went idle)."""
+        pause = max(self._max_window_s / 4, 0.005)
+        while not self._closing.wait(pause):
+            with self.lock:
+                if self._open and time.monotonic() - self._opened_at >= self._max_window_s:
+                    try:
+                        self._flush_locked()
+                    except Exception as error:  # e.g. the sidecar is gone: logged, not fatal
+                        self._log.error("probe-sidecar: closing an idle window failed: %s", error)
+
+    # --- delivery -------------------------------------------------------------------------------
+
+    def _on_window(self, probe_set: str, window: TapWindow) -> None:
+        """A tap's delivery thread: the window's rows become records of their requests."""
+        records = []
+        with self._results:
+            names = self.probe_names[probe_set]
+            if window.error is not None:
+                self.stats["windows_failed"] += 1
+                self._log.error("probe-sidecar: window %d of probe set %r failed: %s",
+                                window.index, probe_set, window.error)
+            for i, step in enumerate(range(window.first_step, window.first_step + window.steps)):
+                entry = self._steps.get(step)
+                if entry is None:
+                    continue
+                rows = entry.rows
+                ok = window.error is None
+                if ok and int(window.num_rows[i]) != len(rows.request_ids):
+                    self.stats["rows_mismatched"] += 1
+                    self._log.error("probe-sidecar: step %d wrote %d rows, the engine scheduled "
+                                    "%d", step, int(window.num_rows[i]), len(rows.request_ids))
+                    ok = False
+                for j in np.flatnonzero(rows.sampled):
+                    request_id = rows.request_ids[j]
+                    builder = self._builders.setdefault(request_id, {}).get(probe_set)
+                    if builder is None:
+                        builder = SummaryBuilder(probe_set, names)
+                        self._builders[request_id][probe_set] = builder
+                    if not ok:
+                        builder.complete = False
+                        continue
+                    scores, fired = window.scores[i, j], window.fired[i, j]
+                    position = int(rows.positions[j])
+                    builder.add(position, scores, fired)
+                    records.append(ProbeRecord(request_id, position, probe_set, scores, fired))
+                entry.taps_left -= 1
+                if entry.taps_left == 0:
+                    del self._steps[step]
+            self._delivered[probe_set] = max(self._delivered[probe_set],
+                                             window.first_step + window.steps)
+            self.stats["rows_delivered"] += len(records)
+            if self._keep_records:
+                dropped = max(0, len(self._records) + len(records) - self._records.maxlen)
+                self.stats["records_dropped"] += dropped
+                self._records.extend(records)
+            finished = self._finalize_ready()
+            self._results.notify_all()
+        self._emit(records, finished)
+
+    def _emit(self, records: list[ProbeRecord],
+              finished: list[tuple[str, dict[str, ProbeSummary]]]) -> None:
+        """Records and finished requests to the sinks (outside the lock: callbacks may block)."""
+        for record in records:
+            if self._jsonl is not None:
+                self._jsonl.fired(record)
+            if self._on_record is not None:
+                try:
+                    self._on_record(record)
+                except Exception as error:  # a callback's bug must not stop delivery
+                    self.stats["callback_errors"] += 1
+                    self._log.error("probe-sidecar: the record callback raised %r", error)
+        for request_id, summaries in finished:
+            if self._jsonl is not None:
+                self._jsonl.request(request_id, summaries)
+            if self._on_request is not None:
+                try:
+                    self._on_request(request_id, summaries)
+                except Exception as error:
+                    self.stats["callback_errors"] += 1
+                    self._log.error("probe-sidecar: the request callback raised %r", error)
+
+    def _finalize_ready(self) -> list[tuple[str, dict[str, ProbeSummary]]]:
+        """(under _results) Requests whose rows are all delivered: summaries made, state freed."""
+        delivered = min(self._delivered.values(), default=0)
+        ready = [r for r, step in self._finishing.items() if step <= delivered]
+        finished = []
+        for request_id in ready:
+            del self._finishing[request_id]
+            builders = self._builders.pop(request_id, {})
+            summaries = {name: (builders[name] if name in builders
+                                else SummaryBuilder(name, names)).build()
+                         for name, names in self.probe_names.items()}
+            self._done[request_id] = summaries
+            if len(self._done) > self._max_finished:
+                self._done.popitem(last=False)
+                self.stats["summaries_evicted"] += 1
+            finished.append((request_id, summaries))
+        return finished
+
+    # --- results --------------------------------------------------------------------------------
+
+    def collect(self, request_ids=None, timeout: float = 60.0
+                ) -> dict[str, dict[str, ProbeSummary]]:
+        """Flushes, waits for every window, then takes (and forgets) the summaries of finished
+        requests: those named (by the engine's id, or the caller's id that vLLM extended with
+        "-" and 8 characters), or all of them."""
+        self.flush()
+        self.wait_delivered(timeout)
+        with self._results:
+            if request_ids is None:
+                taken = dict(self._done)
+                self._done.clear()
+                return taken
+            wanted = set(request_ids)
+            taken = {}
+            for request_id in list(self._done):
+                if request_id in wanted or _caller_id(request_id) in wanted:
+                    taken[request_id] = self._done.pop(request_id)
+            return taken
+
+    def records(self, timeout: float = 0.0) -> Iterator[ProbeRecord]:
+        """Delivered records, oldest first, until none arrives within `timeout` seconds."""
+        while True:
+            with self._results:
+                if not self._records and timeout > 0:
+                    self._results.wait_for(lambda: self._records, timeout)
+                if not self._records:
+                    return
+                record = self._records.popleft()
+            yield record
+
+    def state(self) -> dict:
+        """How much the tap holds (for operators and tests: all zero once idle and collected)."""
+        with self._results:
+            return {"steps_counted": self._step, "steps_pending": len(self._steps),
+                    "requests_live": len(self._live), "requests_finishing": len(self._finishing),
+                    "requests_summarised": len(self._done),
+                    "requests_accumulating": len(self._builders),
+                    "records_queued": len(self._records), **self.stats}
+
+    def close(self, timeout: float = 30.0) -> None:
+        if getattr(self, "_closing", None) is not None:
+            self._closing.set()
+            if self._flusher is not None:
+                self._flusher.join(timeout)
+        for tap in self.taps.values():
+            try:
+                tap.close(timeout)
+            except Exception as error:
+                self._log.error("probe-sidecar: closing the tap of %r failed: %s",
+                                tap.probe_set, error)
+        if self._jsonl is not None:
+            self._jsonl.close()
+
+
+def _caller_id(request_id: str) -> str:
+    """The id the caller gave: vLLM appends "-" and 8 random characters to make its own."""
+    head, sep, tail = request_id.rpartition("-")
+    return head if sep and len(tail) == 8 else request_id

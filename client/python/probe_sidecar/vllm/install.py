@@ -1,0 +1,352 @@
+"""How the plugin enters vLLM (tested with vLLM 0.32, its V1 model runner), without forking it.
+
+In every process, when PROBE_SIDECAR_VLLM is set (register(), the `vllm.general_plugins` entry
+point), it patches three things:
+  * `Worker.load_model`: after the model is loaded, the tapping rank (tap_rank, default 0) makes
+    one tap per probe set and tapped layer, adds each tap's ring to its module as a buffer and
+    registers a forward hook on the module that calls the tap operator (probe_sidecar.tap_op) in
+    gather mode, once per ring. The hook
+    is traced into vLLM's compiled model (one node) and its CUDA graphs (one kernel); the module
+    itself is not replaced, so parameter names and weight reloading are unchanged.
+  * that worker's model runner (the instance, not the class): `_prepare_inputs` arms the taps
+    with the rows vLLM samples from (`logits_indices`, on the device) and what each row is
+    (request id, position, whether it produces a token: not a partial prefill chunk), read from
+    the runner's own host-side batch state — no device synchronisation; `execute_model` finishes
+    the requests the scheduler ended and counts one step after the forward was issued.
+  * `LLM.generate`: once it returns, each RequestOutput gets `probe_summary` (collected from the
+    workers with `collective_rpc("probe_sidecar_collect")`, a method added to the worker).
+The tap's configuration is added to `additional_config`, part of vLLM's compile cache key, so a
+graph compiled without the tap (or with another layout) is never reused for a tapped model.
+
+It refuses to start (a clear error at start-up, never a silent fallback) with speculative
+decoding, pipeline parallelism, micro-batching (DBO), pooling models, Model Runner V2 forced on,
+or a model whose final norm or decoder layers it cannot find; it never turns CUDA graphs or
+torch.compile off. vLLM chooses Model Runner V2 by default where Triton runs: the plugin sets
+VLLM_USE_V2_MODEL_RUNNER=0 when it is unset, and says so.
+"""
+
+from __future__ import annotations
+
+import atexit
+import functools
+import json
+import os
+import threading
+
+import numpy as np
+import torch
+
+from .. import tap_op
+from .config import ConfigError, PluginConfig, load, resolve
+from .engine_tap import EngineTap, StepRows
+from .records import ProbeSummary
+
+TESTED_VLLM = ("0.32",)
+
+_lock = threading.Lock()
+_registered = False
+_ENGINE_TAP: EngineTap | None = None  # this process's (the tapping worker's)
+
+
+def logger():
+    from vllm.logger import init_logger
+
+    return init_logger("vllm.probe_sidecar")
+
+
+def register() -> None:
+    """The `vllm.general_plugins` entry point: runs in every vLLM process before the model is
+    built; does nothing unless PROBE_SIDECAR_VLLM is set."""
+    global _registered
+    config = load()
+    if config is None:
+        return
+    with _lock:
+        if _registered:
+            return
+        _registered = True
+    import vllm
+
+    if not any(vllm.__version__.startswith(v) for v in TESTED_VLLM):
+        logger().warning("probe-sidecar: tested with vLLM %s, this is %s",
+                         ", ".join(TESTED_VLLM), vllm.__version__)
+    runner_v2 = os.environ.get("VLLM_USE_V2_MODEL_RUNNER")
+    if runner_v2 is None:
+        os.environ["VLLM_USE_V2_MODEL_RUNNER"] = "0"
+        logger().info("probe-sidecar: VLLM_USE_V2_MODEL_RUNNER=0 (the plugin taps the V1 model "
+                      "runner; CUDA graphs and torch.compile stay as configured)")
+    elif runner_v2.strip().lower() in ("1", "true"):
+        raise ConfigError("probe-sidecar: VLLM_USE_V2_MODEL_RUNNER=1, but the plugin taps the V1 "
+                          "model runner (unset it, or set it to 0)")
+    _patch_worker(config)
+    _patch_llm()
+
+
+# --- the worker -------------------------------------------------------------------------------
+
+def _patch_worker(config: PluginConfig) -> None:
+    from vllm.v1.worker.gpu_worker import Worker
+    from vllm.v1.worker.worker_base import WorkerBase
+
+    load_model = Worker.load_model
+
+    @functools.wraps(load_model)
+    def tapped_load_model(self, *args, **kwargs):
+        load_model(self, *args, **kwargs)
+        install(self, config)
+
+    Worker.load_model = tapped_load_model
+    WorkerBase.probe_sidecar_collect = _collect
+    WorkerBase.probe_sidecar_state = _state_rpc
+
+
+def install(worker, config: PluginConfig) -> EngineTap | None:
+    """Taps the worker's model (on the tapping rank); refuses what it cannot tap."""
+    global _ENGINE_TAP
+    from vllm.distributed import get_tensor_model_parallel_rank
+
+    vllm_config = worker.vllm_config
+    runner = worker.model_runner
+    _refuse_unsupported(vllm_config, runner)
+    rank = get_tensor_model_parallel_rank()
+    if rank != config.tap_rank:
+        _add_to_cache_key(vllm_config, {"probe_sidecar": config.digest(), "rank": rank})
+        logger().info("probe-sidecar: rank %d does not tap (tap_rank %d)", rank, config.tap_rank)
+        return None
+    model = runner.get_model()
+    targets = {layer: _tapped_module(model, layer) for layer in config.layers}
+    if len({id(module) for module, _, _ in targets.values()}) != len(targets):
+        raise ConfigError(f"probe-sidecar: the layers {list(config.layers)} name one decoder "
+                          f"layer twice")
+    device = torch.device(runner.device)
+    dtype = vllm_config.model_config.dtype
+    max_batch = vllm_config.scheduler_config.max_num_seqs
+    engine_tap = _make_engine_tap(config, device=device, dtype=dtype, max_batch=max_batch,
+                                  hidden_size=vllm_config.model_config.get_hidden_size())
+    try:
+        layouts = []
+        for layer, (module, _, residual_stream) in targets.items():
+            rings = [engine_tap.taps[name].ring for name, (_, tapped) in config.taps().items()
+                     if tapped == layer]
+            buffers = []
+            for i, ring in enumerate(rings):
+                buffers.append(f"probe_sidecar_ring_{i}")
+                module.register_buffer(buffers[-1], ring.raw, persistent=False)
+            module.register_forward_hook(_WriteHook(buffers, [r.layout_args for r in rings],
+                                                    residual_stream))
+            layouts += [r.layout_args for r in rings]
+        _add_to_cache_key(vllm_config, {"probe_sidecar": config.digest(), "layouts": layouts,
+                                        "dtype": str(dtype), "device": device.type})
+        _wrap_runner(runner, engine_tap)
+    except BaseException:
+        engine_tap.close()
+        raise
+    _ENGINE_TAP = engine_tap
+    atexit.register(engine_tap.close, 5.0)
+    compilation = vllm_config.compilation_config
+    logger().info(
+        "probe-sidecar: tapping %s (H=%d, %s) with probe sets %s on %s; window %d steps of up to "
+        "%d rows (max_window_s %s); torch.compile mode %s and CUDA graph mode %s are unchanged",
+        "; ".join(where for _, where, _ in targets.values()),
+        vllm_config.model_config.get_hidden_size(), dtype, list(config.probe_sets),
+        config.target, config.window, max_batch, config.max_window_s, compilation.mode,
+        compilation.cudagraph_mode)
+    return engine_tap
+
+
+def _refuse_unsupported(vllm_config, runner) -> None:
+    reasons = []
+    if vllm_config.speculative_config is not None:
+        reasons.append("speculative decoding (a step samples several rows per request, some of "
+                       "them rejected)")
+    parallel = vllm_config.parallel_config
+    if parallel.pipeline_parallel_size > 1:
+        reasons.append("pipeline parallelism")
+    if getattr(parallel, "use_ubatching", False):
+        reasons.append("micro-batching (DBO): a step runs the model once per micro-batch")
+    if vllm_config.model_config.runner_type != "generate":
+        reasons.append(f"a {vllm_config.model_config.runner_type} model (only generative models "
+                       "sample rows)")
+    for method in ("_prepare_inputs", "execute_model", "get_model"):
+        if not callable(getattr(runner, method, None)):
+            reasons.append(f"a model runner without {method} ({type(runner).__name__}: tested "
+                           f"with vLLM {', '.join(TESTED_VLLM)}'s V1 runner)")
+    if reasons:
+        raise ConfigError("probe-sidecar cannot tap this engine: " + "; ".join(reasons) +
+                          ". Unset PROBE_SIDECAR_VLLM to run without it.")
+
+
+def _tapped_module(model, layer) -> tuple[torch.nn.Module, str, bool]:
+    """(module, description, whether its output is split into hidden + residual)."""
+    inner = None
+    for candidate in (getattr(model, "model", None),
+                      getattr(getattr(model, "language_model", None), "model", None),
+                      getattr(model, "language_model", None), model):
+        if candidate is not None and isinstance(getattr(candidate, "layers", None),
+                                                torch.nn.ModuleList):
+            inner = candidate
+            break
+    if inner is None:
+        raise ConfigError(f"probe-sidecar: cannot find the decoder layers of "
+                          f"{type(model).__name__} (looked for .model.layers)")
+    if layer == "final":
+        norm = getattr(inner, "norm", None)
+        if not isinstance(norm, torch.nn.Module):
+            raise ConfigError(f"probe-sidecar: cannot find the final norm of "
+                              f"{type(model).__name__} (looked for .model.norm): set \"layer\" "
+                              f"to a decoder layer's index")
+        return norm, f"the final norm of {type(model).__name__}", False
+    layers = inner.layers
+    index = layer + len(layers) if layer < 0 else layer
+    if not 0 <= index < len(layers):
+        raise ConfigError(f"probe-sidecar: layer {layer} is outside the model's {len(layers)} "
+                          f"decoder layers")
+    return (layers[index], f"the output of decoder layer {index} of {type(model).__name__}",
+            True)
+
+
+class _WriteHook:
+    """The forward hook on the tapped module: the tap operator, once per ring, on the rows the
+    engine armed. Traced into the compiled model; its tensors are the module's buffers."""
+
+    def __init__(self, names: list[str], layouts: list[list[int]], residual_stream: bool):
+        self.names, self.layouts, self.residual_stream = names, layouts, residual_stream
+
+    def __call__(self, module, args, output):
+        if isinstance(output, tuple):
+            hidden = output[0]
+            # A decoder layer returns (hidden, residual): the residual stream is their sum.
+            residual = output[1] if self.residual_stream and len(output) > 1 else None
+        else:
+            hidden, residual = output, None
+        for name, layout in zip(self.names, self.layouts):
+            tap_op.tap_write(hidden, getattr(module, name), layout, residual=residual,
+                             gather=True)
+
+
+def _make_engine_tap(config: PluginConfig, *, device: torch.device, dtype: torch.dtype,
+                     max_batch: int, hidden_size: int) -> EngineTap:
+    from ..client import Client, ProbeSidecarError
+    from ..torch import TorchClient, cpu_tap
+
+    client = Client(config.target, timeout=config.timeout_s)
+    taps = config.taps()
+    try:
+        probes = {p: tuple(x.name for x in client.probe_set_info(p).probes)
+                  for p in config.probe_sets}
+        names = {name: probes[probe_set] for name, (probe_set, _) in taps.items()}
+        torch_client = TorchClient(client) if device.type == "cuda" else None
+    except ProbeSidecarError as error:
+        client.close()
+        raise ConfigError(f"probe-sidecar at {config.target}: {error}") from None
+
+    def make_tap(name, on_window):
+        probe_set = taps[name][0]
+        options = dict(max_batch=max_batch, window=config.window, dtype=dtype,
+                       hidden_size=hidden_size, on_window=on_window, raise_errors=False)
+        if torch_client is not None:
+            return torch_client.tap(probe_set, device=device, **options)
+        return cpu_tap(client, probe_set, **options)
+
+    return EngineTap(make_tap, names, window=config.window, max_window_s=config.max_window_s,
+                     on_record=resolve(config.callback) if config.callback else None,
+                     on_request=(resolve(config.request_callback)
+                                 if config.request_callback else None),
+                     jsonl=config.jsonl, max_queued_records=config.max_queued_records,
+                     max_finished=config.max_finished, logger=logger())
+
+
+def _add_to_cache_key(vllm_config, value: dict) -> None:
+    extra = vllm_config.additional_config
+    if not isinstance(extra, dict):
+        raise ConfigError("probe-sidecar: vllm_config.additional_config is not a dict, so the "
+                          "tap's configuration cannot join the compile cache key")
+    extra["probe_sidecar"] = json.loads(json.dumps(value))
+
+
+def _wrap_runner(runner, engine_tap: EngineTap) -> None:
+    prepare_inputs = runner._prepare_inputs
+    execute_model = runner.execute_model
+
+    def tapped_prepare_inputs(scheduler_output, num_scheduled_tokens, *args, **kwargs):
+        result = prepare_inputs(scheduler_output, num_scheduled_tokens, *args, **kwargs)
+        batch = runner.input_batch
+        n = batch.num_reqs
+        request_ids = tuple(batch.req_ids[:n])
+        computed = batch.num_computed_tokens_cpu[:n].astype(np.int64)
+        scheduled = np.asarray(num_scheduled_tokens[:n], dtype=np.int64)
+        # The tokens a request holds now (prompt and output so far): a row whose chunk ends
+        # before that is a partial prefill, whose sample vLLM discards.
+        totals = np.fromiter((runner.requests[r].num_tokens for r in request_ids), np.int64, n)
+        rows = StepRows(request_ids, computed + scheduled - 1, computed + scheduled >= totals)
+        engine_tap.arm(result[0], rows,
+                       [r.req_id for r in scheduler_output.scheduled_new_reqs])
+        return result
+
+    def tapped_execute_model(scheduler_output, *args, **kwargs):
+        with engine_tap.lock:
+            engine_tap.finish(scheduler_output.finished_req_ids)
+            try:
+                output = execute_model(scheduler_output, *args, **kwargs)
+            except BaseException:
+                engine_tap.disarm()
+                raise
+            engine_tap.count_step()
+            return output
+
+    runner._prepare_inputs = tapped_prepare_inputs
+    runner.execute_model = tapped_execute_model
+
+
+def _collect(worker, request_ids=None, timeout: float = 60.0) -> dict:
+    """collective_rpc("probe_sidecar_collect"): {engine request id: {probe set: summary dict}}."""
+    engine_tap = _ENGINE_TAP
+    if engine_tap is None:
+        return {}
+    taken = engine_tap.collect(request_ids, timeout)
+    return {rid: {name: s.to_dict() for name, s in by_set.items()}
+            for rid, by_set in taken.items()}
+
+
+def _state_rpc(worker) -> dict:
+    """collective_rpc("probe_sidecar_state"): the tap's state ({} on a rank that does not tap)."""
+    return {} if _ENGINE_TAP is None else _ENGINE_TAP.state()
+
+
+# --- the front end ----------------------------------------------------------------------------
+
+def _patch_llm() -> None:
+    from vllm.entrypoints.llm import LLM
+
+    generate = LLM.generate
+
+    @functools.wraps(generate)
+    def generate_with_summaries(self, *args, **kwargs):
+        outputs = generate(self, *args, **kwargs)
+        attach_summaries(self, outputs)
+        return outputs
+
+    LLM.generate = generate_with_summaries
+
+
+def collect(llm, request_ids=None, timeout: float = 60.0) -> dict[str, dict[str, ProbeSummary]]:
+    """The summaries of finished requests, taken from the engine's workers (see EngineTap.collect):
+    {engine request id: {probe set: ProbeSummary}}."""
+    merged = {}
+    for part in llm.collective_rpc("probe_sidecar_collect", args=(request_ids, timeout)):
+        for request_id, by_set in part.items():
+            merged[request_id] = {name: ProbeSummary.from_dict(d) for name, d in by_set.items()}
+    return merged
+
+
+def attach_summaries(llm, outputs) -> None:
+    """Sets `output.probe_summary` ({probe set: ProbeSummary}) on each RequestOutput."""
+    from .engine_tap import _caller_id
+
+    summaries = collect(llm, [o.request_id for o in outputs])
+    by_caller = {}
+    for request_id, by_set in summaries.items():
+        by_caller.setdefault(_caller_id(request_id), []).append(by_set)
+    for output in outputs:
+        found = by_caller.get(output.request_id, [])
+        output.probe_summary = found[0] if len(found) == 1 else None

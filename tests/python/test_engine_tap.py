@@ -1,0 +1,172 @@
+"""probe_sidecar.vllm.EngineTap without vLLM: an engine's steps (arm, the forward's gathered
+write, count) driven by hand against the real server (CPU backend, CPU rings): rows become
+records of their requests and positions, partial prefill chunks are never delivered, a finished
+request gets its summary once its windows are in, an idle engine's window closes by time, a
+failed window marks its requests' summaries incomplete, and nothing is held afterwards."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from safetensors.numpy import save  # noqa: E402
+
+from probe_sidecar import tap_op  # noqa: E402
+from probe_sidecar.torch import cpu_tap  # noqa: E402
+from probe_sidecar.vllm import EngineTap, StepRows  # noqa: E402
+from probe_sidecar.vllm.engine_tap import _caller_id  # noqa: E402
+
+H, P = 32, 3
+DEADLINE = 60.0  # far past the work: a safety net for a loaded machine under ASan
+
+
+@pytest.fixture(scope="module")
+def probe_set(sidecar):
+    rng = np.random.default_rng(7)
+    weight = rng.standard_normal((P, H)).astype(np.float32)
+    bias = rng.standard_normal(P).astype(np.float32)
+    with sidecar.client() as c:
+        c.load_probe_set("engine", replace=True, data=save(
+            {"weight": weight, "bias": bias},
+            metadata={"activation": "none", "thresholds": "[0, 1, 100]",
+                      "probe_names": '["x", "y", "z"]'}))
+    return weight.astype(np.float64), bias.astype(np.float64)
+
+
+class Engine:
+    """Steps an EngineTap the way the vLLM plugin does around a forward."""
+
+    def __init__(self, client, window=3, max_window_s=None, **options):
+        def make_tap(name, on_window):
+            return cpu_tap(client, name, max_batch=4, window=window, dtype=torch.float32,
+                           on_window=on_window, raise_errors=False)
+
+        self.tap = EngineTap(make_tap, {"engine": ("x", "y", "z")}, window=window,
+                             max_window_s=max_window_s, max_queued_records=1000, **options)
+        self.hidden = {}  # (request, position) -> the row written
+
+    def step(self, rows: list[tuple[str, int, bool]], new=(), finished=()):
+        """One forward over `rows` (request, position, produces a token): a batch of 6 tokens of
+        which the engine samples rows 5, 4, ... (as vLLM's logits_indices)."""
+        batch = torch.randn(6, H)
+        index = torch.tensor([5 - i for i in range(len(rows))])
+        with self.tap.lock:
+            self.tap.finish(finished)
+            if not rows:
+                return  # vLLM's step with nothing scheduled: no forward, no step
+            self.tap.arm(index, StepRows(tuple(r for r, _, _ in rows),
+                                         np.array([p for _, p, _ in rows], np.int64),
+                                         np.array([s for _, _, s in rows])), new)
+            for t in self.tap.taps.values():  # the forward hook
+                tap_op.tap_write(batch, t.ring.raw, t.ring.layout_args, gather=True)
+            self.tap.count_step()
+        for (request, position, sampled), i in zip(rows, index.tolist()):
+            if sampled:
+                self.hidden[(request, position)] = batch[i].double().numpy()
+
+
+def test_rows_become_records_and_summaries_of_their_requests(client, probe_set):
+    weight, bias = probe_set
+    engine = Engine(client)
+    e = engine.tap
+    try:
+        engine.step([("a-00000001", 9, False), ("b-00000002", 2, True)],
+                    new=["a-00000001", "b-00000002"])  # a: a partial prefill chunk
+        engine.step([("a-00000001", 14, True), ("b-00000002", 3, True)])
+        engine.step([("a-00000001", 15, True), ("b-00000002", 4, True),
+                     ("c-00000003", 0, True)], new=["c-00000003"])
+        engine.step([("a-00000001", 16, True), ("c-00000003", 1, True)],
+                    finished=["b-00000002"])
+        engine.step([], finished=["a-00000001", "c-00000003"])  # vLLM's empty step: no rows
+        taken = e.collect(timeout=DEADLINE)
+        records = list(e.records())
+    finally:
+        e.close()
+    seen = sorted((r.request_id, r.position) for r in records)
+    assert seen == sorted(engine.hidden)  # every sampled row once; the partial chunk never
+    for r in records:
+        want = engine.hidden[(r.request_id, r.position)] @ weight.T + bias
+        np.testing.assert_allclose(r.scores, want, rtol=1e-5, atol=1e-5)
+        assert r.fired.tolist() == [bool(s >= t) for s, t in zip(r.scores, [0, 1, 100])]
+    assert set(taken) == {"a-00000001", "b-00000002", "c-00000003"}
+    for request_id, by_set in taken.items():
+        s = by_set["engine"]
+        mine = [r for r in records if r.request_id == request_id]
+        assert s.rows == len(mine) and s.complete and s.probes == ("x", "y", "z")
+        assert s.max_score == pytest.approx([max(float(r.scores[p]) for r in mine)
+                                             for p in range(P)], rel=0, abs=0)
+        for p in range(P):
+            fired = [r.position for r in mine if r.fired[p]]
+            assert s.first_fired[p] == (min(fired) if fired else None)
+    assert e.state()["requests_summarised"] == 0 and e.state()["steps_pending"] == 0
+
+
+def test_a_request_is_summarised_only_after_its_windows_and_once(client, probe_set):
+    finished = []
+    engine = Engine(client, window=2,
+                    on_request=lambda request_id, by_set: finished.append(request_id))
+    e = engine.tap
+    try:
+        engine.step([("r-00000001", 4, True)], new=["r-00000001"])
+        engine.step([], finished=["r-00000001"])  # its one row is in a window still open
+        assert finished == [] and e.state()["requests_finishing"] == 1
+        e.flush()
+        e.wait_delivered(DEADLINE)
+        assert finished == ["r-00000001"]
+        assert e.collect(["r"], timeout=DEADLINE)["r-00000001"]["engine"].rows == 1
+        assert e.collect(["r"], timeout=DEADLINE) == {}  # taken once
+        state = e.state()
+        assert all(state[k] == 0 for k in ("steps_pending", "requests_live", "requests_finishing",
+                                           "requests_summarised", "requests_accumulating"))
+    finally:
+        e.close()
+
+
+def test_an_idle_engine_window_closes_by_time(client, probe_set):
+    """max_window_s: an engine that stops stepping (no requests) still gets its last window
+    scored, by the tap's flusher thread."""
+    engine = Engine(client, window=16, max_window_s=0.05)
+    e = engine.tap
+    try:
+        engine.step([("s-00000001", 1, True)], new=["s-00000001"])
+        engine.step([("s-00000001", 2, True)])
+        records = list(e.records(timeout=DEADLINE))  # no flush(): the time bound closes it
+        while len(records) < 2:
+            more = list(e.records(timeout=DEADLINE))
+            assert more, "the idle window was never scored"
+            records += more
+        assert sorted(r.position for r in records) == [1, 2]
+    finally:
+        e.close()
+
+
+def test_a_failed_window_marks_its_requests_incomplete(sidecar, client, probe_set):
+    engine = Engine(client, window=2)
+    e = engine.tap
+    try:
+        engine.step([("f-00000001", 3, True)], new=["f-00000001"])
+        engine.step([("f-00000001", 4, True)])  # window 0 closes: scored
+        e.wait_delivered(DEADLINE)
+        with sidecar.client() as admin:
+            admin.unload_probe_set("engine")  # window 1's Score fails: NOT_FOUND
+        engine.step([("f-00000001", 5, True)])
+        engine.step([], finished=["f-00000001"])
+        summary = e.collect(timeout=DEADLINE)["f-00000001"]["engine"]
+        assert summary.rows == 2 and not summary.complete
+        assert e.state()["windows_failed"] == 1
+    finally:
+        e.close()
+        weight, bias = probe_set
+        with sidecar.client() as admin:  # for the other tests of this session
+            admin.load_probe_set("engine", replace=True, data=save(
+                {"weight": weight.astype(np.float32), "bias": bias.astype(np.float32)},
+                metadata={"activation": "none", "thresholds": "[0, 1, 100]",
+                          "probe_names": '["x", "y", "z"]'}))
+
+
+def test_the_callers_id_is_the_engines_without_vllms_suffix():
+    assert _caller_id("req-7-0123abcd") == "req-7"
+    assert _caller_id("plain") == "plain"
+    assert _caller_id("a-short") == "a-short"

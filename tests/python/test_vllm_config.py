@@ -1,0 +1,64 @@
+"""The vLLM plugin's configuration (probe_sidecar.vllm.config), without vLLM: what it accepts,
+what it refuses with a message naming the problem, the taps it makes, and the part of it that
+must join vLLM's compile cache key."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+pytest.importorskip("torch")
+
+from probe_sidecar.vllm.config import ENV, ConfigError, load, parse  # noqa: E402
+
+
+def test_unset_or_empty_is_off():
+    assert load({}) is None
+    assert load({ENV: "  "}) is None
+
+
+def test_a_json_object_or_a_file_holding_one(tmp_path):
+    text = json.dumps({"probe_sets": ["a", "b"], "layer": [3, "final"], "window": 8})
+    config = load({ENV: text})
+    path = tmp_path / "plugin.json"
+    path.write_text(text)
+    assert load({ENV: str(path)}) == config
+    assert config.layers == (3, "final") and config.window == 8
+    assert config.taps() == {"a@3": ("a", 3), "b@3": ("b", 3), "a@final": ("a", "final"),
+                             "b@final": ("b", "final")}
+    single = parse({"probe_sets": "a"})
+    assert single.taps() == {"a": ("a", "final")} and single.target.startswith("unix://")
+
+
+@pytest.mark.parametrize("data, message", [
+    ({}, "probe_sets must be a non-empty list"),
+    ({"probe_sets": ["a", "a"]}, "names a set twice"),
+    ({"probe_sets": ["a"], "layers": 3}, "unknown key"),
+    ({"probe_sets": ["a"], "layer": "middle"}, "layer must be"),
+    ({"probe_sets": ["a"], "layer": [1, 1]}, "names a layer twice"),
+    ({"probe_sets": ["a"], "layer": True}, "layer must be"),
+    ({"probe_sets": ["a"], "window": 0}, "window must be a number >= 1"),
+    ({"probe_sets": ["a"], "max_window_s": -1}, "max_window_s"),
+    ({"probe_sets": ["a"], "callback": "no_colon"}, "module:function"),
+    ({"probe_sets": ["a"], "jsonl": 3}, "jsonl must be a string"),
+    ([1, 2], "expected a JSON object"),
+])
+def test_refused_with_a_message(data, message):
+    with pytest.raises(ConfigError, match=message):
+        parse(data)
+
+
+def test_bad_json_and_a_missing_file():
+    with pytest.raises(ConfigError, match="not valid JSON"):
+        load({ENV: "{nope"})
+    with pytest.raises(ConfigError, match="cannot read"):
+        load({ENV: "/nonexistent/plugin.json"})
+
+
+def test_what_changes_the_graph_changes_the_digest():
+    base = parse({"probe_sets": ["a"]})
+    assert parse({"probe_sets": ["a"], "window": 64, "jsonl": "x"}).digest() == base.digest()
+    for other in ({"probe_sets": ["b"]}, {"probe_sets": ["a"], "layer": 2},
+                  {"probe_sets": ["a"], "tap_rank": 1}):
+        assert parse(other).digest() != base.digest()

@@ -1,0 +1,91 @@
+"""Runs a real vLLM engine (CPU build) with the probe_sidecar plugin and writes what happened to a
+JSON file, for test_vllm_plugin.py to check. One process per engine start (vLLM's engine core is a
+spawned process, so the engine is made under the __main__ guard).
+
+    python engine_run.py MODEL_DIR OUT.json SCENARIO
+
+Scenarios:
+  batch    several prompts of different lengths in one LLM.generate(): continuous batching (more
+           prompts than max_num_seqs), chunked prefill (a prompt longer than the step's token
+           budget), requests that end at different lengths; then, on the same engine, requests
+           stepped by hand through LLMEngine with one aborted midway
+  short    one LLM.generate() of three prompts (a second start of the same model)
+The plugin's configuration comes from PROBE_SIDECAR_VLLM (set by the test); every record reaches
+RECORDS_PATH through record_sink.record (the `callback`), in the engine's process.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+
+# Batch geometry: four running requests at most, 32 tokens per step (the 70-token prompt takes
+# three chunks), prompts of 3 to 70 tokens, 4 to 13 new tokens.
+PROMPTS = [
+    (list(range(1, 4)), 9),
+    ([(7 * i) % 500 + 1 for i in range(70)], 6),
+    ([(11 * i) % 500 + 2 for i in range(17)], 13),
+    ([(13 * i) % 500 + 3 for i in range(5)], 4),
+    ([(17 * i) % 500 + 4 for i in range(33)], 10),
+    ([(19 * i) % 500 + 5 for i in range(9)], 7),
+]
+
+
+def main(model: str, out_path: str, scenario: str) -> None:
+    from vllm import LLM, SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    import probe_sidecar.vllm as plugin
+
+    started = time.monotonic()
+    llm = LLM(model=model, skip_tokenizer_init=True, dtype="float32", gpu_memory_utilization=0.1,
+              max_num_seqs=4, max_model_len=256, max_num_batched_tokens=32,
+              enable_chunked_prefill=True, seed=0)
+    result = {"start_s": time.monotonic() - started, "requests": []}
+
+    def params(n):
+        return SamplingParams(max_tokens=n, temperature=0, ignore_eos=True, detokenize=False)
+
+    prompts = PROMPTS if scenario == "batch" else PROMPTS[:3]
+    outputs = llm.generate([TokensPrompt(prompt_token_ids=p) for p, _ in prompts],
+                           [params(n) for _, n in prompts], use_tqdm=False)
+    for output in outputs:
+        summary = output.probe_summary
+        result["requests"].append({
+            "request_id": output.request_id, "prompt": list(output.prompt_token_ids),
+            "generated": list(output.outputs[0].token_ids),
+            "summary": None if summary is None else {k: v.to_dict() for k, v in summary.items()}})
+    if scenario == "batch":
+        result["aborted"] = stepped_with_an_abort(llm, params)
+    result["state"] = plugin.state(llm)
+    with open(out_path, "w") as file:
+        json.dump(result, file)
+
+
+def stepped_with_an_abort(llm, params) -> dict:
+    """Two requests stepped by hand; one aborted after a few steps, the other finished."""
+    import probe_sidecar.vllm as plugin
+
+    engine = llm.llm_engine
+    engine.add_request("keep", {"prompt_token_ids": [5, 6, 7, 8]}, params(8))
+    engine.add_request("drop", {"prompt_token_ids": [9, 10, 11]}, params(50))
+    generated = {"keep": [], "drop": []}
+    steps = 0
+    while engine.has_unfinished_requests():
+        for output in engine.step():
+            rid = "keep" if output.request_id.startswith("keep") else "drop"
+            generated[rid] = list(output.outputs[0].token_ids)
+        steps += 1
+        if steps == 5:
+            engine.abort_request(["drop"])
+    summaries = plugin.collect(llm, ["keep", "drop"])
+    return {"generated": generated, "prompts": {"keep": [5, 6, 7, 8], "drop": [9, 10, 11]},
+            "summaries": {rid: {k: v.to_dict() for k, v in by_set.items()}
+                          for rid, by_set in summaries.items()},
+            "state_after": plugin.state(llm)}
+
+
+if __name__ == "__main__":
+    main(*sys.argv[1:4])

@@ -1,0 +1,290 @@
+"""probe_sidecar.vllm with a real vLLM engine (PyPI's CPU build) and the real sidecar (CPU backend).
+
+A tiny random-weight Llama is saved with transformers; vLLM loads it (torch.compile on: the tap
+operator is traced into the compiled model) and generates several requests at once with
+continuous batching and chunked prefill. The plugin scores every row through the sidecar; the
+test checks that every generated token of every request was scored exactly once, at its
+position, against float64 of the same hidden states computed by transformers on the same
+weights; that the summaries on the outputs, the JSONL sink and the records agree; that an
+aborted request leaves nothing behind; and that a second start of the engine with another tap
+(decoder layer 0 beside the final norm) gets a compile cache key of its own, never the first
+start's graph.
+
+Needs the vLLM environment (tests/vllm/setup.sh); skipped without vllm.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+import re
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+vllm = pytest.importorskip("vllm", reason="vLLM is not installed (tests/vllm/setup.sh makes its "
+                                          "environment)")
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+
+HERE = pathlib.Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent / "python"))
+from conftest import Sidecar  # noqa: E402  (tests/python: the real server binary)
+from safetensors.numpy import save  # noqa: E402
+
+H = 128
+THRESHOLDS = [0.0, 0.5, -0.5, 1e9]
+# An engine start here takes ~1-2 minutes on an idle 2-core machine (it compiles the model); the
+# deadline is a safety net for a loaded one.
+ENGINE_DEADLINE_S = 1800
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory):
+    root = tmp_path_factory.mktemp("vllm")
+    torch.manual_seed(0)
+    config = transformers.LlamaConfig(vocab_size=512, hidden_size=H, intermediate_size=256,
+                                      num_hidden_layers=2, num_attention_heads=2,
+                                      num_key_value_heads=1, max_position_embeddings=512,
+                                      tie_word_embeddings=False)
+    model = transformers.LlamaForCausalLM(config).eval()
+    model.save_pretrained(root / "model", safe_serialization=True)
+    rng = np.random.default_rng(1)
+    weight = (rng.standard_normal((4, H)) / np.sqrt(H)).astype(np.float32)
+    bias = (rng.standard_normal(4) * 0.1).astype(np.float32)
+    with Sidecar(["--backend=cpu"]) as sidecar:
+        with sidecar.client() as c:
+            c.load_probe_set("tiny", data=save(
+                {"weight": weight, "bias": bias},
+                metadata={"activation": "none", "thresholds": json.dumps(THRESHOLDS),
+                          "probe_names": '["a", "b", "c", "never"]'}))
+            c.load_probe_set("tiny_sigmoid", data=save(
+                {"weight": weight[:2], "bias": bias[:2]},
+                metadata={"activation": "sigmoid", "thresholds": "[0.5, 0.9]"}))
+        yield {"root": root, "model_dir": root / "model", "model": model.double(),
+               "sidecar": sidecar, "weight": weight.astype(np.float64),
+               "bias": bias.astype(np.float64), "cache": root / "vllm-cache"}
+
+
+def run_engine(setup, name: str, scenario: str, **plugin) -> dict:
+    """One engine start (a process of its own); its outputs, records, JSONL events and log."""
+    run = setup["root"] / name
+    run.mkdir()
+    config = {"target": setup["sidecar"].uds_target, "probe_sets": ["tiny", "tiny_sigmoid"],
+              "window": 4, "max_window_s": 0.5, "callback": "record_sink:record",
+              "jsonl": str(run / "events.jsonl"), **plugin}
+    env = {**os.environ, "PROBE_SIDECAR_VLLM": json.dumps(config),
+           "RECORDS_PATH": str(run / "records.jsonl"), "VLLM_CACHE_ROOT": str(setup["cache"]),
+           "PYTHONPATH": os.pathsep.join([str(HERE), os.environ.get("PYTHONPATH", "")]),
+           "VLLM_CPU_KVCACHE_SPACE": "1", "TOKENIZERS_PARALLELISM": "false"}
+    with open(run / "engine.log", "wb") as log:
+        process = subprocess.run(
+            [sys.executable, str(HERE / "engine_run.py"), str(setup["model_dir"]),
+             str(run / "out.json"), scenario], stdout=log, stderr=subprocess.STDOUT, env=env,
+            timeout=ENGINE_DEADLINE_S)
+    text = (run / "engine.log").read_text(errors="replace")
+    assert process.returncode == 0, text[-8000:]
+
+    def lines(path):
+        return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+    return {"out": json.loads((run / "out.json").read_text()), "log": text,
+            "records": lines(run / "records.jsonl"), "events": lines(run / "events.jsonl")}
+
+
+@pytest.fixture(scope="module")
+def batch(setup):
+    return run_engine(setup, "batch", "batch")
+
+
+def reference_hidden(setup, tokens: list[int], layer) -> np.ndarray:
+    """float64 hidden states [len(tokens), H]: the final norm's output (layer "final") or decoder
+    layer `layer`'s output, by transformers on the weights vLLM loaded."""
+    with torch.no_grad():
+        out = setup["model"](torch.tensor([tokens]), output_hidden_states=True)
+    # hidden_states[i + 1]: decoder layer i's output; the last one is after the final norm.
+    index = -1 if layer == "final" else layer + 1
+    return out.hidden_states[index][0].numpy()
+
+
+def expected_scores(setup, hidden: np.ndarray, probe_set: str) -> np.ndarray:
+    w, b = setup["weight"], setup["bias"]
+    if probe_set.split("@")[0] == "tiny":
+        return hidden @ w.T + b
+    return 1 / (1 + np.exp(-(hidden @ w[:2].T + b[:2])))
+
+
+def by_request(records) -> dict:
+    rows = {}
+    for r in records:
+        rows.setdefault((r["request_id"], r["probe_set"]), []).append(r)
+    return rows
+
+
+def check_records_against_float64(setup, records, requests) -> int:
+    """Every record of `requests` ({engine id: (prompt, generated)}) against float64 of its layer
+    (a tap named "<probe set>@<layer>" scores that layer, else the final norm): returns the rows
+    checked."""
+    checked = 0
+    for (request_id, probe_set), rows in by_request(records).items():
+        prompt, generated = requests[request_id]
+        tokens = prompt + generated
+        layer = probe_set.split("@")[1] if "@" in probe_set else "final"
+        hidden = reference_hidden(setup, tokens, "final" if layer == "final" else int(layer))
+        for r in rows:
+            if r["position"] >= len(tokens):
+                continue  # an aborted request's last row: its token never reached the caller
+            want = expected_scores(setup, hidden[r["position"]], probe_set)
+            got = np.array(r["scores"])
+            np.testing.assert_allclose(got, want, rtol=2e-4, atol=2e-4,
+                                       err_msg=f"{request_id} position {r['position']}")
+            thresholds = THRESHOLDS if probe_set.split("@")[0] == "tiny" else [0.5, 0.9]
+            assert r["fired"] == [bool(s >= t) for s, t in zip(r["scores"], thresholds)]
+            checked += 1
+    return checked
+
+
+def test_every_generated_token_is_scored_once_at_its_position(batch):
+    """Each request's rows: positions prompt - 1 ... prompt + generated - 2, one each (the row a
+    token was sampled from), in both probe sets; no partial-prefill chunk, nothing else."""
+    requests = batch["out"]["requests"]
+    assert len(requests) == 6
+    rows = by_request(batch["records"])
+    for request in requests:
+        engine_ids = {rid for rid, _ in rows if rid.rsplit("-", 1)[0] == request["request_id"]}
+        assert len(engine_ids) == 1, (request["request_id"], engine_ids)
+        engine_id = engine_ids.pop()
+        first = len(request["prompt"]) - 1
+        want = list(range(first, first + len(request["generated"])))
+        for probe_set in ("tiny", "tiny_sigmoid"):
+            got = [r["position"] for r in rows[(engine_id, probe_set)]]
+            assert sorted(got) == want, (request["request_id"], probe_set)
+
+
+def generated_requests(run) -> tuple[dict, list]:
+    """({engine id: (prompt, generated)}, their records) for the requests LLM.generate returned."""
+    callers = {q["request_id"]: q for q in run["out"]["requests"]}
+    requests, records = {}, []
+    for r in run["records"]:
+        caller = callers.get(r["request_id"].rsplit("-", 1)[0])
+        if caller is not None:
+            requests[r["request_id"]] = (caller["prompt"], caller["generated"])
+            records.append(r)
+    return requests, records
+
+
+def test_scores_match_float64_of_the_same_hidden_states(setup, batch):
+    requests, records = generated_requests(batch)
+    assert check_records_against_float64(setup, records, requests) == 2 * sum(
+        len(q["generated"]) for q in batch["out"]["requests"])
+
+
+def summaries_from(records) -> dict:
+    """What a request's summary must say, recounted from its records."""
+    out = {}
+    for (request_id, probe_set), rows in by_request(records).items():
+        scores = np.array([r["scores"] for r in rows])
+        fired = np.array([r["fired"] for r in rows])
+        positions = np.array([r["position"] for r in rows])
+        first = [int(positions[fired[:, p]].min()) if fired[:, p].any() else None
+                 for p in range(scores.shape[1])]
+        out[(request_id, probe_set)] = (len(rows), scores.max(axis=0).tolist(), first)
+    return out
+
+
+def test_summaries_on_the_outputs_and_the_jsonl_events_match_the_records(batch):
+    recount = summaries_from(generated_requests(batch)[1])
+    for request in batch["out"]["requests"]:
+        summary = request["summary"]
+        assert summary is not None and set(summary) == {"tiny", "tiny_sigmoid"}
+        for probe_set, s in summary.items():
+            key = next(k for k in recount if k[1] == probe_set
+                       and k[0].rsplit("-", 1)[0] == request["request_id"])
+            rows, max_score, first = recount[key]
+            assert (s["rows"], s["first_fired"], s["complete"]) == (rows, first, True)
+            np.testing.assert_allclose(s["max_score"], max_score, rtol=0, atol=0)
+        assert summary["tiny"]["probes"] == ["a", "b", "c", "never"]
+        assert summary["tiny"]["first_fired"][3] is None  # a threshold never reached
+    fired = [e for e in batch["events"] if e["event"] == "fired"]
+    assert len(fired) == sum(sum(r["fired"]) for r in batch["records"])
+    want = {(r["request_id"], r["position"], r["probe_set"], p)
+            for r in batch["records"] for p, f in enumerate(r["fired"]) if f}
+    assert {(e["request_id"], e["position"], e["probe_set"], e["probe_index"])
+            for e in fired} == want
+    finished = [e["request_id"] for e in batch["events"] if e["event"] == "request"]
+    assert sorted(finished) == sorted({r["request_id"] for r in batch["records"]})  # each, once
+
+
+def test_an_aborted_request_leaves_nothing_stale(setup, batch):
+    aborted = batch["out"]["aborted"]
+    summaries = aborted["summaries"]
+    ids = {rid.rsplit("-", 1)[0]: rid for rid in summaries}
+    assert set(ids) == {"keep", "drop"}
+    keep, drop = summaries[ids["keep"]], summaries[ids["drop"]]
+    assert keep["tiny"]["rows"] == len(aborted["generated"]["keep"]) == 8
+    # Aborted after five steps: its rows stop there (at most one row whose token it never saw).
+    assert 0 < drop["tiny"]["rows"] <= len(aborted["generated"]["drop"]) + 1 < 50
+    records = [r for r in batch["records"] if r["request_id"] in ids.values()]
+    drop_positions = sorted(r["position"] for r in records
+                            if r["request_id"] == ids["drop"] and r["probe_set"] == "tiny")
+    assert drop_positions == list(range(2, 2 + drop["tiny"]["rows"]))
+    requests = {ids[k]: (aborted["prompts"][k], aborted["generated"][k]) for k in ids}
+    assert check_records_against_float64(setup, records, requests) >= 2 * (8 + 4)
+    # Nothing held once the summaries were taken: no live request, pending step or summary.
+    for state in (aborted["state_after"], batch["out"]["state"]):
+        (tap_state,) = state
+        for key in ("steps_pending", "requests_live", "requests_finishing",
+                    "requests_summarised", "requests_accumulating", "records_queued"):
+            assert tap_state[key] == 0, (key, tap_state)
+        assert tap_state.get("windows_failed", 0) == 0
+        assert tap_state.get("rows_mismatched", 0) == 0
+
+
+def test_the_tap_joins_the_compile_cache_key(setup):
+    """vLLM reuses a compiled graph whose key (VllmConfig.compute_hash) matches: the plugin's
+    configuration, and the rings' layouts, must change that key, and the same ones must give the
+    same key again (a restart finds its own graph)."""
+    from vllm.engine.arg_utils import EngineArgs
+
+    from probe_sidecar.vllm import install
+
+    def key(value):
+        config = EngineArgs(model=str(setup["model_dir"]), skip_tokenizer_init=True,
+                            dtype="float32").create_engine_config()
+        if value is not None:
+            install._add_to_cache_key(config, value)
+        return config.compute_hash()
+
+    tapped = {"probe_sidecar": "a", "layouts": [[0, 1]]}
+    assert key(tapped) == key(dict(tapped))
+    assert len({key(None), key(tapped), key({"probe_sidecar": "a", "layouts": [[0, 2]]}),
+                key({"probe_sidecar": "b", "layouts": [[0, 1]]})}) == 4
+
+
+def compile_cache_entry(log: str) -> tuple[str, str]:
+    """(what vLLM did with its compiled-graph cache, the cache key's folder) from an engine log."""
+    for event, pattern in (("loaded", r"Directly load AOT compilation from path (\S+)"),
+                           ("saved", r"saved AOT compiled function to (\S+)")):
+        match = re.search(pattern, log)
+        if match:
+            return event, match.group(1).split("/torch_aot_compile/")[1].split("/")[0]
+    raise AssertionError("no compile cache line in the engine's log")
+
+
+def test_a_second_start_tapping_other_layers_compiles_its_own_graph(setup, batch):
+    """The engine started again, tapping decoder layer 0 beside the final norm (one tap per probe
+    set and layer): its cache key is not the first start's, so it compiles its own graph (a graph
+    of the first tap would score the wrong layer), and each layer's rows are scored."""
+    layers = run_engine(setup, "layers", "short", layer=[0, "final"])
+    first_event, first_key = compile_cache_entry(batch["log"])
+    layers_event, layers_key = compile_cache_entry(layers["log"])
+    assert (first_event, layers_event) == ("saved", "saved") and layers_key != first_key
+    requests, records = generated_requests(layers)
+    assert len({r["probe_set"] for r in records}) == 4
+    checked = check_records_against_float64(setup, records, requests)
+    assert checked == 4 * sum(len(q["generated"]) for q in layers["out"]["requests"])
+    summary = layers["out"]["requests"][0]["summary"]
+    assert set(summary) == {"tiny@0", "tiny@final", "tiny_sigmoid@0", "tiny_sigmoid@final"}
