@@ -3,8 +3,15 @@
 // measures the two ceilings (device-to-device copy, large cuBLAS bf16 GEMM) in the same run,
 // and writes a results JSON (device, git, date, command, ceilings, records) for bench/results/.
 //
-//   probe-score-bench --out FILE.json [--sweep full|quick|targets] [--variants]
+//   probe-score-bench --out FILE.json [--sweep full|quick|targets|outcomes] [--variants]
 //                     [--git HASH[+dirty]] [--allow-dirty]
+//
+// --sweep outcomes: what counting probe outcomes costs (kernels/probe_outcomes): per shape, the
+// dispatcher's path alone ("dispatch"), followed by the outcome count in stream order
+// ("dispatch+outcomes"), as its programmatic dependent ("dispatch+outcomes_pdl", what the server
+// runs), and so with the request's non-finite count published ("dispatch+outcomes_pdl_publish":
+// a synchronous request with a device output); sigmoid scores, interleaved over rounds
+// (graph_us_rounds) so that drift affects every variant alike.
 //   probe-score-bench --dispatch-table FILE.txt [--sms 132]   (the dispatcher's path, and the
 //                      fused_tc plan, per sweep shape; host only, no GPU)
 //
@@ -35,6 +42,7 @@
 
 #include "common/dtype.h"
 #include "common/result_receipt.h"
+#include "kernels/probe_outcomes/probe_outcomes.h"
 #include "kernels/probe_score/probe_score.h"
 
 namespace ps = probesidecar::kernels;
@@ -196,6 +204,13 @@ std::vector<Shape> Sweep(const std::string& name) {
     s.push_back({D::kFloat32, 8192, 4096, 16});
     return s;
   }
+  if (name == "outcomes") {
+    // R = 1024: the Score of a tap's window (16 decode steps of a batch of 64).
+    for (int R : {1, 64, 1024, 8192}) {
+      for (int P : {4, 64, 1024}) s.push_back({D::kBFloat16, R, 4096, P});
+    }
+    return s;
+  }
   if (name == "targets") {
     for (int R : {1, 8, 64}) {
       for (int P : {1, 16, 128, 1024}) s.push_back({D::kBFloat16, R, 4096, P});
@@ -240,6 +255,17 @@ struct Record {
   std::string path;  // for impl "dispatch": the path it took
   Shape shape;
   double graph_us = NAN, eager_us = NAN;
+  std::vector<double> graph_us_rounds;  // --sweep outcomes: each round's median
+};
+
+// What follows the scoring kernels in the graph a variant times (--sweep outcomes).
+enum class Counting {
+  kNone,
+  kStreamOrder,
+  kProgrammatic,
+  // As the server's graph of a synchronous request with a device output: its non-finite count
+  // published (the last block's ticket).
+  kProgrammaticPublish,
 };
 
 std::string JsonNum(double v, int prec = 4) {
@@ -279,6 +305,14 @@ class Bench {
     CHECK_CUDA(cudaMalloc(&out_, size_t{8192} * 1024 * 4));
     CHECK_CUDA(cudaMalloc(&args_d_, kSlots * sizeof(ps::ProbeScoreDeviceArgs)));
     CHECK_CUDA(cudaMalloc(&rows_d_, size_t{kSlots} * 8192 * 4));
+    CHECK_CUDA(cudaMalloc(&outcome_d_, 2 * kSlots * sizeof(ps::ProbeOutcomeDescriptor)));
+    CHECK_CUDA(cudaMalloc(&count_scratch_, 2 * sizeof(uint32_t)));
+    CHECK_CUDA(cudaMemset(count_scratch_, 0, 2 * sizeof(uint32_t)));
+    CHECK_CUDA(cudaHostAlloc(reinterpret_cast<void**>(&non_finite_), sizeof(uint32_t),
+                             cudaHostAllocMapped));
+    CHECK_CUDA(cudaHostGetDevicePointer(reinterpret_cast<void**>(&non_finite_d_), non_finite_, 0));
+    CHECK_CUDA(cudaMalloc(&non_finite_total_, sizeof(unsigned long long)));
+    CHECK_CUDA(cudaMemset(non_finite_total_, 0, sizeof(unsigned long long)));
     return true;
   }
 
@@ -337,22 +371,72 @@ class Bench {
     return true;
   }
 
+  // The outcome count's tables and counters for P probes (thresholds 0.5, the sigmoid buckets, as
+  // a server would have them), and a descriptor per request slot over that slot's scores.
+  bool SetupCounting(const Shape& s) {
+    if (outcome_probes_ != s.P) {
+      ps::DestroyProbeOutcomeTables(&tables_);
+      cudaFree(counters_);
+      const ps::ProbeOutcomeLayout layout{s.P, 20};
+      std::vector<float> thresholds(s.P, 0.5f), bounds;
+      for (int k = 1; k <= 20; ++k) bounds.push_back(0.05f * k);
+      CHECK_CUDA(ps::CreateProbeOutcomeTables(thresholds.data(), bounds.data(), layout, &tables_));
+      CHECK_CUDA(ps::CreateProbeOutcomeCounters(layout, stream_, &counters_));
+      CHECK_CUDA(cudaStreamSynchronize(stream_));
+      outcome_probes_ = s.P;
+    }
+    // [0, kSlots): as the server counts a request (add_to_total); [kSlots, 2 kSlots): the same,
+    // its non-finite count published.
+    std::vector<ps::ProbeOutcomeDescriptor> d(2 * kSlots);
+    for (size_t i = 0; i < d.size(); ++i) {
+      d[i].scores = out_;
+      d[i].scores_row_stride = s.P;
+      d[i].counters = counters_;
+      d[i].num_rows = s.R;
+      d[i].add_to_total = 1;
+      d[i].publish_count = i >= kSlots ? 1 : 0;
+    }
+    CHECK_CUDA(cudaMemcpy(outcome_d_, d.data(), d.size() * sizeof(d[0]), cudaMemcpyHostToDevice));
+    return true;
+  }
+
+  // The scoring launches of request slot `slot`, then the outcome count as `counting` says.
+  cudaError_t Launch(const ps::ProbeScorePlan& plan, const ps::ProbeWeights* w, int slot,
+                     Counting counting) {
+    const cudaError_t e = ps::LaunchProbeScore(plan, Params(w, slot), ws_, stream_);
+    if (e != cudaSuccess || counting == Counting::kNone) return e;
+    ps::CountProbeOutcomesParams count;
+    count.descriptor =
+        outcome_d_ + slot + (counting == Counting::kProgrammaticPublish ? kSlots : 0);
+    count.thresholds = tables_.thresholds;
+    count.bounds = tables_.bounds;
+    count.num_probes = plan.shape.num_probes;
+    count.num_bounds = 20;
+    count.bucket = plan.shape.max_rows;
+    count.scratch = count_scratch_;
+    count.non_finite_total = non_finite_total_;
+    count.request_non_finite = non_finite_d_;
+    return ps::LaunchCountProbeOutcomes(count, stream_,
+                                        counting == Counting::kStreamOrder
+                                            ? ps::OutcomeLaunch::kStreamOrder
+                                            : ps::OutcomeLaunch::kProgrammatic);
+  }
+
   ps::ProbeScoreParams Params(const ps::ProbeWeights* w, int slot) const {
     ps::ProbeScoreParams p;
     p.args = args_d_ + slot;
     p.rows = rows_d_ + size_t{8192} * slot;
     p.weights = w;
-    p.activation = ps::Activation::kNone;
+    p.activation = activation_;
     return p;
   }
 
   // Graph replay and eager medians of one plan (made once, as the server makes it per graph).
-  bool Measure(const ps::ProbeScorePlan& plan, const ps::ProbeWeights* w, Record* rec) {
+  bool Measure(const ps::ProbeScorePlan& plan, const ps::ProbeWeights* w, Record* rec,
+               Counting counting = Counting::kNone) {
     // Rough single-run time decides the repetitions (~40 ms of work per mode, 10..200).
     double once = 0.0;
-    auto eager = [&](int i) {
-      return ps::LaunchProbeScore(plan, Params(w, i % kSlots), ws_, stream_) == cudaSuccess;
-    };
+    auto eager = [&](int i) { return Launch(plan, w, i % kSlots, counting) == cudaSuccess; };
     if (!TimeMedianUs(stream_, 3, 1, eager, &once)) return false;
     const int reps = std::clamp(static_cast<int>(40000.0 / std::max(once, 1.0)), 10, 200);
     if (!TimeMedianUs(stream_, reps, 3, eager, &rec->eager_us)) return false;
@@ -361,7 +445,7 @@ class Bench {
     for (int k = 0; k < kSlots; ++k) {
       cudaGraph_t g = nullptr;
       CHECK_CUDA(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal));
-      const cudaError_t le = ps::LaunchProbeScore(plan, Params(w, k), ws_, stream_);
+      const cudaError_t le = Launch(plan, w, k, counting);
       CHECK_CUDA(cudaStreamEndCapture(stream_, &g));
       CHECK_CUDA(le);
       CHECK_CUDA(cudaGraphInstantiate(&exec[k], g, 0));
@@ -371,6 +455,63 @@ class Bench {
     const bool ok = TimeMedianUs(stream_, reps, 3, replay, &rec->graph_us);
     for (auto& e : exec) CHECK_CUDA(cudaGraphExecDestroy(e));
     return ok;
+  }
+
+  // --sweep outcomes: the dispatcher's path (the default precision) alone and followed by the
+  // outcome count both ways, interleaved over `rounds` rounds.
+  bool RunOutcomes(const std::vector<Shape>& shapes, int rounds, std::vector<Record>* records) {
+    activation_ = ps::Activation::kSigmoid;
+    std::printf("%-5s %5s %5s %5s  %-22s %10s %10s  %s\n", "dtype", "R", "H", "P", "impl",
+                "graph_us", "eager_us", "rounds");
+    const ps::ProbeScoreResources& res = ps::ProbeScoreWorkspaceResources(*ws_);
+    for (const Shape& s : shapes) {
+      if (!FillPool(s.dtype) || !SetupSlots(s) || !SetupCounting(s)) return false;
+      const ps::ProbePrecision precision =
+          ps::ResolveProbePrecision(ps::ProbePrecisionRequest::kDefault, s.P);
+      const ps::ProbeScoreShape shape{s.dtype, s.R, s.P, s.H, precision};
+      const ps::ProbeScorePath path = ps::ChooseProbeScorePath(shape, res.device);
+      const ps::ProbeWeights* w = Weights(s.P, s.H, precision);
+      ps::ProbeScorePlan plan;
+      if (w == nullptr || ps::PlanProbeScore(shape, path, res, {}, &plan) != cudaSuccess) {
+        std::fprintf(stderr, "plan failed: R=%d P=%d\n", s.R, s.P);
+        return false;
+      }
+      const std::pair<const char*, Counting> kVariants[] = {
+          {"dispatch", Counting::kNone},
+          {"dispatch+outcomes", Counting::kStreamOrder},
+          {"dispatch+outcomes_pdl", Counting::kProgrammatic},
+          {"dispatch+outcomes_pdl_publish", Counting::kProgrammaticPublish}};
+      constexpr int kNumVariants = 4;
+      std::vector<Record> recs(kNumVariants);
+      for (int round = 0; round < rounds; ++round) {
+        for (int v = 0; v < kNumVariants; ++v) {
+          // Each round in another order: no variant always runs right after another.
+          const int which = (v + round) % kNumVariants;
+          Record one;
+          if (!Measure(plan, w, &one, kVariants[which].second)) return false;
+          recs[which].graph_us_rounds.push_back(one.graph_us);
+          recs[which].eager_us = std::isnan(recs[which].eager_us)
+                                     ? one.eager_us
+                                     : std::min(recs[which].eager_us, one.eager_us);
+        }
+      }
+      for (int v = 0; v < kNumVariants; ++v) {
+        Record& r = recs[v];
+        r.impl = kVariants[v].first;
+        r.path = ImplName(path, shape);
+        r.precision = ps::ProbePrecisionName(precision);
+        r.shape = s;
+        r.variant = ps::DescribeProbeScorePlan(plan);
+        r.graph_us = Median(r.graph_us_rounds);
+        std::string each;
+        for (double us : r.graph_us_rounds) each += (each.empty() ? "" : " ") + JsonNum(us, 2);
+        std::printf("%-5s %5d %5d %5d  %-22s %10.2f %10.2f  %s\n", pc::DTypeName(s.dtype), s.R, s.H,
+                    s.P, r.impl.c_str(), r.graph_us, r.eager_us, each.c_str());
+        std::fflush(stdout);
+        records->push_back(r);
+      }
+    }
+    return true;
   }
 
   bool Run(const std::vector<Shape>& shapes, bool variants, std::vector<Record>* records) {
@@ -519,8 +660,28 @@ class Bench {
   float* out_ = nullptr;
   ps::ProbeScoreDeviceArgs* args_d_ = nullptr;
   int32_t* rows_d_ = nullptr;
+  ps::Activation activation_ = ps::Activation::kNone;
+  // --sweep outcomes.
+  ps::ProbeOutcomeDescriptor* outcome_d_ = nullptr;  // [2 kSlots]
+  ps::ProbeOutcomeTables tables_;
+  unsigned long long* counters_ = nullptr;
+  int32_t outcome_probes_ = 0;
+  uint32_t* count_scratch_ = nullptr;
+  uint32_t* non_finite_ = nullptr;  // mapped [2]
+  uint32_t* non_finite_d_ = nullptr;
+  unsigned long long* non_finite_total_ = nullptr;
   std::map<std::tuple<int32_t, int32_t, int>, ps::ProbeWeights> weights_;
 };
+
+// ", \"graph_us_rounds\": [...]" for a record of --sweep outcomes, else "".
+std::string Rounds(const Record& r) {
+  if (r.graph_us_rounds.empty()) return "";
+  std::string out = ", \"graph_us_rounds\": [";
+  for (size_t i = 0; i < r.graph_us_rounds.size(); ++i) {
+    out += (i ? ", " : "") + JsonNum(r.graph_us_rounds[i]);
+  }
+  return out + "]";
+}
 
 bool WriteJson(const std::string& path, const std::string& device, const std::string& git,
                const std::string& command, const Ceilings& c, const std::vector<Record>& recs) {
@@ -548,13 +709,13 @@ bool WriteJson(const std::string& path, const std::string& device, const std::st
         "    {\"bench\": \"probe_score\", \"impl\": %s, \"dtype\": \"%s\", "
         "\"shape\": {\"R\": %d, \"H\": %d, \"P\": %d}, \"graph_us_p50\": %s, "
         "\"eager_us_p50\": %s, \"gbps\": %s, \"tflops\": %s, \"frac_copy\": %s, "
-        "\"frac_tflops\": %s, \"precision\": \"%s\", \"variant\": %s%s%s}%s\n",
+        "\"frac_tflops\": %s, \"precision\": \"%s\", \"variant\": %s%s%s%s}%s\n",
         JsonStr(r.impl).c_str(), pc::DTypeName(r.shape.dtype), r.shape.R, r.shape.H, r.shape.P,
         JsonNum(r.graph_us).c_str(), JsonNum(r.eager_us).c_str(), JsonNum(gbps).c_str(),
         JsonNum(tflops).c_str(), JsonNum(gbps / c.copy_gbps).c_str(),
         JsonNum(tflops / c.bf16_tflops).c_str(), r.precision.c_str(), JsonStr(r.variant).c_str(),
         r.path.empty() ? "" : ", \"path\": ", r.path.empty() ? "" : JsonStr(r.path).c_str(),
-        i + 1 < recs.size() ? "," : "");
+        Rounds(r).c_str(), i + 1 < recs.size() ? "," : "");
   }
   std::fprintf(f, "  ]\n}\n");
   return std::fclose(f) == 0;
@@ -643,7 +804,7 @@ int Main(int argc, char** argv) {
       }
     } else {
       std::fprintf(stderr,
-                   "usage: %s --out FILE.json [--sweep full|quick|targets] [--variants] "
+                   "usage: %s --out FILE.json [--sweep full|quick|targets|outcomes] [--variants] "
                    "[--git HASH[+dirty]] [--allow-dirty] [--family sm_86|...] | --dispatch-table "
                    "FILE.txt [--sms N]\n",
                    argv[0]);
@@ -670,7 +831,8 @@ int Main(int argc, char** argv) {
               bench.ceilings.copy_gbps, bench.ceilings.bf16_tflops);
   std::vector<Record> records;
   const auto t0 = std::chrono::steady_clock::now();
-  const bool ok = bench.Run(Sweep(sweep), variants, &records);
+  const bool ok = sweep == "outcomes" ? bench.RunOutcomes(Sweep(sweep), 5, &records)
+                                      : bench.Run(Sweep(sweep), variants, &records);
   std::printf("sweep took %.1f s\n",
               std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
   if (!WriteJson(out_path, prop.name, git, command, bench.ceilings, records)) return 1;

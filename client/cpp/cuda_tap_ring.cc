@@ -325,6 +325,12 @@ const v1::ScoreRequest& CudaTapRing::Request(int32_t half, int32_t steps) {
   device_rows->add_shape(rows);
   device_rows->mutable_buffer()->set_buffer_id(buffer_id_);
   device_rows->mutable_buffer()->set_offset_bytes(layout_.rows);
+  // Each step's rows past its row count are padding: the probe outcomes count only the rest.
+  v1::TensorRef* counted = request.mutable_counted_rows();
+  counted->set_dtype(v1::DTYPE_INT32);
+  counted->add_shape(steps);
+  counted->mutable_buffer()->set_buffer_id(buffer_id_);
+  counted->mutable_buffer()->set_offset_bytes(layout_.counts + int64_t{half} * window_ * 4);
   *request.mutable_output() = BufferTensor(v1::DTYPE_FLOAT32, rows, num_probes_, buffer_id_,
                                            HalfScores(half) - base_, num_probes_);
   return request;

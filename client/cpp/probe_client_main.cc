@@ -6,7 +6,10 @@
 // Commands: health [SERVICE] | info | list | load NAME (--path P | --file F) [--replace]
 //           [--precision default|exact|fast] |
 //           unload NAME | score --probe-set NAME (--file F [--tensor T] | --random T,H
-//           [--dtype bf16|fp16|fp32] [--seed N]) [--rows I,J,...] [--json]
+//           [--dtype bf16|fp16|fp32] [--seed N]) [--rows I,J,...] [--json] |
+//           watch [--probe-set NAME] [--interval S] [--count N] [--top N] [--by-labels]
+#include <unistd.h>
+
 #include <cmath>
 #include <cstdio>
 #include <fstream>
@@ -23,6 +26,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "client/cpp/client.h"
+#include "client/cpp/probe_client_watch.h"
 #include "common/dtype.h"
 #include "common/safetensors.h"
 
@@ -53,7 +57,14 @@ constexpr char kUsage[] =
     "      SOURCE: --file F.safetensors [--tensor NAME]   a 2-D activation tensor (default\n"
     "                                                    the file's only tensor)\n"
     "              --random T,H [--dtype bf16|fp16|fp32] [--seed N]\n"
-    "      rows default to every row of the activations\n";
+    "      rows default to every row of the activations\n"
+    "  watch [--probe-set NAME] [--interval S] [--count N] [--top N] [--by-labels]\n"
+    "                                       a live table of what the probes found: per probe\n"
+    "                                       fired/s, fire rate over the last interval and in\n"
+    "                                       all, non-finite scores, p50/p90 of the scores;\n"
+    "                                       every S seconds (default 1), N times (default:\n"
+    "                                       until Ctrl-C); --top N: the N highest fire rates\n"
+    "                                       per set; --by-labels: per set of session labels\n";
 
 struct Args {
   std::vector<std::string> positional;
@@ -63,7 +74,7 @@ struct Args {
 
 // Switches take no value; everything else starting with -- takes one.
 Args ParseArgs(int argc, char** argv, int first) {
-  static const char* kSwitches[] = {"replace", "json", "help"};
+  static const char* kSwitches[] = {"replace", "json", "help", "by-labels"};
   Args args;
   for (int i = first; i < argc; ++i) {
     std::string arg = argv[i];
@@ -405,6 +416,27 @@ int Run(int argc, char** argv) {
     return 0;
   }
   if (command == "score") return Score(client, args);
+  if (command == "watch") {
+    WatchOptions watch;
+    if (auto it = args.options.find("probe-set"); it != args.options.end()) {
+      watch.probe_set = it->second;
+    }
+    if (auto it = args.options.find("interval");
+        it != args.options.end() &&
+        (!absl::SimpleAtod(it->second, &watch.interval_seconds) ||
+         !(watch.interval_seconds >= 0.05 && watch.interval_seconds <= 3600))) {
+      return Fail("--interval wants seconds in [0.05, 3600]");
+    }
+    for (auto [flag, field] : {std::pair{"count", &watch.count}, std::pair{"top", &watch.top}}) {
+      if (auto it = args.options.find(flag);
+          it != args.options.end() && (!absl::SimpleAtoi(it->second, field) || *field < 0)) {
+        return Fail(absl::StrCat("--", flag, " wants a count"));
+      }
+    }
+    watch.by_labels = args.switches.count("by-labels") > 0;
+    watch.clear_screen = ::isatty(STDOUT_FILENO) != 0;
+    return Watch(client, watch);
+  }
   return Fail(absl::StrCat("unknown command '", command, "'"));
 }
 

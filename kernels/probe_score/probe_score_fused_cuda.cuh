@@ -6,6 +6,7 @@
 #include "kernels/common/alignment.h"
 #include "kernels/common/cp_async.cuh"
 #include "kernels/common/epilogue.cuh"
+#include "kernels/common/grid_dependency.cuh"
 #include "kernels/common/row_gather.cuh"
 #include "kernels/probe_score/probe_score_config.h"
 #include "kernels/probe_score/probe_score_device_helpers.cuh"
@@ -72,6 +73,10 @@ __device__ __forceinline__ void TransposeReduce(float (&v)[N], int lane) {
 template <typename T, int kPT>
 __global__ void __launch_bounds__(kFusedThreads, 2)
     FusedCudaKernel(const __grid_constant__ FusedCudaParams p) {
+  // What follows (the probe-outcome count, a programmatic dependent) may be scheduled now: it
+  // waits for this whole grid before reading. Triggered by every block, it launches during the
+  // last wave.
+  blocks::GridDependencyTrigger();
   constexpr int kVec = Elem<T>::kVec;
   // Chunk steps per loop iteration: 4 for 1-2 probes (16 independent 16-byte loads in flight
   // per lane: this case is purely memory-bound), 2 otherwise, 1 for 16-bit inputs with 16 probes

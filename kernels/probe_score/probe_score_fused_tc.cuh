@@ -50,8 +50,10 @@ struct TcShape {
 template <typename T, int kBM, int kBN, int kBK, int kWM, int kWN, int kStages, int kTerms>
 __global__ void __launch_bounds__(kWM* kWN * 32) FusedTcKernel(const __grid_constant__ TcParams p) {
   using S = TcShape<kBM, kBN, kBK, kWM, kWN, kStages, kTerms>;
-  // The split-K reduction may be scheduled now: it waits for this whole grid before reading.
-  if (p.splits > 1) blocks::GridDependencyTrigger();
+  // What follows (the split-K reduction, or the probe-outcome count: programmatic dependents) may
+  // be scheduled now: it waits for this whole grid before reading. Triggered by every block, it
+  // launches during the last wave.
+  blocks::GridDependencyTrigger();
   extern __shared__ uint4 tc_smem[];
   T* sa = reinterpret_cast<T*>(tc_smem);  // [kStages, kBM, kBK] swizzled
   T* sb = sa + kStages * S::kAStage;      // [kStages, kBN, kBK] swizzled
@@ -225,7 +227,8 @@ __global__ void __launch_bounds__(kWM* kWN * 32) FusedTcKernel(const __grid_cons
 template <int kThreads>
 __global__ void __launch_bounds__(kThreads)
     SplitKReduceKernel(const __grid_constant__ SplitKReduceParams p) {
-  blocks::GridDependencyWait();  // the partials of the GEMM kernel before it (its dependent)
+  blocks::GridDependencyWait();     // the partials of the GEMM kernel before it (its dependent)
+  blocks::GridDependencyTrigger();  // the probe-outcome count after it may be scheduled
   const ProbeScoreDeviceArgs a = *p.args;
   const int num_rows = min(a.num_rows, p.max_rows);
   const int64_t idx = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x;

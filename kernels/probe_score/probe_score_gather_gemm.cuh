@@ -5,6 +5,7 @@
 
 #include "kernels/common/alignment.h"
 #include "kernels/common/epilogue.cuh"
+#include "kernels/common/grid_dependency.cuh"
 #include "kernels/probe_score/probe_score_device_helpers.cuh"
 
 namespace probesidecar::kernels::probe_score_detail {
@@ -45,6 +46,10 @@ __global__ void __launch_bounds__(256) GatherRowsKernel(const __grid_constant__ 
 template <int kThreads>
 __global__ void __launch_bounds__(kThreads)
     GemmEpilogueKernel(const __grid_constant__ EpilogueParams p) {
+  // What follows (the probe-outcome count, a programmatic dependent) may be scheduled now: it
+  // waits for this whole grid before reading. Triggered by every block, it launches during the
+  // last wave.
+  blocks::GridDependencyTrigger();
   const ProbeScoreDeviceArgs a = *p.args;
   const int64_t idx = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x;
   const int local = static_cast<int>(idx / p.num_probes);

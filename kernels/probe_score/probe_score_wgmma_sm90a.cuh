@@ -88,8 +88,10 @@ __global__ void __launch_bounds__(128 * kWGs, 1)
   extern __shared__ __align__(128) uint8_t wgmma_smem_raw[];
   uint8_t* smem = wgmma_smem_raw + blocks::SwizzleAtomPadding(blocks::SmemAddr(wgmma_smem_raw));
   const uint32_t s0 = blocks::SmemAddr(smem);
-  // The split-K reduction may be scheduled now: it waits for this whole grid before reading.
-  if (p.splits > 1) blocks::GridDependencyTrigger();
+  // What follows (the split-K reduction, or the probe-outcome count: programmatic dependents) may
+  // be scheduled now: it waits for this whole grid before reading. Triggered by every block, it
+  // launches during the last wave.
+  blocks::GridDependencyTrigger();
 
   const int n0 = blockIdx.x * kBN, m0 = blockIdx.y * S::kBM, split = blockIdx.z;
   const int tid = threadIdx.x;

@@ -46,6 +46,10 @@ struct WsArgs {
 template <typename T>
 __global__ void __launch_bounds__(kWsThreads, 1)
     GatherWgmmaWsKernel(const __grid_constant__ WsArgs args) {
+  // What follows (the probe-outcome count, a programmatic dependent) may be scheduled now: it
+  // waits for this whole grid before reading. Triggered by every block, it launches during the
+  // last wave.
+  blocks::GridDependencyTrigger();
   using Op = typename WgmmaOp<T, kWsBN>::type;
   constexpr int kAcc = kWsBN / 2;
   const TcParams& p = args.p;

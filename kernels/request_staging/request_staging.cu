@@ -1,5 +1,6 @@
 #include <cmath>
 
+#include "kernels/common/grid_dependency.cuh"
 #include "kernels/request_staging/request_staging.h"
 
 namespace probesidecar::kernels {
@@ -41,52 +42,14 @@ __global__ void __launch_bounds__(kStageThreads) StageRequestKernel(const StageR
 
 // Grid: one block per bucket row, 128 threads across the columns.
 __global__ void PoisonInvalidRowsKernel(const PoisonInvalidRowsParams p) {
+  // The probe-outcome count after it (a programmatic dependent) may be scheduled now: it waits
+  // for this grid before reading the scores.
+  blocks::GridDependencyTrigger();
   const int r = blockIdx.x;
   const PoisonDescriptor d = *p.descriptor;
   if (r >= d.num_rows || p.invalid[r] == 0) return;
   float* row = d.out + static_cast<int64_t>(r) * d.out_row_stride;
   for (int c = threadIdx.x; c < p.num_columns; c += blockDim.x) row[c] = NAN;
-}
-
-constexpr int kCountThreads = 128;
-constexpr int kMaxCountBlocks = 128;
-
-// Grid: blocks over the rows (grid-stride), kCountThreads threads across the columns. Each block
-// adds its count to scratch[0]; the last block to finish (ticket in scratch[1]) publishes the sum
-// and resets the scratch for the next launch.
-__global__ void __launch_bounds__(kCountThreads)
-    CountNonFiniteKernel(const CountNonFiniteParams p) {
-  __shared__ uint32_t block_count;
-  __shared__ bool last_block;
-  if (threadIdx.x == 0) block_count = 0;
-  __syncthreads();
-  const NonFiniteDescriptor d = *p.descriptor;
-  uint32_t count = 0;
-  if (d.enabled != 0) {
-    for (int r = blockIdx.x; r < d.num_rows; r += gridDim.x) {
-      const float* row = d.out + static_cast<int64_t>(r) * d.out_row_stride;
-      for (int c = threadIdx.x; c < p.num_columns; c += blockDim.x)
-        count += isfinite(row[c]) ? 0 : 1;
-    }
-  }
-  for (int offset = 16; offset > 0; offset /= 2)
-    count += __shfl_down_sync(0xffffffffu, count, offset);
-  if ((threadIdx.x & 31) == 0 && count != 0) atomicAdd(&block_count, count);
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    if (block_count != 0) atomicAdd(&p.scratch[0], block_count);
-    __threadfence();
-    last_block = atomicAdd(&p.scratch[1], 1u) == gridDim.x - 1;
-  }
-  __syncthreads();
-  if (last_block && threadIdx.x == 0) {
-    __threadfence();
-    const uint32_t total = atomicAdd(&p.scratch[0], 0u);
-    p.counts[0] += total;
-    p.counts[1] = total;
-    p.scratch[0] = 0;
-    p.scratch[1] = 0;
-  }
 }
 
 bool Valid(const StageRequestParams& p) {
@@ -125,16 +88,6 @@ cudaError_t LaunchPoisonInvalidRows(const PoisonInvalidRowsParams& params, cudaS
     return cudaErrorInvalidValue;
   }
   PoisonInvalidRowsKernel<<<params.bucket, 128, 0, stream>>>(params);
-  return cudaGetLastError();
-}
-
-cudaError_t LaunchCountNonFinite(const CountNonFiniteParams& params, cudaStream_t stream) {
-  if (params.descriptor == nullptr || params.scratch == nullptr || params.counts == nullptr ||
-      params.bucket <= 0 || params.num_columns <= 0) {
-    return cudaErrorInvalidValue;
-  }
-  const int blocks = params.bucket < kMaxCountBlocks ? params.bucket : kMaxCountBlocks;
-  CountNonFiniteKernel<<<blocks, kCountThreads, 0, stream>>>(params);
   return cudaGetLastError();
 }
 

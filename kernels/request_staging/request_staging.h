@@ -67,29 +67,4 @@ struct PoisonInvalidRowsParams {
 // Writes NaN into every output row flagged invalid (grid: one block per bucket row).
 cudaError_t LaunchPoisonInvalidRows(const PoisonInvalidRowsParams& params, cudaStream_t stream);
 
-// What the non-finite count reads per request (staged with the arguments): the scores, and
-// whether to count them (scores bound for host memory are counted on the host instead).
-struct NonFiniteDescriptor {
-  const float* out = nullptr;  // [R, out_row_stride] float32 scores
-  int64_t out_row_stride = 0;  // elements
-  int32_t num_rows = 0;        // R
-  int32_t enabled = 0;         // 0: count nothing (the counts of this request are 0)
-};
-
-struct CountNonFiniteParams {
-  const NonFiniteDescriptor* descriptor = nullptr;  // device
-  int32_t bucket = 0;                               // launch shape: rows at most
-  int32_t num_columns = 0;                          // P
-  // [2] device scratch: the sum so far and the blocks done; zero before the first launch, and
-  // left zero by every launch (the last block resets it).
-  uint32_t* scratch = nullptr;
-  // [2] counts of NaN or infinite scores: [0] running total, [1] this request's. Host-mapped
-  // memory is fine (only the last block writes them; launches on a stream run in order).
-  uint32_t* counts = nullptr;
-};
-
-// Counts the scores that are NaN or infinite (grid: up to 128 blocks over the rows, threads across
-// the columns; the last block to finish publishes the count).
-cudaError_t LaunchCountNonFinite(const CountNonFiniteParams& params, cudaStream_t stream);
-
 }  // namespace probesidecar::kernels

@@ -1,7 +1,6 @@
-// The staging kernel, the poison kernel and the non-finite count on the GPU: arguments copied,
-// rows staged from the parameters or a device buffer and checked, invalid rows counted and
-// poisoned, a captured graph whose staging node is updated per request replays each request's
-// own rows, and NaN or infinite scores counted.
+// The staging kernel and the poison kernel on the GPU: arguments copied, rows staged from the
+// parameters or a device buffer and checked, invalid rows counted and poisoned, and a captured
+// graph whose staging node is updated per request replays each request's own rows.
 #include <cuda_runtime.h>
 
 #include <cmath>
@@ -175,69 +174,6 @@ TEST_F(RequestStagingTest, AGraphNodeUpdatedPerRequestStagesEachRequestsRows) {
   EXPECT_EQ(second[4], 0);
   cudaGraphExecDestroy(exec);
   cudaGraphDestroy(graph);
-}
-
-// The non-finite count over the first R rows of a strided [R, P] output: NaN, +Inf and -Inf
-// counted, padding columns and rows past R ignored, the running total accumulated, the scratch
-// left zero for the next launch (also with more blocks than rows), nothing counted when disabled.
-TEST(CountNonFiniteTest, CountsNaNAndInfInTheRowsAndColumnsOfTheRequest) {
-  constexpr int kRows = 300, kStride = 7, kColumns = 5;
-  std::vector<float> host(kRows * kStride, 1.0f);
-  int expected = 0;
-  for (int r = 0; r < kRows; ++r) {
-    for (int c = 0; c < kStride; ++c) {
-      const int i = r * kStride + c;
-      if (i % 11 == 0) {
-        host[i] = (i % 3 == 0) ? NAN : (i % 3 == 1 ? INFINITY : -INFINITY);
-        if (c < kColumns && r < 250) ++expected;  // columns past P, rows past R do not count
-      }
-    }
-  }
-  float* out = nullptr;
-  NonFiniteDescriptor* descriptor = nullptr;
-  uint32_t* scratch = nullptr;
-  uint32_t* counts = nullptr;
-  uint32_t* counts_device = nullptr;
-  ASSERT_CUDA(cudaMalloc(&out, sizeof(float) * host.size()));
-  ASSERT_CUDA(cudaMemcpy(out, host.data(), sizeof(float) * host.size(), cudaMemcpyHostToDevice));
-  ASSERT_CUDA(cudaMalloc(&descriptor, sizeof(NonFiniteDescriptor)));
-  ASSERT_CUDA(cudaMalloc(&scratch, 2 * sizeof(uint32_t)));
-  ASSERT_CUDA(cudaMemset(scratch, 0, 2 * sizeof(uint32_t)));
-  ASSERT_CUDA(cudaHostAlloc(&counts, 2 * sizeof(uint32_t), cudaHostAllocMapped));
-  ASSERT_CUDA(cudaHostGetDevicePointer(reinterpret_cast<void**>(&counts_device), counts, 0));
-  counts[0] = 0;
-  counts[1] = 99;
-  CountNonFiniteParams p;
-  p.descriptor = descriptor;
-  p.num_columns = kColumns;
-  p.scratch = scratch;
-  p.counts = counts_device;
-  uint32_t total = 0;
-  for (int bucket : {256, 64, 1024}) {  // 128 blocks (fewer than the rows), 64, 128 again
-    for (int enabled : {1, 0, 1}) {
-      const NonFiniteDescriptor d{out, kStride, 250, enabled};
-      ASSERT_CUDA(cudaMemcpy(descriptor, &d, sizeof(d), cudaMemcpyHostToDevice));
-      p.bucket = bucket;
-      ASSERT_CUDA(LaunchCountNonFinite(p, nullptr));
-      ASSERT_CUDA(cudaDeviceSynchronize());
-      const uint32_t want = enabled ? static_cast<uint32_t>(expected) : 0;
-      total += want;
-      EXPECT_EQ(reinterpret_cast<volatile uint32_t*>(counts)[1], want) << bucket << " " << enabled;
-      EXPECT_EQ(reinterpret_cast<volatile uint32_t*>(counts)[0], total);
-      uint32_t left[2] = {1, 1};
-      ASSERT_CUDA(cudaMemcpy(left, scratch, sizeof(left), cudaMemcpyDeviceToHost));
-      EXPECT_EQ(left[0], 0u);
-      EXPECT_EQ(left[1], 0u);
-    }
-  }
-  EXPECT_GT(expected, 0);
-  CountNonFiniteParams bad = p;
-  bad.counts = nullptr;
-  EXPECT_EQ(LaunchCountNonFinite(bad, nullptr), cudaErrorInvalidValue);
-  cudaFree(out);
-  cudaFree(descriptor);
-  cudaFree(scratch);
-  cudaFreeHost(counts);
 }
 
 TEST(RequestStagingValidation, OutOfRangeParamsAreRefused) {

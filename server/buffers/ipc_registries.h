@@ -1,6 +1,7 @@
-// What the service owns for CUDA IPC (a backend on devices; none on the CPU backend): the open
-// sessions, the registered buffers and the registered events, over one opener, and the view
-// request validation resolves TensorRefs and event ids through.
+// What the service owns for CUDA IPC (a backend on devices; none on the CPU backend): the
+// registered buffers and the registered events of the open sessions (the service's, on every
+// backend), over one opener, and the view request validation resolves TensorRefs and event ids
+// through.
 #pragma once
 
 #include <memory>
@@ -16,11 +17,13 @@
 namespace probesidecar::server {
 
 struct IpcRegistries final : public BufferResolver {
-  // `devices`: the served CUDA devices, on which buffers and events may be registered; `opener`
-  // outlives the registries.
-  IpcRegistries(const std::vector<int>& devices, IpcOpener* opener, BufferRegistryLimits limits)
-      : buffers(devices, &sessions, opener, limits),
-        events(devices, &sessions, opener, limits.max_registrations) {}
+  // `devices`: the served CUDA devices, on which buffers and events may be registered; `sessions`
+  // and `opener` outlive the registries.
+  IpcRegistries(const std::vector<int>& devices, SessionTable* sessions, IpcOpener* opener,
+                BufferRegistryLimits limits)
+      : sessions(*sessions),
+        buffers(devices, sessions, opener, limits),
+        events(devices, sessions, opener, limits.max_registrations) {}
 
   // Ends a session: no new registration under it, then its buffers and events are released
   // (each closes once no request holds it). Driver work: not on a gRPC thread.
@@ -38,7 +41,7 @@ struct IpcRegistries final : public BufferResolver {
     return events.Acquire(event_id, session_id);
   }
 
-  SessionTable sessions;
+  SessionTable& sessions;
   BufferRegistry buffers;
   EventRegistry events;
 };

@@ -14,6 +14,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/strings/string_view.h"
 #include "absl/strings/strip.h"
+#include "server/observability/outcome_labels.h"
 
 namespace probesidecar::server {
 namespace {
@@ -384,6 +385,33 @@ const std::vector<Flag>& Flags() {
          return absl::OkStatus();
        },
        [](const Config& c) -> std::string { return PrecisionRequestName(c.probe_precision); }},
+      {"session-labels", "NAME[,NAME...]",
+       "Labels a session may declare at OpenSession (e.g. model=llama-3-8b), which then label the "
+       "probe-outcome series of its requests (default {default}; 'none' for none). Prometheus "
+       "label names, at most 8.",
+       [](absl::string_view v, Config& c) -> absl::Status {
+         std::vector<std::string> keys;
+         if (v != "none") keys = absl::StrSplit(v, ',');
+         if (absl::Status s = OutcomeLabels::ValidateKeys(keys); !s.ok()) {
+           return BadValue("session-labels", v, s.message());
+         }
+         c.session_labels = std::move(keys);
+         return absl::OkStatus();
+       },
+       [](const Config& c) -> std::string {
+         return c.session_labels.empty() ? "none" : absl::StrJoin(c.session_labels, ",");
+       }},
+      {"max-session-label-sets", "N",
+       "Distinct sets of session label values that get probe-outcome series of their own; "
+       "sessions declaring further ones are counted with every label \"_other\" (default "
+       "{default}).",
+       Count(&Config::max_session_label_sets, "max-session-label-sets", 0, 1024),
+       [](const Config& c) { return absl::StrCat(c.max_session_label_sets); }},
+      {"max-probe-labels", "N",
+       "Probes of one set whose outcome series carry their name (label probe); a set of more "
+       "probes exports set-level series only, probe=\"_all\" (default {default}).",
+       Count(&Config::max_probe_labels, "max-probe-labels", 0, 1 << 16),
+       [](const Config& c) { return absl::StrCat(c.max_probe_labels); }},
       {"log-level", "debug|info|warning|error",
        "Least severe level logged to stderr (default {default}).",
        [](absl::string_view v, Config& c) -> absl::Status {

@@ -84,6 +84,14 @@ struct Config {
   // LoadProbeSet asks for its own.
   kernels::ProbePrecisionRequest probe_precision = kernels::ProbePrecisionRequest::kDefault;
   std::string log_level = "info";
+
+  // Probe outcomes (dashboards/README.md, "Probe outcomes"): the labels a session may declare on
+  // the outcome series of its requests; how many distinct sets of their values get series of
+  // their own (later ones are counted as "_other"); how many probes of a set are labelled by name
+  // (a set of more probes exports set-level series only, probe="_all").
+  std::vector<std::string> session_labels = {"model", "replica"};
+  uint32_t max_session_label_sets = 16;
+  uint32_t max_probe_labels = 64;
 };
 
 // What ParseFlags found: a config to run, or a request for help/version text.

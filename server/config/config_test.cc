@@ -106,6 +106,25 @@ TEST(ConfigTest, AccessControlAndLimits) {
   EXPECT_EQ(Parse({"--unix-socket-mode=0666"})->config.unix_socket_mode, 0666u);
 }
 
+TEST(ConfigTest, ProbeOutcomeLabels) {
+  const Config defaults = Parse({})->config;
+  EXPECT_EQ(defaults.session_labels, (std::vector<std::string>{"model", "replica"}));
+  EXPECT_EQ(defaults.max_session_label_sets, 16u);
+  EXPECT_EQ(defaults.max_probe_labels, 64u);
+  absl::StatusOr<ParsedFlags> parsed =
+      Parse({"--session-labels=model,zone", "--max-session-label-sets=2", "--max-probe-labels=0"});
+  ASSERT_TRUE(parsed.ok()) << parsed.status();
+  EXPECT_EQ(parsed->config.session_labels, (std::vector<std::string>{"model", "zone"}));
+  EXPECT_EQ(parsed->config.max_session_label_sets, 2u);
+  EXPECT_EQ(parsed->config.max_probe_labels, 0u);
+  EXPECT_TRUE(Parse({"--session-labels=none"})->config.session_labels.empty());
+  for (const char* bad : {"--session-labels=probe", "--session-labels=a,a", "--session-labels=1x",
+                          "--session-labels=", "--max-session-label-sets=-1"}) {
+    EXPECT_EQ(Parse({bad}).status().code(), absl::StatusCode::kInvalidArgument) << bad;
+  }
+  EXPECT_NE(HelpText().find("(default model,replica;"), std::string::npos);
+}
+
 TEST(ConfigTest, TheQueueBoundIsItsOwnFlag) {
   EXPECT_EQ(Parse({})->config.max_queued_requests, 128u);
   absl::StatusOr<ParsedFlags> parsed =
@@ -151,7 +170,10 @@ TEST(ConfigTest, HelpAndVersion) {
                            "--max-session-buffer-bytes",
                            "--max-probe-sets",
                            "--max-probe-set-bytes",
-                           "--strict-probes"}) {
+                           "--strict-probes",
+                           "--session-labels",
+                           "--max-session-label-sets",
+                           "--max-probe-labels"}) {
     EXPECT_NE(help.find(flag), std::string::npos) << flag;
   }
 }

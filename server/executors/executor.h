@@ -18,6 +18,7 @@
 #include "absl/functional/any_invocable.h"
 #include "absl/status/status.h"
 #include "absl/time/time.h"
+#include "kernels/probe_outcomes/probe_outcomes.h"
 #include "server/observability/stage_timings.h"
 #include "server/probes/probe_set.h"
 #include "server/requests/score_job.h"
@@ -129,11 +130,24 @@ class Executor {
   virtual uint64_t invalid_verify_requests() const { return 0; }
 
   // NaN or infinite scores the GPU found in device outputs (CUDA backend; host outputs are
-  // counted by the service).
+  // counted by the service), as of the last copy from the devices (RefreshOutcomes).
   virtual uint64_t non_finite_device_scores() const { return 0; }
   // Stream slots out of service because their stream still waits on the GPU for work answered
   // already (CUDA backend).
   virtual uint64_t parked_slots() const { return 0; }
+
+  // What the probes of `set` found, per label slot (ScoreJob::outcome_slot), summed over the
+  // served devices: on the CPU backend as counted so far, on the CUDA backend as of the last copy
+  // from the devices (RefreshOutcomes). Readable from any thread without waiting.
+  virtual kernels::ProbeOutcomeCounts OutcomeCounts(const ProbeSet& set) const { return {}; }
+  // The CUDA backend copies every set's outcome counters from each device (its device monitor
+  // thread does, one copy per set and label slot in use, then one wait) and this waits for that
+  // copy until `deadline` at most (a device that does not answer keeps its previous copy). The
+  // metrics scrape calls it, never a gRPC thread. Returns at once on the CPU backend.
+  virtual void RefreshOutcomes(absl::Time deadline) {}
+  // Asks for that copy without waiting for it (ServerInfo and ListProbeSets, on gRPC threads:
+  // what they read is the previous copy, the next read sees this one).
+  virtual void RequestOutcomeRefresh() {}
 
   // `handler` is called once, from any thread, when the executor can no longer serve at all
   // (the GPU's CUDA context is lost after a sticky error); requests then fail with UNAVAILABLE.

@@ -48,6 +48,11 @@ class FaultInjectingExecutor final : public Executor {
   uint64_t invalid_verify_requests() const override { return inner_->invalid_verify_requests(); }
   uint64_t non_finite_device_scores() const override { return inner_->non_finite_device_scores(); }
   uint64_t parked_slots() const override { return inner_->parked_slots(); }
+  kernels::ProbeOutcomeCounts OutcomeCounts(const ProbeSet& set) const override {
+    return inner_->OutcomeCounts(set);
+  }
+  void RefreshOutcomes(absl::Time deadline) override { inner_->RefreshOutcomes(deadline); }
+  void RequestOutcomeRefresh() override { inner_->RequestOutcomeRefresh(); }
   void SetFatalHandler(FatalHandler handler) override {
     inner_->SetFatalHandler(std::move(handler));
   }

@@ -10,6 +10,7 @@
 #include "server/executors/cuda/cuda_executor.h"
 #include "server/executors/multi_device_executor.h"
 #include "server/observability/log.h"
+#include "server/observability/outcome_labels.h"
 
 namespace probesidecar::server {
 namespace {
@@ -79,7 +80,8 @@ absl::StatusOr<std::unique_ptr<Executor>> MakeExecutor(const Config& config,
     LogInfo("backend auto: using the CPU backend (%s)", made.status().message());
   }
   return std::unique_ptr<Executor>(
-      std::make_unique<CpuExecutor>(config.cpu_threads, config.max_queued_requests));
+      std::make_unique<CpuExecutor>(config.cpu_threads, config.max_queued_requests,
+                                    OutcomeLabels::SlotsFor(config.max_session_label_sets)));
 }
 
 absl::StatusOr<std::unique_ptr<Executor>> MakeExecutor(const Config& config) {

@@ -164,6 +164,20 @@ uint64_t MultiDeviceExecutor::parked_slots() const {
   return Sum(executors_, [](const Executor& e) { return e.parked_slots(); });
 }
 
+kernels::ProbeOutcomeCounts MultiDeviceExecutor::OutcomeCounts(const ProbeSet& set) const {
+  kernels::ProbeOutcomeCounts total;
+  for (const auto& e : executors_) total.Add(e->OutcomeCounts(set));
+  return total;
+}
+void MultiDeviceExecutor::RefreshOutcomes(absl::Time deadline) {
+  // Every device's monitor copies at once; then each is waited for.
+  for (const auto& e : executors_) e->RequestOutcomeRefresh();
+  for (const auto& e : executors_) e->RefreshOutcomes(deadline);
+}
+void MultiDeviceExecutor::RequestOutcomeRefresh() {
+  for (const auto& e : executors_) e->RequestOutcomeRefresh();
+}
+
 void MultiDeviceExecutor::SetFatalHandler(FatalHandler handler) {
   {
     absl::MutexLock lock(&fatal_->mu);

@@ -55,6 +55,10 @@ class MultiDeviceExecutor final : public Executor {
   uint64_t invalid_verify_requests() const override;
   uint64_t non_finite_device_scores() const override;
   uint64_t parked_slots() const override;
+  // Summed over the devices (each device counts the requests it ran).
+  kernels::ProbeOutcomeCounts OutcomeCounts(const ProbeSet& set) const override;
+  void RefreshOutcomes(absl::Time deadline) override;
+  void RequestOutcomeRefresh() override;
 
   void SetFatalHandler(FatalHandler handler) override;
   void Shutdown() override;

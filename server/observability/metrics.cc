@@ -116,6 +116,64 @@ void AddValue(MetricFamily& family, double value, std::vector<ClientMetric::Labe
   family.metric.push_back(std::move(metric));
 }
 
+// The probe-outcome families (MetricsState.probe_outcomes).
+void AddProbeOutcomes(const MetricsState& s, std::vector<MetricFamily>& out) {
+  MetricFamily rows =
+      Family("probesidecar_probe_set_rows_scored_total",
+             "Rows a probe set scored (every probe scores each).", MetricType::Counter);
+  MetricFamily scored = Family(
+      "probesidecar_probe_scored_total",
+      "Scores a probe computed, one per row scored (probe=\"_all\": every probe of a set with "
+      "more probes than --max-probe-labels); fired / scored is its fire rate.",
+      MetricType::Counter);
+  MetricFamily fired =
+      Family("probesidecar_probe_fired_total", "Finite scores at or above the probe's threshold.",
+             MetricType::Counter);
+  MetricFamily non_finite =
+      Family("probesidecar_probe_non_finite_scores_total",
+             "Scores of the probe that were NaN or infinite (they never fire and are not in the "
+             "histogram).",
+             MetricType::Counter);
+  MetricFamily score = Family(
+      "probesidecar_probe_score",
+      "The probe's finite scores, over its set's bucket bounds (0.05 to 1 for sigmoid sets).",
+      MetricType::Histogram);
+  for (const ProbeSetOutcomeSeries& set : s.probe_outcomes) {
+    std::vector<ClientMetric::Label> session;
+    for (size_t k = 0; k < s.session_labels.size() && k < set.label_values.size(); ++k) {
+      session.push_back(L(s.session_labels[k], set.label_values[k]));
+    }
+    auto labels = [&](const std::string* probe) {
+      std::vector<ClientMetric::Label> all = {L("probe_set", set.probe_set)};
+      if (probe != nullptr) all.push_back(L("probe", *probe));
+      all.insert(all.end(), session.begin(), session.end());
+      return all;
+    };
+    AddValue(rows, static_cast<double>(set.rows), labels(nullptr));
+    for (const ProbeOutcomeSeries& probe : set.probes) {
+      AddValue(scored, static_cast<double>(probe.scored), labels(&probe.probe));
+      AddValue(fired, static_cast<double>(probe.fired), labels(&probe.probe));
+      AddValue(non_finite, static_cast<double>(probe.non_finite), labels(&probe.probe));
+      ClientMetric metric;
+      metric.label = labels(&probe.probe);
+      ClientMetric::Histogram& h = metric.histogram;
+      uint64_t cumulative = 0;
+      for (size_t b = 0; b < probe.buckets.size(); ++b) {
+        cumulative += probe.buckets[b];
+        h.bucket.push_back({cumulative, b < set.bounds.size()
+                                            ? set.bounds[b]
+                                            : std::numeric_limits<double>::infinity()});
+      }
+      h.sample_count = cumulative;
+      h.sample_sum = probe.sum;
+      score.metric.push_back(std::move(metric));
+    }
+  }
+  for (MetricFamily* family : {&rows, &scored, &fired, &non_finite, &score}) {
+    out.push_back(std::move(*family));
+  }
+}
+
 void AddHistogram(MetricFamily& family, const LatencyHistogram& histogram,
                   std::vector<ClientMetric::Label> labels) {
   ClientMetric metric;
@@ -362,6 +420,8 @@ class Metrics::Impl final : public prometheus::Collectable {
     per_device("probesidecar_graph_cache_evictions_total", "CUDA graphs evicted from the cache.",
                MetricType::Counter, s.graph_cache.evictions,
                [](const DeviceMetricsState& d) { return d.graph_cache.evictions; });
+
+    AddProbeOutcomes(s, out);
 
     AddValue(
         out.emplace_back(Family("probesidecar_build_info",

@@ -37,6 +37,19 @@
 //   probesidecar_build_info{version,git_commit,cuda_runtime,device,backend}  gauge, value 1
 //   probesidecar_start_time_seconds                                 gauge (Unix time)
 //
+// What the probes found (MetricsState.probe_outcomes: counted on the GPU or by the CPU backend,
+// sampled at scrape time), labelled probe_set, probe and the session labels (MetricsState.
+// session_labels, e.g. model, replica):
+//   probesidecar_probe_set_rows_scored_total{probe_set,<session labels>}  counter
+//   probesidecar_probe_scored_total{probe_set,probe,<session labels>}     counter
+//   probesidecar_probe_fired_total{probe_set,probe,<session labels>}      counter
+//   probesidecar_probe_non_finite_scores_total{probe_set,probe,<...>}     counter
+//   probesidecar_probe_score{probe_set,probe,<session labels>}            histogram of the finite
+//       scores over the set's bounds (ProbeSet::score_bounds)
+// probe is a probe's name, or "_all" for every probe of a set with more than --max-probe-labels
+// probes; the session labels are those a session declared ("" for none, "_other" past
+// --max-session-label-sets).
+//
 // {device}: one series per served CUDA device, device="<ordinal>" (MetricsState.devices); on the
 // CPU backend one series without the label (and no probesidecar_device_up).
 //
@@ -128,6 +141,29 @@ struct DeviceMetricsState {
   GraphCacheCounters graph_cache;
 };
 
+// One probe's outcome series (or a whole set's, probe == kAllProbes), under one set of session
+// label values.
+struct ProbeOutcomeSeries {
+  std::string probe;
+  uint64_t scored = 0;  // scores computed (rows scored, times the probes folded in)
+  uint64_t fired = 0;
+  uint64_t non_finite = 0;
+  std::vector<uint64_t> buckets;  // finite scores per bucket, not cumulative: [bounds + 1]
+  double sum = 0;                 // of the finite scores
+};
+
+// A probe set's outcome series under one set of session label values.
+struct ProbeSetOutcomeSeries {
+  std::string probe_set;
+  std::vector<std::string> label_values;  // one per MetricsState::session_labels
+  std::vector<double> bounds;             // the histogram's upper bounds (+Inf not included)
+  uint64_t rows = 0;
+  std::vector<ProbeOutcomeSeries> probes;
+};
+
+// The probe label of a set's series when it has more probes than are labelled by name.
+inline constexpr char kAllProbes[] = "_all";
+
 // Sampled at scrape time (the callback runs on the exposer's thread, once per scrape).
 struct MetricsState {
   uint64_t registered_buffers = 0;       // buffer windows (RegisterBuffer) currently registered
@@ -150,6 +186,10 @@ struct MetricsState {
   // slot and graph cache families, and probesidecar_device_up. Empty (the CPU backend): those
   // families are one unlabelled series each, from the totals above.
   std::vector<DeviceMetricsState> devices;
+  // Probe outcomes: the session label names (the labels after probe_set and probe), and a group
+  // of series per probe set and set of session label values that scored anything.
+  std::vector<std::string> session_labels;
+  std::vector<ProbeSetOutcomeSeries> probe_outcomes;
 };
 
 class Metrics {

@@ -242,3 +242,58 @@ TEST(MetricsTest, ProbeSetLabelsAreBounded) {
 
 }  // namespace
 }  // namespace probesidecar::server
+
+namespace probesidecar::server {
+namespace {
+
+// The probe-outcome families: counters and a cumulative histogram per probe, labelled with the
+// set, the probe and the session labels (an empty value is an absent label to Prometheus).
+TEST(MetricsTest, ProbeOutcomeSeries) {
+  Metrics metrics(BuildInfo{}, [] {
+    MetricsState s;
+    s.session_labels = {"model", "replica"};
+    ProbeSetOutcomeSeries& set = s.probe_outcomes.emplace_back();
+    set.probe_set = "s";
+    set.label_values = {"m", ""};
+    set.bounds = {0.5, 1.0};
+    set.rows = 10;
+    set.probes.push_back({"a", 10, 3, 1, {4, 5, 0}, 4.5});
+    ProbeSetOutcomeSeries& big = s.probe_outcomes.emplace_back();
+    big.probe_set = "big";
+    big.label_values = {"_other", "_other"};
+    big.bounds = {0.5};
+    big.rows = 2;
+    big.probes.push_back({kAllProbes, 200, 7, 0, {150, 50}, 0});
+    return s;
+  });
+  const std::map<std::string, double> s = Samples(metrics.Serialize());
+  const std::string a = "probe_set=\"s\",probe=\"a\",model=\"m\",replica=\"\"";
+  EXPECT_EQ(s.at("probesidecar_probe_set_rows_scored_total{probe_set=\"s\",model=\"m\","
+                 "replica=\"\"}"),
+            10);
+  EXPECT_EQ(s.at(absl::StrCat("probesidecar_probe_scored_total{", a, "}")), 10);
+  EXPECT_EQ(s.at(absl::StrCat("probesidecar_probe_fired_total{", a, "}")), 3);
+  EXPECT_EQ(s.at(absl::StrCat("probesidecar_probe_non_finite_scores_total{", a, "}")), 1);
+  EXPECT_EQ(s.at(absl::StrCat("probesidecar_probe_score_bucket{", a, ",le=\"0.5\"}")), 4);
+  EXPECT_EQ(s.at(absl::StrCat("probesidecar_probe_score_bucket{", a, ",le=\"1\"}")), 9);
+  EXPECT_EQ(s.at(absl::StrCat("probesidecar_probe_score_bucket{", a, ",le=\"+Inf\"}")), 9);
+  EXPECT_EQ(s.at(absl::StrCat("probesidecar_probe_score_count{", a, "}")), 9);
+  EXPECT_EQ(s.at(absl::StrCat("probesidecar_probe_score_sum{", a, "}")), 4.5);
+  const std::string all = "probe_set=\"big\",probe=\"_all\",model=\"_other\",replica=\"_other\"";
+  EXPECT_EQ(s.at(absl::StrCat("probesidecar_probe_fired_total{", all, "}")), 7);
+  EXPECT_EQ(s.at(absl::StrCat("probesidecar_probe_score_bucket{", all, ",le=\"+Inf\"}")), 200);
+}
+
+// No outcome yet: the families exist (with their help and type), without series.
+TEST(MetricsTest, ProbeOutcomeFamiliesExistFromTheStart) {
+  const std::string text = NewMetrics().Serialize();
+  for (const char* family :
+       {"probesidecar_probe_set_rows_scored_total", "probesidecar_probe_scored_total",
+        "probesidecar_probe_fired_total", "probesidecar_probe_non_finite_scores_total",
+        "probesidecar_probe_score"}) {
+    EXPECT_TRUE(absl::StrContains(text, absl::StrCat("# TYPE ", family, " "))) << family;
+  }
+}
+
+}  // namespace
+}  // namespace probesidecar::server

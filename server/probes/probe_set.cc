@@ -1,10 +1,12 @@
 #include "server/probes/probe_set.h"
 
+#include <algorithm>
 #include <atomic>
 #include <bit>
 #include <cmath>
 #include <cstring>
 #include <exception>
+#include <limits>
 #include <map>
 #include <new>
 #include <utility>
@@ -12,6 +14,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "kernels/probe_outcomes/probe_outcomes_limits.h"
 #include "nlohmann/json.hpp"
 
 namespace probesidecar::server {
@@ -160,12 +163,86 @@ absl::StatusOr<kernels::Activation> ParseActivation(
                               "; expected \"none\" or \"sigmoid\""));
 }
 
+absl::Status ParseScoreBuckets(const std::map<std::string, std::string>& metadata,
+                               std::vector<float>& bounds) {
+  auto it = metadata.find("score_buckets");
+  if (it == metadata.end()) return absl::OkStatus();
+  absl::StatusOr<Json> buckets = ParseFlatArray("score_buckets", it->second);
+  if (!buckets.ok()) return buckets.status();
+  if (buckets->empty() || buckets->size() > static_cast<size_t>(kernels::kMaxScoreBounds)) {
+    return Invalid(absl::StrCat("metadata \"score_buckets\" has ", buckets->size(),
+                                " entries; expected 1 to ", kernels::kMaxScoreBounds));
+  }
+  bounds.clear();
+  for (size_t i = 0; i < buckets->size(); ++i) {
+    const Json& entry = (*buckets)[i];
+    if (!entry.is_number()) {
+      return Invalid(
+          absl::StrCat("score_buckets[", i, "] is not a number (", entry.type_name(), ")"));
+    }
+    const double value = entry.get<double>();
+    const float bound = static_cast<float>(value);
+    if (!std::isfinite(value) || !std::isfinite(bound)) {
+      return Invalid(absl::StrCat("score_buckets[", i, "] = ", value, " is not a finite float"));
+    }
+    if (!bounds.empty() && !(bound > bounds.back())) {
+      return Invalid(absl::StrCat("score_buckets[", i, "] = ", value,
+                                  " is not above the entry before it (ascending, each once)"));
+    }
+    bounds.push_back(bound);
+  }
+  return absl::OkStatus();
+}
+
 uint64_t NextProbeSetId() {
   static std::atomic<uint64_t> next_id{1};
   return next_id.fetch_add(1, std::memory_order_relaxed);
 }
 
 }  // namespace
+
+std::vector<float> ScoreBoundsFor(kernels::Activation activation,
+                                  const std::vector<ProbeSpec>& probes) {
+  constexpr int kBuckets = 20;
+  double lo = -10, hi = 10;
+  if (activation == kernels::Activation::kSigmoid) {
+    lo = 0;
+    hi = 1;
+  } else {
+    bool any = false;
+    double least = 0, greatest = 0;
+    for (const ProbeSpec& probe : probes) {
+      if (!probe.threshold.has_value()) continue;
+      least = any ? std::min<double>(least, *probe.threshold) : *probe.threshold;
+      greatest = any ? std::max<double>(greatest, *probe.threshold) : *probe.threshold;
+      any = true;
+    }
+    if (any) {
+      const double w = std::max(greatest - least, 1.0);
+      lo = least - w;
+      hi = greatest + w;
+    }
+  }
+  std::vector<float> bounds;
+  for (int k = 1; k <= kBuckets; ++k) {
+    const double value = lo + (hi - lo) * k / kBuckets;
+    // Thresholds near float's range can put bounds past it: those are left out.
+    if (!(std::fabs(value) <= std::numeric_limits<float>::max())) continue;
+    const float bound = static_cast<float>(value);
+    // Far from zero a float step can exceed the bucket width: keep the bounds ascending.
+    if (bounds.empty() || bound > bounds.back()) bounds.push_back(bound);
+  }
+  return bounds;
+}
+
+std::vector<float> ThresholdsOrNaN(const ProbeSet& set) {
+  std::vector<float> thresholds(static_cast<size_t>(std::max(set.num_probes, 0)),
+                                std::numeric_limits<float>::quiet_NaN());
+  for (size_t p = 0; p < thresholds.size() && p < set.probes.size(); ++p) {
+    if (set.probes[p].threshold.has_value()) thresholds[p] = *set.probes[p].threshold;
+  }
+  return thresholds;
+}
 
 absl::Status ValidateProbeSetName(absl::string_view name) {
   if (name.empty()) return Invalid("probe set name is empty");
@@ -247,6 +324,10 @@ absl::StatusOr<std::shared_ptr<ProbeSet>> ProbeSetFromSafetensors(
   if (!activation.ok()) return activation.status();
   set->activation = *activation;
   if (absl::Status status = ParseThresholds(metadata, set->num_probes, set->probes); !status.ok()) {
+    return status;
+  }
+  set->score_bounds = ScoreBoundsFor(set->activation, set->probes);
+  if (absl::Status status = ParseScoreBuckets(metadata, set->score_bounds); !status.ok()) {
     return status;
   }
 

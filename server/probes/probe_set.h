@@ -6,6 +6,9 @@
 //   "probe_names": JSON array of P distinct non-empty strings (default "probe_0".."probe_{P-1}")
 //   "activation":  "none" or "sigmoid" (default "none")
 //   "thresholds":  JSON array of P entries, each a finite number or null (default: all null)
+//   "score_buckets": JSON array of 1 to kMaxScoreBounds finite numbers, strictly ascending: the
+//                  upper bounds of the buckets of the set's score histogram (a bucket above the
+//                  last comes on top). Default: ScoreBoundsFor (the activation and thresholds).
 // Other metadata keys (e.g. "format": "pt" from torch) are kept and ignored. Weights must be
 // finite. Weights and bias are converted to float32 once, here.
 #pragma once
@@ -55,6 +58,9 @@ struct ProbeSet {
   std::vector<float> bias;        // [P]
   std::string source;             // path, or "inline"
   uint64_t file_bytes = 0;
+  // Upper bounds of the buckets of each probe's score histogram (probe outcomes: the metrics and
+  // ListProbeSets), ascending, at most kernels::kMaxScoreBounds.
+  std::vector<float> score_bounds;
   // The weights in the form the executor scores with. On the CUDA backend a kernels::ProbeWeights
   // (the device copy) per served device, by ordinal: a set is placed on every device. On the CPU
   // backend executor_weights is a CpuProbeWeights (copies rounded to the activations' type) for a
@@ -63,9 +69,25 @@ struct ProbeSet {
   std::shared_ptr<const void> executor_weights;
   std::map<int, std::shared_ptr<const void>> device_weights;
 
+  // Where the executor counts the outcomes of its probes (kernels/probe_outcomes): on the CPU
+  // backend a CpuOutcomeCounters, on the CUDA backend one DeviceOutcomeCounters per served device
+  // (by ordinal). Attached with the weights, before the set is published; none: not counted.
+  std::shared_ptr<void> executor_outcomes;
+  std::map<int, std::shared_ptr<void>> device_outcomes;
+
   // Bytes of the float32 weight and bias (one copy).
   uint64_t weight_bytes() const { return (weight.size() + bias.size()) * sizeof(float); }
 };
+
+// The default score-histogram bounds of a set without "score_buckets": for sigmoid sets 0.05,
+// 0.10, ..., 1 (20 equal buckets over [0, 1]); for raw scores with thresholds, 20 equal buckets
+// over [lo - w, hi + w], lo and hi the least and greatest threshold and w = max(hi - lo, 1) (so a
+// single threshold t is the middle bound of [t - 1, t + 1]); without thresholds, -9, -8, ..., 10.
+std::vector<float> ScoreBoundsFor(kernels::Activation activation,
+                                  const std::vector<ProbeSpec>& probes);
+
+// Each of the set's P probes' threshold, NaN for none (the form the outcome count reads).
+std::vector<float> ThresholdsOrNaN(const ProbeSet& set);
 
 // Names: [A-Za-z0-9_.-], 1 to 128 characters.
 absl::Status ValidateProbeSetName(absl::string_view name);

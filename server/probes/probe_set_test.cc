@@ -356,6 +356,75 @@ TEST(ProbeSetRefuse, Activation) {
   EXPECT_TRUE(IsInvalid(LoadWithMetadata({{"activation", "\"sigmoid\""}}), "activation"));
 }
 
+TEST(ProbeSet, ScoreBucketBounds) {
+  auto bounds = [](const std::map<std::string, std::string>& metadata) {
+    absl::StatusOr<std::shared_ptr<ProbeSet>> set = LoadWithMetadata(metadata);
+    EXPECT_TRUE(set.ok()) << set.status();
+    return set.ok() ? (*set)->score_bounds : std::vector<float>{};
+  };
+  // Sigmoid: 0.05 ... 1, whatever the thresholds.
+  const std::vector<float> sigmoid =
+      bounds({{"activation", "sigmoid"}, {"thresholds", "[0.9, null, 0.2]"}});
+  ASSERT_EQ(sigmoid.size(), 20u);
+  EXPECT_FLOAT_EQ(sigmoid.front(), 0.05f);
+  EXPECT_FLOAT_EQ(sigmoid[9], 0.5f);
+  EXPECT_EQ(sigmoid.back(), 1.0f);
+  // Raw scores without thresholds: -9 ... 10.
+  const std::vector<float> raw = bounds({});
+  ASSERT_EQ(raw.size(), 20u);
+  EXPECT_EQ(raw.front(), -9.0f);
+  EXPECT_EQ(raw.back(), 10.0f);
+  // One threshold t: [t - 1, t + 1] in twentieths, t the middle bound.
+  const std::vector<float> one = bounds({{"thresholds", "[2, null, 2]"}});
+  ASSERT_EQ(one.size(), 20u);
+  EXPECT_FLOAT_EQ(one.front(), 1.1f);
+  EXPECT_FLOAT_EQ(one[9], 2.0f);
+  EXPECT_FLOAT_EQ(one.back(), 3.0f);
+  // Several: [lo - w, hi + w], w = hi - lo.
+  const std::vector<float> spread = bounds({{"thresholds", "[-2, 4, null]"}});
+  ASSERT_EQ(spread.size(), 20u);
+  EXPECT_FLOAT_EQ(spread.front(), -8.0f + 0.9f);
+  EXPECT_FLOAT_EQ(spread.back(), 10.0f);
+  // Thresholds near float's range: only finite, ascending bounds.
+  const std::vector<float> huge = bounds({{"thresholds", "[0.1, 3.4e38, 1e-50]"}});
+  EXPECT_FALSE(huge.empty());
+  for (size_t i = 0; i < huge.size(); ++i) {
+    EXPECT_TRUE(std::isfinite(huge[i]));
+    if (i > 0) {
+      EXPECT_GT(huge[i], huge[i - 1]);
+    }
+  }
+  // The metadata's own, as given.
+  EXPECT_EQ(bounds({{"activation", "sigmoid"}, {"score_buckets", "[0.1, 0.5, 0.9, 0.99]"}}),
+            (std::vector<float>{0.1f, 0.5f, 0.9f, 0.99f}));
+  EXPECT_EQ(bounds({{"score_buckets", "[-1e3, 0, 7]"}}), (std::vector<float>{-1000, 0, 7}));
+  // ThresholdsOrNaN: one per probe.
+  absl::StatusOr<std::shared_ptr<ProbeSet>> set =
+      LoadWithMetadata({{"thresholds", "[1, null, 3]"}});
+  ASSERT_TRUE(set.ok());
+  const std::vector<float> thresholds = ThresholdsOrNaN(**set);
+  ASSERT_EQ(thresholds.size(), 3u);
+  EXPECT_EQ(thresholds[0], 1.0f);
+  EXPECT_TRUE(std::isnan(thresholds[1]));
+  EXPECT_EQ(thresholds[2], 3.0f);
+}
+
+TEST(ProbeSetRefuse, ScoreBuckets) {
+  EXPECT_TRUE(IsInvalid(LoadWithMetadata({{"score_buckets", "[]"}}),
+                        "metadata \"score_buckets\" has 0 entries; expected 1 to 32"));
+  std::string many = "[";
+  for (int i = 0; i < 33; ++i) absl::StrAppend(&many, i ? ", " : "", i);
+  EXPECT_TRUE(IsInvalid(LoadWithMetadata({{"score_buckets", many + "]"}}), "has 33 entries"));
+  EXPECT_TRUE(IsInvalid(LoadWithMetadata({{"score_buckets", "[0.5, 0.5]"}}),
+                        "score_buckets[1] = 0.5 is not above the entry before it"));
+  EXPECT_TRUE(IsInvalid(LoadWithMetadata({{"score_buckets", "[0.5, 0.1]"}}), "score_buckets[1]"));
+  EXPECT_TRUE(IsInvalid(LoadWithMetadata({{"score_buckets", "[0.5, null]"}}),
+                        "score_buckets[1] is not a number (null)"));
+  EXPECT_TRUE(IsInvalid(LoadWithMetadata({{"score_buckets", "[1e39]"}}),
+                        "score_buckets[0] = 1e+39 is not a finite float"));
+  EXPECT_TRUE(IsInvalid(LoadWithMetadata({{"score_buckets", "0.5"}}), "not a JSON array"));
+}
+
 TEST(ProbeSetRefuse, Thresholds) {
   EXPECT_TRUE(IsInvalid(LoadWithMetadata({{"thresholds", "[0.5, 0.5]"}}),
                         "metadata \"thresholds\" has 2 entries but weight has 3 probes"));

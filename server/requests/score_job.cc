@@ -72,6 +72,17 @@ absl::StatusOr<ScoreJob> PrepareScoreJob(const v1::ScoreRequest& request,
     job.rows = request.rows().data();
   }
   job.num_rows = static_cast<int32_t>(num_rows);
+  if (request.has_counted_rows()) {
+    absl::StatusOr<DeviceInt32Vector> counted = ResolveDeviceInt32Vector(
+        request.counted_rows(), "counted_rows", buffers, request.session_id(), limits.max_rows);
+    if (!counted.ok()) return counted.status();
+    if (num_rows % counted->size != 0) {
+      return absl::InvalidArgumentError(absl::StrCat("counted_rows: its ", counted->size,
+                                                     " groups do not divide the ", num_rows,
+                                                     " rows (R must be a multiple of G)"));
+    }
+    job.counted_rows = std::move(*counted);
+  }
 
   const uint64_t score_bytes = static_cast<uint64_t>(num_rows) * set.num_probes * sizeof(float);
   if (request.has_output()) {
@@ -113,6 +124,7 @@ absl::StatusOr<ScoreJob> PrepareScoreJob(const v1::ScoreRequest& request,
   absl::StatusOr<std::optional<int>> device = OneDevice({
       {"activations", job.activations.on_device(), job.activations.device.device},
       {"device_rows", job.rows_on_device(), job.device_rows.device.device},
+      {"counted_rows", job.counted_rows.size > 0, job.counted_rows.device.device},
       {"output", job.host_out == nullptr, job.device_out.device.device},
       {"ready_event", job.ready.event != nullptr, job.ready.device},
       {"done_event", job.done.event != nullptr, job.done.device},

@@ -27,6 +27,9 @@ struct ScoreJob {
   const int32_t* rows = nullptr;  // [R], or nullptr when the rows are on the device
   DeviceInt32Vector device_rows;  // set when rows == nullptr
   int32_t num_rows = 0;           // R
+  // Which rows count in the probe outcomes (ScoreRequest.counted_rows): G counts in a device
+  // window, each of a group of R / G rows; size 0: every row counts.
+  DeviceInt32Vector counted_rows;
   // Where the [R, P] float32 scores go: host memory (the response's bytes) or a device window.
   float* host_out = nullptr;
   Tensor2D device_out;  // set when the request names an output buffer
@@ -42,6 +45,9 @@ struct ScoreJob {
   // The CUDA device of its buffers and events (all on one); unset when it names none (inline
   // activations and scores: any device may run it).
   std::optional<int> device;
+  // The label slot its probe outcomes are counted in: its session's (SessionTable::OutcomeSlot;
+  // 0, unlabelled, without one). Set by the service after validation.
+  int outcome_slot = 0;
 
   bool rows_on_device() const { return rows == nullptr; }
 };

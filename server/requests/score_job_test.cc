@@ -286,6 +286,37 @@ TEST_F(ScoreJobTest, DeviceRowsAndEventsMakeAnEnqueueOnlyJob) {
   EXPECT_FALSE(Prepare(r, &buffers)->enqueue_only);
 }
 
+// counted_rows: G int32 counts in the session's buffer, G dividing R; refused without buffers.
+TEST_F(ScoreJobTest, CountedRowsAreGroupsOfTheRows) {
+  FakeBuffers buffers;
+  v1::ScoreRequest r = DeviceRequest(4);
+  v1::TensorRef* counted = r.mutable_counted_rows();
+  counted->set_dtype(v1::DTYPE_INT32);
+  counted->add_shape(2);
+  counted->mutable_buffer()->set_buffer_id(7);
+  counted->mutable_buffer()->set_offset_bytes(3072);
+  absl::StatusOr<ScoreJob> job = Prepare(r, &buffers);
+  ASSERT_TRUE(job.ok()) << job.status();
+  EXPECT_EQ(job->counted_rows.size, 2);
+  EXPECT_EQ(job->counted_rows.device.device_ptr, reinterpret_cast<char*>(0x10000) + 3072);
+  counted->set_shape(0, 3);  // 4 rows are not groups of 3
+  EXPECT_NE(Prepare(r, &buffers).status().message().find("R must be a multiple of G"),
+            absl::string_view::npos);
+  counted->set_shape(0, 8);  // more groups than rows
+  EXPECT_EQ(Prepare(r, &buffers).status().code(), absl::StatusCode::kInvalidArgument);
+  counted->set_shape(0, 2);
+  counted->set_dtype(v1::DTYPE_FLOAT32);
+  EXPECT_NE(Prepare(r, &buffers).status().message().find("counted_rows: dtype must be DTYPE_INT32"),
+            absl::string_view::npos);
+  counted->set_dtype(v1::DTYPE_INT32);
+  r.set_session_id(2);  // another session's buffer
+  EXPECT_EQ(Prepare(r, &buffers).status().code(), absl::StatusCode::kPermissionDenied);
+  // Without buffers (the CPU backend) an inline request naming counted_rows is refused.
+  v1::ScoreRequest inline_request = Good();
+  *inline_request.mutable_counted_rows() = *counted;
+  EXPECT_EQ(Prepare(inline_request).status().code(), absl::StatusCode::kFailedPrecondition);
+}
+
 // A request runs on the device of its buffers and events; an inline request names none; buffers
 // or events on two devices are refused, and the refusal names both.
 TEST_F(ScoreJobTest, AJobRunsOnTheOneDeviceOfItsBuffersAndEvents) {

@@ -3,6 +3,8 @@
 // Opening and closing IPC handles is driver work: it runs on the control worker, never on a gRPC
 // thread.
 #include <atomic>
+#include <map>
+#include <string>
 #include <utility>
 
 #include "server/buffers/ipc_registries.h"
@@ -16,15 +18,22 @@ namespace probesidecar::server {
 namespace {
 
 // OpenSession: sends the session id, then holds the call open. When it ends — the client
-// cancels, its process exits (its connection breaks), or the server drains — the session's
-// buffers are released.
+// cancels, its process exits (its connection breaks), or the server drains — the session closes
+// and its buffers are released.
 class SessionReactor final : public grpc::ServerWriteReactor<v1::SessionEvent>,
                              public DrainableStream {
  public:
-  SessionReactor(ProbeSidecarService* service, IpcRegistries* ipc, int64_t client_pid)
-      : service_(service), ipc_(ipc), id_(ipc->sessions.Open(client_pid)) {
-    LogInfo("session %d opened (pid %d)", id_, client_pid);
+  // `ipc`: nullptr on a backend without IPC (the session only carries its labels' slot).
+  SessionReactor(ProbeSidecarService* service, SessionTable* sessions, IpcRegistries* ipc,
+                 int64_t client_pid, int outcome_slot, bool labels_folded)
+      : service_(service),
+        sessions_(sessions),
+        ipc_(ipc),
+        id_(sessions->Open(client_pid, outcome_slot)) {
+    LogInfo("session %d opened (pid %d, outcome label slot %d%s)", id_, client_pid, outcome_slot,
+            labels_folded ? ": past --max-session-label-sets, counted as _other" : "");
     event_.set_session_id(id_);
+    event_.set_labels_folded(labels_folded);
     StartWrite(&event_);
     service_->AddStream(this);
   }
@@ -33,11 +42,16 @@ class SessionReactor final : public grpc::ServerWriteReactor<v1::SessionEvent>,
   void OnWriteDone(bool /*ok*/) override {}  // nothing more to send; OnCancel ends the call
   void OnCancel() override { End(ToGrpcStatus(absl::CancelledError("session ended"))); }
   void OnDone() override {
-    // Closing the session's allocations is driver work: on the control worker, not here.
-    service_->RunOnControlWorker([ipc = ipc_, id = id_] {
-      ipc->CloseSession(id);
-      LogInfo("session %d closed: its buffers are released", id);
-    });
+    if (ipc_ == nullptr) {
+      sessions_->Close(id_);
+      LogInfo("session %d closed", id_);
+    } else {
+      // Closing the session's allocations is driver work: on the control worker, not here.
+      service_->RunOnControlWorker([ipc = ipc_, id = id_] {
+        ipc->CloseSession(id);
+        LogInfo("session %d closed: its buffers are released", id);
+      });
+    }
     service_->RemoveStream(this);
     delete this;
   }
@@ -49,6 +63,7 @@ class SessionReactor final : public grpc::ServerWriteReactor<v1::SessionEvent>,
   }
 
   ProbeSidecarService* const service_;
+  SessionTable* const sessions_;
   IpcRegistries* const ipc_;
   const uint64_t id_;
   v1::SessionEvent event_;
@@ -154,13 +169,26 @@ grpc::ServerWriteReactor<v1::SessionEvent>* ProbeSidecarService::OpenSession(
     grpc::CallbackServerContext* /*context*/, const v1::OpenSessionRequest* request) {
   const Clock::time_point start = Clock::now();
   env_.metrics->RpcStarted(Rpc::kOpenSession);
-  IpcRegistries* ipc = env_.ipc;
-  const absl::Status refused =
-      ipc == nullptr ? NoBuffersOnThisBackend(env_.executor->backend()) : Draining();
+  absl::Status refused = Draining();
+  bool labels_folded = false;
+  absl::StatusOr<int> slot = 0;
+  if (refused.ok()) {
+    const std::map<std::string, std::string> labels(request->labels().begin(),
+                                                    request->labels().end());
+    slot = env_.outcome_labels->SlotFor(labels, &labels_folded);
+    refused = slot.status();
+  }
   // Counted as answered once open: the session's lifetime is not an RPC's duration.
   RecordFinished(Rpc::kOpenSession, start, refused, "", "");
   if (!refused.ok()) return new RefusedSession(ToGrpcStatus(refused));
-  return new SessionReactor(this, ipc, request->client_pid());
+  if (labels_folded) {
+    LogWarning(
+        "a session of pid %d declared labels past --max-session-label-sets=%d: its "
+        "probe outcomes are counted with every label \"%s\"",
+        request->client_pid(), env_.config.max_session_label_sets, OutcomeLabels::kOtherValue);
+  }
+  return new SessionReactor(this, env_.sessions, env_.ipc, request->client_pid(), *slot,
+                            labels_folded);
 }
 
 }  // namespace probesidecar::server

@@ -5,6 +5,7 @@
 #include <utility>
 
 #include "server/observability/log.h"
+#include "server/rpc/outcome_report.h"
 #include "server/rpc/proto_conversion.h"
 #include "server/rpc/rpc_helpers.h"
 #include "server/rpc/service.h"
@@ -80,8 +81,13 @@ grpc::ServerUnaryReactor* ProbeSidecarService::ListProbeSets(
   const Clock::time_point start = Clock::now();
   env_.metrics->RpcStarted(Rpc::kListProbeSets);
   for (const std::shared_ptr<const ProbeSet>& set : env_.probes->List()) {
-    FillProbeSetInfo(*set, response->add_probe_sets());
+    v1::ProbeSetInfo* info = response->add_probe_sets();
+    FillProbeSetInfo(*set, info);
+    FillProbeOutcomes(*set, env_.executor->OutcomeCounts(*set), *env_.outcome_labels, info);
   }
+  // What they show is the last copy from the devices (no gRPC thread waits for one): ask for the
+  // next.
+  env_.executor->RequestOutcomeRefresh();
   return Answer(context, Rpc::kListProbeSets, start, absl::OkStatus());
 }
 

@@ -1,6 +1,7 @@
 #include "server/rpc/proto_conversion.h"
 
 #include "absl/strings/str_cat.h"
+#include "server/rpc/outcome_report.h"
 
 namespace probesidecar::server {
 namespace {
@@ -54,6 +55,7 @@ void FillProbeSetInfo(const ProbeSet& set, v1::ProbeSetInfo* info) {
   info->set_source(set.source);
   info->set_file_bytes(set.file_bytes);
   info->set_precision(ToProtoPrecision(set.precision));
+  for (double bound : ScoreBoundsAsDecimals(set)) info->add_score_bucket_bounds(bound);
 }
 
 BufferRegistration FromProto(const v1::RegisterBufferRequest& request) {

@@ -52,6 +52,13 @@ struct ScoreWork : ExecutorWork<v1::ScoreRequest, v1::ScoreResponse, ScoreJob, S
     if (job.ok() || env.probes->Find(request->probe_set()) != nullptr) {
       *probe_set = request->probe_set();
     }
+    if (job.ok()) {
+      // Its outcomes count under its session's labels (a session that is not open is refused,
+      // as for a buffer).
+      absl::StatusOr<int> slot = env.sessions->OutcomeSlot(request->session_id());
+      if (!slot.ok()) return slot.status();
+      job->outcome_slot = *slot;
+    }
     return job;
   }
 

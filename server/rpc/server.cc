@@ -38,7 +38,9 @@
 #include "server/observability/exposer_stop.h"
 #include "server/observability/log.h"
 #include "server/observability/metrics.h"
+#include "server/observability/outcome_labels.h"
 #include "server/probes/probe_registry.h"
+#include "server/rpc/outcome_report.h"
 #include "server/rpc/service.h"
 #include "server/rpc/unix_listener.h"
 
@@ -190,6 +192,11 @@ int Serve(const Config& config, ExecutorDecorator decorate, bool* device_abandon
   const sigset_t signals = ShutdownSignals();
 
   CudaIpcOpener ipc_opener;
+  // The sessions and the labels they declare on their outcome series (every backend), and their
+  // buffers and events (a backend with devices).
+  SessionTable sessions;
+  OutcomeLabels outcome_labels(config.session_labels,
+                               static_cast<int>(config.max_session_label_sets));
   std::unique_ptr<IpcRegistries> ipc;  // destroyed after the executor
   absl::StatusOr<std::unique_ptr<Executor>> made = MakeExecutor(config);
   if (!made.ok()) {
@@ -203,7 +210,7 @@ int Serve(const Config& config, ExecutorDecorator decorate, bool* device_abandon
   // the registries).
   if (const std::vector<int> devices = executor->devices(); !devices.empty()) {
     ipc =
-        std::make_unique<IpcRegistries>(devices, &ipc_opener,
+        std::make_unique<IpcRegistries>(devices, &sessions, &ipc_opener,
                                         BufferRegistryLimits{4096, config.max_session_buffer_bytes,
                                                              config.allow_sessionless_buffers});
   }
@@ -237,8 +244,18 @@ int Serve(const Config& config, ExecutorDecorator decorate, bool* device_abandon
   LogInfo("probe sets from %s: [%s]", probes_dir, absl::StrJoin(loaded, ", "));
 
   BuildInfo build{kVersion, kGitCommit, kCudaRuntime, executor->device_name(), executor->backend()};
-  Metrics metrics(build, [&probes, &executor, &ipc, load_errors = *probe_set_load_errors] {
+  Metrics metrics(build, [&probes, &executor, &ipc, &outcome_labels, &config,
+                          load_errors = *probe_set_load_errors] {
     MetricsState state;
+    // What the probes found: a fresh copy of the device counters (the executor's device monitors
+    // make it; a device that does not answer in time keeps its previous copy).
+    executor->RefreshOutcomes(absl::Now() + absl::Milliseconds(500));
+    state.session_labels = outcome_labels.keys();
+    const std::vector<std::vector<std::string>> label_values = outcome_labels.Values();
+    for (const std::shared_ptr<const ProbeSet>& set : probes.List()) {
+      AppendOutcomeSeries(*set, executor->OutcomeCounts(*set), label_values,
+                          config.max_probe_labels, &state.probe_outcomes);
+    }
     state.probe_sets = probes.size();
     state.probe_set_load_errors = load_errors;
     state.graph_cache = executor->graph_cache();
@@ -342,6 +359,8 @@ int Serve(const Config& config, ExecutorDecorator decorate, bool* device_abandon
   env.metrics_listening = metrics_listening;
   env.probes = &probes;
   env.executor = executor.get();
+  env.sessions = &sessions;
+  env.outcome_labels = &outcome_labels;
   env.ipc = ipc.get();
   env.metrics = &metrics;
   env.admin_token = *admin_token;

@@ -6,6 +6,7 @@
 
 #include "server/buffers/buffer_registry.h"
 #include "server/config/version.h"
+#include "server/rpc/outcome_report.h"
 #include "server/rpc/proto_conversion.h"
 #include "server/rpc/rpc_helpers.h"
 #include "server/rpc/service.h"
@@ -63,9 +64,17 @@ grpc::ServerUnaryReactor* ProbeSidecarService::ServerInfo(grpc::CallbackServerCo
   limits->set_max_probe_sets(env_.config.max_probe_sets);
   limits->set_max_probe_set_bytes(env_.config.max_probe_set_bytes);
   limits->set_max_session_buffer_bytes(env_.config.max_session_buffer_bytes);
+  limits->set_max_session_label_sets(env_.config.max_session_label_sets);
+  limits->set_max_probe_labels(env_.config.max_probe_labels);
+  for (const std::string& label : env_.config.session_labels) response->add_session_labels(label);
   for (const std::shared_ptr<const ProbeSet>& set : env_.probes->List()) {
-    FillProbeSetInfo(*set, response->add_probe_sets());
+    v1::ProbeSetInfo* info = response->add_probe_sets();
+    FillProbeSetInfo(*set, info);
+    FillProbeOutcomes(*set, env_.executor->OutcomeCounts(*set), *env_.outcome_labels, info);
   }
+  // What they show is the last copy from the devices (no gRPC thread waits for one): ask for the
+  // next.
+  env_.executor->RequestOutcomeRefresh();
   FillGraphCacheStats(env_.executor->graph_cache(), response->mutable_graph_cache());
   response->set_uptime_seconds(SecondsSince(started_));
   if (env_.ipc != nullptr) {

@@ -29,6 +29,7 @@
 #include "server/executors/executor.h"
 #include "server/executors/worker_pool.h"
 #include "server/observability/metrics.h"
+#include "server/observability/outcome_labels.h"
 #include "server/probes/probe_registry.h"
 #include "server/rpc/authorization.h"
 #include "server/rpc/rpc_helpers.h"
@@ -50,8 +51,12 @@ struct ServiceEnv {
   uid_t server_uid = 0;
   ProbeRegistry* probes = nullptr;
   Executor* executor = nullptr;
-  // Sessions, buffers and events (owned by the server, beside the executor); nullptr when the
-  // backend has no devices (no IPC).
+  // The open sessions, and the labels they declare on their outcome series (owned by the server;
+  // on every backend).
+  SessionTable* sessions = nullptr;
+  OutcomeLabels* outcome_labels = nullptr;
+  // Buffers and events of the sessions (owned by the server, beside the executor); nullptr when
+  // the backend has no devices (no IPC).
   IpcRegistries* ipc = nullptr;
   Metrics* metrics = nullptr;
 };

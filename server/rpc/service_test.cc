@@ -108,6 +108,8 @@ class ServiceTest : public ::testing::Test {
     env.config.max_concurrent_requests = 1024;
     env.probes = probes_.get();
     env.executor = &executor_;
+    env.sessions = &sessions_;
+    env.outcome_labels = &outcome_labels_;
     env.metrics = metrics_.get();
     // The Unix socket is the service's own, as in the server: its peer (this process, the same
     // uid) is then admin without a credential.
@@ -140,6 +142,8 @@ class ServiceTest : public ::testing::Test {
   HoldingExecutor executor_;
   std::unique_ptr<ProbeRegistry> probes_;
   std::unique_ptr<Metrics> metrics_;
+  SessionTable sessions_;
+  OutcomeLabels outcome_labels_{{"model"}, 4};
   UnixPeers unix_peers_;
   std::unique_ptr<UnixListener> listener_;
   std::unique_ptr<ProbeSidecarService> service_;

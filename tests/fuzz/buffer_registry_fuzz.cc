@@ -118,7 +118,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     limits.max_registrations = 16;
     limits.max_session_bytes = uint64_t{1} << in.ConsumeIntegralInRange<int>(6, 40);
     limits.allow_sessionless = in.ConsumeBool();
-    auto ipc = std::make_unique<IpcRegistries>(std::vector<int>{0}, &opener, limits);
+    probesidecar::server::SessionTable session_table;
+    auto ipc =
+        std::make_unique<IpcRegistries>(std::vector<int>{0}, &session_table, &opener, limits);
     std::vector<uint64_t> buffers, sessions, events;
     struct Held {
       uint64_t buffer_id;

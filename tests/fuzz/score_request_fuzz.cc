@@ -55,7 +55,7 @@ std::string ProbeSetFile(const char* dtype, int64_t p, int64_t h,
 // and events 1 and 2, session 2 with buffer 4 and event 3, and probe sets "p" (F32, P=3, H=8) and
 // "h" (BF16, P=2, H=16, sigmoid, thresholds).
 struct World {
-  World() : opener(AllocationBytes), ipc({0}, &opener, {}) {
+  World() : opener(AllocationBytes), ipc({0}, &sessions, &opener, {}) {
     const uint64_t s1 = ipc.sessions.Open(1);
     const uint64_t s2 = ipc.sessions.Open(2);
     auto reg = [&](char handle, uint64_t offset, uint64_t bytes, uint64_t session) {
@@ -86,6 +86,7 @@ struct World {
             .ok());
   }
   probesidecar::fuzz::FakeIpcOpener opener;
+  probesidecar::server::SessionTable sessions;
   probesidecar::server::IpcRegistries ipc;
   probesidecar::server::ProbeRegistry probes{
       "", probesidecar::server::ProbeSetLimits{},

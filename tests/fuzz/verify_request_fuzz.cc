@@ -37,7 +37,7 @@ uint64_t AllocationBytes(const probesidecar::server::IpcHandleBytes& handle) {
 // all of 'A', buffer 2 = 'A' from offset 16, buffer 3 = all of 'B', buffer 4 = 'B' from offset 4,
 // and events 1 and 2; session 2 with event 3.
 struct World {
-  World() : opener(AllocationBytes), ipc({0}, &opener, {}) {
+  World() : opener(AllocationBytes), ipc({0}, &sessions, &opener, {}) {
     const uint64_t s1 = ipc.sessions.Open(1);
     const uint64_t s2 = ipc.sessions.Open(2);
     auto reg = [&](char id, uint64_t offset, uint64_t bytes) {
@@ -60,6 +60,7 @@ struct World {
     }
   }
   probesidecar::fuzz::FakeIpcOpener opener;
+  probesidecar::server::SessionTable sessions;
   probesidecar::server::IpcRegistries ipc;
 };
 

@@ -116,9 +116,9 @@ def test_a_probe_set_unloaded_while_requests_use_it(sidecar):
 
 
 def test_a_client_that_never_cleans_up_leaves_nothing_behind(probe):
-    # On the CPU backend a client can hold no buffers or sessions (refused); what it can hold is
-    # a stream. Killed with its ScoreStream open, it must not keep anything alive: a SIGTERM then
-    # finds the server idle. (The GPU tests cover buffers of a dead client: test_gpu_ipc.py.)
+    # On the CPU backend a client can hold no buffers (refused); what it can hold is a session
+    # and a stream. Killed with both open, it must not keep anything alive: a SIGTERM then finds
+    # the server idle. (The GPU tests cover buffers of a dead client: test_gpu_ipc.py.)
     s = Sidecar(["--backend=cpu", "--shutdown-grace-seconds=5"]).start()
     try:
         child = start_child(f"""
@@ -128,15 +128,16 @@ def test_a_client_that_never_cleans_up_leaves_nothing_behind(probe):
             from probe_sidecar import Client, score_request
             from probesidecar.v1 import buffers_pb2
             c = Client({s.uds_target!r})
-            session = buffers_pb2.OpenSessionRequest(client_pid=1)
-            buffer = buffers_pb2.RegisterBufferRequest(handle=bytes(64), byte_size=16)
-            for call in (lambda: list(c.stub.OpenSession(session)),
-                         lambda: c.stub.RegisterBuffer(buffer)):
-                try:
-                    call()
-                    raise SystemExit("not refused")
-                except grpc.RpcError as e:
-                    assert e.code() == grpc.StatusCode.FAILED_PRECONDITION, e
+            session = c.stub.OpenSession(buffers_pb2.OpenSessionRequest(
+                client_pid=1, labels={{"model": "doomed"}}))
+            session_id = next(session).session_id  # held open until the process dies
+            buffer = buffers_pb2.RegisterBufferRequest(handle=bytes(64), byte_size=16,
+                                                       session_id=session_id)
+            try:
+                c.stub.RegisterBuffer(buffer)
+                raise SystemExit("not refused")
+            except grpc.RpcError as e:
+                assert e.code() == grpc.StatusCode.FAILED_PRECONDITION, e
             def messages():
                 yield score_request(np.ones((1, 4096), np.float32), [0], "demo")
                 time.sleep(600)  # never half-closes

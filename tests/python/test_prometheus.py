@@ -23,6 +23,7 @@ import requests
 import yaml
 
 from conftest import Sidecar
+from outcome_recount import Recount, assert_matches_proto
 from probe_files import ProbeFile
 from probe_sidecar import ProbeSidecarError, score_request
 from probesidecar.v1 import verify_pb2
@@ -38,6 +39,12 @@ RATE_INTERVAL = "30s"  # what $__rate_interval becomes (Grafana: >= 4 scrape int
 TRAFFIC_SECONDS = 6.0
 H = 64
 LARGEST_FINITE_BUCKET = 1.0  # seconds: histogram_quantile never returns more
+# The stack's bounds on outcome series: prom_p3 (3 probes) is labelled per probe, demo (4) has one
+# probe="_all" series; the first labelled session gets series of its own, the second "_other".
+MAX_PROBE_LABELS = 3
+FIRST_LABELS = {"model": "m1", "replica": "0"}
+SECOND_LABELS = {"model": "m2", "replica": "1"}
+OTHER = {"model": "_other", "replica": "_other"}
 
 # Queries that legitimately have no data on the CPU backend: (panel title, refId) -> why. They
 # must still be valid PromQL (status success) and must return an empty vector here.
@@ -100,13 +107,20 @@ def dashboard_queries() -> list[tuple[str, str, str, str]]:
     return queries
 
 
+# The selectors whose All value is ".*" (it also matches series without the label: the CPU
+# backend's unlabelled device series, sessions that declared no labels).
+ALL_VALUE_VARIABLES = ("device", "probe_set", "model", "replica")
+
+
 def render(expr: str, instance: str) -> str:
     """What Grafana sends: $__rate_interval and the (regex-escaped) instance substituted, and the
-    device selector's All value (".*", which also matches the CPU backend's unlabelled series)."""
+    other selectors at their All value."""
     instance_regex = re.escape(instance).replace("\\", "\\\\")  # inside a PromQL "string"
-    return (expr.replace("$__rate_interval", RATE_INTERVAL)
-            .replace("${instance}", instance_regex).replace("$instance", instance_regex)
-            .replace("$device", ".*"))
+    expr = (expr.replace("$__rate_interval", RATE_INTERVAL)
+            .replace("${instance}", instance_regex).replace("$instance", instance_regex))
+    for name in ALL_VALUE_VARIABLES:
+        expr = expr.replace(f"${name}", ".*")
+    return expr
 
 
 # The families with a series per served CUDA device (label device), which the device selector
@@ -114,6 +128,11 @@ def render(expr: str, instance: str) -> str:
 DEVICE_FAMILIES = re.compile(r"probesidecar_(device_memory_bytes|registered_buffers|"
                              r"registered_buffer_bytes|ipc_handles_open|graph_cache_\w+|"
                              r"stream_slots_parked)\{")
+# The probe-outcome families, which the probe set and session label selectors filter.
+OUTCOME_FAMILIES = re.compile(r"probesidecar_probe_(set_rows_scored_total|scored_total|"
+                              r"fired_total|non_finite_scores_total|score_bucket)\{")
+OUTCOME_SELECTOR = ('instance=~"$instance", probe_set=~"$probe_set", model=~"$model", '
+                    'replica=~"$replica"}')
 
 
 def test_dashboard_structure():
@@ -156,14 +175,26 @@ def test_dashboard_structure():
             assert expr[family.end():].startswith('instance=~"$instance", device=~"$device"}'), expr
         if DEVICE_FAMILIES.search(expr) and "sum by" in expr:
             assert "sum by (instance)" not in expr, expr
+        # Every outcome family honours the probe set and session label selectors.
+        for family in OUTCOME_FAMILIES.finditer(expr):
+            assert expr[family.end():].startswith(OUTCOME_SELECTOR), expr
         assert re.findall(r"\[([^\]]*)\]", expr) in ([], ["$__rate_interval"] * expr.count("[")), expr
         if "histogram_quantile" in expr:
             assert re.search(r"histogram_quantile\(0\.\d+, sum by \(le[,)]", expr), expr
     titles = {q[0] for q in dashboard_queries()}
     for needed in ("RPC rate by RPC", "Error ratio", "RPC latency p50", "RPC latency p90",
                    "RPC latency p99", "Stage latency p99", "Kernel GPU time by kernel path",
-                   "In flight", "Registered buffers", "Graph cache activity"):
+                   "In flight", "Registered buffers", "Graph cache activity",
+                   "Fire rate per probe", "Score quantiles per probe", "Top probes by fire rate",
+                   "Fire rate by session labels"):
         assert needed in titles, needed
+    rows = [p["title"] for p in d["panels"] if p["type"] == "row"]
+    assert rows[:2] == ["Overview", "Probe outcomes"], rows
+    for name in ("probe_set", "model", "replica"):
+        v = variables[name]
+        assert v["type"] == "query" and v["multi"] and v["includeAll"] and v["allValue"] == ".*"
+        assert v["query"]["query"] == (f'label_values(probesidecar_probe_scored_total'
+                                       f'{{instance=~"$instance"}}, {name})')
     assert set(NO_DATA_ON_CPU) | set(NAN_ON_CPU) <= {(q[0], q[1]) for q in dashboard_queries()}
 
 
@@ -180,7 +211,7 @@ def test_grafana_provisioning_files():
 
 def test_promtool_checks_the_shipped_config_and_rules():
     assert "SUCCESS" in promtool("check", "config", str(SCRAPE_CONFIG))
-    assert "SUCCESS: 8 rules found" in promtool("check", "rules", str(ALERTS))
+    assert "SUCCESS: 9 rules found" in promtool("check", "rules", str(ALERTS))
     assert "SUCCESS" in promtool("test", "rules", str(ALERTS_TEST))
     scrape = yaml.safe_load(SCRAPE_CONFIG.read_text())
     (job,) = scrape["scrape_configs"]
@@ -256,18 +287,34 @@ class Prometheus:
         self._log.close()
 
 
+def labels_key(labels: dict) -> tuple:
+    return tuple(sorted(labels.items()))
+
+
 def drive_traffic(sidecar: Sidecar, seconds: float) -> dict:
-    """Good Scores on two probe sets, failing ones (NOT_FOUND, INVALID_ARGUMENT), a few other RPCs
-    and ScoreStream messages. Returns how many of each the client saw."""
-    seen = {"ok": 0, "not_found": 0, "invalid": 0}
-    x = np.random.default_rng(0).standard_normal((8, H)).astype(np.float32)
+    """Good Scores on two probe sets (under two labelled sessions, the second past the label cap,
+    and without a session; some activations NaN), failing ones (NOT_FOUND, INVALID_ARGUMENT), a few
+    other RPCs and ScoreStream messages. Returns how many of each the client saw, and every score
+    it got back by (probe set, the labels its series carry)."""
+    seen = {"ok": 0, "not_found": 0, "invalid": 0, "scores": {}}
+
+    def got(probe_set: str, labels: dict, scores: np.ndarray) -> None:
+        seen["scores"].setdefault((probe_set, labels_key(labels)), []).append(scores)
+
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((8, H)).astype(np.float32) * 3
+    x[5, 7] = np.nan  # row 5's scores are NaN
     demo_x = np.random.default_rng(1).standard_normal((2, 4096)).astype(np.float32)
     with sidecar.client() as c:
+        first = c.open_session(FIRST_LABELS)
+        second = c.open_session(SECOND_LABELS)
+        assert not first.labels_folded and second.labels_folded
         deadline = time.monotonic() + seconds
         i = 0
         while time.monotonic() < deadline:
-            c.score(x, [0, 3, 7], "prom_p3")
-            c.score(demo_x, [1], "demo")
+            rows = [0, 3, 7] if i % 4 else [0, 5, 7]
+            got("prom_p3", FIRST_LABELS, c.score(x, rows, "prom_p3", session=first).scores)
+            got("demo", OTHER, c.score(demo_x, [1], "demo", session=second).scores)
             seen["ok"] += 2
             try:
                 c.score(x, [0], "no_such_probe_set")
@@ -287,8 +334,12 @@ def drive_traffic(sidecar: Sidecar, seconds: float) -> dict:
                 except ProbeSidecarError as e:
                     assert e.code.name == "FAILED_PRECONDITION"
                 stream = [score_request(x, [1, 2], "prom_p3") for _ in range(5)]
-                assert all(not isinstance(r, ProbeSidecarError) for r in c.score_stream(stream))
+                for r in c.score_stream(stream):
+                    assert not isinstance(r, ProbeSidecarError)
+                    got("prom_p3", {}, r.scores)
             i += 1
+        first.close()
+        second.close()
     return seen
 
 
@@ -297,11 +348,13 @@ def stack():
     """A sidecar, a Prometheus scraping it every second, and TRAFFIC_SECONDS of traffic."""
     binary("prometheus")
     workdir = pathlib.Path(tempfile.mkdtemp(prefix="probe-sidecar-prometheus-"))
-    sidecar = Sidecar(["--backend=cpu"]).start()
+    sidecar = Sidecar(["--backend=cpu", f"--max-probe-labels={MAX_PROBE_LABELS}",
+                       "--max-session-label-sets=1"]).start()
     prometheus = None
     try:
         with sidecar.client() as c:
-            c.load_probe_set("prom_p3", data=ProbeFile(3, H, seed=5).data)
+            c.load_probe_set("prom_p3", data=ProbeFile(3, H, seed=5, activation="sigmoid",
+                                                       thresholds=[0.5, 0.2, None]).data)
         prometheus = Prometheus(sidecar.metrics_address, workdir)
         instance = sidecar.metrics_address
 
@@ -405,6 +458,23 @@ def _check_probe_sets(r, s):
     assert values(r["A"]) == [2.0]  # demo + prom_p3
 
 
+def _check_fire_rate_per_probe(r, s):
+    # prom_p3 per probe; demo (more probes than --max-probe-labels) as one series.
+    names = {(x["metric"]["probe_set"], x["metric"]["probe"]) for x in r["A"]}
+    assert names == {("prom_p3", "probe_0"), ("prom_p3", "probe_1"), ("prom_p3", "probe_2"),
+                     ("demo", "_all")}, names
+    assert series(r["A"], probe_set="prom_p3", probe="probe_2") == [0.0]  # no threshold
+
+
+def _check_fire_rate_by_labels(r, s):
+    labels = {(x["metric"]["probe_set"], x["metric"].get("model", "")) for x in r["A"]}
+    assert labels == {("prom_p3", "m1"), ("prom_p3", ""), ("demo", "_other")}, labels
+
+
+def _check_top_probes(r, s):
+    assert 1 <= len(r["A"]) <= 10
+
+
 PANEL_CHECKS = {
     "Up": _check_up,
     "RPC rate by RPC": _check_rates,
@@ -416,6 +486,9 @@ PANEL_CHECKS = {
     "Kernel GPU time by kernel path": _check_kernel_paths,
     "Build": _check_build,
     "Probe sets loaded": _check_probe_sets,
+    "Fire rate per probe": _check_fire_rate_per_probe,
+    "Fire rate by session labels": _check_fire_rate_by_labels,
+    "Top probes by fire rate": _check_top_probes,
 }
 
 
@@ -461,6 +534,86 @@ def test_instance_variable_lists_the_sidecar(stack):
     assert names == [stack["instance"]]
 
 
+def test_outcome_selectors_list_the_sets_and_session_labels(stack):
+    prometheus = stack["prometheus"]
+    match = {"match[]": f'probesidecar_probe_scored_total{{instance="{stack["instance"]}"}}'}
+    assert prometheus.api("label/probe_set/values", **match) == ["demo", "prom_p3"]
+    assert prometheus.api("label/model/values", **match) == ["_other", "m1"]
+    assert prometheus.api("label/replica/values", **match) == ["0", "_other"]
+
+
+def _recounts(stack) -> dict:
+    """(probe set, labels) -> Recount of every score the traffic got back."""
+    with stack["sidecar"].client() as c:
+        infos = {info.name: info for info in c.list_probe_sets()}
+    recounts = {}
+    for (name, labels), responses in stack["seen"]["scores"].items():
+        recount = recounts.setdefault((name, labels), Recount.for_set(infos[name]))
+        for scores in responses:
+            recount.add(scores)
+    return recounts
+
+
+def test_outcome_counters_and_buckets_equal_a_recount_of_the_returned_scores(stack):
+    """What Prometheus scraped after the traffic: per probe (prom_p3) or per set (demo, past
+    --max-probe-labels: probe="_all"), per session labels (the second session's folded into
+    "_other"), rows, scored, fired, non-finite, and every cumulative bucket of the histogram."""
+    prometheus, at, instance = stack["prometheus"], stack["at"], stack["instance"]
+    recounts = _recounts(stack)
+    assert set(recounts) == {("prom_p3", labels_key(FIRST_LABELS)), ("prom_p3", ()),
+                             ("demo", labels_key(OTHER))}
+    assert recounts[("prom_p3", labels_key(FIRST_LABELS))].non_finite.sum() > 0
+
+    def sample(metric: str, **labels) -> float:
+        selector = ", ".join([f'instance="{instance}"'] +
+                             [f'{k}="{v}"' for k, v in labels.items()])
+        result = prometheus.query(f"{metric}{{{selector}}}", at)
+        assert len(result) == 1, (metric, labels, result)
+        return float(result[0]["value"][1])
+
+    checked = 0
+    for (name, key), recount in recounts.items():
+        labels = dict(key) or {"model": "", "replica": ""}
+        assert sample("probesidecar_probe_set_rows_scored_total", probe_set=name,
+                      **labels) == recount.rows
+        by_probe = recount if name == "prom_p3" else recount.merged()
+        probes = [f"probe_{p}" for p in range(3)] if name == "prom_p3" else ["_all"]
+        for p, probe in enumerate(probes):
+            where = dict(probe_set=name, probe=probe, **labels)
+            assert sample("probesidecar_probe_scored_total", **where) == by_probe.rows
+            assert sample("probesidecar_probe_fired_total", **where) == by_probe.fired[p], where
+            assert sample("probesidecar_probe_non_finite_scores_total", **where) == \
+                by_probe.non_finite[p], where
+            result = prometheus.query(
+                f'probesidecar_probe_score_bucket{{instance="{instance}", probe_set="{name}", '
+                f'probe="{probe}", model="{labels["model"]}", replica="{labels["replica"]}"}}', at)
+            # le is each float32 bound as its shortest decimal (0.05), then +Inf.
+            scraped = sorted((float(r["metric"]["le"]), float(r["value"][1])) for r in result)
+            assert [np.float32(le) for le, _ in scraped[:-1]] == list(by_probe.bounds), scraped
+            assert math.isinf(scraped[-1][0])
+            assert [v for _, v in scraped] == np.cumsum(by_probe.buckets[p]).tolist(), where
+            checked += len(scraped)
+            assert sample("probesidecar_probe_score_count", **where) == by_probe.buckets[p].sum()
+    assert checked > 0
+    # No series for a probe beyond the cap, none for the second session's own labels.
+    assert prometheus.query(f'probesidecar_probe_scored_total{{instance="{instance}", '
+                            f'probe_set="demo", probe!="_all"}}', at) == []
+    assert prometheus.query(f'probesidecar_probe_scored_total{{instance="{instance}", '
+                            f'model="m2"}}', at) == []
+
+
+def test_list_probe_sets_shows_the_same_counts(stack):
+    recounts = _recounts(stack)
+    with stack["sidecar"].client() as c:
+        infos = {info.name: info for info in c.list_probe_sets()}
+    for name in ("prom_p3", "demo"):
+        for labelled in infos[name].proto.outcomes_by_labels:
+            key = labels_key(dict(labelled.labels))
+            assert_matches_proto(recounts[(name, key)], labelled.outcomes, (name, key))
+        assert sum(r.rows for (n, _), r in recounts.items() if n == name) == \
+            infos[name].outcomes.rows_scored
+
+
 def alert_rules(prometheus: Prometheus) -> list[dict]:
     return [rule for group in prometheus.api("rules")["groups"] for rule in group["rules"]]
 
@@ -492,7 +645,11 @@ def test_alert_rules_load_and_evaluate(stack):
     assert by_name["ProbeSidecarShadowMismatch"] == []
     assert by_name["ProbeSidecarFrequentContextSwitches"] == []  # a CPU-backend sidecar
     assert by_name["ProbeSidecarProbeSetsSkipped"] == []
-    assert by_name["ProbeSidecarNonFiniteScores"] == []
+    # NaN activations in the traffic: NaN scores, on purpose.
+    assert [r["metric"]["instance"] for r in by_name["ProbeSidecarNonFiniteScores"]] == \
+        [stack["instance"]]
+    # A steady fire rate: the 5-minute and the whole-run rates are the same.
+    assert by_name["ProbeSidecarProbeFireRateSpike"] == []
     (ratio,) = by_name["ProbeSidecarHighErrorRatio"]
     assert ratio["metric"]["instance"] == stack["instance"] and 0.05 < float(ratio["value"][1]) < 1
     assert all(v <= LARGEST_FINITE_BUCKET for v in values(by_name["ProbeSidecarScoreLatencyHigh"]))

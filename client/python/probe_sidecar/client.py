@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterable, Iterator, Sequence
+import os
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 
 import grpc
 import numpy as np
 
-from probesidecar.v1 import probes_pb2, score_pb2, sidecar_pb2, sidecar_pb2_grpc
+from probesidecar.v1 import buffers_pb2, probes_pb2, score_pb2, sidecar_pb2, sidecar_pb2_grpc
 
 from ._tensors import rows_array, tensor_ref
 
@@ -94,6 +95,18 @@ class ProbeSetInfo:
     def precision(self) -> str:
         return precision_name(self.proto.precision)
 
+    @property
+    def score_bucket_bounds(self) -> list[float]:
+        """Upper bounds of the buckets of its score histograms (one more bucket above the last)."""
+        return list(self.proto.score_bucket_bounds)
+
+    @property
+    def outcomes(self) -> probes_pb2.ProbeOutcomes:
+        """What its probes found since it was loaded, every session together: rows_scored, and
+        arrays over its probes (fired, non_finite, score_sum; bucket_counts [P, buckets]
+        row-major); ``outcomes_by_labels`` in ``proto`` splits them by session labels."""
+        return self.proto.outcomes
+
     def __repr__(self) -> str:
         return (f"ProbeSetInfo(name={self.proto.name!r}, num_probes={self.proto.num_probes}, "
                 f"hidden_size={self.proto.hidden_size}, precision={self.precision!r})")
@@ -130,12 +143,49 @@ def score_request(
     *,
     dtype: str | None = None,
     request_id: int = 0,
+    session_id: int = 0,
 ) -> score_pb2.ScoreRequest:
-    """The ScoreRequest for inline numpy activations [T, H]."""
-    request = score_pb2.ScoreRequest(probe_set=probe_set, request_id=request_id)
+    """The ScoreRequest for inline numpy activations [T, H] (``session_id``: its outcomes count
+    under that session's labels)."""
+    request = score_pb2.ScoreRequest(probe_set=probe_set, request_id=request_id,
+                                     session_id=session_id)
     request.activations.CopyFrom(tensor_ref(np.asarray(activations), dtype))
     request.rows.extend(rows_array(rows).tolist())
     return request
+
+
+class Session:
+    """A session (OpenSession), held open until ``close()``: requests naming its ``id`` count their
+    probe outcomes under its ``labels`` (and may use its buffers and events). ``labels_folded`` is
+    True when the server already had --max-session-label-sets other sets of values: its outcomes
+    are then counted with every label "_other"."""
+
+    def __init__(self, call, event: buffers_pb2.SessionEvent, labels: Mapping[str, str]):
+        self._call = call
+        self.id: int = event.session_id
+        self.labels_folded: bool = event.labels_folded
+        self.labels = dict(labels)
+
+    def close(self) -> None:
+        self._call.cancel()
+
+    def __enter__(self) -> "Session":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def open_session(stub: sidecar_pb2_grpc.ProbeSidecarStub,
+                 labels: Mapping[str, str] | None = None) -> Session:
+    """Opens a session on ``stub``'s server (see Session); ProbeSidecarError if it is refused
+    (INVALID_ARGUMENT: a label the server does not offer, or a malformed value)."""
+    labels = dict(labels or {})
+    call = stub.OpenSession(buffers_pb2.OpenSessionRequest(client_pid=os.getpid(), labels=labels))
+    try:
+        return Session(call, next(call), labels)
+    except grpc.RpcError as error:
+        raise _raise(error) from error
 
 
 class Client:
@@ -250,14 +300,24 @@ class Client:
         *,
         dtype: str | None = None,
         request_id: int = 0,
+        session: Session | None = None,
     ) -> ScoreResult:
         """Scores ``activations[rows]`` [R, H] with a loaded probe set; returns [R, P] scores.
 
         ``activations`` is a float32, float16 or bfloat16 (ml_dtypes) array [T, H]; raw bfloat16
-        bits may be given as uint16 with ``dtype='bf16'``.
+        bits may be given as uint16 with ``dtype='bf16'``. ``session`` (open_session): the
+        outcomes count under its labels.
         """
-        request = score_request(activations, rows, probe_set, dtype=dtype, request_id=request_id)
+        request = score_request(activations, rows, probe_set, dtype=dtype, request_id=request_id,
+                                session_id=session.id if session is not None else 0)
         return _result(self._call(self._stub.Score, request))
+
+    def open_session(self, labels: Mapping[str, str] | None = None) -> Session:
+        """A session whose requests (``score(..., session=...)``) count their probe outcomes
+        under ``labels``, e.g. ``{"model": "llama-3-8b", "replica": "3"}``: names the server
+        offers (``server_info().session_labels``), values of 1 to 64 characters of
+        A-Z a-z 0-9 _ . : / @ + -. Never put request ids or anything unbounded in labels."""
+        return open_session(self._stub, labels)
 
     def probe_set_info(self, name: str) -> ProbeSetInfo:
         """The loaded probe set `name`; ProbeSidecarError NOT_FOUND if there is none."""

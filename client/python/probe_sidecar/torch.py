@@ -134,9 +134,11 @@ class TorchClient:
     """A Client that sends CUDA tensors by reference."""
 
     def __init__(self, target: str | Client = "unix:///tmp/probe-sidecar.sock", *,
-                 events_in_flight: int = 8, **kwargs):
+                 events_in_flight: int = 8, session_labels: dict[str, str] | None = None,
+                 **kwargs):
         """`events_in_flight`: asynchronous requests that may be outstanding at once (each holds
-        a pair of CUDA IPC events; score_async waits for a pair beyond that)."""
+        a pair of CUDA IPC events; score_async waits for a pair beyond that). `session_labels`:
+        the labels of this client's probe-outcome series (Client.open_session)."""
         self.client = target if isinstance(target, Client) else Client(target, **kwargs)
         self._registered: dict[tuple[int, int], tuple[Registration, torch.UntypedStorage]] = {}
         self._events_in_flight = events_in_flight
@@ -148,7 +150,7 @@ class TorchClient:
         self._taps: list[Tap] = []
         # The session lease: the server releases our buffers when this call ends.
         self._session_call = self.client.stub.OpenSession(
-            buffers_pb2.OpenSessionRequest(client_pid=os.getpid())
+            buffers_pb2.OpenSessionRequest(client_pid=os.getpid(), labels=session_labels or {})
         )
         try:
             self.session_id = next(self._session_call).session_id

@@ -11,6 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "kernels/probe_score/probe_score_cpu.h"
+#include "server/executors/cpu/cpu_outcome_counters.h"
 #include "server/executors/cpu/cpu_probe_weights.h"
 
 namespace probesidecar::server {
@@ -32,8 +33,9 @@ int ThreadCount(uint32_t threads) {
 
 }  // namespace
 
-CpuExecutor::CpuExecutor(uint32_t threads, size_t max_queued_requests)
+CpuExecutor::CpuExecutor(uint32_t threads, size_t max_queued_requests, int outcome_slots)
     : capacity_(max_queued_requests),
+      outcome_slots_(outcome_slots),
       pool_(ThreadCount(threads), std::numeric_limits<size_t>::max()) {}
 
 CpuExecutor::~CpuExecutor() { Shutdown(); }
@@ -44,7 +46,13 @@ std::string CpuExecutor::device_name() const {
 
 absl::Status CpuExecutor::PrepareProbeSet(ProbeSet& set) {
   set.executor_weights = CpuProbeWeights::For(set);
+  set.executor_outcomes = std::make_shared<CpuOutcomeCounters>(set, outcome_slots_);
   return absl::OkStatus();
+}
+
+kernels::ProbeOutcomeCounts CpuExecutor::OutcomeCounts(const ProbeSet& set) const {
+  const auto* counters = static_cast<const CpuOutcomeCounters*>(set.executor_outcomes.get());
+  return counters != nullptr ? counters->Read() : kernels::ProbeOutcomeCounts{};
 }
 
 bool CpuExecutor::TryEnqueue() {
@@ -140,6 +148,11 @@ void CpuExecutor::Score(std::unique_ptr<ScoreJob> owned, ScoreDone done) {
           kernels::ProbeScoreCpuParams task = params;
           task.rounded_weight = CpuRoundedWeights(*job->probe_set, params.x_dtype);
           kernels::ScoreProbesCpu(task, begin, end);
+          // The task's rows are in cache: counted here, by the thread that scored them.
+          if (auto* outcomes =
+                  static_cast<CpuOutcomeCounters*>(job->probe_set->executor_outcomes.get())) {
+            outcomes->Count(job->host_out, begin, end, job->outcome_slot);
+          }
         }
       }
       if (shared->remaining.fetch_sub(1) == 1) {

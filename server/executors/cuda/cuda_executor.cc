@@ -21,12 +21,14 @@
 #include "kernels/probe_score/probe_score.h"
 #include "server/executors/cuda/cuda_status.h"
 #include "server/executors/cuda/device_coverage.h"
+#include "server/executors/cuda/device_outcome_counters.h"
 #include "server/executors/cuda/score_fault_hook.h"
 #include "server/executors/cuda/stream_slot.h"
 #include "server/executors/cuda/verify_runner.h"
 #include "server/executors/drop_counter.h"
 #include "server/executors/worker_pool.h"
 #include "server/observability/log.h"
+#include "server/observability/outcome_labels.h"
 
 namespace probesidecar::server {
 namespace {
@@ -172,6 +174,28 @@ class CudaExecutor final : public Executor {
     const int64_t bytes = static_cast<int64_t>(weights->storage_bytes);
     ledger_->device_bytes += bytes;
     const int device = config_.device;
+    absl::StatusOr<std::unique_ptr<DeviceOutcomeCounters>> made = DeviceOutcomeCounters::Create(
+        set, OutcomeLabels::SlotsFor(config_.max_session_label_sets), &ledger_->device_bytes);
+    if (!made.ok()) {
+      kernels::DestroyProbeWeights(weights.get());
+      ledger_->device_bytes -= bytes;
+      return absl::Status(made.status().code(),
+                          absl::StrCat("probe set '", set.name, "': ", made.status().message()));
+    }
+    // Freed like the weights (cudaFree waits for the device): by a worker, once the set is gone.
+    std::shared_ptr<DeviceOutcomeCounters> outcomes(
+        made->release(), [device, ledger = ledger_](DeviceOutcomeCounters* counters) {
+          ledger->Free([device, counters] {
+            cudaSetDevice(device);
+            delete counters;
+          });
+        });
+    {
+      absl::MutexLock lock(&outcomes_mu_);
+      std::erase_if(outcomes_, [](const auto& weak) { return weak.expired(); });
+      outcomes_.push_back(outcomes);
+    }
+    set.device_outcomes[device] = std::move(outcomes);
     set.device_weights[device] = std::shared_ptr<const void>(
         weights.release(), [device, bytes, ledger = ledger_](const void* p) {
           auto* w =
@@ -242,6 +266,28 @@ class CudaExecutor final : public Executor {
       return;
     }
     pool_->Submit(VerifyTask(std::move(job), Clock::now(), std::move(done)));
+  }
+
+  kernels::ProbeOutcomeCounts OutcomeCounts(const ProbeSet& set) const override {
+    const auto it = set.device_outcomes.find(config_.device);
+    if (it == set.device_outcomes.end() || it->second == nullptr) return {};
+    return static_cast<const DeviceOutcomeCounters*>(it->second.get())->Read();
+  }
+
+  void RequestOutcomeRefresh() override {
+    absl::MutexLock lock(&monitor_mu_);
+    ++outcome_copies_asked_;
+  }
+
+  void RefreshOutcomes(absl::Time deadline) override {
+    absl::MutexLock lock(&monitor_mu_);
+    const uint64_t asked = ++outcome_copies_asked_;
+    // The device monitor copies (it wakes for the request); a lost context or a stopping
+    // executor ends the wait too, with the previous copy kept.
+    auto copied = [this, asked]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(monitor_mu_) {
+      return outcome_copies_done_ >= asked || monitor_stop_ || lost_.load();
+    };
+    monitor_mu_.AwaitWithDeadline(absl::Condition(&copied), deadline);
   }
 
   uint64_t non_finite_device_scores() const override {
@@ -327,6 +373,8 @@ class CudaExecutor final : public Executor {
     verifiers_.clear();  // before the slots: they run on the slots' streams
     slots_.clear();
     pool_.reset();
+    if (clean_ && outcome_host_ != nullptr) cudaFreeHost(outcome_host_);
+    outcome_host_ = nullptr;
     return clean_;
   }
 
@@ -508,16 +556,33 @@ class CudaExecutor final : public Executor {
 
   // Every 100 ms: whether the context is still usable (a fault in work answered already, e.g.
   // enqueue-only, shows here even when no request comes), and slots parked for long, said once.
+  // When asked (RefreshOutcomes, RequestOutcomeRefresh), at once: the copy of the probe-outcome
+  // counters.
   void Monitor() {
     cudaSetDevice(config_.device);
+    Clock::time_point next_check = Clock::now();
     while (true) {
+      uint64_t asked = 0, done = 0;
       {
         absl::MutexLock lock(&monitor_mu_);
-        if (monitor_mu_.AwaitWithTimeout(absl::Condition(&monitor_stop_),
-                                         absl::Milliseconds(100))) {
-          return;
-        }
+        auto wake = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(monitor_mu_) {
+          return monitor_stop_ || outcome_copies_asked_ > outcome_copies_done_;
+        };
+        const auto until_check =
+            std::chrono::duration_cast<std::chrono::microseconds>(next_check - Clock::now());
+        monitor_mu_.AwaitWithTimeout(absl::Condition(&wake),
+                                     absl::Microseconds(std::max<int64_t>(0, until_check.count())));
+        if (monitor_stop_) return;
+        asked = outcome_copies_asked_;
+        done = outcome_copies_done_;
       }
+      if (asked > done) {
+        CopyOutcomes();
+        absl::MutexLock lock(&monitor_mu_);
+        outcome_copies_done_ = asked;
+      }
+      if (Clock::now() < next_check) continue;
+      next_check = Clock::now() + std::chrono::milliseconds(100);
       if (!lost_.load()) ContextLost(absl::OkStatus());
       for (size_t i = 0; i < slots_.size(); ++i) {
         StreamSlot& slot = *slots_[i];
@@ -531,6 +596,65 @@ class CudaExecutor final : public Executor {
               static_cast<int>(slots_.size() - parked_slots()), static_cast<int>(slots_.size()));
         }
       }
+    }
+  }
+
+  // Copies every live set's outcome counters (the label slots in use), and each stream slot's
+  // running total of non-finite device scores, to pinned host memory on the probe stream, waits,
+  // and publishes each copy: one batch per request for a copy, however many Score requests ran
+  // since. On a CUDA error the previous copies stay.
+  void CopyOutcomes() {
+    if (lost_.load()) return;
+    std::vector<std::shared_ptr<DeviceOutcomeCounters>> live;
+    {
+      absl::MutexLock lock(&outcomes_mu_);
+      for (const auto& weak : outcomes_) {
+        if (auto counters = weak.lock()) live.push_back(std::move(counters));
+      }
+    }
+    std::vector<int64_t> offsets;
+    int64_t words = 0;
+    for (const auto& counters : live) {
+      offsets.push_back(words);
+      words += counters->CopyWords();
+    }
+    // The stream slots' totals come after the counters, one word each.
+    const int64_t totals = words;
+    const int64_t needed = totals + static_cast<int64_t>(slots_.size());
+    if (needed > outcome_host_words_) {
+      if (outcome_host_ != nullptr) cudaFreeHost(outcome_host_);
+      outcome_host_ = nullptr;
+      outcome_host_words_ = 0;
+      if (cudaHostAlloc(reinterpret_cast<void**>(&outcome_host_), sizeof(uint64_t) * needed,
+                        cudaHostAllocDefault) != cudaSuccess) {
+        cudaGetLastError();
+        outcome_host_ = nullptr;
+        return;
+      }
+      outcome_host_words_ = needed;
+    }
+    std::vector<int> slots(live.size(), 0);
+    cudaError_t e = cudaSuccess;
+    {
+      absl::MutexLock lock(&probe_mu_);
+      for (size_t i = 0; i < live.size() && e == cudaSuccess; ++i) {
+        const int64_t capacity = (i + 1 < live.size() ? offsets[i + 1] : totals) - offsets[i];
+        e = live[i]->CopyTo(outcome_host_ + offsets[i], capacity, probe_stream_, &slots[i]);
+      }
+      for (size_t i = 0; i < slots_.size() && e == cudaSuccess; ++i) {
+        e = slots_[i]->CopyNonFiniteTotal(outcome_host_ + totals + i, probe_stream_);
+      }
+      if (e == cudaSuccess) e = cudaStreamSynchronize(probe_stream_);
+    }
+    if (e != cudaSuccess) {
+      cudaGetLastError();
+      LogWarning("copying the probe-outcome counters of device %d: %s: %s", config_.device,
+                 cudaGetErrorName(e), cudaGetErrorString(e));
+      return;
+    }
+    for (size_t i = 0; i < live.size(); ++i) live[i]->Publish(outcome_host_ + offsets[i], slots[i]);
+    for (size_t i = 0; i < slots_.size(); ++i) {
+      slots_[i]->PublishNonFiniteTotal(outcome_host_[totals + i]);
     }
   }
 
@@ -569,6 +693,15 @@ class CudaExecutor final : public Executor {
   std::thread monitor_;
   absl::Mutex monitor_mu_;
   bool monitor_stop_ ABSL_GUARDED_BY(monitor_mu_) = false;
+  // Copies of the probe-outcome counters asked for, and those the monitor has done (a copy
+  // serves every request made before it started).
+  uint64_t outcome_copies_asked_ ABSL_GUARDED_BY(monitor_mu_) = 0;
+  uint64_t outcome_copies_done_ ABSL_GUARDED_BY(monitor_mu_) = 0;
+  // The outcome counters of every set placed here (weak: they go with their set).
+  absl::Mutex outcomes_mu_;
+  std::vector<std::weak_ptr<DeviceOutcomeCounters>> outcomes_ ABSL_GUARDED_BY(outcomes_mu_);
+  uint64_t* outcome_host_ = nullptr;  // pinned, the monitor's copy target
+  int64_t outcome_host_words_ = 0;
   // TEST-ONLY (score_fault_hook.h): none unless the test binary installed one; Score requests are
   // counted only then.
   ScoreFaultHook fault_hook_;

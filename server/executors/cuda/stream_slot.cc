@@ -10,6 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "server/executors/cuda/cuda_status.h"
+#include "server/executors/cuda/device_outcome_counters.h"
 #include "server/executors/cuda/row_buckets.h"
 
 namespace probesidecar::server {
@@ -35,6 +36,7 @@ StreamSlot::StreamSlot(int device, const Config& config, std::atomic<int64_t>* d
       d_rows_staged_(StagingBuffer::Kind::kDevice, device_bytes),
       h_x_(StagingBuffer::Kind::kPinned, device_bytes),
       d_x_(StagingBuffer::Kind::kDevice, device_bytes),
+      d_out_(StagingBuffer::Kind::kDevice, device_bytes),
       h_out_(StagingBuffer::Kind::kMapped, device_bytes),
       graphs_(config.graph_cache_entries) {}
 
@@ -47,12 +49,12 @@ StreamSlot::~StreamSlot() {
     if (e != nullptr) cudaEventDestroy(e);
   }
   if (completion_ != nullptr) cudaEventDestroy(completion_);
-  for (void* p :
-       {static_cast<void*>(d_args_), static_cast<void*>(d_rows_), static_cast<void*>(d_invalid_),
-        static_cast<void*>(d_identity_rows_), static_cast<void*>(d_count_scratch_)}) {
+  for (void* p : {static_cast<void*>(d_args_), static_cast<void*>(d_rows_),
+                  static_cast<void*>(d_invalid_), static_cast<void*>(d_identity_rows_),
+                  static_cast<void*>(d_count_scratch_), static_cast<void*>(d_non_finite_total_)}) {
     cudaFree(p);
   }
-  for (StagingBuffer* b : {&h_rows_, &d_rows_staged_, &h_x_, &d_x_, &h_out_}) b->Free();
+  for (StagingBuffer* b : {&h_rows_, &d_rows_staged_, &h_x_, &d_x_, &d_out_, &h_out_}) b->Free();
   for (void* p : {static_cast<void*>(h_invalid_), static_cast<void*>(h_non_finite_)}) {
     cudaFreeHost(p);
   }
@@ -79,14 +81,23 @@ absl::Status StreamSlot::Init(const Config& config) {
   h_invalid_[0] = h_invalid_[1] = 0;
   PS_RETURN_IF_CUDA(
       cudaHostGetDevicePointer(reinterpret_cast<void**>(&d_invalid_alias_), h_invalid_, 0));
-  PS_RETURN_IF_CUDA(cudaHostAlloc(reinterpret_cast<void**>(&h_non_finite_), 2 * sizeof(uint32_t),
+  PS_RETURN_IF_CUDA(cudaHostAlloc(reinterpret_cast<void**>(&h_non_finite_), sizeof(uint32_t),
                                   cudaHostAllocMapped));
-  h_non_finite_[0] = h_non_finite_[1] = 0;
+  h_non_finite_[0] = 0;
   PS_RETURN_IF_CUDA(
       cudaHostGetDevicePointer(reinterpret_cast<void**>(&d_non_finite_alias_), h_non_finite_, 0));
   PS_RETURN_IF_CUDA(cudaMalloc(reinterpret_cast<void**>(&d_count_scratch_), 2 * sizeof(uint32_t)));
   PS_RETURN_IF_CUDA(cudaMemset(d_count_scratch_, 0, 2 * sizeof(uint32_t)));
+  PS_RETURN_IF_CUDA(
+      cudaMalloc(reinterpret_cast<void**>(&d_non_finite_total_), sizeof(unsigned long long)));
+  PS_RETURN_IF_CUDA(cudaMemset(d_non_finite_total_, 0, sizeof(unsigned long long)));
   stage_ = std::make_unique<kernels::StageRequestParams>();
+  // Asked here, outside any capture: the outcome count then follows the scoring kernels as their
+  // programmatic dependent where it can (its launch overlaps their last wave), in launch shapes
+  // of up to kProgrammaticCountMaxScores scores.
+  outcome_launch_ = kernels::CountCanFollowProgrammatically()
+                        ? kernels::OutcomeLaunch::kProgrammatic
+                        : kernels::OutcomeLaunch::kStreamOrder;
   kernels::ProbeScoreWorkspaceConfig ws;
   ws.max_rows = max_bucket_;
   ws.max_hidden = 65536;
@@ -122,7 +133,18 @@ absl::Status StreamSlot::Run(const ScoreJob& job, ScoreTimings* timings, bool* e
   const bool timed = !async && timing_every_ > 0 && requests_++ % timing_every_ == 0;
   const GraphKey key{set->id, dtype, bucket, !job.activations.on_device(), source, timed};
   PS_RETURN_IF_CUDA(ReserveFor(key, hidden));
-  if (job.host_out != nullptr) PS_RETURN_IF_CUDA(h_out_.Reserve(sizeof(float) * rows * probes));
+  if (job.host_out != nullptr) {
+    PS_RETURN_IF_CUDA(d_out_.Reserve(sizeof(float) * rows * probes));
+    PS_RETURN_IF_CUDA(h_out_.Reserve(sizeof(float) * rows * probes));
+  }
+  // The counters of the request's label slot (allocated on the slot's first request).
+  unsigned long long* counters = nullptr;
+  if (const auto it = set->device_outcomes.find(device_); it != set->device_outcomes.end()) {
+    absl::StatusOr<unsigned long long*> slot =
+        static_cast<DeviceOutcomeCounters*>(it->second.get())->Slot(job.outcome_slot, stream_);
+    if (!slot.ok()) return slot.status();
+    counters = *slot;
+  }
   if (key.inline_x) {
     // Only the selected rows travel: gathered here into [R, H], read back with identity rows.
     const auto* src = static_cast<const char*>(job.activations.host);
@@ -138,7 +160,8 @@ absl::Status StreamSlot::Run(const ScoreJob& job, ScoreTimings* timings, bool* e
     PS_RETURN_IF_CUDA(d_rows_staged_.Reserve(sizeof(int32_t) * rows));
     std::memcpy(h_rows_.ptr(), job.rows, sizeof(int32_t) * rows);
   }
-  FillStageParams(job, key);
+  // Only a synchronous answer with a device output carries the GPU's non-finite count.
+  FillStageParams(job, key, counters, /*publish_non_finite=*/job.host_out == nullptr && !async);
   absl::StatusOr<GraphEntry*> entry = GraphFor(key, set);
   if (!entry.ok()) return entry.status();
   timings->kernel_path = kernels::ProbeScorePathName((*entry)->path);
@@ -166,6 +189,7 @@ absl::Status StreamSlot::Run(const ScoreJob& job, ScoreTimings* timings, bool* e
   GpuLeases leases = {set,
                       job.activations.device.hold,
                       job.device_rows.device.hold,
+                      job.counted_rows.device.hold,
                       job.device_out.device.hold,
                       job.ready.hold,
                       job.done.hold};
@@ -187,7 +211,7 @@ absl::Status StreamSlot::Run(const ScoreJob& job, ScoreTimings* timings, bool* e
     timings->kernel = kernel_ms * 1e-3;
   }
   if (job.host_out == nullptr) {
-    timings->device_non_finite = reinterpret_cast<volatile uint32_t*>(h_non_finite_)[1];
+    timings->device_non_finite = reinterpret_cast<volatile uint32_t*>(h_non_finite_)[0];
   }
   if (source == RowSource::kDevice) {
     const uint32_t invalid = reinterpret_cast<volatile uint32_t*>(h_invalid_)[1];
@@ -204,7 +228,8 @@ absl::Status StreamSlot::Run(const ScoreJob& job, ScoreTimings* timings, bool* e
   return absl::OkStatus();
 }
 
-void StreamSlot::FillStageParams(const ScoreJob& job, const GraphKey& key) {
+void StreamSlot::FillStageParams(const ScoreJob& job, const GraphKey& key,
+                                 unsigned long long* counters, bool publish_non_finite) {
   kernels::StageRequestParams& stage = *stage_;
   stage.args_dst = d_args_;
   stage.rows_dst = key.rows == RowSource::kIdentity ? nullptr : d_rows_;
@@ -224,7 +249,7 @@ void StreamSlot::FillStageParams(const ScoreJob& job, const GraphKey& key) {
     args.score.x_row_stride = job.activations.row_stride;
   }
   if (job.host_out != nullptr) {
-    args.score.out = static_cast<float*>(h_out_.device_alias());
+    args.score.out = static_cast<float*>(d_out_.ptr());
     args.score.out_row_stride = job.probe_set->num_probes;
   } else {
     args.score.out = static_cast<float*>(job.device_out.device.device_ptr);
@@ -232,9 +257,23 @@ void StreamSlot::FillStageParams(const ScoreJob& job, const GraphKey& key) {
   }
   args.poison =
       kernels::PoisonDescriptor{args.score.out, args.score.out_row_stride, job.num_rows, 0};
-  // Scores bound for the response are counted on the host (their bytes are read there anyway).
-  args.non_finite = kernels::NonFiniteDescriptor{args.score.out, args.score.out_row_stride,
-                                                 job.num_rows, job.host_out == nullptr ? 1 : 0};
+  // Every score is counted on the GPU; scores bound for the response are copied to the host as
+  // they are read (the running non-finite total takes device outputs only: the host counts the
+  // scores it returns, as it reads them for `fired` anyway).
+  args.outcomes.scores = args.score.out;
+  args.outcomes.scores_row_stride = args.score.out_row_stride;
+  if (job.host_out != nullptr) {
+    args.outcomes.copy_to = static_cast<float*>(h_out_.device_alias());
+    args.outcomes.copy_row_stride = job.probe_set->num_probes;
+  }
+  args.outcomes.counters = counters;
+  if (job.counted_rows.size > 0) {
+    args.outcomes.group_counts = static_cast<const int32_t*>(job.counted_rows.device.device_ptr);
+    args.outcomes.group_rows = static_cast<int32_t>(job.num_rows / job.counted_rows.size);
+  }
+  args.outcomes.num_rows = job.num_rows;
+  args.outcomes.add_to_total = job.host_out == nullptr ? 1 : 0;
+  args.outcomes.publish_count = publish_non_finite ? 1 : 0;
   std::memcpy(stage.args, &args, sizeof(args));
   stage.device_rows = nullptr;
   switch (key.rows) {
@@ -396,8 +435,16 @@ uint64_t StreamSlot::invalid_rows() const {
 }
 
 uint64_t StreamSlot::non_finite_scores() const {
-  return h_non_finite_ == nullptr ? 0
-                                  : reinterpret_cast<const volatile uint32_t*>(h_non_finite_)[0];
+  return non_finite_copied_.load(std::memory_order_relaxed);
+}
+
+cudaError_t StreamSlot::CopyNonFiniteTotal(uint64_t* host, cudaStream_t stream) const {
+  if (d_non_finite_total_ == nullptr) {
+    *host = 0;
+    return cudaSuccess;
+  }
+  return cudaMemcpyAsync(host, d_non_finite_total_, sizeof(uint64_t), cudaMemcpyDeviceToHost,
+                         stream);
 }
 
 cudaError_t StreamSlot::ReserveFor(const GraphKey& key, int32_t hidden) {
@@ -416,11 +463,14 @@ absl::StatusOr<GraphEntry*> StreamSlot::GraphFor(const GraphKey& key,
 
 absl::StatusOr<GraphEntry> StreamSlot::Capture(const GraphKey& key, const ProbeSet& set) {
   const auto placed = set.device_weights.find(device_);
-  if (placed == set.device_weights.end() || placed->second == nullptr) {
-    return absl::InternalError(
-        absl::StrCat("probe set '", set.name, "' has no weights on CUDA device ", device_));
+  const auto counted = set.device_outcomes.find(device_);
+  if (placed == set.device_weights.end() || placed->second == nullptr ||
+      counted == set.device_outcomes.end() || counted->second == nullptr) {
+    return absl::InternalError(absl::StrCat(
+        "probe set '", set.name, "' has no weights or counters on CUDA device ", device_));
   }
   const auto& weights = *static_cast<const kernels::ProbeWeights*>(placed->second.get());
+  const auto& outcomes = *static_cast<const DeviceOutcomeCounters*>(counted->second.get());
   // The path and its launch plan are chosen once here; every replay runs them.
   const kernels::ProbeScoreShape shape{key.dtype, key.bucket, set.num_probes, set.hidden,
                                        set.precision};
@@ -478,15 +528,23 @@ absl::StatusOr<GraphEntry> StreamSlot::Capture(const GraphKey& key, const ProbeS
     error = kernels::LaunchPoisonInvalidRows(poison, stream_);
   }
   if (error == cudaSuccess) {
-    // NaN and Inf in device outputs are counted on the GPU (the staged descriptor says whether
-    // this request's output is on the device); the count comes back in mapped host memory.
-    kernels::CountNonFiniteParams count;
-    count.descriptor = &d_args_->non_finite;
+    // What the probes found is counted on the GPU, in this graph, whatever path scored: into the
+    // counters the staged descriptor names (the request's label slot); the request's non-finite
+    // count comes back in mapped host memory.
+    kernels::CountProbeOutcomesParams count;
+    count.descriptor = &d_args_->outcomes;
+    count.thresholds = outcomes.tables().thresholds;
+    count.bounds = outcomes.tables().bounds;
+    count.num_probes = weights.num_probes;
+    count.num_bounds = outcomes.layout().num_bounds;
     count.bucket = key.bucket;
-    count.num_columns = weights.num_probes;
     count.scratch = d_count_scratch_;
-    count.counts = d_non_finite_alias_;
-    error = kernels::LaunchCountNonFinite(count, stream_);
+    count.non_finite_total = d_non_finite_total_;
+    count.request_non_finite = d_non_finite_alias_;
+    const bool small =
+        int64_t{key.bucket} * weights.num_probes <= kernels::kProgrammaticCountMaxScores;
+    error = kernels::LaunchCountProbeOutcomes(
+        count, stream_, small ? outcome_launch_ : kernels::OutcomeLaunch::kStreamOrder);
   }
   if (error == cudaSuccess) error = mark(2);
   const cudaError_t end = cudaStreamEndCapture(stream_, &entry.graph);

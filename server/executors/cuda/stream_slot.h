@@ -7,9 +7,10 @@
 // A graph is: [event] staging kernel (its parameters carry the request's argument block and up to
 // kMaxInlineRows row indices, updated per request on the instantiated graph) -> [copy of staged
 // inline activations] -> [event] scoring kernels -> [poison kernel for rows found invalid on the
-// device] -> count of NaN or infinite scores (device outputs) -> [event]. Scores meant for the
-// response are written straight into mapped host memory, so a graph has no device-to-host copy
-// either.
+// device] -> probe-outcome count (kernels/probe_outcomes: fired, non-finite and the score
+// histogram into the set's device counters of the request's label slot; it also copies scores
+// meant for the response from the slot's device output into mapped host memory, so a graph has no
+// device-to-host copy either) -> [event].
 //
 // A slot takes a request only when its stream is idle (Idle): the work of a request answered
 // before the GPU finished it (enqueue-only, or given up at its deadline while the stream still
@@ -33,6 +34,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "kernels/probe_outcomes/probe_outcomes.h"
 #include "kernels/probe_score/probe_score.h"
 #include "kernels/request_staging/request_staging.h"
 #include "server/config/config.h"
@@ -122,16 +124,22 @@ class StreamSlot {
   GraphCacheCounters counters() const;
   // Row indices found outside [0, T) on the GPU so far (device rows).
   uint64_t invalid_rows() const;
-  // NaN or infinite scores written to device outputs so far (counted on the GPU).
+  // NaN or infinite scores written to device outputs (counted on the GPU), as of the last copy
+  // (CopyNonFiniteTotal, then PublishNonFiniteTotal: the device monitor's).
   uint64_t non_finite_scores() const;
+  // Enqueues the copy of the device's running total into `host` (pinned) on `stream`.
+  cudaError_t CopyNonFiniteTotal(uint64_t* host, cudaStream_t stream) const;
+  void PublishNonFiniteTotal(uint64_t total) {
+    non_finite_copied_.store(total, std::memory_order_relaxed);
+  }
 
  private:
   // The device block the staging kernel writes: the scoring kernels' arguments, then what the
-  // poison kernel reads.
+  // poison kernel and the outcome count read.
   struct StagedArgs {
     kernels::ProbeScoreDeviceArgs score;
     kernels::PoisonDescriptor poison;
-    kernels::NonFiniteDescriptor non_finite;
+    kernels::ProbeOutcomeDescriptor outcomes;
   };
   static_assert(sizeof(StagedArgs) <= kernels::kMaxStagedArgsBytes);
 
@@ -143,8 +151,11 @@ class StreamSlot {
   absl::StatusOr<GraphEntry*> GraphFor(const GraphKey& key,
                                        const std::shared_ptr<const ProbeSet>& set);
   absl::StatusOr<GraphEntry> Capture(const GraphKey& key, const ProbeSet& set);
-  // The staging kernel's parameters for `job` (writes the argument block and rows).
-  void FillStageParams(const ScoreJob& job, const GraphKey& key);
+  // The staging kernel's parameters for `job` (writes the argument block and rows); `counters`:
+  // the outcome counters of its set and label slot on this device (nullptr: not counted);
+  // `publish_non_finite`: the request's non-finite count is wanted in its answer.
+  void FillStageParams(const ScoreJob& job, const GraphKey& key, unsigned long long* counters,
+                       bool publish_non_finite);
   // Keeps `leases` until the work queued so far on the stream has finished.
   absl::Status HoldUntilDone(GpuLeases leases);
   static void CUDART_CB OnStreamDone(void* data);
@@ -165,13 +176,21 @@ class StreamSlot {
   int32_t* d_identity_rows_ = nullptr;   // 0, 1, 2 ... for staged activations
   uint32_t* h_invalid_ = nullptr;        // mapped [2]: invalid rows so far, and in the last request
   uint32_t* d_invalid_alias_ = nullptr;  // its device address
-  uint32_t* h_non_finite_ = nullptr;     // mapped [2]: non-finite device scores so far, in the last
+  uint32_t* h_non_finite_ = nullptr;     // mapped [1]: non-finite scores of the last synchronous
+                                         // request with a device output (the count publishes it)
   uint32_t* d_non_finite_alias_ = nullptr;  // its device address
-  uint32_t* d_count_scratch_ = nullptr;     // [2] the count kernel's scratch
-  StagingBuffer h_rows_, d_rows_staged_;    // host rows past kMaxInlineRows, and their device copy
-  StagingBuffer h_x_, d_x_;                 // staged activation rows [bucket, H]
-  StagingBuffer h_out_;                     // mapped: scores for the response [R, P]
+  // [1] device: non-finite scores written to device outputs so far (the count adds to it; the
+  // device monitor copies it with the outcome counters: non_finite_scores).
+  unsigned long long* d_non_finite_total_ = nullptr;
+  std::atomic<uint64_t> non_finite_copied_{0};
+  uint32_t* d_count_scratch_ = nullptr;   // [2] the outcome count's scratch
+  StagingBuffer h_rows_, d_rows_staged_;  // host rows past kMaxInlineRows, and their device copy
+  StagingBuffer h_x_, d_x_;               // staged activation rows [bucket, H]
+  // Scores for the response [R, P]: written by the scoring kernels on the device, copied into the
+  // mapped host buffer by the outcome count as it reads them.
+  StagingBuffer d_out_, h_out_;
   std::unique_ptr<kernels::StageRequestParams> stage_;  // ~4 KB, reused per request
+  kernels::OutcomeLaunch outcome_launch_ = kernels::OutcomeLaunch::kStreamOrder;
   kernels::ProbeScoreWorkspace* workspace_ = nullptr;
   GraphCache graphs_;
   // Leases of enqueue-only requests whose work the GPU has finished (filled on CUDA's callback

@@ -1,0 +1,177 @@
+// The count of probe outcomes on the GPU (probe_outcomes.h has the semantics and the launch).
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "kernels/common/grid_dependency.cuh"
+#include "kernels/probe_outcomes/probe_outcomes.h"
+
+namespace probesidecar::kernels::probe_outcomes_detail {
+
+// Probes per block (the columns of one tile); a block has up to kMaxThreads threads, a whole
+// number of rows of the tile per pass.
+inline constexpr int kTileProbes = 128;
+inline constexpr int kMaxThreads = 256;
+// Rows each thread loads before it counts them (independent loads in flight).
+inline constexpr int kUnroll = 4;
+// Blocks in all: each adds its tile's histograms to the counters once, so more blocks means more
+// global atomics on the same words.
+inline constexpr int kMaxBlocks = 512;
+
+// The bucket of a finite score in `bounds` [num_bounds] (shared memory): the first b with
+// score <= bounds[b], else num_bounds.
+__device__ __forceinline__ int Bucket(const float* bounds, int num_bounds, float score) {
+  int lo = 0, hi = num_bounds;
+  while (lo < hi) {
+    const int mid = (lo + hi) >> 1;
+    if (score <= bounds[mid]) {
+      hi = mid;
+    } else {
+      lo = mid + 1;
+    }
+  }
+  return lo;
+}
+
+// Grid: (row groups, probe tiles); block: tile_width x rows_per_pass threads, tile_width =
+// min(P, kTileProbes). Thread t counts probe column t % tile_width of the tile over the rows
+// (t / tile_width) + k * rows_per_pass * gridDim.x, kUnroll rows at a time, in registers and a
+// shared-memory histogram; the block then adds what it counted to the slot's counters (nonzero
+// words only) and its non-finite scores to the running total; where the descriptor asks, the
+// request's non-finite count is published (by the last block to finish, which resets the
+// scratch).
+__global__ void __launch_bounds__(kMaxThreads)
+    CountProbeOutcomesKernel(const __grid_constant__ CountProbeOutcomesParams p) {
+  __shared__ uint32_t histogram[kTileProbes * (kMaxScoreBounds + 1)];
+  __shared__ uint32_t fired[kTileProbes];
+  __shared__ uint32_t non_finite[kTileProbes];
+  __shared__ double sum[kTileProbes];
+  __shared__ float bounds[kMaxScoreBounds];
+  __shared__ uint32_t block_non_finite;
+  __shared__ uint32_t block_rows;  // counted rows, with group counts
+  __shared__ bool last_block;
+
+  const ProbeOutcomeDescriptor d = *p.descriptor;
+  const int tile_width = p.num_probes < kTileProbes ? p.num_probes : kTileProbes;
+  const int buckets = p.num_bounds + 1;
+  const int tile_begin = static_cast<int>(blockIdx.y) * kTileProbes;
+  const int tid = static_cast<int>(threadIdx.x);
+  for (int i = tid; i < tile_width * buckets; i += blockDim.x) histogram[i] = 0;
+  for (int i = tid; i < tile_width; i += blockDim.x) {
+    fired[i] = 0;
+    non_finite[i] = 0;
+    sum[i] = 0;
+  }
+  for (int i = tid; i < p.num_bounds; i += blockDim.x) bounds[i] = __ldg(p.bounds + i);
+  if (tid == 0) {
+    block_non_finite = 0;
+    block_rows = 0;
+    // Rows first (when every row counts), so that a reader of the counters never sees more fired
+    // than scored.
+    if (d.counters != nullptr && d.group_counts == nullptr && blockIdx.x == 0 && blockIdx.y == 0 &&
+        d.num_rows > 0) {
+      atomicAdd(d.counters, static_cast<unsigned long long>(d.num_rows));
+    }
+  }
+  // Launched as a programmatic dependent, the set-up above overlaps the scoring kernel's tail:
+  // the scores are read only once it has finished (a no-op in plain stream order). The
+  // descriptor was written before that kernel started, so it is visible already.
+  blocks::GridDependencyWait();
+  __syncthreads();
+
+  const int column = tid % tile_width;
+  const int probe = tile_begin + column;
+  const int rows_per_pass = static_cast<int>(blockDim.x) / tile_width;
+  const int64_t stride = static_cast<int64_t>(rows_per_pass) * gridDim.x;
+  uint32_t my_fired = 0, my_non_finite = 0;
+  double my_sum = 0;
+  if (probe < p.num_probes && tid < tile_width * rows_per_pass) {
+    const float threshold = __ldg(p.thresholds + probe);
+    for (int64_t first = static_cast<int64_t>(blockIdx.x) * rows_per_pass + tid / tile_width;
+         first < d.num_rows; first += kUnroll * stride) {
+      float v[kUnroll];
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) {
+        const int64_t r = first + u * stride;
+        v[u] = r < d.num_rows ? d.scores[r * d.scores_row_stride + probe] : 0.0f;
+      }
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) {
+        const int64_t r = first + u * stride;
+        if (r >= d.num_rows) break;
+        const float s = v[u];
+        if (d.copy_to != nullptr) d.copy_to[r * d.copy_row_stride + probe] = s;
+        if (d.group_counts != nullptr) {
+          // Padding rows of a group are copied, never counted.
+          const int64_t group = r / d.group_rows;
+          if (r - group * d.group_rows >= __ldg(d.group_counts + group)) continue;
+          if (probe == 0) atomicAdd(&block_rows, 1u);
+        }
+        if (!isfinite(s)) {
+          ++my_non_finite;
+          continue;
+        }
+        my_sum += s;
+        my_fired += s >= threshold ? 1u : 0u;  // false for a NaN threshold
+        atomicAdd(&histogram[column * buckets + Bucket(bounds, p.num_bounds, s)], 1u);
+      }
+    }
+    if (my_fired != 0) atomicAdd(&fired[column], my_fired);
+    if (my_non_finite != 0) atomicAdd(&non_finite[column], my_non_finite);
+    if (my_sum != 0) atomicAdd(&sum[column], my_sum);
+  }
+  // (Blocks need not be whole warps, so no warp shuffle: non-finite scores are rare.)
+  if (my_non_finite != 0) atomicAdd(&block_non_finite, my_non_finite);
+  __syncthreads();
+
+  if (d.counters != nullptr) {
+    if (tid == 0 && block_rows != 0) {
+      atomicAdd(d.counters, static_cast<unsigned long long>(block_rows));
+    }
+    // This tile's probes: [sum, fired, non-finite, buckets...] each, nonzero words only.
+    const int width =
+        p.num_probes - tile_begin < tile_width ? p.num_probes - tile_begin : tile_width;
+    const int record = ProbeOutcomeLayout::kBuckets + buckets;
+    for (int i = tid; i < width * record; i += blockDim.x) {
+      const int c = i / record, field = i % record;
+      unsigned long long* word =
+          d.counters + 1 + static_cast<int64_t>(tile_begin + c) * record + field;
+      if (field == ProbeOutcomeLayout::kSum) {
+        if (sum[c] != 0) atomicAdd(reinterpret_cast<double*>(word), sum[c]);
+        continue;
+      }
+      const uint32_t n = field == ProbeOutcomeLayout::kFired ? fired[c]
+                         : field == ProbeOutcomeLayout::kNonFinite
+                             ? non_finite[c]
+                             : histogram[c * buckets + field - ProbeOutcomeLayout::kBuckets];
+      if (n != 0) atomicAdd(word, static_cast<unsigned long long>(n));
+    }
+  }
+
+  if (tid == 0 && block_non_finite != 0 && d.add_to_total != 0) {
+    atomicAdd(p.non_finite_total, static_cast<unsigned long long>(block_non_finite));
+  }
+  if (d.publish_count == 0) return;
+  // The request's count: a lone block has it; several add theirs up and the last to finish
+  // publishes (a ticket and fences: a cost only the requests that need the count pay).
+  if (gridDim.x * gridDim.y == 1) {
+    if (tid == 0) *p.request_non_finite = block_non_finite;
+    return;
+  }
+  if (tid == 0) {
+    if (block_non_finite != 0) atomicAdd(&p.scratch[0], block_non_finite);
+    __threadfence();
+    last_block = atomicAdd(&p.scratch[1], 1u) == gridDim.x * gridDim.y - 1;
+  }
+  __syncthreads();
+  if (last_block && tid == 0) {
+    __threadfence();
+    *p.request_non_finite = atomicAdd(&p.scratch[0], 0u);
+    p.scratch[0] = 0;
+    p.scratch[1] = 0;
+  }
+}
+
+}  // namespace probesidecar::kernels::probe_outcomes_detail
