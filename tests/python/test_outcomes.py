@@ -204,3 +204,37 @@ def test_probe_client_watch_shows_fire_rates(server):
     bad = subprocess.run([str(CLIENT_BIN), f"--target=unix:{server.socket}", "watch",
                           "--interval=0"], capture_output=True, text=True, timeout=60)
     assert bad.returncode == 2 and "--interval" in bad.stderr
+
+
+def test_a_taps_padding_rows_are_neither_scored_nor_counted(server):
+    """A tap's window holds max_batch rows per step; only those each step wrote are real. Inline
+    windows (host and CPU rings) send only those, so the outcomes count exactly the delivered
+    records (a CUDA ring names its per-step counts: counted_rows, tests/python/test_gpu_*)."""
+    torch = pytest.importorskip("torch")
+    from probe_sidecar.torch import cpu_tap
+
+    probe = ProbeFile(3, H, seed=31, thresholds=[0.0, 0.5, None])
+    rng = np.random.default_rng(5)
+    with server.client() as c:
+        for kind in ("host", "cpu"):
+            name = f"tap_{kind}"
+            info = c.load_probe_set(name, data=probe.data)
+            recount = Recount.for_set(info)
+            if kind == "host":
+                tap = c.tap(name, max_batch=8, window=3)
+            else:
+                tap = cpu_tap(c, name, max_batch=8, window=3, dtype=torch.float32)
+            written = 0
+            for step, n in enumerate([2, 5, 0, 8, 1, 3, 0]):
+                x = rng.standard_normal((max(n, 1), H)).astype(np.float32)
+                rows = x if kind == "host" else torch.from_numpy(x)
+                count = n if kind == "host" else torch.tensor(n, dtype=torch.int32)
+                tap.write(rows, count)
+                tap.step()
+                written += n
+            tap.close()
+            windows = list(tap.windows())
+            records = [r for w in windows for r in w.records()]
+            assert len(records) == written and all(w.error is None for w in windows)
+            recount.add(np.array([r.scores for r in records]))
+            assert_matches_proto(recount, c.probe_set_info(name).outcomes, name)

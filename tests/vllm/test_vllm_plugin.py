@@ -75,7 +75,7 @@ def run_engine(setup, name: str, scenario: str, **plugin) -> dict:
     run.mkdir()
     config = {"target": setup["sidecar"].uds_target, "probe_sets": ["tiny", "tiny_sigmoid"],
               "window": 4, "max_window_s": 0.5, "callback": "record_sink:record",
-              "jsonl": str(run / "events.jsonl"), **plugin}
+              "jsonl": str(run / "events.jsonl"), "session_labels": {"model": name}, **plugin}
     env = {**os.environ, "PROBE_SIDECAR_VLLM": json.dumps(config),
            "RECORDS_PATH": str(run / "records.jsonl"), "VLLM_CACHE_ROOT": str(setup["cache"]),
            "PYTHONPATH": os.pathsep.join([str(HERE), os.environ.get("PYTHONPATH", "")]),
@@ -241,6 +241,25 @@ def test_an_aborted_request_leaves_nothing_stale(setup, batch):
             assert tap_state[key] == 0, (key, tap_state)
         assert tap_state.get("windows_failed", 0) == 0
         assert tap_state.get("rows_mismatched", 0) == 0
+
+
+def test_the_sidecar_counts_the_engines_rows_under_its_labels(setup, batch):
+    """The engine's session labels (session_labels) label its probe-outcome series on the
+    sidecar's /metrics: every delivered row is counted there, and the only rows counted beyond
+    them are the last positions of partial prefill chunks (written, scored, not delivered)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    counted = {}
+    for family in text_string_to_metric_families(setup["sidecar"].metrics_text()):
+        for sample in family.samples:
+            if (sample.name == "probesidecar_probe_set_rows_scored_total"
+                    and sample.labels.get("model") == "batch"):
+                counted[sample.labels["probe_set"]] = sample.value
+    delivered = {name: sum(r["probe_set"] == name for r in batch["records"])
+                 for name in ("tiny", "tiny_sigmoid")}
+    chunks = sum(-(-len(q["prompt"]) // 32) for q in batch["out"]["requests"])
+    for name, rows in delivered.items():
+        assert rows <= counted[name] <= rows + chunks, (name, counted, delivered)
 
 
 def test_the_tap_joins_the_compile_cache_key(setup):

@@ -157,6 +157,7 @@ class CudaRing(TorchRing):
         """One Score of a full window now, waited for: the sidecar captures the graph a window
         replays before the loop's first window needs it (its scores are overwritten later)."""
         stream = torch.cuda.current_stream(self.device)
+        self.counts.zero_()  # the warm-up writes' counts: the warm window counts no row
         self._ready[0].record(stream)
         self._client.client._call(self._client.client.stub.Score, self._request(0, self.window))
         self._done[0].synchronize()
@@ -247,6 +248,12 @@ class CudaRing(TorchRing):
             output.buffer.buffer_id = self._buffer_id
             output.buffer.offset_bytes = (self.layout.offsets["scores"]
                                           + base * self.max_batch * self.num_probes * 4)
+            # Only the rows each step wrote count in the probe outcomes (not a batch's padding).
+            counted = request.counted_rows
+            counted.dtype = tensor_pb2.DTYPE_INT32
+            counted.shape.append(steps)
+            counted.buffer.buffer_id = self._buffer_id
+            counted.buffer.offset_bytes = self.layout.offsets["counts"] + base * 4
             self._requests[(half, steps)] = request
         return request
 

@@ -12,8 +12,6 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from probesidecar.v1 import score_pb2
-
 from . import tap_op
 from ._torch_dtypes import PROTO_DTYPES
 from .tap import InlineRing, Ring, TapError, _Window
@@ -102,23 +100,14 @@ class CpuRing(InlineRing, TorchRing):
                            device=torch.device("cpu"), device_scores=False)
         self._adopt(torch.zeros(self.layout.nbytes, dtype=torch.uint8))
         self._probe_set, self._session_id = probe_set, session_id
-        self._rows = {}  # steps -> the rows list of a window of that many steps
         self._warm_up_writes()
 
     def close_window(self, window: _Window) -> None:
         base, steps = window.half * self.window, window.steps
-        rows = steps * self.max_batch
-        request = score_pb2.ScoreRequest(probe_set=self._probe_set, session_id=self._session_id)
-        request.activations.dtype = PROTO_DTYPES[self.dtype]
-        request.activations.shape.extend([rows, self.hidden_size])
         start = self.layout.offsets["slots"] + base * self.layout.slot_bytes
         # The window's rows travel in the request: the half may be rewritten at once.
-        request.activations.data = self.raw[start:start + steps * self.layout.slot_bytes
-                                            ].numpy().tobytes()
-        if steps not in self._rows:
-            self._rows[steps] = list(range(rows))
-        request.rows.extend(self._rows[steps])
-        window.request = request
-        window.ring_state = [self.counts[base:base + steps].numpy().astype(np.int32),
-                             int(self.meta[tap_op.WRITES]), None]
+        self.inline_request(self._probe_set, self._session_id, window, PROTO_DTYPES[self.dtype],
+                            self.raw[start:start + steps * self.layout.slot_bytes].numpy().tobytes(),
+                            self.counts[base:base + steps].numpy().astype(np.int32),
+                            int(self.meta[tap_op.WRITES]))
         tap_op.close_window(self.raw, self.layout, window.half, (1 - window.half) * self.window)

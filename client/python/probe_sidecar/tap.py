@@ -295,13 +295,23 @@ class Tap:
     # --- background threads -------------------------------------------------------------------
 
     def _submit_loop(self) -> None:
+        sent = None  # the last window sent
         while True:
             window = self._submissions.get()
             if window is None:
                 return
+            if window.request is None:
+                # No row to score (an inline window whose steps wrote none): answered here, in
+                # order, once the window before it has been.
+                if sent is not None:
+                    sent.settled.wait(self._reuse_timeout_s)
+                self._answered(window, score_pb2.ScoreResponse(num_probes=self.num_probes), None)
+                sent = window
+                continue
             if self._submit_after_ready:
                 self.ring.ready_wait(window)
             self._send(window)
+            sent = window
 
     def _answered(self, window: _Window, response, error) -> None:
         """On the stream's reader thread, as soon as the answer is in."""
@@ -474,13 +484,32 @@ _HOST_DTYPES = {"float32": (np.float32, tensor_pb2.DTYPE_FLOAT32),
 
 
 class InlineRing(Ring):
-    """A ring whose windows travel inline: close_window() sets `window.ring_state` to [num_rows,
-    writes, None] and puts the rows in the request; the answer brings the scores."""
+    """A ring whose windows travel inline: close_window() puts in the request only the rows each
+    step wrote (inline_request), so a batch's padding is neither scored nor counted in the probe
+    outcomes; the answer's scores go back to their places in [steps, max_batch, P]."""
+
+    def inline_request(self, probe_set: str, session_id: int, window: _Window, proto_dtype: int,
+                       slots: bytes, num_rows: np.ndarray, writes: int) -> None:
+        """Sets window.request (activations: the window's slots as `slots`) and ring_state."""
+        steps = window.steps
+        request = score_pb2.ScoreRequest(probe_set=probe_set, session_id=session_id)
+        request.activations.dtype = proto_dtype
+        request.activations.shape.extend([steps * self.max_batch, self.hidden_size])
+        request.activations.data = slots
+        rows = (np.arange(self.max_batch)[None, :] < num_rows[:, None]).ravel().nonzero()[0]
+        request.rows.extend(rows.tolist())
+        # A window whose steps wrote no row has nothing to score: no request (Tap answers it).
+        window.request = request if len(rows) else None
+        window.ring_state = [num_rows, writes, rows]
 
     def answered(self, window: _Window, response) -> None:
         if response is not None:
-            window.ring_state[2] = np.frombuffer(response.scores, dtype="<f4").reshape(
-                window.steps, self.max_batch, -1)
+            num_rows, writes, rows = window.ring_state
+            scores = np.full((window.steps * self.max_batch, response.num_probes), np.nan,
+                             np.float32)
+            scores[rows] = np.frombuffer(response.scores, dtype="<f4").reshape(len(rows), -1)
+            window.ring_state = [num_rows, writes, scores.reshape(window.steps, self.max_batch,
+                                                                  -1)]
 
     def fetch(self, window: _Window):
         num_rows, writes, scores = window.ring_state
@@ -503,7 +532,6 @@ class HostRing(InlineRing):
         self._limit = window
         self._writes = 0
         self._probe_set, self._session_id = probe_set, session_id
-        self._rows = {}  # steps -> the rows list of a window of that many steps
 
     def write(self, hidden, num_rows=None) -> None:
         hidden = _host_array(hidden, self.dtype)
@@ -523,17 +551,10 @@ class HostRing(InlineRing):
 
     def close_window(self, window: _Window) -> None:
         base, steps = window.half * self.window, window.steps
-        rows = steps * self.max_batch
-        request = score_pb2.ScoreRequest(probe_set=self._probe_set, session_id=self._session_id)
-        request.activations.dtype = self._proto_dtype
-        request.activations.shape.extend([rows, self.hidden_size])
         # The window's rows travel in the request: the half may be rewritten at once.
-        request.activations.data = self._slots[base:base + steps].tobytes()
-        if steps not in self._rows:
-            self._rows[steps] = list(range(rows))
-        request.rows.extend(self._rows[steps])
-        window.request = request
-        window.ring_state = [self._num_rows[base:base + steps].copy(), self._writes, None]
+        self.inline_request(self._probe_set, self._session_id, window, self._proto_dtype,
+                            self._slots[base:base + steps].tobytes(),
+                            self._num_rows[base:base + steps].copy(), self._writes)
         next_base = (1 - window.half) * self.window
         self._slot, self._limit, self._writes = next_base, next_base + self.window, 0
 

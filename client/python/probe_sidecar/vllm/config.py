@@ -13,6 +13,9 @@ Keys (only `probe_sets` is required):
   window          steps per Score (K, default 16)
   max_window_s    a window open this long is scored even if not full, also while the engine is
                   idle (default 1.0; null: only full windows and the end of a generate())
+  session_labels  labels of the engine's probe-outcome series on the sidecar's /metrics, e.g.
+                  {"model": "llama-3-8b", "replica": "3"} (names the sidecar offers:
+                  --session-labels; bounded values only, never request ids)
   tap_rank        the tensor-parallel rank that taps (default 0: the final hidden state is the
                   same on every rank); the others run unchanged
   jsonl           a file to append `fired` and `request` events to (one JSON object per line)
@@ -47,6 +50,7 @@ class PluginConfig:
     window: int = 16
     max_window_s: float | None = 1.0
     tap_rank: int = 0
+    session_labels: tuple = ()  # ((name, value), ...)
     jsonl: str | None = None
     callback: str | None = None
     request_callback: str | None = None
@@ -136,6 +140,11 @@ def parse(data) -> PluginConfig:
         value = values.get(name)
         if value is not None and not isinstance(value, str):
             raise ConfigError(f"{ENV}: {name} must be a string, got {value!r}")
+    labels = values.get("session_labels", {})
+    if not isinstance(labels, dict) or not all(isinstance(k, str) and isinstance(v, str)
+                                               for k, v in labels.items()):
+        raise ConfigError(f"{ENV}: session_labels must be an object of strings, got {labels!r}")
+    values["session_labels"] = tuple(sorted(labels.items()))
     for name in ("callback", "request_callback"):
         if values.get(name) is not None and ":" not in values[name]:
             raise ConfigError(f"{ENV}: {name} must be \"module:function\", got {values[name]!r}")

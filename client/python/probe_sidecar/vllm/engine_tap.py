@@ -50,10 +50,13 @@ class EngineTap:
                  on_record: Callable[[ProbeRecord], None] | None = None,
                  on_request: Callable[[str, dict[str, ProbeSummary]], None] | None = None,
                  jsonl: str | None = None, max_queued_records: int = 0,
-                 max_finished: int = 10000, logger: logging.Logger | None = None):
+                 max_finished: int = 10000, logger: logging.Logger | None = None,
+                 holds=()):
         """`make_tap(probe_set, on_window)`: a tap for that probe set whose windows go to
         `on_window` (made with raise_errors=False: a failed window is reported, never raised into
-        the engine)."""
+        the engine). `holds`: objects with close() that the taps need open (a session), closed
+        last."""
+        self._holds = list(holds)
         self.window = window
         self.probe_names = probe_names
         self._max_window_s = max_window_s
@@ -324,6 +327,9 @@ class EngineTap:
                                 tap.probe_set, error)
         if self._jsonl is not None:
             self._jsonl.close()
+        for held in self._holds:
+            held.close()
+        self._holds = []
 
 
 def _caller_id(request_id: str) -> str:

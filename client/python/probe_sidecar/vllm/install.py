@@ -235,7 +235,13 @@ def _make_engine_tap(config: PluginConfig, *, device: torch.device, dtype: torch
         probes = {p: tuple(x.name for x in client.probe_set_info(p).probes)
                   for p in config.probe_sets}
         names = {name: probes[probe_set] for name, (probe_set, _) in taps.items()}
-        torch_client = TorchClient(client) if device.type == "cuda" else None
+        labels = dict(config.session_labels)
+        # The session whose labels the taps' probe outcomes are counted under (a CUDA tap's
+        # session also holds its ring and events).
+        if device.type == "cuda":
+            torch_client, session = TorchClient(client, session_labels=labels), None
+        else:
+            torch_client, session = None, client.open_session(labels)
     except ProbeSidecarError as error:
         client.close()
         raise ConfigError(f"probe-sidecar at {config.target}: {error}") from None
@@ -246,14 +252,15 @@ def _make_engine_tap(config: PluginConfig, *, device: torch.device, dtype: torch
                        hidden_size=hidden_size, on_window=on_window, raise_errors=False)
         if torch_client is not None:
             return torch_client.tap(probe_set, device=device, **options)
-        return cpu_tap(client, probe_set, **options)
+        return cpu_tap(client, probe_set, session_id=session.id, **options)
 
     return EngineTap(make_tap, names, window=config.window, max_window_s=config.max_window_s,
                      on_record=resolve(config.callback) if config.callback else None,
                      on_request=(resolve(config.request_callback)
                                  if config.request_callback else None),
                      jsonl=config.jsonl, max_queued_records=config.max_queued_records,
-                     max_finished=config.max_finished, logger=logger())
+                     max_finished=config.max_finished, logger=logger(),
+                     holds=[s for s in (session, torch_client) if s is not None])
 
 
 def _add_to_cache_key(vllm_config, value: dict) -> None:
