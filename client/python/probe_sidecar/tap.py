@@ -507,7 +507,8 @@ class InlineRing(Ring):
             num_rows, writes, rows = window.ring_state
             scores = np.full((window.steps * self.max_batch, response.num_probes), np.nan,
                              np.float32)
-            scores[rows] = np.frombuffer(response.scores, dtype="<f4").reshape(len(rows), -1)
+            scores[rows] = np.frombuffer(response.scores, dtype="<f4").reshape(
+                len(rows), response.num_probes)
             window.ring_state = [num_rows, writes, scores.reshape(window.steps, self.max_batch,
                                                                   -1)]
 
