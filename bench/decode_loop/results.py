@@ -1,5 +1,6 @@
 """The decode-loop benchmark's results: the workers' JSON lines (one per timed run) become
-records in the project's results format, the issue's targets with their measured values, a
+records in the project's results format, the decode loop's targets (targets() below: the
+fraction of the untapped loop's tokens/s each tap keeps) with their measured values, a
 markdown table and a plot.
 
 Plain Python (the plot needs matplotlib, and is skipped without it): tests/python checks it on
@@ -200,7 +201,7 @@ def _kept_target(records, variant, threshold, batches, modes) -> dict:
 
 
 def targets(records: list[dict], batches=(1, 8, 32, 64), modes=("graph",)) -> list[dict]:
-    """The issue's targets, each with its measured values and whether it is met. A cell that was
+    """The decode loop's targets, each with its measured values and whether it is met. A cell that was
     not measured counts as not met: a target is claimed only where it was measured."""
     graph_modes = [m for m in modes if m == "graph"] or list(modes)
     out = [_kept_target(records, f"tap_k{k}", v, batches, graph_modes)

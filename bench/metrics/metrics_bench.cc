@@ -56,7 +56,8 @@ Metrics& SharedMetrics() {
   return *metrics;
 }
 
-// The first implementation of server/metrics.cc (prometheus-cpp families, labels per call).
+// The first implementation of server/observability/metrics.cc (prometheus-cpp families,
+// labels per call).
 class PrometheusCppMetrics {
  public:
   PrometheusCppMetrics() {

@@ -1,15 +1,17 @@
-// MLA verify benchmark: our kernels under CUDA-graph replay over the issue's sweep, with the copy
-// ceiling (cudaMemcpy device to device, bytes read + written per second) and the cuBLAS bf16
-// GEMM ceiling measured in the same run. Plain CUDA events (no Google Benchmark).
+// MLA verify benchmark: our kernels under CUDA-graph replay over a sweep of shapes (full: 126
+// points), with the copy ceiling (cudaMemcpy device to device, bytes read + written per second)
+// and the cuBLAS bf16 GEMM ceiling measured in the same run. Plain CUDA events (no Google
+// Benchmark).
 //
 //   mla-verify-bench --out FILE.json --git HASH [--allow-dirty] [--sweep full|quick|targets]
 //                    [--impls split_kv,split_kv_sm90a,baseline,...] [--points H:S:B:L,...]
 //                    [--skip-ceilings] [--trace-dir DIR [--trace-points H:S:B:L,...]]
 //
-// --sweep targets: the points the issue's targets name (and a few short ones); --points: only
-// these points (h_q:s_q:batch:len) of the sweep chosen. Impls: split_kv, split_kv_sm90a (the
-// plan's schedule: what LaunchMlaVerify runs), baseline, and split_kv_sm90a with a schedule forced
-// (split_kv_sm90a_pairs: page pairs; split_kv_sm90a_one_page: one page at a time).
+// --sweep targets: the points bench/results/mla_verify.md holds targets for (and a few short
+// ones); --points: only these points (h_q:s_q:batch:len) of the sweep chosen. Impls: split_kv,
+// split_kv_sm90a (the plan's schedule: what LaunchMlaVerify runs), baseline, and split_kv_sm90a
+// with a schedule forced (split_kv_sm90a_pairs: page pairs; split_kv_sm90a_one_page: one page at
+// a time).
 // --trace-dir: in a build with the in-kernel trace (-DPROBESIDECAR_MLA_TRACE=ON), after timing a
 // point (of --trace-points, default every point) each split_kv_sm90a* impl runs once more with the
 // trace recording, written to DIR/trace_h<h>_s<s>_b<b>_l<len>_<impl>.bin

@@ -1,12 +1,10 @@
 #include "server/rpc/server.h"
 
-#include <grp.h>
 #include <grpc/grpc.h>
 #include <grpcpp/ext/proto_server_reflection_plugin.h>
 #include <grpcpp/grpcpp.h>
 #include <grpcpp/health_check_service_interface.h>
 #include <signal.h>
-#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -14,19 +12,15 @@
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
-#include <fstream>
 #include <memory>
-#include <optional>
-#include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/strings/match.h"
-#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "absl/strings/strip.h"
 #include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
@@ -40,9 +34,9 @@
 #include "server/observability/metrics.h"
 #include "server/observability/outcome_labels.h"
 #include "server/probes/probe_registry.h"
-#include "server/rpc/outcome_report.h"
+#include "server/rpc/metrics_sources.h"
+#include "server/rpc/server_start.h"
 #include "server/rpc/service.h"
-#include "server/rpc/unix_listener.h"
 
 namespace probesidecar::server {
 namespace {
@@ -62,53 +56,6 @@ LogLevel ParseLogLevel(const std::string& name) {
   if (name == "warning") return LogLevel::kWarning;
   if (name == "error") return LogLevel::kError;
   return LogLevel::kInfo;
-}
-
-// The whole content of a file, or an error naming the flag.
-absl::StatusOr<std::string> ReadFlagFile(const char* flag, const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return absl::NotFoundError(absl::StrCat("--", flag, "=", path, ": cannot open"));
-  std::ostringstream content;
-  content << in.rdbuf();
-  if (content.str().empty()) {
-    return absl::InvalidArgumentError(absl::StrCat("--", flag, "=", path, ": empty"));
-  }
-  return content.str();
-}
-
-// TCP listeners: TLS (mutual with a client CA) when configured, else plaintext. Unix sockets are
-// always plaintext (their file mode guards them).
-absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> TcpCredentials(const Config& config) {
-  if (config.tls_cert_file.empty()) return grpc::InsecureServerCredentials();
-  absl::StatusOr<std::string> cert = ReadFlagFile("tls-cert", config.tls_cert_file);
-  if (!cert.ok()) return cert.status();
-  absl::StatusOr<std::string> key = ReadFlagFile("tls-key", config.tls_key_file);
-  if (!key.ok()) return key.status();
-  const bool mutual = !config.tls_client_ca_file.empty();
-  grpc::SslServerCredentialsOptions options(
-      mutual ? GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY
-             : GRPC_SSL_DONT_REQUEST_CLIENT_CERTIFICATE);
-  if (mutual) {
-    absl::StatusOr<std::string> ca = ReadFlagFile("tls-client-ca", config.tls_client_ca_file);
-    if (!ca.ok()) return ca.status();
-    options.pem_root_certs = *ca;
-  }
-  options.pem_key_cert_pairs.push_back({*key, *cert});
-  return grpc::SslServerCredentials(options);
-}
-
-// The admin token: the first line of --admin-token-file, without surrounding white space.
-absl::StatusOr<std::string> AdminToken(const Config& config) {
-  if (config.admin_token_file.empty()) return std::string();
-  absl::StatusOr<std::string> content = ReadFlagFile("admin-token-file", config.admin_token_file);
-  if (!content.ok()) return content.status();
-  const std::string token(absl::StripAsciiWhitespace(content->substr(0, content->find('\n'))));
-  if (token.size() < 16) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("--admin-token-file=", config.admin_token_file,
-                     ": the token (first line) must be at least 16 characters"));
-  }
-  return token;
 }
 
 // Loads the probes directory: a file that does not load is skipped, logged and counted (the
@@ -136,30 +83,6 @@ absl::StatusOr<uint64_t> LoadProbesAtStart(const Config& config, bool bundled,
   return failed->size();
 }
 
-// --admin-unix-group as a gid: a group name, or a number; nullopt when not set.
-absl::StatusOr<std::optional<gid_t>> AdminUnixGroup(const Config& config) {
-  if (config.admin_unix_group.empty()) return std::optional<gid_t>();
-  if (gid_t gid = 0; absl::SimpleAtoi(config.admin_unix_group, &gid)) return std::optional(gid);
-  std::vector<char> buffer(16384);
-  group entry{};
-  group* found = nullptr;
-  const int error =
-      ::getgrnam_r(config.admin_unix_group.c_str(), &entry, buffer.data(), buffer.size(), &found);
-  if (error != 0 || found == nullptr) {
-    return absl::NotFoundError(absl::StrCat("--admin-unix-group=", config.admin_unix_group,
-                                            ": no such group", error != 0 ? ": " : "",
-                                            error != 0 ? strerror(error) : ""));
-  }
-  return std::optional(found->gr_gid);
-}
-
-std::string UnixPath(const std::string& address) {
-  absl::string_view path = address;
-  if (!absl::ConsumePrefix(&path, "unix:")) return "";
-  absl::ConsumePrefix(&path, "//");
-  return std::string(path);
-}
-
 // The exit status when the GPU's CUDA context was lost (a sticky CUDA error): the process must be
 // restarted to use the GPU again.
 constexpr int kExitDeviceLost = 3;
@@ -184,12 +107,72 @@ sigset_t ShutdownSignals() {
   return signals;
 }
 
+// Loads the probe sets and captures every set's graphs before serving (on the executor's
+// workers); returns the probe-set load errors to count, or an error (already logged).
+absl::StatusOr<uint64_t> LoadAndWarmProbeSets(const Config& config, bool bundled,
+                                              ProbeRegistry& probes, Executor& executor) {
+  absl::StatusOr<uint64_t> load_errors = LoadProbesAtStart(config, bundled, probes);
+  if (!load_errors.ok()) return load_errors.status();
+  std::vector<std::string> loaded;
+  for (const auto& set : probes.List()) {
+    absl::Notification warm;
+    executor.Warmup(set, [&warm, name = set->name](absl::Status status) {
+      if (!status.ok()) LogWarning("warm-up of probe set '%s': %s", name, status.message());
+      warm.Notify();
+    });
+    warm.WaitForNotification();
+    loaded.push_back(
+        absl::StrCat(set->name, " (", kernels::ProbePrecisionName(set->precision), ")"));
+  }
+  LogInfo("probe sets from %s: [%s]", probes.probes_dir(), absl::StrJoin(loaded, ", "));
+  return load_errors;
+}
+
+// Why the service stops by itself: a lost CUDA context (set by the executor's fatal handler).
+struct FatalState {
+  absl::Mutex mu;
+  absl::Status why ABSL_GUARDED_BY(mu);
+
+  absl::Status Why() {
+    absl::MutexLock lock(&mu);
+    return why;
+  }
+};
+
+// A lost CUDA context: NOT_SERVING at once, then the drain a signal starts (every request fails
+// fast by then), and exit status 3 so that the supervisor restarts the server.
+void StopOnFatalError(Executor& executor, grpc::HealthCheckServiceInterface* health,
+                      std::shared_ptr<FatalState> fatal) {
+  executor.SetFatalHandler([fatal, health](const absl::Status& why) {
+    {
+      absl::MutexLock lock(&fatal->mu);
+      fatal->why = why;
+    }
+    health->SetServingStatus(false);
+    health->SetServingStatus(kServiceName, false);
+    ::kill(::getpid(), SIGTERM);  // wakes the sigwait in Serve
+  });
+}
+
+void SetServing(grpc::HealthCheckServiceInterface* health, bool serving) {
+  health->SetServingStatus(serving);
+  health->SetServingStatus(kServiceName, serving);
+}
+
+int CannotStart(const absl::Status& why) {
+  LogError("cannot start: %s", why.message());
+  return 1;
+}
+
 // Starts the service, serves until SIGINT or SIGTERM (or until the executor can no longer serve:
 // a lost CUDA context), drains and stops it; every gRPC object it made is gone when it returns.
 // `*device_abandoned` is set when work was left pending on the device (the process must then end
-// without the CUDA runtime's teardown, which could wait for it).
+// without the CUDA runtime's teardown, which could wait for it). Each step that fails logs why
+// and returns 1; from the executor's start on, one guard stops it on every such return.
 int Serve(const Config& config, ExecutorDecorator decorate, bool* device_abandoned) {
   const sigset_t signals = ShutdownSignals();
+  absl::StatusOr<StartInputs> inputs = ReadStartInputs(config);
+  if (!inputs.ok()) return CannotStart(inputs.status());
 
   CudaIpcOpener ipc_opener;
   // The sessions and the labels they declare on their outcome series (every backend), and their
@@ -199,12 +182,10 @@ int Serve(const Config& config, ExecutorDecorator decorate, bool* device_abandon
                                static_cast<int>(config.max_session_label_sets));
   std::unique_ptr<IpcRegistries> ipc;  // destroyed after the executor
   absl::StatusOr<std::unique_ptr<Executor>> made = MakeExecutor(config);
-  if (!made.ok()) {
-    LogError("cannot start: %s", made.status().message());
-    return 1;
-  }
+  if (!made.ok()) return CannotStart(made.status());
   std::unique_ptr<Executor> executor = std::move(*made);
   if (decorate) executor = decorate(std::move(executor));
+  auto stop_executor = absl::MakeCleanup([&executor] { executor->Shutdown(); });
   // The service's sessions, buffers and events, on the executor's devices. Declared before the
   // executor's work can take leases and gone after the executor has stopped (a lease points into
   // the registries).
@@ -216,98 +197,23 @@ int Serve(const Config& config, ExecutorDecorator decorate, bool* device_abandon
   }
 
   const bool bundled = config.probes_dir.empty();
-  const std::string probes_dir = bundled ? BundledProbesDir() : config.probes_dir;
   ProbeSetLimits limits;
   limits.max_probes = static_cast<int32_t>(config.max_probes);
   limits.file.max_file_bytes = config.max_probe_file_bytes;
   limits.max_sets = config.max_probe_sets;
   limits.max_total_bytes = config.max_probe_set_bytes;
-  ProbeRegistry probes(probes_dir, limits,
+  ProbeRegistry probes(bundled ? BundledProbesDir() : config.probes_dir, limits,
                        [&executor](ProbeSet& set) { return executor->PrepareProbeSet(set); });
-  absl::StatusOr<uint64_t> probe_set_load_errors = LoadProbesAtStart(config, bundled, probes);
-  if (!probe_set_load_errors.ok()) {
-    executor->Shutdown();
-    return 1;
-  }
-  std::vector<std::string> loaded;
-  for (const auto& set : probes.List()) {
-    // Start-up captures every set's graphs before serving (on the executor's workers).
-    absl::Notification warm;
-    executor->Warmup(set, [&warm, name = set->name](absl::Status status) {
-      if (!status.ok()) LogWarning("warm-up of probe set '%s': %s", name, status.message());
-      warm.Notify();
-    });
-    warm.WaitForNotification();
-    loaded.push_back(
-        absl::StrCat(set->name, " (", kernels::ProbePrecisionName(set->precision), ")"));
-  }
-  LogInfo("probe sets from %s: [%s]", probes_dir, absl::StrJoin(loaded, ", "));
+  absl::StatusOr<uint64_t> load_errors = LoadAndWarmProbeSets(config, bundled, probes, *executor);
+  if (!load_errors.ok()) return 1;  // logged
 
-  BuildInfo build{kVersion, kGitCommit, kCudaRuntime, executor->device_name(), executor->backend()};
-  Metrics metrics(build, [&probes, &executor, &ipc, &outcome_labels, &config,
-                          load_errors = *probe_set_load_errors] {
-    MetricsState state;
-    // What the probes found: a fresh copy of the device counters (the executor's device monitors
-    // make it; a device that does not answer in time keeps its previous copy).
-    executor->RefreshOutcomes(absl::Now() + absl::Milliseconds(500));
-    state.session_labels = outcome_labels.keys();
-    const std::vector<std::vector<std::string>> label_values = outcome_labels.Values();
-    for (const std::shared_ptr<const ProbeSet>& set : probes.List()) {
-      AppendOutcomeSeries(*set, executor->OutcomeCounts(*set), label_values,
-                          config.max_probe_labels, &state.probe_outcomes);
-    }
-    state.probe_sets = probes.size();
-    state.probe_set_load_errors = load_errors;
-    state.graph_cache = executor->graph_cache();
-    state.device_memory_bytes = executor->device_memory_bytes();
-    state.queued_requests = executor->queued();
-    state.queue_capacity = executor->queue_capacity();
-    const DroppedRequests dropped = executor->dropped();
-    state.expired_requests = dropped.expired;
-    state.cancelled_requests = dropped.cancelled;
-    state.invalid_device_rows = executor->invalid_device_rows();
-    state.invalid_verify_requests = executor->invalid_verify_requests();
-    state.non_finite_device_scores = executor->non_finite_device_scores();
-    state.parked_slots = executor->parked_slots();
-    state.mps = executor->mps();
-    if (ipc != nullptr) {
-      const BufferCounters counters = ipc->buffers.counters();
-      state.registered_buffers = counters.registrations;
-      state.registered_buffer_bytes = counters.registered_bytes;
-      state.open_ipc_handles = counters.open_handles;
-    }
-    for (const DeviceReport& report : executor->device_reports()) {
-      DeviceMetricsState& d = state.devices.emplace_back();
-      d.device = absl::StrCat(report.device);
-      d.up = report.failure.empty();
-      d.memory_bytes = report.memory_bytes;
-      d.parked_slots = report.parked_slots;
-      d.graph_cache = report.graph_cache;
-      if (ipc != nullptr) {
-        const BufferCounters counters = ipc->buffers.counters(report.device);
-        d.registered_buffers = counters.registrations;
-        d.registered_buffer_bytes = counters.registered_bytes;
-        d.open_ipc_handles = counters.open_handles;
-      }
-    }
-    return state;
-  });
-
-  std::unique_ptr<prometheus::Exposer> exposer;
-  std::string metrics_listening;
-  if (config.metrics_listen != "none") {
-    try {
-      exposer = std::make_unique<prometheus::Exposer>(config.metrics_listen);
-      exposer->RegisterCollectable(metrics.collectable());
-      const std::vector<int> ports = exposer->GetListeningPorts();
-      const std::string host = config.metrics_listen.substr(0, config.metrics_listen.rfind(':'));
-      metrics_listening = absl::StrCat(host, ":", ports.empty() ? 0 : ports.front());
-    } catch (const std::exception& e) {
-      LogError("cannot start: metrics endpoint %s: %s", config.metrics_listen, e.what());
-      executor->Shutdown();
-      return 1;
-    }
-  }
+  const MetricsSources sources{&config, &probes, executor.get(), ipc.get(), &outcome_labels,
+                               *load_errors};
+  Metrics metrics(
+      BuildInfo{kVersion, kGitCommit, kCudaRuntime, executor->device_name(), executor->backend()},
+      [sources] { return CollectMetricsState(sources); });
+  absl::StatusOr<MetricsEndpoint> endpoint = StartMetricsEndpoint(config, metrics);
+  if (!endpoint.ok()) return CannotStart(endpoint.status());
 
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
@@ -317,136 +223,61 @@ int Serve(const Config& config, ExecutorDecorator decorate, bool* device_abandon
   // gRPC sets SO_REUSEPORT by default: a second sidecar would then share the port and silently
   // take half the traffic. A port in use must fail the start instead.
   builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
-  absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> tcp_credentials = TcpCredentials(config);
-  absl::StatusOr<std::string> admin_token = AdminToken(config);
-  for (const absl::Status& s : {tcp_credentials.status(), admin_token.status()}) {
-    if (!s.ok()) {
-      LogError("cannot start: %s", s.message());
-      executor->Shutdown();
-      return 1;
-    }
-  }
-  absl::StatusOr<std::optional<gid_t>> admin_unix_gid = AdminUnixGroup(config);
-  if (!admin_unix_gid.ok()) {
-    LogError("cannot start: %s", admin_unix_gid.status().message());
-    executor->Shutdown();
-    return 1;
-  }
-  // TCP listeners are gRPC's; Unix sockets are the service's own (unix_listener.h: it accepts
-  // them itself to learn each peer's uid), created with --unix-socket-mode from the start.
-  std::vector<int> ports(config.listen.size(), 0);
-  std::vector<std::unique_ptr<UnixListener>> unix_listeners;
-  for (size_t i = 0; i < config.listen.size(); ++i) {
-    if (const std::string path = UnixPath(config.listen[i]); !path.empty()) {
-      absl::StatusOr<std::unique_ptr<UnixListener>> listener =
-          UnixListener::Listen(path, config.unix_socket_mode);
-      if (!listener.ok()) {
-        LogError("cannot start: could not listen on %s: %s", config.listen[i],
-                 listener.status().message());
-        unix_listeners.clear();
-        executor->Shutdown();
-        return 1;
-      }
-      unix_listeners.push_back(*std::move(listener));
-      continue;
-    }
-    builder.AddListeningPort(config.listen[i], *tcp_credentials, &ports[i]);
-  }
+  absl::StatusOr<Listeners> listeners = OpenListeners(config, inputs->tcp_credentials, builder);
+  if (!listeners.ok()) return CannotStart(listeners.status());
   UnixPeers unix_peers;
 
   ServiceEnv env;
   env.config = config;
-  env.metrics_listening = metrics_listening;
+  env.metrics_listening = endpoint->listening;
   env.probes = &probes;
   env.executor = executor.get();
   env.sessions = &sessions;
   env.outcome_labels = &outcome_labels;
   env.ipc = ipc.get();
   env.metrics = &metrics;
-  env.admin_token = *admin_token;
-  env.admin_unix_gid = *admin_unix_gid;
+  env.admin_token = inputs->admin_token;
+  env.admin_unix_gid = inputs->admin_unix_gid;
   env.unix_peers = &unix_peers;
   env.server_uid = ::geteuid();
   ProbeSidecarService service(env);
   builder.RegisterService(&service);
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
   if (server == nullptr) {
-    LogError("cannot start: could not listen on %s", absl::StrJoin(config.listen, ", "));
-    unix_listeners.clear();
-    executor->Shutdown();
-    return 1;
+    return CannotStart(absl::UnavailableError(
+        absl::StrCat("could not listen on ", absl::StrJoin(config.listen, ", "))));
   }
-  for (const auto& listener : unix_listeners) listener->Start(server.get(), &unix_peers);
+  for (const auto& listener : listeners->unix_sockets) listener->Start(server.get(), &unix_peers);
+  absl::StatusOr<std::vector<std::string>> listening = BoundAddresses(config, listeners->ports);
+  if (!listening.ok()) {
+    listeners->unix_sockets.clear();
+    server->Shutdown();
+    return CannotStart(listening.status());
+  }
   grpc::HealthCheckServiceInterface* health = server->GetHealthCheckService();
-  // A lost CUDA context: NOT_SERVING at once, then the drain a signal starts (every request fails
-  // fast by then), and exit status 3 so that the supervisor restarts the server.
-  struct Fatal {
-    absl::Mutex mu;
-    absl::Status why ABSL_GUARDED_BY(mu);
-  };
-  auto fatal = std::make_shared<Fatal>();
-  executor->SetFatalHandler([fatal, health](const absl::Status& why) {
-    {
-      absl::MutexLock lock(&fatal->mu);
-      fatal->why = why;
-    }
-    health->SetServingStatus(false);
-    health->SetServingStatus(kServiceName, false);
-    ::kill(::getpid(), SIGTERM);  // wakes the sigwait below
-  });
-  std::vector<std::string> listening;
-  for (size_t i = 0; i < config.listen.size(); ++i) {
-    const std::string& address = config.listen[i];
-    if (absl::StartsWith(address, "unix:")) {
-      listening.push_back(address);
-    } else if (ports[i] == 0) {
-      LogError("cannot start: could not listen on %s", address);
-      unix_listeners.clear();
-      server->Shutdown();
-      executor->Shutdown();
-      return 1;
-    } else {
-      listening.push_back(absl::StrCat(address.substr(0, address.rfind(':')), ":", ports[i]));
-    }
-  }
-  service.SetListening(listening);
-  // A listener other hosts can reach, in plaintext or without an admin credential, is allowed
-  // but said out loud.
-  for (const std::string& address : config.listen) {
-    const bool loopback = absl::StartsWith(address, "unix:") || absl::StartsWith(address, "127.") ||
-                          absl::StartsWith(address, "[::1]") ||
-                          absl::StartsWith(address, "localhost:");
-    if (loopback) continue;
-    // (Without an admin credential, TCP clients are never admin: nothing more to say.)
-    if (config.tls_cert_file.empty()) {
-      LogWarning("%s is reachable from other hosts in plaintext (no --tls-cert)", address);
-    }
-  }
+  auto fatal = std::make_shared<FatalState>();
+  StopOnFatalError(*executor, health, fatal);
+  service.SetListening(*listening);
+  WarnAboutExposedListeners(config);
 
-  health->SetServingStatus(true);
-  health->SetServingStatus(kServiceName, true);
+  SetServing(health, true);
   LogInfo("probe-sidecar %s (%s) serving on %s; metrics on %s; backend %s (%s)", kVersion,
-          kGitCommit, absl::StrJoin(listening, ", "),
-          metrics_listening.empty() ? "off" : metrics_listening, executor->backend(),
+          kGitCommit, absl::StrJoin(*listening, ", "),
+          endpoint->listening.empty() ? "off" : endpoint->listening, executor->backend(),
           executor->device_name());
 
   int signal_number = 0;
   sigwait(&signals, &signal_number);
+  std::move(stop_executor).Cancel();  // from here on, the drain below stops it
   int exit_code = 0;
-  absl::Status lost;
-  {
-    absl::MutexLock lock(&fatal->mu);
-    lost = fatal->why;
-  }
-  if (!lost.ok()) {
+  if (const absl::Status lost = fatal->Why(); !lost.ok()) {
     exit_code = kExitDeviceLost;
     LogError("stopping (exit status %d): %s", exit_code, lost.message());
   } else {
     LogInfo("%s: draining in-flight requests (up to %.1f s)", strsignal(signal_number),
             config.shutdown_grace_seconds);
   }
-  health->SetServingStatus(false);
-  health->SetServingStatus(kServiceName, false);
+  SetServing(health, false);
   // New work is refused with UNAVAILABLE (retryable) while the work in progress finishes; only
   // then does gRPC shut down, so no admitted request is cut off before the grace period ends.
   const absl::Time deadline =
@@ -468,23 +299,20 @@ int Serve(const Config& config, ExecutorDecorator decorate, bool* device_abandon
   // get a short moment to end cleanly, then gRPC cancels them. Cancelled calls whose work is still
   // queued or running are skipped or stopped early by the executor, so this returns promptly.
   // No new Unix-socket connection is handed to gRPC from here on (and the socket files go).
-  for (const auto& listener : unix_listeners) listener->Stop();
+  for (const auto& listener : listeners->unix_sockets) listener->Stop();
   server->Shutdown(absl::ToChronoTime(std::min(deadline, absl::Now() + absl::Milliseconds(100))));
   server->Wait();
   service.StopControlWorker();  // releases of ended sessions (the IPC registries outlive it)
   // Every call is answered; what the GPU still runs is ms away, unless a stream waits for a
   // client's event that never comes: that is not waited for past a short moment.
   // (The metrics endpoint stops first: a scrape reads the executor's slots.)
-  StopExposer(std::move(exposer),
+  StopExposer(std::move(endpoint->exposer),
               config.metrics_listen.substr(0, config.metrics_listen.rfind(':')));
   const absl::Time now = absl::Now();
   const bool clean = executor->ShutdownBy(
       std::max(now + absl::Milliseconds(50), std::min(deadline, now + absl::Milliseconds(500))));
   executor->SetFatalHandler({});
-  {
-    absl::MutexLock lock(&fatal->mu);
-    if (!fatal->why.ok()) exit_code = kExitDeviceLost;  // also when it was lost while stopping
-  }
+  if (!fatal->Why().ok()) exit_code = kExitDeviceLost;  // also when it was lost while stopping
   if (!clean) {
     // Its device memory, streams and IPC mappings stay as they are: freeing them could wait for
     // the pending work. The process's exit reclaims them.

@@ -9,11 +9,19 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
-#include <regex>
 #include <sstream>
 #include <thread>
 
+#include "absl/status/statusor.h"
+#include "client/cpp/client.h"
+
 namespace probesidecar::testing {
+namespace {
+
+// The service name the server reports in grpc.health.v1 (server/rpc/server.cc).
+constexpr char kServiceName[] = "probesidecar.v1.ProbeSidecar";
+
+}  // namespace
 
 SidecarProcess::SidecarProcess(std::vector<std::string> extra_flags)
     : flags_(std::move(extra_flags)) {
@@ -46,16 +54,27 @@ bool SidecarProcess::Start(std::string* error) {
     execv(binary.c_str(), argv.data());
     _exit(127);
   }
-  const std::regex ready(R"(serving on .*127\.0\.0\.1:(\d+))");
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
-  while (std::chrono::steady_clock::now() < deadline) {
-    std::smatch match;
-    const std::string log = Log();
-    if (std::regex_search(log, match, ready)) {
-      tcp_target_ = "127.0.0.1:" + match[1].str();
+  // Ready when the service's gRPC health status is SERVING (the server sets it once every
+  // listener is up); its TCP port is then the one ServerInfo reports. The deadline is a safety
+  // net for a server that never comes up, far past any start (a sanitized build on a busy
+  // machine included), not a measurement.
+  client::ClientOptions options;
+  options.timeout_seconds = 10;
+  client::Client probe(uds_target(), options);
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(600);
+  while (std::chrono::steady_clock::now() < deadline && Running()) {
+    const absl::StatusOr<std::string> health = probe.Health(kServiceName);
+    if (health.ok() && *health == "SERVING") {
+      const absl::StatusOr<v1::ServerInfoResponse> info = probe.ServerInfo();
+      if (!info.ok()) {
+        *error = "probe-sidecar is serving but ServerInfo failed: " + info.status().ToString();
+        return false;
+      }
+      for (const std::string& address : info->listen()) {
+        if (address.rfind("unix:", 0) != 0) tcp_target_ = address;
+      }
       return true;
     }
-    if (!Running()) break;
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
   *error = "probe-sidecar did not start:\n" + Log();

@@ -17,7 +17,8 @@ class SidecarProcess {
   SidecarProcess(const SidecarProcess&) = delete;
   SidecarProcess& operator=(const SidecarProcess&) = delete;
 
-  // Waits for the "serving on" line; false (with the log in *error) if it never comes.
+  // Waits until the server's gRPC health status is SERVING; false (with the log in *error) if
+  // it exits first or never gets there.
   bool Start(std::string* error);
   // Sends a signal and waits; returns the exit code (-1 if killed by a signal).
   int Stop(int signal_number);

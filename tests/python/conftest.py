@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import os
 import pathlib
-import re
 import signal
 import subprocess
 import tempfile
@@ -14,7 +13,7 @@ import urllib.request
 
 import pytest
 
-from probe_sidecar import Client
+from probe_sidecar import Client, ProbeSidecarError
 
 BIN = pathlib.Path(os.environ.get("PROBE_SIDECAR_BIN", "build/bin/probe-sidecar")).resolve()
 # The same server with the test-only fault injector (server/rpc/test_faults_main.cc).
@@ -23,7 +22,12 @@ FAULTS_BIN = pathlib.Path(
 CLIENT_BIN = pathlib.Path(os.environ.get("PROBE_CLIENT_BIN", "build/bin/probe-client")).resolve()
 DEMO_DIR = BIN.parent.parent / "share" / "probe-sidecar" / "probes"
 
-_READY = re.compile(r"serving on (?P<listen>.*?); metrics on (?P<metrics>\S+);")
+# The name the server gives its service in grpc.health.v1 (server/rpc/server.cc): SERVING once
+# every listener is up.
+SERVICE_NAME = "probesidecar.v1.ProbeSidecar"
+# How long a start may take before a test gives up: a safety net for a server that never comes
+# up, far past any start (a sanitized build on a busy machine included), never a measurement.
+START_SAFETY_S = 600.0
 
 
 class Sidecar:
@@ -59,24 +63,32 @@ class Sidecar:
     def uds_target(self) -> str:
         return f"unix://{self.socket}"
 
-    def start(self, timeout: float = 30.0) -> "Sidecar":
+    def start(self, timeout: float = START_SAFETY_S) -> "Sidecar":
+        """Starts the server and returns once its gRPC health status is SERVING; its TCP and
+        metrics addresses are then the ones ServerInfo reports."""
         self._log = open(self.log_path, "wb")
         umask = self.umask
         self.process = subprocess.Popen(self.argv, stdout=self._log, stderr=subprocess.STDOUT,
                                         env=self.env,
                                         preexec_fn=None if umask is None else lambda: os.umask(umask))
         deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            match = _READY.search(self.log())
-            if match:
-                for address in match.group("listen").split(", "):
-                    if not address.startswith("unix:"):
-                        self.tcp_target = address
-                self.metrics_address = match.group("metrics")
-                return self
-            if self.process.poll() is not None:
-                raise RuntimeError(f"probe-sidecar exited with {self.process.returncode}:\n{self.log()}")
-            time.sleep(0.02)
+        with Client(self.uds_target, timeout=10.0) as probe:
+            while time.monotonic() < deadline:
+                if self.process.poll() is not None:
+                    raise RuntimeError(f"probe-sidecar exited with {self.process.returncode}:\n"
+                                       f"{self.log()}")
+                try:
+                    serving = probe.health(SERVICE_NAME) == "SERVING"
+                except ProbeSidecarError:  # not listening yet, or the service not yet named
+                    serving = False
+                if serving:
+                    info = probe.server_info()
+                    for address in info.listen:
+                        if not address.startswith("unix:"):
+                            self.tcp_target = address
+                    self.metrics_address = info.metrics_listen
+                    return self
+                time.sleep(0.02)
         self.stop()
         raise RuntimeError(f"probe-sidecar did not start in {timeout} s:\n{self.log()}")
 
@@ -126,12 +138,21 @@ class Sidecar:
         self.close()
 
 
-@pytest.fixture(scope="module")
-def sidecar():
-    """A CPU-backend sidecar with the bundled demo probe set, shared by a test module."""
-    with Sidecar(["--backend=cpu"]) as s:
-        yield s
-        assert s.process.poll() is None, "the server died during the tests:\n" + s.log()
+def sidecar_fixture(*flags: str):
+    """A module-scoped `sidecar` fixture: one server started with `flags` for a test module,
+    which must still be running when the module is done (`sidecar = sidecar_fixture(...)`)."""
+
+    @pytest.fixture(scope="module")
+    def sidecar():
+        with Sidecar(list(flags)) as s:
+            yield s
+            assert s.process.poll() is None, "the server died during the tests:\n" + s.log()
+
+    return sidecar
+
+
+# A CPU-backend sidecar with the bundled demo probe set, shared by a test module.
+sidecar = sidecar_fixture("--backend=cpu")
 
 
 @pytest.fixture

@@ -7,37 +7,25 @@ from __future__ import annotations
 
 import time
 
-import numpy as np
 import torch
 
-from probe_files import safetensors_bytes
+from probe_files import bf16_tensor_file
 from probesidecar.v1 import score_pb2
 from server_state import metric
 
 T, H, P = 4096, 4096, 16
 
 
-def probe_file(weight: torch.Tensor, bias: torch.Tensor) -> bytes:
-    as_u16 = lambda t: t.cpu().view(torch.int16).numpy().view(np.uint16)  # noqa: E731
-    return safetensors_bytes({"weight": (as_u16(weight), "bf16"), "bias": (as_u16(bias), "bf16")},
-                             {"activation": "none"})
-
-
 def make_probes(seed: int = 7) -> tuple[torch.Tensor, torch.Tensor, bytes]:
     g = torch.Generator(device="cuda").manual_seed(seed)
     weight = (torch.randn(P, H, device="cuda", generator=g) / H**0.5).to(torch.bfloat16)
     bias = (torch.randn(P, device="cuda", generator=g) * 0.1).to(torch.bfloat16)
-    return weight, bias, probe_file(weight, bias)
+    return weight, bias, bf16_tensor_file(weight, bias, {"activation": "none"})
 
 
 def reference(x: torch.Tensor, rows, weight: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
     idx = torch.as_tensor(rows, device=x.device).long()
     return torch.addmm(bias.double(), x.index_select(0, idx).double(), weight.double().t())
-
-
-def rel_error(got, want: torch.Tensor) -> float:
-    got = torch.as_tensor(np.asarray(got), device=want.device).double()
-    return float(torch.linalg.norm(got - want) / torch.linalg.norm(want))
 
 
 _CYCLES_PER_SECOND: list[float] = []

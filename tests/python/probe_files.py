@@ -95,5 +95,14 @@ class ProbeFile:
         return mask
 
 
-def rel_error(out: np.ndarray, ref: np.ndarray) -> float:
-    return float(np.linalg.norm(out.astype(np.float64) - ref) / max(np.linalg.norm(ref), 1e-300))
+def rel_error(got, want) -> float:
+    """||got - want|| / ||want||, in float64: of numpy arrays, or against a torch reference `want`
+    (then `got` is a numpy array or a tensor on any device, compared on want's device)."""
+    if isinstance(want, np.ndarray):
+        got = np.asarray(got, dtype=np.float64)
+        return float(np.linalg.norm(got - want) / max(np.linalg.norm(want), 1e-300))
+    import torch  # only where the reference is a tensor: the CPU tests need no torch
+
+    want = want.double()
+    got = torch.as_tensor(got).to(device=want.device, dtype=torch.float64)
+    return float(torch.linalg.norm(got - want) / torch.linalg.norm(want))

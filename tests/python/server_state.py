@@ -9,6 +9,7 @@ import pathlib
 import time
 import urllib.request
 
+import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from conftest import BIN
@@ -71,6 +72,21 @@ def rss_bytes(pid: int) -> int:
         if line.startswith("VmRSS:"):
             return int(line.split()[1]) * 1024
     raise RuntimeError(f"no VmRSS for pid {pid}")
+
+
+def figures_fixture(name: str, also=None):
+    """A module-scoped fixture `figures`: a dict the module's tests put what they measure in,
+    recorded (record_figures) after the last of them ran, whichever ran and in whatever order;
+    `also()` adds figures of the machine at that point."""
+
+    @pytest.fixture(scope="module")
+    def figures():
+        measured: dict = {}
+        yield measured
+        if measured:
+            record_figures(name, {**measured, **(also() if also else {})})
+
+    return figures
 
 
 def record_figures(name: str, figures: dict) -> pathlib.Path:

@@ -10,7 +10,7 @@ import pytest
 
 from probe_files import ProbeFile, safetensors_bytes
 from probe_sidecar import ProbeSidecarError
-from probesidecar.v1 import buffers_pb2, probes_pb2, score_pb2, sidecar_pb2, tensor_pb2, verify_pb2
+from probesidecar.v1 import buffers_pb2, probes_pb2, score_pb2, tensor_pb2, verify_pb2
 
 H = 128
 

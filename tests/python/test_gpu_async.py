@@ -17,18 +17,12 @@ from conftest import require_cuda  # noqa: E402
 torch = require_cuda()
 
 from conftest import Sidecar  # noqa: E402
-from probe_files import safetensors_bytes  # noqa: E402
+from probe_files import bf16_tensor_file, rel_error  # noqa: E402
 from probe_sidecar import ProbeSidecarError  # noqa: E402
 from probe_sidecar.torch import TorchClient  # noqa: E402
 from probesidecar.v1 import score_pb2, tensor_pb2  # noqa: E402
 
 T, H, P = 4096, 4096, 16
-
-
-def probe_file(weight, bias):
-    as_u16 = lambda t: t.cpu().view(torch.int16).numpy().view(np.uint16)  # noqa: E731
-    return safetensors_bytes({"weight": (as_u16(weight), "bf16"), "bias": (as_u16(bias), "bf16")},
-                             {"activation": "none"})
 
 
 def reference(x, rows, weight, bias):
@@ -44,7 +38,7 @@ def setup():
     bias = (torch.randn(P, device="cuda") * 0.1).to(torch.bfloat16)
     with Sidecar(["--backend=cuda", "--warmup-rows=1,64"]) as server:
         with server.client() as c:
-            c.load_probe_set("p16", data=probe_file(weight, bias))
+            c.load_probe_set("p16", data=bf16_tensor_file(weight, bias, {"activation": "none"}))
         yield server, weight, bias
         assert server.process.poll() is None, server.log()
 
@@ -72,7 +66,7 @@ def test_slow_producer_on_the_gpu_is_waited_for_without_host_syncs(setup):
             assert handle.response().enqueued
         torch.cuda.synchronize()
         for i, (got, want) in enumerate(zip(history, expected)):
-            rel = float(torch.linalg.norm(got.double() - want) / torch.linalg.norm(want))
+            rel = rel_error(got, want)
             assert rel <= 1e-3, f"iteration {i}: relative error {rel:.3g} (stale inputs?)"
 
 
@@ -113,7 +107,7 @@ def test_invalid_device_rows_give_nan_and_a_clear_error(setup):
         assert torch.isnan(out[1]).all() and torch.isnan(out[3]).all()
         want = reference(x, torch.tensor([1, 2], device="cuda"), weight, bias)
         got = out[[0, 2]].double()
-        assert float(torch.linalg.norm(got - want) / torch.linalg.norm(want)) <= 1e-3
+        assert rel_error(got, want) <= 1e-3
         # Asynchronous: NaN in the output, and the counter.
         out.zero_()
         tc.score_async(x, rows, "p16", out=out).wait_stream()

@@ -20,8 +20,8 @@ from conftest import require_cuda  # noqa: E402
 
 torch = require_cuda()
 
-from conftest import BIN, Sidecar  # noqa: E402
-from probe_files import safetensors_bytes  # noqa: E402
+from conftest import BIN, sidecar_fixture  # noqa: E402
+from probe_files import rel_error, safetensors_bytes  # noqa: E402
 from probe_sidecar.torch import TorchClient  # noqa: E402
 from probesidecar.v1 import buffers_pb2  # noqa: E402
 from server_state import samples  # noqa: E402
@@ -29,11 +29,7 @@ from server_state import samples  # noqa: E402
 H = 4096
 
 
-@pytest.fixture(scope="module")
-def sidecar():
-    with Sidecar(["--backend=cuda", "--devices=all", "--warmup-rows=1,64"]) as s:
-        yield s
-        assert s.process.poll() is None, s.log()
+sidecar = sidecar_fixture("--backend=cuda", "--devices=all", "--warmup-rows=1,64")
 
 
 @pytest.fixture(scope="module")
@@ -69,8 +65,7 @@ def test_scores_match_float64_on_device_0(sidecar, probe):
     with TorchClient(sidecar.uds_target) as tc:
         result = tc.score(x, rows, "p16")
     ref = x[rows].double().cpu() @ weight.t() + bias  # float64 (446 rows: cheap on the CPU)
-    got = torch.as_tensor(result.scores, dtype=torch.float64)
-    assert float(torch.linalg.norm(got - ref) / torch.linalg.norm(ref)) <= 1e-3
+    assert rel_error(result.scores, ref) <= 1e-3
 
 
 def raw_registration(tc: TorchClient, tensor: torch.Tensor, **fields):

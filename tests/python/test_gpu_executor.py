@@ -10,14 +10,13 @@ from __future__ import annotations
 
 import time
 
-import numpy as np
 
 from conftest import require_cuda  # noqa: E402
 
 torch = require_cuda()
 
 from conftest import Sidecar  # noqa: E402
-from probe_files import safetensors_bytes  # noqa: E402
+from probe_files import bf16_tensor_file, rel_error  # noqa: E402
 from probe_sidecar.torch import TorchClient  # noqa: E402
 from probesidecar.v1 import score_pb2, sidecar_pb2  # noqa: E402
 
@@ -29,9 +28,7 @@ def test_control_rpcs_answer_while_every_stream_slot_is_busy():
     torch.manual_seed(1)
     weight = (torch.randn(P, H) / H**0.5).to(torch.bfloat16)
     bias = (torch.randn(P) * 0.1).to(torch.bfloat16)
-    as_u16 = lambda t: t.view(torch.int16).numpy().view(np.uint16)  # noqa: E731
-    data = safetensors_bytes({"weight": (as_u16(weight), "bf16"), "bias": (as_u16(bias), "bf16")},
-                             {"activation": "none"})
+    data = bf16_tensor_file(weight, bias, {"activation": "none"})
     with Sidecar(["--backend=cuda", "--cuda-workers=2", "--warmup-rows=1",
                   "--max-message-bytes=128Mi"]) as server, TorchClient(server.uds_target) as tc:
         with server.client(max_message_bytes=128 << 20) as c:
@@ -69,7 +66,7 @@ def test_control_rpcs_answer_while_every_stream_slot_is_busy():
         idx = torch.tensor(rows[:256], device="cuda")
         ref = torch.addmm(bias.double().cuda(), x.index_select(0, idx).double(),
                           weight.double().cuda().t())
-        rel = float(torch.linalg.norm(out[:256].double() - ref) / torch.linalg.norm(ref))
+        rel = rel_error(out[:256], ref)
         assert rel <= 1e-3, rel
         assert not torch.isnan(out).any()
         worst = max(latencies)

@@ -30,13 +30,14 @@ from conftest import require_cuda  # noqa: E402
 torch = require_cuda()
 
 from conftest import FAULTS_BIN, Sidecar  # noqa: E402
-from gpu_faults_support import (H, P, T, busy_stream, make_probes, reference,  # noqa: E402
-                                rel_error, request_after)
+from gpu_faults_support import H, P, T, busy_stream, make_probes, reference, request_after  # noqa: E402,E501
+from probe_files import rel_error  # noqa: E402
 from probe_sidecar import ProbeSidecarError  # noqa: E402
 from probe_sidecar.torch import TorchClient  # noqa: E402
-from server_state import metric, record_figures, wait_for  # noqa: E402
+from server_state import figures_fixture, metric, wait_for  # noqa: E402
 
-FIGURES: dict = {}
+# What the tests measure, written once they have all run (server_state.figures_fixture).
+figures = figures_fixture("gpu_faults")
 ROWS = list(range(0, 64 * 37, 37))
 
 
@@ -54,7 +55,7 @@ def server(probes):
         assert s.process.poll() is None, s.log()
 
 
-def test_non_finite_scores_in_device_outputs_are_counted_on_the_gpu(server, probes):
+def test_non_finite_scores_in_device_outputs_are_counted_on_the_gpu(figures, server, probes):
     weight, bias, _ = probes
     total = lambda: metric(server, "probesidecar_non_finite_scores_total")  # noqa: E731
     with TorchClient(server.uds_target) as tc:
@@ -85,7 +86,7 @@ def test_non_finite_scores_in_device_outputs_are_counted_on_the_gpu(server, prob
         device_rows = torch.tensor([1, T + 3], device="cuda", dtype=torch.int32)
         tc.score_async(x, device_rows, "p16", out=out[:2]).wait()
         assert wait_for(lambda: total() - before == 5 * P, 5), total() - before
-    FIGURES["non_finite_device"] = {"counted": total() - before}
+    figures["non_finite_device"] = {"counted": total() - before}
 
 
 SERVING, NOT_SERVING = 1, 2  # grpc.health.v1.HealthCheckResponse.ServingStatus
@@ -120,7 +121,7 @@ def _statuses(watch, until, timeout: float) -> list:
     return seen
 
 
-def test_a_real_cuda_fault_stops_the_server_and_fails_every_request(probes, monkeypatch):
+def test_a_real_cuda_fault_stops_the_server_and_fails_every_request(figures, probes, monkeypatch):
     weight, bias, data = probes
     grace = 2.0
     # Requests 1 and 2 succeed, 3 is in flight (waiting on the GPU for its ready event), 4 faults.
@@ -166,7 +167,7 @@ def test_a_real_cuda_fault_stops_the_server_and_fails_every_request(probes, monk
             stream.synchronize()
         channel.close()
         log = s.log()
-        FIGURES["sticky_fault"] = {"exit_status": code, "exit_after_fault_s": round(elapsed, 3),
+        figures["sticky_fault"] = {"exit_status": code, "exit_after_fault_s": round(elapsed, 3),
                                    "in_flight_code": in_flight.value.code().name,
                                    "health_watch": statuses}
         assert code == 3, log
@@ -176,7 +177,7 @@ def test_a_real_cuda_fault_stops_the_server_and_fails_every_request(probes, monk
         s.close()
 
 
-def test_a_fault_in_an_enqueue_only_window_shows_on_the_next_window(probes, monkeypatch):
+def test_a_fault_in_an_enqueue_only_window_shows_on_the_next_window(figures, probes, monkeypatch):
     """The tap's path: a window answered as soon as it is queued (device rows and output, done
     event). The fault comes after that answer; the next window must fail, not succeed with stale
     scores. What the client's GPU sees of the failed window's done event is recorded."""
@@ -219,14 +220,14 @@ def test_a_fault_in_an_enqueue_only_window_shows_on_the_next_window(probes, monk
                     return False
 
             completed = wait_for(query, 5)
-        FIGURES["enqueue_only_fault"] = {"exit_status": code, "next_window": failed_next.code.name,
+        figures["enqueue_only_fault"] = {"exit_status": code, "next_window": failed_next.code.name,
                                          "failed_windows_done_event_completes": completed}
         assert code == 3, s.log()
     finally:
         s.close()
 
 
-def test_out_of_memory_fails_only_its_request():
+def test_out_of_memory_fails_only_its_request(figures):
     """A non-sticky CUDA error: with this process holding nearly all the GPU's memory, a request
     that needs a larger staging buffer fails (INTERNAL, out of memory); the context stays usable,
     health stays SERVING, and once the memory is free the same request succeeds."""
@@ -254,12 +255,8 @@ def test_out_of_memory_fails_only_its_request():
         assert s.process.poll() is None
         assert "is lost" not in s.log()
         assert metric(s, "probesidecar_cuda_errors_total") == 1
-        FIGURES["out_of_memory"] = {"free_bytes_left": left, "message": error.value.message[:160]}
+        figures["out_of_memory"] = {"free_bytes_left": left, "message": error.value.message[:160]}
     finally:
         hog.clear()
         torch.cuda.empty_cache()
         s.close()
-
-
-def test_zz_record_the_figures():
-    record_figures("gpu_faults", FIGURES)

@@ -21,8 +21,8 @@ from conftest import require_cuda  # noqa: E402
 
 torch = require_cuda()
 
-from conftest import Sidecar  # noqa: E402
-from probe_files import safetensors_bytes  # noqa: E402
+from conftest import Sidecar, sidecar_fixture  # noqa: E402
+from probe_files import bf16_tensor_file, rel_error  # noqa: E402
 from probe_sidecar import ProbeSidecarError  # noqa: E402
 from probe_sidecar.torch import TorchClient  # noqa: E402
 from probe_sidecar.client import _result  # noqa: E402
@@ -32,10 +32,9 @@ H = 4096
 
 
 def bf16_probe_file(weight: torch.Tensor, bias: torch.Tensor, activation: str = "none") -> bytes:
-    """A probe set whose bf16 weights are exactly the torch tensors' (raw bits)."""
-    w = weight.to(torch.bfloat16).cpu().view(torch.int16).numpy().view(np.uint16)
-    b = bias.to(torch.bfloat16).cpu().view(torch.int16).numpy().view(np.uint16)
-    return safetensors_bytes({"weight": (w, "bf16"), "bias": (b, "bf16")}, {"activation": activation})
+    """A probe set whose bf16 weights are exactly the torch tensors' rounded to bf16."""
+    return bf16_tensor_file(weight.to(torch.bfloat16), bias.to(torch.bfloat16),
+                            {"activation": activation})
 
 
 def reference(x: torch.Tensor, rows, weight, bias, activation="none") -> torch.Tensor:
@@ -46,16 +45,7 @@ def reference(x: torch.Tensor, rows, weight, bias, activation="none") -> torch.T
     return torch.sigmoid(scores) if activation == "sigmoid" else scores
 
 
-def rel_error(out, ref) -> float:
-    out = torch.as_tensor(out, dtype=torch.float64, device=ref.device)
-    return float(torch.linalg.norm(out - ref) / torch.linalg.norm(ref))
-
-
-@pytest.fixture(scope="module")
-def sidecar():
-    with Sidecar(["--backend=cuda", "--warmup-rows=1,64"]) as s:
-        yield s
-        assert s.process.poll() is None, s.log()
+sidecar = sidecar_fixture("--backend=cuda", "--warmup-rows=1,64")
 
 
 @pytest.fixture(scope="module")

@@ -18,7 +18,7 @@ from conftest import require_cuda  # noqa: E402
 torch = require_cuda()
 
 from conftest import Sidecar  # noqa: E402
-from probe_files import safetensors_bytes  # noqa: E402
+from probe_files import bf16_tensor_file  # noqa: E402
 from probe_sidecar.torch import TorchClient  # noqa: E402
 
 H = 4096
@@ -32,10 +32,8 @@ def sidecar():
     # Every request timed (the default --gpu-timing-every=1), so every stage has every request.
     with Sidecar(["--backend=cuda", "--gpu-timing-every=1"]) as s:
         with s.client() as c:
-            w = torch.randn(P, H).to(torch.bfloat16).view(torch.int16).numpy().view("uint16")
-            b = torch.randn(P).to(torch.bfloat16).view(torch.int16).numpy().view("uint16")
-            c.load_probe_set("gpu_m16", data=safetensors_bytes({"weight": (w, "bf16"),
-                                                                 "bias": (b, "bf16")}))
+            c.load_probe_set("gpu_m16", data=bf16_tensor_file(
+                torch.randn(P, H).to(torch.bfloat16), torch.randn(P).to(torch.bfloat16)))
         yield s
         assert s.process.poll() is None, s.log()
 

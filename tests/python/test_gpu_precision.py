@@ -17,8 +17,8 @@ from conftest import require_cuda  # noqa: E402
 
 torch = require_cuda()
 
-from conftest import Sidecar  # noqa: E402
-from probe_files import safetensors_bytes  # noqa: E402
+from conftest import sidecar_fixture  # noqa: E402
+from probe_files import rel_error, safetensors_bytes  # noqa: E402
 from probe_sidecar.torch import TorchClient  # noqa: E402
 
 T, H = 8192, 4096
@@ -54,15 +54,7 @@ def assert_within(got: torch.Tensor, ref: torch.Tensor, magnitude: torch.Tensor,
                              f"{ref[r, p].item()!r}, bound {bound[r, p].item():.3g}")
 
 
-def rel_l2(got: torch.Tensor, ref: torch.Tensor) -> float:
-    return float(torch.linalg.norm(got - ref) / torch.linalg.norm(ref))
-
-
-@pytest.fixture(scope="module")
-def sidecar():
-    with Sidecar(["--backend=cuda", "--warmup-rows=1,64"]) as s:
-        yield s
-        assert s.process.poll() is None, s.log()
+sidecar = sidecar_fixture("--backend=cuda", "--warmup-rows=1,64")
 
 
 @pytest.fixture(scope="module")
@@ -117,6 +109,6 @@ def test_exact_uses_the_file_weights_and_fast_the_rounded_ones(tclient, probe_se
 
     # Across the block: exact is as close as fp32 accumulation gets; fast on tensor cores is off
     # the file's weights by bf16's rounding (~1e-3 relative), measurably more.
-    assert rel_l2(got_exact, ref_exact) <= 1e-4, exact.kernel_path
+    assert rel_error(got_exact, ref_exact) <= 1e-4, exact.kernel_path
     if rounds and num_rows * num_probes >= 64:
-        assert rel_l2(got_fast, ref_exact) >= 2e-4, fast.kernel_path
+        assert rel_error(got_fast, ref_exact) >= 2e-4, fast.kernel_path

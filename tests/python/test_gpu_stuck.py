@@ -35,14 +35,16 @@ torch = require_cuda()
 
 from conftest import Sidecar  # noqa: E402
 from gpu_faults_support import (H, P, T, busy_stream, cycles_per_second, in_flight,  # noqa: E402
-                                latencies_ms, make_probes, parked, reference, rel_error,
-                                request_after, summary)
+                                latencies_ms, make_probes, parked, reference, request_after,
+                                summary)
+from probe_files import rel_error  # noqa: E402
 from probe_sidecar import ProbeSidecarError  # noqa: E402
 from probe_sidecar.torch import TorchClient  # noqa: E402
 from probesidecar.v1 import buffers_pb2  # noqa: E402
-from server_state import metric, record_figures, wait_for  # noqa: E402
+from server_state import figures_fixture, metric, wait_for  # noqa: E402
 
-FIGURES: dict = {}
+# What the tests measure, written once they have all run (server_state.figures_fixture).
+figures = figures_fixture("gpu_stuck", also=lambda: {"cycles_per_second": cycles_per_second()})
 ROWS = list(range(0, 64 * 37, 37))
 
 
@@ -58,7 +60,7 @@ def start(data: bytes, *flags: str) -> Sidecar:
     return s
 
 
-def test_a_stuck_client_holds_up_nobody_else(probes):
+def test_a_stuck_client_holds_up_nobody_else(figures, probes):
     weight, bias, data = probes
     grace = 2.0
     s = start(data, "--cuda-workers=4", f"--shutdown-grace-seconds={grace}")
@@ -115,7 +117,7 @@ def test_a_stuck_client_holds_up_nobody_else(probes):
             assert time.monotonic() - spun < 3.8, "the measurement outlasted the stuck stream"
             spin.synchronize()
             after = latencies_ms(other_sync, 50)
-            FIGURES["stuck_client"] = {
+            figures["stuck_client"] = {
                 "baseline_sync": summary(base_sync), "baseline_window": summary(base_window),
                 "while_stuck_sync": summary(during_sync),
                 "while_stuck_window": summary(during_window),
@@ -140,7 +142,7 @@ def test_a_stuck_client_holds_up_nobody_else(probes):
             exit_s = time.monotonic() - signalled
             with pytest.raises(grpc.RpcError) as cut:
                 waiting.result(timeout=10)
-            FIGURES["stuck_client"]["sigterm"] = {"exit_status": code, "exit_s": round(exit_s, 3),
+            figures["stuck_client"]["sigterm"] = {"exit_status": code, "exit_s": round(exit_s, 3),
                                                   "stuck_call": cut.value.code().name}
             assert code == 0, s.log()
             assert exit_s <= grace + 1.0, (exit_s, s.log())
@@ -184,7 +186,7 @@ def test_deadlines_and_cancellation_of_requests_waiting_on_the_gpu(probes):
         s.close()
 
 
-def test_sigterm_with_gpu_work_in_flight_answers_everything_once(probes):
+def test_sigterm_with_gpu_work_in_flight_answers_everything_once(figures, probes):
     """Windows queued behind a busy client stream and a Verify waiting on the GPU when SIGTERM
     comes: every call is answered exactly once (done, or refused/cut with a status), and the
     process exits 0 within the grace period plus one second."""
@@ -239,7 +241,7 @@ def test_sigterm_with_gpu_work_in_flight_answers_everything_once(probes):
             for o, c in zip(outs, codes):
                 if c == "OK":
                     assert rel_error(o.cpu().numpy(), want) <= 1e-3
-        FIGURES["sigterm_gpu_in_flight"] = {"exit_status": code, "exit_s": round(exit_s, 3),
+        figures["sigterm_gpu_in_flight"] = {"exit_status": code, "exit_s": round(exit_s, 3),
                                             "windows": codes, "verify": verified["code"].name}
         assert code == 0, s.log()
         assert exit_s <= grace + 1.0, (exit_s, s.log())
@@ -293,7 +295,7 @@ def _gpu_memory_mib(pid: int) -> int | None:
 
 
 @pytest.mark.parametrize("mode", ["waiting", "scoring"])
-def test_a_client_killed_mid_window_leaves_nothing_behind(probes, mode):
+def test_a_client_killed_mid_window_leaves_nothing_behind(figures, probes, mode):
     weight, bias, data = probes
     s = start(data)
     try:
@@ -334,13 +336,13 @@ def test_a_client_killed_mid_window_leaves_nothing_behind(probes, mode):
             unparked = wait_for(lambda: parked(s) == 0, 20)
             settled_s = time.monotonic() - killed
             gpu_after = _gpu_memory_mib(s.process.pid)
-            FIGURES[f"killed_{mode}"] = {
+            figures[f"killed_{mode}"] = {
                 "buffers_released": released, "ipc_handles_closed": handles,
                 "slots_back": unparked, "settled_s": round(settled_s, 3),
                 "device_memory_bytes": [device_before,
                                         metric(s, "probesidecar_device_memory_bytes")],
                 "gpu_memory_mib": [gpu_before, gpu_after]}
-            assert released and handles and unparked, (FIGURES[f"killed_{mode}"], s.log()[-3000:])
+            assert released and handles and unparked, (figures[f"killed_{mode}"], s.log()[-3000:])
             assert metric(s, "probesidecar_device_memory_bytes") == device_before
             if gpu_before is not None and gpu_after is not None:
                 assert gpu_after <= gpu_before + 2, (gpu_before, gpu_after)
@@ -348,8 +350,3 @@ def test_a_client_killed_mid_window_leaves_nothing_behind(probes, mode):
         assert s.process.poll() is None, s.log()
     finally:
         s.close()
-
-
-def test_zz_record_the_figures():
-    FIGURES["cycles_per_second"] = cycles_per_second()
-    record_figures("gpu_stuck", FIGURES)

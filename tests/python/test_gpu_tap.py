@@ -21,7 +21,7 @@ from conftest import require_cuda  # noqa: E402
 torch = require_cuda()
 
 from conftest import Sidecar  # noqa: E402
-from probe_files import safetensors_bytes  # noqa: E402
+from probe_files import bf16_tensor_file, rel_error  # noqa: E402
 from probe_sidecar.tap import TapError  # noqa: E402
 from probe_sidecar.torch import TorchClient  # noqa: E402
 from probesidecar.v1 import buffers_pb2  # noqa: E402
@@ -31,10 +31,8 @@ TOLERANCE = 1e-3  # relative L2 error of fp32-accumulated bf16 scores against fl
 
 
 def probe_file(weight, bias):
-    as_u16 = lambda t: t.cpu().view(torch.int16).numpy().view(np.uint16)  # noqa: E731
     thresholds = "[" + ", ".join("0" if p % 2 else "null" for p in range(P)) + "]"
-    return safetensors_bytes({"weight": (as_u16(weight), "bf16"), "bias": (as_u16(bias), "bf16")},
-                             {"activation": "none", "thresholds": thresholds})
+    return bf16_tensor_file(weight, bias, {"activation": "none", "thresholds": thresholds})
 
 
 @pytest.fixture(scope="module")
@@ -60,7 +58,7 @@ def check_windows(windows, history, weight, bias, batch_of):
             assert window.num_rows[i] == n, (t, window.num_rows[i], n)
             want = torch.addmm(bias.double(), history[t][:n].double(), weight.double().t())
             got = torch.from_numpy(window.scores[i, :n]).double().to(want.device)
-            rel = float(torch.linalg.norm(got - want) / torch.linalg.norm(want))
+            rel = rel_error(got, want)
             assert rel <= TOLERANCE, f"step {t}: relative error {rel:.3g}"
             fired = torch.from_numpy(window.fired[i, :n])
             expected = (got >= 0).cpu() & (torch.arange(P) % 2 == 1)

@@ -20,7 +20,7 @@ torch = require_cuda()
 transformers = pytest.importorskip("transformers")
 
 from conftest import Sidecar  # noqa: E402
-from probe_files import bf16_tensor_file  # noqa: E402
+from probe_files import bf16_tensor_file, rel_error  # noqa: E402
 from probe_sidecar import tap_op  # noqa: E402
 from probe_sidecar.torch import TorchClient  # noqa: E402
 from probe_sidecar.transformers import tap_model  # noqa: E402
@@ -43,9 +43,7 @@ def setup():
 
 
 def relative_error(got: np.ndarray, rows: torch.Tensor, weight, bias) -> float:
-    want = torch.addmm(bias.double(), rows.double(), weight.double().t())
-    got = torch.from_numpy(got).double().to(want.device)
-    return float(torch.linalg.norm(got - want) / torch.linalg.norm(want))
+    return rel_error(got, torch.addmm(bias.double(), rows.double(), weight.double().t()))
 
 
 def cudagraph_skips() -> int:

@@ -16,7 +16,7 @@ torch = require_cuda()
 transformers = pytest.importorskip("transformers")
 
 from conftest import Sidecar  # noqa: E402
-from probe_files import safetensors_bytes  # noqa: E402
+from probe_files import bf16_tensor_file, rel_error  # noqa: E402
 from probe_sidecar.torch import TorchClient  # noqa: E402
 from probe_sidecar.transformers import tap_model  # noqa: E402
 
@@ -33,9 +33,7 @@ def setup():
     model = transformers.LlamaForCausalLM(config).to("cuda", torch.bfloat16).eval()
     weight = (torch.randn(P, H, device="cuda") / H**0.5).to(torch.bfloat16)
     bias = (torch.randn(P, device="cuda") * 0.1).to(torch.bfloat16)
-    as_u16 = lambda t: t.cpu().view(torch.int16).numpy().view(np.uint16)  # noqa: E731
-    data = safetensors_bytes({"weight": (as_u16(weight), "bf16"), "bias": (as_u16(bias), "bf16")},
-                             {"activation": "none"})
+    data = bf16_tensor_file(weight, bias, {"activation": "none"})
     with Sidecar(["--backend=cuda", "--warmup-rows=none"]) as server:
         with server.client() as c:
             c.load_probe_set("llama_gpu", data=data)
@@ -44,9 +42,7 @@ def setup():
 
 
 def relative_error(got: np.ndarray, hidden: torch.Tensor, weight, bias) -> float:
-    want = torch.addmm(bias.double(), hidden.double(), weight.double().t())
-    got = torch.from_numpy(got).double().to(want.device)
-    return float(torch.linalg.norm(got - want) / torch.linalg.norm(want))
+    return rel_error(got, torch.addmm(bias.double(), hidden.double(), weight.double().t()))
 
 
 def test_eager_generate(setup):

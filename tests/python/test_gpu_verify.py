@@ -18,6 +18,7 @@ from conftest import require_cuda  # noqa: E402
 torch = require_cuda()
 
 from conftest import Sidecar  # noqa: E402
+from probe_files import rel_error  # noqa: E402
 from probe_sidecar import ProbeSidecarError  # noqa: E402
 from probe_sidecar.torch import TorchClient  # noqa: E402
 
@@ -73,7 +74,7 @@ def check_close(got, want, magnitude, what):
     bound = 2.0**-7 * (want.abs() + magnitude) + 1e-6
     worst = float(((got - want).abs() / bound).max())
     assert worst <= 1.0, f"{what}: worst element at {worst:.2f} of its bound"
-    rel = float(torch.linalg.norm(got - want) / torch.linalg.norm(want))
+    rel = rel_error(got, want)
     assert rel <= 1e-2, f"{what}: relative L2 error {rel:.3g}"
 
 

@@ -17,7 +17,6 @@ RECORDS_PATH through record_sink.record (the `callback`), in the engine's proces
 from __future__ import annotations
 
 import json
-import os
 import sys
 import time
 
