@@ -21,9 +21,10 @@ import torch
 from probesidecar.v1 import buffers_pb2, score_pb2, tensor_pb2
 
 from . import tap_op
-from ._torch_dtypes import PROTO_DTYPES
 from ._torch_ring import TorchRing
-from .tap import TapError, _Window
+from .dtypes import of_torch
+from .errors import TapError
+from .tap import _Window
 
 # Host copies of the scores in flight: the reader thread waits for a free one only when the
 # delivery thread is this many windows behind (a window's timing events: twice as many).
@@ -232,7 +233,7 @@ class CudaRing(TorchRing):
             base = half * self.window
             slot_bytes = self.layout.slot_bytes
             activations = request.activations
-            activations.dtype = PROTO_DTYPES[self.dtype]
+            activations.dtype = of_torch(self.dtype).proto
             activations.shape.extend([rows, self.hidden_size])
             activations.row_stride = self.hidden_size
             activations.buffer.buffer_id = self._buffer_id
