@@ -12,67 +12,53 @@ from probesidecar.v1 import probes_pb2, score_pb2
 
 from .precision import precision_name
 
-class ProbeSetInfo:
-    """A loaded probe set (probesidecar.v1.ProbeSetInfo, in ``proto``), with ``precision`` as
-    "exact" or "fast"."""
+# ProbeSetInfo's fields read from its proto as they are.
+_FROM_PROTO = ("name", "num_probes", "hidden_size", "weight_dtype", "activation", "probes",
+               "source", "file_bytes", "outcomes")
 
-    __slots__ = ("proto",)
+
+class ProbeSetInfo:
+    """A loaded probe set, read-only: the fields of its probesidecar.v1.ProbeSetInfo (in ``proto``),
+    with ``precision`` as "exact" or "fast" ("" from a server that predates precision).
+
+    probes: name and threshold of each probe (``threshold`` unset: it never fires).
+    score_bucket_bounds: upper bounds of the buckets of its score histograms (one more bucket
+        above the last).
+    outcomes: what its probes found since it was loaded, every session together: rows_scored,
+        and arrays over its probes (fired, non_finite, score_sum; bucket_counts [P, buckets]
+        row-major); ``outcomes_by_labels`` in ``proto`` splits them by session labels.
+    """
+
+    __slots__ = ("proto", *_FROM_PROTO, "precision", "score_bucket_bounds")
+    proto: probes_pb2.ProbeSetInfo
+    name: str
+    num_probes: int
+    hidden_size: int
+    weight_dtype: int  # probesidecar.v1.DType
+    activation: int  # probesidecar.v1.Activation
+    probes: Sequence[probes_pb2.Probe]
+    source: str
+    file_bytes: int
+    precision: str
+    score_bucket_bounds: list[float]
+    outcomes: probes_pb2.ProbeOutcomes
 
     def __init__(self, proto: probes_pb2.ProbeSetInfo):
-        self.proto = proto
+        fields = {name: getattr(proto, name) for name in _FROM_PROTO}
+        fields.update(proto=proto, precision=precision_name(proto.precision),
+                      score_bucket_bounds=list(proto.score_bucket_bounds))
+        for name, value in fields.items():
+            object.__setattr__(self, name, value)
 
-    @property
-    def name(self) -> str:
-        return self.proto.name
+    def __setattr__(self, name: str, value) -> None:
+        raise AttributeError(f"a ProbeSetInfo is read-only: cannot set {name!r}")
 
-    @property
-    def num_probes(self) -> int:
-        return self.proto.num_probes
-
-    @property
-    def hidden_size(self) -> int:
-        return self.proto.hidden_size
-
-    @property
-    def weight_dtype(self) -> int:
-        return self.proto.weight_dtype
-
-    @property
-    def activation(self) -> int:
-        return self.proto.activation
-
-    @property
-    def probes(self) -> Sequence[probes_pb2.Probe]:
-        """Name and threshold of each probe (``threshold`` unset: it never fires)."""
-        return self.proto.probes
-
-    @property
-    def source(self) -> str:
-        return self.proto.source
-
-    @property
-    def file_bytes(self) -> int:
-        return self.proto.file_bytes
-
-    @property
-    def precision(self) -> str:
-        return precision_name(self.proto.precision)
-
-    @property
-    def score_bucket_bounds(self) -> list[float]:
-        """Upper bounds of the buckets of its score histograms (one more bucket above the last)."""
-        return list(self.proto.score_bucket_bounds)
-
-    @property
-    def outcomes(self) -> probes_pb2.ProbeOutcomes:
-        """What its probes found since it was loaded, every session together: rows_scored, and
-        arrays over its probes (fired, non_finite, score_sum; bucket_counts [P, buckets]
-        row-major); ``outcomes_by_labels`` in ``proto`` splits them by session labels."""
-        return self.proto.outcomes
+    def __reduce__(self):  # copy and pickle: made again from the proto
+        return ProbeSetInfo, (self.proto,)
 
     def __repr__(self) -> str:
-        return (f"ProbeSetInfo(name={self.proto.name!r}, num_probes={self.proto.num_probes}, "
-                f"hidden_size={self.proto.hidden_size}, precision={self.precision!r})")
+        return (f"ProbeSetInfo(name={self.name!r}, num_probes={self.num_probes}, "
+                f"hidden_size={self.hidden_size}, precision={self.precision!r})")
 
 
 @dataclasses.dataclass(frozen=True)
