@@ -44,7 +44,13 @@ def _poll(event: torch.cuda.Event, deadline: float) -> bool:
 
 
 class _Driver:
-    """The few CUDA driver calls the ring needs (libcuda.so.1, which every CUDA process has)."""
+    """The few CUDA driver calls the ring needs (libcuda.so.1, which every CUDA process has).
+
+    ctypes rather than cuda-python's driver bindings (cuda.bindings.driver): the package would
+    need a new dependency for these ten calls, and cuda-bindings comes into an environment only
+    on the side (torch's CUDA 13 wheels, nvidia-cutlass), its major version tied to the CUDA
+    that the driver supports, while libcuda.so.1 and its _v2 entry points are wherever a CUDA tap
+    can run, under any torch build and driver."""
 
     def __init__(self):
         self.lib = ctypes.CDLL("libcuda.so.1")
