@@ -25,7 +25,7 @@ from conftest import Sidecar, sidecar_fixture  # noqa: E402
 from probe_files import bf16_tensor_file, rel_error  # noqa: E402
 from probe_sidecar import ProbeSidecarError  # noqa: E402
 from probe_sidecar.torch import TorchClient  # noqa: E402
-from probe_sidecar.client import _result  # noqa: E402
+from probe_sidecar.results import score_result  # noqa: E402
 from probesidecar.v1 import buffers_pb2, score_pb2  # noqa: E402
 
 H = 4096
@@ -200,7 +200,7 @@ def test_unregister_while_in_flight_is_deferred(probe_sets):
         assert buffer_id in listed and listed[buffer_id].closing and listed[buffer_id].in_flight > 0
         assert refused.value.code == grpc.StatusCode.NOT_FOUND
         for r in results:
-            assert rel_error(_result(r).scores, ref) <= 1e-3
+            assert rel_error(score_result(r).scores, ref) <= 1e-3
         deadline = time.monotonic() + 10
         while time.monotonic() < deadline:
             buffers = tc.client.stub.ListBuffers(buffers_pb2.ListBuffersRequest(), timeout=10)

@@ -13,7 +13,7 @@ import pytest
 from conftest import Sidecar
 from probe_files import safetensors_bytes
 from probe_sidecar import ProbeSidecarError, score_request
-from probe_sidecar.client import _result
+from probe_sidecar.results import score_result
 from probe_sidecar.pipeline import ScoreStreamPipeline
 
 H, P = 64, 3
@@ -43,7 +43,7 @@ def test_pipelined_requests_resolve_in_order_with_their_own_answers(server):
             request = score_request(x, rows, "p", request_id=i)
             pendings.append((rows, pipeline.submit(request, on_answer=lambda *_, i=i: answered.append(i))))
         for i, (rows, pending) in enumerate(pendings):
-            result = _result(pending.response(timeout=30))
+            result = score_result(pending.response(timeout=30))
             assert result.request_id == i
             np.testing.assert_allclose(result.scores, x[rows] @ weight.T + bias, rtol=1e-5,
                                        atol=1e-5)
@@ -82,7 +82,8 @@ def test_concurrent_submitters_share_one_stream(server):
             try:
                 for i in range(50):
                     row = (t + i) % 8
-                    r = _result(pipeline.submit(score_request(x, [row], "p")).response(timeout=30))
+                    pending = pipeline.submit(score_request(x, [row], "p"))
+                    r = score_result(pending.response(timeout=30))
                     np.testing.assert_allclose(r.scores[0], x[row] @ weight.T + bias, rtol=1e-5,
                                                atol=1e-5)
             except Exception as e:  # noqa: BLE001 - reported below

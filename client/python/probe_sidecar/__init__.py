@@ -6,8 +6,9 @@
         result.scores                                         # float32 [R, P]
 """
 
-from .client import (DEFAULT_TARGET, Client, ProbeSetInfo, ProbeSidecarError, ScoreResult,
-                     score_request)
+from .client import DEFAULT_TARGET, Client, score_request
+from .errors import ProbeSidecarError
+from .results import ProbeSetInfo, ScoreResult
 
 __all__ = ["Client", "DEFAULT_TARGET", "ProbeSetInfo", "ProbeSidecarError", "ScoreResult",
            "score_request"]

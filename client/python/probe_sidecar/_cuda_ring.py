@@ -21,9 +21,10 @@ import torch
 from probesidecar.v1 import buffers_pb2, score_pb2, tensor_pb2
 
 from . import tap_op
-from ._torch_dtypes import PROTO_DTYPES
 from ._torch_ring import TorchRing
-from .tap import TapError, _Window
+from .dtypes import of_torch
+from .errors import TapError
+from .tap import _Window
 
 # Host copies of the scores in flight: the reader thread waits for a free one only when the
 # delivery thread is this many windows behind (a window's timing events: twice as many).
@@ -43,7 +44,13 @@ def _poll(event: torch.cuda.Event, deadline: float) -> bool:
 
 
 class _Driver:
-    """The few CUDA driver calls the ring needs (libcuda.so.1, which every CUDA process has)."""
+    """The few CUDA driver calls the ring needs (libcuda.so.1, which every CUDA process has).
+
+    ctypes rather than cuda-python's driver bindings (cuda.bindings.driver): the package would
+    need a new dependency for these ten calls, and cuda-bindings comes into an environment only
+    on the side (torch's CUDA 13 wheels, nvidia-cutlass), its major version tied to the CUDA
+    that the driver supports, while libcuda.so.1 and its _v2 entry points are wherever a CUDA tap
+    can run, under any torch build and driver."""
 
     def __init__(self):
         self.lib = ctypes.CDLL("libcuda.so.1")
@@ -232,7 +239,7 @@ class CudaRing(TorchRing):
             base = half * self.window
             slot_bytes = self.layout.slot_bytes
             activations = request.activations
-            activations.dtype = PROTO_DTYPES[self.dtype]
+            activations.dtype = of_torch(self.dtype).proto
             activations.shape.extend([rows, self.hidden_size])
             activations.row_stride = self.hidden_size
             activations.buffer.buffer_id = self._buffer_id

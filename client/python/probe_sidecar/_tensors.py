@@ -6,33 +6,29 @@ import numpy as np
 
 from probesidecar.v1 import tensor_pb2
 
-# numpy has no bfloat16; ml_dtypes (used by JAX and others) provides one named "bfloat16".
-_DTYPES = {
-    "float32": tensor_pb2.DTYPE_FLOAT32,
-    "float16": tensor_pb2.DTYPE_FLOAT16,
-    "bfloat16": tensor_pb2.DTYPE_BFLOAT16,
-}
-_NAMES = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16"}
+from .dtypes import BY_NAME, BY_SHORT_NAME
 
 
 def proto_dtype(array: np.ndarray, dtype: str | None) -> int:
     """The API dtype for ``array``; ``dtype`` ('bf16', 'fp16', 'fp32') overrides it.
 
-    Raw bfloat16 bits can be passed as a uint16 array with ``dtype='bf16'``.
+    Raw bfloat16 bits can be passed as a uint16 array with ``dtype='bf16'``. numpy has no
+    bfloat16; ml_dtypes (used by JAX and others) provides one named "bfloat16".
     """
     if dtype is not None:
-        name = _NAMES.get(dtype, dtype)
-        if name not in _DTYPES:
+        entry = BY_SHORT_NAME.get(dtype) or BY_NAME.get(dtype)
+        if entry is None:
             raise ValueError(f"dtype must be one of bf16, fp16, fp32; got {dtype!r}")
-        if array.dtype.itemsize != np.dtype(np.float32 if name == "float32" else np.float16).itemsize:
+        if array.dtype.itemsize != entry.size:
             raise ValueError(f"a {array.dtype} array cannot hold {dtype} elements")
-        return _DTYPES[name]
-    if array.dtype.name not in _DTYPES:
+        return entry.proto
+    entry = BY_NAME.get(array.dtype.name)
+    if entry is None:
         raise TypeError(
             f"activations must be float32, float16 or bfloat16 (ml_dtypes), got {array.dtype}; "
             "pass raw bfloat16 bits as uint16 with dtype='bf16'"
         )
-    return _DTYPES[array.dtype.name]
+    return entry.proto
 
 
 def tensor_ref(array: np.ndarray, dtype: str | None = None) -> tensor_pb2.TensorRef:

@@ -13,8 +13,9 @@ import numpy as np
 import torch
 
 from . import tap_op
-from ._torch_dtypes import PROTO_DTYPES
-from .tap import InlineRing, Ring, TapError, _Window
+from .dtypes import of_torch
+from .errors import TapError
+from .tap import InlineRing, Ring, _Window
 
 
 class TorchRing(Ring):
@@ -25,7 +26,7 @@ class TorchRing(Ring):
 
     def _setup_layout(self, info, *, max_batch: int, window: int, dtype: torch.dtype,
                       device: torch.device, device_scores: bool) -> None:
-        if dtype not in PROTO_DTYPES:
+        if of_torch(dtype) is None:
             raise TapError(f"dtype must be torch.bfloat16, float16 or float32, got {dtype}")
         self.max_batch, self.window, self.hidden_size = max_batch, window, info.hidden_size
         self.dtype, self.device = dtype, device
@@ -106,7 +107,7 @@ class CpuRing(InlineRing, TorchRing):
         base, steps = window.half * self.window, window.steps
         start = self.layout.offsets["slots"] + base * self.layout.slot_bytes
         # The window's rows travel in the request: the half may be rewritten at once.
-        self.inline_request(self._probe_set, self._session_id, window, PROTO_DTYPES[self.dtype],
+        self.inline_request(self._probe_set, self._session_id, window, of_torch(self.dtype).proto,
                             self.raw[start:start + steps * self.layout.slot_bytes].numpy().tobytes(),
                             self.counts[base:base + steps].numpy().astype(np.int32),
                             int(self.meta[tap_op.WRITES]))

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import os
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 
@@ -12,128 +11,14 @@ import numpy as np
 from probesidecar.v1 import buffers_pb2, probes_pb2, score_pb2, sidecar_pb2, sidecar_pb2_grpc
 
 from ._tensors import rows_array, tensor_ref
+# ProbeSidecarError, ProbeSetInfo and ScoreResult are importable from this module too.
+from .errors import ProbeSidecarError, error_from_rpc, status_code
+from .pipeline import ScoreStreamPipeline
+from .precision import precision_value
+from .results import ProbeSetInfo, ScoreResult, score_result
+from .tap import HostRing, Tap, check_tap_shape
 
 DEFAULT_TARGET = "unix:///tmp/probe-sidecar.sock"
-
-
-class ProbeSidecarError(Exception):
-    """A failed call: ``code`` is the gRPC status code, ``message`` the server's explanation."""
-
-    def __init__(self, code: grpc.StatusCode, message: str):
-        super().__init__(f"{code.name}: {message}")
-        self.code = code
-        self.message = message
-
-
-# A probe set's precision (docs/architecture.md, "Probe set precision"): "exact" (the file's
-# float32 weights, float32 math) or "fast" (weights rounded to the activations' 16-bit type on
-# tensor cores). None asks LoadProbeSet for the default rule (exact up to 2 probes, fast above).
-_PRECISIONS = {None: probes_pb2.PRECISION_UNSPECIFIED, "exact": probes_pb2.PRECISION_EXACT,
-               "fast": probes_pb2.PRECISION_FAST}
-
-
-def precision_name(value: int) -> str:
-    """"exact" or "fast" for a Precision enum value; "" for PRECISION_UNSPECIFIED (a server that
-    predates precision)."""
-    for name, number in _PRECISIONS.items():
-        if name is not None and number == value:
-            return name
-    return ""
-
-
-def precision_value(precision: str | None) -> int:
-    """The Precision enum value for None (the default rule), "exact" or "fast"."""
-    try:
-        return _PRECISIONS[precision]
-    except (KeyError, TypeError):
-        raise ValueError(f"precision must be None, 'exact' or 'fast', got {precision!r}") from None
-
-
-class ProbeSetInfo:
-    """A loaded probe set (probesidecar.v1.ProbeSetInfo, in ``proto``), with ``precision`` as
-    "exact" or "fast"."""
-
-    __slots__ = ("proto",)
-
-    def __init__(self, proto: probes_pb2.ProbeSetInfo):
-        self.proto = proto
-
-    @property
-    def name(self) -> str:
-        return self.proto.name
-
-    @property
-    def num_probes(self) -> int:
-        return self.proto.num_probes
-
-    @property
-    def hidden_size(self) -> int:
-        return self.proto.hidden_size
-
-    @property
-    def weight_dtype(self) -> int:
-        return self.proto.weight_dtype
-
-    @property
-    def activation(self) -> int:
-        return self.proto.activation
-
-    @property
-    def probes(self) -> Sequence[probes_pb2.Probe]:
-        """Name and threshold of each probe (``threshold`` unset: it never fires)."""
-        return self.proto.probes
-
-    @property
-    def source(self) -> str:
-        return self.proto.source
-
-    @property
-    def file_bytes(self) -> int:
-        return self.proto.file_bytes
-
-    @property
-    def precision(self) -> str:
-        return precision_name(self.proto.precision)
-
-    @property
-    def score_bucket_bounds(self) -> list[float]:
-        """Upper bounds of the buckets of its score histograms (one more bucket above the last)."""
-        return list(self.proto.score_bucket_bounds)
-
-    @property
-    def outcomes(self) -> probes_pb2.ProbeOutcomes:
-        """What its probes found since it was loaded, every session together: rows_scored, and
-        arrays over its probes (fired, non_finite, score_sum; bucket_counts [P, buckets]
-        row-major); ``outcomes_by_labels`` in ``proto`` splits them by session labels."""
-        return self.proto.outcomes
-
-    def __repr__(self) -> str:
-        return (f"ProbeSetInfo(name={self.proto.name!r}, num_probes={self.proto.num_probes}, "
-                f"hidden_size={self.proto.hidden_size}, precision={self.precision!r})")
-
-
-@dataclasses.dataclass(frozen=True)
-class ScoreResult:
-    scores: np.ndarray  # float32 [R, P], after bias and activation
-    fired: np.ndarray  # bool [R, P]: a finite score >= the probe's threshold
-    kernel_path: str  # "cpu", "fused_cuda", ...
-    request_id: int = 0
-    non_finite: int = 0  # scores that are NaN or infinite (they never fire)
-    precision: str = ""  # the probe set's: "exact" or "fast"
-
-
-def _result(response: score_pb2.ScoreResponse) -> ScoreResult:
-    rows, probes = response.num_rows, response.num_probes
-    scores = np.frombuffer(response.scores, dtype="<f4")
-    scores = scores.reshape(rows, probes) if scores.size else np.empty((0, probes), np.float32)
-    fired = np.zeros(rows * probes, dtype=bool)
-    fired[np.asarray(response.fired, dtype=np.int64)] = True
-    return ScoreResult(scores, fired.reshape(rows, probes), response.kernel_path, response.request_id,
-                       response.non_finite_scores, precision_name(response.precision))
-
-
-def _raise(error: grpc.RpcError) -> ProbeSidecarError:
-    return ProbeSidecarError(error.code(), error.details() or "")
 
 
 def score_request(
@@ -185,7 +70,7 @@ def open_session(stub: sidecar_pb2_grpc.ProbeSidecarStub,
     try:
         return Session(call, next(call), labels)
     except grpc.RpcError as error:
-        raise _raise(error) from error
+        raise error_from_rpc(error) from error
 
 
 class Client:
@@ -244,7 +129,7 @@ class Client:
         try:
             return method(request, timeout=self.timeout, metadata=metadata)
         except grpc.RpcError as error:
-            raise _raise(error) from error
+            raise error_from_rpc(error) from error
 
     def health(self, service: str = "") -> str:
         """The grpc.health.v1 status name ("SERVING", "NOT_SERVING", ...).
@@ -310,7 +195,7 @@ class Client:
         """
         request = score_request(activations, rows, probe_set, dtype=dtype, request_id=request_id,
                                 session_id=session.id if session is not None else 0)
-        return _result(self._call(self._stub.Score, request))
+        return score_result(self._call(self._stub.Score, request))
 
     def open_session(self, labels: Mapping[str, str] | None = None) -> Session:
         """A session whose requests (``score(..., session=...)``) count their probe outcomes
@@ -334,9 +219,6 @@ class Client:
         `dtype`: "float32", "float16" or "bfloat16" (raw bits as uint16, or ml_dtypes). Options:
         see probe_sidecar.tap.Tap (max_window_s, on_window, host_results, max_queued_windows,
         raise_errors)."""
-        from .pipeline import ScoreStreamPipeline
-        from .tap import HostRing, Tap, check_tap_shape
-
         info = self.probe_set_info(probe_set)
         hidden_size = info.hidden_size if hidden_size is None else hidden_size
         check_tap_shape(info, hidden_size, max_batch, window, self.server_info().limits.max_rows)
@@ -356,15 +238,8 @@ class Client:
         try:
             for response in self._stub.ScoreStream(iter(requests), timeout=timeout):
                 if response.HasField("error"):
-                    yield ProbeSidecarError(_status_code(response.error.code), response.error.message)
+                    yield ProbeSidecarError(status_code(response.error.code), response.error.message)
                 else:
-                    yield _result(response)
+                    yield score_result(response)
         except grpc.RpcError as error:
-            raise _raise(error) from error
-
-
-def _status_code(value: int) -> grpc.StatusCode:
-    for code in grpc.StatusCode:
-        if code.value[0] == value:
-            return code
-    return grpc.StatusCode.UNKNOWN
+            raise error_from_rpc(error) from error

@@ -17,7 +17,7 @@ import grpc
 
 from probesidecar.v1 import score_pb2
 
-from .client import ProbeSidecarError, _raise, _status_code
+from .errors import ProbeSidecarError, error_from_rpc, status_code
 
 _CLOSE = object()
 
@@ -101,13 +101,13 @@ class ScoreStreamPipeline:
                 with self._lock:
                     pending = self._pending.popleft()
                 if response.HasField("error"):
-                    pending._resolve(error=ProbeSidecarError(_status_code(response.error.code),
+                    pending._resolve(error=ProbeSidecarError(status_code(response.error.code),
                                                              response.error.message))
                 else:
                     pending._resolve(response=response)
             failure = ProbeSidecarError(grpc.StatusCode.UNAVAILABLE, "the stream ended")
         except grpc.RpcError as error:
-            failure = _raise(error)
+            failure = error_from_rpc(error)
         # The stream is gone: whatever is still pending fails, and the next submit reopens.
         with self._lock:
             if self._requests is requests:

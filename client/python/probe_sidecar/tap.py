@@ -40,14 +40,12 @@ from collections.abc import Callable, Iterator
 
 import numpy as np
 
-from probesidecar.v1 import score_pb2, tensor_pb2
+from probesidecar.v1 import score_pb2
 
-from .client import ProbeSidecarError, ProbeSetInfo
+from .dtypes import BY_NAME, of_torch
+from .errors import TapError
 from .pipeline import Pending, ScoreStreamPipeline
-
-
-class TapError(RuntimeError):
-    """A misuse of a tap, or a window that could not be scored (``window.error``)."""
+from .results import ProbeSetInfo
 
 
 @dataclasses.dataclass(frozen=True)
@@ -478,10 +476,6 @@ def check_tap_shape(info: ProbeSetInfo, hidden_size: int, max_batch: int, window
 
 # --- the host tap ---------------------------------------------------------------------------
 
-_HOST_DTYPES = {"float32": (np.float32, tensor_pb2.DTYPE_FLOAT32),
-                "float16": (np.float16, tensor_pb2.DTYPE_FLOAT16),
-                "bfloat16": (np.uint16, tensor_pb2.DTYPE_BFLOAT16)}  # bf16 as its raw bits
-
 
 class InlineRing(Ring):
     """A ring whose windows travel inline: close_window() puts in the request only the rows each
@@ -522,12 +516,12 @@ class HostRing(InlineRing):
 
     def __init__(self, probe_set: str, session_id: int, hidden_size: int, max_batch: int,
                  window: int, dtype: str):
-        if dtype not in _HOST_DTYPES:
-            raise TapError(f"dtype must be one of {sorted(_HOST_DTYPES)}, got {dtype!r}")
+        if dtype not in BY_NAME:
+            raise TapError(f"dtype must be one of {sorted(BY_NAME)}, got {dtype!r}")
         self.max_batch, self.hidden_size, self.window, self.dtype = (max_batch, hidden_size,
                                                                      window, dtype)
-        element, self._proto_dtype = _HOST_DTYPES[dtype]
-        self._slots = np.zeros((2 * window, max_batch, hidden_size), element)
+        self._proto_dtype = BY_NAME[dtype].proto
+        self._slots = np.zeros((2 * window, max_batch, hidden_size), BY_NAME[dtype].numpy)
         self._num_rows = np.zeros(2 * window, np.int32)
         self._slot = 0
         self._limit = window
@@ -569,7 +563,7 @@ def _host_array(hidden, dtype: str) -> np.ndarray:
                 return hidden.view(np.uint16)
             raise TapError(f"a bfloat16 tap takes bf16 rows (ml_dtypes or raw uint16 bits), got "
                            f"{hidden.dtype}")
-        expected = _HOST_DTYPES[dtype][0]
+        expected = BY_NAME[dtype].numpy
         if hidden.dtype != expected:
             raise TapError(f"a {dtype} tap takes {np.dtype(expected).name} rows, got {hidden.dtype}")
         return hidden
@@ -579,8 +573,8 @@ def _host_array(hidden, dtype: str) -> np.ndarray:
 
         if hidden.is_cuda:
             raise TapError("a host tap takes CPU rows; for CUDA tensors use TorchClient.tap")
-        names = {torch.float32: "float32", torch.float16: "float16", torch.bfloat16: "bfloat16"}
-        if names.get(hidden.dtype) != dtype:
+        entry = of_torch(hidden.dtype)
+        if entry is None or entry.name != dtype:
             raise TapError(f"a {dtype} tap takes {dtype} rows, got {hidden.dtype}")
         hidden = hidden.detach()
         if hidden.dtype == torch.bfloat16:

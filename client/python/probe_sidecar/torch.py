@@ -35,11 +35,15 @@ import torch
 
 from probesidecar.v1 import buffers_pb2, score_pb2, tensor_pb2, verify_pb2
 
+from ._cuda_ring import CudaRing
 from ._tensors import rows_array
-from ._torch_dtypes import PROTO_DTYPES
-from .client import Client, ProbeSidecarError, ScoreResult, _raise, _result
+from ._torch_ring import CpuRing
+from .client import Client
+from .dtypes import of_torch
+from .errors import ProbeSidecarError, TapError, error_from_rpc
 from .pipeline import Pending, ScoreStreamPipeline
-from .tap import Tap, TapError, TapWindow, check_tap_shape
+from .results import ScoreResult, score_result
+from .tap import Tap, TapWindow, check_tap_shape
 
 
 @dataclasses.dataclass(frozen=True)
@@ -120,7 +124,7 @@ class ScoreHandle:
     def result(self, timeout: float | None = None):
         """The scores: the `out` tensor when one was given (after wait()), else a ScoreResult."""
         self.wait(timeout)
-        return self._out if self._out is not None else _result(self._pending.response())
+        return self._out if self._out is not None else score_result(self._pending.response())
 
 
 @dataclasses.dataclass(frozen=True)
@@ -155,7 +159,7 @@ class TorchClient:
         try:
             self.session_id = next(self._session_call).session_id
         except grpc.RpcError as error:
-            raise _raise(error) from error
+            raise error_from_rpc(error) from error
 
     def close(self) -> None:
         for tap in list(self._taps):
@@ -230,11 +234,12 @@ class TorchClient:
         """A TensorRef to a 2-D CUDA tensor (rows may be strided; columns contiguous)."""
         if tensor.dim() != 2:
             raise ValueError(f"expected a 2-D tensor, got shape {tuple(tensor.shape)}")
-        if tensor.dtype not in PROTO_DTYPES:
+        entry = of_torch(tensor.dtype)
+        if entry is None:
             raise TypeError(f"dtype {tensor.dtype} is not bfloat16, float16 or float32")
         if tensor.shape[1] > 1 and tensor.stride(1) != 1:
             raise ValueError("the tensor's rows must be contiguous (stride(1) == 1)")
-        return self._buffer_ref(tensor, PROTO_DTYPES[tensor.dtype], tensor.shape, tensor.stride(0))
+        return self._buffer_ref(tensor, entry.proto, tensor.shape, tensor.stride(0))
 
     def _buffer_ref(self, tensor: torch.Tensor, dtype: int, shape, row_stride: int
                     ) -> tensor_pb2.TensorRef:
@@ -271,7 +276,7 @@ class TorchClient:
             request.output.CopyFrom(self.tensor_ref(out))
         # v1 ordering: the server reads after this returns, so the writes must have landed.
         torch.cuda.current_stream(hidden_states.device).synchronize()
-        return _result(self.client._call(self.client.stub.Score, request))
+        return score_result(self.client._call(self.client.stub.Score, request))
 
 
     # The plain client's calls, for convenience.
@@ -350,8 +355,6 @@ class TorchClient:
         probe_sidecar.tap.Tap. Graph capture while windows are in flight: capture with
         capture_error_mode="thread_local", because the tap's threads call CUDA meanwhile.
         """
-        from ._cuda_ring import CudaRing
-
         if device is not None and torch.device(device).type == "cpu":
             tap = cpu_tap(self.client, probe_set, max_batch=max_batch, window=window,
                           dtype=dtype, hidden_size=hidden_size, session_id=self.session_id,
@@ -454,7 +457,7 @@ class TorchClient:
             raise TypeError(f"expected a CUDA {dtype} tensor, got {tensor.device} {tensor.dtype}")
         if not tensor[0].is_contiguous():
             raise ValueError("every dimension but the first must be contiguous")
-        return self._buffer_ref(tensor, PROTO_DTYPES[dtype], tensor.shape, tensor.stride(0))
+        return self._buffer_ref(tensor, of_torch(dtype).proto, tensor.shape, tensor.stride(0))
 
     def _ref_int32(self, tensor: torch.Tensor) -> tensor_pb2.TensorRef:
         """An int32 TensorRef: by reference on the GPU, inline from the CPU."""
@@ -522,8 +525,6 @@ def cpu_tap(client: Client, probe_set: str, *, max_batch: int, window: int = 16,
     (probe_sidecar.tap_op, so a compiled forward writes it too), each window sent inline as one
     Score (a CPU-backend sidecar works). `client`: a plain Client. Options: probe_sidecar.tap.Tap's
     (max_window_s, on_window, host_results, max_queued_windows, raise_errors)."""
-    from ._torch_ring import CpuRing
-
     info = client.probe_set_info(probe_set)
     check_tap_shape(info, info.hidden_size if hidden_size is None else hidden_size, max_batch,
                     window, client.server_info().limits.max_rows)

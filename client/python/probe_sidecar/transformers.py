@@ -39,7 +39,8 @@ import functools
 import torch
 from transformers import StoppingCriteriaList
 
-from .tap import Tap, TapError
+from .errors import TapError
+from .tap import Tap
 from .torch import cpu_tap
 
 _NORM_NAMES = ("norm", "final_layernorm", "final_layer_norm", "ln_f")

@@ -38,7 +38,7 @@ import torch
 
 from .. import tap_op
 from .config import ConfigError, PluginConfig, load, resolve
-from .engine_tap import EngineTap, StepRows
+from .engine_tap import EngineTap, StepRows, _caller_id
 from .records import ProbeSummary
 
 TESTED_VLLM = ("0.32",)
@@ -226,6 +226,7 @@ class _WriteHook:
 
 def _make_engine_tap(config: PluginConfig, *, device: torch.device, dtype: torch.dtype,
                      max_batch: int, hidden_size: int) -> EngineTap:
+    # Here, not at the top (no import cycle): only a process that makes a tap loads the client.
     from ..client import Client, ProbeSidecarError
     from ..torch import TorchClient, cpu_tap
 
@@ -348,8 +349,6 @@ def collect(llm, request_ids=None, timeout: float = 60.0) -> dict[str, dict[str,
 
 def attach_summaries(llm, outputs) -> None:
     """Sets `output.probe_summary` ({probe set: ProbeSummary}) on each RequestOutput."""
-    from .engine_tap import _caller_id
-
     summaries = collect(llm, [o.request_id for o in outputs])
     by_caller = {}
     for request_id, by_set in summaries.items():
