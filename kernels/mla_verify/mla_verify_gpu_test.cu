@@ -33,7 +33,7 @@
 
 #include "common/dtype.h"
 #include "kernels/common/device_support.h"
-#include "kernels/common/gpu_test_device.h"
+#include "kernels/common/gpu_test_main.h"
 #include "kernels/mla_verify/mla_verify.h"
 #include "kernels/mla_verify/mla_verify_plan.h"
 #include "kernels/mla_verify/mla_verify_ref.h"
@@ -771,13 +771,7 @@ TEST_F(MlaVerifyGpuTest, RejectsBadLaunches) {
 }  // namespace
 }  // namespace probesidecar::kernels
 
-// 77 only without a device; a build that holds no code for it fails.
 int main(int argc, char** argv) {
-  using probesidecar::kernels::gpu_test::DeviceCheck;
-  const DeviceCheck check =
-      probesidecar::kernels::gpu_test::CheckTestDevice(&probesidecar::kernels::g_family);
-  if (check == DeviceCheck::kSkip) return 77;
-  if (check == DeviceCheck::kFail) return 1;
-  ::testing::InitGoogleTest(&argc, argv);
-  return RUN_ALL_TESTS();
+  return probesidecar::kernels::gpu_test::RunGpuTests(argc, argv,
+                                                      &probesidecar::kernels::g_family);
 }

@@ -16,6 +16,7 @@
 
 #include "gtest/gtest.h"
 #include "kernels/probe_outcomes/probe_outcomes.h"
+#include "kernels/common/gpu_test_main.h"
 
 namespace probesidecar::kernels {
 namespace {
@@ -495,11 +496,5 @@ TEST(CountProbeOutcomesValidation, OutOfRangeParamsAreRefused) {
 }  // namespace probesidecar::kernels
 
 int main(int argc, char** argv) {
-  int devices = 0;
-  if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0) {
-    std::printf("no CUDA device: skipped\n");
-    return 77;
-  }
-  ::testing::InitGoogleTest(&argc, argv);
-  return RUN_ALL_TESTS();
+  return probesidecar::kernels::gpu_test::RunGpuTests(argc, argv);
 }

@@ -18,7 +18,7 @@
 
 #include "common/dtype.h"
 #include "kernels/common/device_support.h"
-#include "kernels/common/gpu_test_device.h"
+#include "kernels/common/gpu_test_main.h"
 #include "kernels/probe_score/probe_score.h"
 #include "kernels/probe_score/probe_score_gpu_problem.cuh"
 
@@ -551,14 +551,7 @@ TEST_F(ProbeScoreGpuTest, AllPathsFp32Sweep) {
 }  // namespace
 }  // namespace probesidecar::kernels::probe_score_test
 
-// 77 only when there is no device at all (no driver installed, or none found); every other reason
-// not to run is a failure, so that a broken GPU machine cannot pass as "skipped".
 int main(int argc, char** argv) {
-  using probesidecar::kernels::gpu_test::DeviceCheck;
-  const DeviceCheck check = probesidecar::kernels::gpu_test::CheckTestDevice(
-      &probesidecar::kernels::probe_score_test::g_family);
-  if (check == DeviceCheck::kSkip) return 77;
-  if (check == DeviceCheck::kFail) return 1;
-  ::testing::InitGoogleTest(&argc, argv);
-  return RUN_ALL_TESTS();
+  return probesidecar::kernels::gpu_test::RunGpuTests(argc, argv,
+                                                      &probesidecar::kernels::probe_score_test::g_family);
 }

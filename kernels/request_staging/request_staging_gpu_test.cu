@@ -10,6 +10,7 @@
 
 #include "gtest/gtest.h"
 #include "kernels/request_staging/request_staging.h"
+#include "kernels/common/gpu_test_main.h"
 
 namespace probesidecar::kernels {
 namespace {
@@ -197,11 +198,5 @@ TEST(RequestStagingValidation, OutOfRangeParamsAreRefused) {
 }  // namespace probesidecar::kernels
 
 int main(int argc, char** argv) {
-  int devices = 0;
-  if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0) {
-    std::printf("no CUDA device: skipped\n");
-    return 77;
-  }
-  ::testing::InitGoogleTest(&argc, argv);
-  return RUN_ALL_TESTS();
+  return probesidecar::kernels::gpu_test::RunGpuTests(argc, argv);
 }

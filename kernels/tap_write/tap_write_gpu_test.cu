@@ -15,6 +15,7 @@
 #include "gtest/gtest.h"
 #include "kernels/tap_write/tap_write.h"
 #include "kernels/tap_write/tap_write_ref.h"
+#include "kernels/common/gpu_test_main.h"
 
 namespace probesidecar::kernels {
 namespace {
@@ -445,11 +446,5 @@ TEST(TapWriteValidation, OutOfRangeParamsAreRefusedBeforeAnyLaunch) {
 }  // namespace probesidecar::kernels
 
 int main(int argc, char** argv) {
-  int devices = 0;
-  if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0) {
-    std::printf("no CUDA device: skipped\n");
-    return 77;
-  }
-  ::testing::InitGoogleTest(&argc, argv);
-  return RUN_ALL_TESTS();
+  return probesidecar::kernels::gpu_test::RunGpuTests(argc, argv);
 }

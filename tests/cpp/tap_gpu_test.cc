@@ -25,6 +25,7 @@
 #include "gtest/gtest.h"
 #include "tests/cpp/sidecar_process.h"
 #include "tests/cpp/tap_gpu_test_kernels.h"
+#include "kernels/common/gpu_test_main.h"
 
 namespace probesidecar {
 namespace {
@@ -485,11 +486,5 @@ TEST_F(TapGpuTest, AWindowTheServerRefusesIsAnErrorNotStaleScores) {
 }  // namespace probesidecar
 
 int main(int argc, char** argv) {
-  int devices = 0;
-  if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0) {
-    std::printf("no CUDA device: skipped\n");
-    return 77;
-  }
-  ::testing::InitGoogleTest(&argc, argv);
-  return RUN_ALL_TESTS();
+  return probesidecar::kernels::gpu_test::RunGpuTests(argc, argv);
 }
