@@ -16,7 +16,7 @@
 //                      fused_tc plan, per sweep shape; host only, no GPU)
 //
 // Receipts: the results name the full commit measured, from --git or $PROBESIDECAR_GIT; without
-// one, or with a "+dirty" one and no --allow-dirty, nothing is measured (common/result_receipt.h).
+// one, or with a "+dirty" one and no --allow-dirty, nothing is measured (bench/result_receipt.h).
 //
 // Plain CUDA + events (no Google Benchmark: it is a shared library the GPU machine lacks).
 // Times are device time: a spin kernel holds the stream while all timed work is queued, so that
@@ -41,7 +41,7 @@
 #include <vector>
 
 #include "common/dtype.h"
-#include "common/result_receipt.h"
+#include "bench/result_receipt.h"
 #include "kernels/probe_outcomes/probe_outcomes.h"
 #include "kernels/probe_score/probe_score.h"
 
@@ -817,8 +817,8 @@ int Main(int argc, char** argv) {
     return 2;
   }
   // The receipt first: nothing is measured that could not be written.
-  const std::string git = pc::ResultIdentity(git_flag);
-  if (const std::string why = pc::CheckResultIdentity(git, allow_dirty); !why.empty()) {
+  const std::string git = probesidecar::bench::ResultIdentity(git_flag);
+  if (const std::string why = probesidecar::bench::CheckResultIdentity(git, allow_dirty); !why.empty()) {
     std::fprintf(stderr, "probe-score-bench: %s\n", why.c_str());
     return 2;
   }

@@ -36,7 +36,7 @@
 #include <string>
 #include <vector>
 
-#include "common/result_receipt.h"
+#include "bench/result_receipt.h"
 #include "kernels/mla_verify/mla_verify.h"
 #include "kernels/mla_verify/mla_verify_plan.h"
 #include "kernels/mla_verify/mla_verify_trace.h"
@@ -432,8 +432,8 @@ int main(int argc, char** argv) {
       return 2;
     }
   }
-  git = probesidecar::common::ResultIdentity(git);
-  const std::string why = probesidecar::common::CheckResultIdentity(git, allow_dirty);
+  git = probesidecar::bench::ResultIdentity(git);
+  const std::string why = probesidecar::bench::CheckResultIdentity(git, allow_dirty);
   if (!why.empty()) {
     std::fprintf(stderr, "mla-verify-bench: %s\n", why.c_str());
     return 2;

@@ -552,6 +552,6 @@ TEST_F(ProbeScoreGpuTest, AllPathsFp32Sweep) {
 }  // namespace probesidecar::kernels::probe_score_test
 
 int main(int argc, char** argv) {
-  return probesidecar::kernels::gpu_test::RunGpuTests(argc, argv,
-                                                      &probesidecar::kernels::probe_score_test::g_family);
+  namespace kernels = probesidecar::kernels;
+  return kernels::gpu_test::RunGpuTests(argc, argv, &kernels::probe_score_test::g_family);
 }

@@ -207,8 +207,8 @@ int Serve(const Config& config, ExecutorDecorator decorate, bool* device_abandon
   absl::StatusOr<uint64_t> load_errors = LoadAndWarmProbeSets(config, bundled, probes, *executor);
   if (!load_errors.ok()) return 1;  // logged
 
-  const MetricsSources sources{&config, &probes, executor.get(), ipc.get(), &outcome_labels,
-                               *load_errors};
+  const MetricsSources sources{&config,   &probes,         executor.get(),
+                               ipc.get(), &outcome_labels, *load_errors};
   Metrics metrics(
       BuildInfo{kVersion, kGitCommit, kCudaRuntime, executor->device_name(), executor->backend()},
       [sources] { return CollectMetricsState(sources); });

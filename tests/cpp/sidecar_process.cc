@@ -40,8 +40,8 @@ SidecarProcess::~SidecarProcess() {
 bool SidecarProcess::Start(std::string* error) {
   const char* bin = std::getenv("PROBE_SIDECAR_BIN");
   const std::string binary = bin != nullptr ? bin : "probe-sidecar";
-  std::vector<std::string> args = {binary, "--listen=unix:" + socket_path_,
-                                   "--listen=127.0.0.1:0", "--metrics-listen=none"};
+  std::vector<std::string> args = {binary, "--listen=unix:" + socket_path_, "--listen=127.0.0.1:0",
+                                   "--metrics-listen=none"};
   args.insert(args.end(), flags_.begin(), flags_.end());
   pid_ = fork();
   if (pid_ == 0) {

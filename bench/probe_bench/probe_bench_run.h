@@ -6,9 +6,9 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "client/cpp/probe_bench_options.h"
+#include "bench/probe_bench/probe_bench_options.h"
 
-namespace probesidecar::client::bench {
+namespace probesidecar::bench {
 
 // The commit to record (--git, else $PROBESIDECAR_GIT): "" when nothing is written; an error
 // when results would be written without a full commit, or from a dirty tree without
@@ -17,4 +17,4 @@ absl::StatusOr<std::string> ResultReceipt(const Options& options);
 
 absl::Status Run(const Options& options, const std::string& git);
 
-}  // namespace probesidecar::client::bench
+}  // namespace probesidecar::bench

@@ -7,11 +7,11 @@
 #include <string>
 
 #include "absl/status/status.h"
-#include "client/cpp/probe_bench_gpu.h"
-#include "client/cpp/probe_bench_stats.h"
+#include "bench/probe_bench/probe_bench_gpu.h"
+#include "bench/probe_bench/probe_bench_stats.h"
 #include "nlohmann/json.hpp"
 
-namespace probesidecar::client::bench {
+namespace probesidecar::bench {
 
 struct RecordInfo {
   std::string impl;
@@ -46,4 +46,4 @@ std::string RecordsCsv(const std::string& git, const nlohmann::json& records);
 
 absl::Status WriteTextFile(const std::string& path, const std::string& text);
 
-}  // namespace probesidecar::client::bench
+}  // namespace probesidecar::bench

@@ -1,10 +1,10 @@
-#include "client/cpp/probe_bench_stats.h"
+#include "bench/probe_bench/probe_bench_stats.h"
 
 #include <algorithm>
 
 #include "absl/status/status.h"
 
-namespace probesidecar::client::bench {
+namespace probesidecar::bench {
 
 std::string CodeName(grpc::StatusCode code) {
   // grpc::StatusCode and absl::StatusCode share their values (google.rpc.Code).
@@ -59,4 +59,4 @@ CallStats Recorder::Take() {
   return out;
 }
 
-}  // namespace probesidecar::client::bench
+}  // namespace probesidecar::bench

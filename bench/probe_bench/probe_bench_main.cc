@@ -10,11 +10,11 @@
 //   probe_bench_run       one run, from options to files
 #include <cstdio>
 
-#include "client/cpp/probe_bench_options.h"
-#include "client/cpp/probe_bench_run.h"
+#include "bench/probe_bench/probe_bench_options.h"
+#include "bench/probe_bench/probe_bench_run.h"
 
 int main(int argc, char** argv) {
-  namespace bench = probesidecar::client::bench;
+  namespace bench = probesidecar::bench;
   absl::StatusOr<bench::Options> options = bench::ParseOptions(argc, argv);
   if (!options.ok()) {
     std::fprintf(stderr, "probe-bench: %s\n", std::string(options.status().message()).c_str());

@@ -8,11 +8,11 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "client/cpp/probe_bench_calls.h"
-#include "client/cpp/probe_bench_options.h"
-#include "client/cpp/probe_bench_stats.h"
+#include "bench/probe_bench/probe_bench_calls.h"
+#include "bench/probe_bench/probe_bench_options.h"
+#include "bench/probe_bench/probe_bench_stats.h"
 
-namespace probesidecar::client::bench {
+namespace probesidecar::bench {
 
 struct LoadSettings {
   double seconds = 1.5;
@@ -40,4 +40,4 @@ absl::StatusOr<Measurement> RunOpenLoop(const CallMaker& calls, const std::strin
 // Poisson: exponential gaps of mean 1/rate (seeded).
 std::vector<double> SendTimes(double rate, double seconds, Arrivals arrivals, uint64_t seed);
 
-}  // namespace probesidecar::client::bench
+}  // namespace probesidecar::bench

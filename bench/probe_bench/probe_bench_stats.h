@@ -11,7 +11,7 @@
 
 #include "absl/synchronization/mutex.h"
 
-namespace probesidecar::client::bench {
+namespace probesidecar::bench {
 
 // The gRPC status code's name, as the server's metrics label it: "OK", "NOT_FOUND", ...
 std::string CodeName(grpc::StatusCode code);
@@ -60,4 +60,4 @@ struct Measurement {
   std::vector<double> send_lag_us;  // open loop: actual minus scheduled send time, sorted
 };
 
-}  // namespace probesidecar::client::bench
+}  // namespace probesidecar::bench

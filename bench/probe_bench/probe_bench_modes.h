@@ -6,10 +6,10 @@
 #include <string>
 #include <vector>
 
-#include "client/cpp/probe_bench_calls.h"
-#include "client/cpp/probe_bench_workload.h"
+#include "bench/probe_bench/probe_bench_calls.h"
+#include "bench/probe_bench/probe_bench_workload.h"
 
-namespace probesidecar::client::bench {
+namespace probesidecar::bench {
 
 struct ModeInfo {
   const char* name;  // the records' impl
@@ -24,4 +24,4 @@ struct ModeInfo {
 const ModeInfo* FindMode(const std::string& name);
 std::vector<std::string> ModeNames();
 
-}  // namespace probesidecar::client::bench
+}  // namespace probesidecar::bench

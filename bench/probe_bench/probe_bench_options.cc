@@ -1,4 +1,4 @@
-#include "client/cpp/probe_bench_options.h"
+#include "bench/probe_bench/probe_bench_options.h"
 
 #include <functional>
 #include <map>
@@ -8,9 +8,9 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_replace.h"
 #include "absl/strings/str_split.h"
-#include "client/cpp/probe_bench_modes.h"
+#include "bench/probe_bench/probe_bench_modes.h"
 
-namespace probesidecar::client::bench {
+namespace probesidecar::bench {
 namespace {
 
 constexpr char kHelp[] = R"(probe-bench: a load generator for probe-sidecar, beside a bare gRPC echo
@@ -265,4 +265,4 @@ absl::StatusOr<Options> ParseOptions(int argc, char** argv) {
   return o;
 }
 
-}  // namespace probesidecar::client::bench
+}  // namespace probesidecar::bench

@@ -11,7 +11,7 @@
 #include "client/cpp/client.h"
 #include "client/cpp/session.h"
 
-namespace probesidecar::client::bench {
+namespace probesidecar::bench {
 
 // The name of CUDA device 0; an error when there is none (no driver, no device).
 absl::StatusOr<std::string> CudaDeviceName();
@@ -26,7 +26,7 @@ absl::StatusOr<Ceilings> MeasureCeilings();
 // of its own; unregistered and freed on destruction.
 class IpcActivations {
  public:
-  static absl::StatusOr<std::unique_ptr<IpcActivations>> Create(Client& client,
+  static absl::StatusOr<std::unique_ptr<IpcActivations>> Create(client::Client& client,
                                                                 const std::string& host_bf16,
                                                                 int64_t tokens, int64_t hidden);
   ~IpcActivations();
@@ -34,11 +34,11 @@ class IpcActivations {
   uint64_t session_id() const { return session_->id(); }
 
  private:
-  IpcActivations(Client& client) : client_(client) {}
-  Client& client_;
+  IpcActivations(client::Client& client) : client_(client) {}
+  client::Client& client_;
   void* device_ = nullptr;
-  std::unique_ptr<Session> session_;
+  std::unique_ptr<client::Session> session_;
   uint64_t buffer_id_ = 0;
 };
 
-}  // namespace probesidecar::client::bench
+}  // namespace probesidecar::bench

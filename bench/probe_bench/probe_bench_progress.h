@@ -8,9 +8,9 @@
 
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
-#include "client/cpp/probe_bench_stats.h"
+#include "bench/probe_bench/probe_bench_stats.h"
 
-namespace probesidecar::client::bench {
+namespace probesidecar::bench {
 
 class Progress {
  public:
@@ -34,4 +34,4 @@ class Progress {
   std::thread thread_;
 };
 
-}  // namespace probesidecar::client::bench
+}  // namespace probesidecar::bench

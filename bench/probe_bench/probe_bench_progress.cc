@@ -1,10 +1,10 @@
-#include "client/cpp/probe_bench_progress.h"
+#include "bench/probe_bench/probe_bench_progress.h"
 
 #include <cstdio>
 
 #include "absl/time/clock.h"
 
-namespace probesidecar::client::bench {
+namespace probesidecar::bench {
 
 Progress::Progress(std::string title, const Recorder& recorder, std::function<int64_t()> sent,
                    bool enabled)
@@ -40,4 +40,4 @@ void Progress::Loop() {
   }
 }
 
-}  // namespace probesidecar::client::bench
+}  // namespace probesidecar::bench

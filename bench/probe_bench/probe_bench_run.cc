@@ -1,4 +1,4 @@
-#include "client/cpp/probe_bench_run.h"
+#include "bench/probe_bench/probe_bench_run.h"
 
 #include <algorithm>
 #include <cstdio>
@@ -11,15 +11,15 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/strip.h"
+#include "bench/probe_bench/probe_bench_gpu.h"
+#include "bench/probe_bench/probe_bench_load.h"
+#include "bench/probe_bench/probe_bench_modes.h"
+#include "bench/probe_bench/probe_bench_output.h"
+#include "bench/probe_bench/probe_bench_workload.h"
+#include "bench/result_receipt.h"
 #include "client/cpp/client.h"
-#include "client/cpp/probe_bench_gpu.h"
-#include "client/cpp/probe_bench_load.h"
-#include "client/cpp/probe_bench_modes.h"
-#include "client/cpp/probe_bench_output.h"
-#include "client/cpp/probe_bench_workload.h"
-#include "common/result_receipt.h"
 
-namespace probesidecar::client::bench {
+namespace probesidecar::bench {
 namespace {
 
 // The least deadline of the set-up calls (ServerInfo, LoadProbeSet), seconds.
@@ -46,7 +46,7 @@ std::vector<LoadPoint> LoadPoints(const Options& o) {
 }
 
 // What the server says of itself, for the results.
-absl::StatusOr<nlohmann::json> DescribeServer(Client& client, const std::string& target) {
+absl::StatusOr<nlohmann::json> DescribeServer(client::Client& client, const std::string& target) {
   absl::StatusOr<v1::ServerInfoResponse> info = client.ServerInfo();
   if (!info.ok()) {
     return absl::Status(info.status().code(), absl::StrCat("cannot reach probe-sidecar at ", target,
@@ -114,8 +114,8 @@ absl::StatusOr<nlohmann::json> Measure(const Options& o, const ModeInfo& mode,
 
 absl::StatusOr<std::string> ResultReceipt(const Options& o) {
   if (o.out.empty() && o.csv.empty()) return std::string();
-  const std::string git = common::ResultIdentity(o.git);
-  if (const std::string why = common::CheckResultIdentity(git, o.allow_dirty); !why.empty()) {
+  const std::string git = ResultIdentity(o.git);
+  if (const std::string why = CheckResultIdentity(git, o.allow_dirty); !why.empty()) {
     return absl::FailedPreconditionError(absl::StrCat("refusing to write results: ", why));
   }
   return git;
@@ -143,7 +143,7 @@ absl::Status Run(const Options& o, const std::string& git) {
     }
   }
 
-  std::unique_ptr<Client> client;  // only for score modes: echo runs need no probe-sidecar
+  std::unique_ptr<client::Client> client;  // only for score modes: echo runs need no probe-sidecar
   std::unique_ptr<IpcActivations> activations;
   const int max_rows = *std::max_element(o.rows.begin(), o.rows.end());
   const std::string host =
@@ -152,7 +152,7 @@ absl::Status Run(const Options& o, const std::string& git) {
   if (score) {
     // Set-up calls (ServerInfo, loading probe sets) are not measured: a --timeout meant for the
     // measured calls (a short one, to study deadlines) must not fail them.
-    ClientOptions options;
+    client::ClientOptions options;
     options.timeout_seconds = std::max(o.timeout_seconds, kSetupTimeoutSeconds);
     options.max_message_bytes = 1 << 30;
     if (!o.admin_token_file.empty()) {
@@ -164,7 +164,7 @@ absl::Status Run(const Options& o, const std::string& git) {
       }
       options.admin_token = std::string(absl::StripAsciiWhitespace(line));
     }
-    client = std::make_unique<Client>(o.target, options);
+    client = std::make_unique<client::Client>(o.target, options);
     absl::StatusOr<nlohmann::json> server = DescribeServer(*client, o.target);
     if (!server.ok()) return server.status();
     run.server = *server;
@@ -219,4 +219,4 @@ absl::Status Run(const Options& o, const std::string& git) {
   return absl::OkStatus();
 }
 
-}  // namespace probesidecar::client::bench
+}  // namespace probesidecar::bench

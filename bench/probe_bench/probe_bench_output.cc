@@ -1,4 +1,4 @@
-#include "client/cpp/probe_bench_output.h"
+#include "bench/probe_bench/probe_bench_output.h"
 
 #include <fstream>
 #include <utility>
@@ -10,7 +10,7 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 
-namespace probesidecar::client::bench {
+namespace probesidecar::bench {
 namespace {
 
 nlohmann::json OrNull(bool present, double value) {
@@ -190,4 +190,4 @@ absl::Status WriteTextFile(const std::string& path, const std::string& text) {
   return absl::OkStatus();
 }
 
-}  // namespace probesidecar::client::bench
+}  // namespace probesidecar::bench

@@ -1,4 +1,4 @@
-#include "client/cpp/probe_bench_workload.h"
+#include "bench/probe_bench/probe_bench_workload.h"
 
 #include <cmath>
 #include <cstring>
@@ -9,7 +9,7 @@
 #include "common/dtype.h"
 #include "common/safetensors.h"
 
-namespace probesidecar::client::bench {
+namespace probesidecar::bench {
 
 std::string RandomBf16(size_t elements, uint32_t seed) {
   std::mt19937 rng(seed);
@@ -24,7 +24,7 @@ std::string RandomBf16(size_t elements, uint32_t seed) {
 
 std::string ProbeSetName(int probes) { return absl::StrCat("bench_p", probes); }
 
-absl::Status LoadProbeSets(Client& client, const std::vector<int>& probes, int hidden,
+absl::Status LoadProbeSets(client::Client& client, const std::vector<int>& probes, int hidden,
                            uint32_t seed) {
   for (int p : probes) {
     const std::string w = RandomBf16(static_cast<size_t>(p) * hidden, seed + 2 * p);
@@ -54,15 +54,15 @@ Workload MakeWorkload(const WorkloadSpec& spec) {
   for (int set = 0; set < 8; ++set) {
     v1::ScoreRequest& r = w.ipc_requests.emplace_back();
     *r.mutable_activations() =
-        BufferTensor(v1::DTYPE_BFLOAT16, spec.tokens, spec.hidden, spec.buffer_id);
+        client::BufferTensor(v1::DTYPE_BFLOAT16, spec.tokens, spec.hidden, spec.buffer_id);
     for (int i = 0; i < spec.rows; ++i) r.add_rows(static_cast<int32_t>(rng() % spec.tokens));
     r.set_probe_set(probe_set);
     r.set_session_id(spec.session_id);
   }
   v1::ScoreRequest& inline_request = w.inline_requests.emplace_back();
   *inline_request.mutable_activations() =
-      InlineTensor(v1::DTYPE_BFLOAT16, spec.rows, spec.hidden,
-                   spec.host_activations->substr(0, size_t{2} * spec.rows * spec.hidden));
+      client::InlineTensor(v1::DTYPE_BFLOAT16, spec.rows, spec.hidden,
+                           spec.host_activations->substr(0, size_t{2} * spec.rows * spec.hidden));
   for (int i = 0; i < spec.rows; ++i) inline_request.add_rows(i);
   inline_request.set_probe_set(probe_set);
   if (spec.bad_fraction > 0) {
@@ -77,4 +77,4 @@ Workload MakeWorkload(const WorkloadSpec& spec) {
   return w;
 }
 
-}  // namespace probesidecar::client::bench
+}  // namespace probesidecar::bench

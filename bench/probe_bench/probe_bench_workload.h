@@ -10,7 +10,7 @@
 #include "bench/rpc/echo.pb.h"
 #include "client/cpp/client.h"
 
-namespace probesidecar::client::bench {
+namespace probesidecar::bench {
 
 // Normal(0, 1) values as bf16 bytes.
 std::string RandomBf16(size_t elements, uint32_t seed);
@@ -21,7 +21,7 @@ std::string ProbeSetName(int probes);
 inline constexpr char kMissingProbeSet[] = "bench_not_loaded";
 
 // Loads (or replaces) ProbeSetName(P) for every P.
-absl::Status LoadProbeSets(Client& client, const std::vector<int>& probes, int hidden,
+absl::Status LoadProbeSets(client::Client& client, const std::vector<int>& probes, int hidden,
                            uint32_t seed);
 
 struct WorkloadSpec {
@@ -51,4 +51,4 @@ Workload MakeWorkload(const WorkloadSpec& spec);
 // Whether call `i` is one of the `fraction` of calls that are bad (spread evenly).
 bool IsBad(int64_t i, double fraction);
 
-}  // namespace probesidecar::client::bench
+}  // namespace probesidecar::bench

@@ -1,4 +1,4 @@
-#include "client/cpp/probe_bench_gpu.h"
+#include "bench/probe_bench/probe_bench_gpu.h"
 
 #include <cublas_v2.h>
 #include <cuda_runtime_api.h>
@@ -8,10 +8,10 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "bench/probe_bench/probe_bench_workload.h"
 #include "client/cpp/cuda_buffer.h"
-#include "client/cpp/probe_bench_workload.h"
 
-namespace probesidecar::client::bench {
+namespace probesidecar::bench {
 namespace {
 
 absl::Status Cuda(cudaError_t error, const char* what) {
@@ -123,7 +123,7 @@ absl::StatusOr<Ceilings> MeasureCeilings() {
   return c;
 }
 
-absl::StatusOr<std::unique_ptr<IpcActivations>> IpcActivations::Create(Client& client,
+absl::StatusOr<std::unique_ptr<IpcActivations>> IpcActivations::Create(client::Client& client,
                                                                        const std::string& host_bf16,
                                                                        int64_t tokens,
                                                                        int64_t hidden) {
@@ -136,14 +136,14 @@ absl::StatusOr<std::unique_ptr<IpcActivations>> IpcActivations::Create(Client& c
       !s.ok()) {
     return s;
   }
-  absl::StatusOr<std::unique_ptr<Session>> session = Session::Open(client);
+  absl::StatusOr<std::unique_ptr<client::Session>> session = client::Session::Open(client);
   if (!session.ok()) {
     return absl::Status(session.status().code(),
                         absl::StrCat("OpenSession: ", session.status().message()));
   }
   a->session_ = *std::move(session);
-  absl::StatusOr<v1::RegisterBufferResponse> reg =
-      RegisterDeviceMemory(client, a->device_, bytes, "probe-bench activations", a->session_->id());
+  absl::StatusOr<v1::RegisterBufferResponse> reg = client::RegisterDeviceMemory(
+      client, a->device_, bytes, "probe-bench activations", a->session_->id());
   if (!reg.ok()) {
     return absl::Status(reg.status().code(),
                         absl::StrCat("RegisterBuffer: ", reg.status().message()));
@@ -158,4 +158,4 @@ IpcActivations::~IpcActivations() {
   if (device_ != nullptr) cudaFree(device_);
 }
 
-}  // namespace probesidecar::client::bench
+}  // namespace probesidecar::bench

@@ -1,4 +1,4 @@
-#include "client/cpp/probe_bench_modes.h"
+#include "bench/probe_bench/probe_bench_modes.h"
 
 #include <atomic>
 #include <memory>
@@ -6,7 +6,7 @@
 #include "bench/rpc/echo.grpc.pb.h"
 #include "probesidecar/v1/sidecar.grpc.pb.h"
 
-namespace probesidecar::client::bench {
+namespace probesidecar::bench {
 namespace {
 
 using EchoStub = probesidecar::bench::Echo::Stub;
@@ -111,4 +111,4 @@ std::vector<std::string> ModeNames() {
   return names;
 }
 
-}  // namespace probesidecar::client::bench
+}  // namespace probesidecar::bench

@@ -17,7 +17,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 
-namespace probesidecar::client::bench {
+namespace probesidecar::bench {
 
 using Done = std::function<void(const grpc::Status&)>;
 
@@ -353,4 +353,4 @@ CallMaker PingPong(StreamMethod<Stub, Request, Response> m, RequestsFor<Request>
           }};
 }
 
-}  // namespace probesidecar::client::bench
+}  // namespace probesidecar::bench

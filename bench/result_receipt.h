@@ -7,7 +7,7 @@
 #include <cstdlib>
 #include <string>
 
-namespace probesidecar::common {
+namespace probesidecar::bench {
 
 // The identity passed with --git, else $PROBESIDECAR_GIT (set by tests/gpu/run.sh), else "".
 inline std::string ResultIdentity(const std::string& from_flag) {
@@ -39,4 +39,4 @@ inline std::string CheckResultIdentity(const std::string& identity, bool allow_d
   return "";
 }
 
-}  // namespace probesidecar::common
+}  // namespace probesidecar::bench

@@ -7,7 +7,7 @@
 
 #include "absl/status/statusor.h"
 
-namespace probesidecar::client::bench {
+namespace probesidecar::bench {
 
 enum class Arrivals { kPoisson, kConstant };
 
@@ -55,4 +55,4 @@ absl::StatusOr<Options> ParseOptions(int argc, char** argv);
 
 const char* ArrivalsName(Arrivals arrivals);
 
-}  // namespace probesidecar::client::bench
+}  // namespace probesidecar::bench

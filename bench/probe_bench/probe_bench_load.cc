@@ -1,4 +1,4 @@
-#include "client/cpp/probe_bench_load.h"
+#include "bench/probe_bench/probe_bench_load.h"
 
 #include <sys/prctl.h>
 
@@ -11,9 +11,9 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
-#include "client/cpp/probe_bench_progress.h"
+#include "bench/probe_bench/probe_bench_progress.h"
 
-namespace probesidecar::client::bench {
+namespace probesidecar::bench {
 namespace {
 
 using Clock = std::chrono::steady_clock;
@@ -257,4 +257,4 @@ absl::StatusOr<Measurement> RunOpenLoop(const CallMaker& calls, const std::strin
   return m;
 }
 
-}  // namespace probesidecar::client::bench
+}  // namespace probesidecar::bench
