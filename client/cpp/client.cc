@@ -9,6 +9,8 @@
 
 namespace probesidecar::client {
 
+using Stub = v1::ProbeSidecar::Stub;
+
 v1::TensorRef InlineTensor(v1::DType dtype, int64_t rows, int64_t cols, std::string bytes,
                            int64_t row_stride) {
   v1::TensorRef ref;
@@ -59,34 +61,41 @@ void Client::PrepareAdmin(grpc::ClientContext& context) const {
   }
 }
 
-absl::StatusOr<std::string> Client::Health(const std::string& service) {
-  auto stub = grpc::health::v1::Health::NewStub(channel_);
+template <typename Stub, typename Request, typename Response>
+absl::StatusOr<Response> Client::Call(Stub& stub, UnaryMethod<Stub, Request, Response> method,
+                                      const Request& request, Access access) const {
   grpc::ClientContext context;
-  Prepare(context);
-  grpc::health::v1::HealthCheckRequest request;
-  request.set_service(service);
-  grpc::health::v1::HealthCheckResponse response;
-  const grpc::Status status = stub->Check(&context, request, &response);
-  if (!status.ok()) return FromGrpc(status);
-  return grpc::health::v1::HealthCheckResponse::ServingStatus_Name(response.status());
-}
-
-absl::StatusOr<v1::ServerInfoResponse> Client::ServerInfo() {
-  grpc::ClientContext context;
-  Prepare(context);
-  v1::ServerInfoResponse response;
-  const grpc::Status status = stub_->ServerInfo(&context, v1::ServerInfoRequest(), &response);
+  if (access == Access::kAdmin) {
+    PrepareAdmin(context);
+  } else {
+    Prepare(context);
+  }
+  Response response;
+  const grpc::Status status = (stub.*method)(&context, request, &response);
   if (!status.ok()) return FromGrpc(status);
   return response;
 }
 
+absl::StatusOr<std::string> Client::Health(const std::string& service) {
+  auto stub = grpc::health::v1::Health::NewStub(channel_);
+  grpc::health::v1::HealthCheckRequest request;
+  request.set_service(service);
+  absl::StatusOr<grpc::health::v1::HealthCheckResponse> response =
+      Call(*stub, &grpc::health::v1::Health::Stub::Check, request);
+  if (!response.ok()) return response.status();
+  return grpc::health::v1::HealthCheckResponse::ServingStatus_Name(response->status());
+}
+
+absl::StatusOr<v1::ServerInfoResponse> Client::ServerInfo() {
+  return Call(*stub_, &Stub::ServerInfo, v1::ServerInfoRequest());
+}
+
 absl::StatusOr<std::vector<v1::ProbeSetInfo>> Client::ListProbeSets() {
-  grpc::ClientContext context;
-  Prepare(context);
-  v1::ListProbeSetsResponse response;
-  const grpc::Status status = stub_->ListProbeSets(&context, v1::ListProbeSetsRequest(), &response);
-  if (!status.ok()) return FromGrpc(status);
-  return std::vector<v1::ProbeSetInfo>(response.probe_sets().begin(), response.probe_sets().end());
+  absl::StatusOr<v1::ListProbeSetsResponse> response =
+      Call(*stub_, &Stub::ListProbeSets, v1::ListProbeSetsRequest());
+  if (!response.ok()) return response.status();
+  return std::vector<v1::ProbeSetInfo>(response->probe_sets().begin(),
+                                       response->probe_sets().end());
 }
 
 const char* PrecisionName(v1::Precision precision) {
@@ -111,43 +120,36 @@ absl::StatusOr<v1::Precision> ParsePrecision(absl::string_view text) {
 absl::StatusOr<v1::ProbeSetInfo> Client::LoadProbeSetFromPath(const std::string& name,
                                                               const std::string& path, bool replace,
                                                               v1::Precision precision) {
-  grpc::ClientContext context;
-  PrepareAdmin(context);
   v1::LoadProbeSetRequest request;
   request.set_name(name);
   request.set_path(path);
   request.set_replace(replace);
   request.set_precision(precision);
-  v1::LoadProbeSetResponse response;
-  const grpc::Status status = stub_->LoadProbeSet(&context, request, &response);
-  if (!status.ok()) return FromGrpc(status);
-  return response.probe_set();
+  absl::StatusOr<v1::LoadProbeSetResponse> response =
+      Call(*stub_, &Stub::LoadProbeSet, request, Access::kAdmin);
+  if (!response.ok()) return response.status();
+  return response->probe_set();
 }
 
 absl::StatusOr<v1::ProbeSetInfo> Client::LoadProbeSetFromBytes(const std::string& name,
                                                                std::string safetensors,
                                                                bool replace,
                                                                v1::Precision precision) {
-  grpc::ClientContext context;
-  PrepareAdmin(context);
   v1::LoadProbeSetRequest request;
   request.set_name(name);
   request.set_safetensors(std::move(safetensors));
   request.set_replace(replace);
   request.set_precision(precision);
-  v1::LoadProbeSetResponse response;
-  const grpc::Status status = stub_->LoadProbeSet(&context, request, &response);
-  if (!status.ok()) return FromGrpc(status);
-  return response.probe_set();
+  absl::StatusOr<v1::LoadProbeSetResponse> response =
+      Call(*stub_, &Stub::LoadProbeSet, request, Access::kAdmin);
+  if (!response.ok()) return response.status();
+  return response->probe_set();
 }
 
 absl::Status Client::UnloadProbeSet(const std::string& name) {
-  grpc::ClientContext context;
-  PrepareAdmin(context);
   v1::UnloadProbeSetRequest request;
   request.set_name(name);
-  v1::UnloadProbeSetResponse response;
-  return FromGrpc(stub_->UnloadProbeSet(&context, request, &response));
+  return Call(*stub_, &Stub::UnloadProbeSet, request, Access::kAdmin).status();
 }
 
 ScoreResult ToScoreResult(const v1::ScoreResponse& response) {
@@ -164,12 +166,7 @@ ScoreResult ToScoreResult(const v1::ScoreResponse& response) {
 }
 
 absl::StatusOr<v1::ScoreResponse> Client::Score(const v1::ScoreRequest& request) {
-  grpc::ClientContext context;
-  Prepare(context);
-  v1::ScoreResponse response;
-  const grpc::Status status = stub_->Score(&context, request, &response);
-  if (!status.ok()) return FromGrpc(status);
-  return response;
+  return Call(*stub_, &Stub::Score, request);
 }
 
 absl::StatusOr<ScoreResult> Client::Score(const v1::TensorRef& activations,
@@ -186,61 +183,42 @@ absl::StatusOr<ScoreResult> Client::Score(const v1::TensorRef& activations,
 
 absl::StatusOr<v1::RegisterBufferResponse> Client::RegisterBuffer(
     const v1::RegisterBufferRequest& request) {
-  grpc::ClientContext context;
-  Prepare(context);
-  v1::RegisterBufferResponse response;
-  const grpc::Status status = stub_->RegisterBuffer(&context, request, &response);
-  if (!status.ok()) return FromGrpc(status);
-  return response;
+  return Call(*stub_, &Stub::RegisterBuffer, request);
 }
 
 absl::StatusOr<uint64_t> Client::RegisterEvent(const v1::RegisterEventRequest& request) {
-  grpc::ClientContext context;
-  Prepare(context);
-  v1::RegisterEventResponse response;
-  const grpc::Status status = stub_->RegisterEvent(&context, request, &response);
-  if (!status.ok()) return FromGrpc(status);
-  return response.event_id();
+  absl::StatusOr<v1::RegisterEventResponse> response =
+      Call(*stub_, &Stub::RegisterEvent, request);
+  if (!response.ok()) return response.status();
+  return response->event_id();
 }
 
 absl::Status Client::UnregisterEvent(uint64_t event_id, uint64_t session_id) {
-  grpc::ClientContext context;
-  Prepare(context);
   v1::UnregisterEventRequest request;
   request.set_event_id(event_id);
   request.set_session_id(session_id);
-  v1::UnregisterEventResponse response;
-  return FromGrpc(stub_->UnregisterEvent(&context, request, &response));
+  return Call(*stub_, &Stub::UnregisterEvent, request).status();
 }
 
 absl::StatusOr<v1::VerifyResponse> Client::Verify(const v1::VerifyRequest& request) {
-  grpc::ClientContext context;
-  Prepare(context);
-  v1::VerifyResponse response;
-  const grpc::Status status = stub_->Verify(&context, request, &response);
-  if (!status.ok()) return FromGrpc(status);
-  return response;
+  return Call(*stub_, &Stub::Verify, request);
 }
 
 absl::StatusOr<bool> Client::UnregisterBuffer(uint64_t buffer_id, uint64_t session_id) {
-  grpc::ClientContext context;
-  Prepare(context);
   v1::UnregisterBufferRequest request;
   request.set_buffer_id(buffer_id);
   request.set_session_id(session_id);
-  v1::UnregisterBufferResponse response;
-  const grpc::Status status = stub_->UnregisterBuffer(&context, request, &response);
-  if (!status.ok()) return FromGrpc(status);
-  return response.deferred();
+  absl::StatusOr<v1::UnregisterBufferResponse> response =
+      Call(*stub_, &Stub::UnregisterBuffer, request);
+  if (!response.ok()) return response.status();
+  return response->deferred();
 }
 
 absl::StatusOr<std::vector<v1::BufferInfo>> Client::ListBuffers() {
-  grpc::ClientContext context;
-  Prepare(context);
-  v1::ListBuffersResponse response;
-  const grpc::Status status = stub_->ListBuffers(&context, v1::ListBuffersRequest(), &response);
-  if (!status.ok()) return FromGrpc(status);
-  return std::vector<v1::BufferInfo>(response.buffers().begin(), response.buffers().end());
+  absl::StatusOr<v1::ListBuffersResponse> response =
+      Call(*stub_, &Stub::ListBuffers, v1::ListBuffersRequest());
+  if (!response.ok()) return response.status();
+  return std::vector<v1::BufferInfo>(response->buffers().begin(), response->buffers().end());
 }
 
 }  // namespace probesidecar::client

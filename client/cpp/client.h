@@ -96,6 +96,16 @@ class Client {
   // Prepare, plus the admin token.
   void PrepareAdmin(grpc::ClientContext& context) const;
 
+  // Who a call is made as: anyone, or the admin (the token is sent).
+  enum class Access { kAnyone, kAdmin };
+  template <typename Stub, typename Request, typename Response>
+  using UnaryMethod = grpc::Status (Stub::*)(grpc::ClientContext*, const Request&, Response*);
+  // One unary call with this client's deadline (and the admin token for kAdmin): the response,
+  // or the call's status.
+  template <typename Stub, typename Request, typename Response>
+  absl::StatusOr<Response> Call(Stub& stub, UnaryMethod<Stub, Request, Response> method,
+                                const Request& request, Access access = Access::kAnyone) const;
+
   ClientOptions options_;
   std::shared_ptr<grpc::Channel> channel_;
   std::unique_ptr<v1::ProbeSidecar::Stub> stub_;
