@@ -19,6 +19,7 @@
 #include <map>
 #include <mutex>
 #include <numeric>
+#include <optional>
 #include <thread>
 #include <utility>
 #include <vector>
@@ -29,6 +30,7 @@
 #include "client/cpp/tap.h"
 #include "common/dtype.h"
 #include "kernels/tap_write/tap_write.h"
+#include "proto/dtype_mapping.h"
 
 namespace probesidecar::client {
 namespace {
@@ -75,18 +77,10 @@ class DeviceGuard {
 };
 
 absl::StatusOr<common::DType> RowType(v1::DType dtype) {
-  switch (dtype) {
-    case v1::DTYPE_FLOAT32:
-      return common::DType::kFloat32;
-    case v1::DTYPE_FLOAT16:
-      return common::DType::kFloat16;
-    case v1::DTYPE_BFLOAT16:
-      return common::DType::kBFloat16;
-    default:
-      return absl::InvalidArgumentError(
-          absl::StrCat("a tap's dtype must be DTYPE_BFLOAT16, DTYPE_FLOAT16 or DTYPE_FLOAT32, got ",
-                       v1::DType_Name(dtype)));
-  }
+  if (const std::optional<common::DType> known = DTypeFromProto(dtype)) return *known;
+  return absl::InvalidArgumentError(
+      absl::StrCat("a tap's dtype must be DTYPE_BFLOAT16, DTYPE_FLOAT16 or DTYPE_FLOAT32, got ",
+                   v1::DType_Name(dtype)));
 }
 
 class CudaTapRing final : public TapRing {

@@ -1,27 +1,21 @@
 #include "server/requests/tensor_ref.h"
 
+#include <optional>
 #include <string>
 #include <tuple>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "proto/dtype_mapping.h"
 
 namespace probesidecar::server {
 
 absl::StatusOr<common::DType> FloatDType(v1::DType dtype, absl::string_view what) {
-  switch (dtype) {
-    case v1::DTYPE_FLOAT32:
-      return common::DType::kFloat32;
-    case v1::DTYPE_FLOAT16:
-      return common::DType::kFloat16;
-    case v1::DTYPE_BFLOAT16:
-      return common::DType::kBFloat16;
-    default:
-      return absl::InvalidArgumentError(absl::StrCat(
-          what, ": dtype ",
-          v1::DType_Name(dtype).empty() ? std::to_string(dtype) : v1::DType_Name(dtype),
-          " is not supported here; expected DTYPE_BFLOAT16, DTYPE_FLOAT16 or DTYPE_FLOAT32"));
-  }
+  if (const std::optional<common::DType> known = DTypeFromProto(dtype)) return *known;
+  return absl::InvalidArgumentError(absl::StrCat(
+      what, ": dtype ",
+      v1::DType_Name(dtype).empty() ? std::to_string(dtype) : v1::DType_Name(dtype),
+      " is not supported here; expected DTYPE_BFLOAT16, DTYPE_FLOAT16 or DTYPE_FLOAT32"));
 }
 
 std::string ShapeForMessage(const google::protobuf::RepeatedField<int64_t>& shape) {

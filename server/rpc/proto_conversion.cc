@@ -1,25 +1,10 @@
 #include "server/rpc/proto_conversion.h"
 
 #include "absl/strings/str_cat.h"
+#include "proto/dtype_mapping.h"
 #include "server/rpc/outcome_report.h"
 
 namespace probesidecar::server {
-namespace {
-
-v1::DType ToProtoDType(common::DType dtype) {
-  switch (dtype) {
-    case common::DType::kFloat32:
-      return v1::DTYPE_FLOAT32;
-    case common::DType::kFloat16:
-      return v1::DTYPE_FLOAT16;
-    case common::DType::kBFloat16:
-      return v1::DTYPE_BFLOAT16;
-  }
-  return v1::DTYPE_UNSPECIFIED;
-}
-
-}  // namespace
-
 v1::Precision ToProtoPrecision(kernels::ProbePrecision precision) {
   return precision == kernels::ProbePrecision::kFast ? v1::PRECISION_FAST : v1::PRECISION_EXACT;
 }
@@ -44,7 +29,7 @@ void FillProbeSetInfo(const ProbeSet& set, v1::ProbeSetInfo* info) {
   info->set_name(set.name);
   info->set_num_probes(set.num_probes);
   info->set_hidden_size(set.hidden);
-  info->set_weight_dtype(ToProtoDType(set.weight_dtype));
+  info->set_weight_dtype(DTypeToProto(set.weight_dtype));
   info->set_activation(set.activation == kernels::Activation::kSigmoid ? v1::ACTIVATION_SIGMOID
                                                                        : v1::ACTIVATION_NONE);
   for (const ProbeSpec& spec : set.probes) {
