@@ -15,7 +15,7 @@
 //   probe-score-bench --dispatch-table FILE.txt [--sms 132]   (the dispatcher's path, and the
 //                      fused_tc plan, per sweep shape; host only, no GPU)
 //
-// Receipts: the results name the full commit measured, from --git or $PROBESIDECAR_GIT; without
+// Receipts: the results name the full commit measured, from --git or $PROBE_SIDECAR_GIT; without
 // one, or with a "+dirty" one and no --allow-dirty, nothing is measured (bench/result_receipt.h).
 //
 // Plain CUDA + events (no Google Benchmark: it is a shared library the GPU machine lacks).

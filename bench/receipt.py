@@ -6,7 +6,7 @@ caller passes --allow-dirty (then they are written, and marked).
 
 Where the identity comes from, first found wins:
   1. --git HASH[+dirty]
-  2. the environment variable PROBESIDECAR_GIT (tests/gpu/run.sh sets it on the GPU machine,
+  2. the environment variable PROBE_SIDECAR_GIT (tests/gpu/run.sh sets it on the GPU machine,
      from what `tests/gpu/run.sh prepare` recorded here, where the checkout is)
   3. git itself, when run inside the checkout
 
@@ -38,14 +38,16 @@ def from_checkout(path: str | None = None) -> str | None:
 
 def identify(git: str | None = None) -> str:
     """The identity of the code, or SystemExit when it cannot be known."""
-    for candidate in (git, os.environ.get("PROBESIDECAR_GIT"), from_checkout()):
+    # $PROBESIDECAR_GIT: the deprecated spelling, read until the next release.
+    from_env = os.environ.get("PROBE_SIDECAR_GIT", os.environ.get("PROBESIDECAR_GIT"))
+    for candidate in (git, from_env, from_checkout()):
         if candidate:
             if not _IDENTITY.match(candidate):
                 raise SystemExit(f"receipt: {candidate!r} is not a full 40-character commit "
                                  "(optionally with +dirty)")
             return candidate
     raise SystemExit("receipt: cannot tell which commit this is: pass --git HASH, set "
-                     "PROBESIDECAR_GIT, or run inside the checkout")
+                     "PROBE_SIDECAR_GIT, or run inside the checkout")
 
 
 def check(identity: str, allow_dirty: bool) -> str:
@@ -60,7 +62,7 @@ def check(identity: str, allow_dirty: bool) -> str:
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--git", default=None,
                         help="full commit of the code measured, with +dirty if the tree was dirty "
-                             "(default: $PROBESIDECAR_GIT, else asked of git)")
+                             "(default: $PROBE_SIDECAR_GIT, else asked of git)")
     parser.add_argument("--allow-dirty", action="store_true",
                         help="write results from a dirty tree (they are marked +dirty)")
 

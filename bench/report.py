@@ -7,7 +7,7 @@
 
 Receipts (bench/receipt.py): every input must name its full commit (results marked "+dirty" only
 with --allow-dirty), and the report records the commit it was rendered from (--git,
-$PROBESIDECAR_GIT, or the checkout). With --dispatch-table, which labels the dispatch column with
+$PROBE_SIDECAR_GIT, or the checkout). With --dispatch-table, which labels the dispatch column with
 the dispatcher as compiled, every input must come from that same commit.
 
 Plain Python 3 (no numpy): runs here and on the GPU machine.

@@ -7,12 +7,14 @@
 #include <cstdlib>
 #include <string>
 
+#include "common/env.h"
+
 namespace probesidecar::bench {
 
-// The identity passed with --git, else $PROBESIDECAR_GIT (set by tests/gpu/run.sh), else "".
+// The identity passed with --git, else $PROBE_SIDECAR_GIT (set by tests/gpu/run.sh), else "".
 inline std::string ResultIdentity(const std::string& from_flag) {
   if (!from_flag.empty()) return from_flag;
-  const char* env = std::getenv("PROBESIDECAR_GIT");
+  const char* env = common::ProjectEnv("GIT");
   return env != nullptr ? env : "";
 }
 
@@ -24,7 +26,7 @@ inline std::string CheckResultIdentity(const std::string& identity, bool allow_d
                         identity.compare(40, std::string::npos, dirty) == 0;
   if (identity.size() != 40 && !is_dirty) {
     return "'" + identity +
-           "' is not a full 40-character commit: pass --git HASH or set PROBESIDECAR_GIT";
+           "' is not a full 40-character commit: pass --git HASH or set PROBE_SIDECAR_GIT";
   }
   for (size_t i = 0; i < 40; ++i) {
     const char c = identity[i];

@@ -7,12 +7,12 @@
 #
 # BUILD_DIR holds bin/probe_score_gpu_test and bin/probe-score-bench (kernels-only build is
 # enough). Environment:
-#   PROBESIDECAR_GIT      the full commit of the code measured (required where there is no
+#   PROBE_SIDECAR_GIT      the full commit of the code measured (required where there is no
 #                         checkout, e.g. on the GPU machine; tests/gpu/run.sh exports it); in a
 #                         checkout it defaults to `python3 bench/receipt.py` (HEAD, +dirty if the
 #                         tree is dirty). Every result file records it.
 #   ALLOW_DIRTY=1         accept a "+dirty" identity (results are marked); refused otherwise.
-#   PROBESIDECAR_REQUIRE_GPU=1  a test that skips for want of a device (exit 77) is a failure:
+#   PROBE_SIDECAR_REQUIRE_GPU=1  a test that skips for want of a device (exit 77) is a failure:
 #                         set on the GPU machine, so that a run there cannot pass by skipping.
 #   SWEEP=full|quick|targets (default full), VARIANTS=1 to also time tile / split / chunk
 #   variants, SKIP_TESTS=1, SKIP_PEERS=1, and per-step time limits in seconds TEST_TIMEOUT (300),
@@ -26,27 +26,27 @@ LOG="$OUT_DIR/probe_score_run.log"
 export LD_LIBRARY_PATH=/usr/local/cuda/lib64${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 export PYTHONUNBUFFERED=1
 
-# The receipt, before anything runs: every tool below reads PROBESIDECAR_GIT and refuses a
+# The receipt, before anything runs: every tool below reads PROBE_SIDECAR_GIT and refuses a
 # missing, short or (without --allow-dirty) dirty identity.
-if [[ -z "${PROBESIDECAR_GIT:-}" ]]; then
-  PROBESIDECAR_GIT=$(python3 bench/receipt.py 2>/dev/null) || {
-    echo "run_probe_score.sh: no PROBESIDECAR_GIT, and not a git checkout: cannot name" \
+if [[ -z "${PROBE_SIDECAR_GIT:-}" ]]; then
+  PROBE_SIDECAR_GIT=$(python3 bench/receipt.py 2>/dev/null) || {
+    echo "run_probe_score.sh: no PROBE_SIDECAR_GIT, and not a git checkout: cannot name" \
       "the commit measured" >&2
     exit 2
   }
 fi
-export PROBESIDECAR_GIT
+export PROBE_SIDECAR_GIT
 RECEIPT_ARGS=()
 [[ "${ALLOW_DIRTY:-0}" == 1 ]] && RECEIPT_ARGS+=(--allow-dirty)
-if [[ "$PROBESIDECAR_GIT" == *+dirty && "${ALLOW_DIRTY:-0}" != 1 ]]; then
-  echo "run_probe_score.sh: $PROBESIDECAR_GIT: the tree had uncommitted changes; commit first," \
+if [[ "$PROBE_SIDECAR_GIT" == *+dirty && "${ALLOW_DIRTY:-0}" != 1 ]]; then
+  echo "run_probe_score.sh: $PROBE_SIDECAR_GIT: the tree had uncommitted changes; commit first," \
     "or set ALLOW_DIRTY=1 (results are then marked +dirty)" >&2
   exit 2
 fi
 
 status=0
 {
-  echo "== probe_score run: git $PROBESIDECAR_GIT, $(date -u +%Y-%m-%dT%H:%M:%SZ)"
+  echo "== probe_score run: git $PROBE_SIDECAR_GIT, $(date -u +%Y-%m-%dT%H:%M:%SZ)"
   nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu,power.draw \
     --format=csv 2>&1 || true
 } >"$LOG"
@@ -55,8 +55,8 @@ status=0
 # a GPU is required; anything else fails.
 check_rc() {
   local what=$1 rc=$2
-  if [[ $rc -eq 77 && "${PROBESIDECAR_REQUIRE_GPU:-0}" == 1 ]]; then
-    echo "$what: skipped (no CUDA device), but PROBESIDECAR_REQUIRE_GPU=1: failure" | tee -a "$LOG"
+  if [[ $rc -eq 77 && "${PROBE_SIDECAR_REQUIRE_GPU:-0}" == 1 ]]; then
+    echo "$what: skipped (no CUDA device), but PROBE_SIDECAR_REQUIRE_GPU=1: failure" | tee -a "$LOG"
     status=1
   elif [[ $rc -ne 0 && $rc -ne 77 ]]; then
     echo "$what: exit $rc" | tee -a "$LOG"
@@ -73,7 +73,7 @@ if [[ "${SKIP_TESTS:-0}" != 1 ]]; then
   grep -E "^\[worst\]|PASSED|FAILED|SKIPPED|tests ran" "$LOG" | tail -40
 fi
 
-BENCH_ARGS=(--out "$OUT_DIR/probe_score_cuda.json" --sweep "$SWEEP" --git "$PROBESIDECAR_GIT"
+BENCH_ARGS=(--out "$OUT_DIR/probe_score_cuda.json" --sweep "$SWEEP" --git "$PROBE_SIDECAR_GIT"
   "${RECEIPT_ARGS[@]}")
 [[ "${VARIANTS:-0}" == 1 ]] && BENCH_ARGS+=(--variants)
 echo "== bench: $BUILD/bin/probe-score-bench ${BENCH_ARGS[*]}" | tee -a "$LOG"
@@ -84,7 +84,7 @@ if [[ "${SKIP_PEERS:-0}" != 1 ]]; then
   echo "== peers" | tee -a "$LOG"
   timeout "${PEERS_TIMEOUT:-300}" python3 bench/peers/probe_score_peers.py \
     --out "$OUT_DIR/probe_score_peers.json" --shapes-from "$OUT_DIR/probe_score_cuda.json" \
-    --git "$PROBESIDECAR_GIT" "${RECEIPT_ARGS[@]}" >>"$LOG" 2>&1 || status=1
+    --git "$PROBE_SIDECAR_GIT" "${RECEIPT_ARGS[@]}" >>"$LOG" 2>&1 || status=1
 fi
 
 echo "== report" | tee -a "$LOG"
@@ -93,7 +93,7 @@ FILES=("$OUT_DIR/probe_score_cuda.json")
 TABLE=$(mktemp)
 "$BUILD/bin/probe-score-bench" --dispatch-table "$TABLE" >>"$LOG" 2>&1 || status=1
 python3 bench/report.py "${FILES[@]}" --out "$OUT_DIR/probe_score.md" --dispatch-table "$TABLE" \
-  --git "$PROBESIDECAR_GIT" "${RECEIPT_ARGS[@]}" \
+  --git "$PROBE_SIDECAR_GIT" "${RECEIPT_ARGS[@]}" \
   --command "SWEEP=$SWEEP VARIANTS=${VARIANTS:-0} bench/run_probe_score.sh $BUILD $OUT_DIR" \
   >>"$LOG" 2>&1 || status=1
 rm -f "$TABLE"

@@ -662,7 +662,7 @@ std::string HexDecode(absl::string_view hex) {
 }
 
 std::string FixturesDir() {
-  const char* dir = std::getenv("PROBESIDECAR_SAFETENSORS_FIXTURES");
+  const char* dir = std::getenv("PROBE_SIDECAR_SAFETENSORS_FIXTURES");
   return dir == nullptr ? "" : dir;
 }
 
@@ -692,7 +692,7 @@ class PythonFixturesTest : public ::testing::Test {
  protected:
   void SetUp() override {
     if (FixturesDir().empty()) {
-      GTEST_SKIP() << "PROBESIDECAR_SAFETENSORS_FIXTURES is not set (run through ctest)";
+      GTEST_SKIP() << "PROBE_SIDECAR_SAFETENSORS_FIXTURES is not set (run through ctest)";
     }
     manifest_ = LoadManifest();
     ASSERT_TRUE(manifest_.is_object()) << "cannot read " << FixturesDir() << "/manifest.json";

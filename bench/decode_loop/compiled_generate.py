@@ -13,7 +13,7 @@ each and kept = tap / none.
 `none` is the model with the tap's hook paused (traced to nothing: its compiled graph has no tap
 kernel) and generate() without the tap's step counter: what the user runs without the sidecar.
 Needs the probe-sidecar binary ($PROBE_SIDECAR_BIN), the Python client, torch with CUDA,
-transformers, and a receipt ($PROBESIDECAR_GIT or a clean checkout; bench/receipt.py).
+transformers, and a receipt ($PROBE_SIDECAR_GIT or a clean checkout; bench/receipt.py).
 """
 
 from __future__ import annotations

@@ -16,7 +16,7 @@ them as they arrive, so a run stopped early still leaves what it measured.
 
 Needs the probe-sidecar binary ($PROBE_SIDECAR_BIN or --server), the Python client on
 PYTHONPATH, torch with CUDA, transformers, nvidia-cuda-mps-control, and a receipt
-($PROBESIDECAR_GIT or a clean checkout; bench/receipt.py). Exits 1 when a check or a step failed.
+($PROBE_SIDECAR_GIT or a clean checkout; bench/receipt.py). Exits 1 when a check or a step failed.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The GPU-families run on one H200 (docs/gpu-support.md): the compute_80-PTX-only build through
 # the JIT, the release build's sm_90a dispatch, and the sm_80/86/89/120 tiles forced on the H200
-# (PROBESIDECAR_LIMIT_TO_FAMILY, --family), with their speed.
+# (PROBE_SIDECAR_LIMIT_TO_FAMILY, --family), with their speed.
 #
 # Prepared here, from a committed tree, in a folder the device tool carries (DIR):
 #   two kernels-only builds (-DPROBESIDECAR_KERNELS_ONLY=ON), the release list and
@@ -13,8 +13,8 @@
 # bench/gpu_families/report.py.
 set -uo pipefail
 cd "$(dirname "$0")"
-export PROBESIDECAR_REQUIRE_GPU=1 PYTHONUNBUFFERED=1
-export PROBESIDECAR_GIT="$(cat git)"
+export PROBE_SIDECAR_REQUIRE_GPU=1 PYTHONUNBUFFERED=1
+export PROBE_SIDECAR_GIT="$(cat git)"
 log="$OUT/gpu_families.log"
 status=0
 step() {  # step NAME ENV... -- CMD...
@@ -27,7 +27,7 @@ step() {  # step NAME ENV... -- CMD...
   [[ $rc == 0 ]] || status=1
 }
 {
-  echo "commit: $PROBESIDECAR_GIT"
+  echo "commit: $PROBE_SIDECAR_GIT"
   nvidia-smi --query-gpu=name,compute_cap,driver_version,memory.total --format=csv,noheader
   echo "release build: $(cat full/targets); ptx build: $(cat ptx80/targets)"
   for f in full/*.xz; do python3 -c "import lzma,sys; open(sys.argv[2],'wb').write(lzma.open(sys.argv[1]).read())" "$f" "${f%.xz}" && chmod +x "${f%.xz}"; done
@@ -37,16 +37,16 @@ step() {  # step NAME ENV... -- CMD...
   fi
   rm -rf "$HOME/.nv/ComputeCache"
   # (a) compute_80 PTX only: no sm_90 machine code, no sm_90a kernels; the driver JIT-compiles.
-  step ptx80_probe_score PROBESIDECAR_EXPECT_SM90A=0 ptx80/probe_score_gpu_test
-  step ptx80_mla_verify PROBESIDECAR_EXPECT_SM90A=0 ptx80/mla_verify_gpu_test
+  step ptx80_probe_score PROBE_SIDECAR_EXPECT_SM90A=0 ptx80/probe_score_gpu_test
+  step ptx80_mla_verify PROBE_SIDECAR_EXPECT_SM90A=0 ptx80/mla_verify_gpu_test
   # (b) the release build on the H200: the sm_90a paths dispatched.
-  step release_probe_score PROBESIDECAR_EXPECT_SM90A=1 full/probe_score_gpu_test
-  step release_mla_verify PROBESIDECAR_EXPECT_SM90A=1 full/mla_verify_gpu_test
+  step release_probe_score PROBE_SIDECAR_EXPECT_SM90A=1 full/probe_score_gpu_test
+  step release_mla_verify PROBE_SIDECAR_EXPECT_SM90A=1 full/mla_verify_gpu_test
   # (c) other families' tiles, planned for their limits, run on the H200.
   for fam in sm_80 sm_86 sm_89 sm_120; do
-    step "${fam}_probe_score" PROBESIDECAR_LIMIT_TO_FAMILY=$fam PROBESIDECAR_EXPECT_SM90A=0 \
+    step "${fam}_probe_score" PROBE_SIDECAR_LIMIT_TO_FAMILY=$fam PROBE_SIDECAR_EXPECT_SM90A=0 \
       full/probe_score_gpu_test
-    step "${fam}_mla_verify" PROBESIDECAR_LIMIT_TO_FAMILY=$fam PROBESIDECAR_EXPECT_SM90A=0 \
+    step "${fam}_mla_verify" PROBE_SIDECAR_LIMIT_TO_FAMILY=$fam PROBE_SIDECAR_EXPECT_SM90A=0 \
       full/mla_verify_gpu_test
   done
   # Speed: the same kernels as planned for each family (quick sweeps), and the H200's own.

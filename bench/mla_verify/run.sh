@@ -6,7 +6,7 @@
 # and, where asked for, mla_verify_previous.json, mla_verify_trace.md / .json / _timeline.txt /
 # _timed.json, sanitizer.log.
 #
-#   PROBESIDECAR_GIT=<40-char commit> bench/mla_verify/run.sh BIN_DIR OUT_DIR [WHEEL_DIR]
+#   PROBE_SIDECAR_GIT=<40-char commit> bench/mla_verify/run.sh BIN_DIR OUT_DIR [WHEEL_DIR]
 #
 # BIN_DIR holds mla_verify_cpu_test, mla_verify_gpu_test and mla-verify-bench (kernels-only
 # build); WHEEL_DIR the FlashInfer (slim) and apache-tvm-ffi wheels. Environment: SWEEP
@@ -28,7 +28,7 @@ SWEEP=${SWEEP:-full}
 POINTS=${POINTS:-}
 IMPLS=${IMPLS:-split_kv,split_kv_sm90a,baseline}
 DEADLINE_S=${DEADLINE_S:-285}
-GIT=${PROBESIDECAR_GIT:?set PROBESIDECAR_GIT to the full commit}
+GIT=${PROBE_SIDECAR_GIT:?set PROBE_SIDECAR_GIT to the full commit}
 START=$(date +%s)
 mkdir -p "$OUT_DIR"
 LOG="$OUT_DIR/mla_verify_run.log"

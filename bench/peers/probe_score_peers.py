@@ -10,7 +10,7 @@ Each under torch.cuda.CUDAGraph replay (rotating over 8 graphs, each with its ow
 from a 2 GiB activation pool, so rows are not L2-resident) and eagerly. Device time: a sleep
 kernel holds the stream while the timed work is queued, one event pair per repetition, median.
 Writes the same results format as probe-score-bench (device, git, date, command, ceilings,
-records). The results name their commit through bench/receipt.py: --git or $PROBESIDECAR_GIT (or
+records). The results name their commit through bench/receipt.py: --git or $PROBE_SIDECAR_GIT (or
 the checkout); a dirty tree is refused unless --allow-dirty.
 
   python3 bench/peers/probe_score_peers.py --out FILE.json --shapes-from probe_score_cuda.json

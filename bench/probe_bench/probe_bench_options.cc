@@ -72,7 +72,7 @@ Output (a summary line per record always goes to stdout)
   --csv=FILE.csv        the same records, one row each
   --server-label=NAME   recorded in each record, to compare server binaries in one report
                         (e.g. before/after); default empty
-  --git=HASH            the full 40-character commit measured (default: $PROBESIDECAR_GIT);
+  --git=HASH            the full 40-character commit measured (default: $PROBE_SIDECAR_GIT);
                         needed with --out or --csv
   --allow-dirty         accept HASH+dirty (uncommitted changes); refused otherwise
   --help                this text

@@ -10,7 +10,7 @@
 
 namespace probesidecar::bench {
 
-// The commit to record (--git, else $PROBESIDECAR_GIT): "" when nothing is written; an error
+// The commit to record (--git, else $PROBE_SIDECAR_GIT): "" when nothing is written; an error
 // when results would be written without a full commit, or from a dirty tree without
 // --allow-dirty.
 absl::StatusOr<std::string> ResultReceipt(const Options& options);

@@ -15,11 +15,13 @@ HERE = pathlib.Path(__file__).resolve().parent
 
 
 def _proto_root() -> pathlib.Path:
-    root = pathlib.Path(os.environ.get("PROBESIDECAR_PROTO_DIR", HERE.parent.parent / "proto"))
+    root = pathlib.Path(os.environ.get(
+        "PROBE_SIDECAR_PROTO_DIR",
+        os.environ.get("PROBESIDECAR_PROTO_DIR", HERE.parent.parent / "proto")))
     if not (root / "probesidecar" / "v1" / "sidecar.proto").is_file():
         raise RuntimeError(
             f"probe_sidecar: cannot find the API protos under {root}; build from the repository "
-            "checkout or set PROBESIDECAR_PROTO_DIR"
+            "checkout or set PROBE_SIDECAR_PROTO_DIR"
         )
     return root
 

@@ -1,10 +1,10 @@
 // For the GPU tests and kernel benchmarks (test code, header only): the device they run on, the
 // build's coverage of it, and the family whose limits the planners are confined to.
 //
-//   PROBESIDECAR_LIMIT_TO_FAMILY=sm_86   plan as on an sm_86 GPU (kDeviceFamilies: its shared
+//   PROBE_SIDECAR_LIMIT_TO_FAMILY=sm_86   plan as on an sm_86 GPU (kDeviceFamilies: its shared
 //                                        memory and thread limits, no sm_90a paths) on the GPU
 //                                        in hand, which then runs that family's tiles
-//   PROBESIDECAR_EXPECT_SM90A=0|1        the tests assert that the sm_90a paths are (not)
+//   PROBE_SIDECAR_EXPECT_SM90A=0|1        the tests assert that the sm_90a paths are (not)
 //                                        dispatched: a run that expects them cannot pass without
 #pragma once
 
@@ -14,6 +14,7 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "common/env.h"
 #include "kernels/common/device_family.h"
 #include "kernels/common/device_support.h"
 
@@ -53,10 +54,10 @@ inline DeviceCheck CheckTestDevice(const DeviceFamily** family) {
   }
   std::printf("device: %s, compute capability %d.%d, %d SMs; build targets: %s\n", prop.name,
               prop.major, prop.minor, prop.multiProcessorCount, CudaBuildTargets());
-  if (const char* name = std::getenv("PROBESIDECAR_LIMIT_TO_FAMILY"); name != nullptr && *name) {
+  if (const char* name = ::probesidecar::common::ProjectEnv("LIMIT_TO_FAMILY"); name != nullptr && *name) {
     *family = FindDeviceFamily(name);
     if (*family == nullptr) {
-      std::printf("FAILED: PROBESIDECAR_LIMIT_TO_FAMILY=%s is no family of kDeviceFamilies\n",
+      std::printf("FAILED: PROBE_SIDECAR_LIMIT_TO_FAMILY=%s is no family of kDeviceFamilies\n",
                   name);
       return DeviceCheck::kFail;
     }
@@ -71,9 +72,9 @@ inline DeviceCheck CheckTestDevice(const DeviceFamily** family) {
   return DeviceCheck::kRun;
 }
 
-// PROBESIDECAR_EXPECT_SM90A: -1 when unset, else 0 or 1.
+// PROBE_SIDECAR_EXPECT_SM90A: -1 when unset, else 0 or 1.
 inline int ExpectedSm90a() {
-  const char* v = std::getenv("PROBESIDECAR_EXPECT_SM90A");
+  const char* v = ::probesidecar::common::ProjectEnv("EXPECT_SM90A");
   if (v == nullptr || *v == '\0') return -1;
   return std::strcmp(v, "0") == 0 ? 0 : 1;
 }

@@ -41,7 +41,7 @@
 namespace probesidecar::kernels {
 namespace {
 
-// The family the tile choice is confined to (PROBESIDECAR_LIMIT_TO_FAMILY, read by main), or
+// The family the tile choice is confined to (PROBE_SIDECAR_LIMIT_TO_FAMILY, read by main), or
 // nullptr: the device's own limits.
 const DeviceFamily* g_family = nullptr;
 
@@ -496,7 +496,7 @@ TEST_F(MlaVerifyGpuTest, DispatchFollowsTheDeviceAndBuild) {
   }
   if (g_family != nullptr) EXPECT_LE(l.smem_per_block_optin, g_family->limits.smem_per_block_optin);
   if (const int expected = gpu_test::ExpectedSm90a(); expected >= 0) {
-    EXPECT_EQ(ws_->has_sm90a, expected == 1) << "PROBESIDECAR_EXPECT_SM90A=" << expected;
+    EXPECT_EQ(ws_->has_sm90a, expected == 1) << "PROBE_SIDECAR_EXPECT_SM90A=" << expected;
   }
 }
 

@@ -25,7 +25,7 @@
 namespace probesidecar::kernels::probe_score_test {
 namespace {
 
-// The family the planners are confined to (PROBESIDECAR_LIMIT_TO_FAMILY, read by main), or
+// The family the planners are confined to (PROBE_SIDECAR_LIMIT_TO_FAMILY, read by main), or
 // nullptr: the device's own limits.
 const DeviceFamily* g_family = nullptr;
 
@@ -276,7 +276,7 @@ TEST_F(ProbeScoreGpuTest, DispatchFollowsTheDeviceAndBuild) {
     EXPECT_EQ(d.cc_major, g_family->limits.cc_major);
   }
   if (const int expected = gpu_test::ExpectedSm90a(); expected >= 0) {
-    EXPECT_EQ(d.gather_wgmma, expected == 1) << "PROBESIDECAR_EXPECT_SM90A=" << expected;
+    EXPECT_EQ(d.gather_wgmma, expected == 1) << "PROBE_SIDECAR_EXPECT_SM90A=" << expected;
   }
 }
 

@@ -4,7 +4,7 @@
 //
 // Linked only into the test binary probe-sidecar-test-faults (server/rpc/test_faults_main.cc),
 // never into probe-sidecar; there it is off unless the environment variable
-// PROBESIDECAR_TEST_FAULT_EVERY=N (N >= 1) is set when the server starts.
+// PROBE_SIDECAR_TEST_FAULT_EVERY=N (N >= 1) is set when the server starts.
 #pragma once
 
 #include <memory>
@@ -13,14 +13,14 @@
 
 namespace probesidecar::server {
 
-inline constexpr char kFaultEveryEnv[] = "PROBESIDECAR_TEST_FAULT_EVERY";
+inline constexpr char kFaultEveryEnv[] = "PROBE_SIDECAR_TEST_FAULT_EVERY";
 
 // Wraps `inner` so that requests number N, 2N, 3N ... (Score and Verify counted together, in the
 // order they are submitted) run as usual and then answer INTERNAL, the way a failed CUDA call
 // answers. Everything else is passed through.
 std::unique_ptr<Executor> InjectFaults(std::unique_ptr<Executor> inner, uint64_t every);
 
-// N from PROBESIDECAR_TEST_FAULT_EVERY; 0 when it is unset, empty or not a positive integer.
+// N from PROBE_SIDECAR_TEST_FAULT_EVERY; 0 when it is unset, empty or not a positive integer.
 uint64_t FaultEveryFromEnvironment();
 
 }  // namespace probesidecar::server

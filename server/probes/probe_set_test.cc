@@ -503,7 +503,7 @@ TEST(ProbeSetName, Validation) {
 // ---- Files written by the Python safetensors package -------------------------------------------
 
 std::string FixturesDir() {
-  const char* dir = std::getenv("PROBESIDECAR_SAFETENSORS_FIXTURES");
+  const char* dir = std::getenv("PROBE_SIDECAR_SAFETENSORS_FIXTURES");
   return dir == nullptr ? "" : dir;
 }
 
@@ -511,7 +511,7 @@ class PythonProbeFixturesTest : public ::testing::Test {
  protected:
   void SetUp() override {
     if (FixturesDir().empty()) {
-      GTEST_SKIP() << "PROBESIDECAR_SAFETENSORS_FIXTURES is not set (run through ctest)";
+      GTEST_SKIP() << "PROBE_SIDECAR_SAFETENSORS_FIXTURES is not set (run through ctest)";
     }
     std::ifstream in(FixturesDir() + "/manifest.json");
     manifest_ = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);

@@ -24,7 +24,7 @@
 #            verify, tap writes), the C++ tap against the server (tap_gpu_test), and the two-process
 #            Python tests (IPC, executor, ordering and device rows, metrics, Verify, taps and the
 #            transformers integration, real CUDA faults and stuck or killed clients:
-#            test_gpu_faults.py, test_gpu_stuck.py). PROBESIDECAR_REQUIRE_GPU=1: a test that would
+#            test_gpu_faults.py, test_gpu_stuck.py). PROBE_SIDECAR_REQUIRE_GPU=1: a test that would
 #            skip fails here. KERNEL_TESTS and PYTHON_TESTS (space-separated) run a subset, e.g.
 #            with a BINARIES bundle.
 #   kernels  the probe-scoring benchmark with its torch and Triton peers (bench/run_probe_score.sh)
@@ -81,12 +81,12 @@ mkdir -p "$OUT" "$out"
 bin="$gpu/bundle/bin"
 export PATH="$bin:$PATH"
 export PYTHONPATH="$gpu/python:$root/tests/python${PYTHONPATH:+:$PYTHONPATH}"
-export PYTHONUNBUFFERED=1 PROBESIDECAR_REQUIRE_GPU=1
+export PYTHONUNBUFFERED=1 PROBE_SIDECAR_REQUIRE_GPU=1
 export PROBE_SIDECAR_BIN="$bin/probe-sidecar" PROBE_CLIENT_BIN="$bin/probe-client"
 export PROBE_BENCH_BIN="$bin/probe-bench" PROBE_ECHO_SERVER_BIN="$bin/probe-echo-server"
-export PROBESIDECAR_GIT="$(cat "$gpu/git")"
-[[ "$PROBESIDECAR_GIT" == *+dirty ]] && export ALLOW_DIRTY=1  # results are then marked dirty
-git_hash="$PROBESIDECAR_GIT"
+export PROBE_SIDECAR_GIT="$(cat "$gpu/git")"
+[[ "$PROBE_SIDECAR_GIT" == *+dirty ]] && export ALLOW_DIRTY=1  # results are then marked dirty
+git_hash="$PROBE_SIDECAR_GIT"
 steps="${STEPS:-tests kernels metrics rpc decode}"
 summary=()
 status=0

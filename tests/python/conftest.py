@@ -177,10 +177,17 @@ def kernel(request, monkeypatch):
     return request.param
 
 
+def project_env(name: str, default: str | None = None) -> str | None:
+    """$PROBE_SIDECAR_<name>, else the deprecated spelling $PROBESIDECAR_<name> (read until the
+    next release), else `default`."""
+    value = os.environ.get(f"PROBE_SIDECAR_{name}")
+    return value if value is not None else os.environ.get(f"PROBESIDECAR_{name}", default)
+
+
 def require_cuda():
     """torch with a CUDA device, for GPU test modules (call at module level).
 
-    Without one the module is skipped — except where PROBESIDECAR_REQUIRE_GPU=1 (the GPU machine,
+    Without one the module is skipped — except where PROBE_SIDECAR_REQUIRE_GPU=1 (the GPU machine,
     tests/gpu/run.sh): there a GPU test that would skip fails instead, so a GPU run in which
     every GPU test skipped cannot pass.
     """
@@ -194,16 +201,16 @@ def require_cuda():
 
 
 def _no_gpu(why: str):
-    if os.environ.get("PROBESIDECAR_REQUIRE_GPU") == "1":
-        pytest.fail(f"no CUDA device ({why}), but PROBESIDECAR_REQUIRE_GPU=1", pytrace=False)
+    if project_env("REQUIRE_GPU") == "1":
+        pytest.fail(f"no CUDA device ({why}), but PROBE_SIDECAR_REQUIRE_GPU=1", pytrace=False)
     pytest.skip(f"no CUDA device: {why}", allow_module_level=True)
 
 
 def pytest_sessionfinish(session, exitstatus):
-    """Exit with $PROBESIDECAR_SKIPPED_EXIT_CODE (CTest sets 77, its SKIP_RETURN_CODE) when
+    """Exit with $PROBE_SIDECAR_SKIPPED_EXIT_CODE (CTest sets 77, its SKIP_RETURN_CODE) when
     nothing ran and something was skipped: CTest then reports the test as skipped by its exit
     status, never by matching text in its output."""
-    code = os.environ.get("PROBESIDECAR_SKIPPED_EXIT_CODE")
+    code = os.environ.get("PROBE_SIDECAR_SKIPPED_EXIT_CODE")
     reporter = session.config.pluginmanager.get_plugin("terminalreporter")
     if not code or reporter is None:
         return

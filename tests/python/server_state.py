@@ -12,7 +12,7 @@ import urllib.request
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from conftest import BIN
+from conftest import BIN, project_env
 
 
 def samples(sidecar) -> dict[tuple[str, tuple], float]:
@@ -94,8 +94,8 @@ def record_figures(name: str, figures: dict) -> pathlib.Path:
     docs/reliability.md quotes."""
     out = BIN.parent.parent / "reliability" / f"{name}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
-    # The commit that made them (tests/gpu/run.sh sets PROBESIDECAR_GIT from the bundle).
-    figures = {"git": os.environ.get("PROBESIDECAR_GIT", "unknown"), **figures}
+    # The commit that made them (tests/gpu/run.sh sets PROBE_SIDECAR_GIT from the bundle).
+    figures = {"git": project_env("GIT", "unknown"), **figures}
     text = json.dumps(figures, indent=2, sort_keys=True)
     out.write_text(text + "\n")
     print(f"\n{name}: {text}\nwritten to {out}")

@@ -161,9 +161,9 @@ def test_a_client_that_never_cleans_up_leaves_nothing_behind(probe):
 
 
 def test_an_injected_cuda_error_fails_one_request_and_the_next_ones_succeed(monkeypatch):
-    # PROBESIDECAR_TEST_FAULT_EVERY=N fails every Nth Score as a failed CUDA call would, in the
+    # PROBE_SIDECAR_TEST_FAULT_EVERY=N fails every Nth Score as a failed CUDA call would, in the
     # test binary that links the injector. A real CUDA fault needs a GPU: not run here.
-    monkeypatch.setenv("PROBESIDECAR_TEST_FAULT_EVERY", "4")
+    monkeypatch.setenv("PROBE_SIDECAR_TEST_FAULT_EVERY", "4")
     x = np.random.default_rng(1).standard_normal((2, 4096)).astype(np.float32)
     with Sidecar(["--backend=cpu"], binary=FAULTS_BIN) as s, s.client() as c:
         assert "test-only fault hook" in s.log()
@@ -196,13 +196,13 @@ def test_the_production_binary_has_no_fault_injector(monkeypatch):
     # The injectors are linked into probe-sidecar-test-faults only: the shipped binary holds
     # neither the variables that arm them nor the faulting kernel, and serves every request
     # whatever the environment says.
-    armed_by = [b"PROBESIDECAR_TEST_FAULT_EVERY", b"PROBESIDECAR_TEST_ILLEGAL_ADDRESS_AT",
+    armed_by = [b"PROBE_SIDECAR_TEST_FAULT_EVERY", b"PROBE_SIDECAR_TEST_ILLEGAL_ADDRESS_AT",
                 b"WriteOutOfBoundsKernel"]
     production, test_binary = BIN.read_bytes(), FAULTS_BIN.read_bytes()
     assert [name for name in armed_by if name in production] == []
     assert [name for name in armed_by if name not in test_binary] == []
-    monkeypatch.setenv("PROBESIDECAR_TEST_FAULT_EVERY", "1")
-    monkeypatch.setenv("PROBESIDECAR_TEST_ILLEGAL_ADDRESS_AT", "1")
+    monkeypatch.setenv("PROBE_SIDECAR_TEST_FAULT_EVERY", "1")
+    monkeypatch.setenv("PROBE_SIDECAR_TEST_ILLEGAL_ADDRESS_AT", "1")
     x = np.ones((1, 4096), np.float32)
     with Sidecar(["--backend=cpu"]) as s, s.client() as c:
         for _ in range(3):

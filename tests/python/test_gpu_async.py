@@ -3,7 +3,7 @@ torch process and the real server): no host synchronisation on either side, chec
 float64 torch.
 
 Runs on the GPU machine (tests/gpu/run.sh); skipped where torch or a CUDA device is missing
-(and failed there instead, where PROBESIDECAR_REQUIRE_GPU=1).
+(and failed there instead, where PROBE_SIDECAR_REQUIRE_GPU=1).
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ does not serve is refused and changes nothing; a listed device that is missing s
 (under --backend=auto too: no server of fewer devices, no CPU one in its place).
 
 Runs on the GPU machine (tests/gpu/run.sh); skipped where torch or a CUDA device is missing (and
-failed there instead, where PROBESIDECAR_REQUIRE_GPU=1). Two GPUs: test_gpu_two_devices.py.
+failed there instead, where PROBE_SIDECAR_REQUIRE_GPU=1). Two GPUs: test_gpu_two_devices.py.
 """
 
 from __future__ import annotations

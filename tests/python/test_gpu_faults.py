@@ -1,6 +1,6 @@
 """Real CUDA faults against the real server (CUDA backend), from this torch process:
 
-- a sticky fault (a test-only kernel that writes out of bounds, PROBESIDECAR_TEST_ILLEGAL_ADDRESS_AT
+- a sticky fault (a test-only kernel that writes out of bounds, PROBE_SIDECAR_TEST_ILLEGAL_ADDRESS_AT
   in the test binary probe-sidecar-test-faults) loses the server's CUDA context: health turns
   NOT_SERVING, the faulting request and the one in flight beside it fail, new ones get
   UNAVAILABLE, the error is logged, and the process exits with status 3 within the grace period
@@ -12,7 +12,7 @@
 - NaN and Inf in scores written to device outputs are counted on the GPU.
 
 Runs on the GPU machine (tests/gpu/run.sh); skipped where torch or a CUDA device is missing
-(and failed there instead, where PROBESIDECAR_REQUIRE_GPU=1). Figures go to
+(and failed there instead, where PROBE_SIDECAR_REQUIRE_GPU=1). Figures go to
 <build>/reliability/gpu_faults.json.
 """
 
@@ -125,7 +125,7 @@ def test_a_real_cuda_fault_stops_the_server_and_fails_every_request(figures, pro
     weight, bias, data = probes
     grace = 2.0
     # Requests 1 and 2 succeed, 3 is in flight (waiting on the GPU for its ready event), 4 faults.
-    monkeypatch.setenv("PROBESIDECAR_TEST_ILLEGAL_ADDRESS_AT", "4")
+    monkeypatch.setenv("PROBE_SIDECAR_TEST_ILLEGAL_ADDRESS_AT", "4")
     s = Sidecar(["--backend=cuda", f"--shutdown-grace-seconds={grace}", "--warmup-rows=1,64"],
                 binary=FAULTS_BIN)
     s.start()
@@ -182,7 +182,7 @@ def test_a_fault_in_an_enqueue_only_window_shows_on_the_next_window(figures, pro
     event). The fault comes after that answer; the next window must fail, not succeed with stale
     scores. What the client's GPU sees of the failed window's done event is recorded."""
     _, _, data = probes
-    monkeypatch.setenv("PROBESIDECAR_TEST_ILLEGAL_ADDRESS_AT", "3")
+    monkeypatch.setenv("PROBE_SIDECAR_TEST_ILLEGAL_ADDRESS_AT", "3")
     s = Sidecar(["--backend=cuda", "--shutdown-grace-seconds=2", "--warmup-rows=1,64"],
                 binary=FAULTS_BIN).start()
     try:

@@ -2,7 +2,7 @@
 CUDA IPC, and scores them through the CUDA backend; float64 torch is the reference.
 
 Runs on the GPU machine (tests/gpu/run.sh); skipped where torch or a CUDA device is missing
-(and failed there instead, where PROBESIDECAR_REQUIRE_GPU=1).
+(and failed there instead, where PROBE_SIDECAR_REQUIRE_GPU=1).
 """
 
 from __future__ import annotations

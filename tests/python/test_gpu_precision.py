@@ -5,7 +5,7 @@ bf16 on tensor-core paths (fused_tc, gather_gemm) and the file's weights on the 
 (fused_cuda, which always multiplies float32 weights).
 
 Runs on the GPU machine (tests/gpu/run.sh); skipped where torch or a CUDA device is missing
-(and failed there instead, where PROBESIDECAR_REQUIRE_GPU=1).
+(and failed there instead, where PROBE_SIDECAR_REQUIRE_GPU=1).
 """
 
 from __future__ import annotations

@@ -12,7 +12,7 @@
   stays, other clients are unaffected.
 
 Runs on the GPU machine (tests/gpu/run.sh); skipped where torch or a CUDA device is missing
-(and failed there instead, where PROBESIDECAR_REQUIRE_GPU=1). Figures go to
+(and failed there instead, where PROBE_SIDECAR_REQUIRE_GPU=1). Figures go to
 <build>/reliability/gpu_stuck.json.
 """
 

@@ -4,7 +4,7 @@ phase compared with float64; the two together score at least 1.8x what one alone
 registered for the wrong device, and a request whose buffers are on two devices, are refused.
 
 Needs two CUDA devices: on a machine with fewer it skips by its own check, saying so (also where
-PROBESIDECAR_REQUIRE_GPU=1: the one-GPU run does not count it). Its figures (requests per second
+PROBE_SIDECAR_REQUIRE_GPU=1: the one-GPU run does not count it). Its figures (requests per second
 alone and together, the ratio) are written by record_figures to <build>/reliability/
 two_devices.json, which tests/gpu/run.sh brings back with the results.
 """

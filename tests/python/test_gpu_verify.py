@@ -3,7 +3,7 @@ two processes (this one and the real server): against float64 torch on random, N
 inputs; shadow mode compares without writing anything of ours; bad tables are caught on the GPU.
 
 Runs on the GPU machine (tests/gpu/run.sh); skipped where torch or a CUDA device is missing
-(and failed there instead, where PROBESIDECAR_REQUIRE_GPU=1).
+(and failed there instead, where PROBE_SIDECAR_REQUIRE_GPU=1).
 """
 
 from __future__ import annotations

@@ -46,7 +46,7 @@ def echo_server(tmp_path_factory):
 
 
 def bench(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
-    environment = {k: v for k, v in os.environ.items() if k != "PROBESIDECAR_GIT"}
+    environment = {k: v for k, v in os.environ.items() if k != "PROBE_SIDECAR_GIT"}
     environment.update(env or {})
     return subprocess.run([str(BENCH_BIN), *args], capture_output=True, text=True, timeout=120,
                           env=environment)
@@ -226,7 +226,7 @@ def test_results_file_names_its_commit(sidecar, tmp_path):
     run_ok(*args, f"--git={FAKE_GIT}+dirty", "--allow-dirty")
     doc = json.loads(out.read_text())
     assert doc["git"] == FAKE_GIT + "+dirty"
-    run_ok(*args, env={"PROBESIDECAR_GIT": FAKE_GIT})
+    run_ok(*args, env={"PROBE_SIDECAR_GIT": FAKE_GIT})
     doc = json.loads(out.read_text())
     assert doc["git"] == FAKE_GIT
     assert set(doc) >= {"device", "git", "date", "command", "ceilings", "records"}
