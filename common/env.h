@@ -24,8 +24,8 @@ inline const char* ProjectEnv(const char* name) {
     static std::set<std::string> warned;
     std::lock_guard<std::mutex> lock(mu);
     if (warned.insert(old).second) {
-      std::fprintf(stderr, "warning: %s is deprecated; set PROBE_SIDECAR_%s instead\n",
-                   old.c_str(), name);
+      std::fprintf(stderr, "warning: %s is deprecated; set PROBE_SIDECAR_%s instead\n", old.c_str(),
+                   name);
     }
   }
   return value;

@@ -54,7 +54,8 @@ inline DeviceCheck CheckTestDevice(const DeviceFamily** family) {
   }
   std::printf("device: %s, compute capability %d.%d, %d SMs; build targets: %s\n", prop.name,
               prop.major, prop.minor, prop.multiProcessorCount, CudaBuildTargets());
-  if (const char* name = ::probesidecar::common::ProjectEnv("LIMIT_TO_FAMILY"); name != nullptr && *name) {
+  if (const char* name = ::probesidecar::common::ProjectEnv("LIMIT_TO_FAMILY");
+      name != nullptr && *name) {
     *family = FindDeviceFamily(name);
     if (*family == nullptr) {
       std::printf("FAILED: PROBE_SIDECAR_LIMIT_TO_FAMILY=%s is no family of kDeviceFamilies\n",
