@@ -19,6 +19,7 @@
 #include "absl/status/status.h"
 #include "absl/time/time.h"
 #include "kernels/probe_outcomes/probe_outcomes.h"
+#include "server/observability/executor_stats.h"
 #include "server/observability/stage_timings.h"
 #include "server/probes/probe_set.h"
 #include "server/requests/score_job.h"
@@ -46,28 +47,6 @@ struct VerifyOutcome {
 using VerifyDone = absl::AnyInvocable<void(std::unique_ptr<VerifyJob> job, absl::Status status,
                                            const VerifyOutcome& outcome) &&>;
 
-// Requests an executor skipped or stopped early because their lifetime had ended, each counted
-// once.
-struct DroppedRequests {
-  uint64_t expired = 0;    // the deadline had passed
-  uint64_t cancelled = 0;  // the caller had gone
-};
-
-// What one served CUDA device reports (ServerInfo.devices, the metrics' device label).
-struct DeviceReport {
-  int device = 0;
-  std::string name;
-  std::string compute_capability;         // "major.minor"
-  std::vector<std::string> kernel_paths;  // the kernel paths this build runs there
-  uint64_t memory_bytes = 0;  // device memory the service holds there
-  uint64_t queued = 0;        // requests waiting for one of its stream slots
-  uint64_t gpu_requests = 0;  // requests its workers ran on the GPU so far
-  uint64_t parked_slots = 0;
-  GraphCacheCounters graph_cache;
-  // Empty while the device serves; why not once its context is lost.
-  std::string failure;
-};
-
 class Executor {
  public:
   virtual ~Executor() = default;
@@ -83,9 +62,6 @@ class Executor {
   // The CUDA devices it serves, on which clients may register IPC buffers and events; empty when
   // the backend has none (the CPU backend: inline tensors only).
   virtual std::vector<int> devices() const { return {}; }
-  // One report per served device, ascending by ordinal (empty on the CPU backend). Readable from
-  // any thread at any time without waiting.
-  virtual std::vector<DeviceReport> device_reports() const { return {}; }
 
   // Called once a probe set is published: captures its graphs for the configured row buckets on
   // every stream slot, then calls `done` (from any thread). Does not wait.
@@ -105,36 +81,13 @@ class Executor {
                     {});
   }
 
-  // Readable from any thread at any time without waiting (ServerInfo, metrics scrapes).
-  virtual GraphCacheCounters graph_cache() const { return {}; }
-  // Bytes of device memory the service holds (0 on the CPU backend).
-  virtual uint64_t device_memory_bytes() const { return 0; }
-  // Requests waiting for a worker.
-  virtual uint64_t queued() const { return 0; }
-  // Requests that may wait for a worker (--max-queued-requests); more are refused at once.
-  virtual uint64_t queue_capacity() const { return 0; }
-  virtual DroppedRequests dropped() const { return {}; }
+  // What it reports of itself (ServerInfo, metrics scrapes): readable from any thread at any time
+  // without waiting.
+  virtual ExecutorStats stats() const { return {}; }
   // The device's compute capability, "major.minor" (empty on the CPU backend), and the kernel
   // paths this build runs on it (ServerInfo; fixed at start-up).
   virtual std::string compute_capability() const { return ""; }
   virtual std::vector<std::string> kernel_paths() const { return {}; }
-  // Whether the device context is a client of an MPS control daemon (the CUDA backend asks the
-  // driver at start-up).
-  virtual bool mps() const { return false; }
-  // Requests that a worker ran on the GPU so far (Score and Verify). Without MPS each one makes
-  // the GPU switch between the inference server's context and this one (docs/mps.md).
-  virtual uint64_t gpu_requests() const { return 0; }
-  // Row indices from device buffers found outside [0, T) on the GPU so far.
-  virtual uint64_t invalid_device_rows() const { return 0; }
-  // Verify requests whose device page tables or lengths were found out of range on the GPU.
-  virtual uint64_t invalid_verify_requests() const { return 0; }
-
-  // NaN or infinite scores the GPU found in device outputs (CUDA backend; host outputs are
-  // counted by the service), as of the last copy from the devices (RefreshOutcomes).
-  virtual uint64_t non_finite_device_scores() const { return 0; }
-  // Stream slots out of service because their stream still waits on the GPU for work answered
-  // already (CUDA backend).
-  virtual uint64_t parked_slots() const { return 0; }
 
   // What the probes of `set` found, per label slot (ScoreJob::outcome_slot), summed over the
   // served devices: on the CPU backend as counted so far, on the CUDA backend as of the last copy

@@ -35,19 +35,9 @@ class FaultInjectingExecutor final : public Executor {
                                                : std::move(done));
   }
 
-  GraphCacheCounters graph_cache() const override { return inner_->graph_cache(); }
-  uint64_t device_memory_bytes() const override { return inner_->device_memory_bytes(); }
-  uint64_t queued() const override { return inner_->queued(); }
-  uint64_t queue_capacity() const override { return inner_->queue_capacity(); }
-  DroppedRequests dropped() const override { return inner_->dropped(); }
-  bool mps() const override { return inner_->mps(); }
+  ExecutorStats stats() const override { return inner_->stats(); }
   std::string compute_capability() const override { return inner_->compute_capability(); }
   std::vector<std::string> kernel_paths() const override { return inner_->kernel_paths(); }
-  uint64_t gpu_requests() const override { return inner_->gpu_requests(); }
-  uint64_t invalid_device_rows() const override { return inner_->invalid_device_rows(); }
-  uint64_t invalid_verify_requests() const override { return inner_->invalid_verify_requests(); }
-  uint64_t non_finite_device_scores() const override { return inner_->non_finite_device_scores(); }
-  uint64_t parked_slots() const override { return inner_->parked_slots(); }
   kernels::ProbeOutcomeCounts OutcomeCounts(const ProbeSet& set) const override {
     return inner_->OutcomeCounts(set);
   }

@@ -14,13 +14,6 @@ absl::Status NotServed(int device) {
                                                  device, ", which this server does not serve"));
 }
 
-template <typename F>
-uint64_t Sum(const std::vector<std::unique_ptr<Executor>>& executors, F f) {
-  uint64_t total = 0;
-  for (const auto& e : executors) total += f(*e);
-  return total;
-}
-
 }  // namespace
 
 MultiDeviceExecutor::MultiDeviceExecutor(std::vector<int> devices,
@@ -45,12 +38,10 @@ std::string MultiDeviceExecutor::device_name() const {
   return executors_.size() == 1 ? first : absl::StrCat(first, " (x", executors_.size(), ")");
 }
 
-std::vector<DeviceReport> MultiDeviceExecutor::device_reports() const {
-  std::vector<DeviceReport> reports;
-  for (const auto& e : executors_) {
-    for (DeviceReport& r : e->device_reports()) reports.push_back(std::move(r));
-  }
-  return reports;
+ExecutorStats MultiDeviceExecutor::stats() const {
+  ExecutorStats total;
+  for (const auto& e : executors_) total += e->stats();
+  return total;
 }
 
 Executor* MultiDeviceExecutor::For(int device) const {
@@ -61,9 +52,14 @@ Executor* MultiDeviceExecutor::For(int device) const {
 }
 
 Executor* MultiDeviceExecutor::LeastQueued() const {
-  Executor* best = executors_.front().get();
+  Executor* best = nullptr;
+  uint64_t fewest = 0;
   for (const auto& e : executors_) {
-    if (e->queued() < best->queued()) best = e.get();
+    const uint64_t queued = e->stats().queued;
+    if (best == nullptr || queued < fewest) {
+      best = e.get();
+      fewest = queued;
+    }
   }
   return best;
 }
@@ -119,49 +115,6 @@ void MultiDeviceExecutor::Verify(std::unique_ptr<VerifyJob> job, VerifyDone done
     return;
   }
   executor->Verify(std::move(job), std::move(done));
-}
-
-GraphCacheCounters MultiDeviceExecutor::graph_cache() const {
-  GraphCacheCounters total;
-  for (const auto& e : executors_) total += e->graph_cache();
-  return total;
-}
-
-uint64_t MultiDeviceExecutor::device_memory_bytes() const {
-  return Sum(executors_, [](const Executor& e) { return e.device_memory_bytes(); });
-}
-uint64_t MultiDeviceExecutor::queued() const {
-  return Sum(executors_, [](const Executor& e) { return e.queued(); });
-}
-uint64_t MultiDeviceExecutor::queue_capacity() const {
-  return Sum(executors_, [](const Executor& e) { return e.queue_capacity(); });
-}
-DroppedRequests MultiDeviceExecutor::dropped() const {
-  DroppedRequests total;
-  for (const auto& e : executors_) {
-    const DroppedRequests d = e->dropped();
-    total.expired += d.expired;
-    total.cancelled += d.cancelled;
-  }
-  return total;
-}
-bool MultiDeviceExecutor::mps() const {
-  return std::any_of(executors_.begin(), executors_.end(), [](const auto& e) { return e->mps(); });
-}
-uint64_t MultiDeviceExecutor::gpu_requests() const {
-  return Sum(executors_, [](const Executor& e) { return e.gpu_requests(); });
-}
-uint64_t MultiDeviceExecutor::invalid_device_rows() const {
-  return Sum(executors_, [](const Executor& e) { return e.invalid_device_rows(); });
-}
-uint64_t MultiDeviceExecutor::invalid_verify_requests() const {
-  return Sum(executors_, [](const Executor& e) { return e.invalid_verify_requests(); });
-}
-uint64_t MultiDeviceExecutor::non_finite_device_scores() const {
-  return Sum(executors_, [](const Executor& e) { return e.non_finite_device_scores(); });
-}
-uint64_t MultiDeviceExecutor::parked_slots() const {
-  return Sum(executors_, [](const Executor& e) { return e.parked_slots(); });
 }
 
 kernels::ProbeOutcomeCounts MultiDeviceExecutor::OutcomeCounts(const ProbeSet& set) const {

@@ -27,14 +27,15 @@ class MultiDeviceExecutor final : public Executor {
   // The first device's name, with the count when there are several ("NVIDIA H200 (x2)").
   std::string device_name() const override;
   std::vector<int> devices() const override { return devices_; }
-  // The first device's (ServerInfo's top-level fields); each device's in device_reports().
+  // The first device's (ServerInfo's top-level fields); each device's in stats().devices.
   std::string compute_capability() const override {
     return executors_.front()->compute_capability();
   }
   std::vector<std::string> kernel_paths() const override {
     return executors_.front()->kernel_paths();
   }
-  std::vector<DeviceReport> device_reports() const override;
+  // Summed over the devices (mps: any of them), with every device's report.
+  ExecutorStats stats() const override;
 
   // Places the set on every device (each executor uploads its own copy); the first failure
   // refuses the set, and whatever was placed goes with it.
@@ -44,17 +45,6 @@ class MultiDeviceExecutor final : public Executor {
   void Score(std::unique_ptr<ScoreJob> job, ScoreDone done) override;
   void Verify(std::unique_ptr<VerifyJob> job, VerifyDone done) override;
 
-  GraphCacheCounters graph_cache() const override;
-  uint64_t device_memory_bytes() const override;
-  uint64_t queued() const override;
-  uint64_t queue_capacity() const override;
-  DroppedRequests dropped() const override;
-  bool mps() const override;
-  uint64_t gpu_requests() const override;
-  uint64_t invalid_device_rows() const override;
-  uint64_t invalid_verify_requests() const override;
-  uint64_t non_finite_device_scores() const override;
-  uint64_t parked_slots() const override;
   // Summed over the devices (each device counts the requests it ran).
   kernels::ProbeOutcomeCounts OutcomeCounts(const ProbeSet& set) const override;
   void RefreshOutcomes(absl::Time deadline) override;

@@ -21,14 +21,21 @@ class FakeDeviceExecutor final : public Executor {
   const char* backend() const override { return "cuda"; }
   std::string device_name() const override { return "fake GPU"; }
   std::vector<int> devices() const override { return {device_}; }
-  std::vector<DeviceReport> device_reports() const override {
-    DeviceReport r;
+  ExecutorStats stats() const override {
+    ExecutorStats stats;
+    stats.queued = queued_;
+    stats.device_memory_bytes = 1000 + device_;
+    stats.gpu_requests = scored;
+    stats.mps = device_ == 3;
+    stats.dropped.expired = 1;
+    stats.graph_cache.hits = 10 * device_;
+    DeviceReport& r = stats.devices.emplace_back();
     r.device = device_;
     r.name = device_name();
-    r.memory_bytes = 1000 + device_;
+    r.memory_bytes = stats.device_memory_bytes;
     r.queued = queued_;
     r.failure = failure;
-    return {r};
+    return stats;
   }
   absl::Status PrepareProbeSet(ProbeSet& set) override {
     if (refuse_sets) return absl::ResourceExhaustedError("out of device memory");
@@ -43,8 +50,6 @@ class FakeDeviceExecutor final : public Executor {
     ++verified;
     std::move(done)(std::move(job), absl::OkStatus(), VerifyOutcome{});
   }
-  uint64_t queued() const override { return queued_; }
-  uint64_t device_memory_bytes() const override { return 1000 + device_; }
   void SetFatalHandler(FatalHandler handler) override { fatal = std::move(handler); }
   void Shutdown() override {}
 
@@ -109,7 +114,7 @@ TEST(MultiDeviceExecutorTest, AJobWithoutADeviceGoesWhereFewestWait) {
   t.d0->queued_ = 0;
   ASSERT_TRUE(t.Score(std::nullopt).ok());
   EXPECT_EQ(t.d0->scored, 1);
-  EXPECT_EQ(t.executor->queued(), 1u);  // summed
+  EXPECT_EQ(t.executor->stats().queued, 1u);  // summed
 }
 
 TEST(MultiDeviceExecutorTest, ADeviceThatIsNotServedIsRefused) {
@@ -146,13 +151,18 @@ TEST(MultiDeviceExecutorTest, TheFirstFailedDeviceStopsTheServerOnceAndIsNamed) 
   t.d0->fatal(absl::UnavailableError("later"));
   ASSERT_EQ(reasons.size(), 1u);
   EXPECT_EQ(reasons[0], "CUDA device 3: the GPU's CUDA context is lost");
-  const std::vector<DeviceReport> reports = t.executor->device_reports();
+  const ExecutorStats stats = t.executor->stats();
+  const std::vector<DeviceReport>& reports = stats.devices;
   ASSERT_EQ(reports.size(), 2u);
   EXPECT_EQ(reports[0].device, 0);
   EXPECT_TRUE(reports[0].failure.empty());
   EXPECT_EQ(reports[1].device, 3);
   EXPECT_EQ(reports[1].failure, "the GPU's CUDA context is lost");
-  EXPECT_EQ(t.executor->device_memory_bytes(), 2003u);
+  // The totals are the devices' summed (mps: any of them).
+  EXPECT_EQ(stats.device_memory_bytes, 2003u);
+  EXPECT_EQ(stats.dropped.expired, 2u);
+  EXPECT_EQ(stats.graph_cache.hits, 30u);
+  EXPECT_TRUE(stats.mps);
   EXPECT_EQ(t.executor->device_name(), "fake GPU (x2)");
 }
 

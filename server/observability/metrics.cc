@@ -301,7 +301,7 @@ class Metrics::Impl final : public prometheus::Collectable {
                  "output buffers (counted there on the GPU); their probes never fire; usually NaN "
                  "or Inf activations.",
                  MetricType::Counter)),
-             static_cast<double>(non_finite_scores + s.non_finite_device_scores));
+             static_cast<double>(non_finite_scores + s.executor.non_finite_device_scores));
     {
       absl::MutexLock lock(&shadow_mu_);
       ClientMetric metric;
@@ -339,7 +339,7 @@ class Metrics::Impl final : public prometheus::Collectable {
         return;
       }
       for (const DeviceMetricsState& d : s.devices) {
-        AddValue(family, static_cast<double>(of(d)), {L("device", d.device)});
+        AddValue(family, static_cast<double>(of(d)), {L("device", std::to_string(d.executor.device))});
       }
     };
     per_device("probesidecar_registered_buffers", "CUDA IPC buffer windows registered.",
@@ -354,8 +354,8 @@ class Metrics::Impl final : public prometheus::Collectable {
     per_device("probesidecar_device_memory_bytes",
                "GPU memory allocated by the service (each probe set is placed on every served "
                "device).",
-               MetricType::Gauge, s.device_memory_bytes,
-               [](const DeviceMetricsState& d) { return d.memory_bytes; });
+               MetricType::Gauge, s.executor.device_memory_bytes,
+               [](const DeviceMetricsState& d) { return d.executor.memory_bytes; });
     if (!s.devices.empty()) {
       MetricFamily& up = out.emplace_back(
           Family("probesidecar_device_up",
@@ -363,17 +363,17 @@ class Metrics::Impl final : public prometheus::Collectable {
                  "then reports NOT_SERVING and exits).",
                  MetricType::Gauge));
       for (const DeviceMetricsState& d : s.devices) {
-        AddValue(up, d.up ? 1.0 : 0.0, {L("device", d.device)});
+        AddValue(up, d.executor.failure.empty() ? 1.0 : 0.0, {L("device", std::to_string(d.executor.device))});
       }
     }
     add("probesidecar_probe_sets_loaded", "Probe sets loaded.", MetricType::Gauge, s.probe_sets);
     add("probesidecar_mps_client",
         "1 when this server's CUDA context is a client of an MPS control daemon, else 0 (without "
         "MPS, its kernels and the inference server's are time-sliced: docs/mps.md).",
-        MetricType::Gauge, s.mps ? 1 : 0);
+        MetricType::Gauge, s.executor.mps ? 1 : 0);
     add("probesidecar_invalid_device_rows_total",
         "Row indices read from device buffers that were outside [0, T) (their scores are NaN).",
-        MetricType::Counter, s.invalid_device_rows);
+        MetricType::Counter, s.executor.invalid_device_rows);
     add("probesidecar_probe_set_load_errors_total",
         "Files in the probes directory that failed to load at start and were skipped (the log "
         "names each).",
@@ -381,45 +381,45 @@ class Metrics::Impl final : public prometheus::Collectable {
     add("probesidecar_invalid_verify_requests_total",
         "Verify requests whose device page table or lengths were out of range (checked on the GPU; "
         "they were refused and their outputs are NaN).",
-        MetricType::Counter, s.invalid_verify_requests);
+        MetricType::Counter, s.executor.invalid_verify_requests);
     per_device("probesidecar_stream_slots_parked",
                "GPU stream slots taking no requests because their stream still waits on the GPU "
                "for work answered already (e.g. a client's ready event that has not fired).",
-               MetricType::Gauge, s.parked_slots,
-               [](const DeviceMetricsState& d) { return d.parked_slots; });
+               MetricType::Gauge, s.executor.parked_slots,
+               [](const DeviceMetricsState& d) { return d.executor.parked_slots; });
     add("probesidecar_executor_queued_requests",
         "Requests waiting in the executor's queue for a worker (a stream slot on the GPU).",
-        MetricType::Gauge, s.queued_requests);
+        MetricType::Gauge, s.executor.queued);
     add("probesidecar_executor_queue_capacity",
         "Requests that may wait in the executor's queue (--max-queued-requests); more are refused "
         "with RESOURCE_EXHAUSTED.",
-        MetricType::Gauge, s.queue_capacity);
+        MetricType::Gauge, s.executor.queue_capacity);
     add("probesidecar_executor_expired_requests_total",
         "Requests the executor did not run, or stopped early, because their deadline had passed "
         "(answered DEADLINE_EXCEEDED).",
-        MetricType::Counter, s.expired_requests);
+        MetricType::Counter, s.executor.dropped.expired);
     add("probesidecar_executor_cancelled_requests_total",
         "Requests the executor did not run, or stopped early, because their caller had cancelled "
         "or gone away (answered CANCELLED).",
-        MetricType::Counter, s.cancelled_requests);
+        MetricType::Counter, s.executor.dropped.cancelled);
     per_device("probesidecar_graph_cache_entries", "Captured CUDA graphs held.", MetricType::Gauge,
-               s.graph_cache.entries,
-               [](const DeviceMetricsState& d) { return d.graph_cache.entries; });
+               s.executor.graph_cache.entries,
+               [](const DeviceMetricsState& d) { return d.executor.graph_cache.entries; });
     per_device("probesidecar_graph_cache_capacity", "Captured CUDA graphs the cache may hold.",
-               MetricType::Gauge, s.graph_cache.capacity,
-               [](const DeviceMetricsState& d) { return d.graph_cache.capacity; });
+               MetricType::Gauge, s.executor.graph_cache.capacity,
+               [](const DeviceMetricsState& d) { return d.executor.graph_cache.capacity; });
     per_device("probesidecar_graph_cache_hits_total", "Requests that replayed a cached CUDA graph.",
-               MetricType::Counter, s.graph_cache.hits,
-               [](const DeviceMetricsState& d) { return d.graph_cache.hits; });
+               MetricType::Counter, s.executor.graph_cache.hits,
+               [](const DeviceMetricsState& d) { return d.executor.graph_cache.hits; });
     per_device("probesidecar_graph_cache_misses_total", "Requests that found no cached CUDA graph.",
-               MetricType::Counter, s.graph_cache.misses,
-               [](const DeviceMetricsState& d) { return d.graph_cache.misses; });
+               MetricType::Counter, s.executor.graph_cache.misses,
+               [](const DeviceMetricsState& d) { return d.executor.graph_cache.misses; });
     per_device("probesidecar_graph_cache_captures_total", "CUDA graphs captured.",
-               MetricType::Counter, s.graph_cache.captures,
-               [](const DeviceMetricsState& d) { return d.graph_cache.captures; });
+               MetricType::Counter, s.executor.graph_cache.captures,
+               [](const DeviceMetricsState& d) { return d.executor.graph_cache.captures; });
     per_device("probesidecar_graph_cache_evictions_total", "CUDA graphs evicted from the cache.",
-               MetricType::Counter, s.graph_cache.evictions,
-               [](const DeviceMetricsState& d) { return d.graph_cache.evictions; });
+               MetricType::Counter, s.executor.graph_cache.evictions,
+               [](const DeviceMetricsState& d) { return d.executor.graph_cache.evictions; });
 
     AddProbeOutcomes(s, out);
 

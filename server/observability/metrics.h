@@ -18,7 +18,7 @@
 //       backend), total
 //   probesidecar_cuda_errors_total                                  counter
 //   probesidecar_non_finite_scores_total                            counter (responses, plus
-//       MetricsState.non_finite_device_scores: device outputs, counted on the GPU)
+//       MetricsState.executor.non_finite_device_scores: device outputs, counted on the GPU)
 //   probesidecar_shadow_rel_l2_error                                histogram (kErrorBucketBounds)
 //   probesidecar_shadow_mismatched_requests_total                   counter
 //   probesidecar_registered_buffers{device}, probesidecar_registered_buffer_bytes{device},
@@ -69,6 +69,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/string_view.h"
 #include "prometheus/collectable.h"
+#include "server/observability/executor_stats.h"
 #include "server/observability/stage_timings.h"
 
 namespace probesidecar::server {
@@ -129,16 +130,13 @@ struct BuildInfo {
   std::string backend;
 };
 
-// One served CUDA device, sampled at scrape time (its series carry device="<ordinal>").
+// One served CUDA device, sampled at scrape time (its series carry device="<ordinal>"): the
+// executor's report of it and the IPC registry's counters there.
 struct DeviceMetricsState {
-  std::string device;  // the label value: the ordinal
-  bool up = true;      // false once its context is lost
-  uint64_t memory_bytes = 0;
+  DeviceReport executor;  // up while executor.failure is empty
   uint64_t registered_buffers = 0;
   uint64_t registered_buffer_bytes = 0;
   uint64_t open_ipc_handles = 0;
-  uint64_t parked_slots = 0;
-  GraphCacheCounters graph_cache;
 };
 
 // One probe's outcome series (or a whole set's, probe == kAllProbes), under one set of session
@@ -166,22 +164,13 @@ inline constexpr char kAllProbes[] = "_all";
 
 // Sampled at scrape time (the callback runs on the exposer's thread, once per scrape).
 struct MetricsState {
+  // The executor's totals (Executor::stats; its devices' reports are in `devices` below).
+  ExecutorStats executor;
   uint64_t registered_buffers = 0;       // buffer windows (RegisterBuffer) currently registered
   uint64_t registered_buffer_bytes = 0;  // their byte_size, summed
   uint64_t open_ipc_handles = 0;         // distinct allocations opened with cudaIpcOpenMemHandle
   uint64_t probe_sets = 0;
-  uint64_t device_memory_bytes = 0;       // device memory the service allocated itself
-  uint64_t queued_requests = 0;           // waiting in the executor's queue for a worker
-  uint64_t queue_capacity = 0;            // how many may wait (--max-queued-requests)
-  uint64_t expired_requests = 0;          // dropped by the executor: deadline passed
-  uint64_t cancelled_requests = 0;        // dropped by the executor: caller gone
-  uint64_t invalid_device_rows = 0;       // device row indices found outside [0, T) on the GPU
-  uint64_t invalid_verify_requests = 0;   // Verify requests whose device tables were out of range
-  uint64_t non_finite_device_scores = 0;  // NaN/Inf scores the GPU found in device outputs
-  uint64_t parked_slots = 0;           // stream slots waiting on the GPU for work answered already
   uint64_t probe_set_load_errors = 0;  // files of the probes directory skipped at start
-  bool mps = false;                    // the CUDA context is an MPS client
-  GraphCacheCounters graph_cache;
   // Per served device (CUDA backend): the device-labelled series of the buffer, memory, stream
   // slot and graph cache families, and probesidecar_device_up. Empty (the CPU backend): those
   // families are one unlabelled series each, from the totals above.

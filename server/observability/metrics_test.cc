@@ -38,7 +38,7 @@ Metrics NewMetrics() {
   return Metrics(BuildInfo{"v", "g", "13.0", "dev", "cpu"}, [] {
     MetricsState s;
     s.probe_sets = 3;
-    s.graph_cache.hits = 7;
+    s.executor.graph_cache.hits = 7;
     return s;
   });
 }
@@ -190,15 +190,15 @@ TEST(MetricsTest, FamiliesExistBeforeTrafficAndStateIsSampled) {
 TEST(MetricsTest, GpuFamiliesHaveASeriesPerDevice) {
   Metrics metrics(BuildInfo{"v", "g", "13.0", "dev", "cuda"}, [] {
     MetricsState s;
-    s.device_memory_bytes = 30;
+    s.executor.device_memory_bytes = 30;
     for (int d : {0, 1}) {
       DeviceMetricsState& device = s.devices.emplace_back();
-      device.device = absl::StrCat(d);
-      device.up = d == 0;
-      device.memory_bytes = 10 + 10 * d;
+      device.executor.device = d;
+      if (d != 0) device.executor.failure = "the GPU's CUDA context is lost";
+      device.executor.memory_bytes = 10 + 10 * d;
       device.registered_buffers = 2 + d;
-      device.parked_slots = d;
-      device.graph_cache.hits = 100 + d;
+      device.executor.parked_slots = d;
+      device.executor.graph_cache.hits = 100 + d;
     }
     return s;
   });

@@ -1,6 +1,7 @@
 #include "server/rpc/metrics_sources.h"
 
 #include <memory>
+#include <utility>
 #include <string>
 #include <vector>
 
@@ -25,38 +26,25 @@ MetricsState CollectMetricsState(const MetricsSources& from) {
   }
   state.probe_sets = from.probes->size();
   state.probe_set_load_errors = from.probe_set_load_errors;
-  state.graph_cache = executor.graph_cache();
-  state.device_memory_bytes = executor.device_memory_bytes();
-  state.queued_requests = executor.queued();
-  state.queue_capacity = executor.queue_capacity();
-  const DroppedRequests dropped = executor.dropped();
-  state.expired_requests = dropped.expired;
-  state.cancelled_requests = dropped.cancelled;
-  state.invalid_device_rows = executor.invalid_device_rows();
-  state.invalid_verify_requests = executor.invalid_verify_requests();
-  state.non_finite_device_scores = executor.non_finite_device_scores();
-  state.parked_slots = executor.parked_slots();
-  state.mps = executor.mps();
+  state.executor = executor.stats();
   if (from.ipc != nullptr) {
     const BufferCounters counters = from.ipc->buffers.counters();
     state.registered_buffers = counters.registrations;
     state.registered_buffer_bytes = counters.registered_bytes;
     state.open_ipc_handles = counters.open_handles;
   }
-  for (const DeviceReport& report : executor.device_reports()) {
+  // Each device's report moves to its entry, beside the IPC registry's counters there.
+  for (DeviceReport& report : state.executor.devices) {
     DeviceMetricsState& d = state.devices.emplace_back();
-    d.device = absl::StrCat(report.device);
-    d.up = report.failure.empty();
-    d.memory_bytes = report.memory_bytes;
-    d.parked_slots = report.parked_slots;
-    d.graph_cache = report.graph_cache;
+    d.executor = std::move(report);
     if (from.ipc != nullptr) {
-      const BufferCounters counters = from.ipc->buffers.counters(report.device);
+      const BufferCounters counters = from.ipc->buffers.counters(d.executor.device);
       d.registered_buffers = counters.registrations;
       d.registered_buffer_bytes = counters.registered_bytes;
       d.open_ipc_handles = counters.open_handles;
     }
   }
+  state.executor.devices.clear();
   return state;
 }
 

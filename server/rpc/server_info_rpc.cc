@@ -34,9 +34,10 @@ grpc::ServerUnaryReactor* ProbeSidecarService::ServerInfo(grpc::CallbackServerCo
   response->set_git_commit(kGitCommit);
   response->set_backend(env_.executor->backend());
   response->set_device_name(env_.executor->device_name());
-  const std::vector<DeviceReport> devices = env_.executor->device_reports();
-  response->set_device_id(devices.empty() ? env_.config.device : devices.front().device);
-  for (const DeviceReport& report : devices) {
+  const ExecutorStats stats = env_.executor->stats();
+  response->set_device_id(stats.devices.empty() ? env_.config.device
+                                                : stats.devices.front().device);
+  for (const DeviceReport& report : stats.devices) {
     v1::DeviceInfo* info = response->add_devices();
     info->set_device_id(report.device);
     info->set_name(report.name);
@@ -75,7 +76,7 @@ grpc::ServerUnaryReactor* ProbeSidecarService::ServerInfo(grpc::CallbackServerCo
   // What they show is the last copy from the devices (no gRPC thread waits for one): ask for the
   // next.
   env_.executor->RequestOutcomeRefresh();
-  FillGraphCacheStats(env_.executor->graph_cache(), response->mutable_graph_cache());
+  FillGraphCacheStats(stats.graph_cache, response->mutable_graph_cache());
   response->set_uptime_seconds(SecondsSince(started_));
   if (env_.ipc != nullptr) {
     response->set_registered_buffers(
@@ -87,9 +88,9 @@ grpc::ServerUnaryReactor* ProbeSidecarService::ServerInfo(grpc::CallbackServerCo
   }
   response->set_metrics_listen(env_.metrics_listening);
   response->set_cuda_runtime(kCudaRuntime);
-  response->set_mps(env_.executor->mps());
-  response->set_queued_requests(env_.executor->queued());
-  response->set_gpu_requests(env_.executor->gpu_requests());
+  response->set_mps(stats.mps);
+  response->set_queued_requests(stats.queued);
+  response->set_gpu_requests(stats.gpu_requests);
   response->set_compute_capability(env_.executor->compute_capability());
   for (const std::string& path : env_.executor->kernel_paths()) response->add_kernel_paths(path);
   return Answer(context, Rpc::kServerInfo, start, absl::OkStatus());

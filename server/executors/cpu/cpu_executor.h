@@ -31,9 +31,14 @@ class CpuExecutor final : public Executor {
   // Before each task the job's lifetime is checked: a request whose deadline passed or whose
   // caller went away runs no further task and answers DEADLINE_EXCEEDED or CANCELLED.
   void Score(std::unique_ptr<ScoreJob> job, ScoreDone done) override;
-  uint64_t queued() const override { return waiting_.load(std::memory_order_relaxed); }
-  uint64_t queue_capacity() const override { return capacity_; }
-  DroppedRequests dropped() const override { return drops_.counts(); }
+  // Its queue: the requests waiting, the capacity, those dropped.
+  ExecutorStats stats() const override {
+    ExecutorStats stats;
+    stats.queued = waiting_.load(std::memory_order_relaxed);
+    stats.queue_capacity = capacity_;
+    stats.dropped = drops_.counts();
+    return stats;
+  }
   // Counted on the host by the tasks that score (each its rows, after scoring them).
   kernels::ProbeOutcomeCounts OutcomeCounts(const ProbeSet& set) const override;
   void Shutdown() override;

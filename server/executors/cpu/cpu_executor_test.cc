@@ -175,7 +175,7 @@ constexpr int32_t kProbes = 64;
 
 TEST(CpuExecutorTest, TheQueueIsBoundedByRequestsNotTasks) {
   CpuExecutor executor(1, 3);
-  EXPECT_EQ(executor.queue_capacity(), 3u);
+  EXPECT_EQ(executor.stats().queue_capacity, 3u);
   // The first request holds the only thread (its first task's lifetime check waits) until its
   // caller goes away; three more of 16 tasks each fill the queue; the fifth is refused at once.
   absl::Notification gone;
@@ -185,7 +185,7 @@ TEST(CpuExecutorTest, TheQueueIsBoundedByRequestsNotTasks) {
     return true;
   };
   executor.Score(std::make_unique<ScoreJob>(holder.job), Record(&holder));
-  const bool started = WaitUntil([&] { return executor.queued() == 0; });
+  const bool started = WaitUntil([&] { return executor.stats().queued == 0; });
   if (!started) gone.Notify();  // lets the executor stop
   ASSERT_TRUE(started) << "the first request did not start";
   std::vector<std::unique_ptr<OwnedJob>> waiting;
@@ -193,7 +193,7 @@ TEST(CpuExecutorTest, TheQueueIsBoundedByRequestsNotTasks) {
     waiting.push_back(std::make_unique<OwnedJob>(128, kHidden, kProbes, 2.0f + i));
     executor.Score(std::make_unique<ScoreJob>(waiting.back()->job), Record(waiting.back().get()));
   }
-  EXPECT_EQ(executor.queued(), 3u);
+  EXPECT_EQ(executor.stats().queued, 3u);
   EXPECT_EQ(waiting[3]->calls.load(), 1);  // answered on this thread
   EXPECT_EQ(waiting[3]->status.code(), absl::StatusCode::kResourceExhausted);
   EXPECT_NE(waiting[3]->status.message().find("--max-queued-requests"), absl::string_view::npos);
@@ -205,8 +205,8 @@ TEST(CpuExecutorTest, TheQueueIsBoundedByRequestsNotTasks) {
     ASSERT_TRUE(waiting[i]->status.ok()) << waiting[i]->status;
     EXPECT_EQ(waiting[i]->scores, waiting[i]->Expected());
   }
-  EXPECT_EQ(executor.queued(), 0u);
-  EXPECT_EQ(executor.dropped().cancelled, 1u);
+  EXPECT_EQ(executor.stats().queued, 0u);
+  EXPECT_EQ(executor.stats().dropped.cancelled, 1u);
 }
 
 TEST(CpuExecutorTest, ARequestPastItsDeadlineIsNotRun) {
@@ -217,7 +217,7 @@ TEST(CpuExecutorTest, ARequestPastItsDeadlineIsNotRun) {
   ASSERT_TRUE(AwaitAnswer(expired));
   EXPECT_EQ(expired.status.code(), absl::StatusCode::kDeadlineExceeded);
   EXPECT_EQ(ScoredRows(expired), 0);
-  EXPECT_EQ(executor.dropped().expired, 1u);
+  EXPECT_EQ(executor.stats().dropped.expired, 1u);
   // The same request with time to spare runs.
   OwnedJob timely(64, kHidden, kProbes, 1.0f);
   timely.job.lifetime.deadline = absl::Now() + absl::Seconds(60);
@@ -244,7 +244,7 @@ TEST(CpuExecutorTest, ACancelledRequestStopsBetweenTasks) {
   // once one task had found the caller gone, the others did not even ask again.
   EXPECT_EQ(ScoredRows(job), 4 * 8);
   EXPECT_LE(checks.load(), 4 + 2);
-  EXPECT_EQ(executor.dropped().cancelled, 1u);
+  EXPECT_EQ(executor.stats().dropped.cancelled, 1u);
 }
 
 // A fast set scores bf16 activations with its weights rounded to bf16 (rounded once, in the

@@ -147,19 +147,36 @@ class CudaExecutor final : public Executor {
   std::vector<std::string> kernel_paths() const override { return kernel_paths_; }
   std::vector<int> devices() const override { return {config_.device}; }
 
-  std::vector<DeviceReport> device_reports() const override {
-    DeviceReport report;
+  ExecutorStats stats() const override {
+    ExecutorStats stats;
+    stats.device_memory_bytes =
+        static_cast<uint64_t>(std::max<int64_t>(0, ledger_->device_bytes.load()));
+    stats.queued = pool_ != nullptr ? pool_->queued() : 0;
+    stats.queue_capacity = config_.max_queued_requests;
+    stats.dropped = drops_.counts();
+    stats.mps = mps_;
+    stats.gpu_requests = gpu_requests_.load(std::memory_order_relaxed);
+    for (const auto& slot : slots_) {
+      stats.invalid_device_rows += slot->invalid_rows();
+      stats.non_finite_device_scores += slot->non_finite_scores();
+      stats.parked_slots += slot->parked() ? 1 : 0;
+      stats.graph_cache += slot->counters();
+    }
+    for (const auto& verifier : verifiers_) {
+      stats.invalid_verify_requests += verifier->invalid_requests();
+    }
+    DeviceReport& report = stats.devices.emplace_back();
     report.device = config_.device;
     report.name = device_name_;
     report.compute_capability = compute_capability_;
     report.kernel_paths = kernel_paths_;
-    report.memory_bytes = device_memory_bytes();
-    report.queued = queued();
-    report.gpu_requests = gpu_requests();
-    report.parked_slots = parked_slots();
-    report.graph_cache = graph_cache();
+    report.memory_bytes = stats.device_memory_bytes;
+    report.queued = stats.queued;
+    report.gpu_requests = stats.gpu_requests;
+    report.parked_slots = stats.parked_slots;
+    report.graph_cache = stats.graph_cache;
     if (lost_.load()) report.failure = std::string(LostStatus().message());
-    return {report};
+    return stats;
   }
 
   absl::Status PrepareProbeSet(ProbeSet& set) override {
@@ -290,49 +307,9 @@ class CudaExecutor final : public Executor {
     monitor_mu_.AwaitWithDeadline(absl::Condition(&copied), deadline);
   }
 
-  uint64_t non_finite_device_scores() const override {
-    uint64_t total = 0;
-    for (const auto& slot : slots_) total += slot->non_finite_scores();
-    return total;
-  }
-
-  uint64_t parked_slots() const override {
-    uint64_t parked = 0;
-    for (const auto& slot : slots_) parked += slot->parked() ? 1 : 0;
-    return parked;
-  }
-
   void SetFatalHandler(FatalHandler handler) override {
     absl::MutexLock lock(&fatal_mu_);
     fatal_handler_ = std::move(handler);
-  }
-
-  uint64_t invalid_verify_requests() const override {
-    uint64_t total = 0;
-    for (const auto& verifier : verifiers_) total += verifier->invalid_requests();
-    return total;
-  }
-
-  GraphCacheCounters graph_cache() const override {
-    GraphCacheCounters total;
-    for (const auto& slot : slots_) total += slot->counters();
-    return total;
-  }
-
-  uint64_t device_memory_bytes() const override {
-    return static_cast<uint64_t>(std::max<int64_t>(0, ledger_->device_bytes.load()));
-  }
-
-  uint64_t queued() const override { return pool_ != nullptr ? pool_->queued() : 0; }
-  uint64_t queue_capacity() const override { return config_.max_queued_requests; }
-  DroppedRequests dropped() const override { return drops_.counts(); }
-  bool mps() const override { return mps_; }
-  uint64_t gpu_requests() const override { return gpu_requests_.load(std::memory_order_relaxed); }
-
-  uint64_t invalid_device_rows() const override {
-    uint64_t total = 0;
-    for (const auto& slot : slots_) total += slot->invalid_rows();
-    return total;
   }
 
   void Shutdown() override { ShutdownBy(absl::Now() + absl::Seconds(5)); }
@@ -593,7 +570,9 @@ class CudaExecutor final : public Executor {
               "fired (a client's stream is stuck, or the client is gone); it takes no request "
               "until the GPU is past that work; %d of %d slots serve meanwhile",
               static_cast<int>(i), slot.parked_seconds(),
-              static_cast<int>(slots_.size() - parked_slots()), static_cast<int>(slots_.size()));
+              static_cast<int>(std::count_if(slots_.begin(), slots_.end(),
+                                             [](const auto& s) { return !s->parked(); })),
+              static_cast<int>(slots_.size()));
         }
       }
     }
