@@ -339,7 +339,8 @@ class Metrics::Impl final : public prometheus::Collectable {
         return;
       }
       for (const DeviceMetricsState& d : s.devices) {
-        AddValue(family, static_cast<double>(of(d)), {L("device", std::to_string(d.executor.device))});
+        AddValue(family, static_cast<double>(of(d)),
+                 {L("device", std::to_string(d.executor.device))});
       }
     };
     per_device("probesidecar_registered_buffers", "CUDA IPC buffer windows registered.",
@@ -363,7 +364,8 @@ class Metrics::Impl final : public prometheus::Collectable {
                  "then reports NOT_SERVING and exits).",
                  MetricType::Gauge));
       for (const DeviceMetricsState& d : s.devices) {
-        AddValue(up, d.executor.failure.empty() ? 1.0 : 0.0, {L("device", std::to_string(d.executor.device))});
+        AddValue(up, d.executor.failure.empty() ? 1.0 : 0.0,
+                 {L("device", std::to_string(d.executor.device))});
       }
     }
     add("probesidecar_probe_sets_loaded", "Probe sets loaded.", MetricType::Gauge, s.probe_sets);

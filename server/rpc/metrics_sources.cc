@@ -1,8 +1,8 @@
 #include "server/rpc/metrics_sources.h"
 
 #include <memory>
-#include <utility>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
