@@ -11,7 +11,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from safetensors.numpy import save  # noqa: E402
+from probe_files import ProbeFile  # noqa: E402
 
 from probe_sidecar import tap_op  # noqa: E402
 from probe_sidecar.torch import cpu_tap  # noqa: E402
@@ -22,17 +22,16 @@ H, P = 32, 3
 DEADLINE = 60.0  # far past the work: a safety net for a loaded machine under ASan
 
 
+# The engine's probe set: thresholds 0, 1 and one that never fires; named x, y, z.
+ENGINE_PROBES = ProbeFile(P, H, seed=7, activation="none", thresholds=[0, 1, 100],
+                          names=["x", "y", "z"])
+
+
 @pytest.fixture(scope="module")
 def probe_set(sidecar):
-    rng = np.random.default_rng(7)
-    weight = rng.standard_normal((P, H)).astype(np.float32)
-    bias = rng.standard_normal(P).astype(np.float32)
     with sidecar.client() as c:
-        c.load_probe_set("engine", replace=True, data=save(
-            {"weight": weight, "bias": bias},
-            metadata={"activation": "none", "thresholds": "[0, 1, 100]",
-                      "probe_names": '["x", "y", "z"]'}))
-    return weight.astype(np.float64), bias.astype(np.float64)
+        c.load_probe_set("engine", replace=True, data=ENGINE_PROBES.data)
+    return ENGINE_PROBES.weight.astype(np.float64), ENGINE_PROBES.bias.astype(np.float64)
 
 
 class Engine:
@@ -158,12 +157,8 @@ def test_a_failed_window_marks_its_requests_incomplete(sidecar, client, probe_se
         assert e.state()["windows_failed"] == 1
     finally:
         e.close()
-        weight, bias = probe_set
         with sidecar.client() as admin:  # for the other tests of this session
-            admin.load_probe_set("engine", replace=True, data=save(
-                {"weight": weight.astype(np.float32), "bias": bias.astype(np.float32)},
-                metadata={"activation": "none", "thresholds": "[0, 1, 100]",
-                          "probe_names": '["x", "y", "z"]'}))
+            admin.load_probe_set("engine", replace=True, data=ENGINE_PROBES.data)
 
 
 def test_the_callers_id_is_the_engines_without_vllms_suffix():

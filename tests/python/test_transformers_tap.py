@@ -10,7 +10,7 @@ import pytest
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
-from safetensors.numpy import save  # noqa: E402
+from probe_files import ProbeFile  # noqa: E402
 
 from probe_sidecar.tap import TapError  # noqa: E402
 from probe_sidecar.transformers import final_norm, tap_model  # noqa: E402
@@ -29,14 +29,10 @@ def model():
 
 @pytest.fixture(scope="module")
 def probes(sidecar):
-    rng = np.random.default_rng(3)
-    weight = rng.standard_normal((P, H)).astype(np.float32)
-    bias = rng.standard_normal(P).astype(np.float32)
+    probe = ProbeFile(P, H, seed=3, activation="none", thresholds=[0] * P)
     with sidecar.client() as c:
-        c.load_probe_set("llama_tiny", replace=True, data=save(
-            {"weight": weight, "bias": bias},
-            metadata={"activation": "none", "thresholds": "[0, 0, 0, 0]"}))
-    return weight.astype(np.float64), bias.astype(np.float64)
+        c.load_probe_set("llama_tiny", replace=True, data=probe.data)
+    return probe.weight.astype(np.float64), probe.bias.astype(np.float64)
 
 
 def test_generate_is_scored_step_by_step_against_float64(client, model, probes):
