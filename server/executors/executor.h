@@ -84,6 +84,9 @@ class Executor {
   // What it reports of itself (ServerInfo, metrics scrapes): readable from any thread at any time
   // without waiting.
   virtual ExecutorStats stats() const { return {}; }
+  // Requests waiting for a worker (stats().queued): one atomic read, cheap enough for the request
+  // path, where a multi-device executor routes a job that names no device by it.
+  virtual uint64_t queued() const { return 0; }
   // The device's compute capability, "major.minor" (empty on the CPU backend), and the kernel
   // paths this build runs on it (ServerInfo; fixed at start-up).
   virtual std::string compute_capability() const { return ""; }

@@ -36,6 +36,7 @@ class FaultInjectingExecutor final : public Executor {
   }
 
   ExecutorStats stats() const override { return inner_->stats(); }
+  uint64_t queued() const override { return inner_->queued(); }
   std::string compute_capability() const override { return inner_->compute_capability(); }
   std::vector<std::string> kernel_paths() const override { return inner_->kernel_paths(); }
   kernels::ProbeOutcomeCounts OutcomeCounts(const ProbeSet& set) const override {

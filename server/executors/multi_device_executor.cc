@@ -44,6 +44,12 @@ ExecutorStats MultiDeviceExecutor::stats() const {
   return total;
 }
 
+uint64_t MultiDeviceExecutor::queued() const {
+  uint64_t total = 0;
+  for (const auto& e : executors_) total += e->queued();
+  return total;
+}
+
 Executor* MultiDeviceExecutor::For(int device) const {
   for (size_t i = 0; i < devices_.size(); ++i) {
     if (devices_[i] == device) return executors_[i].get();
@@ -55,7 +61,7 @@ Executor* MultiDeviceExecutor::LeastQueued() const {
   Executor* best = nullptr;
   uint64_t fewest = 0;
   for (const auto& e : executors_) {
-    const uint64_t queued = e->stats().queued;
+    const uint64_t queued = e->queued();
     if (best == nullptr || queued < fewest) {
       best = e.get();
       fewest = queued;

@@ -36,6 +36,7 @@ class MultiDeviceExecutor final : public Executor {
   }
   // Summed over the devices (mps: any of them), with every device's report.
   ExecutorStats stats() const override;
+  uint64_t queued() const override;
 
   // Places the set on every device (each executor uploads its own copy); the first failure
   // refuses the set, and whatever was placed goes with it.

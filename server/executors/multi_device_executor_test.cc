@@ -23,7 +23,7 @@ class FakeDeviceExecutor final : public Executor {
   std::vector<int> devices() const override { return {device_}; }
   ExecutorStats stats() const override {
     ExecutorStats stats;
-    stats.queued = queued_;
+    stats.queued = queued();
     stats.device_memory_bytes = 1000 + device_;
     stats.gpu_requests = scored;
     stats.mps = device_ == 3;
@@ -50,6 +50,7 @@ class FakeDeviceExecutor final : public Executor {
     ++verified;
     std::move(done)(std::move(job), absl::OkStatus(), VerifyOutcome{});
   }
+  uint64_t queued() const override { return queued_; }
   void SetFatalHandler(FatalHandler handler) override { fatal = std::move(handler); }
   void Shutdown() override {}
 
@@ -115,6 +116,7 @@ TEST(MultiDeviceExecutorTest, AJobWithoutADeviceGoesWhereFewestWait) {
   ASSERT_TRUE(t.Score(std::nullopt).ok());
   EXPECT_EQ(t.d0->scored, 1);
   EXPECT_EQ(t.executor->stats().queued, 1u);  // summed
+  EXPECT_EQ(t.executor->queued(), 1u);
 }
 
 TEST(MultiDeviceExecutorTest, ADeviceThatIsNotServedIsRefused) {

@@ -32,9 +32,10 @@ class CpuExecutor final : public Executor {
   // caller went away runs no further task and answers DEADLINE_EXCEEDED or CANCELLED.
   void Score(std::unique_ptr<ScoreJob> job, ScoreDone done) override;
   // Its queue: the requests waiting, the capacity, those dropped.
+  uint64_t queued() const override { return waiting_.load(std::memory_order_relaxed); }
   ExecutorStats stats() const override {
     ExecutorStats stats;
-    stats.queued = waiting_.load(std::memory_order_relaxed);
+    stats.queued = queued();
     stats.queue_capacity = capacity_;
     stats.dropped = drops_.counts();
     return stats;

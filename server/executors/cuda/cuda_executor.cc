@@ -147,11 +147,13 @@ class CudaExecutor final : public Executor {
   std::vector<std::string> kernel_paths() const override { return kernel_paths_; }
   std::vector<int> devices() const override { return {config_.device}; }
 
+  uint64_t queued() const override { return pool_ != nullptr ? pool_->queued() : 0; }
+
   ExecutorStats stats() const override {
     ExecutorStats stats;
     stats.device_memory_bytes =
         static_cast<uint64_t>(std::max<int64_t>(0, ledger_->device_bytes.load()));
-    stats.queued = pool_ != nullptr ? pool_->queued() : 0;
+    stats.queued = queued();
     stats.queue_capacity = config_.max_queued_requests;
     stats.dropped = drops_.counts();
     stats.mps = mps_;
