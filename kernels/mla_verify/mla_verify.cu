@@ -5,9 +5,9 @@
 #include <cmath>
 #include <type_traits>
 
-#include "kernels/common/device_support.h"
-#include "kernels/common/launch.cuh"
-#include "kernels/common/online_softmax.cuh"
+#include "kernels/blocks/device_support.h"
+#include "kernels/blocks/launch.cuh"
+#include "kernels/blocks/online_softmax.cuh"
 #include "kernels/mla_verify/mla_verify.h"
 #include "kernels/mla_verify/mla_verify_internal.h"
 #include "kernels/mla_verify/mla_verify_kernel.cuh"

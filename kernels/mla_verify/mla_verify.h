@@ -43,7 +43,7 @@
 #include <cstddef>
 #include <cstdint>
 
-#include "kernels/common/device_family.h"
+#include "kernels/blocks/device_family.h"
 #include "kernels/mla_verify/mla_verify_limits.h"
 
 namespace probesidecar::kernels {

@@ -1,4 +1,4 @@
-// Shared by the MLA verify kernels and not by other kernels (those are in kernels/common): launch
+// Shared by the MLA verify kernels and not by other kernels (those are in kernels/blocks): launch
 // arguments, shuffle helpers, the cursor that walks a block's range of the flattened batch (the
 // range setup, both tile kernels), where a finished request's rows go, and the combine's store.
 // Each tile kernel writes its finished rows itself: the two hold O in different fragment layouts,
@@ -11,7 +11,7 @@
 
 #include <cstdint>
 
-#include "kernels/common/online_softmax.cuh"
+#include "kernels/blocks/online_softmax.cuh"
 #include "kernels/mla_verify/mla_verify.h"
 #include "kernels/mla_verify/mla_verify_plan.h"
 

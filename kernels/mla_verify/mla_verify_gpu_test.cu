@@ -32,8 +32,8 @@
 #include <vector>
 
 #include "common/dtype.h"
-#include "kernels/common/device_support.h"
-#include "kernels/common/gpu_test_main.h"
+#include "kernels/blocks/device_support.h"
+#include "kernels/blocks/gpu_test_main.h"
 #include "kernels/mla_verify/mla_verify.h"
 #include "kernels/mla_verify/mla_verify_plan.h"
 #include "kernels/mla_verify/mla_verify_ref.h"

@@ -2,7 +2,7 @@
 // CUDA headers only, so that the CPU tests (CI) check them without device code.
 #include <cstdint>
 
-#include "kernels/common/alignment.h"
+#include "kernels/blocks/alignment.h"
 #include "kernels/mla_verify/mla_verify.h"
 #include "kernels/mla_verify/mla_verify_plan.h"
 

@@ -26,10 +26,10 @@
 
 #include <cstdint>
 
-#include "kernels/common/grid_dependency.cuh"
-#include "kernels/common/cp_async.cuh"
-#include "kernels/common/online_softmax.cuh"
-#include "kernels/common/warp_mma.cuh"
+#include "kernels/blocks/grid_dependency.cuh"
+#include "kernels/blocks/cp_async.cuh"
+#include "kernels/blocks/online_softmax.cuh"
+#include "kernels/blocks/warp_mma.cuh"
 #include "kernels/mla_verify/mla_verify.h"
 #include "kernels/mla_verify/mla_verify_common.cuh"
 #include "kernels/mla_verify/mla_verify_plan.h"

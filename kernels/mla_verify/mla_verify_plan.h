@@ -14,7 +14,7 @@
 
 #include <cstdint>
 
-#include "kernels/common/device_family.h"
+#include "kernels/blocks/device_family.h"
 
 // constexpr: the kernels size their shared memory from the same functions as the planner.
 #if defined(__CUDACC__)

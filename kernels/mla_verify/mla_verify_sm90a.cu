@@ -3,8 +3,8 @@
 // combine kernels they share with the portable path live in mla_verify.cu.
 #include <cuda.h>
 
-#include "kernels/common/launch.cuh"
-#include "kernels/common/tensor_map.h"
+#include "kernels/blocks/launch.cuh"
+#include "kernels/blocks/tensor_map.h"
 #include "kernels/mla_verify/mla_verify_internal.h"
 #include "kernels/mla_verify/mla_verify_sm90a.cuh"
 #include "kernels/mla_verify/mla_verify_sm90a_page.cuh"

@@ -44,10 +44,10 @@
 #include <cute/arch/copy_sm90_tma.hpp>
 #include <cute/arch/mma_sm90_gmma.hpp>
 
-#include "kernels/common/cp_async.cuh"
-#include "kernels/common/grid_dependency.cuh"
-#include "kernels/common/online_softmax.cuh"
-#include "kernels/common/wgmma.cuh"
+#include "kernels/blocks/cp_async.cuh"
+#include "kernels/blocks/grid_dependency.cuh"
+#include "kernels/blocks/online_softmax.cuh"
+#include "kernels/blocks/wgmma.cuh"
 #include "kernels/mla_verify/mla_verify_common.cuh"
 #include "kernels/mla_verify/mla_verify_trace.cuh"
 
@@ -122,7 +122,7 @@ using MmaS = cute::SM90::GMMA::MMA_64x64x16_F32BF16BF16_SS<GmmaMajor::K, GmmaMaj
 using MmaPvRs = cute::SM90::GMMA::MMA_64x256x16_F32BF16BF16_RS<GmmaMajor::K, GmmaMajor::MN>;
 using MmaPvSs = cute::SM90::GMMA::MMA_64x256x16_F32BF16BF16_SS<GmmaMajor::K, GmmaMajor::MN>;
 
-// Shared-memory descriptors (kernels/common/wgmma.cuh): Q, K and P are K-major; V, the first 512
+// Shared-memory descriptors (kernels/blocks/wgmma.cuh): Q, K and P are K-major; V, the first 512
 // columns of the same key rows, is MN-major with the next 64 columns one slab further (lbo), and
 // a k-step of 16 keys moves its start by 16 rows (2048 bytes).
 __device__ __forceinline__ uint64_t DescK(uint32_t addr) {

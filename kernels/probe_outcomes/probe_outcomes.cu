@@ -2,7 +2,7 @@
 #include <cstring>
 #include <vector>
 
-#include "kernels/common/launch.cuh"
+#include "kernels/blocks/launch.cuh"
 #include "kernels/probe_outcomes/probe_outcomes.h"
 #include "kernels/probe_outcomes/probe_outcomes_kernel.cuh"
 

@@ -16,7 +16,7 @@
 
 #include "gtest/gtest.h"
 #include "kernels/probe_outcomes/probe_outcomes.h"
-#include "kernels/common/gpu_test_main.h"
+#include "kernels/blocks/gpu_test_main.h"
 
 namespace probesidecar::kernels {
 namespace {

@@ -5,7 +5,7 @@
 
 #include <cstdint>
 
-#include "kernels/common/grid_dependency.cuh"
+#include "kernels/blocks/grid_dependency.cuh"
 #include "kernels/probe_outcomes/probe_outcomes.h"
 
 namespace probesidecar::kernels::probe_outcomes_detail {

@@ -1,5 +1,5 @@
 // Helpers shared by the probe-scoring kernel families and not by other kernels (those are in
-// kernels/common). Device side: the activation flag, per-dtype element access, streaming loads.
+// kernels/blocks). Device side: the activation flag, per-dtype element access, streaming loads.
 // Host side: the visitors that turn a plan's runtime dtype and configuration index into a template
 // instantiation. Included only by the kernel headers (probe_score_fused_cuda.cuh,
 // probe_score_fused_tc.cuh, probe_score_gather_gemm.cuh, probe_score_wgmma_sm90a.cuh).
@@ -20,7 +20,7 @@
 namespace probesidecar::kernels::probe_score_detail {
 
 // Whether the params' activation code (Activation as int) asks for a sigmoid: the flag the
-// epilogue of kernels/common/epilogue.cuh takes.
+// epilogue of kernels/blocks/epilogue.cuh takes.
 __device__ __forceinline__ bool IsSigmoid(int activation) {
   return activation == static_cast<int>(Activation::kSigmoid);
 }

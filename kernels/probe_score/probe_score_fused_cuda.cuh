@@ -3,11 +3,11 @@
 // probe_score_fused_cuda.cu (explicit instantiations and their launcher).
 #pragma once
 
-#include "kernels/common/alignment.h"
-#include "kernels/common/cp_async.cuh"
-#include "kernels/common/epilogue.cuh"
-#include "kernels/common/grid_dependency.cuh"
-#include "kernels/common/row_gather.cuh"
+#include "kernels/blocks/alignment.h"
+#include "kernels/blocks/cp_async.cuh"
+#include "kernels/blocks/epilogue.cuh"
+#include "kernels/blocks/grid_dependency.cuh"
+#include "kernels/blocks/row_gather.cuh"
 #include "kernels/probe_score/probe_score_config.h"
 #include "kernels/probe_score/probe_score_device_helpers.cuh"
 

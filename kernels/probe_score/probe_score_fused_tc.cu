@@ -2,7 +2,7 @@
 // split-K reduction, and their launchers.
 #include <utility>
 
-#include "kernels/common/launch.cuh"
+#include "kernels/blocks/launch.cuh"
 #include "kernels/probe_score/probe_score_config.h"
 #include "kernels/probe_score/probe_score_fused_tc.cuh"
 #include "kernels/probe_score/probe_score_fused_tc.h"

@@ -3,12 +3,12 @@
 // probe_score_fused_tc.cu (explicit instantiations and their launchers).
 #pragma once
 
-#include "kernels/common/grid_dependency.cuh"
-#include "kernels/common/alignment.h"
-#include "kernels/common/cp_async.cuh"
-#include "kernels/common/epilogue.cuh"
-#include "kernels/common/row_gather.cuh"
-#include "kernels/common/warp_mma.cuh"
+#include "kernels/blocks/grid_dependency.cuh"
+#include "kernels/blocks/alignment.h"
+#include "kernels/blocks/cp_async.cuh"
+#include "kernels/blocks/epilogue.cuh"
+#include "kernels/blocks/row_gather.cuh"
+#include "kernels/blocks/warp_mma.cuh"
 #include "kernels/probe_score/probe_score_device_helpers.cuh"
 
 namespace probesidecar::kernels::probe_score_detail {

@@ -3,9 +3,9 @@
 // Included only by probe_score_gather_gemm.cu (instantiations and launchers).
 #pragma once
 
-#include "kernels/common/alignment.h"
-#include "kernels/common/epilogue.cuh"
-#include "kernels/common/grid_dependency.cuh"
+#include "kernels/blocks/alignment.h"
+#include "kernels/blocks/epilogue.cuh"
+#include "kernels/blocks/grid_dependency.cuh"
 #include "kernels/probe_score/probe_score_device_helpers.cuh"
 
 namespace probesidecar::kernels::probe_score_detail {

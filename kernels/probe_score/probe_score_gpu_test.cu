@@ -17,8 +17,8 @@
 #include <vector>
 
 #include "common/dtype.h"
-#include "kernels/common/device_support.h"
-#include "kernels/common/gpu_test_main.h"
+#include "kernels/blocks/device_support.h"
+#include "kernels/blocks/gpu_test_main.h"
 #include "kernels/probe_score/probe_score.h"
 #include "kernels/probe_score/probe_score_gpu_problem.cuh"
 

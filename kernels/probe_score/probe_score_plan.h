@@ -10,7 +10,7 @@
 #include <string>
 
 #include "common/dtype.h"
-#include "kernels/common/device_family.h"
+#include "kernels/blocks/device_family.h"
 #include "kernels/probe_score/probe_score_config.h"
 #include "kernels/probe_score/probe_score_precision.h"
 

@@ -3,7 +3,7 @@
 #include <new>
 #include <vector>
 
-#include "kernels/common/tensor_map.h"
+#include "kernels/blocks/tensor_map.h"
 #include "kernels/probe_score/probe_score.h"
 #include "kernels/probe_score/probe_score_weight_terms.h"
 

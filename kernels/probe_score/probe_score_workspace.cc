@@ -3,8 +3,8 @@
 
 #include <new>
 
-#include "kernels/common/device_support.h"
-#include "kernels/common/tensor_map.h"
+#include "kernels/blocks/device_support.h"
+#include "kernels/blocks/tensor_map.h"
 #include "kernels/probe_score/probe_score_fused_cuda.h"
 #include "kernels/probe_score/probe_score_fused_tc.h"
 #include "kernels/probe_score/probe_score_wgmma.h"

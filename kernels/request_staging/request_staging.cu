@@ -1,6 +1,6 @@
 #include <cmath>
 
-#include "kernels/common/grid_dependency.cuh"
+#include "kernels/blocks/grid_dependency.cuh"
 #include "kernels/request_staging/request_staging.h"
 
 namespace probesidecar::kernels {

@@ -10,7 +10,7 @@
 
 #include "gtest/gtest.h"
 #include "kernels/request_staging/request_staging.h"
-#include "kernels/common/gpu_test_main.h"
+#include "kernels/blocks/gpu_test_main.h"
 
 namespace probesidecar::kernels {
 namespace {

@@ -15,7 +15,7 @@
 #include "gtest/gtest.h"
 #include "kernels/tap_write/tap_write.h"
 #include "kernels/tap_write/tap_write_ref.h"
-#include "kernels/common/gpu_test_main.h"
+#include "kernels/blocks/gpu_test_main.h"
 
 namespace probesidecar::kernels {
 namespace {

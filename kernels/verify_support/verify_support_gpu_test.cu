@@ -11,7 +11,7 @@
 
 #include "gtest/gtest.h"
 #include "kernels/verify_support/verify_support.h"
-#include "kernels/common/gpu_test_main.h"
+#include "kernels/blocks/gpu_test_main.h"
 
 namespace probesidecar::kernels {
 namespace {

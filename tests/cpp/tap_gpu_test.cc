@@ -25,7 +25,7 @@
 #include "gtest/gtest.h"
 #include "tests/cpp/sidecar_process.h"
 #include "tests/cpp/tap_gpu_test_kernels.h"
-#include "kernels/common/gpu_test_main.h"
+#include "kernels/blocks/gpu_test_main.h"
 
 namespace probesidecar {
 namespace {

@@ -15,8 +15,8 @@
 #include <cstring>
 
 #include "common/env.h"
-#include "kernels/common/device_family.h"
-#include "kernels/common/device_support.h"
+#include "kernels/blocks/device_family.h"
+#include "kernels/blocks/device_support.h"
 
 namespace probesidecar::kernels::gpu_test {
 

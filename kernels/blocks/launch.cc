@@ -1,5 +1,5 @@
 // Whether a kernel's code on the current device can be a programmatic dependent (launch.cuh).
-#include "kernels/common/launch.h"
+#include "kernels/blocks/launch.h"
 
 #include <mutex>
 #include <vector>

@@ -1,4 +1,4 @@
-#include "kernels/common/tensor_map.h"
+#include "kernels/blocks/tensor_map.h"
 
 #include <cudaTypedefs.h>
 

@@ -7,7 +7,7 @@
 #include <cstddef>
 #include <utility>
 
-#include "kernels/common/launch.h"
+#include "kernels/blocks/launch.h"
 
 namespace probesidecar::kernels::blocks {
 

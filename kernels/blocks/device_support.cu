@@ -3,10 +3,10 @@
 // for the others.
 #include <cuda_runtime.h>
 
-#include "kernels/common/device_support.h"
+#include "kernels/blocks/device_support.h"
 
 #ifndef PROBESIDECAR_CUDA_TARGETS
-#error "PROBESIDECAR_CUDA_TARGETS: set by kernels/common/CMakeLists.txt"
+#error "PROBESIDECAR_CUDA_TARGETS: set by kernels/blocks/CMakeLists.txt"
 #endif
 
 namespace probesidecar::kernels {

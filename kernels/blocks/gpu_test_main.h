@@ -9,7 +9,7 @@
 
 #include <gtest/gtest.h>
 
-#include "kernels/common/gpu_test_device.h"
+#include "kernels/blocks/gpu_test_device.h"
 
 namespace probesidecar::kernels::gpu_test {
 

@@ -12,7 +12,7 @@
 #include <cute/arch/mma_sm90_gmma.hpp>
 #include <utility>
 
-#include "kernels/common/cp_async.cuh"
+#include "kernels/blocks/cp_async.cuh"
 
 namespace probesidecar::kernels::blocks {
 

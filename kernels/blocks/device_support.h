@@ -5,7 +5,7 @@
 
 #include <cuda_runtime_api.h>
 
-#include "kernels/common/device_family.h"
+#include "kernels/blocks/device_family.h"
 
 namespace probesidecar::kernels {
 
