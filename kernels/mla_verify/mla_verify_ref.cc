@@ -5,13 +5,14 @@
 #include <limits>
 
 #include "common/dtype.h"
+#include "kernels/mla_verify/mla_verify_limits.h"
 
 namespace probesidecar::kernels {
 namespace {
 
-constexpr int kDqk = 576;
-constexpr int kDv = 512;
-constexpr int kPage = 64;
+constexpr int kDqk = kMlaHeadDimQk;
+constexpr int kDv = kMlaHeadDimV;
+constexpr int kPage = kMlaPageSize;
 
 double Bf(uint16_t bits) { return static_cast<double>(common::Bf16ToFloat(bits)); }
 

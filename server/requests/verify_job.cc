@@ -11,10 +11,10 @@
 namespace probesidecar::server {
 namespace {
 
-constexpr int64_t kPageSize = 64;
-constexpr int64_t kDimQk = 576;
-constexpr int64_t kDimV = 512;
-constexpr int kMaxSq = 16;
+constexpr int64_t kPageSize = kernels::kMlaPageSize;
+constexpr int64_t kDimQk = kernels::kMlaHeadDimQk;
+constexpr int64_t kDimV = kernels::kMlaHeadDimV;
+constexpr int kMaxSq = kernels::kMlaMaxSq;
 
 // The buffers as one request's session sees them.
 struct Buffers {

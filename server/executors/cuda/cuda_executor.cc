@@ -23,6 +23,7 @@
 #include "server/executors/cuda/device_coverage.h"
 #include "server/executors/cuda/device_outcome_counters.h"
 #include "server/executors/cuda/score_fault_hook.h"
+#include "server/executors/cuda/score_runner.h"
 #include "server/executors/cuda/stream_slot.h"
 #include "server/executors/cuda/verify_runner.h"
 #include "server/executors/drop_counter.h"
@@ -94,6 +95,43 @@ absl::StatusOr<bool> MpsEnabled(int device) {
   return enabled != 0;
 }
 
+// One worker thread's share of the executor: its stream slot and the two kinds of request that
+// run on it. (Members are destroyed in reverse: the runners before the slot whose stream they use.)
+struct Worker {
+  std::unique_ptr<StreamSlot> slot;
+  std::unique_ptr<ScoreRunner> score;
+  std::unique_ptr<VerifyRunner> verify;
+};
+
+// What a request kind brings to the executor's one task (CudaExecutor::GpuTask): its job, its
+// outcome and callback, how it runs on a worker, and where its queue time goes.
+struct ScoreRequest {
+  using Job = ScoreJob;
+  using Outcome = ScoreTimings;
+  using Done = ScoreDone;
+  static constexpr const char* kName = "Score";
+  static double& QueueSeconds(Outcome& timings) { return timings.queue; }
+  // TEST-ONLY (score_fault_hook.h): the fault this request enqueues first, if any.
+  FaultLaunch fault = nullptr;
+  absl::Status Run(Worker& worker, const Job& job, Outcome* timings) const {
+    if (fault != nullptr) PS_RETURN_IF_CUDA(fault(worker.slot->stream()));
+    return worker.score->Run(job, timings, &timings->enqueued);
+  }
+  static bool Enqueued(const Outcome& timings) { return timings.enqueued; }
+};
+
+struct VerifyRequest {
+  using Job = VerifyJob;
+  using Outcome = VerifyOutcome;
+  using Done = VerifyDone;
+  static constexpr const char* kName = "Verify";
+  static double& QueueSeconds(Outcome& outcome) { return outcome.queue_seconds; }
+  absl::Status Run(Worker& worker, const Job& job, Outcome* outcome) const {
+    return worker.verify->Run(job, outcome);
+  }
+  static bool Enqueued(const Outcome&) { return false; }
+};
+
 class CudaExecutor final : public Executor {
  public:
   CudaExecutor(const Config& config, std::string device_name, std::string compute_capability,
@@ -122,16 +160,18 @@ class CudaExecutor final : public Executor {
       auto nudge = [this, worker = static_cast<int>(i)] {
         pool_->SubmitTo(worker, [this](int w) {
           if (w == WorkerPool::kRefused) return;
-          slots_[w]->DrainCompleted();
+          workers_[w].slot->DrainCompleted();
           MaybeUnpark(w);
         });
       };
-      auto slot = std::make_unique<StreamSlot>(config_.device, config_, &ledger_->device_bytes,
-                                               std::move(nudge), &stopping_);
-      if (absl::Status s = slot->Init(config_); !s.ok()) return s;
-      verifiers_.push_back(std::make_unique<VerifyRunner>(
-          config_.device, slot.get(), &ledger_->device_bytes, config_.graph_cache_entries));
-      slots_.push_back(std::move(slot));
+      Worker& worker = workers_.emplace_back();
+      worker.slot = std::make_unique<StreamSlot>(config_.device, std::move(nudge), &stopping_);
+      if (absl::Status s = worker.slot->Init(); !s.ok()) return s;
+      worker.score =
+          std::make_unique<ScoreRunner>(worker.slot.get(), config_, &ledger_->device_bytes);
+      if (absl::Status s = worker.score->Init(config_); !s.ok()) return s;
+      worker.verify = std::make_unique<VerifyRunner>(worker.slot.get(), &ledger_->device_bytes,
+                                                     config_.graph_cache_entries);
     }
     {
       absl::MutexLock lock(&ledger_->mu);
@@ -158,14 +198,12 @@ class CudaExecutor final : public Executor {
     stats.dropped = drops_.counts();
     stats.mps = mps_;
     stats.gpu_requests = gpu_requests_.load(std::memory_order_relaxed);
-    for (const auto& slot : slots_) {
-      stats.invalid_device_rows += slot->invalid_rows();
-      stats.non_finite_device_scores += slot->non_finite_scores();
-      stats.parked_slots += slot->parked() ? 1 : 0;
-      stats.graph_cache += slot->counters();
-    }
-    for (const auto& verifier : verifiers_) {
-      stats.invalid_verify_requests += verifier->invalid_requests();
+    for (const Worker& worker : workers_) {
+      stats.invalid_device_rows += worker.score->invalid_rows();
+      stats.non_finite_device_scores += worker.score->non_finite_scores();
+      stats.parked_slots += worker.slot->parked() ? 1 : 0;
+      stats.graph_cache += worker.score->counters();
+      stats.invalid_verify_requests += worker.verify->invalid_requests();
     }
     DeviceReport& report = stats.devices.emplace_back();
     report.device = config_.device;
@@ -238,14 +276,14 @@ class CudaExecutor final : public Executor {
       absl::Status status;
       WarmupDone done;
     };
-    if (slots_.empty()) {
+    if (workers_.empty()) {
       std::move(done)(absl::OkStatus());
       return;
     }
     auto countdown = std::make_shared<Countdown>();
-    countdown->remaining = static_cast<int>(slots_.size());
+    countdown->remaining = static_cast<int>(workers_.size());
     countdown->done = std::move(done);
-    for (int i = 0; i < static_cast<int>(slots_.size()); ++i) {
+    for (int i = 0; i < static_cast<int>(workers_.size()); ++i) {
       pool_->SubmitTo(i, [this, set, countdown](int worker) {
         // A parked slot (its stream still waits on the GPU) is skipped: it captures on first use.
         absl::Status status;
@@ -253,8 +291,8 @@ class CudaExecutor final : public Executor {
           status = absl::UnavailableError("the CUDA executor is shutting down");
         } else if (lost_.load()) {
           status = LostStatus();
-        } else if (!slots_[worker]->parked() && slots_[worker]->Idle()) {
-          status = WarmupSlot(*slots_[worker], set);
+        } else if (!workers_[worker].slot->parked() && workers_[worker].slot->Idle()) {
+          status = WarmupWorker(*workers_[worker].score, set);
         }
         WarmupDone finished;
         {
@@ -272,11 +310,11 @@ class CudaExecutor final : public Executor {
       std::move(done)(std::move(job), LostStatus(), ScoreTimings{});
       return;
     }
-    const FaultLaunch fault =
-        fault_hook_.at != 0 && score_requests_.fetch_add(1) + 1 == fault_hook_.at
-            ? fault_hook_.launch
-            : nullptr;
-    pool_->Submit(ScoreTask(std::move(job), Clock::now(), fault, std::move(done)));
+    ScoreRequest request;
+    if (fault_hook_.at != 0 && score_requests_.fetch_add(1) + 1 == fault_hook_.at) {
+      request.fault = fault_hook_.launch;
+    }
+    pool_->Submit(GpuTask(request, std::move(job), Clock::now(), std::move(done)));
   }
 
   void Verify(std::unique_ptr<VerifyJob> job, VerifyDone done) override {
@@ -284,7 +322,7 @@ class CudaExecutor final : public Executor {
       std::move(done)(std::move(job), LostStatus(), VerifyOutcome{});
       return;
     }
-    pool_->Submit(VerifyTask(std::move(job), Clock::now(), std::move(done)));
+    pool_->Submit(GpuTask(VerifyRequest{}, std::move(job), Clock::now(), std::move(done)));
   }
 
   kernels::ProbeOutcomeCounts OutcomeCounts(const ProbeSet& set) const override {
@@ -333,8 +371,8 @@ class CudaExecutor final : public Executor {
     // still waits (for a client's event that never came) or the context is lost: then nothing
     // is freed (freeing would wait for that work), and the process's exit reclaims it all.
     clean_ = !lost_.load();
-    for (const auto& slot : slots_) {
-      if (clean_ && !slot->QuiesceBy(deadline)) clean_ = false;
+    for (const Worker& worker : workers_) {
+      if (clean_ && !worker.slot->QuiesceBy(deadline)) clean_ = false;
     }
     if (!clean_) {
       {
@@ -346,11 +384,13 @@ class CudaExecutor final : public Executor {
                      ? "the CUDA context is lost"
                      : "a stream slot still waits on the GPU (a client's ready event never "
                        "fired)");
-      for (auto& verifier : verifiers_) verifier.release();  // NOLINT: left to the exit
-      for (auto& slot : slots_) slot.release();              // NOLINT: left to the exit
+      for (Worker& worker : workers_) {  // NOLINT: left to the exit
+        worker.verify.release();
+        worker.score.release();
+        worker.slot.release();
+      }
     }
-    verifiers_.clear();  // before the slots: they run on the slots' streams
-    slots_.clear();
+    workers_.clear();
     pool_.reset();
     if (clean_ && outcome_host_ != nullptr) cudaFreeHost(outcome_host_);
     outcome_host_ = nullptr;
@@ -358,56 +398,22 @@ class CudaExecutor final : public Executor {
   }
 
  private:
-  absl::Status WarmupSlot(StreamSlot& slot, const std::shared_ptr<const ProbeSet>& set) {
+  absl::Status WarmupWorker(ScoreRunner& score, const std::shared_ptr<const ProbeSet>& set) {
     for (uint32_t rows : config_.warmup_rows) {
-      if (absl::Status s = slot.Warmup(set, static_cast<int32_t>(rows)); !s.ok()) return s;
+      if (absl::Status s = score.Warmup(set, static_cast<int32_t>(rows)); !s.ok()) return s;
     }
     return absl::OkStatus();
   }
 
-  // A Score (or Verify) for whichever worker takes it: on that worker's slot when the slot is idle;
-  // else the worker is parked (no shared work until its stream is past what it waits for) and
-  // the task goes back to the head of the queue for another worker.
-  WorkerPool::Task ScoreTask(std::unique_ptr<ScoreJob> job, Clock::time_point submitted,
-                             FaultLaunch fault, ScoreDone done) {
-    return
-        [this, job = std::move(job), submitted, fault, done = std::move(done)](int worker) mutable {
-          ScoreTimings timings;
-          if (worker == WorkerPool::kRefused) {
-            std::move(done)(std::move(job), Refused(), timings);
-            return;
-          }
-          if (lost_.load()) {
-            std::move(done)(std::move(job), LostStatus(), timings);
-            return;
-          }
-          if (!Admit(worker)) {
-            pool_->SubmitFront(ScoreTask(std::move(job), submitted, fault, std::move(done)));
-            return;
-          }
-          timings.queue = SecondsSince(submitted);
-          if (absl::Status alive = job->lifetime.Check(); !alive.ok()) {
-            drops_.Count(alive);
-            std::move(done)(std::move(job), alive, timings);
-            return;
-          }
-          gpu_requests_.fetch_add(1, std::memory_order_relaxed);
-          absl::Status status = slots_[worker]->Run(*job, &timings, &timings.enqueued, fault);
-          status = Checked(std::move(status), "Score");
-          if (status.ok() && !timings.enqueued && lost_.load()) {
-            // Computed while the context was being lost: no answer from a lost context is trusted.
-            status = LostStatus();
-          }
-          drops_.Count(status);  // given up at its deadline, or for a caller gone, on the GPU
-          ParkIfBusy(worker);
-          std::move(done)(std::move(job), status, timings);
-        };
-  }
-
-  WorkerPool::Task VerifyTask(std::unique_ptr<VerifyJob> job, Clock::time_point submitted,
-                              VerifyDone done) {
-    return [this, job = std::move(job), submitted, done = std::move(done)](int worker) mutable {
-      VerifyOutcome outcome;
+  // A Score or a Verify for whichever worker takes it: on that worker's slot when the slot is
+  // idle; else the worker is parked (no shared work until its stream is past what it waits for)
+  // and the task goes back to the head of the queue for another worker.
+  template <typename Request>
+  WorkerPool::Task GpuTask(Request request, std::unique_ptr<typename Request::Job> job,
+                           Clock::time_point submitted, typename Request::Done done) {
+    return [this, request, job = std::move(job), submitted,
+            done = std::move(done)](int worker) mutable {
+      typename Request::Outcome outcome;
       if (worker == WorkerPool::kRefused) {
         std::move(done)(std::move(job), Refused(), outcome);
         return;
@@ -417,19 +423,24 @@ class CudaExecutor final : public Executor {
         return;
       }
       if (!Admit(worker)) {
-        pool_->SubmitFront(VerifyTask(std::move(job), submitted, std::move(done)));
+        pool_->SubmitFront(GpuTask(request, std::move(job), submitted, std::move(done)));
         return;
       }
-      outcome.queue_seconds = SecondsSince(submitted);
+      Request::QueueSeconds(outcome) = SecondsSince(submitted);
       if (absl::Status alive = job->lifetime.Check(); !alive.ok()) {
         drops_.Count(alive);
         std::move(done)(std::move(job), alive, outcome);
         return;
       }
       gpu_requests_.fetch_add(1, std::memory_order_relaxed);
-      absl::Status status = Checked(verifiers_[worker]->Run(*job, &outcome), "Verify");
-      if (status.ok() && lost_.load()) status = LostStatus();  // see ScoreTask
-      drops_.Count(status);
+      Worker& on = workers_[worker];
+      on.slot->DrainCompleted();
+      absl::Status status = Checked(request.Run(on, *job, &outcome), Request::kName);
+      if (status.ok() && !Request::Enqueued(outcome) && lost_.load()) {
+        // Computed while the context was being lost: no answer from a lost context is trusted.
+        status = LostStatus();
+      }
+      drops_.Count(status);  // given up at its deadline, or for a caller gone, on the GPU
       ParkIfBusy(worker);
       std::move(done)(std::move(job), status, outcome);
     };
@@ -439,7 +450,7 @@ class CudaExecutor final : public Executor {
   // parked until the GPU is past the pending work (the host callback that follows that work
   // nudges the worker, MaybeUnpark).
   bool Admit(int worker) {
-    if (slots_[worker]->Idle()) return true;
+    if (workers_[worker].slot->Idle()) return true;
     Park(worker);
     return false;
   }
@@ -448,11 +459,11 @@ class CudaExecutor final : public Executor {
   // at the deadline) is parked at once, so that no request is queued behind work that may wait
   // on a client's event for long.
   void ParkIfBusy(int worker) {
-    if (!slots_[worker]->Idle()) Park(worker);
+    if (!workers_[worker].slot->Idle()) Park(worker);
   }
 
   void Park(int worker) {
-    StreamSlot& slot = *slots_[worker];
+    StreamSlot& slot = *workers_[worker].slot;
     if (!slot.parked()) slot.SetParked(true);
     pool_->SetTakesShared(worker, false);
     // The work may have finished meanwhile, its nudge already handled: check again.
@@ -460,7 +471,7 @@ class CudaExecutor final : public Executor {
   }
 
   void MaybeUnpark(int worker) {
-    StreamSlot& slot = *slots_[worker];
+    StreamSlot& slot = *workers_[worker].slot;
     if (!slot.parked() || !slot.Idle()) return;
     const double seconds = slot.parked_seconds();
     slot.SetParked(false);
@@ -563,8 +574,8 @@ class CudaExecutor final : public Executor {
       if (Clock::now() < next_check) continue;
       next_check = Clock::now() + std::chrono::milliseconds(100);
       if (!lost_.load()) ContextLost(absl::OkStatus());
-      for (size_t i = 0; i < slots_.size(); ++i) {
-        StreamSlot& slot = *slots_[i];
+      for (size_t i = 0; i < workers_.size(); ++i) {
+        StreamSlot& slot = *workers_[i].slot;
         if (slot.parked() && slot.parked_seconds() >= kParkedWarnSeconds &&
             slot.TakeParkWarning()) {
           LogWarning(
@@ -572,9 +583,9 @@ class CudaExecutor final : public Executor {
               "fired (a client's stream is stuck, or the client is gone); it takes no request "
               "until the GPU is past that work; %d of %d slots serve meanwhile",
               static_cast<int>(i), slot.parked_seconds(),
-              static_cast<int>(std::count_if(slots_.begin(), slots_.end(),
-                                             [](const auto& s) { return !s->parked(); })),
-              static_cast<int>(slots_.size()));
+              static_cast<int>(std::count_if(workers_.begin(), workers_.end(),
+                                             [](const Worker& w) { return !w.slot->parked(); })),
+              static_cast<int>(workers_.size()));
         }
       }
     }
@@ -601,7 +612,7 @@ class CudaExecutor final : public Executor {
     }
     // The stream slots' totals come after the counters, one word each.
     const int64_t totals = words;
-    const int64_t needed = totals + static_cast<int64_t>(slots_.size());
+    const int64_t needed = totals + static_cast<int64_t>(workers_.size());
     if (needed > outcome_host_words_) {
       if (outcome_host_ != nullptr) cudaFreeHost(outcome_host_);
       outcome_host_ = nullptr;
@@ -622,8 +633,8 @@ class CudaExecutor final : public Executor {
         const int64_t capacity = (i + 1 < live.size() ? offsets[i + 1] : totals) - offsets[i];
         e = live[i]->CopyTo(outcome_host_ + offsets[i], capacity, probe_stream_, &slots[i]);
       }
-      for (size_t i = 0; i < slots_.size() && e == cudaSuccess; ++i) {
-        e = slots_[i]->CopyNonFiniteTotal(outcome_host_ + totals + i, probe_stream_);
+      for (size_t i = 0; i < workers_.size() && e == cudaSuccess; ++i) {
+        e = workers_[i].score->CopyNonFiniteTotal(outcome_host_ + totals + i, probe_stream_);
       }
       if (e == cudaSuccess) e = cudaStreamSynchronize(probe_stream_);
     }
@@ -634,8 +645,8 @@ class CudaExecutor final : public Executor {
       return;
     }
     for (size_t i = 0; i < live.size(); ++i) live[i]->Publish(outcome_host_ + offsets[i], slots[i]);
-    for (size_t i = 0; i < slots_.size(); ++i) {
-      slots_[i]->PublishNonFiniteTotal(outcome_host_[totals + i]);
+    for (size_t i = 0; i < workers_.size(); ++i) {
+      workers_[i].score->PublishNonFiniteTotal(outcome_host_[totals + i]);
     }
   }
 
@@ -645,7 +656,7 @@ class CudaExecutor final : public Executor {
     }
     return absl::ResourceExhaustedError(absl::StrCat(
         "the CUDA executor's queue is full (", pool_->capacity(), " requests wait for ",
-        slots_.size(), " stream slots; --max-queued-requests); retry later"));
+        workers_.size(), " stream slots; --max-queued-requests); retry later"));
   }
 
   const Config config_;
@@ -655,9 +666,8 @@ class CudaExecutor final : public Executor {
   const bool mps_;
   std::atomic<uint64_t> gpu_requests_{0};
   const std::shared_ptr<DeviceMemoryLedger> ledger_;
-  // Fixed after Init (read without a lock by counters and workers).
-  std::vector<std::unique_ptr<StreamSlot>> slots_;
-  std::vector<std::unique_ptr<VerifyRunner>> verifiers_;  // one per slot, on its stream
+  // Fixed after Init (read without a lock by counters and workers): one per worker thread.
+  std::vector<Worker> workers_;
   std::unique_ptr<WorkerPool> pool_;
   DropCounter drops_;
   std::atomic<bool> stopping_{false};

@@ -3,15 +3,6 @@
 #include <algorithm>
 
 namespace probesidecar::server {
-namespace {
-
-size_t Grown(size_t need, size_t have) {
-  size_t bytes = std::max<size_t>(have * 2, size_t{1} << 20);
-  while (bytes < need) bytes *= 2;
-  return bytes;
-}
-
-}  // namespace
 
 void StagingBuffer::Free() {
   if (ptr_ != nullptr) {
@@ -29,7 +20,8 @@ void StagingBuffer::Free() {
 
 cudaError_t StagingBuffer::Reserve(size_t bytes) {
   if (bytes <= bytes_) return cudaSuccess;
-  const size_t grown = Grown(bytes, bytes_);
+  size_t grown = std::max<size_t>({bytes_ * 2, min_bytes_, 1});
+  while (grown < bytes) grown *= 2;
   Free();
   void* ptr = nullptr;
   cudaError_t e = cudaSuccess;

@@ -1,7 +1,7 @@
-// A buffer of a stream slot that grows on demand: device memory, pinned host memory, or pinned
-// host memory mapped into the device. Growing frees the old allocation (whatever holds its
-// address, e.g. a captured graph, must be dropped first) and at least doubles, so that a slot
-// settles after a few requests. Device bytes are counted in the executor's ledger.
+// A buffer of a stream slot's runner that grows on demand: device memory, pinned host memory, or
+// pinned host memory mapped into the device. Growing frees the old allocation (whatever holds its
+// address, e.g. a captured graph, must be dropped first) and at least doubles, from `min_bytes`,
+// so that a slot settles after a few requests. Device bytes are counted in the executor's ledger.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -17,8 +17,8 @@ class StagingBuffer {
   enum class Kind : uint8_t { kDevice, kPinned, kMapped };
 
   // `device_bytes` (device buffers only) outlives the buffer.
-  StagingBuffer(Kind kind, std::atomic<int64_t>* device_bytes)
-      : kind_(kind), device_bytes_(device_bytes) {}
+  StagingBuffer(Kind kind, std::atomic<int64_t>* device_bytes, size_t min_bytes = size_t{1} << 20)
+      : kind_(kind), device_bytes_(device_bytes), min_bytes_(min_bytes) {}
   ~StagingBuffer() { Free(); }
   StagingBuffer(const StagingBuffer&) = delete;
   StagingBuffer& operator=(const StagingBuffer&) = delete;
@@ -37,6 +37,7 @@ class StagingBuffer {
  private:
   const Kind kind_;
   std::atomic<int64_t>* const device_bytes_;
+  const size_t min_bytes_;
   void* ptr_ = nullptr;
   void* device_alias_ = nullptr;
   size_t bytes_ = 0;

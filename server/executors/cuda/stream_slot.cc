@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <chrono>
-#include <cstring>
 #include <thread>
 #include <utility>
 #include <vector>
@@ -10,13 +9,11 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "server/executors/cuda/cuda_status.h"
-#include "server/executors/cuda/device_outcome_counters.h"
-#include "server/executors/cuda/row_buckets.h"
 
 namespace probesidecar::server {
 namespace {
 
-// What the host callback of an enqueue-only request receives.
+// What the host callback of work answered before the GPU finished it receives.
 struct DoneCallback {
   StreamSlot* slot;
   StreamSlot::GpuLeases leases;
@@ -24,271 +21,33 @@ struct DoneCallback {
 
 }  // namespace
 
-StreamSlot::StreamSlot(int device, const Config& config, std::atomic<int64_t>* device_bytes,
-                       Nudge nudge, const std::atomic<bool>* stopping)
-    : device_(device),
-      max_bucket_(RowBucket(static_cast<int32_t>(config.max_rows))),
-      timing_every_(config.gpu_timing_every),
-      stopping_(stopping),
-      device_bytes_(device_bytes),
-      nudge_(std::move(nudge)),
-      h_rows_(StagingBuffer::Kind::kPinned, device_bytes),
-      d_rows_staged_(StagingBuffer::Kind::kDevice, device_bytes),
-      h_x_(StagingBuffer::Kind::kPinned, device_bytes),
-      d_x_(StagingBuffer::Kind::kDevice, device_bytes),
-      d_out_(StagingBuffer::Kind::kDevice, device_bytes),
-      h_out_(StagingBuffer::Kind::kMapped, device_bytes),
-      graphs_(config.graph_cache_entries) {}
+StreamSlot::StreamSlot(int device, Nudge nudge, const std::atomic<bool>* stopping)
+    : device_(device), stopping_(stopping), nudge_(std::move(nudge)) {}
 
 StreamSlot::~StreamSlot() {
   cudaSetDevice(device_);
   QuiesceBy(absl::InfiniteFuture());
-  graphs_.Clear();
-  if (workspace_ != nullptr) kernels::DestroyProbeScoreWorkspace(workspace_);
-  for (cudaEvent_t e : events_) {
-    if (e != nullptr) cudaEventDestroy(e);
-  }
   if (completion_ != nullptr) cudaEventDestroy(completion_);
-  for (void* p : {static_cast<void*>(d_args_), static_cast<void*>(d_rows_),
-                  static_cast<void*>(d_invalid_), static_cast<void*>(d_identity_rows_),
-                  static_cast<void*>(d_count_scratch_), static_cast<void*>(d_non_finite_total_)}) {
-    cudaFree(p);
-  }
-  for (StagingBuffer* b : {&h_rows_, &d_rows_staged_, &h_x_, &d_x_, &d_out_, &h_out_}) b->Free();
-  for (void* p : {static_cast<void*>(h_invalid_), static_cast<void*>(h_non_finite_)}) {
-    cudaFreeHost(p);
-  }
   if (stream_ != nullptr) cudaStreamDestroy(stream_);
 }
 
-absl::Status StreamSlot::Init(const Config& config) {
+absl::Status StreamSlot::Init() {
   PS_RETURN_IF_CUDA(cudaSetDevice(device_));
   PS_RETURN_IF_CUDA(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
-  graphs_.SetStream(stream_);
-  for (cudaEvent_t& e : events_) PS_RETURN_IF_CUDA(cudaEventCreate(&e));
   PS_RETURN_IF_CUDA(cudaEventCreateWithFlags(&completion_, cudaEventDisableTiming));
-  PS_RETURN_IF_CUDA(cudaMalloc(reinterpret_cast<void**>(&d_args_), kernels::kMaxStagedArgsBytes));
-  PS_RETURN_IF_CUDA(cudaMalloc(reinterpret_cast<void**>(&d_rows_), sizeof(int32_t) * max_bucket_));
-  PS_RETURN_IF_CUDA(cudaMalloc(reinterpret_cast<void**>(&d_invalid_), max_bucket_));
-  PS_RETURN_IF_CUDA(
-      cudaMalloc(reinterpret_cast<void**>(&d_identity_rows_), sizeof(int32_t) * max_bucket_));
-  std::vector<int32_t> identity(max_bucket_);
-  for (int32_t i = 0; i < max_bucket_; ++i) identity[i] = i;
-  PS_RETURN_IF_CUDA(cudaMemcpy(d_identity_rows_, identity.data(), sizeof(int32_t) * max_bucket_,
-                               cudaMemcpyHostToDevice));
-  PS_RETURN_IF_CUDA(cudaHostAlloc(reinterpret_cast<void**>(&h_invalid_), 2 * sizeof(uint32_t),
-                                  cudaHostAllocMapped));
-  h_invalid_[0] = h_invalid_[1] = 0;
-  PS_RETURN_IF_CUDA(
-      cudaHostGetDevicePointer(reinterpret_cast<void**>(&d_invalid_alias_), h_invalid_, 0));
-  PS_RETURN_IF_CUDA(cudaHostAlloc(reinterpret_cast<void**>(&h_non_finite_), sizeof(uint32_t),
-                                  cudaHostAllocMapped));
-  h_non_finite_[0] = 0;
-  PS_RETURN_IF_CUDA(
-      cudaHostGetDevicePointer(reinterpret_cast<void**>(&d_non_finite_alias_), h_non_finite_, 0));
-  PS_RETURN_IF_CUDA(cudaMalloc(reinterpret_cast<void**>(&d_count_scratch_), 2 * sizeof(uint32_t)));
-  PS_RETURN_IF_CUDA(cudaMemset(d_count_scratch_, 0, 2 * sizeof(uint32_t)));
-  PS_RETURN_IF_CUDA(
-      cudaMalloc(reinterpret_cast<void**>(&d_non_finite_total_), sizeof(unsigned long long)));
-  PS_RETURN_IF_CUDA(cudaMemset(d_non_finite_total_, 0, sizeof(unsigned long long)));
-  stage_ = std::make_unique<kernels::StageRequestParams>();
-  // Asked here, outside any capture: the outcome count then follows the scoring kernels as their
-  // programmatic dependent where it can (its launch overlaps their last wave), in launch shapes
-  // of up to kProgrammaticCountMaxScores scores.
-  outcome_launch_ = kernels::CountCanFollowProgrammatically()
-                        ? kernels::OutcomeLaunch::kProgrammatic
-                        : kernels::OutcomeLaunch::kStreamOrder;
-  kernels::ProbeScoreWorkspaceConfig ws;
-  ws.max_rows = max_bucket_;
-  ws.max_hidden = 65536;
-  ws.max_probes = static_cast<int32_t>(config.max_probes);
-  PS_RETURN_IF_CUDA(kernels::CreateProbeScoreWorkspace(ws, stream_, &workspace_));
-  *device_bytes_ +=
-      static_cast<int64_t>(kernels::kMaxStagedArgsBytes + (2 * sizeof(int32_t) + 1) * max_bucket_);
   return absl::OkStatus();
 }
 
-RowSource StreamSlot::RowSourceOf(const ScoreJob& job) {
-  if (!job.activations.on_device()) return RowSource::kIdentity;
-  if (job.rows_on_device()) return RowSource::kDevice;
-  return job.num_rows <= kernels::kMaxInlineRows ? RowSource::kParams : RowSource::kStaged;
+absl::Status StreamSlot::ReleaseWhenDone(GpuLeases leases) {
+  PS_RETURN_IF_CUDA(cudaEventRecord(completion_, stream_));
+  return HoldUntilDone(std::move(leases));
 }
 
-absl::Status StreamSlot::Run(const ScoreJob& job, ScoreTimings* timings, bool* enqueued,
-                             FaultLaunch inject_fault) {
-  *enqueued = false;
-  const std::shared_ptr<const ProbeSet>& set = job.probe_set;
-  PS_RETURN_IF_CUDA(cudaSetDevice(device_));
-  DrainCompleted();
-  const int32_t rows = job.num_rows;
-  const int32_t bucket = RowBucket(rows);
-  const int32_t hidden = set->hidden;
-  const int32_t probes = set->num_probes;
-  const common::DType dtype = job.activations.dtype;
-  const int element = common::DTypeSize(dtype);
-  const RowSource source = RowSourceOf(job);
-  // Answer before the GPU runs only when nothing of the answer needs it, and nothing this request
-  // reads from host memory can be overwritten by the next one (staged rows are).
-  const bool async = job.enqueue_only && source != RowSource::kStaged;
-  const bool timed = !async && timing_every_ > 0 && requests_++ % timing_every_ == 0;
-  const GraphKey key{set->id, dtype, bucket, !job.activations.on_device(), source, timed};
-  PS_RETURN_IF_CUDA(ReserveFor(key, hidden));
-  if (job.host_out != nullptr) {
-    PS_RETURN_IF_CUDA(d_out_.Reserve(sizeof(float) * rows * probes));
-    PS_RETURN_IF_CUDA(h_out_.Reserve(sizeof(float) * rows * probes));
-  }
-  // The counters of the request's label slot (allocated on the slot's first request).
-  unsigned long long* counters = nullptr;
-  if (const auto it = set->device_outcomes.find(device_); it != set->device_outcomes.end()) {
-    absl::StatusOr<unsigned long long*> slot =
-        static_cast<DeviceOutcomeCounters*>(it->second.get())->Slot(job.outcome_slot, stream_);
-    if (!slot.ok()) return slot.status();
-    counters = *slot;
-  }
-  if (key.inline_x) {
-    // Only the selected rows travel: gathered here into [R, H], read back with identity rows.
-    const auto* src = static_cast<const char*>(job.activations.host);
-    auto* dst = static_cast<char*>(h_x_.ptr());
-    const size_t row_bytes = static_cast<size_t>(hidden) * element;
-    for (int32_t r = 0; r < rows; ++r) {
-      std::memcpy(dst + r * row_bytes,
-                  src + static_cast<size_t>(job.rows[r]) * job.activations.row_stride * element,
-                  row_bytes);
-    }
-  } else if (source == RowSource::kStaged) {
-    PS_RETURN_IF_CUDA(h_rows_.Reserve(sizeof(int32_t) * rows));
-    PS_RETURN_IF_CUDA(d_rows_staged_.Reserve(sizeof(int32_t) * rows));
-    std::memcpy(h_rows_.ptr(), job.rows, sizeof(int32_t) * rows);
-  }
-  // Only a synchronous answer with a device output carries the GPU's non-finite count.
-  FillStageParams(job, key, counters, /*publish_non_finite=*/job.host_out == nullptr && !async);
-  absl::StatusOr<GraphEntry*> entry = GraphFor(key, set);
-  if (!entry.ok()) return entry.status();
-  timings->kernel_path = kernels::ProbeScorePathName((*entry)->path);
-  void* pointer_storage[1];
-  cudaKernelNodeParams node;
-  PS_RETURN_IF_CUDA(kernels::StageRequestNodeParams(stage_.get(), pointer_storage, &node));
-  PS_RETURN_IF_CUDA(cudaGraphExecKernelNodeSetParams((*entry)->exec, (*entry)->stage_node, &node));
-
-  if (job.ready.event != nullptr) {
-    const auto ready = static_cast<cudaEvent_t>(job.ready.event);
-    if (absl::Status s = AwaitClientEvent(ready, job.lifetime); !s.ok()) return s;
-    PS_RETURN_IF_CUDA(cudaStreamWaitEvent(stream_, ready, 0));  // met: orders the reads after it
-  }
-  if (inject_fault != nullptr) PS_RETURN_IF_CUDA(inject_fault(stream_));
-  if (source == RowSource::kStaged) {
-    PS_RETURN_IF_CUDA(cudaMemcpyAsync(d_rows_staged_.ptr(), h_rows_.ptr(), sizeof(int32_t) * rows,
-                                      cudaMemcpyHostToDevice, stream_));
-  }
-  PS_RETURN_IF_CUDA(cudaGraphLaunch((*entry)->exec, stream_));
-  if (job.done.event != nullptr) {
-    PS_RETURN_IF_CUDA(cudaEventRecord(static_cast<cudaEvent_t>(job.done.event), stream_));
-  }
-  // What the GPU reads and writes for this request, kept open until it is done whenever the
-  // answer comes first.
-  GpuLeases leases = {set,
-                      job.activations.device.hold,
-                      job.device_rows.device.hold,
-                      job.counted_rows.device.hold,
-                      job.device_out.device.hold,
-                      job.ready.hold,
-                      job.done.hold};
-  if (async) {
-    // The GPU reads the caller's buffers after we answer: keep them (and the weights) open.
-    PS_RETURN_IF_CUDA(cudaEventRecord(completion_, stream_));
-    if (absl::Status s = HoldUntilDone(std::move(leases)); !s.ok()) return s;
-    *enqueued = true;
-    return absl::OkStatus();
-  }
-  // (The done event, if any, follows the graph: waiting for the stream covers it too.) The wait
-  // ends at the deadline even where the stream still waits for the client's ready event.
-  if (absl::Status s = FinishOnGpu(job.lifetime, std::move(leases)); !s.ok()) return s;
-  if (key.timed) {
-    float staged_ms = 0, kernel_ms = 0;
-    PS_RETURN_IF_CUDA(cudaEventElapsedTime(&staged_ms, events_[0], events_[1]));
-    PS_RETURN_IF_CUDA(cudaEventElapsedTime(&kernel_ms, events_[1], events_[2]));
-    timings->staging = staged_ms * 1e-3;
-    timings->kernel = kernel_ms * 1e-3;
-  }
-  if (job.host_out == nullptr) {
-    timings->device_non_finite = reinterpret_cast<volatile uint32_t*>(h_non_finite_)[0];
-  }
-  if (source == RowSource::kDevice) {
-    const uint32_t invalid = reinterpret_cast<volatile uint32_t*>(h_invalid_)[1];
-    if (invalid != 0) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "device_rows: ", invalid, " of the ", rows, " row indices are outside the activations' ",
-          job.activations.rows, " rows [0, ", job.activations.rows,
-          "); their scores are NaN, the others are valid"));
-    }
-  }
-  if (job.host_out != nullptr) {
-    std::memcpy(job.host_out, h_out_.ptr(), sizeof(float) * rows * probes);
+absl::Status StreamSlot::SignalClientEvent(const EventLease& done) const {
+  if (done.event != nullptr) {
+    PS_RETURN_IF_CUDA(cudaEventRecord(static_cast<cudaEvent_t>(done.event), stream_));
   }
   return absl::OkStatus();
-}
-
-void StreamSlot::FillStageParams(const ScoreJob& job, const GraphKey& key,
-                                 unsigned long long* counters, bool publish_non_finite) {
-  kernels::StageRequestParams& stage = *stage_;
-  stage.args_dst = d_args_;
-  stage.rows_dst = key.rows == RowSource::kIdentity ? nullptr : d_rows_;
-  stage.invalid_dst = d_invalid_;
-  stage.invalid_counts = d_invalid_alias_;
-  stage.num_tokens = job.activations.rows;
-  stage.num_rows = job.num_rows;
-  stage.bucket = key.bucket;
-  stage.args_bytes = sizeof(StagedArgs);
-  StagedArgs args;
-  args.score.num_rows = job.num_rows;
-  if (key.inline_x) {
-    args.score.x = d_x_.ptr();
-    args.score.x_row_stride = job.probe_set->hidden;
-  } else {
-    args.score.x = job.activations.device.device_ptr;
-    args.score.x_row_stride = job.activations.row_stride;
-  }
-  if (job.host_out != nullptr) {
-    args.score.out = static_cast<float*>(d_out_.ptr());
-    args.score.out_row_stride = job.probe_set->num_probes;
-  } else {
-    args.score.out = static_cast<float*>(job.device_out.device.device_ptr);
-    args.score.out_row_stride = job.device_out.row_stride;
-  }
-  args.poison =
-      kernels::PoisonDescriptor{args.score.out, args.score.out_row_stride, job.num_rows, 0};
-  // Every score is counted on the GPU; scores bound for the response are copied to the host as
-  // they are read (the running non-finite total takes device outputs only: the host counts the
-  // scores it returns, as it reads them for `fired` anyway).
-  args.outcomes.scores = args.score.out;
-  args.outcomes.scores_row_stride = args.score.out_row_stride;
-  if (job.host_out != nullptr) {
-    args.outcomes.copy_to = static_cast<float*>(h_out_.device_alias());
-    args.outcomes.copy_row_stride = job.probe_set->num_probes;
-  }
-  args.outcomes.counters = counters;
-  if (job.counted_rows.size > 0) {
-    args.outcomes.group_counts = static_cast<const int32_t*>(job.counted_rows.device.device_ptr);
-    args.outcomes.group_rows = static_cast<int32_t>(job.num_rows / job.counted_rows.size);
-  }
-  args.outcomes.num_rows = job.num_rows;
-  args.outcomes.add_to_total = job.host_out == nullptr ? 1 : 0;
-  args.outcomes.publish_count = publish_non_finite ? 1 : 0;
-  std::memcpy(stage.args, &args, sizeof(args));
-  stage.device_rows = nullptr;
-  switch (key.rows) {
-    case RowSource::kParams:
-      std::memcpy(stage.inline_rows, job.rows, sizeof(int32_t) * job.num_rows);
-      break;
-    case RowSource::kStaged:
-      stage.device_rows = static_cast<const int32_t*>(d_rows_staged_.ptr());
-      break;
-    case RowSource::kDevice:
-      stage.device_rows = static_cast<const int32_t*>(job.device_rows.device.device_ptr);
-      break;
-    case RowSource::kIdentity:
-      break;
-  }
 }
 
 absl::Status StreamSlot::HoldUntilDone(GpuLeases leases) {
@@ -369,10 +128,17 @@ absl::Status StreamSlot::FinishOnGpu(const RequestLifetime& lifetime, GpuLeases 
   return s;
 }
 
-absl::Status StreamSlot::AwaitClientEvent(cudaEvent_t ready,
+absl::Status StreamSlot::AwaitClientEvent(const EventLease& ready,
                                           const RequestLifetime& lifetime) const {
-  return PollEvent(ready, lifetime, std::chrono::microseconds(200),
-                   "waiting for the client's ready event");
+  if (ready.event == nullptr) return absl::OkStatus();
+  const auto event = static_cast<cudaEvent_t>(ready.event);
+  if (absl::Status s = PollEvent(event, lifetime, std::chrono::microseconds(200),
+                                 "waiting for the client's ready event");
+      !s.ok()) {
+    return s;
+  }
+  PS_RETURN_IF_CUDA(cudaStreamWaitEvent(stream_, event, 0));  // met: orders the reads after it
+  return absl::OkStatus();
 }
 
 bool StreamSlot::Idle() const {
@@ -407,159 +173,6 @@ bool StreamSlot::QuiesceBy(absl::Time deadline) {
   }
   DrainCompleted();
   return true;
-}
-
-absl::Status StreamSlot::Warmup(const std::shared_ptr<const ProbeSet>& set, int32_t bucket) {
-  PS_RETURN_IF_CUDA(cudaSetDevice(device_));
-  bucket = RowBucket(std::min(bucket, max_bucket_));
-  const RowSource host_rows =
-      bucket <= kernels::kMaxInlineRows ? RowSource::kParams : RowSource::kStaged;
-  for (bool inline_x : {true, false}) {
-    const GraphKey key{set->id,
-                       common::DType::kBFloat16,
-                       bucket,
-                       inline_x,
-                       inline_x ? RowSource::kIdentity : host_rows,
-                       timing_every_ > 0};
-    PS_RETURN_IF_CUDA(ReserveFor(key, set->hidden));
-    absl::StatusOr<GraphEntry*> entry = GraphFor(key, set);
-    if (!entry.ok()) return entry.status();
-  }
-  return absl::OkStatus();
-}
-
-GraphCacheCounters StreamSlot::counters() const { return graphs_.counters(); }
-
-uint64_t StreamSlot::invalid_rows() const {
-  return h_invalid_ == nullptr ? 0 : reinterpret_cast<const volatile uint32_t*>(h_invalid_)[0];
-}
-
-uint64_t StreamSlot::non_finite_scores() const {
-  return non_finite_copied_.load(std::memory_order_relaxed);
-}
-
-cudaError_t StreamSlot::CopyNonFiniteTotal(uint64_t* host, cudaStream_t stream) const {
-  if (d_non_finite_total_ == nullptr) {
-    *host = 0;
-    return cudaSuccess;
-  }
-  return cudaMemcpyAsync(host, d_non_finite_total_, sizeof(uint64_t), cudaMemcpyDeviceToHost,
-                         stream);
-}
-
-cudaError_t StreamSlot::ReserveFor(const GraphKey& key, int32_t hidden) {
-  if (!key.inline_x) return cudaSuccess;
-  const size_t bytes = size_t{1} * key.bucket * hidden * common::DTypeSize(key.dtype);
-  if (bytes <= d_x_.bytes() && bytes <= h_x_.bytes()) return cudaSuccess;
-  graphs_.Clear();  // their copy nodes hold the old addresses
-  cudaError_t e = h_x_.Reserve(bytes);
-  return e == cudaSuccess ? d_x_.Reserve(bytes) : e;
-}
-
-absl::StatusOr<GraphEntry*> StreamSlot::GraphFor(const GraphKey& key,
-                                                 const std::shared_ptr<const ProbeSet>& set) {
-  return graphs_.FindOrCapture(key, set, [&] { return Capture(key, *set); });
-}
-
-absl::StatusOr<GraphEntry> StreamSlot::Capture(const GraphKey& key, const ProbeSet& set) {
-  const auto placed = set.device_weights.find(device_);
-  const auto counted = set.device_outcomes.find(device_);
-  if (placed == set.device_weights.end() || placed->second == nullptr ||
-      counted == set.device_outcomes.end() || counted->second == nullptr) {
-    return absl::InternalError(absl::StrCat(
-        "probe set '", set.name, "' has no weights or counters on CUDA device ", device_));
-  }
-  const auto& weights = *static_cast<const kernels::ProbeWeights*>(placed->second.get());
-  const auto& outcomes = *static_cast<const DeviceOutcomeCounters*>(counted->second.get());
-  // The path and its launch plan are chosen once here; every replay runs them.
-  const kernels::ProbeScoreShape shape{key.dtype, key.bucket, set.num_probes, set.hidden,
-                                       set.precision};
-  const kernels::ProbeScoreResources& resources =
-      kernels::ProbeScoreWorkspaceResources(*workspace_);
-  GraphEntry entry;
-  entry.path = kernels::ChooseProbeScorePath(shape, resources.device);
-  kernels::ProbeScorePlan plan;
-  PS_RETURN_IF_CUDA(kernels::PlanProbeScore(shape, entry.path, resources, {}, &plan));
-  kernels::ProbeScoreParams params;
-  params.args = &d_args_->score;
-  params.rows = key.rows == RowSource::kIdentity ? d_identity_rows_ : d_rows_;
-  params.weights = &weights;
-  params.activation = set.activation;
-  // The staging node is captured with an empty request (not the slot's stage_, which holds the
-  // request being run); every launch sets its parameters.
-  auto capture_stage = std::make_unique<kernels::StageRequestParams>();
-  kernels::StageRequestParams& stage = *capture_stage;
-  stage.args_dst = d_args_;
-  stage.rows_dst = key.rows == RowSource::kIdentity ? nullptr : d_rows_;
-  stage.bucket = key.bucket;
-  const int element = common::DTypeSize(key.dtype);
-
-  // Event nodes mark the stage boundaries of timed graphs.
-  auto mark = [&](int i) {
-    return key.timed ? cudaEventRecordWithFlags(events_[i], stream_, cudaEventRecordExternal)
-                     : cudaSuccess;
-  };
-  PS_RETURN_IF_CUDA(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal));
-  cudaError_t error = mark(0);
-  if (error == cudaSuccess) error = kernels::LaunchStageRequest(stage, stream_);
-  if (error == cudaSuccess) {
-    // The node just captured is the staging kernel's: every launch updates its parameters.
-    cudaStreamCaptureStatus capture_status;
-    const cudaGraphNode_t* last = nullptr;
-    size_t count = 0;
-    error = cudaStreamGetCaptureInfo(stream_, &capture_status, nullptr, nullptr, &last, nullptr,
-                                     &count);
-    if (error == cudaSuccess && count == 1) entry.stage_node = last[0];
-  }
-  if (error == cudaSuccess && key.inline_x) {
-    error = cudaMemcpyAsync(d_x_.ptr(), h_x_.ptr(), size_t{1} * key.bucket * set.hidden * element,
-                            cudaMemcpyHostToDevice, stream_);
-  }
-  if (error == cudaSuccess) error = mark(1);
-  if (error == cudaSuccess) {
-    error = kernels::LaunchProbeScore(plan, params, workspace_, stream_);
-  }
-  if (error == cudaSuccess && key.rows == RowSource::kDevice) {
-    kernels::PoisonInvalidRowsParams poison;
-    poison.descriptor = &d_args_->poison;
-    poison.invalid = d_invalid_;
-    poison.bucket = key.bucket;
-    poison.num_columns = weights.num_probes;
-    error = kernels::LaunchPoisonInvalidRows(poison, stream_);
-  }
-  if (error == cudaSuccess) {
-    // What the probes found is counted on the GPU, in this graph, whatever path scored: into the
-    // counters the staged descriptor names (the request's label slot); the request's non-finite
-    // count comes back in mapped host memory.
-    kernels::CountProbeOutcomesParams count;
-    count.descriptor = &d_args_->outcomes;
-    count.thresholds = outcomes.tables().thresholds;
-    count.bounds = outcomes.tables().bounds;
-    count.num_probes = weights.num_probes;
-    count.num_bounds = outcomes.layout().num_bounds;
-    count.bucket = key.bucket;
-    count.scratch = d_count_scratch_;
-    count.non_finite_total = d_non_finite_total_;
-    count.request_non_finite = d_non_finite_alias_;
-    const bool small =
-        int64_t{key.bucket} * weights.num_probes <= kernels::kProgrammaticCountMaxScores;
-    error = kernels::LaunchCountProbeOutcomes(
-        count, stream_, small ? outcome_launch_ : kernels::OutcomeLaunch::kStreamOrder);
-  }
-  if (error == cudaSuccess) error = mark(2);
-  const cudaError_t end = cudaStreamEndCapture(stream_, &entry.graph);
-  if (error == cudaSuccess) error = end;
-  if (error == cudaSuccess && entry.stage_node == nullptr)
-    error = cudaErrorStreamCaptureInvalidated;
-  if (error == cudaSuccess) error = cudaGraphInstantiate(&entry.exec, entry.graph, 0);
-  if (error != cudaSuccess) {
-    cudaGetLastError();
-    if (entry.exec != nullptr) cudaGraphExecDestroy(entry.exec);
-    if (entry.graph != nullptr) cudaGraphDestroy(entry.graph);
-    return CudaStatus(
-        error, absl::StrCat("capturing the ", kernels::ProbeScorePathName(entry.path), " graph"));
-  }
-  return entry;
 }
 
 }  // namespace probesidecar::server

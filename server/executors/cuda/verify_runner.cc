@@ -1,28 +1,24 @@
 #include "server/executors/cuda/verify_runner.h"
 
-#include <algorithm>
 #include <cmath>
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
+#include "kernels/mla_verify/mla_verify_limits.h"
 #include "server/executors/cuda/cuda_status.h"
 
 namespace probesidecar::server {
 namespace {
 
-constexpr int64_t kDimQk = 576;
-constexpr int64_t kDimV = 512;
+constexpr int64_t kDimQk = kernels::kMlaHeadDimQk;
+constexpr int64_t kDimV = kernels::kMlaHeadDimV;
+// Inline tables are small: their buffers start at 64 KiB.
+constexpr size_t kTableMinBytes = size_t{1} << 16;
 
 uint32_t Bits(float f) {
   uint32_t bits;
   std::memcpy(&bits, &f, sizeof(bits));
   return bits;
-}
-
-size_t Grown(size_t need, size_t have) {
-  size_t bytes = std::max<size_t>(have * 2, size_t{1} << 16);
-  while (bytes < need) bytes *= 2;
-  return bytes;
 }
 
 const __nv_bfloat16* Bf16(const BufferLease& lease) {
@@ -31,12 +27,15 @@ const __nv_bfloat16* Bf16(const BufferLease& lease) {
 
 }  // namespace
 
-VerifyRunner::VerifyRunner(int device, StreamSlot* slot, std::atomic<int64_t>* device_bytes,
+VerifyRunner::VerifyRunner(StreamSlot* slot, std::atomic<int64_t>* device_bytes,
                            size_t graph_cache_entries)
-    : device_(device),
-      slot_(slot),
+    : slot_(slot),
+      device_(slot->device()),
       stream_(slot->stream()),
       device_bytes_(device_bytes),
+      scratch_(StagingBuffer::Kind::kDevice, device_bytes),
+      h_table_(StagingBuffer::Kind::kPinned, device_bytes, kTableMinBytes),
+      d_table_(StagingBuffer::Kind::kDevice, device_bytes, kTableMinBytes),
       graphs_(graph_cache_entries, [this](Graph& graph) {
         if (graph.exec != nullptr) {
           cudaStreamSynchronize(stream_);
@@ -52,10 +51,11 @@ VerifyRunner::~VerifyRunner() {
     kernels::DestroyMlaVerifyWorkspace(workspace_);
   }
   for (void* p : {static_cast<void*>(safe_lengths_), static_cast<void*>(invalid_),
-                  static_cast<void*>(partials_), scratch_, d_table_}) {
+                  static_cast<void*>(partials_)}) {
     cudaFree(p);
   }
-  for (void* p : {static_cast<void*>(h_counts_), static_cast<void*>(h_result_), h_table_}) {
+  for (StagingBuffer* b : {&scratch_, &h_table_, &d_table_}) b->Free();
+  for (void* p : {static_cast<void*>(h_counts_), static_cast<void*>(h_result_)}) {
     cudaFreeHost(p);
   }
 }
@@ -90,30 +90,10 @@ absl::Status VerifyRunner::EnsureInit() {
   return absl::OkStatus();
 }
 
-cudaError_t VerifyRunner::GrowDevice(void** ptr, size_t* bytes, size_t need) {
-  if (need <= *bytes) return cudaSuccess;
-  cudaStreamSynchronize(stream_);
-  graphs_.Clear();  // they hold the old address
-  cudaFree(*ptr);
-  *device_bytes_ -= static_cast<int64_t>(*bytes);
-  *ptr = nullptr;
-  *bytes = 0;
-  const size_t grown = Grown(need, 0);
-  if (cudaError_t e = cudaMalloc(ptr, grown); e != cudaSuccess) return e;
-  *bytes = grown;
-  *device_bytes_ += static_cast<int64_t>(grown);
-  return cudaSuccess;
-}
-
-cudaError_t VerifyRunner::GrowHost(void** ptr, size_t* bytes, size_t need) {
-  if (need <= *bytes) return cudaSuccess;
-  cudaFreeHost(*ptr);
-  *ptr = nullptr;
-  *bytes = 0;
-  const size_t grown = Grown(need, 0);
-  if (cudaError_t e = cudaHostAlloc(ptr, grown, cudaHostAllocDefault); e != cudaSuccess) return e;
-  *bytes = grown;
-  return cudaSuccess;
+cudaError_t VerifyRunner::ReserveForGraphs(StagingBuffer& buffer, size_t bytes) {
+  if (bytes <= buffer.bytes()) return cudaSuccess;
+  graphs_.Clear();  // they hold the old address (dropping one waits for the stream)
+  return buffer.Reserve(bytes);
 }
 
 absl::Status VerifyRunner::StageInlineTables(const VerifyJob& job) {
@@ -123,12 +103,12 @@ absl::Status VerifyRunner::StageInlineTables(const VerifyJob& job) {
   if (table_bytes + length_bytes == 0) return absl::OkStatus();
   // Tables first, then the lengths at a 16-byte boundary.
   const size_t lengths_at = (table_bytes + 15) / 16 * 16;
-  PS_RETURN_IF_CUDA(GrowDevice(&d_table_, &d_table_bytes_, lengths_at + length_bytes));
-  PS_RETURN_IF_CUDA(GrowHost(&h_table_, &h_table_bytes_, lengths_at + length_bytes));
-  auto* host = static_cast<char*>(h_table_);
+  PS_RETURN_IF_CUDA(ReserveForGraphs(d_table_, lengths_at + length_bytes));
+  PS_RETURN_IF_CUDA(h_table_.Reserve(lengths_at + length_bytes));
+  auto* host = static_cast<char*>(h_table_.ptr());
   if (table_bytes != 0) std::memcpy(host, job.block_table.host, table_bytes);
   if (length_bytes != 0) std::memcpy(host + lengths_at, job.cache_seqlens.host, length_bytes);
-  PS_RETURN_IF_CUDA(cudaMemcpyAsync(d_table_, h_table_, lengths_at + length_bytes,
+  PS_RETURN_IF_CUDA(cudaMemcpyAsync(d_table_.ptr(), h_table_.ptr(), lengths_at + length_bytes,
                                     cudaMemcpyHostToDevice, stream_));
   return absl::OkStatus();
 }
@@ -137,16 +117,12 @@ absl::Status VerifyRunner::Run(const VerifyJob& job, VerifyOutcome* outcome) {
   PS_RETURN_IF_CUDA(cudaSetDevice(device_));
   if (absl::Status s = EnsureInit(); !s.ok()) return s;
   if (job.shadow) {
-    PS_RETURN_IF_CUDA(GrowDevice(&scratch_, &scratch_bytes_,
-                                 sizeof(__nv_bfloat16) * job.batch * job.s_q * job.h_q * kDimV));
+    PS_RETURN_IF_CUDA(
+        ReserveForGraphs(scratch_, sizeof(__nv_bfloat16) * job.batch * job.s_q * job.h_q * kDimV));
   }
+  if (absl::Status s = slot_->AwaitClientEvent(job.ready, job.lifetime); !s.ok()) return s;
   // Inline tables are staged (the copy precedes the graph on the stream); their device address
   // is part of the graph's key.
-  if (job.ready.event != nullptr) {
-    const auto ready = static_cast<cudaEvent_t>(job.ready.event);
-    if (absl::Status s = slot_->AwaitClientEvent(ready, job.lifetime); !s.ok()) return s;
-    PS_RETURN_IF_CUDA(cudaStreamWaitEvent(stream_, ready, 0));  // met: orders the reads after it
-  }
   if (absl::Status s = StageInlineTables(job); !s.ok()) return s;
   const size_t table_bytes =
       job.block_table.on_device() ? 0 : sizeof(int32_t) * job.batch * job.block_table.batch_stride;
@@ -161,10 +137,10 @@ absl::Status VerifyRunner::Run(const VerifyJob& job, VerifyOutcome* outcome) {
   key.rtol_bits = Bits(job.rtol);
   key.q = job.q.device_ptr;
   key.kv = job.kv_cache.device_ptr;
-  key.table = job.block_table.on_device() ? job.block_table.device.device_ptr : d_table_;
+  key.table = job.block_table.on_device() ? job.block_table.device.device_ptr : d_table_.ptr();
   key.lengths = job.cache_seqlens.on_device() ? job.cache_seqlens.device.device_ptr
-                                              : static_cast<char*>(d_table_) + lengths_at;
-  key.out = job.shadow ? scratch_ : job.out.device_ptr;
+                                              : static_cast<char*>(d_table_.ptr()) + lengths_at;
+  key.out = job.shadow ? scratch_.ptr() : job.out.device_ptr;
   key.lse = job.shadow ? nullptr : job.lse.device_ptr;
   key.compare = job.shadow ? job.compare_to.device_ptr : nullptr;
   key.q_stride = job.q_batch_stride;
@@ -186,9 +162,7 @@ absl::Status VerifyRunner::Run(const VerifyJob& job, VerifyOutcome* outcome) {
     exec = graphs_.Insert(key, Graph{*captured}).exec;
   }
   PS_RETURN_IF_CUDA(cudaGraphLaunch(exec, stream_));
-  if (job.done.event != nullptr) {
-    PS_RETURN_IF_CUDA(cudaEventRecord(static_cast<cudaEvent_t>(job.done.event), stream_));
-  }
+  if (absl::Status s = slot_->SignalClientEvent(job.done); !s.ok()) return s;
   // Until the deadline (or the caller going away): the stream may still wait for the client's
   // ready event, and then what the graph reads and writes stays held until the GPU is done.
   if (absl::Status s = slot_->FinishOnGpu(

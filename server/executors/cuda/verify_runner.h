@@ -19,6 +19,7 @@
 #include "kernels/mla_verify/mla_verify.h"
 #include "kernels/verify_support/verify_support.h"
 #include "server/executors/cuda/lru_cache.h"
+#include "server/executors/cuda/staging_buffer.h"
 #include "server/executors/cuda/stream_slot.h"
 #include "server/executors/executor.h"
 #include "server/requests/verify_job.h"
@@ -27,9 +28,9 @@ namespace probesidecar::server {
 
 class VerifyRunner {
  public:
-  // Runs on `slot`'s stream (and waits for the GPU through it: FinishOnGpu).
-  VerifyRunner(int device, StreamSlot* slot, std::atomic<int64_t>* device_bytes,
-               size_t graph_cache_entries);
+  // Runs on `slot`'s stream (and waits for the GPU through it: StreamSlot::FinishOnGpu).
+  // `device_bytes` counts the device memory the runner holds (shared with the executor).
+  VerifyRunner(StreamSlot* slot, std::atomic<int64_t>* device_bytes, size_t graph_cache_entries);
   ~VerifyRunner();
   VerifyRunner(const VerifyRunner&) = delete;
   VerifyRunner& operator=(const VerifyRunner&) = delete;
@@ -65,12 +66,11 @@ class VerifyRunner {
   // Copies inline tables and lengths to the device (before the graph, on the stream).
   absl::Status StageInlineTables(const VerifyJob& job);
   absl::StatusOr<cudaGraphExec_t> Capture(const GraphKey& key, const VerifyJob& job);
-  // Grows a device (or pinned host) buffer; false on failure.
-  cudaError_t GrowDevice(void** ptr, size_t* bytes, size_t need);
-  cudaError_t GrowHost(void** ptr, size_t* bytes, size_t need);
+  // Grows a buffer whose device address graphs hold: growing drops them.
+  cudaError_t ReserveForGraphs(StagingBuffer& buffer, size_t bytes);
 
-  const int device_;
   StreamSlot* const slot_;
+  const int device_;
   const cudaStream_t stream_;
   std::atomic<int64_t>* const device_bytes_;
   kernels::MlaVerifyWorkspace* workspace_ = nullptr;
@@ -81,12 +81,8 @@ class VerifyRunner {
   kernels::VerifyCompareResult* partials_ = nullptr;  // [kVerifyCompareBlocks]
   kernels::VerifyCompareResult* h_result_ = nullptr;  // mapped
   kernels::VerifyCompareResult* d_result_ = nullptr;  // its device address
-  void* scratch_ = nullptr;  // shadow mode: our output [b, s_q, h_q, 512] bf16, dense
-  size_t scratch_bytes_ = 0;
-  void* d_table_ = nullptr;  // inline tables and lengths, staged
-  size_t d_table_bytes_ = 0;
-  void* h_table_ = nullptr;
-  size_t h_table_bytes_ = 0;
+  StagingBuffer scratch_;            // shadow mode: our output [b, s_q, h_q, 512] bf16, dense
+  StagingBuffer h_table_, d_table_;  // inline tables and lengths, staged
   LruCache<GraphKey, Graph> graphs_;
 };
 
