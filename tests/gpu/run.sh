@@ -15,8 +15,12 @@
 #                                   and server work go in separate calls; for an H200, BUILD_DIR
 #                                   configured with -DCMAKE_CUDA_ARCHITECTURES=90-real keeps them
 #                                   small
+#       PACK=1                      also pack .gpu/ into .gpu-packed/gpu.tar.xz (the whole bundle
+#                                   built for 90-real is ~100 MiB, ~14 MiB packed): carry
+#                                   ".gpu-packed" instead of ".gpu", and the script unpacks it there
+#                                   first, so kernel and server work fit in one call
 #   tests/gpu/run.sh                on the GPU machine (through the device tool), from the
-#                                   repository root, with .gpu/ carried:
+#                                   repository root, with .gpu/ (or .gpu-packed/) carried:
 #       run(command="STEPS='tests kernels rpc' tests/gpu/run.sh", carry=[".gpu"])
 #
 # Steps (STEPS, default "tests kernels metrics rpc decode"):
@@ -69,6 +73,12 @@ if [[ "${1:-}" == prepare ]]; then
   "$root/.venv/bin/python" -m pip install -q --no-deps --no-build-isolation \
     --target "$gpu/python" ./client/python
   python3 bench/receipt.py >"$gpu/git"
+  if [[ "${PACK:-0}" == 1 ]]; then
+    rm -rf "$root/.gpu-packed"
+    mkdir -p "$root/.gpu-packed"
+    XZ_OPT=-T0 tar -cJf "$root/.gpu-packed/gpu.tar.xz" -C "$root" .gpu
+    echo "packed $(du -sh "$root/.gpu-packed/gpu.tar.xz" | cut -f1): carry .gpu-packed"
+  fi
   echo "prepared $gpu ($(du -sh "$gpu" | cut -f1)) for $(cat "$gpu/git"); on the GPU machine:" \
     "tests/gpu/run.sh"
   exit 0
@@ -77,6 +87,9 @@ fi
 OUT="${OUT:-$root/gpu-results}"
 out="$(mktemp -d)/gpu_results"  # packed into $OUT at the end (few files may come back)
 mkdir -p "$OUT" "$out"
+if [[ ! -d "$gpu/bundle" && -f "$root/.gpu-packed/gpu.tar.xz" ]]; then
+  tar -xJf "$root/.gpu-packed/gpu.tar.xz" -C "$root" || exit 1
+fi
 [[ -d "$gpu/bundle" ]] || { echo "no .gpu/bundle: run 'tests/gpu/run.sh prepare' first" >&2; exit 1; }
 bin="$gpu/bundle/bin"
 export PATH="$bin:$PATH"
