@@ -186,6 +186,31 @@ class TapGpuTest : public ::testing::Test {
     return tap.ok() ? *std::move(tap) : nullptr;
   }
 
+  // Writes `steps` full batches of random rows (seeded by `seed`) through `tap`, each behind
+  // `delay_ns` of other work on the stream (0: none), closes it and checks every window's scores.
+  void WriteFullBatchesAndCheck(Tap& tap, uint32_t seed, int32_t steps, int32_t max_batch,
+                                int64_t delay_ns) {
+    std::mt19937 rng(seed);
+    const std::vector<uint16_t> all = RandomRows(rng, int64_t{steps} * max_batch);
+    void* rows = nullptr;
+    ASSERT_CUDA(cudaMalloc(&rows, all.size() * 2));
+    ASSERT_CUDA(cudaMemcpy(rows, all.data(), all.size() * 2, cudaMemcpyHostToDevice));
+    for (int t = 0; t < steps; ++t) {
+      if (delay_ns > 0) ASSERT_CUDA(testing::LaunchGpuDelay(delay_ns, stream_));
+      ASSERT_TRUE(
+          tap.Write(static_cast<uint8_t*>(rows) + int64_t{t} * max_batch * kHidden * 2, max_batch)
+              .ok());
+      absl::Status s = tap.Step();
+      ASSERT_TRUE(s.ok()) << s;
+    }
+    ASSERT_TRUE(tap.Close().ok());
+    EXPECT_EQ(CheckWindows(
+                  Drain(tap), [&](int64_t t) { return all.data() + t * max_batch * kHidden; },
+                  [&](int64_t) { return max_batch; }),
+              steps);
+    ASSERT_CUDA(cudaFree(rows));
+  }
+
   size_t Buffers() {
     absl::StatusOr<std::vector<v1::BufferInfo>> buffers = client_->ListBuffers();
     EXPECT_TRUE(buffers.ok()) << buffers.status();
@@ -251,25 +276,7 @@ TEST_F(TapGpuTest, HostSubmittedWindowsScoreTheSame) {
   const int32_t max_batch = 4, window = 4, steps = 16;
   std::unique_ptr<Tap> tap = MakeTap(max_batch, window, true, client::TapSubmit::kHost);
   ASSERT_NE(tap, nullptr);
-  std::mt19937 rng(5);
-  const std::vector<uint16_t> all = RandomRows(rng, int64_t{steps} * max_batch);
-  void* rows = nullptr;
-  ASSERT_CUDA(cudaMalloc(&rows, all.size() * 2));
-  ASSERT_CUDA(cudaMemcpy(rows, all.data(), all.size() * 2, cudaMemcpyHostToDevice));
-  for (int t = 0; t < steps; ++t) {
-    ASSERT_CUDA(testing::LaunchGpuDelay(500'000, stream_));
-    ASSERT_TRUE(
-        tap->Write(static_cast<uint8_t*>(rows) + int64_t{t} * max_batch * kHidden * 2, max_batch)
-            .ok());
-    absl::Status s = tap->Step();
-    ASSERT_TRUE(s.ok()) << s;
-  }
-  ASSERT_TRUE(tap->Close().ok());
-  EXPECT_EQ(CheckWindows(
-                Drain(*tap), [&](int64_t t) { return all.data() + t * max_batch * kHidden; },
-                [&](int64_t) { return max_batch; }),
-            steps);
-  ASSERT_CUDA(cudaFree(rows));
+  WriteFullBatchesAndCheck(*tap, 5, steps, max_batch, /*delay_ns=*/500'000);
 }
 
 // The write inside a captured CUDA graph: each replay plays a step (its rows and row count picked
@@ -360,24 +367,7 @@ TEST_F(TapGpuTest, AHalfIsNeverOverwrittenWhileTheSidecarReadsIt) {
   const int32_t max_batch = 64, steps = 30;
   std::unique_ptr<Tap> tap = MakeTap(max_batch, 1);
   ASSERT_NE(tap, nullptr);
-  std::mt19937 rng(3);
-  const std::vector<uint16_t> all = RandomRows(rng, int64_t{steps} * max_batch);
-  void* rows = nullptr;
-  ASSERT_CUDA(cudaMalloc(&rows, all.size() * 2));
-  ASSERT_CUDA(cudaMemcpy(rows, all.data(), all.size() * 2, cudaMemcpyHostToDevice));
-  for (int t = 0; t < steps; ++t) {
-    ASSERT_TRUE(
-        tap->Write(static_cast<uint8_t*>(rows) + int64_t{t} * max_batch * kHidden * 2, max_batch)
-            .ok());
-    absl::Status s = tap->Step();
-    ASSERT_TRUE(s.ok()) << s;
-  }
-  ASSERT_TRUE(tap->Close().ok());
-  EXPECT_EQ(CheckWindows(
-                Drain(*tap), [&](int64_t t) { return all.data() + t * max_batch * kHidden; },
-                [&](int64_t) { return max_batch; }),
-            steps);
-  ASSERT_CUDA(cudaFree(rows));
+  WriteFullBatchesAndCheck(*tap, 3, steps, max_batch, /*delay_ns=*/0);
 }
 
 TEST_F(TapGpuTest, ADeviceOnlyTapLeavesTheScoresInTheRing) {
