@@ -111,10 +111,11 @@ struct ScoreRequest {
   using Done = ScoreDone;
   static constexpr const char* kName = "Score";
   static double& QueueSeconds(Outcome& timings) { return timings.queue; }
-  // TEST-ONLY (score_fault_hook.h): the fault this request enqueues first, if any.
+  // TEST-ONLY (score_fault_hook.h): the fault this request enqueues once its client's event has
+  // completed, if any.
   FaultLaunch fault = nullptr;
   absl::Status Run(Worker& worker, const Job& job, Outcome* timings) const {
-    if (fault != nullptr) PS_RETURN_IF_CUDA(fault(worker.slot->stream()));
+    if (fault != nullptr) worker.slot->ArmFault(fault);
     return worker.score->Run(job, timings, &timings->enqueued);
   }
   static bool Enqueued(const Outcome& timings) { return timings.enqueued; }

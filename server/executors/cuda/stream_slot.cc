@@ -129,15 +129,17 @@ absl::Status StreamSlot::FinishOnGpu(const RequestLifetime& lifetime, GpuLeases 
 }
 
 absl::Status StreamSlot::AwaitClientEvent(const EventLease& ready,
-                                          const RequestLifetime& lifetime) const {
-  if (ready.event == nullptr) return absl::OkStatus();
-  const auto event = static_cast<cudaEvent_t>(ready.event);
-  if (absl::Status s = PollEvent(event, lifetime, std::chrono::microseconds(200),
-                                 "waiting for the client's ready event");
-      !s.ok()) {
-    return s;
+                                          const RequestLifetime& lifetime) {
+  if (ready.event != nullptr) {
+    const auto event = static_cast<cudaEvent_t>(ready.event);
+    if (absl::Status s = PollEvent(event, lifetime, std::chrono::microseconds(200),
+                                   "waiting for the client's ready event");
+        !s.ok()) {
+      return s;
+    }
+    PS_RETURN_IF_CUDA(cudaStreamWaitEvent(stream_, event, 0));  // met: orders the reads after it
   }
-  PS_RETURN_IF_CUDA(cudaStreamWaitEvent(stream_, event, 0));  // met: orders the reads after it
+  if (armed_fault_ != nullptr) PS_RETURN_IF_CUDA(std::exchange(armed_fault_, nullptr)(stream_));
   return absl::OkStatus();
 }
 

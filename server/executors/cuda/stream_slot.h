@@ -25,6 +25,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "server/buffers/buffer_lease.h"
+#include "server/executors/cuda/score_fault_hook.h"
 #include "server/requests/request_lifetime.h"
 
 namespace probesidecar::server {
@@ -55,8 +56,12 @@ class StreamSlot {
   // CANCELLED when `lifetime` ends first, UNAVAILABLE when the server stops first, INTERNAL for a
   // CUDA error. No stream of the server ever waits on the GPU for a client: one that is stuck or
   // gone would hold that stream (its slot, and the request's buffers) for as long as that lasts,
-  // and under MPS such a wait slowed the client's own work (docs/mps.md).
-  absl::Status AwaitClientEvent(const EventLease& ready, const RequestLifetime& lifetime) const;
+  // and under MPS such a wait slowed the client's own work (docs/mps.md). An armed fault
+  // (ArmFault) is enqueued right after.
+  absl::Status AwaitClientEvent(const EventLease& ready, const RequestLifetime& lifetime);
+  // TEST-ONLY (score_fault_hook.h): the next request's AwaitClientEvent enqueues `launch` on the
+  // stream once the client's event has completed, before the request's own work.
+  void ArmFault(FaultLaunch launch) { armed_fault_ = launch; }
   // Records the client's `done` event (if any) after the work queued so far.
   absl::Status SignalClientEvent(const EventLease& done) const;
 
@@ -98,7 +103,8 @@ class StreamSlot {
   const std::atomic<bool>* const stopping_;
   Nudge nudge_;
   cudaStream_t stream_ = nullptr;
-  cudaEvent_t completion_ = nullptr;  // recorded after each request's work
+  cudaEvent_t completion_ = nullptr;   // recorded after each request's work
+  FaultLaunch armed_fault_ = nullptr;  // TEST-ONLY: ArmFault
   // Leases of requests whose work the GPU has finished (filled on CUDA's callback thread,
   // released on the worker thread).
   absl::Mutex done_mu_;
