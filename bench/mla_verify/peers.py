@@ -1,9 +1,10 @@
-"""MLA verify peers on the GPU machine: a torch reference (gather pages, two matmuls, softmax)
-and FlashInfer's MLA paged decode (fa3 backend), under CUDA-graph replay, on the same sweep and
-the same input rotation as bench/mla_verify/mla_verify_bench.cu.
+"""MLA verify peers on the GPU machine: a torch reference (gather pages, two matmuls, softmax),
+FlashInfer's MLA paged decode (fa3 backend) and FlashMLA's sm90 dense decode (flashmla_peer.py:
+FLASHMLA_PEER_LIB names the library bench/mla_verify/flashmla/build.sh builds), under CUDA-graph
+replay, on the same sweep and the same input rotation as bench/mla_verify/mla_verify_bench.cu.
 
   python3 peers.py --out peers.json --git HASH [--allow-dirty] [--sweep full|quick|targets]
-                   [--impls torch_ref,flashinfer_fa3] [--points H:S:B:L,...]
+                   [--impls torch_ref,flashinfer_fa3,flashmla] [--points H:S:B:L,...]
 
 Writes {device, git, date, command, notes, skipped, records}; bench/mla_verify/report.py merges
 it with the CUDA benchmark's file (whose ceilings both are measured against).
@@ -23,6 +24,7 @@ import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 import receipt  # noqa: E402  (bench/receipt.py)
+from flashmla_peer import FlashMLAPeer  # noqa: E402
 
 ROTATE_BYTES = 400e6
 MAX_SETS = 8
@@ -200,7 +202,15 @@ def main():
         except Exception as e:
             log(f"flashinfer unavailable: {type(e).__name__}: {e}")
             traceback.print_exc()
-    checked_fi = False
+    peers = {}  # impl -> its peer object, those that could start
+    if fi is not None:
+        peers["flashinfer_fa3"] = fi
+    if "flashmla" in impls:
+        try:
+            peers["flashmla"] = FlashMLAPeer(log)
+        except Exception as e:
+            log(f"flashmla unavailable: {type(e).__name__}: {e}")
+    checked = set()  # peers whose output was checked against the torch reference
     only = {tuple(int(x) for x in p.split(":")) for p in args.points.split(",") if p}
     for (h, s, b, l) in sweep_points(args.sweep):
         if only and (h, s, b, l) not in only:
@@ -246,25 +256,25 @@ def main():
                 except torch.OutOfMemoryError:
                     skipped.append(f"torch_ref {name} (out of memory)")
                 torch.cuda.empty_cache()
-        if fi is not None:
+        for impl, peer in peers.items():
             try:
-                w, fns = fi.prepare(b, s, h, l, scale, sets_q, sets_kv, sets_out)
-                if not checked_fi and l <= 4096:
-                    # Right use of the API: FlashInfer's output against the torch reference.
+                held, fns = peer.prepare(b, s, h, l, scale, sets_q, sets_kv, sets_out)
+                if impl not in checked and l <= 4096:
+                    # Right use of the API: the peer's output against the torch reference.
                     fns[0]()
                     ref = torch_ref(sets_q[0], sets_kv[0], table, l, s, h, scale,
                                     causal_mask(s, h, l, dev)).float()
                     err = (sets_out[0].float() - ref).abs().max().item()
                     rel = ((sets_out[0].float() - ref).norm() / ref.norm()).item()
-                    log(f"flashinfer check at {name}: max abs err {err:.3g}, rel L2 {rel:.3g} "
+                    log(f"{impl} check at {name}: max abs err {err:.3g}, rel L2 {rel:.3g} "
                         "against the torch reference")
-                    checked_fi = True
+                    checked.add(impl)
                 graphs = [capture(fn) for fn in fns]
-                record("flashinfer_fa3", time_graphs(graphs))
-                del graphs, w, fns
+                record(impl, time_graphs(graphs))
+                del graphs, held, fns
             except Exception as e:
-                skipped.append(f"flashinfer_fa3 {name} ({type(e).__name__}: {str(e)[:200]})")
-                print(f"flashinfer failed at {name}: {e}", flush=True)
+                skipped.append(f"{impl} {name} ({type(e).__name__}: {str(e)[:200]})")
+                print(f"{impl} failed at {name}: {e}", flush=True)
             torch.cuda.empty_cache()
         write(args.out, git, notes, skipped, records)  # after every point: a timeout keeps them
 

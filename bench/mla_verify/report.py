@@ -18,7 +18,7 @@ import os
 from collections import defaultdict
 
 ORDER = ("split_kv", "split_kv_sm90a", "split_kv_sm90a_pairs", "split_kv_sm90a_one_page",
-         "previous", "baseline", "flashinfer_fa3", "torch_ref")
+         "previous", "baseline", "flashinfer_fa3", "flashmla", "torch_ref")
 PREVIOUS = "previous"
 # "ours" in the targets: the split path LaunchMlaVerify dispatches to for the shape (the
 # record the benchmark marks "dispatched").
@@ -97,9 +97,9 @@ def main():
     lines += ["", "## All points", "",
               "µs per impl; then ours (the dispatched split path, named) GB/s (fraction of copy) "
               "and TFLOP/s (fraction of GEMM); winner = fastest of all, with its margin over the "
-              "runner-up; vs FI = FlashInfer time / ours (> 1: ours faster).", ""]
+              "runner-up; vs FI = FlashInfer time / ours (> 1: ours faster); vs FlashMLA the same for FlashMLA.", ""]
     head = "| h_q | s_q | batch | len | " + " | ".join(f"{i} µs" for i in impls) + \
-           " | ours | ours GB/s (frac) | ours TFLOP/s (frac) | winner | vs FI |"
+           " | ours | ours GB/s (frac) | ours TFLOP/s (frac) | winner | vs FI | vs FlashMLA |"
     lines += [head, "|" + "---|" * (head.count("|") - 1)]
     for k in sorted(by_point):
         d = by_point[k]
@@ -111,10 +111,10 @@ def main():
         win = ranked[0]["impl"]
         if len(ranked) > 1:
             win += f" by {ranked[1]['graph_us_p50'] / ranked[0]['graph_us_p50']:.2f}x"
-        vs = (f"{d['flashinfer_fa3']['graph_us_p50'] / sp['graph_us_p50']:.2f}"
-              if sp and "flashinfer_fa3" in d else "–")
+        vs = [f"{d[peer]['graph_us_p50'] / sp['graph_us_p50']:.2f}" if sp and peer in d else "–"
+              for peer in ("flashinfer_fa3", "flashmla")]
         lines.append(f"| {k[0]} | {k[1]} | {k[2]} | {k[3]} | " + " | ".join(cells) +
-                     f" | {sp['impl'] if sp else '–'} | {rate} | {tf} | {win} | {vs} |")
+                     f" | {sp['impl'] if sp else '–'} | {rate} | {tf} | {win} | {vs[0]} | {vs[1]} |")
     if args.trace and os.path.exists(args.trace):
         lines += ["", "## In-kernel trace", "", open(args.trace).read().rstrip()]
     if merged["skipped"]:
@@ -209,6 +209,18 @@ def targets(by_point, ceil):
                f"slower at {len(lose)} of {len(vs)} points, {len(lose) - len(lose_unexcused)} of them "
                f"within the 3% (geomean ours / FlashInfer time {gm:.3f}) | – | "
                f"{'yes' if vs and not lose_unexcused else 'no'} |")
+    # FlashMLA, where it ran: not a target of its own, its standing beside ours.
+    vm = [k for k in by_point if OURS in by_point[k] and "flashmla" in by_point[k]]
+    if vm:
+        ratio = {k: by_point[k][OURS]["graph_us_p50"] / by_point[k]["flashmla"]["graph_us_p50"]
+                 for k in vm}
+        gm_mla = 1.0
+        for r in ratio.values():
+            gm_mla *= r
+        gm_mla **= 1.0 / len(vm)
+        out.append(f"| (beside FlashMLA's sm90 dense decode) | slower at "
+                   f"{sum(r > 1 for r in ratio.values())} of {len(vm)} points (geomean ours / "
+                   f"FlashMLA time {gm_mla:.3f}) | – | – |")
     if slower:
         out += ["", "Points where ours is slower than the baseline (ours / baseline time): " +
                 ", ".join(f"h{k[0]} s{k[1]} b{k[2]} {k[3]}: "
@@ -234,7 +246,7 @@ def plot(by_point, impls, path, merged):
         return
     fig, axes = plt.subplots(2, 2, figsize=(12, 9))
     styles = {"split_kv": "-o", "split_kv_sm90a": "-D", "baseline": "--s", "flashinfer_fa3": "-.^",
-              "torch_ref": ":x", "previous": ":D"}
+              "flashmla": "-.v", "torch_ref": ":x", "previous": ":D"}
     for row, h in enumerate((16, 128)):
         for col, b in enumerate((1, 64)):
             ax = axes[row][col]

@@ -12,8 +12,9 @@
 # build); WHEEL_DIR the FlashInfer (slim) and apache-tvm-ffi wheels. Environment: SWEEP
 # (full|quick|targets, default full), POINTS (h:s:b:len,...: only these points), IMPLS (the
 # benchmark's --impls), DEADLINE_S (default 285: the peers get what is left of it), SKIP_TESTS=1,
-# SKIP_PEERS=1, PEER_IMPLS (peers.py --impls), PREV_BIN (a mla-verify-bench built from an earlier
-# commit, PREV_GIT its commit: its dispatched path on the same points, "previous" in the report),
+# SKIP_PEERS=1, PEER_IMPLS (peers.py --impls; flashmla needs FLASHMLA_PEER_LIB, built by
+# flashmla/build.sh), PREV_BIN (a mla-verify-bench built from an earlier commit, PREV_GIT its
+# commit: its dispatched path on the same points, "previous" in the report),
 # TRACE_BIN (a mla-verify-bench built with -DPROBESIDECAR_MLA_TRACE=ON) with TRACE_POINTS and
 # TRACE_IMPLS (its in-kernel trace at those points, summarised by trace_report.py), SANITIZE=1
 # (compute-sanitizer over a few GPU tests after the benchmarks: SANITIZE_TOOLS, default memcheck
