@@ -207,9 +207,14 @@ def run_passes(bench: Bench, bin_dir: pathlib.Path, out_dir: pathlib.Path, passe
         command = [str(bin_dir / bench.binary), "--sweep", "quick", "--out", str(out),
                    *receipt_args, *extra]
         print("$", " ".join(command), flush=True)
-        done = subprocess.run(command)
-        if done.returncode != 0 or not out.exists():
-            notes.append(f"pass {n}: {bench.binary} exit {done.returncode}"
+        out.unlink(missing_ok=True)  # a file left by an earlier run is no measurement of this one
+        try:
+            returncode = subprocess.run(command).returncode
+        except OSError as e:
+            notes.append(f"pass {n}: cannot run {command[0]}: {e.strerror}")
+            continue
+        if returncode != 0 or not out.exists():
+            notes.append(f"pass {n}: {bench.binary} exit {returncode}"
                          + ("" if out.exists() else ", no results file"))
             continue
         docs.append(json.loads(out.read_text()))

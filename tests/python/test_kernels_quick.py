@@ -187,7 +187,8 @@ def run_script(tmp_path, scales, *flags):
         [sys.executable, str(pathlib.Path(kq.__file__)), "--bin-dir", str(bin_dir),
          "--out-dir", str(tmp_path / "out"), "--committed-dir", str(committed), "--git", GIT,
          *flags], capture_output=True, text=True, env=env, timeout=120)
-    calls = [json.loads(line) for line in (tmp_path / "calls.jsonl").read_text().splitlines()]
+    log = tmp_path / "calls.jsonl"
+    calls = [json.loads(line) for line in log.read_text().splitlines()] if log.exists() else []
     return done, calls
 
 
@@ -225,3 +226,9 @@ def test_the_script_exits_1_on_a_regression(tmp_path):
     assert textwrap.dedent("""\
         == probe: 4 points, worst ratio 1.040, 4 over 1.03x, 0 without a committed figure
         """) in done.stdout
+
+
+def test_the_script_says_when_a_benchmark_cannot_run(tmp_path):
+    done, _ = run_script(tmp_path, "1.0,1.0,1.0,1.0", "--bin-dir", str(tmp_path / "nowhere"))
+    assert done.returncode == kq.NO_MEASUREMENT, done.stdout + done.stderr
+    assert "note: pass 2: cannot run " in done.stdout
