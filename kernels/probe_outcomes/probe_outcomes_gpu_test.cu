@@ -15,8 +15,8 @@
 #include <vector>
 
 #include "gtest/gtest.h"
-#include "kernels/probe_outcomes/probe_outcomes.h"
 #include "kernels/blocks/gpu_test_main.h"
+#include "kernels/probe_outcomes/probe_outcomes.h"
 
 namespace probesidecar::kernels {
 namespace {
@@ -88,6 +88,23 @@ void ExpectSameCounts(const ProbeOutcomeCounts& want, const ProbeOutcomeCounts& 
   }
 }
 
+// The words a host count added (CountProbeOutcomesCpu), as one label slot's counts.
+ProbeOutcomeCounts HostCounts(const ProbeOutcomeLayout& layout,
+                              const std::vector<std::atomic<uint64_t>>& words) {
+  ProbeOutcomeCounts counts(layout, 1);
+  for (size_t i = 0; i < words.size(); ++i) counts.words[i] = words[i].load();
+  return counts;
+}
+
+// One label slot's counters on the device against `want`.
+void ExpectDeviceCounts(const ProbeOutcomeCounts& want, const unsigned long long* counters,
+                        const char* what) {
+  ProbeOutcomeCounts got(want.layout, 1);
+  ASSERT_CUDA(cudaMemcpy(got.words.data(), counters, sizeof(uint64_t) * got.words.size(),
+                         cudaMemcpyDeviceToHost));
+  ExpectSameCounts(want, got, what);
+}
+
 class CountProbeOutcomesTest : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -116,11 +133,20 @@ class CountProbeOutcomesTest : public ::testing::Test {
     EXPECT_EQ(cudaMemcpy(&total, total_, sizeof(total), cudaMemcpyDeviceToHost), cudaSuccess);
     return total;
   }
-  void Bind(CountProbeOutcomesParams* p) const {
-    p->descriptor = descriptor_;
-    p->scratch = scratch_;
-    p->non_finite_total = total_;
-    p->request_non_finite = counts_device_;
+  // The count of shape `s` against `tables`, reading this fixture's descriptor and keeping its
+  // scratch, running total and published count.
+  CountProbeOutcomesParams Params(const ProbeOutcomeTables& tables, const Shape& s) const {
+    CountProbeOutcomesParams p;
+    p.descriptor = descriptor_;
+    p.thresholds = tables.thresholds;
+    p.bounds = tables.bounds;
+    p.num_probes = s.probes;
+    p.num_bounds = s.bounds;
+    p.bucket = s.bucket;
+    p.scratch = scratch_;
+    p.non_finite_total = total_;
+    p.request_non_finite = counts_device_;
+    return p;
   }
 
   cudaStream_t stream_ = nullptr;
@@ -171,14 +197,7 @@ TEST_F(CountProbeOutcomesTest, EqualsTheHostCountForEveryGridForm) {
     d.add_to_total = 1;
     d.publish_count = 1;
     ASSERT_CUDA(cudaMemcpyAsync(descriptor_, &d, sizeof(d), cudaMemcpyHostToDevice, stream_));
-    CountProbeOutcomesParams p;
-    p.descriptor = descriptor_;
-    p.thresholds = tables.thresholds;
-    p.bounds = tables.bounds;
-    p.num_probes = s.probes;
-    p.num_bounds = s.bounds;
-    p.bucket = s.bucket;
-    Bind(&p);
+    const CountProbeOutcomesParams p = Params(tables, s);
     // Twice: the counts double, the scratch is left zero between launches.
     ASSERT_CUDA(LaunchCountProbeOutcomes(p, stream_));
     ASSERT_CUDA(LaunchCountProbeOutcomes(p, stream_));
@@ -189,11 +208,7 @@ TEST_F(CountProbeOutcomesTest, EqualsTheHostCountForEveryGridForm) {
                                     layout};
     CountProbeOutcomesCpu(cpu, 0, s.rows, host.data());
     CountProbeOutcomesCpu(cpu, 0, s.rows, host.data());
-    ProbeOutcomeCounts want(layout, 1), got(layout, 1);
-    for (size_t i = 0; i < host.size(); ++i) want.words[i] = host[i].load();
-    ASSERT_CUDA(cudaMemcpy(got.words.data(), counters, sizeof(uint64_t) * got.words.size(),
-                           cudaMemcpyDeviceToHost));
-    ExpectSameCounts(want, got, "device vs host");
+    ExpectDeviceCounts(HostCounts(layout, host), counters, "device vs host");
 
     uint32_t non_finite = 0;
     for (int r = 0; r < s.rows; ++r) {
@@ -233,14 +248,7 @@ TEST_F(CountProbeOutcomesTest, AGraphReplayedWithChangingDescriptorsCountsEveryR
   float* d_scores = nullptr;
   ASSERT_CUDA(cudaMalloc(&d_scores, sizeof(float) * s.bucket * s.stride));
 
-  CountProbeOutcomesParams p;
-  p.descriptor = descriptor_;
-  p.thresholds = tables.thresholds;
-  p.bounds = tables.bounds;
-  p.num_probes = s.probes;
-  p.num_bounds = s.bounds;
-  p.bucket = s.bucket;
-  Bind(&p);
+  const CountProbeOutcomesParams p = Params(tables, s);
   cudaGraph_t graph = nullptr;
   cudaGraphExec_t exec = nullptr;
   ASSERT_CUDA(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal));
@@ -285,11 +293,8 @@ TEST_F(CountProbeOutcomesTest, AGraphReplayedWithChangingDescriptorsCountsEveryR
     ASSERT_EQ(Total(), total) << replay;
   }
   for (int slot = 0; slot < 2; ++slot) {
-    ProbeOutcomeCounts expected(layout, 1), got(layout, 1);
-    for (size_t i = 0; i < want[slot].size(); ++i) expected.words[i] = want[slot][i].load();
-    ASSERT_CUDA(cudaMemcpy(got.words.data(), slots[slot], sizeof(uint64_t) * got.words.size(),
-                           cudaMemcpyDeviceToHost));
-    ExpectSameCounts(expected, got, slot == 0 ? "slot 0" : "slot 1");
+    const ProbeOutcomeCounts expected = HostCounts(layout, want[slot]);
+    ExpectDeviceCounts(expected, slots[slot], slot == 0 ? "slot 0" : "slot 1");
     EXPECT_GT(expected.rows(0), 0u);
   }
   cudaGraphExecDestroy(exec);
@@ -337,14 +342,7 @@ TEST_F(CountProbeOutcomesTest, GroupCountsCountOnlyTheRealRowsOfEachGroup) {
   d.publish_count = 1;
   d.group_rows = group_rows;
   ASSERT_CUDA(cudaMemcpy(descriptor_, &d, sizeof(d), cudaMemcpyHostToDevice));
-  CountProbeOutcomesParams p;
-  p.descriptor = descriptor_;
-  p.thresholds = tables.thresholds;
-  p.bounds = tables.bounds;
-  p.num_probes = s.probes;
-  p.num_bounds = s.bounds;
-  p.bucket = s.bucket;
-  Bind(&p);
+  const CountProbeOutcomesParams p = Params(tables, s);
   ASSERT_CUDA(LaunchCountProbeOutcomes(p, stream_));
   ASSERT_CUDA(cudaStreamSynchronize(stream_));
 
@@ -361,11 +359,7 @@ TEST_F(CountProbeOutcomesTest, GroupCountsCountOnlyTheRealRowsOfEachGroup) {
   const ProbeOutcomeCpuParams cpu{counted.data(), s.stride, thresholds.data(), bounds.data(),
                                   layout};
   CountProbeOutcomesCpu(cpu, 0, real, host.data());
-  ProbeOutcomeCounts want(layout, 1), got(layout, 1);
-  for (size_t i = 0; i < host.size(); ++i) want.words[i] = host[i].load();
-  ASSERT_CUDA(cudaMemcpy(got.words.data(), counters, sizeof(uint64_t) * got.words.size(),
-                         cudaMemcpyDeviceToHost));
-  ExpectSameCounts(want, got, "group counts");
+  ExpectDeviceCounts(HostCounts(layout, host), counters, "group counts");
   uint32_t non_finite = 0;
   for (int i = 0; i < real; ++i) {
     for (int c = 0; c < s.probes; ++c)
@@ -421,14 +415,7 @@ TEST_F(CountProbeOutcomesTest, AProgrammaticCountWaitsForTheScores) {
   d.counters = counters;
   d.num_rows = s.rows;
   ASSERT_CUDA(cudaMemcpy(descriptor_, &d, sizeof(d), cudaMemcpyHostToDevice));
-  CountProbeOutcomesParams p;
-  p.descriptor = descriptor_;
-  p.thresholds = tables.thresholds;
-  p.bounds = tables.bounds;
-  p.num_probes = s.probes;
-  p.num_bounds = s.bounds;
-  p.bucket = s.bucket;
-  Bind(&p);
+  const CountProbeOutcomesParams p = Params(tables, s);
   std::printf("programmatic launches here: %s\n", CountCanFollowProgrammatically() ? "yes" : "no");
   const int n = static_cast<int>(scores.size());
   auto enqueue = [&]() {
@@ -451,11 +438,7 @@ TEST_F(CountProbeOutcomesTest, AProgrammaticCountWaitsForTheScores) {
   const ProbeOutcomeCpuParams cpu{scores.data(), s.stride, thresholds.data(), bounds.data(),
                                   layout};
   for (int i = 0; i < 4; ++i) CountProbeOutcomesCpu(cpu, 0, s.rows, host.data());
-  ProbeOutcomeCounts want(layout, 1), got(layout, 1);
-  for (size_t i = 0; i < host.size(); ++i) want.words[i] = host[i].load();
-  ASSERT_CUDA(cudaMemcpy(got.words.data(), counters, sizeof(uint64_t) * got.words.size(),
-                         cudaMemcpyDeviceToHost));
-  ExpectSameCounts(want, got, "programmatic");
+  ExpectDeviceCounts(HostCounts(layout, host), counters, "programmatic");
   cudaGraphExecDestroy(exec);
   cudaGraphDestroy(graph);
   cudaFree(source);
@@ -495,6 +478,4 @@ TEST(CountProbeOutcomesValidation, OutOfRangeParamsAreRefused) {
 }  // namespace
 }  // namespace probesidecar::kernels
 
-int main(int argc, char** argv) {
-  return probesidecar::kernels::gpu_test::RunGpuTests(argc, argv);
-}
+int main(int argc, char** argv) { return probesidecar::kernels::gpu_test::RunGpuTests(argc, argv); }

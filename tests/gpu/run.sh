@@ -23,7 +23,7 @@
 #                                   repository root, with .gpu/ (or .gpu-packed/) carried:
 #       run(command="STEPS='tests kernels rpc' tests/gpu/run.sh", carry=[".gpu"])
 #
-# Steps (STEPS, default "tests kernels metrics rpc decode"):
+# Steps (STEPS, default "tests quick kernels metrics rpc decode"):
 #   tests    every GPU test: the kernel tests (probe scoring, request staging, verify support, MLA
 #            verify, tap writes), the C++ tap against the server (tap_gpu_test), and the two-process
 #            Python tests (IPC, executor, ordering and device rows, metrics, Verify, taps and the
@@ -31,6 +31,13 @@
 #            test_gpu_faults.py, test_gpu_stuck.py). PROBE_SIDECAR_REQUIRE_GPU=1: a test that would
 #            skip fails here. KERNEL_TESTS and PYTHON_TESTS (space-separated) run a subset, e.g.
 #            with a BINARIES bundle.
+#   quick    the quick kernel sweeps against the committed full-sweep figures
+#            (bench/kernels_quick.py): probe-score-bench and mla-verify-bench --sweep quick,
+#            QUICK_PASSES times (default 2), each point's fastest pass over the committed time of
+#            the same implementation and shape, in kernels_quick.txt (and each pass's JSON). Fails
+#            where a ratio is over QUICK_THRESHOLD (default 1.03), a measured point has no
+#            committed figure, or a benchmark measured nothing. Needs only those two binaries
+#            (BINARIES="probe-score-bench mla-verify-bench").
 #   kernels  the probe-scoring benchmark with its torch and Triton peers (bench/run_probe_score.sh)
 #   metrics  the metrics-recording micro-benchmark on this host's CPUs (raw Google Benchmark JSON)
 #   rpc      the end-to-end RPC benchmark (probe-bench against probe-sidecar and a bare gRPC
@@ -100,7 +107,7 @@ export PROBE_BENCH_BIN="$bin/probe-bench" PROBE_ECHO_SERVER_BIN="$bin/probe-echo
 export PROBE_SIDECAR_GIT="$(cat "$gpu/git")"
 [[ "$PROBE_SIDECAR_GIT" == *+dirty ]] && export ALLOW_DIRTY=1  # results are then marked dirty
 git_hash="$PROBE_SIDECAR_GIT"
-steps="${STEPS:-tests kernels metrics rpc decode}"
+steps="${STEPS:-tests quick kernels metrics rpc decode}"
 summary=()
 status=0
 log="$out/run.log"
@@ -142,6 +149,18 @@ if [[ " $steps " == *" tests "* ]]; then
   # The figures the reliability tests record (gpu_faults.json, gpu_stuck.json).
   cp "$gpu"/bundle/reliability/*.json "$out/" 2>/dev/null
   note "python GPU tests" $rc ": $(tail -1 "$out/python_gpu_tests.log")"
+fi
+
+if [[ " $steps " == *" quick "* ]]; then
+  echo "== quick: quick kernel sweeps against the committed figures"
+  # The benchmarks link cuBLAS (not carried in the bundle).
+  LD_LIBRARY_PATH=/usr/local/cuda/lib64${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH} \
+    timeout "${QUICK_TIMEOUT:-400}" python3 bench/kernels_quick.py --bin-dir "$bin" \
+    --out-dir "$out" --passes "${QUICK_PASSES:-2}" --threshold "${QUICK_THRESHOLD:-1.03}" \
+    ${ALLOW_DIRTY:+--allow-dirty} >"$out/kernels_quick_run.log" 2>&1
+  rc=$?
+  note "quick kernel sweeps" $rc \
+    " (kernels_quick.txt: $(grep -h '^== exit' "$out/kernels_quick.txt" 2>/dev/null))"
 fi
 
 if [[ " $steps " == *" kernels "* ]]; then
@@ -251,6 +270,7 @@ fi
 echo "== summary" | tee -a "$log"
 printf '%s\n' "${summary[@]}" | tee -a "$log"
 pack
+[[ -f "$out/kernels_quick.txt" ]] && grep -E '^== (probe|mla):.*points' "$out/kernels_quick.txt"
 [[ -f "$out/probe_score.md" ]] && sed -n '/^## Targets/,/^## Crossovers/p' "$out/probe_score.md" | head -20
 [[ -f "$out/rpc_score.md" ]] && grep -A12 -i "^## Targets" "$out/rpc_score.md" | head -16
 [[ -f "$out/decode_loop.md" ]] && grep -A14 -i "^## Targets" "$out/decode_loop.md" | head -16

@@ -1,4 +1,4 @@
-"""What the GPU fault tests share: a probe set and its float64 reference, a GPU stream that stays
+"""What the GPU fault tests share: a probe set, a GPU stream that stays
 busy for a chosen time (torch.cuda._sleep: the "client whose GPU work never completes"), Score
 requests ordered behind such a stream through the client's IPC ready event, and the server's
 figures read from /metrics. Imported only by GPU test modules (it needs torch)."""
@@ -9,7 +9,7 @@ import time
 
 import torch
 
-from probe_files import bf16_tensor_file
+from probe_files import bf16_probes, bf16_tensor_file
 from probesidecar.v1 import score_pb2
 from server_state import metric
 
@@ -17,15 +17,8 @@ T, H, P = 4096, 4096, 16
 
 
 def make_probes(seed: int = 7) -> tuple[torch.Tensor, torch.Tensor, bytes]:
-    g = torch.Generator(device="cuda").manual_seed(seed)
-    weight = (torch.randn(P, H, device="cuda", generator=g) / H**0.5).to(torch.bfloat16)
-    bias = (torch.randn(P, device="cuda", generator=g) * 0.1).to(torch.bfloat16)
+    weight, bias = bf16_probes(P, H, generator=torch.Generator(device="cuda").manual_seed(seed))
     return weight, bias, bf16_tensor_file(weight, bias, {"activation": "none"})
-
-
-def reference(x: torch.Tensor, rows, weight: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
-    idx = torch.as_tensor(rows, device=x.device).long()
-    return torch.addmm(bias.double(), x.index_select(0, idx).double(), weight.double().t())
 
 
 _CYCLES_PER_SECOND: list[float] = []

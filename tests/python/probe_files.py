@@ -1,4 +1,6 @@
-"""Probe-set files written by the real `safetensors` package, and a float64 reference."""
+"""Probe-set files written by the real `safetensors` package, and a float64 reference; for the GPU
+tests, random bfloat16 probe weights in torch and their float64 reference (torch is imported only
+by those: the CPU tests need no torch)."""
 
 from __future__ import annotations
 
@@ -57,6 +59,27 @@ def bf16_tensor_file(weight, bias, metadata: dict | None = None) -> bytes:
 
     return safetensors_bytes({"weight": (bits(weight), "bf16"), "bias": (bits(bias), "bf16")},
                              metadata)
+
+
+def bf16_probes(num_probes: int, hidden: int, *, device="cuda", generator=None):
+    """Random probe weights as torch tensors: weight [P, H] ~ N(0, 1/H) and bias [P] ~ N(0, 0.01),
+    rounded to bfloat16, drawn in that order on `device` from `generator` (default: torch's
+    global generator)."""
+    import torch
+
+    weight = torch.randn(num_probes, hidden, device=device, generator=generator) / hidden**0.5
+    bias = torch.randn(num_probes, device=device, generator=generator) * 0.1
+    return weight.to(torch.bfloat16), bias.to(torch.bfloat16)
+
+
+def float64_scores(x, rows, weight, bias):
+    """x[rows] @ weight^T + bias in float64 on x's device, of torch tensors (`rows`: a list or a
+    tensor of indices, or None for every row of x)."""
+    import torch
+
+    if rows is not None:
+        x = x.index_select(0, torch.as_tensor(rows, device=x.device).long())
+    return torch.addmm(bias.double().to(x.device), x.double(), weight.double().to(x.device).t())
 
 
 class ProbeFile:

@@ -17,7 +17,7 @@ from conftest import require_cuda  # noqa: E402
 torch = require_cuda()
 
 from conftest import Sidecar  # noqa: E402
-from probe_files import bf16_tensor_file, rel_error  # noqa: E402
+from probe_files import bf16_probes, bf16_tensor_file, float64_scores, rel_error  # noqa: E402
 from probe_sidecar import ProbeSidecarError  # noqa: E402
 from probe_sidecar.torch import TorchClient  # noqa: E402
 from probesidecar.v1 import score_pb2, tensor_pb2  # noqa: E402
@@ -25,17 +25,10 @@ from probesidecar.v1 import score_pb2, tensor_pb2  # noqa: E402
 T, H, P = 4096, 4096, 16
 
 
-def reference(x, rows, weight, bias):
-    idx = rows.long() if isinstance(rows, torch.Tensor) else torch.tensor(rows, device=x.device)
-    return torch.addmm(bias.double(), x.index_select(0, idx.to(x.device)).double(),
-                       weight.double().t())
-
-
 @pytest.fixture(scope="module")
 def setup():
     torch.manual_seed(7)
-    weight = (torch.randn(P, H, device="cuda") / H**0.5).to(torch.bfloat16)
-    bias = (torch.randn(P, device="cuda") * 0.1).to(torch.bfloat16)
+    weight, bias = bf16_probes(P, H)
     with Sidecar(["--backend=cuda", "--warmup-rows=1,64"]) as server:
         with server.client() as c:
             c.load_probe_set("p16", data=bf16_tensor_file(weight, bias, {"activation": "none"}))
@@ -59,7 +52,7 @@ def test_slow_producer_on_the_gpu_is_waited_for_without_host_syncs(setup):
             x.normal_()
             rows.copy_(torch.randint(0, T, (64,), device="cuda", dtype=torch.int32))
             handle = tc.score_async(x, rows, "p16", out=out)
-            expected.append(reference(x, rows, weight, bias))  # same stream: the same inputs
+            expected.append(float64_scores(x, rows, weight, bias))  # same stream: the same inputs
             handle.wait_stream(stream)  # GPU-side: the scores are written before we copy them
             history.append(out.clone())
             out.fill_(float("nan"))
@@ -78,7 +71,7 @@ def test_async_loop_with_host_rows_and_inline_scores(setup):
         for i in range(32):
             rows = np.random.default_rng(i).integers(0, T, 8).tolist()
             handles.append(tc.score_async(x, rows, "p16", request_id=i))
-            wants.append(reference(x, rows, weight, bias).cpu().numpy())
+            wants.append(float64_scores(x, rows, weight, bias).cpu().numpy())
         for i, (handle, want) in enumerate(zip(handles, wants)):
             result = handle.result(timeout=60)
             assert result.request_id == i
@@ -105,7 +98,7 @@ def test_invalid_device_rows_give_nan_and_a_clear_error(setup):
         assert "2 of the 4 row indices" in error.value.message
         torch.cuda.synchronize()
         assert torch.isnan(out[1]).all() and torch.isnan(out[3]).all()
-        want = reference(x, torch.tensor([1, 2], device="cuda"), weight, bias)
+        want = float64_scores(x, torch.tensor([1, 2], device="cuda"), weight, bias)
         got = out[[0, 2]].double()
         assert rel_error(got, want) <= 1e-3
         # Asynchronous: NaN in the output, and the counter.

@@ -21,7 +21,7 @@ from conftest import require_cuda  # noqa: E402
 torch = require_cuda()
 
 from conftest import BIN, sidecar_fixture  # noqa: E402
-from probe_files import rel_error, safetensors_bytes  # noqa: E402
+from probe_files import bf16_probes, bf16_tensor_file, float64_scores, rel_error  # noqa: E402
 from probe_sidecar.torch import TorchClient  # noqa: E402
 from probesidecar.v1 import buffers_pb2  # noqa: E402
 from server_state import samples  # noqa: E402
@@ -35,13 +35,10 @@ sidecar = sidecar_fixture("--backend=cuda", "--devices=all", "--warmup-rows=1,64
 @pytest.fixture(scope="module")
 def probe(sidecar):
     torch.manual_seed(0)
-    weight = (torch.randn(16, H) / H**0.5).to(torch.bfloat16)
-    bias = (torch.randn(16) * 0.1).to(torch.bfloat16)
-    bits = lambda t: t.view(torch.int16).numpy().view("uint16")  # noqa: E731
+    weight, bias = bf16_probes(16, H, device="cpu")
     with sidecar.client() as c:
-        c.load_probe_set("p16", data=safetensors_bytes({"weight": (bits(weight), "bf16"),
-                                                        "bias": (bits(bias), "bf16")}))
-    return weight.double(), bias.double()
+        c.load_probe_set("p16", data=bf16_tensor_file(weight, bias))
+    return weight, bias
 
 
 def test_every_device_is_served_and_reported(sidecar, probe):
@@ -64,7 +61,7 @@ def test_scores_match_float64_on_device_0(sidecar, probe):
     rows = list(range(0, 2048, 5))
     with TorchClient(sidecar.uds_target) as tc:
         result = tc.score(x, rows, "p16")
-    ref = x[rows].double().cpu() @ weight.t() + bias  # float64 (446 rows: cheap on the CPU)
+    ref = float64_scores(x[rows].cpu(), None, weight, bias)  # 446 rows: cheap on the CPU
     assert rel_error(result.scores, ref) <= 1e-3
 
 

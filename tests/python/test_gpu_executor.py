@@ -16,7 +16,7 @@ from conftest import require_cuda  # noqa: E402
 torch = require_cuda()
 
 from conftest import Sidecar  # noqa: E402
-from probe_files import bf16_tensor_file, rel_error  # noqa: E402
+from probe_files import bf16_probes, bf16_tensor_file, float64_scores, rel_error  # noqa: E402
 from probe_sidecar.torch import TorchClient  # noqa: E402
 from probesidecar.v1 import score_pb2, sidecar_pb2  # noqa: E402
 
@@ -26,8 +26,7 @@ REQUESTS = 48
 
 def test_control_rpcs_answer_while_every_stream_slot_is_busy():
     torch.manual_seed(1)
-    weight = (torch.randn(P, H) / H**0.5).to(torch.bfloat16)
-    bias = (torch.randn(P) * 0.1).to(torch.bfloat16)
+    weight, bias = bf16_probes(P, H, device="cpu")
     data = bf16_tensor_file(weight, bias, {"activation": "none"})
     with Sidecar(["--backend=cuda", "--cuda-workers=2", "--warmup-rows=1",
                   "--max-message-bytes=128Mi"]) as server, TorchClient(server.uds_target) as tc:
@@ -63,9 +62,7 @@ def test_control_rpcs_answer_while_every_stream_slot_is_busy():
         elapsed = time.monotonic() - started
         torch.cuda.synchronize()
         # Each request wrote the same scores: check a sample of rows against float64.
-        idx = torch.tensor(rows[:256], device="cuda")
-        ref = torch.addmm(bias.double().cuda(), x.index_select(0, idx).double(),
-                          weight.double().cuda().t())
+        ref = float64_scores(x, rows[:256], weight, bias)
         rel = rel_error(out[:256], ref)
         assert rel <= 1e-3, rel
         assert not torch.isnan(out).any()

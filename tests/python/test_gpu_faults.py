@@ -30,8 +30,8 @@ from conftest import require_cuda  # noqa: E402
 torch = require_cuda()
 
 from conftest import FAULTS_BIN, Sidecar  # noqa: E402
-from gpu_faults_support import H, P, T, busy_stream, make_probes, reference, request_after  # noqa: E402,E501
-from probe_files import rel_error  # noqa: E402
+from gpu_faults_support import H, P, T, busy_stream, make_probes, request_after  # noqa: E402
+from probe_files import float64_scores, rel_error  # noqa: E402
 from probe_sidecar import ProbeSidecarError  # noqa: E402
 from probe_sidecar.torch import TorchClient  # noqa: E402
 from server_state import figures_fixture, metric, wait_for  # noqa: E402
@@ -82,7 +82,7 @@ def test_non_finite_scores_in_device_outputs_are_counted_on_the_gpu(figures, ser
         result = tc.score(x, good, "p16", out=out[:4])
         assert result.non_finite == 0
         torch.cuda.synchronize()
-        assert rel_error(out[:4].cpu().numpy(), reference(x, good, weight, bias)) <= 1e-3
+        assert rel_error(out[:4].cpu().numpy(), float64_scores(x, good, weight, bias)) <= 1e-3
         device_rows = torch.tensor([1, T + 3], device="cuda", dtype=torch.int32)
         tc.score_async(x, device_rows, "p16", out=out[:2]).wait()
         assert wait_for(lambda: total() - before == 5 * P, 5), total() - before
@@ -138,7 +138,7 @@ def test_a_real_cuda_fault_stops_the_server_and_fails_every_request(figures, pro
         assert next(watch) == SERVING
         with TorchClient(s.uds_target) as tc, TorchClient(s.uds_target, events_in_flight=4) as other:
             x = torch.randn(T, H, device="cuda", dtype=torch.bfloat16)
-            want = reference(x, ROWS, weight, bias)
+            want = float64_scores(x, ROWS, weight, bias)
             for _ in range(2):
                 assert rel_error(tc.score(x, ROWS, "p16").scores, want) <= 1e-3
             stream = busy_stream(1.0)

@@ -22,7 +22,7 @@ from conftest import require_cuda  # noqa: E402
 torch = require_cuda()
 
 from conftest import Sidecar, sidecar_fixture  # noqa: E402
-from probe_files import bf16_tensor_file, rel_error  # noqa: E402
+from probe_files import bf16_probes, bf16_tensor_file, float64_scores, rel_error  # noqa: E402
 from probe_sidecar import ProbeSidecarError  # noqa: E402
 from probe_sidecar.torch import TorchClient  # noqa: E402
 from probe_sidecar.results import score_result  # noqa: E402
@@ -31,17 +31,9 @@ from probesidecar.v1 import buffers_pb2, score_pb2  # noqa: E402
 H = 4096
 
 
-def bf16_probe_file(weight: torch.Tensor, bias: torch.Tensor, activation: str = "none") -> bytes:
-    """A probe set whose bf16 weights are exactly the torch tensors' rounded to bf16."""
-    return bf16_tensor_file(weight.to(torch.bfloat16), bias.to(torch.bfloat16),
-                            {"activation": activation})
-
-
 def reference(x: torch.Tensor, rows, weight, bias, activation="none") -> torch.Tensor:
-    """torch's own index_select + addmm, in float64."""
-    idx = torch.as_tensor(rows, device=x.device, dtype=torch.long)
-    scores = torch.addmm(bias.to(torch.bfloat16).double(), x.index_select(0, idx).double(),
-                         weight.to(torch.bfloat16).double().t())
+    """The float64 scores, through the probe set's activation."""
+    scores = float64_scores(x, rows, weight, bias)
     return torch.sigmoid(scores) if activation == "sigmoid" else scores
 
 
@@ -55,9 +47,8 @@ def probe_sets(sidecar):
     with sidecar.client() as c:
         for name, p, activation in [("p1", 1, "none"), ("p16", 16, "sigmoid"), ("p128", 128, "none"),
                                     ("p1024", 1024, "none")]:
-            weight = torch.randn(p, H, device="cuda") / H**0.5
-            bias = torch.randn(p, device="cuda") * 0.1
-            c.load_probe_set(name, data=bf16_probe_file(weight, bias, activation))
+            weight, bias = bf16_probes(p, H)
+            c.load_probe_set(name, data=bf16_tensor_file(weight, bias, {"activation": activation}))
             sets[name] = (weight, bias, activation)
     return sets
 
@@ -178,7 +169,8 @@ def test_unregister_while_in_flight_is_deferred(probe_sets):
     with Sidecar(["--backend=cuda", "--cuda-workers=1", "--warmup-rows=8192",
                   "--metrics-listen=none"]) as server, TorchClient(server.uds_target) as tc:
         with server.client() as c:
-            c.load_probe_set("p1024", data=bf16_probe_file(weight, bias, activation))
+            c.load_probe_set("p1024",
+                             data=bf16_tensor_file(weight, bias, {"activation": activation}))
         x = torch.randn(16384, H, device="cuda", dtype=torch.bfloat16)
         rows = torch.randint(0, 16384, (8192,)).tolist()
         ref = reference(x, rows, weight, bias, activation)

@@ -18,7 +18,7 @@ from conftest import require_cuda  # noqa: E402
 torch = require_cuda()
 
 from conftest import Sidecar  # noqa: E402
-from probe_files import bf16_tensor_file  # noqa: E402
+from probe_files import bf16_probes, bf16_tensor_file  # noqa: E402
 from probe_sidecar.torch import TorchClient  # noqa: E402
 
 H = 4096
@@ -32,8 +32,7 @@ def sidecar():
     # Every request timed (the default --gpu-timing-every=1), so every stage has every request.
     with Sidecar(["--backend=cuda", "--gpu-timing-every=1"]) as s:
         with s.client() as c:
-            c.load_probe_set("gpu_m16", data=bf16_tensor_file(
-                torch.randn(P, H).to(torch.bfloat16), torch.randn(P).to(torch.bfloat16)))
+            c.load_probe_set("gpu_m16", data=bf16_tensor_file(*bf16_probes(P, H, device="cpu")))
         yield s
         assert s.process.poll() is None, s.log()
 

@@ -35,9 +35,8 @@ torch = require_cuda()
 
 from conftest import Sidecar  # noqa: E402
 from gpu_faults_support import (H, P, T, busy_stream, cycles_per_second, in_flight,  # noqa: E402
-                                latencies_ms, make_probes, parked, reference, request_after,
-                                summary)
-from probe_files import rel_error  # noqa: E402
+                                latencies_ms, make_probes, parked, request_after, summary)
+from probe_files import float64_scores, rel_error  # noqa: E402
 from probe_sidecar import ProbeSidecarError  # noqa: E402
 from probe_sidecar.torch import TorchClient  # noqa: E402
 from probesidecar.v1 import buffers_pb2  # noqa: E402
@@ -68,7 +67,7 @@ def test_a_stuck_client_holds_up_nobody_else(figures, probes):
         with TorchClient(s.uds_target, events_in_flight=16) as stuck, \
                 TorchClient(s.uds_target) as other:
             x = torch.randn(T, H, device="cuda", dtype=torch.bfloat16)
-            want = reference(x, ROWS, weight, bias)
+            want = float64_scores(x, ROWS, weight, bias)
             out = torch.zeros(64, P, device="cuda")
             rows = torch.tensor(ROWS, device="cuda", dtype=torch.int32)
 
@@ -237,7 +236,7 @@ def test_sigterm_with_gpu_work_in_flight_answers_everything_once(figures, probes
                     codes.append(error.code.name)
             spin.synchronize()
             torch.cuda.synchronize()
-            want = reference(x, ROWS, weight, bias)
+            want = float64_scores(x, ROWS, weight, bias)
             for o, c in zip(outs, codes):
                 if c == "OK":
                     assert rel_error(o.cpu().numpy(), want) <= 1e-3
@@ -301,7 +300,7 @@ def test_a_client_killed_mid_window_leaves_nothing_behind(figures, probes, mode)
     try:
         with TorchClient(s.uds_target, timeout=30) as survivor:
             x = torch.randn(T, H, device="cuda", dtype=torch.bfloat16)
-            want = reference(x, ROWS, weight, bias)
+            want = float64_scores(x, ROWS, weight, bias)
             assert rel_error(survivor.score(x, ROWS, "p16").scores, want) <= 1e-3
 
             def listed() -> int:

@@ -9,6 +9,7 @@ Runs on the GPU machine (tests/gpu/run.sh); skipped where torch or a CUDA device
 from __future__ import annotations
 
 import os
+import pathlib
 import subprocess
 import sys
 import textwrap
@@ -21,7 +22,7 @@ from conftest import require_cuda  # noqa: E402
 torch = require_cuda()
 
 from conftest import Sidecar  # noqa: E402
-from probe_files import bf16_tensor_file, rel_error  # noqa: E402
+from probe_files import bf16_probes, bf16_tensor_file, float64_scores, rel_error  # noqa: E402
 from probe_sidecar.tap import TapError  # noqa: E402
 from probe_sidecar.torch import TorchClient  # noqa: E402
 from probesidecar.v1 import buffers_pb2  # noqa: E402
@@ -38,8 +39,7 @@ def probe_file(weight, bias):
 @pytest.fixture(scope="module")
 def setup():
     torch.manual_seed(11)
-    weight = (torch.randn(P, H, device="cuda") / H**0.5).to(torch.bfloat16)
-    bias = (torch.randn(P, device="cuda") * 0.1).to(torch.bfloat16)
+    weight, bias = bf16_probes(P, H)
     with Sidecar(["--backend=cuda", "--warmup-rows=none"]) as server:
         with server.client() as c:
             c.load_probe_set("tap16", data=probe_file(weight, bias))
@@ -56,7 +56,7 @@ def check_windows(windows, history, weight, bias, batch_of):
             t = window.first_step + i
             n = batch_of(t)
             assert window.num_rows[i] == n, (t, window.num_rows[i], n)
-            want = torch.addmm(bias.double(), history[t][:n].double(), weight.double().t())
+            want = float64_scores(history[t][:n], None, weight, bias)
             got = torch.from_numpy(window.scores[i, :n]).double().to(want.device)
             rel = rel_error(got, want)
             assert rel <= TOLERANCE, f"step {t}: relative error {rel:.3g}"
@@ -194,8 +194,11 @@ def test_works_with_expandable_segments(setup, tmp_path):
     script = tmp_path / "loop.py"
     torch.save({"weight": weight.cpu(), "bias": bias.cpu()}, tmp_path / "probe.pt")
     script.write_text(textwrap.dedent(f"""
+        import sys
         import torch
         from probe_sidecar.torch import TorchClient
+        sys.path.insert(0, {str(pathlib.Path(__file__).parent)!r})
+        from probe_files import float64_scores, rel_error
         probe = torch.load({str(tmp_path / "probe.pt")!r})
         weight, bias = probe["weight"].cuda(), probe["bias"].cuda()
         x = torch.empty(1 << 20, device="cuda")  # the caching allocator's expandable segment
@@ -211,10 +214,8 @@ def test_works_with_expandable_segments(setup, tmp_path):
             tap.close()
             for w in tap.windows():
                 for i in range(w.steps):
-                    want = torch.addmm(bias.double(), rows[w.first_step + i].double(),
-                                       weight.double().t())
-                    got = torch.from_numpy(w.scores[i]).double().cuda()
-                    assert float((got - want).norm() / want.norm()) < {TOLERANCE}
+                    want = float64_scores(rows[w.first_step + i], None, weight, bias)
+                    assert rel_error(w.scores[i], want) < {TOLERANCE}
         print("ok")
     """))
     env = dict(os.environ, PYTORCH_CUDA_ALLOC_CONF="expandable_segments:True")
@@ -230,7 +231,7 @@ def test_a_sidecar_killed_mid_loop_never_stops_the_decode_stream(tmp_path):
     reuse_timeout_s, and the process must exit. Run in a child process, so that a hang fails the
     test instead of stalling it."""
     torch.manual_seed(3)
-    weight = (torch.randn(P, H) / H**0.5).to(torch.bfloat16)
+    weight, _ = bf16_probes(P, H, device="cpu")
     bias = torch.zeros(P, dtype=torch.bfloat16)
     server = Sidecar(["--backend=cuda", "--warmup-rows=none"]).start()
     with server.client() as c:

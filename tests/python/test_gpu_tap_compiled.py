@@ -20,7 +20,7 @@ torch = require_cuda()
 transformers = pytest.importorskip("transformers")
 
 from conftest import Sidecar  # noqa: E402
-from probe_files import bf16_tensor_file, rel_error  # noqa: E402
+from probe_files import bf16_probes, bf16_tensor_file, float64_scores, rel_error  # noqa: E402
 from probe_sidecar import tap_op  # noqa: E402
 from probe_sidecar.torch import TorchClient  # noqa: E402
 from probe_sidecar.transformers import tap_model  # noqa: E402
@@ -32,8 +32,7 @@ TOLERANCE = 1e-3  # relative L2 error of fp32-accumulated bf16 scores against fl
 @pytest.fixture(scope="module")
 def setup():
     torch.manual_seed(3)
-    weight = (torch.randn(P, H, device="cuda") / H**0.5).to(torch.bfloat16)
-    bias = (torch.randn(P, device="cuda") * 0.1).to(torch.bfloat16)
+    weight, bias = bf16_probes(P, H)
     data = bf16_tensor_file(weight, bias, {"activation": "none"})
     with Sidecar(["--backend=cuda", "--warmup-rows=none"]) as server:
         with server.client() as c:
@@ -43,7 +42,7 @@ def setup():
 
 
 def relative_error(got: np.ndarray, rows: torch.Tensor, weight, bias) -> float:
-    return rel_error(got, torch.addmm(bias.double(), rows.double(), weight.double().t()))
+    return rel_error(got, float64_scores(rows, None, weight, bias))
 
 
 def cudagraph_skips() -> int:

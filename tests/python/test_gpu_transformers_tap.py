@@ -16,7 +16,7 @@ torch = require_cuda()
 transformers = pytest.importorskip("transformers")
 
 from conftest import Sidecar  # noqa: E402
-from probe_files import bf16_tensor_file, rel_error  # noqa: E402
+from probe_files import bf16_probes, bf16_tensor_file, float64_scores, rel_error  # noqa: E402
 from probe_sidecar.torch import TorchClient  # noqa: E402
 from probe_sidecar.transformers import tap_model  # noqa: E402
 
@@ -31,8 +31,7 @@ def setup():
                                       num_hidden_layers=2, num_attention_heads=4,
                                       num_key_value_heads=2, max_position_embeddings=256)
     model = transformers.LlamaForCausalLM(config).to("cuda", torch.bfloat16).eval()
-    weight = (torch.randn(P, H, device="cuda") / H**0.5).to(torch.bfloat16)
-    bias = (torch.randn(P, device="cuda") * 0.1).to(torch.bfloat16)
+    weight, bias = bf16_probes(P, H)
     data = bf16_tensor_file(weight, bias, {"activation": "none"})
     with Sidecar(["--backend=cuda", "--warmup-rows=none"]) as server:
         with server.client() as c:
@@ -42,7 +41,7 @@ def setup():
 
 
 def relative_error(got: np.ndarray, hidden: torch.Tensor, weight, bias) -> float:
-    return rel_error(got, torch.addmm(bias.double(), hidden.double(), weight.double().t()))
+    return rel_error(got, float64_scores(hidden, None, weight, bias))
 
 
 def test_eager_generate(setup):

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import pathlib
 import subprocess
 import sys
 import textwrap
@@ -30,7 +31,7 @@ if torch.cuda.device_count() < 2:
                 "test_gpu_two_devices.py)", allow_module_level=True)
 
 from conftest import Sidecar  # noqa: E402
-from probe_files import safetensors_bytes  # noqa: E402
+from probe_files import bf16_probes, bf16_tensor_file  # noqa: E402
 from probe_sidecar.torch import TorchClient  # noqa: E402
 from probesidecar.v1 import buffers_pb2, score_pb2  # noqa: E402
 from server_state import record_figures  # noqa: E402
@@ -48,6 +49,8 @@ CLIENT = textwrap.dedent("""
     import torch
     from probe_sidecar.torch import TorchClient
     from probesidecar.v1 import score_pb2
+    sys.path.insert(0, %r)
+    from probe_files import float64_scores, rel_error
     target, device, start, seconds, in_flight, seed = sys.argv[1:7]
     device, start, seconds, in_flight = int(device), float(start), float(seconds), int(in_flight)
     torch.manual_seed(int(seed))
@@ -61,10 +64,8 @@ CLIENT = textwrap.dedent("""
     with TorchClient(target) as tc:
         for i in range(%d):
             rows = torch.randint(0, T, (R // 8,)).tolist()
-            got = torch.as_tensor(tc.score(x, rows, "p").scores, dtype=torch.float64,
-                                  device=device)
-            ref = x[rows].double() @ weight.t() + bias
-            worst = max(worst, float(torch.linalg.norm(got - ref) / torch.linalg.norm(ref)))
+            ref = float64_scores(x, rows, weight, bias)
+            worst = max(worst, rel_error(tc.score(x, rows, "p").scores, ref))
         rows = torch.randint(0, T, (R,)).tolist()
         request = score_pb2.ScoreRequest(probe_set="p", session_id=tc.session_id, rows=rows)
         request.activations.CopyFrom(tc.tensor_ref(x))
@@ -81,23 +82,19 @@ CLIENT = textwrap.dedent("""
             if time.time() < end:
                 pending.append(stub.Score.future(request))
         elapsed = time.time() - start
-        ref = x[rows].double() @ weight.t() + bias
-        last = float(torch.linalg.norm(out.double() - ref) / torch.linalg.norm(ref))
+        last = rel_error(out, float64_scores(x, rows, weight, bias))
     print(json.dumps({"device": device, "checked": %d, "worst_rel_error": worst,
                       "requests": done, "seconds": elapsed, "last_rel_error": last}))
-""" % (H, P, T, R, CHECKED, CHECKED))
+""" % (str(pathlib.Path(__file__).parent), H, P, T, R, CHECKED, CHECKED))
 
 
 @pytest.fixture(scope="module")
 def sidecar(tmp_path_factory):
     with Sidecar(["--backend=cuda", "--devices=0,1", f"--warmup-rows={R // 8},{R}"]) as s:
         torch.manual_seed(0)
-        weight = (torch.randn(P, H) / H**0.5).to(torch.bfloat16)
-        bias = (torch.randn(P) * 0.1).to(torch.bfloat16)
-        bits = lambda t: t.view(torch.int16).numpy().view("uint16")  # noqa: E731
+        weight, bias = bf16_probes(P, H, device="cpu")
         with s.client() as c:
-            c.load_probe_set("p", data=safetensors_bytes({"weight": (bits(weight), "bf16"),
-                                                          "bias": (bits(bias), "bf16")}))
+            c.load_probe_set("p", data=bf16_tensor_file(weight, bias))
         d = tmp_path_factory.mktemp("probe")
         torch.save(weight, d / "w.pt")
         torch.save(bias, d / "b.pt")

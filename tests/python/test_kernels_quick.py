@@ -1,0 +1,234 @@
+"""The quick kernel check (bench/kernels_quick.py) on synthetic results in the shape of the real
+files: each point's fastest pass against the committed figure of the same implementation and
+shape, the report and the exit status; and the whole script against stand-in benchmarks that
+write such files. No GPU."""
+
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2] / "bench"))
+import kernels_quick as kq  # noqa: E402
+
+GIT = "0123456789abcdef0123456789abcdef01234567"
+
+
+def probe_record(impl, R, P, us, dtype="bf16", precision="fast", **extra):
+    return {"bench": "probe_score", "impl": impl, "dtype": dtype,
+            "shape": {"R": R, "H": 4096, "P": P}, "graph_us_p50": us, "eager_us_p50": us + 1,
+            "precision": precision, "variant": "tile=64x16 splits=16 grid=1x1x16", **extra}
+
+
+def mla_record(impl, h_q, s_q, batch, seqlen, us):
+    return {"bench": "mla_verify", "impl": impl, "tile": "one_page", "dispatched": True,
+            "dtype": "bf16", "graph_us_p50": us, "eager_us_p50": us + 4,
+            "shape": {"batch": batch, "s_q": s_q, "h_q": h_q, "seqlen": seqlen, "page_size": 64}}
+
+
+def results(records, git="f49a9bb80456e7054de8188ea3add9a3b9e06db9", copy_gbps=4259.0):
+    return {"device": "NVIDIA H200", "git": git, "date": "2026-12-02T01:32:27Z",
+            "command": "bench --sweep full", "ceilings": {"copy_gbps": copy_gbps,
+                                                           "bf16_tflops": 793.5},
+            "records": records}
+
+
+# A full sweep's figures: more shapes than the quick sweep measures, and a tuned variant it never
+# runs.
+PROBE_COMMITTED = results([
+    probe_record("fused_tc", 1, 16, 10.0),
+    probe_record("fused_tc", 64, 16, 20.0),
+    probe_record("fused_tc", 8, 16, 15.0),
+    probe_record("dispatch", 1, 16, 10.0, path="fused_tc"),
+    probe_record("gather_gemm+exact", 8192, 1024, 300.0, precision="exact"),
+    probe_record("fused_tc[64x16]", 1, 16, 9.0),
+])
+MLA_COMMITTED = results([
+    mla_record("split_kv_sm90a", 16, 1, 1, 4096, 16.0),
+    mla_record("split_kv_sm90a_one_page", 16, 1, 1, 4096, 16.2),
+    mla_record("flashinfer_fa3", 16, 1, 1, 4096, 30.0),
+    mla_record("previous", 16, 1, 1, 4096, 16.1),
+    mla_record("split_kv_sm90a", 16, 1, 1, 1024, 14.0),
+])
+
+
+def probe_pass(scale=1.0, slow=None):
+    """The quick sweep's points of PROBE_COMMITTED, each `scale` times its committed time (`slow`:
+    {(impl, R, P): factor} instead)."""
+    slow = slow or {}
+    points = [("fused_tc", 1, 16, 10.0, "fast"), ("fused_tc", 64, 16, 20.0, "fast"),
+              ("dispatch", 1, 16, 10.0, "fast"), ("gather_gemm+exact", 8192, 1024, 300.0, "exact")]
+    return results([probe_record(impl, R, P, us * slow.get((impl, R, P), scale), precision=prec)
+                    for impl, R, P, us, prec in points], git=GIT)
+
+
+def probe(passes, threshold=1.03):
+    return kq.compare(kq.PROBE, PROBE_COMMITTED, passes, threshold)
+
+
+def test_every_point_is_compared_with_the_same_implementation_and_shape():
+    c = probe([probe_pass(1.01)])
+    ratios = {p.label.split()[0] + " " + p.label.split()[2]: round(p.ratio, 6) for p in c.points}
+    assert ratios == {"dispatch R=1": 1.01, "fused_tc R=1": 1.01, "fused_tc R=64": 1.01,
+                      "gather_gemm+exact R=8192": 1.01}
+    assert [p.then_us for p in c.points] == [10.0, 10.0, 20.0, 300.0]
+    assert not c.over and not c.without_figure
+    assert round(c.worst, 6) == 1.01
+    assert kq.exit_status([c]) == kq.OK
+
+
+def test_the_fastest_pass_counts():
+    # fused_tc R=64 is slow in the first pass only: noise, not a regression.
+    c = probe([probe_pass(1.0, slow={("fused_tc", 64, 16): 1.2}), probe_pass(1.01)])
+    assert not c.over
+    assert round(c.worst, 6) == 1.01
+    assert [p.now_us for p in c.points] == pytest.approx([10.0, 10.0, 20.2, 300.0])
+    assert c.ceilings_now == [PROBE_COMMITTED["ceilings"]] * 2
+
+
+def test_a_point_over_the_threshold_in_every_pass_is_a_regression():
+    slow = {("gather_gemm+exact", 8192, 1024): 1.05}
+    c = probe([probe_pass(1.0, slow), probe_pass(1.0, slow)])
+    assert [p.label.split()[0] for p in c.over] == ["gather_gemm+exact"]
+    assert round(c.worst, 6) == 1.05
+    assert kq.exit_status([c]) == kq.REGRESSION
+    report = kq.render([c], GIT, 2)
+    line = next(x for x in report.splitlines() if x.startswith("gather_gemm+exact"))
+    assert line.split()[-5:] == ["315.00", "300.00", "1.050", "over", "1.03x"]
+    assert "== probe: 4 points, worst ratio 1.050, 1 over 1.03x, 0 without a committed figure" \
+        in report
+    assert report.rstrip().endswith("== exit 1: a point over 1.03x")
+    # The same point is within a looser threshold.
+    assert kq.exit_status([probe([probe_pass(1.0, slow)], threshold=1.06)]) == kq.OK
+
+
+def test_a_ratio_at_the_threshold_is_not_over_it():
+    c = probe([probe_pass(1.0, {("fused_tc", 1, 16): 1.03})], threshold=1.03)
+    assert not c.over
+
+
+def test_a_measured_point_without_a_committed_figure_is_reported():
+    mla_pass = results([mla_record("split_kv_sm90a", 16, 1, 1, 4096, 16.3),
+                        mla_record("baseline", 16, 1, 1, 4096, 280.0),
+                        mla_record("split_kv_sm90a", 128, 1, 1, 4096, 23.0)], git=GIT)
+    c = kq.compare(kq.MLA, MLA_COMMITTED, [mla_pass], 1.03)
+    assert [(p.label.split()[0], p.label.split()[1], p.then_us) for p in c.points] == [
+        ("baseline", "h_q=16", None), ("split_kv_sm90a", "h_q=16", 16.0),
+        ("split_kv_sm90a", "h_q=128", None)]
+    assert len(c.without_figure) == 2 and not c.over
+    assert kq.exit_status([probe([probe_pass()]), c]) == kq.NO_FIGURE
+    report = kq.render([c], GIT, 1)
+    assert sum(line.endswith("no committed figure") for line in report.splitlines()) == 2
+    assert "== mla: 3 points, worst ratio 1.019, 0 over 1.03x, 2 without a committed figure" \
+        in report
+    # A regression outranks a missing figure.
+    slow = {("fused_tc", 1, 16): 1.1}
+    assert kq.exit_status([probe([probe_pass(1.0, slow)]), c]) == kq.REGRESSION
+
+
+def test_a_benchmark_that_measured_nothing():
+    c = probe([], threshold=1.03)
+    assert not c.points and c.worst is None
+    assert kq.exit_status([c, probe([probe_pass(2.0)])]) == kq.NO_MEASUREMENT
+    assert "== probe: 0 points, worst ratio —" in kq.render([c], GIT, 2)
+
+
+def test_the_mla_benchmark_runs_the_committed_implementations():
+    assert kq.mla_impls(MLA_COMMITTED) == \
+        "split_kv_sm90a,split_kv_sm90a_one_page,flashinfer_fa3,previous"
+
+
+# A stand-in for probe-score-bench and mla-verify-bench: writes the records of the JSON file in
+# $FAKE_RECORDS (keyed by the binary's name), scaled by the next of $FAKE_SCALES (one per call of
+# either, in order); exits 1 where the scale is "fail". Each call's arguments go to $FAKE_LOG.
+FAKE_BENCH = """\
+#!{python}
+import json, os, pathlib, sys
+name = pathlib.Path(sys.argv[0]).name
+args = sys.argv[1:]
+log = pathlib.Path(os.environ["FAKE_LOG"])
+with log.open("a") as f:
+    f.write(json.dumps([name, args]) + "\\n")
+calls = len(log.read_text().splitlines())
+scale = os.environ["FAKE_SCALES"].split(",")[calls - 1]
+if scale == "fail":
+    sys.exit(1)
+doc = json.loads(pathlib.Path(os.environ["FAKE_RECORDS"]).read_text())[name]
+for r in doc["records"]:
+    r["graph_us_p50"] *= float(scale)
+pathlib.Path(args[args.index("--out") + 1]).write_text(json.dumps(doc))
+"""
+
+
+def run_script(tmp_path, scales, *flags):
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    for name in ("probe-score-bench", "mla-verify-bench"):
+        (bin_dir / name).write_text(FAKE_BENCH.format(python=sys.executable))
+        (bin_dir / name).chmod(0o755)
+    committed = tmp_path / "committed"
+    committed.mkdir()
+    (committed / "probe_score_cuda.json").write_text(json.dumps(PROBE_COMMITTED))
+    (committed / "mla_verify.json").write_text(json.dumps(MLA_COMMITTED))
+    quick_mla = results([mla_record("split_kv_sm90a", 16, 1, 1, 4096, 16.0),
+                         mla_record("split_kv_sm90a_one_page", 16, 1, 1, 4096, 16.2)], git=GIT)
+    (tmp_path / "records.json").write_text(json.dumps(
+        {"probe-score-bench": probe_pass(), "mla-verify-bench": quick_mla}))
+    env = dict(os.environ, FAKE_LOG=str(tmp_path / "calls.jsonl"), FAKE_SCALES=scales,
+               FAKE_RECORDS=str(tmp_path / "records.json"))
+    env.pop("PROBE_SIDECAR_GIT", None)
+    done = subprocess.run(
+        [sys.executable, str(pathlib.Path(kq.__file__)), "--bin-dir", str(bin_dir),
+         "--out-dir", str(tmp_path / "out"), "--committed-dir", str(committed), "--git", GIT,
+         *flags], capture_output=True, text=True, env=env, timeout=120)
+    log = tmp_path / "calls.jsonl"
+    calls = [json.loads(line) for line in log.read_text().splitlines()] if log.exists() else []
+    return done, calls
+
+
+def test_the_script_runs_each_benchmark_per_pass_and_writes_the_report(tmp_path):
+    done, calls = run_script(tmp_path, "1.02,1.0,1.0,1.0")
+    assert done.returncode == kq.OK, done.stdout + done.stderr
+    assert [name for name, _ in calls] == ["probe-score-bench"] * 2 + ["mla-verify-bench"] * 2
+    for name, args in calls:
+        assert args[:2] == ["--sweep", "quick"] and args[args.index("--git") + 1] == GIT
+        assert ("--impls" in args) == (name == "mla-verify-bench")
+    mla_args = calls[-1][1]
+    assert mla_args[mla_args.index("--impls") + 1] == kq.mla_impls(MLA_COMMITTED)
+    out = tmp_path / "out"
+    assert sorted(p.name for p in out.iterdir()) == [
+        "kernels_quick.txt", "kernels_quick_mla_pass1.json", "kernels_quick_mla_pass2.json",
+        "kernels_quick_probe_pass1.json", "kernels_quick_probe_pass2.json"]
+    report = (out / "kernels_quick.txt").read_text()
+    assert report in done.stdout
+    assert "== probe: 4 points, worst ratio 1.000, 0 over 1.03x" in report
+    assert "== mla: 2 points, worst ratio 1.000, 0 over 1.03x" in report
+
+
+def test_the_script_reports_a_failed_pass_and_a_benchmark_that_measured_nothing(tmp_path):
+    done, _ = run_script(tmp_path, "fail,1.1,fail,fail", "--threshold", "1.2")
+    assert done.returncode == kq.NO_MEASUREMENT, done.stdout + done.stderr
+    report = (tmp_path / "out" / "kernels_quick.txt").read_text()
+    assert "note: pass 1: probe-score-bench exit 1, no results file" in report
+    assert "== probe: 4 points, worst ratio 1.100, 0 over 1.2x" in report
+    assert "== mla: 0 points" in report
+
+
+def test_the_script_exits_1_on_a_regression(tmp_path):
+    done, _ = run_script(tmp_path, "1.05,1.04,1.0,1.0", "--passes", "2")
+    assert done.returncode == kq.REGRESSION, done.stdout + done.stderr
+    assert textwrap.dedent("""\
+        == probe: 4 points, worst ratio 1.040, 4 over 1.03x, 0 without a committed figure
+        """) in done.stdout
+
+
+def test_the_script_says_when_a_benchmark_cannot_run(tmp_path):
+    done, _ = run_script(tmp_path, "1.0,1.0,1.0,1.0", "--bin-dir", str(tmp_path / "nowhere"))
+    assert done.returncode == kq.NO_MEASUREMENT, done.stdout + done.stderr
+    assert "note: pass 2: cannot run " in done.stdout
