@@ -61,8 +61,8 @@ if [[ "${1:-}" == prepare ]]; then
   # probe-sidecar-test-faults: the server with the test-only fault hooks (test_gpu_faults.py).
   binaries=(probe-sidecar probe-sidecar-test-faults probe-client probe-bench probe-echo-server
     probe-score-bench mla-verify-bench metrics_bench probe_score_gpu_test probe_score_cpu_test
-    probe_outcomes_gpu_test request_staging_gpu_test verify_support_gpu_test mla_verify_gpu_test mla_verify_cpu_test
-    tap_write_gpu_test tap_gpu_test)
+    probe_outcomes_gpu_test request_staging_gpu_test verify_support_gpu_test mla_verify_gpu_test
+    mla_verify_cpu_test tap_write_gpu_test tap_gpu_test)
   # BINARIES: bundle only these (the device tool carries at most 64 MiB with the tree, and the
   # whole bundle is larger); steps whose binaries are missing then fail (exit 127).
   if [[ -n "${BINARIES:-}" ]]; then read -r -a binaries <<<"$BINARIES"; fi
@@ -80,6 +80,11 @@ if [[ "${1:-}" == prepare ]]; then
   # grpcio/protobuf/torch.
   "$root/.venv/bin/python" -m pip install -q --no-deps --no-build-isolation \
     --target "$gpu/python" ./client/python
+  # The client's health extra, which the test harness waits on (the GPU machine's image has
+  # grpcio and protobuf but not grpcio-health-checking). 1.62.3: its generated code imports under
+  # any protobuf from 4.21 on; later releases pin the protobuf they were generated with.
+  "$root/.venv/bin/python" -m pip install -q --no-deps --target "$gpu/python" \
+    "grpcio-health-checking==${GPU_HEALTH_VERSION:-1.62.3}"
   python3 bench/receipt.py >"$gpu/git"
   if [[ "${PACK:-0}" == 1 ]]; then
     rm -rf "$root/.gpu-packed"
