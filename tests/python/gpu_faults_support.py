@@ -11,7 +11,7 @@ import torch
 
 from probe_files import bf16_probes, bf16_tensor_file
 from probesidecar.v1 import score_pb2
-from server_state import metric
+from server_state import device_total, metric
 
 T, H, P = 4096, 4096, 16
 
@@ -65,7 +65,7 @@ def request_after(tc, stream: torch.cuda.Stream, x: torch.Tensor, rows, probe_se
 
 
 def parked(server) -> float:
-    return metric(server, "probesidecar_stream_slots_parked")
+    return device_total(server, "probesidecar_stream_slots_parked")
 
 
 def in_flight(server, rpc: str = "Score") -> float:

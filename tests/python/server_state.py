@@ -30,6 +30,16 @@ def metric(sidecar, name: str, **labels) -> float:
     return samples(sidecar).get((name, tuple(sorted(labels.items()))), 0.0)
 
 
+def device_total(sidecar, name: str) -> float:
+    """The sum of a GPU family's `device` series (the CUDA backend labels them per device:
+    docs/tensor-parallel.md). Fails where the server exports none: read without its label, such
+    a family would always read 0."""
+    values = [value for (sample, labels), value in samples(sidecar).items()
+              if sample == name and "device" in dict(labels)]
+    assert values, f"the server exports no {name}{{device=...}} series"
+    return sum(values)
+
+
 def answered_by_code(sidecar, rpc: str) -> dict[str, int]:
     """The server's count of answered calls of `rpc`, by status code (zeros left out)."""
     counts = {}
