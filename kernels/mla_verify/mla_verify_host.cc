@@ -59,7 +59,7 @@ MlaVerifySm90aSchedule ChooseMlaVerifySm90aSchedule(const MlaVerifyWorkspace& ws
       if (mla::SwapAbFits(rows)) return MlaVerifySm90aSchedule::kSwapAb;
       break;
     case MlaVerifySm90aSchedule::kAuto:
-      if (mla::UseSwapAbSchedule(rows)) return MlaVerifySm90aSchedule::kSwapAb;
+      if (mla::UseSwapAbSchedule(rows, batch)) return MlaVerifySm90aSchedule::kSwapAb;
       break;
   }
   return mla::UseOnePageSchedule(rows, batch) ? MlaVerifySm90aSchedule::kOnePage

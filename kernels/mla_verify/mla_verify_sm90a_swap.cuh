@@ -2,7 +2,7 @@
 // take the wgmma M side and the query rows the N side, so a page costs N = 16 or 32 columns of
 // tensor work instead of a 64-row tile padded with zero rows. Shares the page-pair kernel's TMA
 // boxes, descriptors and cursor (mla_verify_sm90a*.cuh); compiled only for sm_90a
-// (mla_verify_sm90a.cu). The plan takes it where it measured faster (mla::Sm90aScheduleFor).
+// (mla_verify_sm90a.cu). The plan takes it where it measured faster (mla::UseSwapAbSchedule).
 //
 // Per cache page (64 keys), with kN = s_q * h_q query rows (16 or 32; h_q is a multiple of 16):
 //   S^T = K Q^T      36 wgmma m64 nkN k16, A = the page's nine 64 x 64 boxes as TMA stores them
