@@ -18,6 +18,7 @@ import os
 from collections import defaultdict
 
 ORDER = ("split_kv", "split_kv_sm90a", "split_kv_sm90a_pairs", "split_kv_sm90a_one_page",
+         "split_kv_sm90a_swap_ab",
          "previous", "baseline", "flashinfer_fa3", "flashmla", "torch_ref")
 PREVIOUS = "previous"
 # "ours" in the targets: the split path LaunchMlaVerify dispatches to for the shape (the

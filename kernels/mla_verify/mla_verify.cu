@@ -192,10 +192,7 @@ cudaError_t PlanMlaVerify(const MlaVerifyParams& params, MlaVerifyPath path, Mla
   if (path == MlaVerifyPath::kSplitKvSm90a) {
     made.row_tiles = (rows + 63) / 64;
     made.num_parts = mla::NumPartsSm90a(ws->num_sms, rows);
-    made.sm90a_schedule = ws->sm90a_schedule != MlaVerifySm90aSchedule::kAuto ? ws->sm90a_schedule
-                          : mla::UseOnePageSchedule(rows, params.batch)
-                              ? MlaVerifySm90aSchedule::kOnePage
-                              : MlaVerifySm90aSchedule::kPagePairs;
+    made.sm90a_schedule = ChooseMlaVerifySm90aSchedule(*ws, rows, params.batch);
   } else {
     const mla::TileChoice tile = mla::ChooseTile(rows, TileDeviceOf(*ws));
     if (tile.index < 0) return cudaErrorNotSupported;
@@ -229,8 +226,8 @@ cudaError_t RunMlaVerify(const MlaVerifyPlan& plan, const MlaVerifyParams& param
   cudaError_t err = cudaSuccess;
   switch (plan.path) {
     case MlaVerifyPath::kSplitKvSm90a:
-      err = mla::LaunchTileSm90a(args, dim3(plan.row_tiles, plan.num_parts),
-                                 plan.sm90a_schedule == MlaVerifySm90aSchedule::kOnePage, stream);
+      err = mla::LaunchTileSm90a(args, dim3(plan.row_tiles, plan.num_parts), plan.sm90a_schedule,
+                                 stream);
       break;
     case MlaVerifyPath::kSplitKv:
       if (!mla::TileFits(plan.tile, TileDeviceOf(*ws))) return cudaErrorInvalidValue;

@@ -3,7 +3,7 @@
 // Per request i of a batch, with L = cache_seqlens[i] (the s_q new tokens included):
 //   S[j, h, k] = softmax_scale * dot(q[i, j, h, 0:576], K[k, 0:576])  for k <= L - s_q + j
 //   out[i, j, h, :] = sum_k softmax_k(S[j, h, :]) * K[k, 0:512]       (V = first 512 of each key)
-//   lse[i, h, j]    = ln sum_k exp(S[j, h, k])                         (natural log, scale included)
+//   lse[i, h, j]    = ln sum_k exp(S[j, h, k])                         (natural log, scaled)
 // where K[k] is row k % 64 of page block_table[i, k / 64] of the cache. Causal is bottom-right
 // aligned. A query row that sees no key (only when L < s_q) gets out = 0 and lse = -inf.
 //
@@ -20,7 +20,7 @@
 // Use in a decode step with many layers (one stream):
 //   MlaVerifyPlan plan;
 //   PlanMlaVerify(params_of_any_layer, path, ws, stream, &plan);  // after cache_seqlens is written
-//   for each layer: RunMlaVerify(plan, params_of_layer, stream);    // same batch, s_q, h_q, lengths
+//   for each layer: RunMlaVerify(plan, params_of_layer, stream);  // same shape and lengths
 // or LaunchMlaVerify() / LaunchMlaVerifyPath() for both. All of it can sit inside one captured
 // graph. The plan's device part lives in the workspace, so one workspace serves one stream at a
 // time, and a plan is valid until the next PlanMlaVerify on its workspace.
@@ -65,8 +65,9 @@ enum class MlaVerifySm90aSchedule : int32_t {
   kAuto = 0,       // the plan's choice
   kPagePairs = 1,  // two pages at a time, one per warpgroup ("seesaw")
   kOnePage = 2,    // one page at a time, both warpgroups on it, the other buffer refilling
+  kSwapAb = 3,     // s_q * h_q <= 32 only: keys on the wgmma M side, a ring of TMA boxes
 };
-// "auto", "page_pairs", "one_page".
+// "auto", "page_pairs", "one_page", "swap_ab".
 const char* MlaVerifySm90aScheduleName(MlaVerifySm90aSchedule schedule);
 
 struct MlaVerifyParams {
@@ -115,23 +116,24 @@ struct MlaVerifyWorkspaceConfig {
   // shared-memory and thread limits, no sm_90a path off sm_90) on the GPU in hand. nullptr: the
   // device's own limits.
   const DeviceFamily* limit_to_family = nullptr;
-  // Tests and benchmarks only: the split_kv_sm90a schedule every plan on this workspace takes.
+  // Tests and benchmarks only: the split_kv_sm90a schedule every plan on this workspace takes
+  // (kSwapAb only where s_q * h_q <= 32; other shapes get the plan's own choice).
   MlaVerifySm90aSchedule sm90a_schedule = MlaVerifySm90aSchedule::kAuto;
 };
 
 struct MlaVerifyWorkspace {
   int32_t device = 0;
-  int32_t num_sms = 0;     // read once at creation
+  int32_t num_sms = 0;  // read once at creation
   int32_t max_batch = 0;
   bool has_sm90a = false;  // compute capability 9.0, this build holds the sm_90a kernels, and the
                            // driver's tensor-map encoder was found (their loads are TMA)
   MlaVerifySm90aSchedule sm90a_schedule = MlaVerifySm90aSchedule::kAuto;  // as configured
-  DeviceLimits limits;     // as the tile choice sees the device (limit_to_family applied)
-  int32_t* plan = nullptr;         // device, see mla_verify_plan.h
-  float* partial_out = nullptr;    // device [partial_rows, 512]
-  float* partial_lse = nullptr;    // device [partial_rows], log2 domain
+  DeviceLimits limits;           // as the tile choice sees the device (limit_to_family applied)
+  int32_t* plan = nullptr;       // device, see mla_verify_plan.h
+  float* partial_out = nullptr;  // device [partial_rows, 512]
+  float* partial_lse = nullptr;  // device [partial_rows], log2 domain
   int64_t partial_rows = 0;
-  size_t bytes = 0;  // device bytes held
+  size_t bytes = 0;         // device bytes held
   uint64_t plans_made = 0;  // PlanMlaVerify calls on this workspace (a plan names the one it is)
 };
 
@@ -142,14 +144,14 @@ struct MlaVerifyWorkspace {
 struct MlaVerifyPlan {
   MlaVerifyPath path = MlaVerifyPath::kSplitKv;
   int32_t batch = 0, s_q = 0, h_q = 0;
-  int32_t tile = -1;      // the portable path's tile (mla::kTiles index); -1 on split_kv_sm90a
-  int32_t row_tiles = 0;  // grid.x of the attention kernel: query-row tiles of a request
-  int32_t num_parts = 0;  // grid.y: ranges of the flattened batch (one block per SM in all)
+  int32_t tile = -1;          // the portable path's tile (mla::kTiles index); -1 on split_kv_sm90a
+  int32_t row_tiles = 0;      // grid.x of the attention kernel: query-row tiles of a request
+  int32_t num_parts = 0;      // grid.y: ranges of the flattened batch (one block per SM in all)
   bool combine_rows = false;  // combine with a warp per query row (few splits per request)
   // split_kv_sm90a: the tile's schedule (never kAuto in a plan).
   MlaVerifySm90aSchedule sm90a_schedule = MlaVerifySm90aSchedule::kAuto;
   const MlaVerifyWorkspace* workspace = nullptr;
-  uint64_t id = 0;        // workspace->plans_made when this plan was made
+  uint64_t id = 0;  // workspace->plans_made when this plan was made
 };
 
 cudaError_t CreateMlaVerifyWorkspace(const MlaVerifyWorkspaceConfig& config,
@@ -159,6 +161,12 @@ void DestroyMlaVerifyWorkspace(MlaVerifyWorkspace* workspace);
 // The split path LaunchMlaVerify takes for s_q * h_q query rows on this workspace's device
 // (kSplitKvSm90a where it exists and wins, see the definition).
 MlaVerifyPath ChooseMlaVerifyPath(const MlaVerifyWorkspace& workspace, int32_t rows);
+
+// The split_kv_sm90a schedule a plan on this workspace takes for s_q * h_q = `rows` query rows and
+// `batch` requests: the workspace's forced schedule (swap-AB only where rows <= 32, the plan's
+// choice elsewhere), else the measured choice (mla::UseSwapAbSchedule, mla::UseOnePageSchedule).
+MlaVerifySm90aSchedule ChooseMlaVerifySm90aSchedule(const MlaVerifyWorkspace& workspace,
+                                                    int32_t rows, int32_t batch);
 
 // The portable tile kernel's tile for s_q * h_q = `rows` query rows on this workspace's device
 // (mla::kTiles index, the deepest that fits its blocks; -1 when none does), and its name

@@ -379,6 +379,36 @@ TEST(MlaPlanTest, Sm90aScheduleByRowsAndBatch) {
   EXPECT_STREQ(MlaVerifySm90aScheduleName(MlaVerifySm90aSchedule::kAuto), "auto");
   EXPECT_STREQ(MlaVerifySm90aScheduleName(MlaVerifySm90aSchedule::kPagePairs), "page_pairs");
   EXPECT_STREQ(MlaVerifySm90aScheduleName(MlaVerifySm90aSchedule::kOnePage), "one_page");
+  EXPECT_STREQ(MlaVerifySm90aScheduleName(MlaVerifySm90aSchedule::kSwapAb), "swap_ab");
+}
+
+// Swap-AB exists for 16 and 32 query rows only; a workspace that forces it gets it there and the
+// plan's own choice elsewhere.
+TEST(MlaPlanTest, SwapAbOnlyWhereItFits) {
+  for (int32_t rows : {16, 32}) EXPECT_TRUE(mla::SwapAbFits(rows)) << rows;
+  for (int32_t rows : {0, 8, 48, 64, 128, 2048}) EXPECT_FALSE(mla::SwapAbFits(rows)) << rows;
+  EXPECT_TRUE(mla::UseSwapAbSchedule(16, 1));
+  for (int32_t batch : {2, 8, 64, 128}) EXPECT_FALSE(mla::UseSwapAbSchedule(16, batch)) << batch;
+  for (int32_t rows : {32, 64, 128, 2048}) {
+    for (int32_t batch : {1, 8, 64}) EXPECT_FALSE(mla::UseSwapAbSchedule(rows, batch)) << rows;
+  }
+  MlaVerifyWorkspace ws;
+  ws.sm90a_schedule = MlaVerifySm90aSchedule::kSwapAb;
+  EXPECT_EQ(ChooseMlaVerifySm90aSchedule(ws, 16, 8), MlaVerifySm90aSchedule::kSwapAb);
+  EXPECT_EQ(ChooseMlaVerifySm90aSchedule(ws, 32, 1), MlaVerifySm90aSchedule::kSwapAb);
+  EXPECT_EQ(ChooseMlaVerifySm90aSchedule(ws, 64, 1), MlaVerifySm90aSchedule::kOnePage);
+  EXPECT_EQ(ChooseMlaVerifySm90aSchedule(ws, 128, 1), MlaVerifySm90aSchedule::kPagePairs);
+  ws.sm90a_schedule = MlaVerifySm90aSchedule::kPagePairs;
+  EXPECT_EQ(ChooseMlaVerifySm90aSchedule(ws, 16, 1), MlaVerifySm90aSchedule::kPagePairs);
+  ws.sm90a_schedule = MlaVerifySm90aSchedule::kAuto;
+  EXPECT_EQ(ChooseMlaVerifySm90aSchedule(ws, 16, 1), MlaVerifySm90aSchedule::kSwapAb);
+  EXPECT_EQ(ChooseMlaVerifySm90aSchedule(ws, 16, 8), MlaVerifySm90aSchedule::kPagePairs);
+  EXPECT_EQ(ChooseMlaVerifySm90aSchedule(ws, 16, 64), MlaVerifySm90aSchedule::kPagePairs);
+  EXPECT_EQ(ChooseMlaVerifySm90aSchedule(ws, 32, 1), MlaVerifySm90aSchedule::kOnePage);
+  EXPECT_EQ(ChooseMlaVerifySm90aSchedule(ws, 32, 8), MlaVerifySm90aSchedule::kPagePairs);
+  EXPECT_EQ(ChooseMlaVerifySm90aSchedule(ws, 64, 1), MlaVerifySm90aSchedule::kOnePage);
+  EXPECT_EQ(ChooseMlaVerifySm90aSchedule(ws, 64, 8), MlaVerifySm90aSchedule::kPagePairs);
+  EXPECT_EQ(ChooseMlaVerifySm90aSchedule(ws, 128, 1), MlaVerifySm90aSchedule::kPagePairs);
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -352,12 +352,15 @@ class MlaVerifyGpuTest : public ::testing::Test {
     ASSERT_EQ(CreateMlaVerifyWorkspace(config, &ws_pairs_), cudaSuccess);
     config.sm90a_schedule = MlaVerifySm90aSchedule::kOnePage;
     ASSERT_EQ(CreateMlaVerifyWorkspace(config, &ws_one_page_), cudaSuccess);
+    config.sm90a_schedule = MlaVerifySm90aSchedule::kSwapAb;
+    ASSERT_EQ(CreateMlaVerifyWorkspace(config, &ws_swap_ab_), cudaSuccess);
     CUDA_ASSERT(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
   }
   void TearDown() override {
     DestroyMlaVerifyWorkspace(ws_);
     DestroyMlaVerifyWorkspace(ws_pairs_);
     DestroyMlaVerifyWorkspace(ws_one_page_);
+    DestroyMlaVerifyWorkspace(ws_swap_ab_);
     cudaStreamDestroy(stream_);
   }
 
@@ -410,13 +413,17 @@ class MlaVerifyGpuTest : public ::testing::Test {
       v.push_back({MlaVerifyPath::kSplitKvSm90a, ws_, "split_kv_sm90a"});
       v.push_back({MlaVerifyPath::kSplitKvSm90a, ws_pairs_, "split_kv_sm90a/page_pairs"});
       v.push_back({MlaVerifyPath::kSplitKvSm90a, ws_one_page_, "split_kv_sm90a/one_page"});
+      v.push_back({MlaVerifyPath::kSplitKvSm90a, ws_swap_ab_, "split_kv_sm90a/swap_ab"});
     }
     return v;
   }
 
+  void GraphReplayCase(int32_t s_q);
+
   MlaVerifyWorkspace* ws_ = nullptr;
   MlaVerifyWorkspace* ws_pairs_ = nullptr;     // split_kv_sm90a forced to page pairs
   MlaVerifyWorkspace* ws_one_page_ = nullptr;  // split_kv_sm90a forced to one page
+  MlaVerifyWorkspace* ws_swap_ab_ = nullptr;   // split_kv_sm90a forced to swap-AB (<= 32 rows)
   cudaStream_t stream_ = nullptr;
 };
 
@@ -561,16 +568,24 @@ TEST_F(MlaVerifyGpuTest, LargeBatchManyRequestsPerBlock) {
 }
 
 // Graph replay equals eager bit for bit, and a graph reads new lengths at replay time.
+// At 64 rows and at 32 (where the plan takes swap-AB).
 TEST_F(MlaVerifyGpuTest, GraphReplayEqualsEagerBitForBit) {
+  for (const int32_t s_q : {4, 2}) {
+    GraphReplayCase(s_q);
+    if (HasFatalFailure()) return;
+  }
+}
+
+void MlaVerifyGpuTest::GraphReplayCase(int32_t s_q) {
   Shape shape;
-  shape.s_q = 4;
+  shape.s_q = s_q;
   shape.h_q = 16;
   shape.lens = {300, 4096, 77, 1000, 64};
   Problem pr;
   Build(shape, &pr);
   pr.params.num_pages = 0;  // "not given": the TMA map's page bound falls back to a large one
   for (const Variant& v : Variants()) {
-    SCOPED_TRACE(v.name);
+    SCOPED_TRACE(v.name + " s_q=" + std::to_string(s_q));
     Poison(&pr);
     CUDA_ASSERT(LaunchMlaVerifyPath(pr.params, v.path, v.ws, stream_));
     CUDA_ASSERT(cudaStreamSynchronize(stream_));
@@ -644,7 +659,10 @@ TEST_F(MlaVerifyGpuTest, OnePlanServesSeveralLayers) {
     EXPECT_EQ(plan.path, v.path);
     if (v.path == MlaVerifyPath::kSplitKvSm90a) {
       EXPECT_NE(plan.sm90a_schedule, MlaVerifySm90aSchedule::kAuto);
-      if (v.ws->sm90a_schedule != MlaVerifySm90aSchedule::kAuto) {
+      EXPECT_EQ(plan.sm90a_schedule,
+                ChooseMlaVerifySm90aSchedule(*v.ws, shape.s_q * shape.h_q, a.params.batch));
+      if (v.ws->sm90a_schedule != MlaVerifySm90aSchedule::kAuto &&
+          v.ws->sm90a_schedule != MlaVerifySm90aSchedule::kSwapAb) {  // 64 rows: no swap-AB
         EXPECT_EQ(plan.sm90a_schedule, v.ws->sm90a_schedule);
       }
     }
@@ -721,6 +739,56 @@ TEST_F(MlaVerifyGpuTest, PagePairsAcrossRequests) {
   }
 }
 
+// The shapes swap-AB serves (s_q * h_q = 16 or 32): one long request split over every SM (and
+// one just past a page), short and empty requests and rows that see no key (L < s_q), whole
+// pages and the causal mask across a page boundary, many requests per block range (the Q double
+// buffer and the box ring across request boundaries), and q / out as strided views.
+TEST_F(MlaVerifyGpuTest, SwapAbShapes) {
+  std::mt19937_64 rng(FreshSeed());
+  for (auto [s_q, h_q] : {std::pair{1, 16}, std::pair{2, 16}, std::pair{1, 32}}) {
+    const std::string name = "swap s_q=" + std::to_string(s_q) + " h_q=" + std::to_string(h_q);
+    const int32_t rows = s_q * h_q;
+    if (ws_->has_sm90a) {
+      EXPECT_EQ(ChooseMlaVerifySm90aSchedule(*ws_swap_ab_, rows, 1),
+                MlaVerifySm90aSchedule::kSwapAb);
+      std::printf("[schedule] %d rows: batch 1 %s, batch 64 %s\n", rows,
+                  MlaVerifySm90aScheduleName(ChooseMlaVerifySm90aSchedule(*ws_, rows, 1)),
+                  MlaVerifySm90aScheduleName(ChooseMlaVerifySm90aSchedule(*ws_, rows, 64)));
+    }
+    Shape one;
+    one.s_q = s_q;
+    one.h_q = h_q;
+    one.lens = {65536 + 37};
+    CheckShape(one, name + " b1 x 65573");
+    if (HasFatalFailure()) return;
+    one.lens = {65};
+    CheckShape(one, name + " b1 x 65");
+    if (HasFatalFailure()) return;
+    Shape mixed;
+    mixed.s_q = s_q;
+    mixed.h_q = h_q;
+    mixed.lens = {0, 1, 2, 63, 64, 65, 0, 3000, 128, 64 * 7 + 1, 0};
+    mixed.q_head_stride = 640;
+    mixed.q_token_pad = 8 * 3;
+    mixed.out_head_stride = 520;
+    mixed.lse_head_pad = 1;
+    CheckShape(mixed, name + " short, empty, strided");
+    if (HasFatalFailure()) return;
+    Shape many;
+    many.s_q = s_q;
+    many.h_q = h_q;
+    many.lens.resize(160);
+    for (int32_t& l : many.lens) {
+      const int kind = static_cast<int>(rng() % 4);
+      l = kind == 0   ? 64 * (1 + static_cast<int32_t>(rng() % 30))
+          : kind == 1 ? static_cast<int32_t>(rng() % 3)
+                      : 1 + static_cast<int32_t>(rng() % 4000);
+    }
+    CheckShape(many, name + " batch 160 mixed");
+    if (HasFatalFailure()) return;
+  }
+}
+
 TEST_F(MlaVerifyGpuTest, PathsAgreeWithinTheBound) {
   // split_kv (and split_kv_sm90a) against the baseline directly, element by element, with the
   // baseline's result standing in for the reference's value and the reference's error scale.
@@ -772,6 +840,5 @@ TEST_F(MlaVerifyGpuTest, RejectsBadLaunches) {
 }  // namespace probesidecar::kernels
 
 int main(int argc, char** argv) {
-  return probesidecar::kernels::gpu_test::RunGpuTests(argc, argv,
-                                                      &probesidecar::kernels::g_family);
+  return probesidecar::kernels::gpu_test::RunGpuTests(argc, argv, &probesidecar::kernels::g_family);
 }

@@ -35,6 +35,8 @@ const char* MlaVerifySm90aScheduleName(MlaVerifySm90aSchedule schedule) {
       return "page_pairs";
     case MlaVerifySm90aSchedule::kOnePage:
       return "one_page";
+    case MlaVerifySm90aSchedule::kSwapAb:
+      return "swap_ab";
   }
   return "unknown";
 }
@@ -45,6 +47,23 @@ MlaVerifyPath ChooseMlaVerifyPath(const MlaVerifyWorkspace& ws, int32_t rows) {
   // shape where it exists.
   (void)rows;
   return ws.has_sm90a ? MlaVerifyPath::kSplitKvSm90a : MlaVerifyPath::kSplitKv;
+}
+
+MlaVerifySm90aSchedule ChooseMlaVerifySm90aSchedule(const MlaVerifyWorkspace& ws, int32_t rows,
+                                                    int32_t batch) {
+  switch (ws.sm90a_schedule) {
+    case MlaVerifySm90aSchedule::kPagePairs:
+    case MlaVerifySm90aSchedule::kOnePage:
+      return ws.sm90a_schedule;
+    case MlaVerifySm90aSchedule::kSwapAb:
+      if (mla::SwapAbFits(rows)) return MlaVerifySm90aSchedule::kSwapAb;
+      break;
+    case MlaVerifySm90aSchedule::kAuto:
+      if (mla::UseSwapAbSchedule(rows, batch)) return MlaVerifySm90aSchedule::kSwapAb;
+      break;
+  }
+  return mla::UseOnePageSchedule(rows, batch) ? MlaVerifySm90aSchedule::kOnePage
+                                              : MlaVerifySm90aSchedule::kPagePairs;
 }
 
 int32_t ChooseMlaVerifyTile(const MlaVerifyWorkspace& ws, int32_t rows) {

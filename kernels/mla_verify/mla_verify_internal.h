@@ -6,6 +6,8 @@
 
 #include <cstdint>
 
+#include "kernels/mla_verify/mla_verify.h"
+
 namespace probesidecar::kernels::mla {
 
 struct KernelArgs;
@@ -13,8 +15,10 @@ struct KernelArgs;
 // Raises the sm_90a kernels' dynamic shared-memory limits (once, at workspace creation) where the
 // driver encodes tensor maps; *available says whether the kernels can run (its loads are TMA).
 cudaError_t SetSm90aAttributes(bool* available);
-// The sm_90a tile kernel (split mode) on grid (64-row tiles, ranges), the one-page schedule or
-// page pairs, as a programmatic dependent of the plan kernel launched just before it.
-cudaError_t LaunchTileSm90a(const KernelArgs& args, dim3 grid, bool one_page, cudaStream_t stream);
+// The sm_90a tile kernel (split mode) of a schedule (never kAuto) on grid (row tiles, ranges), as a
+// programmatic dependent of the plan kernel launched just before it. kSwapAb needs s_q * h_q of 16
+// or 32 (mla::SwapAbFits) and one row tile; anything else is cudaErrorInvalidValue.
+cudaError_t LaunchTileSm90a(const KernelArgs& args, dim3 grid, MlaVerifySm90aSchedule schedule,
+                            cudaStream_t stream);
 
 }  // namespace probesidecar::kernels::mla

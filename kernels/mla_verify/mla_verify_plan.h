@@ -153,6 +153,15 @@ MLA_HD int32_t NumPartsSm90a(int32_t num_sms, int32_t rows) {
 // slower with it (0.76-1.00 of the pair kernel's time), batch 8 and beyond lost at long
 // sequences, and the lengths are not known when the plan is made.
 MLA_HD bool UseOnePageSchedule(int32_t rows, int32_t batch) { return rows <= 64 && batch == 1; }
+// The swap-AB schedule (mla_verify_sm90a_swap.cuh) puts the query rows on the wgmma N side: it
+// exists for 16 and 32 rows (h_q is a multiple of 16, so s_q * h_q <= 32 is one of the two). The
+// plan takes it where it measured faster than the schedules above (bench/mla_verify/NOTES.md,
+// issue 28 swap-AB, run at adf2e72): 16 rows and one request (0.94-0.97 of the one-page kernel's
+// time at 1k-64k). Elsewhere it was not faster everywhere: 16 rows x 8 requests 0.91-1.05 of the
+// page-pair kernel's time (slower at 64k), x 64-128 requests 0.96-1.08; 32 rows 1.06-1.37.
+inline constexpr int32_t kSwapAbMaxRows = 32;
+MLA_HD bool SwapAbFits(int32_t rows) { return rows == 16 || rows == kSwapAbMaxRows; }
+MLA_HD bool UseSwapAbSchedule(int32_t rows, int32_t batch) { return rows == 16 && batch == 1; }
 // A bound on the split requests of a plan, the combine kernel's grid: each spans a boundary between
 // two ranges and no two share one, so there are at most min(batch, num_parts - 1);
 // min(batch, num_parts) keeps the grid non-empty for a single range.

@@ -8,6 +8,7 @@
 #include "kernels/mla_verify/mla_verify_internal.h"
 #include "kernels/mla_verify/mla_verify_sm90a.cuh"
 #include "kernels/mla_verify/mla_verify_sm90a_page.cuh"
+#include "kernels/mla_verify/mla_verify_sm90a_swap.cuh"
 #include "kernels/mla_verify/mla_verify_trace.h"
 
 namespace probesidecar::kernels::mla {
@@ -27,11 +28,11 @@ cudaError_t EncodeKvMap(const MlaVerifyParams& p, CUtensorMap* map) {
                                             dims, strides, box);
 }
 
-// q as a 4-D tensor [b, s_q, h_q, 576]; a box is one 64-row tile of a request: 64 columns x
-// min(h_q, 64) heads x 64 / min(h_q, 64) tokens, so its rows land token-major (row = j * h_q + h)
-// and the rows past s_q * h_q (tokens past s_q) come in as zeros.
-cudaError_t EncodeQMap(const MlaVerifyParams& p, CUtensorMap* map) {
-  const cuuint32_t heads = static_cast<cuuint32_t>(p.h_q < sm90a::kM ? p.h_q : sm90a::kM);
+// q as a 4-D tensor [b, s_q, h_q, 576]; a box is one `tile_rows`-row tile of a request: 64
+// columns x min(h_q, tile_rows) heads x tile_rows / min(h_q, tile_rows) tokens, so its rows land
+// token-major (row = j * h_q + h) and the rows past s_q * h_q (tokens past s_q) come in as zeros.
+cudaError_t EncodeQMap(const MlaVerifyParams& p, int tile_rows, CUtensorMap* map) {
+  const cuuint32_t heads = static_cast<cuuint32_t>(p.h_q < tile_rows ? p.h_q : tile_rows);
   const cuuint64_t dims[4] = {static_cast<cuuint64_t>(kMlaHeadDimQk),
                               static_cast<cuuint64_t>(p.h_q), static_cast<cuuint64_t>(p.s_q),
                               static_cast<cuuint64_t>(p.batch)};
@@ -41,7 +42,7 @@ cudaError_t EncodeQMap(const MlaVerifyParams& p, CUtensorMap* map) {
   const cuuint64_t strides[3] = {static_cast<cuuint64_t>(p.q_head_stride) * 2,
                                  static_cast<cuuint64_t>(token_stride) * 2,
                                  static_cast<cuuint64_t>(batch_stride) * 2};
-  const cuuint32_t box[4] = {64, heads, sm90a::kM / heads, 1};
+  const cuuint32_t box[4] = {64, heads, static_cast<cuuint32_t>(tile_rows) / heads, 1};
   return blocks::EncodeSwizzled128TensorMap(map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 4, p.q, dims,
                                             strides, box);
 }
@@ -64,19 +65,63 @@ cudaError_t SetSm90aAttributes(bool* available) {
     err = cudaFuncSetAttribute(sm90a::MlaVerifyPageSm90aKernel,
                                cudaFuncAttributeMaxDynamicSharedMemorySize, sm90a::kPageSmemBytes);
   }
+  if (err == cudaSuccess) {
+    err = cudaFuncSetAttribute(sm90a::MlaVerifySwapSm90aKernel<16>,
+                               cudaFuncAttributeMaxDynamicSharedMemorySize,
+                               sm90a::kSwapSmemBytes<16>);
+  }
+  if (err == cudaSuccess) {
+    err = cudaFuncSetAttribute(sm90a::MlaVerifySwapSm90aKernel<32>,
+                               cudaFuncAttributeMaxDynamicSharedMemorySize,
+                               sm90a::kSwapSmemBytes<32>);
+  }
   if (err != cudaSuccess) return err;
   blocks::ProgrammaticLaunchUsable(reinterpret_cast<const void*>(sm90a::MlaVerifyTileSm90aKernel));
   blocks::ProgrammaticLaunchUsable(reinterpret_cast<const void*>(sm90a::MlaVerifyPageSm90aKernel));
+  blocks::ProgrammaticLaunchUsable(
+      reinterpret_cast<const void*>(sm90a::MlaVerifySwapSm90aKernel<16>));
+  blocks::ProgrammaticLaunchUsable(
+      reinterpret_cast<const void*>(sm90a::MlaVerifySwapSm90aKernel<32>));
   *available = true;
   return cudaSuccess;
 }
 
-cudaError_t LaunchTileSm90a(const KernelArgs& args, dim3 grid, bool one_page, cudaStream_t stream) {
+namespace {
+
+// The swap-AB kernel for kN = s_q * h_q rows (16 or 32): one row tile, 160 threads.
+cudaError_t LaunchSwapSm90a(const KernelArgs& args, dim3 grid, cudaStream_t stream) {
+  const int32_t rows = args.p.s_q * args.p.h_q;
+  if (!SwapAbFits(rows) || grid.x != 1) return cudaErrorInvalidValue;
+  sm90a::SwapArgs targs;
+  targs.args = args;
+  targs.trace = g_trace;
+  cudaError_t err = EncodeKvMap(args.p, &targs.kv_map);
+  if (err == cudaSuccess) err = EncodeQMap(args.p, rows, &targs.q_map);
+  if (err == cudaErrorNotSupported) return cudaErrorInvalidDeviceFunction;  // no encoder
+  if (err != cudaSuccess) return err;
+  return rows == 16 ? blocks::LaunchProgrammaticDependent(sm90a::MlaVerifySwapSm90aKernel<16>, grid,
+                                                          dim3(sm90a::kSwapThreads),
+                                                          sm90a::kSwapSmemBytes<16>, stream, targs)
+                    : blocks::LaunchProgrammaticDependent(sm90a::MlaVerifySwapSm90aKernel<32>, grid,
+                                                          dim3(sm90a::kSwapThreads),
+                                                          sm90a::kSwapSmemBytes<32>, stream, targs);
+}
+
+}  // namespace
+
+cudaError_t LaunchTileSm90a(const KernelArgs& args, dim3 grid, MlaVerifySm90aSchedule schedule,
+                            cudaStream_t stream) {
+  if (schedule == MlaVerifySm90aSchedule::kSwapAb) return LaunchSwapSm90a(args, grid, stream);
+  if (schedule != MlaVerifySm90aSchedule::kOnePage &&
+      schedule != MlaVerifySm90aSchedule::kPagePairs) {
+    return cudaErrorInvalidValue;
+  }
+  const bool one_page = schedule == MlaVerifySm90aSchedule::kOnePage;
   sm90a::Sm90aArgs targs;
   targs.args = args;
   targs.trace = g_trace;
   cudaError_t err = EncodeKvMap(args.p, &targs.kv_map);
-  if (err == cudaSuccess) err = EncodeQMap(args.p, &targs.q_map);
+  if (err == cudaSuccess) err = EncodeQMap(args.p, sm90a::kM, &targs.q_map);
   if (err == cudaErrorNotSupported) return cudaErrorInvalidDeviceFunction;  // no encoder
   if (err != cudaSuccess) return err;
   // A programmatic dependent of the plan kernel before it: its set-up overlaps the plan's tail,

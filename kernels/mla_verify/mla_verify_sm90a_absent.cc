@@ -11,7 +11,7 @@ cudaError_t SetSm90aAttributes(bool* available) {
   return cudaSuccess;
 }
 
-cudaError_t LaunchTileSm90a(const KernelArgs&, dim3, bool, cudaStream_t) {
+cudaError_t LaunchTileSm90a(const KernelArgs&, dim3, MlaVerifySm90aSchedule, cudaStream_t) {
   return cudaErrorInvalidDeviceFunction;
 }
 
