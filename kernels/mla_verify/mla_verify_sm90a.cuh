@@ -84,6 +84,26 @@ struct Sm90aArgs {
   TraceArgs trace;  // where the timestamp trace goes (nowhere unless compiled in and set)
 };
 
+// Thread 0, once it has initialised the block's barriers: both tensor maps into the descriptor
+// cache (`Args`: Sm90aArgs, or the swap-AB kernel's own).
+template <typename Args>
+__device__ __forceinline__ void PrefetchTensorMaps(const Args& targs) {
+  cute::prefetch_tma_descriptor(reinterpret_cast<const cute::TmaDescriptor*>(&targs.kv_map));
+  cute::prefetch_tma_descriptor(reinterpret_cast<const cute::TmaDescriptor*>(&targs.q_map));
+}
+
+// Every thread, after the __syncthreads that follows the barriers' initialisation: waits for the
+// plan (written by the kernel this one programmatically depends on), lets the combine be
+// scheduled (it waits too), and finds this block's range of work units [u0, u1) and the request
+// it starts in. False: the block has no work.
+__device__ __forceinline__ bool EnterPlannedRange(const KernelArgs& args, TraceRecorder& rec,
+                                                  int32_t* u0, int32_t* u1, RequestCursor* start) {
+  blocks::GridDependencyWait();
+  blocks::GridDependencyTrigger();
+  rec.Add(MlaTraceEvent::kGridWaitEnd, 0);
+  return SplitRange(args, blockIdx.y, u0, u1, start);
+}
+
 // Waits for a page box; in a traced build, records the wait when the box had not landed yet.
 __device__ __forceinline__ void WaitBox(uint64_t* bar, int phase, TraceRecorder& rec,
                                         int32_t step) {
@@ -307,18 +327,14 @@ __global__ void __launch_bounds__(kThreads, 1)
         cutlass::arch::ClusterTransactionBarrier::init(&sm.bar_k[b][s], 1);
     cutlass::arch::ClusterTransactionBarrier::init(&sm.bar_q, 1);
     cutlass::arch::fence_barrier_init();
-    cute::prefetch_tma_descriptor(reinterpret_cast<const cute::TmaDescriptor*>(&targs.kv_map));
-    cute::prefetch_tma_descriptor(reinterpret_cast<const cute::TmaDescriptor*>(&targs.q_map));
+    PrefetchTensorMaps(targs);
   }
   __syncthreads();
-  blocks::GridDependencyWait();     // the plan is written
-  blocks::GridDependencyTrigger();  // the combine may be scheduled (it waits too)
-  rec.Add(MlaTraceEvent::kGridWaitEnd, 0);
 
   // This block's range and the request it starts in.
   int32_t u0, u1;
   RequestCursor start;
-  if (!SplitRange(args, blockIdx.y, &u0, &u1, &start)) return;
+  if (!EnterPlannedRange(args, rec, &u0, &u1, &start)) return;
   const int32_t* cum = args.plan + kPlanCum;
   const int32_t per = args.plan[0];
   // The pair being computed and the next one (its pages are loaded during this one).

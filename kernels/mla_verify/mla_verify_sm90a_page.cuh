@@ -258,17 +258,13 @@ __global__ void __launch_bounds__(kThreads, 1)
         cutlass::arch::ClusterTransactionBarrier::init(&sm.bar_k[b][s], 1);
     cutlass::arch::ClusterTransactionBarrier::init(&sm.bar_q, 1);
     cutlass::arch::fence_barrier_init();
-    cute::prefetch_tma_descriptor(reinterpret_cast<const cute::TmaDescriptor*>(&targs.kv_map));
-    cute::prefetch_tma_descriptor(reinterpret_cast<const cute::TmaDescriptor*>(&targs.q_map));
+    PrefetchTensorMaps(targs);
   }
   __syncthreads();
-  blocks::GridDependencyWait();     // the plan is written
-  blocks::GridDependencyTrigger();  // the combine may be scheduled (it waits too)
-  rec.Add(MlaTraceEvent::kGridWaitEnd, 0);
 
   int32_t u0, u1;
   RequestCursor start;
-  if (!SplitRange(args, blockIdx.y, &u0, &u1, &start)) return;
+  if (!EnterPlannedRange(args, rec, &u0, &u1, &start)) return;
   const int32_t* cum = args.plan + kPlanCum;
   const int32_t per = args.plan[0];
   // The page being computed (c0), the next one (in flight) and the one after (loaded into c0's
