@@ -303,7 +303,16 @@ def test_a_client_killed_mid_window_leaves_nothing_behind(figures, probes, mode)
         with TorchClient(s.uds_target, timeout=30, events_in_flight=16) as survivor:
             x = torch.randn(T, H, device="cuda", dtype=torch.bfloat16)
             want = float64_scores(x, ROWS, weight, bias)
-            assert rel_error(survivor.score(x, ROWS, "p16").scores, want) <= 1e-3
+            # The survivor's scores go to a device output: a host one grows the staging of
+            # whichever stream slot first serves one (1 MiB, once), which a slot the child held
+            # can do after the kill and read as memory left behind.
+            scores = torch.empty(len(ROWS), P, device="cuda")
+
+            def served() -> float:
+                survivor.score(x, ROWS, "p16", out=scores)
+                return rel_error(scores, want)
+
+            assert served() <= 1e-3
 
             def listed() -> int:
                 return len(survivor.client.stub.ListBuffers(buffers_pb2.ListBuffersRequest(),
@@ -341,7 +350,7 @@ def test_a_client_killed_mid_window_leaves_nothing_behind(figures, probes, mode)
                     child.kill()
                     child.wait()
             # Others are served meanwhile.
-            assert rel_error(survivor.score(x, ROWS, "p16").scores, want) <= 1e-3
+            assert served() <= 1e-3
             released = wait_for(lambda: listed() == buffers_before, 20)
             handles = wait_for(
                 lambda: device_total(s, "probesidecar_ipc_handles_open") == handles_before, 20)
@@ -358,7 +367,7 @@ def test_a_client_killed_mid_window_leaves_nothing_behind(figures, probes, mode)
             assert device_total(s, "probesidecar_device_memory_bytes") == device_before
             if gpu_before is not None and gpu_after is not None:
                 assert gpu_after <= gpu_before + 2, (gpu_before, gpu_after)
-            assert rel_error(survivor.score(x, ROWS, "p16").scores, want) <= 1e-3
+            assert served() <= 1e-3
         assert s.process.poll() is None, s.log()
     finally:
         s.close()
