@@ -29,9 +29,9 @@ class FlashMLAPeer:
         self.sms = torch.cuda.get_device_properties(0).multi_processor_count
         log(f"flashmla: {self.version}")
 
-    def prepare(self, batch, s_q, h_q, length, scale, sets_q, sets_kv, sets_out, tables=None):
-        """One callable per input set; `tables` [b, pages] int32 per set (default: pages in
-        order within each set)."""
+    def prepare(self, batch, s_q, h_q, length, scale, sets_q, sets_kv, sets_out):
+        """One callable per input set (each set's pages in order: request i holds pages
+        [i * pages, (i + 1) * pages) of its set's KV), and what they need kept alive."""
         dev = "cuda"
         pages = (length + 63) // 64
         rows = s_q * h_q
@@ -48,12 +48,10 @@ class FlashMLAPeer:
         lse = torch.empty(batch, rows, dtype=torch.float32, device=dev)
         lse_accum = torch.empty(batch + parts, rows, dtype=torch.float32, device=dev)
         o_accum = torch.empty(batch + parts, rows, 512, dtype=torch.float32, device=dev)
-        if tables is None:
-            tables = [torch.arange(batch * pages, dtype=torch.int32, device=dev).view(batch, pages)
-                      ] * len(sets_q)
-        keep = [lengths, sched, splits, lse, lse_accum, o_accum, tables]
+        table = torch.arange(batch * pages, dtype=torch.int32, device=dev).view(batch, pages)
+        keep = [lengths, sched, splits, lse, lse_accum, o_accum, table]
 
-        def call(q, kv, out, table):
+        def call(q, kv, out):
             rc = self.lib.flashmla_peer_decode(
                 batch, s_q, h_q, scale, q.data_ptr(), kv.data_ptr(), kv.shape[0],
                 table.data_ptr(), table.stride(0), lengths.data_ptr(), sched.data_ptr(),
@@ -62,6 +60,6 @@ class FlashMLAPeer:
             if rc != 0:
                 raise RuntimeError(f"flashmla decode failed ({rc})")
 
-        fns = [lambda q=q, kv=kv, o=o, t=t, k=keep: call(q, kv, o, t)
-               for q, kv, o, t in zip(sets_q, sets_kv, sets_out, tables)]
+        fns = [lambda q=q, kv=kv, o=o: call(q, kv, o)
+               for q, kv, o in zip(sets_q, sets_kv, sets_out)]
         return keep, fns
