@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 from collections import defaultdict
 
@@ -127,6 +128,17 @@ def main():
     print("\n".join(targets(by_point, ceil)))
 
 
+def time_ratios(by_point, other):
+    """{point: ours / `other`'s time} at every point where both ran."""
+    return {k: d[OURS]["graph_us_p50"] / d[other]["graph_us_p50"]
+            for k, d in by_point.items() if OURS in d and other in d}
+
+
+def geomean(values):
+    values = list(values)
+    return math.prod(values) ** (1.0 / len(values)) if values else float("nan")
+
+
 def targets(by_point, ceil):
     """The targets of issue 28, each with our value, FlashInfer's and whether it is met."""
     out = ["## Targets (issue 28)", "",
@@ -173,17 +185,13 @@ def targets(by_point, ceil):
                    f"| {'yes' if not slower else 'no'} |")
     else:
         out.append("| never slower than baseline | not run in this sweep | – | – |")
-    prev = [k for k in by_point if OURS in by_point[k] and PREVIOUS in by_point[k]]
+    ratios = time_ratios(by_point, PREVIOUS)
+    prev = list(ratios)
     if prev:
-        ratios = {k: by_point[k][OURS]["graph_us_p50"] / by_point[k][PREVIOUS]["graph_us_p50"]
-                  for k in prev}
         worse = sorted(k for k in prev if ratios[k] > 1.0)
         beyond = sorted(k for k in prev if ratios[k] > 1.02)
         worst = max(prev, key=lambda k: ratios[k])
-        gm = 1.0
-        for v in ratios.values():
-            gm *= v
-        gm **= 1.0 / len(ratios)
+        gm = geomean(ratios.values())
         out.append(f"| never slower than the previous kernel (`{by_point[worst][PREVIOUS].get('previous_git', '')[:7]}`) | "
                    f"slower at {len(worse)} of {len(prev)} points, {len(beyond)} of them by more "
                    f"than 2% (worst {ratios[worst]:.3f}x its time at h{worst[0]} s{worst[1]} "
@@ -193,35 +201,26 @@ def targets(by_point, ceil):
             out_beyond = ", ".join(f"h{k[0]} s{k[1]} b{k[2]} {k[3]}: {ratios[k]:.3f}" for k in beyond)
             out.append(f"| (points more than 2% slower than the previous kernel: {out_beyond}) | | | |")
     # 5. Faster than FlashInfer at every point, or within 3% where both are >= 0.90 of copy.
-    vs = [k for k in by_point if OURS in by_point[k] and "flashinfer_fa3" in by_point[k]]
+    vs_fi = time_ratios(by_point, "flashinfer_fa3")
+    vs = list(vs_fi)
 
     def excused(k):
         o, f = by_point[k][OURS], by_point[k]["flashinfer_fa3"]
         return (frac(o) >= 0.90 and frac(f) >= 0.90 and
                 o["graph_us_p50"] <= 1.03 * f["graph_us_p50"])
-    lose = [k for k in vs if by_point[k][OURS]["graph_us_p50"] >
-            by_point[k]["flashinfer_fa3"]["graph_us_p50"]]
+    lose = [k for k in vs if vs_fi[k] > 1.0]
     lose_unexcused = [k for k in lose if not excused(k)]
-    gm = 1.0
-    for k in vs:
-        gm *= by_point[k][OURS]["graph_us_p50"] / by_point[k]["flashinfer_fa3"]["graph_us_p50"]
-    gm = gm ** (1.0 / len(vs)) if vs else float("nan")
+    gm = geomean(vs_fi.values())
     out.append(f"| faster than FlashInfer at every point (or within 3% where both >= 0.90 of copy) | "
                f"slower at {len(lose)} of {len(vs)} points, {len(lose) - len(lose_unexcused)} of them "
                f"within the 3% (geomean ours / FlashInfer time {gm:.3f}) | – | "
                f"{'yes' if vs and not lose_unexcused else 'no'} |")
     # FlashMLA, where it ran: not a target of its own, its standing beside ours.
-    vm = [k for k in by_point if OURS in by_point[k] and "flashmla" in by_point[k]]
-    if vm:
-        ratio = {k: by_point[k][OURS]["graph_us_p50"] / by_point[k]["flashmla"]["graph_us_p50"]
-                 for k in vm}
-        gm_mla = 1.0
-        for r in ratio.values():
-            gm_mla *= r
-        gm_mla **= 1.0 / len(vm)
+    vs_mla = time_ratios(by_point, "flashmla")
+    if vs_mla:
         out.append(f"| (beside FlashMLA's sm90 dense decode) | slower at "
-                   f"{sum(r > 1 for r in ratio.values())} of {len(vm)} points (geomean ours / "
-                   f"FlashMLA time {gm_mla:.3f}) | – | – |")
+                   f"{sum(r > 1 for r in vs_mla.values())} of {len(vs_mla)} points (geomean ours / "
+                   f"FlashMLA time {geomean(vs_mla.values()):.3f}) | – | – |")
     if slower:
         out += ["", "Points where ours is slower than the baseline (ours / baseline time): " +
                 ", ".join(f"h{k[0]} s{k[1]} b{k[2]} {k[3]}: "
