@@ -115,8 +115,11 @@ struct ScoreRequest {
   // completed, if any.
   FaultLaunch fault = nullptr;
   absl::Status Run(Worker& worker, const Job& job, Outcome* timings) const {
-    if (fault != nullptr) worker.slot->ArmFault(fault);
-    return worker.score->Run(job, timings, &timings->enqueued);
+    if (fault == nullptr) return worker.score->Run(job, timings, &timings->enqueued);
+    worker.slot->ArmFault(fault);
+    absl::Status status = worker.score->Run(job, timings, &timings->enqueued);
+    worker.slot->ArmFault(nullptr);  // this request's only: unused where it ended early
+    return status;
   }
   static bool Enqueued(const Outcome& timings) { return timings.enqueued; }
 };
