@@ -11,8 +11,7 @@
 // ones); --points: only these points (h_q:s_q:batch:len) of the sweep chosen. Impls: split_kv,
 // split_kv_sm90a (the plan's schedule: what LaunchMlaVerify runs), baseline, and split_kv_sm90a
 // with a schedule forced (split_kv_sm90a_pairs: page pairs; split_kv_sm90a_one_page: one page at
-// a time; split_kv_sm90a_swap_ab: swap-AB where s_q * h_q <= 32, the plan's choice elsewhere;
-// split_kv_sm90a_prescaled: page pairs in FlashMLA's warpgroup order).
+// a time; split_kv_sm90a_swap_ab: swap-AB where s_q * h_q <= 32, the plan's choice elsewhere).
 // --trace-dir: in a build with the in-kernel trace (-DPROBESIDECAR_MLA_TRACE=ON), after timing a
 // point (of --trace-points, default every point) each split_kv_sm90a* impl runs once more with the
 // trace recording, written to DIR/trace_h<h>_s<s>_b<b>_l<len>_<impl>.bin
@@ -525,9 +524,7 @@ int main(int argc, char** argv) {
     };
     for (const Forced& f : {Forced{"split_kv_sm90a_pairs", MlaVerifySm90aSchedule::kPagePairs},
                             Forced{"split_kv_sm90a_one_page", MlaVerifySm90aSchedule::kOnePage},
-                            Forced{"split_kv_sm90a_swap_ab", MlaVerifySm90aSchedule::kSwapAb},
-                            Forced{"split_kv_sm90a_prescaled",
-                                   MlaVerifySm90aSchedule::kPagePairsPrescaled}}) {
+                            Forced{"split_kv_sm90a_swap_ab", MlaVerifySm90aSchedule::kSwapAb}}) {
       if (!want(f.name) || !ws->has_sm90a) continue;
       MlaVerifyWorkspace* forced = nullptr;
       if (!make_ws(f.schedule, &forced)) return false;

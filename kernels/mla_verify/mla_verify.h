@@ -66,10 +66,8 @@ enum class MlaVerifySm90aSchedule : int32_t {
   kPagePairs = 1,  // two pages at a time, one per warpgroup ("seesaw")
   kOnePage = 2,    // one page at a time, both warpgroups on it, the other buffer refilling
   kSwapAb = 3,     // s_q * h_q <= 32 only: keys on the wgmma M side, a ring of TMA boxes
-  kPagePairsPrescaled = 4,  // page pairs in FlashMLA's warpgroup order: wg1's two P.V back to
-                            // back, on P0 scaled by wg1's factor
 };
-// "auto", "page_pairs", "one_page", "swap_ab", "page_pairs_prescaled".
+// "auto", "page_pairs", "one_page", "swap_ab".
 const char* MlaVerifySm90aScheduleName(MlaVerifySm90aSchedule schedule);
 
 struct MlaVerifyParams {

@@ -380,8 +380,6 @@ TEST(MlaPlanTest, Sm90aScheduleByRowsAndBatch) {
   EXPECT_STREQ(MlaVerifySm90aScheduleName(MlaVerifySm90aSchedule::kPagePairs), "page_pairs");
   EXPECT_STREQ(MlaVerifySm90aScheduleName(MlaVerifySm90aSchedule::kOnePage), "one_page");
   EXPECT_STREQ(MlaVerifySm90aScheduleName(MlaVerifySm90aSchedule::kSwapAb), "swap_ab");
-  EXPECT_STREQ(MlaVerifySm90aScheduleName(MlaVerifySm90aSchedule::kPagePairsPrescaled),
-               "page_pairs_prescaled");
 }
 
 // Swap-AB exists for 16 and 32 query rows only; a workspace that forces it gets it there and the
@@ -402,8 +400,6 @@ TEST(MlaPlanTest, SwapAbOnlyWhereItFits) {
   EXPECT_EQ(ChooseMlaVerifySm90aSchedule(ws, 128, 1), MlaVerifySm90aSchedule::kPagePairs);
   ws.sm90a_schedule = MlaVerifySm90aSchedule::kPagePairs;
   EXPECT_EQ(ChooseMlaVerifySm90aSchedule(ws, 16, 1), MlaVerifySm90aSchedule::kPagePairs);
-  ws.sm90a_schedule = MlaVerifySm90aSchedule::kPagePairsPrescaled;
-  EXPECT_EQ(ChooseMlaVerifySm90aSchedule(ws, 16, 1), MlaVerifySm90aSchedule::kPagePairsPrescaled);
   ws.sm90a_schedule = MlaVerifySm90aSchedule::kAuto;
   EXPECT_EQ(ChooseMlaVerifySm90aSchedule(ws, 16, 1), MlaVerifySm90aSchedule::kSwapAb);
   EXPECT_EQ(ChooseMlaVerifySm90aSchedule(ws, 16, 8), MlaVerifySm90aSchedule::kPagePairs);

@@ -354,8 +354,6 @@ class MlaVerifyGpuTest : public ::testing::Test {
     ASSERT_EQ(CreateMlaVerifyWorkspace(config, &ws_one_page_), cudaSuccess);
     config.sm90a_schedule = MlaVerifySm90aSchedule::kSwapAb;
     ASSERT_EQ(CreateMlaVerifyWorkspace(config, &ws_swap_ab_), cudaSuccess);
-    config.sm90a_schedule = MlaVerifySm90aSchedule::kPagePairsPrescaled;
-    ASSERT_EQ(CreateMlaVerifyWorkspace(config, &ws_prescaled_), cudaSuccess);
     CUDA_ASSERT(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
   }
   void TearDown() override {
@@ -363,7 +361,6 @@ class MlaVerifyGpuTest : public ::testing::Test {
     DestroyMlaVerifyWorkspace(ws_pairs_);
     DestroyMlaVerifyWorkspace(ws_one_page_);
     DestroyMlaVerifyWorkspace(ws_swap_ab_);
-    DestroyMlaVerifyWorkspace(ws_prescaled_);
     cudaStreamDestroy(stream_);
   }
 
@@ -417,8 +414,6 @@ class MlaVerifyGpuTest : public ::testing::Test {
       v.push_back({MlaVerifyPath::kSplitKvSm90a, ws_pairs_, "split_kv_sm90a/page_pairs"});
       v.push_back({MlaVerifyPath::kSplitKvSm90a, ws_one_page_, "split_kv_sm90a/one_page"});
       v.push_back({MlaVerifyPath::kSplitKvSm90a, ws_swap_ab_, "split_kv_sm90a/swap_ab"});
-      v.push_back(
-          {MlaVerifyPath::kSplitKvSm90a, ws_prescaled_, "split_kv_sm90a/page_pairs_prescaled"});
     }
     return v;
   }
@@ -429,7 +424,6 @@ class MlaVerifyGpuTest : public ::testing::Test {
   MlaVerifyWorkspace* ws_pairs_ = nullptr;     // split_kv_sm90a forced to page pairs
   MlaVerifyWorkspace* ws_one_page_ = nullptr;  // split_kv_sm90a forced to one page
   MlaVerifyWorkspace* ws_swap_ab_ = nullptr;   // split_kv_sm90a forced to swap-AB (<= 32 rows)
-  MlaVerifyWorkspace* ws_prescaled_ = nullptr;  // forced to page pairs, FlashMLA's order
   cudaStream_t stream_ = nullptr;
 };
 

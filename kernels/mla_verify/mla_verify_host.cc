@@ -37,8 +37,6 @@ const char* MlaVerifySm90aScheduleName(MlaVerifySm90aSchedule schedule) {
       return "one_page";
     case MlaVerifySm90aSchedule::kSwapAb:
       return "swap_ab";
-    case MlaVerifySm90aSchedule::kPagePairsPrescaled:
-      return "page_pairs_prescaled";
   }
   return "unknown";
 }
@@ -56,7 +54,6 @@ MlaVerifySm90aSchedule ChooseMlaVerifySm90aSchedule(const MlaVerifyWorkspace& ws
   switch (ws.sm90a_schedule) {
     case MlaVerifySm90aSchedule::kPagePairs:
     case MlaVerifySm90aSchedule::kOnePage:
-    case MlaVerifySm90aSchedule::kPagePairsPrescaled:
       return ws.sm90a_schedule;
     case MlaVerifySm90aSchedule::kSwapAb:
       if (mla::SwapAbFits(rows)) return MlaVerifySm90aSchedule::kSwapAb;

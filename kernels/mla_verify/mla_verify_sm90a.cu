@@ -59,12 +59,8 @@ cudaError_t SetSm90aAttributes(bool* available) {
     return cudaSuccess;  // no tensor maps: the portable path serves every shape
   }
   cudaError_t err =
-      cudaFuncSetAttribute(sm90a::MlaVerifyTileSm90aKernel<false>,
+      cudaFuncSetAttribute(sm90a::MlaVerifyTileSm90aKernel,
                            cudaFuncAttributeMaxDynamicSharedMemorySize, sm90a::kSmemBytes);
-  if (err == cudaSuccess) {
-    err = cudaFuncSetAttribute(sm90a::MlaVerifyTileSm90aKernel<true>,
-                               cudaFuncAttributeMaxDynamicSharedMemorySize, sm90a::kSmemBytes);
-  }
   if (err == cudaSuccess) {
     err = cudaFuncSetAttribute(sm90a::MlaVerifyPageSm90aKernel,
                                cudaFuncAttributeMaxDynamicSharedMemorySize, sm90a::kPageSmemBytes);
@@ -80,10 +76,7 @@ cudaError_t SetSm90aAttributes(bool* available) {
                                sm90a::kSwapSmemBytes<32>);
   }
   if (err != cudaSuccess) return err;
-  blocks::ProgrammaticLaunchUsable(
-      reinterpret_cast<const void*>(sm90a::MlaVerifyTileSm90aKernel<false>));
-  blocks::ProgrammaticLaunchUsable(
-      reinterpret_cast<const void*>(sm90a::MlaVerifyTileSm90aKernel<true>));
+  blocks::ProgrammaticLaunchUsable(reinterpret_cast<const void*>(sm90a::MlaVerifyTileSm90aKernel));
   blocks::ProgrammaticLaunchUsable(reinterpret_cast<const void*>(sm90a::MlaVerifyPageSm90aKernel));
   blocks::ProgrammaticLaunchUsable(
       reinterpret_cast<const void*>(sm90a::MlaVerifySwapSm90aKernel<16>));
@@ -120,10 +113,10 @@ cudaError_t LaunchTileSm90a(const KernelArgs& args, dim3 grid, MlaVerifySm90aSch
                             cudaStream_t stream) {
   if (schedule == MlaVerifySm90aSchedule::kSwapAb) return LaunchSwapSm90a(args, grid, stream);
   if (schedule != MlaVerifySm90aSchedule::kOnePage &&
-      schedule != MlaVerifySm90aSchedule::kPagePairs &&
-      schedule != MlaVerifySm90aSchedule::kPagePairsPrescaled) {
+      schedule != MlaVerifySm90aSchedule::kPagePairs) {
     return cudaErrorInvalidValue;
   }
+  const bool one_page = schedule == MlaVerifySm90aSchedule::kOnePage;
   sm90a::Sm90aArgs targs;
   targs.args = args;
   targs.trace = g_trace;
@@ -133,18 +126,12 @@ cudaError_t LaunchTileSm90a(const KernelArgs& args, dim3 grid, MlaVerifySm90aSch
   if (err != cudaSuccess) return err;
   // A programmatic dependent of the plan kernel before it: its set-up overlaps the plan's tail,
   // and it waits for the plan in-kernel before reading anything global.
-  const dim3 block(sm90a::kThreads);
-  switch (schedule) {
-    case MlaVerifySm90aSchedule::kOnePage:
-      return blocks::LaunchProgrammaticDependent(sm90a::MlaVerifyPageSm90aKernel, grid, block,
-                                                 sm90a::kPageSmemBytes, stream, targs);
-    case MlaVerifySm90aSchedule::kPagePairsPrescaled:
-      return blocks::LaunchProgrammaticDependent(sm90a::MlaVerifyTileSm90aKernel<true>, grid,
-                                                 block, sm90a::kSmemBytes, stream, targs);
-    default:
-      return blocks::LaunchProgrammaticDependent(sm90a::MlaVerifyTileSm90aKernel<false>, grid,
-                                                 block, sm90a::kSmemBytes, stream, targs);
-  }
+  return one_page ? blocks::LaunchProgrammaticDependent(sm90a::MlaVerifyPageSm90aKernel, grid,
+                                                        dim3(sm90a::kThreads),
+                                                        sm90a::kPageSmemBytes, stream, targs)
+                  : blocks::LaunchProgrammaticDependent(sm90a::MlaVerifyTileSm90aKernel, grid,
+                                                        dim3(sm90a::kThreads), sm90a::kSmemBytes,
+                                                        stream, targs);
 }
 
 }  // namespace probesidecar::kernels::mla

@@ -22,15 +22,7 @@
 //        P1, m1, scale1 published                   O_R = O_R scale1 + P1 V1_R  (P1 in registers)
 //   wg0: O_L = O_L scale1 + P1 V1_L
 //   each: the scores of its page of the next pair
-// so one warpgroup's softmax runs while the other's wgmma keep the tensor cores busy.
-// MlaVerifyTileSm90aKernel<true> (schedule kPagePairsPrescaled) takes FlashMLA's order instead:
-//   wg0: m0, scale0 published before its exponentials; O_L = O_L scale0 + P0 V0_L; then, once
-//        wg1 published scale1, P0' = P0 scale1 into K0's slab 8;  O_L = O_L scale1 + P1 V1_L
-//   wg1: softmax of S1 against m0 -> m1, scale1; P1 into K1's slab 8;
-//        O_R = O_R scale0 scale1 + P1 V1_R + P0' V0_R  (the two wgmma back to back, no rescale
-//        between them)
-// and its page boxes' barriers get their arrivals (with the bytes expected) from the warpgroup
-// that reads them, so that the issuing thread only issues the copies. A page
+// so one warpgroup's softmax runs while the other's wgmma keep the tensor cores busy. A page
 // arrives as nine 64 x 64 TMA boxes with an mbarrier each; each box is reloaded with the next
 // pair's page as soon as its last reader is done (the even page's first), and the score wgmma of
 // a page start on its first boxes while the last are still arriving. P0 and P1 are kept in the
@@ -133,7 +125,6 @@ enum NamedBarrierId : uint32_t {
   kRowSums,          // both: row sums exchanged at the end of a request
   kWarpgroup0,       // 128 threads of one warpgroup (after zeroing V rows)
   kWarpgroup1,
-  kP0Ready,  // prescaled order, wg0 -> wg1: P0 scaled by scale1 in K0's slab 8
 };
 __device__ __forceinline__ void Arrive(uint32_t id) {
   cutlass::arch::NamedBarrier::arrive(kThreads, id);
@@ -163,25 +154,11 @@ __device__ __forceinline__ uint64_t DescV(uint32_t addr) {
 
 // Scores over slabs [kBegin, kEnd) of a page (4 k-steps each), each slab after its box arrived;
 // one commit group per slab. kZeroFirst: the first k-step overwrites s instead of adding.
-// kConsumerArrives: the box's barrier gets its one arrival here, from the warpgroup's thread
-// `arrives`, with the box's bytes expected where the page is there (`has`; a pair slot without a
-// page has no load, and the arrival alone completes the phase); the thread that issues the load
-// then issues only the copy (IssuePageBoxes).
-template <int kBegin, int kEnd, bool kZeroFirst, bool kConsumerArrives = false>
+template <int kBegin, int kEnd, bool kZeroFirst>
 __device__ __forceinline__ void ScoreSlabs(uint32_t sq, uint32_t sk, uint64_t* bars, int phase,
-                                           float (&s)[32], TraceRecorder& rec, int32_t step,
-                                           bool has = true, bool arrives = false) {
+                                           float (&s)[32], TraceRecorder& rec, int32_t step) {
 #pragma unroll
   for (int slab = kBegin; slab < kEnd; ++slab) {
-    if constexpr (kConsumerArrives) {
-      if (arrives) {
-        if (has) {
-          cutlass::arch::ClusterTransactionBarrier::arrive_and_expect_tx(&bars[slab], kSlabBytes);
-        } else {
-          cutlass::arch::ClusterTransactionBarrier::arrive(&bars[slab]);
-        }
-      }
-    }
     WaitBox(&bars[slab], phase, rec, step);
     cute::warpgroup_arrive();
 #pragma unroll
@@ -221,17 +198,6 @@ __device__ __forceinline__ void LoadPageBoxes(const CUtensorMap* map, uint8_t* d
                                               int32_t page, int begin, int end) {
   for (int slab = begin; slab < end; ++slab) {
     cutlass::arch::ClusterTransactionBarrier::arrive_and_expect_tx(&bars[slab], kSlabBytes);
-    cute::SM90_TMA_LOAD_3D::copy(map, &bars[slab], kEvictFirst, dst + slab * kSlabBytes, slab * 64,
-                                 0, page);
-  }
-}
-
-// The same boxes, copies only: their barriers' arrivals (with the bytes expected) come from the
-// warpgroup that reads them (ScoreSlabs<..., kConsumerArrives>), which keeps the issuing thread's
-// work to one instruction a box.
-__device__ __forceinline__ void IssuePageBoxes(const CUtensorMap* map, uint8_t* dst, uint64_t* bars,
-                                               int32_t page, int begin, int end) {
-  for (int slab = begin; slab < end; ++slab) {
     cute::SM90_TMA_LOAD_3D::copy(map, &bars[slab], kEvictFirst, dst + slab * kSlabBytes, slab * 64,
                                  0, page);
   }
@@ -331,7 +297,6 @@ struct PairCursor {
   }
 };
 
-template <bool kPrescaled>
 __global__ void __launch_bounds__(kThreads, 1)
     MlaVerifyTileSm90aKernel(const __grid_constant__ Sm90aArgs targs) {
   // Grid: (64-row tiles, ranges); block: 256 threads (2 warpgroups); dynamic shared memory
@@ -403,15 +368,9 @@ __global__ void __launch_bounds__(kThreads, 1)
   // the same wgmma sequence, so no accumulator is in flight where control flow merges. Stale V
   // is finite: a buffer holds zeros until its first load, and the rows past a sequence's end
   // that a load brings are zeroed in the pair that uses them.
-  // With kPrescaled the barriers' arrivals come from the reading warpgroup (ScoreSlabs), so a
-  // slot without a page is simply not loaded.
   auto load_or_skip = [&](const PairCursor& c, int which, int begin, int end) {
     const bool has = which == 0 ? c.Has0() : c.Has1();
-    if constexpr (kPrescaled) {
-      if (has) {
-        IssuePageBoxes(&targs.kv_map, sm.k[which], sm.bar_k[which], c.page[which], begin, end);
-      }
-    } else if (has) {
+    if (has) {
       LoadPageBoxes(&targs.kv_map, sm.k[which], sm.bar_k[which], c.page[which], begin, end);
     } else {
       for (int slab = begin; slab < end; ++slab)
@@ -450,9 +409,8 @@ __global__ void __launch_bounds__(kThreads, 1)
   rec.Add(MlaTraceEvent::kWaitQEnd, step);
   q_phase ^= 1;
   blocks::FenceOperands(s);
-  ScoreSlabs<0, kSlabs, true, kPrescaled>(sq, wg == 0 ? sk[0] : sk[1],
-                                          wg == 0 ? sm.bar_k[0] : sm.bar_k[1], phase, s, rec, step,
-                                          wg == 0 ? cur.Has0() : cur.Has1(), t == 0);
+  ScoreSlabs<0, kSlabs, true>(sq, wg == 0 ? sk[0] : sk[1], wg == 0 ? sm.bar_k[0] : sm.bar_k[1],
+                              phase, s, rec, step);
   rec.Add(MlaTraceEvent::kWaitMmaBegin, step);
   cute::warpgroup_wait<0>();
   rec.Add(MlaTraceEvent::kWaitMmaEnd, step);
@@ -526,185 +484,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         }
       }
     };
-    // ---- The next even page's scores (wg0): boxes 0..3 (loaded once P0 V0_L was done), then,
-    // once P1 V1_L is done (K1's boxes 0..3 and 8 are dead: the next odd page's), boxes 4..8
-    // (loaded by wg1 once its P0 V0_R was done). P1 V1_L must be the last wgmma issued.
-    auto next_scores_wg0 = [&]() {
-      if (nxt_valid) {
-        rec.Add(MlaTraceEvent::kStep, step + 1);
-        if (nxt.First()) {
-          rec.Add(MlaTraceEvent::kWaitQBegin, step + 1);
-          cutlass::arch::ClusterTransactionBarrier::wait(&sm.bar_q, q_phase);
-          rec.Add(MlaTraceEvent::kWaitQEnd, step + 1);
-        }
-        const bool has = nxt.Has0();
-        blocks::FenceOperands(s);
-        ScoreSlabs<0, 4, true, kPrescaled>(q_addr, k_addr[0], sm.bar_k[0], phase, s, rec,
-                                           step + 1, has, t == 0);
-        rec.Add(MlaTraceEvent::kWaitMmaBegin, step + 1);
-        cute::warpgroup_wait<4>();
-        rec.Add(MlaTraceEvent::kWaitMmaEnd, step + 1);
-        blocks::FenceOperands(o);
-        if (tid == 0) {
-          load_or_skip(nxt, 1, 0, 4);
-          load_or_skip(nxt, 1, kPSlab, kSlabs);
-          rec.Add(MlaTraceEvent::kIssueLoad, step);
-        }
-        ScoreSlabs<4, kSlabs, false, kPrescaled>(q_addr, k_addr[0], sm.bar_k[0], phase, s, rec,
-                                                 step + 1, has, t == 0);
-        rec.Add(MlaTraceEvent::kWaitMmaBegin, step + 1);
-        cute::warpgroup_wait<0>();
-        rec.Add(MlaTraceEvent::kWaitMmaEnd, step + 1);
-        blocks::FenceOperands(s);
-        phase ^= 1;
-      } else {
-        rec.Add(MlaTraceEvent::kWaitMmaBegin, step);
-        cute::warpgroup_wait<0>();
-        rec.Add(MlaTraceEvent::kWaitMmaEnd, step);
-        blocks::FenceOperands(o);
-      }
-    };
-    // ---- The next odd page's scores (wg1), its own wgmma all done: boxes 0..3 and 8 (loaded by
-    // wg0), then 4..7.
-    auto next_scores_wg1 = [&]() {
-      if (nxt_valid) {
-        rec.Add(MlaTraceEvent::kStep, step + 1);
-        if (nxt.First()) {
-          rec.Add(MlaTraceEvent::kWaitQBegin, step + 1);
-          cutlass::arch::ClusterTransactionBarrier::wait(&sm.bar_q, q_phase);
-          rec.Add(MlaTraceEvent::kWaitQEnd, step + 1);
-        }
-        const bool has = nxt.Has1();
-        blocks::FenceOperands(s);
-        ScoreSlabs<0, 4, true, kPrescaled>(q_addr, k_addr[1], sm.bar_k[1], phase, s, rec,
-                                           step + 1, has, t == 0);
-        ScoreSlabs<kPSlab, kSlabs, false, kPrescaled>(q_addr, k_addr[1], sm.bar_k[1], phase, s,
-                                                      rec, step + 1, has, t == 0);
-        ScoreSlabs<4, kPSlab, false, kPrescaled>(q_addr, k_addr[1], sm.bar_k[1], phase, s, rec,
-                                                 step + 1, has, t == 0);
-        rec.Add(MlaTraceEvent::kWaitMmaBegin, step + 1);
-        cute::warpgroup_wait<0>();
-        rec.Add(MlaTraceEvent::kWaitMmaEnd, step + 1);
-        blocks::FenceOperands(s);
-        phase ^= 1;
-      }
-    };
-    auto wait_own_mma = [&]() {
-      rec.Add(MlaTraceEvent::kWaitMmaBegin, step);
-      cute::warpgroup_wait<0>();
-      rec.Add(MlaTraceEvent::kWaitMmaEnd, step);
-      blocks::FenceOperands(o);
-    };
-    auto wait_peer = [&](uint32_t id) {
-      rec.Add(MlaTraceEvent::kWaitPeerBegin, step);
-      Wait(id);
-      rec.Add(MlaTraceEvent::kWaitPeerEnd, step);
-    };
-    auto issue_loads = [&](int which, int begin, int end) {
-      load_or_skip(nxt, which, begin, end);
-      rec.Add(MlaTraceEvent::kIssueLoad, step);
-    };
-    if constexpr (kPrescaled) {
-      if (wg == 0) {
-        // ---- Warpgroup 0: m0 = max(m, rowmax S0) and scale0 = 2^(m - m0) published before the
-        // exponentials (wg1's softmax needs only them), then P0 relative to m0 and
-        // O_L = O_L scale0 + P0 V0_L (P0 in registers).
-        float sc0[2], off0[2];
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          const blocks::OnlineSoftmaxStep st = blocks::NextOnlineSoftmaxStep(m_run[h], mx[h]);
-          sc0[h] = st.rescale;
-          off0[h] = st.offset;
-          m_run[h] = st.max;
-          if (quad == 0) {
-            sm.max0[row0 + 8 * h] = st.max;
-            sm.scale0[row0 + 8 * h] = st.rescale;
-          }
-        }
-        Arrive(kScale0Ready);
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          l_run[h] = l_run[h] * sc0[h] + ExponentiateRow(s, h, args.scale_log2, off0[h], pk);
-        }
-        rescale_o(sc0);
-        if (has0 && valid0 < kMlaPageSize) ZeroRowsPastEnd(sm.k[0], 0, valid0, t, 0);
-        blocks::FenceOperands(o);
-        blocks::FenceOperands(pk);
-        cute::warpgroup_arrive();
-        PvFromRegisters(pk, k_addr[0], 0, o);
-        cute::warpgroup_commit_batch();
-        wait_own_mma();
-        blocks::FenceOperands(pk);
-        if (tid == 0 && nxt_valid) issue_loads(0, 0, 4);  // K0's boxes 0..3 (V0_L) are dead
-        // ---- wg1's m1, scale1: P0 scaled by scale1 (P0' = P0 2^(m0 - m1), in K0's slab 8) for
-        // wg1's P0' V0_R, which it issues right behind its P1 V1_R without a rescale between.
-        // wg1's scores of this pair are done, so Q is dead: the next request's Q.
-        wait_peer(kScale1Ready);
-        float sc1[2];
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          sc1[h] = sm.scale1[row0 + 8 * h];
-          m_run[h] = sm.max1[row0 + 8 * h];
-          l_run[h] *= sc1[h];
-#pragma unroll
-          for (int n = 0; n < 8; ++n) {
-            pk[n][h] = PackBf16(s[n * 4 + h * 2] * sc1[h], s[n * 4 + h * 2 + 1] * sc1[h]);
-          }
-        }
-        store_p(sm.k[0]);
-        Arrive(kP0Ready);
-        if (tid == 0 && nxt_valid && nxt.First()) load_q(nxt.r);
-        // ---- O_L = O_L scale1 + P1 V1_L (P1 in K1's slab 8, stored before kScale1Ready).
-        rescale_o(sc1);
-        if (has1 && valid1 < kMlaPageSize) ZeroRowsPastEnd(sm.k[1], 0, valid1, t, 0);
-        blocks::FenceOperands(o);
-        cute::warpgroup_arrive();
-        PvFromShared(k_addr[1], k_addr[1], 0, o);
-        cute::warpgroup_commit_batch();
-        next_scores_wg0();
-      } else {
-        // ---- Warpgroup 1: the softmax of S1 against m0: m1 = max(m0, rowmax S1), scale1 =
-        // 2^(m0 - m1); P1 into K1's slab 8 for wg0. Then O_R = O_R scale0 scale1 + P1 V1_R +
-        // P0' V0_R, both wgmma issued back to back.
-        wait_peer(kScale0Ready);
-        float sc01[2];
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          const float m0 = sm.max0[row0 + 8 * h], sc0 = sm.scale0[row0 + 8 * h];
-          const blocks::OnlineSoftmaxStep st = blocks::NextOnlineSoftmaxStep(m0, mx[h]);
-          sc01[h] = sc0 * st.rescale;
-          l_run[h] = l_run[h] * sc01[h] + ExponentiateRow(s, h, args.scale_log2, st.offset, pk);
-          m_run[h] = st.max;
-          if (quad == 0) {
-            sm.max1[row0 + 8 * h] = st.max;
-            sm.scale1[row0 + 8 * h] = st.rescale;
-          }
-        }
-        store_p(sm.k[1]);
-        Arrive(kScale1Ready);
-        rescale_o(sc01);
-        if (has1 && valid1 < kMlaPageSize) ZeroRowsPastEnd(sm.k[1], 1, valid1, t, 1);
-        blocks::FenceOperands(o);
-        blocks::FenceOperands(pk);
-        cute::warpgroup_arrive();
-        PvFromRegisters(pk, k_addr[1], 1, o);
-        cute::warpgroup_commit_batch();
-        wait_peer(kP0Ready);
-        if (has0 && valid0 < kMlaPageSize) ZeroRowsPastEnd(sm.k[0], 1, valid0, t, 1);
-        cute::warpgroup_arrive();
-        PvFromShared(k_addr[0], k_addr[0], 1, o);
-        cute::warpgroup_commit_batch();
-        // Once P1 V1_R is done, K1's boxes 4..7 (V1_R) are dead; once P0' V0_R is, K0's 4..8.
-        rec.Add(MlaTraceEvent::kWaitMmaBegin, step);
-        cute::warpgroup_wait<1>();
-        rec.Add(MlaTraceEvent::kWaitMmaEnd, step);
-        blocks::FenceOperands(pk);
-        if (t == 0 && nxt_valid) issue_loads(1, 4, kPSlab);
-        wait_own_mma();
-        if (t == 0 && nxt_valid) issue_loads(0, 4, kSlabs);
-        next_scores_wg1();
-      }
-    } else if (wg == 0) {
+    if (wg == 0) {
       // ---- Warpgroup 0: m0 = max(m, rowmax S0), scale0 = 2^(m - m0), P0 relative to m0
       // (published with m0 and scale0 for wg1, before anything waits on the tensor cores).
       float sc0[2];
@@ -730,12 +510,21 @@ __global__ void __launch_bounds__(kThreads, 1)
       cute::warpgroup_arrive();
       PvFromRegisters(pk, k_addr[0], 0, o);
       cute::warpgroup_commit_batch();
-      wait_own_mma();
+      rec.Add(MlaTraceEvent::kWaitMmaBegin, step);
+      cute::warpgroup_wait<0>();
+      rec.Add(MlaTraceEvent::kWaitMmaEnd, step);
+      blocks::FenceOperands(o);
       blocks::FenceOperands(pk);
-      if (tid == 0 && nxt_valid) issue_loads(0, 0, 4);  // K0's boxes 0..3 (V0_L) are dead
+      // K0's boxes 0..3 (V0_L) are dead: the next even page's first boxes.
+      if (tid == 0 && nxt_valid) {
+        load_or_skip(nxt, 0, 0, 4);
+        rec.Add(MlaTraceEvent::kIssueLoad, step);
+      }
       // ---- wg1's m1, scale1 (and P1 in K1's slab 8): O_L = O_L scale1 + P1 V1_L. wg1's scores
       // of this pair are done, so Q is dead: the next request's Q.
-      wait_peer(kScale1Ready);
+      rec.Add(MlaTraceEvent::kWaitPeerBegin, step);
+      Wait(kScale1Ready);
+      rec.Add(MlaTraceEvent::kWaitPeerEnd, step);
       float sc1[2];
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
@@ -750,11 +539,44 @@ __global__ void __launch_bounds__(kThreads, 1)
       cute::warpgroup_arrive();
       PvFromShared(k_addr[1], k_addr[1], 0, o);
       cute::warpgroup_commit_batch();
-      next_scores_wg0();
+      // ---- The next even page's scores: boxes 0..3 (loaded above), then, once P1 V1_L is done
+      // (K1's boxes 0..3 and 8 are dead: the next odd page's), boxes 4..8 (loaded by wg1 early).
+      if (nxt_valid) {
+        rec.Add(MlaTraceEvent::kStep, step + 1);
+        if (nxt.First()) {
+          rec.Add(MlaTraceEvent::kWaitQBegin, step + 1);
+          cutlass::arch::ClusterTransactionBarrier::wait(&sm.bar_q, q_phase);
+          rec.Add(MlaTraceEvent::kWaitQEnd, step + 1);
+        }
+        blocks::FenceOperands(s);
+        ScoreSlabs<0, 4, true>(q_addr, k_addr[0], sm.bar_k[0], phase, s, rec, step + 1);
+        rec.Add(MlaTraceEvent::kWaitMmaBegin, step + 1);
+        cute::warpgroup_wait<4>();
+        rec.Add(MlaTraceEvent::kWaitMmaEnd, step + 1);
+        blocks::FenceOperands(o);
+        if (tid == 0) {
+          load_or_skip(nxt, 1, 0, 4);
+          load_or_skip(nxt, 1, kPSlab, kSlabs);
+          rec.Add(MlaTraceEvent::kIssueLoad, step);
+        }
+        ScoreSlabs<4, kSlabs, false>(q_addr, k_addr[0], sm.bar_k[0], phase, s, rec, step + 1);
+        rec.Add(MlaTraceEvent::kWaitMmaBegin, step + 1);
+        cute::warpgroup_wait<0>();
+        rec.Add(MlaTraceEvent::kWaitMmaEnd, step + 1);
+        blocks::FenceOperands(s);
+        phase ^= 1;
+      } else {
+        rec.Add(MlaTraceEvent::kWaitMmaBegin, step);
+        cute::warpgroup_wait<0>();
+        rec.Add(MlaTraceEvent::kWaitMmaEnd, step);
+        blocks::FenceOperands(o);
+      }
     } else {
       // ---- Warpgroup 1: O_R = O_R scale0 + P0 V0_R first (its operands are all there), with
       // the softmax of S1 under it: m1 = max(m0, rowmax S1), scale1 = 2^(m0 - m1).
-      wait_peer(kScale0Ready);
+      rec.Add(MlaTraceEvent::kWaitPeerBegin, step);
+      Wait(kScale0Ready);
+      rec.Add(MlaTraceEvent::kWaitPeerEnd, step);
       float m0[2], sc0[2];
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
@@ -783,8 +605,14 @@ __global__ void __launch_bounds__(kThreads, 1)
       store_p(sm.k[1]);
       Arrive(kScale1Ready);
       // Once P0 V0_R is done, K0's boxes 4..8 are dead: the next even page's last boxes.
-      wait_own_mma();
-      if (t == 0 && nxt_valid) issue_loads(0, 4, kSlabs);
+      rec.Add(MlaTraceEvent::kWaitMmaBegin, step);
+      cute::warpgroup_wait<0>();
+      rec.Add(MlaTraceEvent::kWaitMmaEnd, step);
+      blocks::FenceOperands(o);
+      if (t == 0 && nxt_valid) {
+        load_or_skip(nxt, 0, 4, kSlabs);
+        rec.Add(MlaTraceEvent::kIssueLoad, step);
+      }
       // ---- O_R = O_R scale1 + P1 V1_R.
       rescale_o(sc1);
       if (has1 && valid1 < kMlaPageSize) ZeroRowsPastEnd(sm.k[1], 1, valid1, t, 1);
@@ -793,10 +621,34 @@ __global__ void __launch_bounds__(kThreads, 1)
       cute::warpgroup_arrive();
       PvFromRegisters(pk, k_addr[1], 1, o);
       cute::warpgroup_commit_batch();
-      wait_own_mma();
+      rec.Add(MlaTraceEvent::kWaitMmaBegin, step);
+      cute::warpgroup_wait<0>();
+      rec.Add(MlaTraceEvent::kWaitMmaEnd, step);
+      blocks::FenceOperands(o);
       blocks::FenceOperands(pk);
-      if (t == 0 && nxt_valid) issue_loads(1, 4, kPSlab);  // K1's boxes 4..7 (V1_R) are dead
-      next_scores_wg1();
+      // K1's boxes 4..7 (V1_R) are dead: the next odd page's.
+      if (t == 0 && nxt_valid) {
+        load_or_skip(nxt, 1, 4, kPSlab);
+        rec.Add(MlaTraceEvent::kIssueLoad, step);
+      }
+      // ---- The next odd page's scores: boxes 0..3 and 8 (loaded by wg0), then 4..7.
+      if (nxt_valid) {
+        rec.Add(MlaTraceEvent::kStep, step + 1);
+        if (nxt.First()) {
+          rec.Add(MlaTraceEvent::kWaitQBegin, step + 1);
+          cutlass::arch::ClusterTransactionBarrier::wait(&sm.bar_q, q_phase);
+          rec.Add(MlaTraceEvent::kWaitQEnd, step + 1);
+        }
+        blocks::FenceOperands(s);
+        ScoreSlabs<0, 4, true>(q_addr, k_addr[1], sm.bar_k[1], phase, s, rec, step + 1);
+        ScoreSlabs<kPSlab, kSlabs, false>(q_addr, k_addr[1], sm.bar_k[1], phase, s, rec, step + 1);
+        ScoreSlabs<4, kPSlab, false>(q_addr, k_addr[1], sm.bar_k[1], phase, s, rec, step + 1);
+        rec.Add(MlaTraceEvent::kWaitMmaBegin, step + 1);
+        cute::warpgroup_wait<0>();
+        rec.Add(MlaTraceEvent::kWaitMmaEnd, step + 1);
+        blocks::FenceOperands(s);
+        phase ^= 1;
+      }
     }
     if (nxt_valid && nxt.First()) q_phase ^= 1;
 
