@@ -1,10 +1,13 @@
-"""An overload soak against the real server (CPU backend, ~35 s): two open-loop probe-bench
-clients offer ~2.5x what one scoring thread can serve, one with patient deadlines (2 s), one with
-impatient ones (0.1 s, less than a full queue's wait). Every request gets exactly one answer, the
-clients' counts by status code are the server's (but for the rare calls that cross their deadline
-in transit, counted and bounded), the queue bound refuses (RESOURCE_EXHAUSTED) and waiting past a
-deadline is not run (DEADLINE_EXCEEDED), the server's memory stays flat, and it serves normally
-afterwards. Figures go to <build>/reliability/soak.json."""
+"""An overload soak against the real server (CPU backend, ~40 s): the time one scoring thread takes
+per request is measured first (closed loop), then two open-loop probe-bench clients offer 2.5x
+what that thread serves, one with patient deadlines (2 s, or ten requests' time on a slower
+machine), one with impatient ones (two requests' time: less than a full queue's wait). Every
+request gets exactly one answer, the clients' counts by status code are the server's (but for the
+rare calls that cross their deadline in transit, counted and bounded), the queue bound refuses
+(RESOURCE_EXHAUSTED) and waiting past a deadline is not run (DEADLINE_EXCEEDED), the server's
+memory stays flat, and it serves normally afterwards. The load is set from the measured time so
+that it overloads the server on any machine (a fixed rate did not on a faster one). Figures go to
+<build>/reliability/soak.json."""
 
 from __future__ import annotations
 
@@ -24,12 +27,14 @@ from server_state import (answered_by_code, difference, metric, record_figures, 
 BENCH_BIN = pathlib.Path(os.environ.get("PROBE_BENCH_BIN", BIN.parent / "probe-bench")).resolve()
 FAKE_GIT = "0123456789abcdef0123456789abcdef01234567"
 SOAK_SECONDS = 25
-# Each request is 268 M multiply-adds, ~55 ms on one thread here (~18/s): R x P x H = 64 x 1024 x
-# 4096 for one client, 256 x 256 x 4096 for the other (its probe set loads within its 0.1 s
-# deadline: probe-bench loads it with the calls' timeout).
-WORKLOAD = ["--modes=score_inline", "--hidden=4096", "--arrivals=poisson", "--warmup=0", "--quiet"]
-CLIENTS = {"patient": ["--rows=64", "--probes=1024", "--rate=30", "--timeout=2", "--seed=1"],
-           "impatient": ["--rows=256", "--probes=256", "--rate=15", "--timeout=0.1", "--seed=2"]}
+# Each request is 268 M multiply-adds (~30-55 ms on one thread of the machines this ran on): R x P
+# x H = 64 x 1024 x 4096 for one client, 256 x 256 x 4096 for the other (probe-bench loads their
+# probe sets with 30 s deadlines at least, whatever the calls' timeout).
+WORKLOAD = ["--modes=score_inline", "--hidden=4096", "--quiet"]
+SHAPES = {"patient": ["--rows=64", "--probes=1024", "--seed=1"],
+          "impatient": ["--rows=256", "--probes=256", "--seed=2"]}
+OVERLOAD = 2.5  # offered / served by one scoring thread, split 2:1 between the two clients
+QUEUE = 4  # --max-queued-requests
 MiB = 1 << 20
 # Under AddressSanitizer (the CI's asan stage runs this test against the sanitized server) freed
 # memory waits in a quarantine of 256 MB by default before it is reused, so the server's RSS climbs
@@ -40,20 +45,50 @@ ASAN_QUARANTINE = {"ASAN_OPTIONS": ":".join(
     filter(None, [os.environ.get("ASAN_OPTIONS", ""), "quarantine_size_mb=16"]))}
 
 
-def run_clients(sidecar: Sidecar, seconds: float, out_dir: pathlib.Path) -> dict[str, dict]:
-    """Both clients at once for `seconds`; their records."""
-    processes = {}
-    for name, args in CLIENTS.items():
-        processes[name] = subprocess.Popen(
-            [str(BENCH_BIN), f"--target={sidecar.uds_target}", *WORKLOAD, *args,
-             f"--seconds={seconds}", f"--git={FAKE_GIT}", f"--out={out_dir / name}.json"],
-            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    records = {}
-    for name, process in processes.items():
-        _, stderr = process.communicate(timeout=seconds + 120)
-        assert process.returncode == 0, stderr
-        records[name] = json.loads((out_dir / f"{name}.json").read_text())["records"][0]
-    return records
+def probe_bench(sidecar: Sidecar, name: str, args: list[str], seconds: float,
+                out_dir: pathlib.Path) -> subprocess.Popen:
+    return subprocess.Popen(
+        [str(BENCH_BIN), f"--target={sidecar.uds_target}", *WORKLOAD, *SHAPES[name], *args,
+         f"--seconds={seconds}", f"--git={FAKE_GIT}", f"--out={out_dir / name}.json"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+
+
+def record_of(process: subprocess.Popen, name: str, seconds: float,
+              out_dir: pathlib.Path) -> dict:
+    _, stderr = process.communicate(timeout=seconds + 120)
+    assert process.returncode == 0, stderr
+    return json.loads((out_dir / f"{name}.json").read_text())["records"][0]
+
+
+def request_seconds(sidecar: Sidecar, out_dir: pathlib.Path) -> float:
+    """What one request of the patient client's shape takes the server's one scoring thread: one
+    client, each request sent when the last is answered, for 3 s after 3 untimed ones."""
+    args = ["--concurrency=1", "--warmup=3", "--timeout=30"]
+    record = record_of(probe_bench(sidecar, "patient", args, 3, out_dir), "patient", 3, out_dir)
+    assert record["ok"] == record["calls"] > 0, record
+    return record["seconds"] / record["ok"]
+
+
+def load_of(seconds_per_request: float) -> dict[str, list[str]]:
+    """The open-loop clients' arguments: OVERLOAD times what the thread serves, the patient
+    client's deadline past a full queue's wait and the impatient one's short of it."""
+    capacity = 1.0 / seconds_per_request
+    patient = max(2.0, 10 * seconds_per_request)
+    impatient = 2 * seconds_per_request  # < (QUEUE + 1) requests' time: a full queue's wait
+    open_loop = ["--arrivals=poisson", "--warmup=0"]
+    return {"patient": [*open_loop, f"--rate={OVERLOAD * capacity * 2 / 3:.2f}",
+                        f"--timeout={patient:.3f}"],
+            "impatient": [*open_loop, f"--rate={OVERLOAD * capacity / 3:.2f}",
+                          f"--timeout={impatient:.3f}"]}
+
+
+def run_clients(sidecar: Sidecar, load: dict[str, list[str]], seconds: float,
+                out_dir: pathlib.Path) -> dict[str, dict]:
+    """Both open-loop clients at once for `seconds`; their records."""
+    processes = {name: probe_bench(sidecar, name, args, seconds, out_dir)
+                 for name, args in load.items()}
+    return {name: record_of(process, name, seconds, out_dir)
+            for name, process in processes.items()}
 
 
 def by_code(record: dict) -> dict[str, int]:
@@ -61,12 +96,14 @@ def by_code(record: dict) -> dict[str, int]:
 
 
 def test_overload_soak(tmp_path):
-    with Sidecar(["--backend=cpu", "--cpu-threads=1", "--max-queued-requests=4"],
+    with Sidecar(["--backend=cpu", "--cpu-threads=1", f"--max-queued-requests={QUEUE}"],
                  env=ASAN_QUARANTINE) as s:
+        seconds_per_request = request_seconds(s, tmp_path)
+        load = load_of(seconds_per_request)
         # Warm-up: each run loads (then replaces) the clients' probe sets; after two, the
         # allocator has reached its working size.
         for _ in range(2):
-            run_clients(s, 2, tmp_path)
+            run_clients(s, load, 2, tmp_path)
         assert wait_for(lambda: metric(s, "probesidecar_rpc_in_flight", rpc="Score") == 0, 10)
         pid = s.process.pid
         rss = [rss_bytes(pid)]
@@ -82,7 +119,7 @@ def test_overload_soak(tmp_path):
         sampler.start()
         started = time.monotonic()
         try:
-            records = run_clients(s, SOAK_SECONDS, tmp_path)
+            records = run_clients(s, load, SOAK_SECONDS, tmp_path)
         finally:
             stop.set()
             sampler.join()
@@ -122,8 +159,9 @@ def test_overload_soak(tmp_path):
     settled = rss[16]  # 8 s in
     record_figures("soak", {
         "seconds": SOAK_SECONDS, "wall_seconds": round(elapsed, 1),
-        "server_flags": ["--backend=cpu", "--cpu-threads=1", "--max-queued-requests=4"],
-        "workload": WORKLOAD, "clients": CLIENTS,
+        "server_flags": ["--backend=cpu", "--cpu-threads=1", f"--max-queued-requests={QUEUE}"],
+        "workload": WORKLOAD, "clients": {name: SHAPES[name] + load[name] for name in load},
+        "seconds_per_request": round(seconds_per_request, 4),
         "offered_rps": round(offered, 1), "ok_rps": round(served, 1),
         "requests": sum(clients.values()), "client_by_code": clients, "server_by_code": server,
         "late_answers": late_answers, "never_arrived": never_arrived,
