@@ -145,11 +145,23 @@ using MmaPvSs = cute::SM90::GMMA::MMA_64x256x16_F32BF16BF16_SS<GmmaMajor::K, Gmm
 // Shared-memory descriptors (kernels/blocks/wgmma.cuh): Q, K and P are K-major; V, the first 512
 // columns of the same key rows, is MN-major with the next 64 columns one slab further (lbo), and
 // a k-step of 16 keys moves its start by 16 rows (2048 bytes).
-__device__ __forceinline__ uint64_t DescK(uint32_t addr) {
-  return blocks::SwizzledKMajorDesc(addr);
+//
+// DescAt(base, off): the operand at shared address base + off (both multiples of 16). Its
+// start-address field, (base + off) >> 4, is below 2^14 (shared addresses stay under 256 KB), so
+// it is base's field plus off >> 4 without a carry, and the upper word is a constant: base's lower
+// word is computed once where the call sites share a base, and each wgmma adds an immediate to it
+// (the full descriptor rebuilt per wgmma cost ~10 instructions each, in the loop's issue slots).
+template <uint32_t kLboBytes>
+__device__ __forceinline__ uint64_t DescAt(uint32_t base, uint32_t off) {
+  const uint64_t flags = blocks::SwizzledSmemDesc(0, kLboBytes, blocks::kSwizzleAtomBytes);
+  const uint32_t lo = static_cast<uint32_t>(flags) + (base >> 4) + (off >> 4);
+  return (flags >> 32 << 32) | lo;
 }
-__device__ __forceinline__ uint64_t DescV(uint32_t addr) {
-  return blocks::SwizzledSmemDesc(addr, kSlabBytes, blocks::kSwizzleAtomBytes);
+__device__ __forceinline__ uint64_t DescK(uint32_t base, uint32_t off = 0) {
+  return DescAt<16>(base, off);
+}
+__device__ __forceinline__ uint64_t DescV(uint32_t base, uint32_t off = 0) {
+  return DescAt<kSlabBytes>(base, off);
 }
 
 // Scores over slabs [kBegin, kEnd) of a page (4 k-steps each), each slab after its box arrived;
@@ -165,7 +177,7 @@ __device__ __forceinline__ void ScoreSlabs(uint32_t sq, uint32_t sk, uint64_t* b
     for (int ks = 0; ks < 4; ++ks) {
       const uint32_t off = slab * kSlabBytes + ks * 32;
       blocks::WgmmaSS<MmaS>(
-          DescK(sq + off), DescK(sk + off), s,
+          DescK(sq, off), DescK(sk, off), s,
           kZeroFirst && slab == kBegin && ks == 0 ? ScaleOut::Zero : ScaleOut::One);
     }
     cute::warpgroup_commit_batch();
@@ -179,7 +191,7 @@ __device__ __forceinline__ void PvFromRegisters(const uint32_t (&pk)[8][2], uint
 #pragma unroll
   for (int ks = 0; ks < 4; ++ks) {
     blocks::WgmmaRS<MmaPvRs>(pk[2 * ks][0], pk[2 * ks][1], pk[2 * ks + 1][0], pk[2 * ks + 1][1],
-                             DescV(page + half * 4 * kSlabBytes + ks * 16 * 128), o);
+                             DescV(page, half * 4 * kSlabBytes + ks * 16 * 128), o);
   }
 }
 // O_half += P V[:, 256 half ..] with P from the page's slab 8 (the other warpgroup put it there).
@@ -187,8 +199,8 @@ __device__ __forceinline__ void PvFromShared(uint32_t p_page, uint32_t v_page, i
                                              float (&o)[128]) {
 #pragma unroll
   for (int ks = 0; ks < 4; ++ks) {
-    blocks::WgmmaSS<MmaPvSs>(DescK(p_page + kPSlab * kSlabBytes + ks * 32),
-                             DescV(v_page + half * 4 * kSlabBytes + ks * 16 * 128), o);
+    blocks::WgmmaSS<MmaPvSs>(DescK(p_page, kPSlab * kSlabBytes + ks * 32),
+                             DescV(v_page, half * 4 * kSlabBytes + ks * 16 * 128), o);
   }
 }
 

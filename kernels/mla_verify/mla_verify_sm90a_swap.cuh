@@ -239,8 +239,8 @@ __global__ void __launch_bounds__(kSwapThreads, 1)
         cute::warpgroup_arrive();
 #pragma unroll
         for (int ks = 0; ks < 4; ++ks) {
-          blocks::WgmmaSS<typename Mma::St>(DescK(r_addr + s * kSlabBytes + ks * 32),
-                                            DescK(q_addr + slab * Shape::kQSlabBytes + ks * 32), st,
+          blocks::WgmmaSS<typename Mma::St>(DescK(r_addr + s * kSlabBytes, ks * 32),
+                                            DescK(q_addr, slab * Shape::kQSlabBytes + ks * 32), st,
                                             slab == 0 && ks == 0 ? ScaleOut::Zero : ScaleOut::One);
         }
         cute::warpgroup_commit_batch();
@@ -336,7 +336,7 @@ __global__ void __launch_bounds__(kSwapThreads, 1)
         const uint32_t v_addr = r_addr + slot_of(m) * kSlabBytes;
 #pragma unroll
         for (int ks = 0; ks < 4; ++ks) {
-          blocks::WgmmaSS<typename Mma::Ot>(DescV(v_addr + ks * 16 * 128), DescK(pt + ks * 32),
+          blocks::WgmmaSS<typename Mma::Ot>(DescV(v_addr, ks * 16 * 128), DescK(pt, ks * 32),
                                             o[m]);
         }
       }
