@@ -53,6 +53,21 @@ __device__ __forceinline__ uint64_t SwizzledKMajorDesc(uint32_t smem_addr) {
   return SwizzledSmemDesc(smem_addr, 16, kSwizzleAtomBytes);
 }
 
+// The same descriptors for the operand at base + off (both multiples of 16), for a loop of wgmma
+// over one base: the start-address field, (base + off) >> 4, is below 2^14 (shared addresses stay
+// under 256 KB), so it is base's field plus off >> 4 without a carry, and the upper word is a
+// constant. The compiler then forms base's lower word once and adds an immediate per wgmma, where
+// SwizzledSmemDesc(base + off, ...) costs ~10 instructions each.
+__device__ __forceinline__ uint64_t SwizzledSmemDescAt(uint32_t base, uint32_t off,
+                                                       uint32_t lbo_bytes, uint32_t sbo_bytes) {
+  const uint64_t flags = SwizzledSmemDesc(0, lbo_bytes, sbo_bytes);
+  const uint32_t lo = static_cast<uint32_t>(flags) + (base >> 4) + (off >> 4);
+  return (flags >> 32 << 32) | lo;
+}
+__device__ __forceinline__ uint64_t SwizzledKMajorDescAt(uint32_t base, uint32_t off) {
+  return SwizzledSmemDescAt(base, off, 16, kSwizzleAtomBytes);
+}
+
 // Makes this thread's ordinary shared-memory stores visible to the async proxy (wgmma, TMA).
 // The project's own rather than cutlass::arch::fence_view_async_shared, which has no "memory"
 // clobber: without one the compiler may sink the stores below the fence.

@@ -145,23 +145,13 @@ using MmaPvSs = cute::SM90::GMMA::MMA_64x256x16_F32BF16BF16_SS<GmmaMajor::K, Gmm
 // Shared-memory descriptors (kernels/blocks/wgmma.cuh): Q, K and P are K-major; V, the first 512
 // columns of the same key rows, is MN-major with the next 64 columns one slab further (lbo), and
 // a k-step of 16 keys moves its start by 16 rows (2048 bytes).
-//
-// DescAt(base, off): the operand at shared address base + off (both multiples of 16). Its
-// start-address field, (base + off) >> 4, is below 2^14 (shared addresses stay under 256 KB), so
-// it is base's field plus off >> 4 without a carry, and the upper word is a constant: base's lower
-// word is computed once where the call sites share a base, and each wgmma adds an immediate to it
-// (the full descriptor rebuilt per wgmma cost ~10 instructions each, in the loop's issue slots).
-template <uint32_t kLboBytes>
-__device__ __forceinline__ uint64_t DescAt(uint32_t base, uint32_t off) {
-  const uint64_t flags = blocks::SwizzledSmemDesc(0, kLboBytes, blocks::kSwizzleAtomBytes);
-  const uint32_t lo = static_cast<uint32_t>(flags) + (base >> 4) + (off >> 4);
-  return (flags >> 32 << 32) | lo;
-}
+// Both as a base plus an offset (blocks::SwizzledSmemDescAt): each wgmma of a loop adds an
+// immediate to a base formed once.
 __device__ __forceinline__ uint64_t DescK(uint32_t base, uint32_t off = 0) {
-  return DescAt<16>(base, off);
+  return blocks::SwizzledKMajorDescAt(base, off);
 }
 __device__ __forceinline__ uint64_t DescV(uint32_t base, uint32_t off = 0) {
-  return DescAt<kSlabBytes>(base, off);
+  return blocks::SwizzledSmemDescAt(base, off, kSlabBytes, blocks::kSwizzleAtomBytes);
 }
 
 // Scores over slabs [kBegin, kEnd) of a page (4 k-steps each), each slab after its box arrived;
