@@ -112,8 +112,29 @@ TEST(CpuExecutorTest, ConcurrentCallersEachGetTheirScoresOnce) {
   }
 }
 
+// Records the answer in `job`; the test thread reads it once `calls` is 1.
+ScoreDone Record(OwnedJob* job) {
+  return [job](std::unique_ptr<ScoreJob>, absl::Status status, const ScoreTimings&) {
+    job->status = status;
+    job->calls.fetch_add(1);
+  };
+}
+
 TEST(CpuExecutorTest, AFullQueueRefusesAndShutdownAnswersEveryJobOnce) {
   CpuExecutor executor(1, 4);
+  // A first request holds the only thread (its first task's lifetime check waits) while the
+  // callers send theirs, so that the queue is full whatever the machine's speed: 16 requests
+  // against 4 places. (Racing one thread had let a fast machine keep pace, refusing none.)
+  absl::Notification sent;
+  OwnedJob holder(8, 4096, 32, 0.5f);
+  holder.job.lifetime.cancelled = [&sent] {
+    sent.WaitForNotification();
+    return false;
+  };
+  executor.Score(std::make_unique<ScoreJob>(holder.job), Record(&holder));
+  const bool started = WaitUntil([&] { return executor.stats().queued == 0; });
+  if (!started) sent.Notify();  // lets the executor stop
+  ASSERT_TRUE(started) << "the first request did not start";
   std::vector<std::unique_ptr<OwnedJob>> jobs;
   for (int i = 0; i < 16; ++i) jobs.push_back(std::make_unique<OwnedJob>(64, 4096, 32, 1.0f + i));
   std::vector<std::thread> callers;
@@ -121,16 +142,15 @@ TEST(CpuExecutorTest, AFullQueueRefusesAndShutdownAnswersEveryJobOnce) {
     callers.emplace_back([&, c] {
       for (int j = 0; j < 4; ++j) {
         OwnedJob* job = jobs[c * 4 + j].get();
-        executor.Score(std::make_unique<ScoreJob>(job->job),
-                       [job](std::unique_ptr<ScoreJob>, absl::Status status, const ScoreTimings&) {
-                         job->status = status;
-                         job->calls.fetch_add(1);
-                       });
+        executor.Score(std::make_unique<ScoreJob>(job->job), Record(job));
       }
     });
   }
   for (std::thread& t : callers) t.join();
+  sent.Notify();
   executor.Shutdown();  // with work still queued
+  EXPECT_EQ(holder.calls.load(), 1);
+  EXPECT_TRUE(holder.status.ok()) << holder.status;
   int refused = 0;
   for (const auto& job : jobs) {
     EXPECT_EQ(job->calls.load(), 1);
@@ -142,14 +162,6 @@ TEST(CpuExecutorTest, AFullQueueRefusesAndShutdownAnswersEveryJobOnce) {
     }
   }
   EXPECT_GT(refused, 0);  // 16 jobs against a queue of 4 requests
-}
-
-// Records the answer in `job`; the test thread reads it once `calls` is 1.
-ScoreDone Record(OwnedJob* job) {
-  return [job](std::unique_ptr<ScoreJob>, absl::Status status, const ScoreTimings&) {
-    job->status = status;
-    job->calls.fetch_add(1);
-  };
 }
 
 // True once `job` is answered; false if it is not within 30 s.
