@@ -15,6 +15,11 @@
 #                                   and server work go in separate calls; for an H200, BUILD_DIR
 #                                   configured with -DCMAKE_CUDA_ARCHITECTURES=90-real keeps them
 #                                   small
+#       VLLM=1                      also pack vLLM's CUDA build for the GPU machine into .gpu-vllm/
+#                                   (tests/gpu/vllm/pack.py: vLLM 0.26.0, pruned to sm_90, with
+#                                   the requirements the machine's image lacks; ~45 MiB): carry
+#                                   ".gpu-vllm" for the vllm step. Made once: an existing pack
+#                                   of the same version is kept (VLLM=force makes it again)
 #       PACK=1                      also pack .gpu/ into .gpu-packed/gpu.tar.xz (the whole bundle
 #                                   built for 90-real is ~100 MiB, ~14 MiB packed): carry
 #                                   ".gpu-packed" instead of ".gpu", and the script unpacks it there
@@ -43,6 +48,12 @@
 #   metrics  the metrics-recording micro-benchmark on this host's CPUs (raw Google Benchmark JSON)
 #   rpc      the end-to-end RPC benchmark (probe-bench against probe-sidecar and a bare gRPC
 #            echo, over a Unix socket and loopback TCP; closed and open loop; before/after)
+#   vllm     the vLLM plugin in a real vLLM engine on the GPU (needs .gpu-vllm carried): the
+#            engines and their checks (tests/vllm/test_gpu_vllm.py: every token scored once in
+#            every CUDA graph mode and eager, against float64; the write inside the captured
+#            graphs; nothing added to a step but the taps' kernels), then the cost
+#            (bench/vllm_engine/run.py: tokens/s, inter-token latency and time to first token with
+#            and without the plugin, interleaved): vllm_engine.json/.md. Not in the default steps.
 #   decode   the decode-loop benchmark (bench/decode_loop): taps and in-process scoring, with and
 #            without MPS, and the graphed step's kernels profiled under both; then what a tap's
 #            calls cost the decode thread's CPU (host_cost.py)
@@ -86,6 +97,12 @@ if [[ "${1:-}" == prepare ]]; then
   "$root/.venv/bin/python" -m pip install -q --no-deps --target "$gpu/python" \
     "grpcio-health-checking==${GPU_HEALTH_VERSION:-1.62.3}"
   python3 bench/receipt.py >"$gpu/git"
+  if [[ -n "${VLLM:-}" && "${VLLM}" != 0 ]]; then
+    version="$(sed -n 's/^VERSION = "\(.*\)".*/\1/p' tests/gpu/vllm/pack.py)"
+    if [[ "$VLLM" == force || ! -f "$root/.gpu-vllm/vllm-$version-sm_90.tar.xz" ]]; then
+      "$root/.venv/bin/python" tests/gpu/vllm/pack.py --out "$root/.gpu-vllm"
+    fi
+  fi
   if [[ "${PACK:-0}" == 1 ]]; then
     rm -rf "$root/.gpu-packed"
     mkdir -p "$root/.gpu-packed"
@@ -261,6 +278,40 @@ if [[ " $steps " == *" rpc "* ]]; then
   note "rpc bench" $rc " (rpc_score.md, rpc_score.png)"
 fi
 
+if [[ " $steps " == *" vllm "* ]]; then
+  echo "== vllm: the plugin in a vLLM engine on the GPU"
+  rc=0
+  site=/tmp/probe-sidecar-vllm-site
+  pack="$(ls "$root"/.gpu-vllm/vllm-*.tar.xz 2>/dev/null | head -1)"
+  if [[ -z "$pack" ]]; then
+    echo "no .gpu-vllm/vllm-*.tar.xz: prepare with VLLM=1 and carry .gpu-vllm" | tee -a "$log"
+    rc=1
+  elif [[ ! -d "$site/vllm" ]]; then
+    mkdir -p "$site" && tar -xJf "$pack" -C "$site" || rc=1
+  fi
+  if ((rc == 0)); then
+    # torch's NVRTC (vLLM's kernels load it by soname), no FlashInfer there.
+    nvrtc="$(python3 -c 'import glob, os, nvidia; print(os.path.dirname(sorted(glob.glob(os.path.join(nvidia.__path__[0], "**", "libnvrtc.so.*"), recursive=True))[0]))' 2>/dev/null)"
+    models="$(mktemp -d)"
+    (
+      export PYTHONPATH="$site:$PYTHONPATH" VLLM_USE_FLASHINFER_SAMPLER=0
+      export LD_LIBRARY_PATH="$nvrtc${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+      export PROBE_SIDECAR_VLLM_MODELS="$models" PROBE_SIDECAR_RESULTS_DIR="$out"
+      python3 -c "import vllm, sys; print('vllm', vllm.__version__, file=sys.stderr)" || exit 1
+      timeout "${VLLM_TEST_TIMEOUT:-330}" python3 -m pytest -q -rs -p no:cacheprovider \
+        --durations=10 tests/vllm/test_gpu_vllm.py >"$out/vllm_gpu_tests.log" 2>&1
+      tests=$?
+      timeout "${VLLM_BENCH_TIMEOUT:-330}" python3 bench/vllm_engine/run.py --out-dir "$out" \
+        --model-dir "$models" --correctness "$out/vllm_engine_correctness.json" \
+        ${ALLOW_DIRTY:+--allow-dirty} ${VLLM_BENCH_ARGS:-} >"$out/vllm_engine_run.log" 2>&1
+      bench=$?
+      exit $((tests || bench))
+    ) >>"$log" 2>&1
+    rc=$?
+  fi
+  note "vllm engine" $rc " ($(tail -1 "$out/vllm_gpu_tests.log" 2>/dev/null); vllm_engine.md)"
+fi
+
 if [[ " $steps " == *" decode "* ]]; then
   echo "== decode: the decode-loop benchmark"
   # Its own time budget (330 s, cut repeats first) plus model builds; raw runs kept in the log dir.
@@ -280,4 +331,5 @@ pack
 [[ -f "$out/probe_score.md" ]] && sed -n '/^## Targets/,/^## Crossovers/p' "$out/probe_score.md" | head -20
 [[ -f "$out/rpc_score.md" ]] && grep -A12 -i "^## Targets" "$out/rpc_score.md" | head -16
 [[ -f "$out/decode_loop.md" ]] && grep -A14 -i "^## Targets" "$out/decode_loop.md" | head -16
+[[ -f "$out/vllm_engine.md" ]] && sed -n '/^| batch/,$p' "$out/vllm_engine.md" | head -40
 exit $status

@@ -46,13 +46,14 @@ class Engine:
                              max_window_s=max_window_s, max_queued_records=1000, **options)
         self.hidden = {}  # (request, position) -> the row written
 
-    def step(self, rows: list[tuple[str, int, bool]], new=(), finished=()):
+    def step(self, rows: list[tuple[str, int, bool]], new=(), finished=(), lengths=None):
         """One forward over `rows` (request, position, produces a token): a batch of 6 tokens of
-        which the engine samples rows 5, 4, ... (as vLLM's logits_indices)."""
+        which the engine samples rows 5, 4, ... (as vLLM's logits_indices). `finished`: requests
+        the engine reports ended at this step, `lengths` their lengths where known."""
         batch = torch.randn(6, H)
         index = torch.tensor([5 - i for i in range(len(rows))])
         with self.tap.lock:
-            self.tap.finish(finished)
+            self.tap.finish(finished, lengths)
             if not rows:
                 return  # vLLM's step with nothing scheduled: no forward, no step
             self.tap.arm(index, StepRows(tuple(r for r, _, _ in rows),
@@ -159,6 +160,56 @@ def test_a_failed_window_marks_its_requests_incomplete(sidecar, client, probe_se
         e.close()
         with sidecar.client() as admin:  # for the other tests of this session
             admin.load_probe_set("engine", replace=True, data=ENGINE_PROBES.data)
+
+
+def test_a_row_past_a_requests_end_is_dropped(client, probe_set):
+    """Asynchronous scheduling: the step after the one that sampled a request's stop token was
+    scheduled before the token was seen, so the request gets one more row (position 6, the stop
+    token's own). With hold_last_row the newest row of each request waits; the request's length
+    at its end (prompt 3 + 4 generated = 7: rows 2 ... 5) drops it from the records and the
+    summary. A request that ended on its length cap (no extra row) keeps every row."""
+    engine = Engine(client, window=2, hold_last_row=True)
+    e = engine.tap
+    try:
+        engine.step([("s-00000001", 2, True), ("m-00000002", 0, True)],
+                    new=["s-00000001", "m-00000002"])
+        for p in (3, 4, 5):
+            engine.step([("s-00000001", p, True), ("m-00000002", p - 2, True)])
+        engine.step([("s-00000001", 6, True)])  # the forward past its stop token
+        e.wait_delivered(DEADLINE)
+        e.flush()
+        e.wait_delivered(DEADLINE)
+        held = {(r.request_id, r.position) for r in e.records()}
+        # Each request's newest row waits; the rows before it are delivered.
+        assert ("s-00000001", 6) not in held and ("m-00000002", 3) not in held
+        assert ("s-00000001", 5) in held and ("m-00000002", 2) in held
+        engine.step([], finished=["s-00000001", "m-00000002"],
+                    lengths={"s-00000001": 7, "m-00000002": 5})
+        taken = e.collect(timeout=DEADLINE)
+        records = held | {(r.request_id, r.position) for r in e.records()}
+    finally:
+        e.close()
+    assert sorted(p for r, p in records if r == "s-00000001") == [2, 3, 4, 5]
+    assert sorted(p for r, p in records if r == "m-00000002") == [0, 1, 2, 3]
+    assert taken["s-00000001"]["engine"].rows == 4 and taken["m-00000002"]["engine"].rows == 4
+    assert e.state()["rows_past_end"] == 1 and e.state()["rows_held"] == 0
+
+
+def test_the_front_end_finishes_what_the_runner_was_not_told(client, probe_set):
+    """The engine's last step reaches the model runner only with the next one: a request the
+    front end has returned is finished by its caller's id (and its length) when collected."""
+    engine = Engine(client, window=4)
+    e = engine.tap
+    try:
+        engine.step([("q-00000001", 4, True)], new=["q-00000001"])
+        engine.step([("q-00000001", 5, True)])
+        assert e.state()["requests_live"] == 1
+        e.finish_callers({"q": 7, "unknown": None})
+        taken = e.collect(["q"], timeout=DEADLINE)
+    finally:
+        e.close()
+    assert taken["q-00000001"]["engine"].rows == 2
+    assert e.state()["requests_live"] == 0 and e.state()["requests_summarised"] == 0
 
 
 def test_the_callers_id_is_the_engines_without_vllms_suffix():

@@ -31,12 +31,16 @@ def register() -> None:
     install()
 
 
-def collect(llm, request_ids=None, timeout: float = 60.0) -> dict[str, dict[str, ProbeSummary]]:
+def collect(llm, request_ids=None, timeout: float = 60.0,
+            lengths: dict[str, int | None] | None = None) -> dict[str, dict[str, ProbeSummary]]:
     """{engine request id: {probe set: ProbeSummary}} of finished requests, taken from the
-    workers (flushed and waited for): those named (the caller's ids or the engine's), or all."""
+    workers (flushed and waited for): those named (the caller's ids or the engine's), or all.
+    `lengths` ({id: prompt + generated tokens, or None}): requests the caller knows have ended
+    (returned by LLMEngine.step() as finished, or aborted), finished in the workers first, with
+    rows past their lengths dropped."""
     from .install import collect as collect_from
 
-    return collect_from(llm, request_ids, timeout)
+    return collect_from(llm, request_ids, timeout, lengths)
 
 
 def state(llm) -> list[dict]:

@@ -51,11 +51,14 @@ class EngineTap:
                  on_request: Callable[[str, dict[str, ProbeSummary]], None] | None = None,
                  jsonl: str | None = None, max_queued_records: int = 0,
                  max_finished: int = 10000, logger: logging.Logger | None = None,
-                 holds=()):
+                 holds=(), hold_last_row: bool = False):
         """`make_tap(probe_set, on_window)`: a tap for that probe set whose windows go to
         `on_window` (made with raise_errors=False: a failed window is reported, never raised into
         the engine). `holds`: objects with close() that the taps need open (a session), closed
-        last."""
+        last. `hold_last_row`: the engine may run one forward too many for a request that has
+        ended (asynchronous scheduling: the step after the one that sampled its stop token was
+        scheduled before that token was seen), so each request's newest row is held back until
+        a later row of it arrives or the request's length is known at its end (finish())."""
         self._holds = list(holds)
         self.window = window
         self.probe_names = probe_names
@@ -78,6 +81,11 @@ class EngineTap:
         self._steps: dict[int, _Step] = {}
         self._live: set[str] = set()  # requests seen and not finished
         self._finishing: dict[str, int] = {}  # finished request -> steps counted when it finished
+        # A finished request's length (prompt + generated tokens): rows at positions past
+        # length - 2 sampled tokens its caller never got, and are dropped.
+        self._lengths: dict[str, int] = {}
+        self._hold_last_row = hold_last_row
+        self._held: dict[tuple[str, str], ProbeRecord] = {}  # (request, tap) -> its newest row
         self._builders: dict[str, dict[str, SummaryBuilder]] = {}
         self._done: collections.OrderedDict[str, dict[str, ProbeSummary]] = (
             collections.OrderedDict())
@@ -141,16 +149,35 @@ class EngineTap:
               and time.monotonic() - self._opened_at >= self._max_window_s):
             self._flush_locked()
 
-    def finish(self, request_ids) -> None:
+    def finish(self, request_ids, lengths: dict[str, int] | None = None) -> None:
         """Requests that have ended (finished, stopped early, aborted): each gets its summary
-        once the windows holding its rows (all in steps counted so far) are delivered."""
+        once the windows holding its rows (all in steps counted so far) are delivered.
+        `lengths`: {request id: its tokens, prompt and generated} where known; rows past them
+        (a forward scheduled before the engine saw the request end) are dropped."""
+        records: list[ProbeRecord] = []
         with self._results:
             for request_id in request_ids:
                 if request_id in self._live:
                     self._live.discard(request_id)
                     self._finishing[request_id] = self._step
-            finished = self._finalize_ready()
-        self._emit([], finished)
+                    if lengths and request_id in lengths:
+                        self._lengths[request_id] = int(lengths[request_id])
+            finished = self._finalize_ready(records)
+            self._queue_locked(records)
+        self._emit(records, finished)
+
+    def finish_callers(self, lengths: dict[str, int | None]) -> None:
+        """finish() for requests the engine's front end has returned, named by the caller's id
+        or the engine's ({id: length or None}): those the engine has not reported ended yet (its
+        last step's news reaches the model runner only with the next step)."""
+        with self._results:
+            live = [r for r in self._live if r in lengths or _caller_id(r) in lengths]
+        known = {}
+        for request_id in live:
+            length = lengths.get(request_id, lengths.get(_caller_id(request_id)))
+            if length is not None:
+                known[request_id] = length
+        self.finish(live, known)
 
     def flush(self) -> None:
         """Closes the current window now (any thread)."""
@@ -208,28 +235,26 @@ class EngineTap:
                     ok = False
                 for j in np.flatnonzero(rows.sampled):
                     request_id = rows.request_ids[j]
-                    builder = self._builders.setdefault(request_id, {}).get(probe_set)
-                    if builder is None:
-                        builder = SummaryBuilder(probe_set, names)
-                        self._builders[request_id][probe_set] = builder
                     if not ok:
-                        builder.complete = False
+                        self._builder(request_id, probe_set).complete = False
                         continue
-                    scores, fired = window.scores[i, j], window.fired[i, j]
-                    position = int(rows.positions[j])
-                    builder.add(position, scores, fired)
-                    records.append(ProbeRecord(request_id, position, probe_set, scores, fired))
+                    record = ProbeRecord(request_id, int(rows.positions[j]), probe_set,
+                                         window.scores[i, j], window.fired[i, j])
+                    # The request's previous row is not its last: committed, in order.
+                    held = self._held.pop((request_id, probe_set), None)
+                    if held is not None:
+                        self._commit(held, records)
+                    if self._hold_last_row and request_id not in self._lengths:
+                        self._held[(request_id, probe_set)] = record
+                    else:
+                        self._commit(record, records)
                 entry.taps_left -= 1
                 if entry.taps_left == 0:
                     del self._steps[step]
             self._delivered[probe_set] = max(self._delivered[probe_set],
                                              window.first_step + window.steps)
-            self.stats["rows_delivered"] += len(records)
-            if self._keep_records:
-                dropped = max(0, len(self._records) + len(records) - self._records.maxlen)
-                self.stats["records_dropped"] += dropped
-                self._records.extend(records)
-            finished = self._finalize_ready()
+            finished = self._finalize_ready(records)
+            self._queue_locked(records)
             self._results.notify_all()
         self._emit(records, finished)
 
@@ -255,13 +280,39 @@ class EngineTap:
                     self.stats["callback_errors"] += 1
                     self._log.error("probe-sidecar: the request callback raised %r", error)
 
-    def _finalize_ready(self) -> list[tuple[str, dict[str, ProbeSummary]]]:
-        """(under _results) Requests whose rows are all delivered: summaries made, state freed."""
+    def _builder(self, request_id: str, probe_set: str) -> SummaryBuilder:
+        """(under _results)"""
+        by_set = self._builders.setdefault(request_id, {})
+        if probe_set not in by_set:
+            by_set[probe_set] = SummaryBuilder(probe_set, self.probe_names[probe_set])
+        return by_set[probe_set]
+
+    def _commit(self, record: ProbeRecord, records: list[ProbeRecord]) -> None:
+        """(under _results) A delivered row joins its request's summary and the records, unless
+        it lies past the request's end."""
+        length = self._lengths.get(record.request_id)
+        if length is not None and record.position > length - 2:
+            self.stats["rows_past_end"] += 1
+            self._builder(record.request_id, record.probe_set)  # the request was scored
+            return
+        self._builder(record.request_id, record.probe_set).add(record.position, record.scores,
+                                                                record.fired)
+        records.append(record)
+
+    def _finalize_ready(self, records: list[ProbeRecord]
+                        ) -> list[tuple[str, dict[str, ProbeSummary]]]:
+        """(under _results) Requests whose rows are all delivered: their held rows committed (to
+        `records`), summaries made, state freed."""
         delivered = min(self._delivered.values(), default=0)
         ready = [r for r, step in self._finishing.items() if step <= delivered]
         finished = []
         for request_id in ready:
             del self._finishing[request_id]
+            for name in self.probe_names:
+                held = self._held.pop((request_id, name), None)
+                if held is not None:
+                    self._commit(held, records)
+            self._lengths.pop(request_id, None)
             builders = self._builders.pop(request_id, {})
             summaries = {name: (builders[name] if name in builders
                                 else SummaryBuilder(name, names)).build()
@@ -272,6 +323,15 @@ class EngineTap:
                 self.stats["summaries_evicted"] += 1
             finished.append((request_id, summaries))
         return finished
+
+    def _queue_locked(self, records: list[ProbeRecord]) -> None:
+        """(under _results) Delivered records counted, and kept for records() if asked."""
+        self.stats["rows_delivered"] += len(records)
+        if self._keep_records and records:
+            dropped = max(0, len(self._records) + len(records) - self._records.maxlen)
+            self.stats["records_dropped"] += dropped
+            self._records.extend(records)
+            self._results.notify_all()
 
     # --- results --------------------------------------------------------------------------------
 
@@ -312,7 +372,8 @@ class EngineTap:
                     "requests_live": len(self._live), "requests_finishing": len(self._finishing),
                     "requests_summarised": len(self._done),
                     "requests_accumulating": len(self._builders),
-                    "records_queued": len(self._records), **self.stats}
+                    "records_queued": len(self._records), "rows_held": len(self._held),
+                    **self.stats}
 
     def close(self, timeout: float = 30.0) -> None:
         if getattr(self, "_closing", None) is not None:

