@@ -301,6 +301,7 @@ if [[ " $steps " == *" vllm "* ]]; then
       timeout "${VLLM_TEST_TIMEOUT:-330}" python3 -m pytest -q -rs -p no:cacheprovider \
         --durations=10 tests/vllm/test_gpu_vllm.py >"$out/vllm_gpu_tests.log" 2>&1
       tests=$?
+      pack  # what the tests left, in case the benchmark is cut short
       timeout "${VLLM_BENCH_TIMEOUT:-330}" python3 bench/vllm_engine/run.py --out-dir "$out" \
         --model-dir "$models" --correctness "$out/vllm_engine_correctness.json" \
         ${ALLOW_DIRTY:+--allow-dirty} ${VLLM_BENCH_ARGS:-} >"$out/vllm_engine_run.log" 2>&1
