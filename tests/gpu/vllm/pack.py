@@ -13,7 +13,8 @@ Steps (downloads are kept in --work and reused):
   3. The wheel unpacked; DROP removed (FlashAttention-2: the H200 runs FlashAttention-3; the
      Rust front end: `vllm serve` runs the Python one; other GPUs' kernel trees); every shared
      object with CUDA fat binaries pruned to sm_ARCH (fatbin_prune.py; no compiling).
-  4. The requirements installed beside it (`pip install --target`, no index, no dependencies).
+  4. The requirements installed beside it (`pip install --target`, no index, no dependencies),
+     less their data files listed in STRIP.
   5. Packed: OUT/vllm-VERSION-sm_ARCH.tar.xz, and OUT/manifest.txt (every package and version).
 
 The next vLLM release is a change of VERSION (and of TORCH, which must be the GPU machine's) and a
@@ -67,6 +68,10 @@ OPTIONAL |= {"anthropic", "mcp"}
 # which with them would not fit in one call beside the bundle).
 DROP = ["vllm_flash_attn/_vllm_fa2_C.abi3.so", "vllm-rs", "third_party/deep_gemm",
         "third_party/fmha_sm100", "_qutlass_C.abi3.so", "_moe_C_stable_libtorch.abi3.so"]
+# Data files of requirements that the engine never reads for the models tested (paths under the
+# site folder): pycountry's translations of country names, and the Mistral tokenizer files
+# bundled with mistral_common (a Mistral model brings its own).
+STRIP = ["pycountry/locales", "mistral_common/data"]
 # Where the registry's newest release within vLLM's range does not install on Python 3.12
 # manylinux (name: the version taken instead, and why).
 PINS = {}
@@ -129,6 +134,10 @@ def resolve(vllm_wheel: pathlib.Path, wheels: pathlib.Path) -> dict[str, pathlib
         if name in chosen:
             version = parse_wheel_filename(chosen[name].name)[1]
             if requirement.specifier.contains(version, prereleases=True):
+                added = set(requirement.extras) - extras[name]
+                if added:  # asked again with extras: what they need as well
+                    extras[name] |= added
+                    queue += [(r, name) for r in requirements_of(chosen[name], added)]
                 continue
             # An earlier choice (pinned by vLLM, say) that this package's release does not
             # accept: an older release of the package that asked is tried instead.
@@ -191,7 +200,8 @@ def main(argv: list[str]) -> int:
         pip("install", "-q", "--no-index", "--no-deps", "--no-compile", "--only-binary=:all:",
             "--python-version", PYTHON, "--implementation", "cp", *platforms, "--target",
             str(site), *map(str, deps.values()))
-    shutil.rmtree(site / "bin", ignore_errors=True)
+    for path in ["bin", *STRIP]:
+        shutil.rmtree(site / path, ignore_errors=True)
     for cache in site.rglob("__pycache__"):
         shutil.rmtree(cache, ignore_errors=True)
     args.out.mkdir(parents=True, exist_ok=True)
