@@ -77,10 +77,13 @@ def resolved(llm) -> dict:
 
 
 def main(model: str) -> None:
+    # The replies get a descriptor of their own; file descriptor 1 becomes stderr, so that
+    # nothing vLLM or its engine-core process prints mixes with them.
+    reply = os.fdopen(os.dup(1), "w")
+    os.dup2(2, 1)
+    sys.stdout = sys.stderr
     started = time.monotonic()
     llm = make_engine(model)
-    reply = sys.stdout
-    sys.stdout = sys.stderr  # vLLM's prints must not mix with the replies
     reply.write(json.dumps({"ready": True, "start_s": time.monotonic() - started,
                             "config": resolved(llm)}) + "\n")
     reply.flush()

@@ -184,11 +184,13 @@ def profile_decode(llm, rng) -> dict:
     for _ in range(8):  # past the prefill: every request decoding
         engine.step()
     trace = tempfile.NamedTemporaryFile(suffix=".json", delete=False).name
-    activities = [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
+    activities = [torch.profiler.ProfilerActivity.CPU] + (
+        [torch.profiler.ProfilerActivity.CUDA] if torch.cuda.is_available() else [])
     with torch.profiler.profile(activities=activities) as prof:
         for _ in range(PROFILED_STEPS):
             engine.step()
-        torch.cuda.synchronize()
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()
     prof.export_chrome_trace(trace)
     while engine.has_unfinished_requests():
         engine.step()

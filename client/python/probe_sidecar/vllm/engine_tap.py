@@ -166,18 +166,23 @@ class EngineTap:
             self._queue_locked(records)
         self._emit(records, finished)
 
-    def finish_callers(self, lengths: dict[str, int | None]) -> None:
+    def finish_callers(self, lengths: dict[str, int | None],
+                       known: dict[str, int] | None = None) -> None:
         """finish() for requests the engine's front end has returned, named by the caller's id
         or the engine's ({id: length or None}): those the engine has not reported ended yet (its
-        last step's news reaches the model runner only with the next step)."""
+        last step's news reaches the model runner only with the next step). A length of None is
+        looked up in `known` ({engine id: length}: where the scheduler saw it end), and taken
+        from there."""
         with self._results:
             live = [r for r in self._live if r in lengths or _caller_id(r) in lengths]
-        known = {}
+        found = {}
         for request_id in live:
             length = lengths.get(request_id, lengths.get(_caller_id(request_id)))
+            if length is None and known is not None:
+                length = known.pop(request_id, None)
             if length is not None:
-                known[request_id] = length
-        self.finish(live, known)
+                found[request_id] = length
+        self.finish(live, found)
 
     def flush(self) -> None:
         """Closes the current window now (any thread)."""

@@ -49,10 +49,15 @@ SUPPORTED_VLLM = {"0.26": "the H200: the CUDA build, CUDA graphs and torch.compi
 ANY_VERSION_ENV = "PROBE_SIDECAR_VLLM_ANY_VERSION"
 # The attribute of a SchedulerOutput that carries the ended requests' lengths to the workers.
 LENGTHS_ATTR = "probe_sidecar_lengths"
+_MAX_ENDED = 100_000  # ended requests the front end remembers until they are collected
 
 _lock = threading.Lock()
 _registered = False
 _ENGINE_TAP: EngineTap | None = None  # this process's (the tapping worker's)
+# Where the scheduler saw each ended request end (its tokens), until the step that tells the
+# model runner: in this process, the scheduler's (the engine core's, which with one GPU also
+# runs the worker).
+_ENDS: dict[str, int] = {}
 
 
 def logger():
@@ -121,17 +126,15 @@ def _patch_scheduler() -> None:
 
     @functools.wraps(free_request)
     def noting_free_request(self, request, *args, **kwargs):
-        self.__dict__.setdefault("_probe_sidecar_ends", {})[request.request_id] = (
-            request.num_tokens)
+        _ENDS[request.request_id] = request.num_tokens
         return free_request(self, request, *args, **kwargs)
 
     @functools.wraps(schedule)
     def schedule_with_lengths(self, *args, **kwargs):
         output = schedule(self, *args, **kwargs)
-        ends = self.__dict__.get("_probe_sidecar_ends")
-        if ends and output.finished_req_ids:
-            setattr(output, LENGTHS_ATTR, {r: ends.pop(r) for r in output.finished_req_ids
-                                           if r in ends})
+        if _ENDS and output.finished_req_ids:
+            setattr(output, LENGTHS_ATTR, {r: _ENDS.pop(r) for r in output.finished_req_ids
+                                           if r in _ENDS})
         return output
 
     Scheduler._free_request = noting_free_request
@@ -377,7 +380,7 @@ def _collect(worker, request_ids=None, timeout: float = 60.0, lengths=None) -> d
     if engine_tap is None:
         return {}
     if lengths:
-        engine_tap.finish_callers(lengths)
+        engine_tap.finish_callers(lengths, known=_ENDS)
     taken = engine_tap.collect(request_ids, timeout)
     return {rid: {name: s.to_dict() for name, s in by_set.items()}
             for rid, by_set in taken.items()}
@@ -392,7 +395,23 @@ def _state_rpc(worker) -> dict:
 
 def _patch_llm() -> None:
     from vllm.entrypoints.llm import LLM
+    from vllm.v1.engine.llm_engine import LLMEngine
 
+    step = LLMEngine.step
+
+    @functools.wraps(step)
+    def step_noting_ends(self, *args, **kwargs):
+        outputs = step(self, *args, **kwargs)
+        for output in outputs:
+            if getattr(output, "finished", False) and hasattr(output, "outputs"):
+                ended = self.__dict__.setdefault("_probe_sidecar_ended", {})
+                for _, rows_id in completion_ids(output):
+                    ended[rows_id] = None  # its length: the scheduler's (outputs may be deltas)
+                while len(ended) > _MAX_ENDED:
+                    ended.pop(next(iter(ended)))
+        return outputs
+
+    LLMEngine.step = step_noting_ends
     generate = LLM.generate
 
     @functools.wraps(generate)
@@ -409,8 +428,16 @@ def collect(llm, request_ids=None, timeout: float = 60.0,
     """The summaries of finished requests, taken from the engine's workers (see EngineTap.collect):
     {engine request id: {probe set: ProbeSummary}}. `lengths`: requests known to have ended
     ({id: prompt + generated tokens, or None}), finished in the workers first."""
+    # The requests LLMEngine.step() returned finished (LLM.generate and chat step it too).
+    ended = getattr(llm.llm_engine, "_probe_sidecar_ended", None) or {}
+    wanted = None if request_ids is None else set(request_ids)
+    lengths = dict(lengths or {})
+    for rows_id in list(ended):
+        if wanted is None or rows_id in wanted or rows_id.partition("_")[2] in wanted:
+            lengths.setdefault(rows_id, ended.pop(rows_id))
     merged = {}
-    for part in llm.collective_rpc("probe_sidecar_collect", args=(request_ids, timeout, lengths)):
+    for part in llm.collective_rpc("probe_sidecar_collect",
+                                   args=(request_ids, timeout, lengths or None)):
         for request_id, by_set in part.items():
             merged[request_id] = {name: ProbeSummary.from_dict(d) for name, d in by_set.items()}
     return merged
