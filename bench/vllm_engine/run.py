@@ -6,7 +6,9 @@ same run, interleaved.
     python3 bench/vllm_engine/run.py --out-dir "$OUT" --model-dir DIR     (tests/gpu/run.sh vllm)
 
 Engines, one process each (engine_worker.py), started together and kept for the whole run:
-`none` (no plugin: what a user runs today) and `plugin` at each window (K=16, K=64), all on the
+`none V2` (no plugin: what a user runs today, on vLLM's default Model Runner V2), `none V1` (no
+plugin, on the V1 model runner, which the plugin taps) and `plugin` at each window (K=16,
+K=64), all on the
 same random-weight Llama of Llama 3.2 1B's shape (tests/vllm/gpu_models.py), vLLM's defaults
 (torch.compile, its CUDA graph mode, asynchronous scheduling), max_num_seqs 256, no MPS; the
 plugin's sidecar is the real server on its CUDA backend with one probe set of P=16.
@@ -16,7 +18,8 @@ drifts of the machine fall on all of them alike; the first repetition is a warm-
 counted. A record per (engine, batch): tokens/s (median over repetitions, and each repetition's),
 inter-token latency p50/p99 and time to first token p50 (pooled over the repetitions), and for the
 plugin the kept ratio (its tokens/s over `none`'s) with a bootstrap 95% interval over the
-repetitions. The correctness records of tests/vllm/test_gpu_vllm.py
+repetitions, against `none V2` (`kept`) and `none V1` (`kept_vs_v1_runner`: the plugin's own
+share). The correctness records of tests/vllm/test_gpu_vllm.py
 (--correctness FILE) join the same results file: vllm_engine.json and .md in --out-dir.
 """
 
@@ -77,9 +80,9 @@ def ceilings() -> dict:
 
 
 class Engine:
-    def __init__(self, name: str, window: int | None, model: pathlib.Path, env: dict,
-                 log: pathlib.Path):
-        self.name, self.window = name, window
+    def __init__(self, name: str, window: int | None, runner: str, model: pathlib.Path,
+                 env: dict, log: pathlib.Path):
+        self.name, self.window, self.runner = name, window, runner
         self.log = open(log, "wb")  # noqa: SIM115 (closed in stop())
         self.process = subprocess.Popen(
             [sys.executable, str(HERE / "engine_worker.py"), str(model)], stdin=subprocess.PIPE,
@@ -175,19 +178,24 @@ def main() -> int:
         base.pop("PROBE_SIDECAR_VLLM", None)
         base.pop("VLLM_ENABLE_V1_MULTIPROCESSING", None)
         try:
-            for window in [None] + windows:
-                env = dict(base, VLLM_CACHE_ROOT=str(work / f"cache-{window}"))
-                if window is not None:
+            # (window, model runner): vLLM 0.26 runs these models on its Model Runner V2 by
+            # default; the plugin taps the V1 runner (and selects it), so the engine without the
+            # plugin runs on both, telling the runner's share of the cost from the plugin's.
+            for window, runner in [(None, "V2"), (None, "V1")] + [(k, "V1") for k in windows]:
+                env = dict(base, VLLM_CACHE_ROOT=str(work / f"cache-{window}-{runner}"))
+                if window is None:
+                    env["VLLM_USE_V2_MODEL_RUNNER"] = "1" if runner == "V2" else "0"
+                else:
                     env["PROBE_SIDECAR_VLLM"] = json.dumps({
                         "target": sidecar.uds_target, "probe_sets": ["bench"], "window": window})
-                name = "none" if window is None else f"plugin K={window}"
-                engines.append(Engine(name, window, model, env,
+                name = f"none {runner}" if window is None else f"plugin K={window}"
+                engines.append(Engine(name, window, runner, model, env,
                                       args.out_dir / f"vllm_engine_{name.replace(' ', '_')}.log"))
             for engine in engines:
                 ready = engine.wait_ready()
                 print(f"{engine.name}: started in {ready['start_s']:.0f} s, {ready['config']}",
                       flush=True)
-            doc["engine_config"] = engines[0].ready["config"]
+            doc["engine_config"] = {e.name: e.ready["config"] for e in engines}
             rep = 0
             while rep <= args.reps:
                 if rep > 2 and time.monotonic() - started > args.budget_s:
@@ -198,17 +206,17 @@ def main() -> int:
                     for engine in order:
                         result = engine.ask(batch=batch, prompt_len=args.prompt_len,
                                             output_len=args.output_len, seed=rep * 1000 + batch)
-                        result.update(engine=engine.name, window=engine.window, rep=rep,
-                                      warmup=rep == 0)
+                        result.update(engine=engine.name, window=engine.window,
+                                      runner=engine.runner, rep=rep, warmup=rep == 0)
                         runs.append(result)
                 print(f"repetition {rep} done at {time.monotonic() - started:.0f} s", flush=True)
                 rep += 1
-                doc["records"] = report.records(runs, args.model, engines[0].ready["config"])
+                doc["records"] = report.records(runs, args.model, doc["engine_config"])
                 report.write(doc, args.out_dir, args.correctness)
         finally:
             doc["plugin_state"] = {e.name: (e.stop() or {}).get("plugin_state") for e in engines}
     doc["complete"] = True
-    doc["records"] = report.records(runs, args.model, engines[0].ready["config"])
+    doc["records"] = report.records(runs, args.model, doc["engine_config"])
     path = report.write(doc, args.out_dir, args.correctness)
     print(path.with_suffix(".md").read_text(), flush=True)
     # Each run in brief (the latencies' percentiles, not every token's), beside the records.

@@ -35,6 +35,7 @@ import json
 import os
 import sys
 import tempfile
+import threading
 import time
 
 import numpy as np
@@ -197,16 +198,20 @@ def profile_decode(llm, rng) -> dict:
     with open(trace) as file:
         events = json.load(file)["traceEvents"]
     os.unlink(trace)
-    return summarise_trace(events, PROFILED_STEPS)
+    return summarise_trace(events, PROFILED_STEPS, threading.get_native_id())
 
 
-def summarise_trace(events: list[dict], steps: int) -> dict:
+def summarise_trace(events: list[dict], steps: int, step_thread: int) -> dict:
     """Kernels (by name: launched by a CUDA graph or directly), memcpys and memsets (by kind and
-    bytes), and CUDA runtime calls (by name) of a profile."""
+    bytes), and CUDA runtime calls (by name) of a profile: of every thread, and of the thread
+    that stepped the engine (`step_thread`), which is the one whose waits slow the engine."""
     runtime = {}
+    on_step_thread = collections.Counter()
     for e in events:
         if e.get("cat") in ("cuda_runtime", "cuda_driver") and e.get("ph") == "X":
             runtime[e.get("args", {}).get("correlation")] = e["name"]
+            if e.get("tid") == step_thread:
+                on_step_thread[e["name"]] += 1
     kernels = collections.defaultdict(lambda: {"graph": 0, "direct": 0})
     copies = collections.defaultdict(lambda: {"count": 0, "bytes": 0})
     for e in events:
@@ -220,10 +225,13 @@ def summarise_trace(events: list[dict], steps: int) -> dict:
             copies[kind]["count"] += 1
             copies[kind]["bytes"] += int(e.get("args", {}).get("bytes", 0))
     calls = collections.Counter(runtime.values())
+    def synchronising(counts):
+        return {k: v for k, v in counts.items() if any(k.startswith(s) for s in SYNCHRONISING)}
+
     return {"steps": steps, "kernels": dict(kernels), "copies": dict(copies),
-            "runtime_calls": dict(calls),
-            "synchronising_calls": {k: v for k, v in calls.items()
-                                    if any(k.startswith(s) for s in SYNCHRONISING)}}
+            "runtime_calls": dict(calls), "synchronising_calls": synchronising(calls),
+            "step_thread_calls": dict(on_step_thread),
+            "step_thread_synchronising_calls": synchronising(on_step_thread)}
 
 
 def main(model: str, out_path: str, mode: str, *flags: str) -> None:

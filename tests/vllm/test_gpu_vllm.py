@@ -61,17 +61,19 @@ from safetensors.numpy import save  # noqa: E402
 
 P = 16
 # A row's error: the norm of its scores' error over the norm of float64's scores. Every row must
-# be within ROW_TOLERANCE (a row of another position or request is off by ~100%); the target for
-# the largest is MAX_REL_ERR_TARGET, which eager vLLM's own bf16 activations set the floor of.
-ROW_TOLERANCE = 5e-2
+# be within ROW_TOLERANCE (a row of another position or request is off by ~100%): on these
+# random-weight models vLLM's own bf16 activations (eager, the control) are off by up to ~6% on
+# the worst row, ~1.5% on the median one; MAX_REL_ERR_TARGET is the goal the results report.
+ROW_TOLERANCE = 0.1
 MAX_REL_ERR_TARGET = 2e-2
 # (model, mode, plugin): the engines the test starts, all at once.
 # "final-only": the plugin's default tap (the final norm) alone, against the same engine without
-# the plugin in the profile comparison.
+# the plugin in the profile comparison; "no-plugin-v1": without the plugin on the V1 model runner,
+# which the plugin taps (vLLM 0.26 runs these models on its Model Runner V2 by default).
 RUNS = [("llama-1b", "default", True), ("llama-1b", "FULL_AND_PIECEWISE", True),
         ("llama-1b", "PIECEWISE", True), ("llama-1b", "FULL_DECODE_ONLY", True),
         ("llama-1b", "eager", True), ("llama-1b", "default", False),
-        ("llama-1b", "default", "final-only"),
+        ("llama-1b", "default", "final-only"), ("llama-1b", "default", "no-plugin-v1"),
         ("qwen2-small", "default", True), ("qwen2-small", "eager", True)]
 LAYER = {"llama-1b": 4, "qwen2-small": 6}  # the decoder layer tapped beside the final norm
 ENGINE_DEADLINE_S = 900  # a safety net far past an engine's start and scenario (~1-2 min)
@@ -117,7 +119,9 @@ def start_engines(root, sidecar, models) -> dict:
                "VLLM_ENABLE_V1_MULTIPROCESSING": "0", "TOKENIZERS_PARALLELISM": "false",
                "PYTHONPATH": os.pathsep.join([str(HERE), os.environ.get("PYTHONPATH", "")])}
         env.pop("PROBE_SIDECAR_VLLM", None)
-        if plugin:
+        if plugin == "no-plugin-v1":
+            env["VLLM_USE_V2_MODEL_RUNNER"] = "0"
+        elif plugin:
             env["PROBE_SIDECAR_VLLM"] = json.dumps({
                 "target": sidecar.uds_target, "probe_sets": [f"probes-{model}"],
                 "layer": "final" if plugin == "final-only" else [LAYER[model], "final"],
@@ -330,7 +334,7 @@ def test_a_step_gains_only_the_taps_kernels(setup):
     step each: the plugin adds its own kernels (write, arm, the window's close) and nothing else
     — no copy of the ring, no other kernel (a lost fusion would show), no synchronising call."""
     tapped = run_of(setup, "llama-1b", "default", plugin="final-only")["out"]["profile"]
-    plain = run_of(setup, "llama-1b", "default", plugin=False)["out"]["profile"]
+    plain = run_of(setup, "llama-1b", "default", plugin="no-plugin-v1")["out"]["profile"]
     extra = step_difference(tapped, plain)
     assert not extra, "\n".join(f"{k}: {v}" for k, v in sorted(extra.items()))
     assert tapped["kernels"]["probe_sidecar_tap_write"]["graph"] == tapped["steps"]
@@ -340,21 +344,36 @@ def test_a_step_gains_only_the_taps_kernels(setup):
         b = plain["copies"].get(kind, {"count": 0, "bytes": 0})
         # The taps' score copies (a window's [K, max_batch, P] float32) are all the plugin adds.
         assert a["bytes"] - b["bytes"] < slot_bytes, (kind, a, b)
-    assert tapped["synchronising_calls"] == plain["synchronising_calls"], (
-        tapped["synchronising_calls"], plain["synchronising_calls"])
+    # The stepping thread (the one whose waits stall the engine) waits exactly as often; the
+    # taps' own threads wait for their windows' copies, off the step.
+    for profile in (tapped, plain):
+        assert sum(profile["step_thread_calls"].values()) > 0, "no call on the stepping thread"
+    assert (tapped["step_thread_synchronising_calls"]
+            == plain["step_thread_synchronising_calls"]), (
+        tapped["step_thread_synchronising_calls"], plain["step_thread_synchronising_calls"])
 
 
 def test_what_a_decoder_layer_tap_adds_to_a_step(setup):
     """Recorded, not asserted: what tapping decoder layer 4 beside the final norm changes in a
     step's kernels (the layer's output feeds the next layer's fused add + RMS norm)."""
     tapped = run_of(setup, "llama-1b", "default")["out"]["profile"]
-    plain = run_of(setup, "llama-1b", "default", plugin=False)["out"]["profile"]
-    extra = step_difference(tapped, plain)
+    final = run_of(setup, "llama-1b", "default", plugin="final-only")["out"]["profile"]
+    plain = run_of(setup, "llama-1b", "default", plugin="no-plugin-v1")["out"]["profile"]
+    v2 = run_of(setup, "llama-1b", "default", plugin=False)["out"]["profile"]
     directory = os.environ.get("PROBE_SIDECAR_RESULTS_DIR")
     if directory:
-        (pathlib.Path(directory) / "vllm_engine_layer_tap_kernels.json").write_text(
-            json.dumps({"steps": tapped["steps"], "differences": extra}, indent=1))
-    assert tapped["synchronising_calls"] == plain["synchronising_calls"]
+        (pathlib.Path(directory) / "vllm_engine_step_kernels.json").write_text(json.dumps({
+            "steps": tapped["steps"],
+            "layer_and_final_taps_vs_v1_runner": step_difference(tapped, plain),
+            "final_tap_vs_v1_runner": step_difference(final, plain),
+            "v1_runner_vs_v2_runner": step_difference(plain, v2),
+            "step_thread_synchronising_calls": {
+                "layer_and_final_taps": tapped["step_thread_synchronising_calls"],
+                "final_tap": final["step_thread_synchronising_calls"],
+                "v1_runner": plain["step_thread_synchronising_calls"],
+                "v2_runner": v2["step_thread_synchronising_calls"]}}, indent=1))
+    assert (tapped["step_thread_synchronising_calls"]
+            == plain["step_thread_synchronising_calls"])
 
 
 def test_write_the_correctness_records(setup):
@@ -370,7 +389,8 @@ def test_write_the_correctness_records(setup):
                                   "cudagraph_mode": mode if mode != "default"
                                   else f"default ({config['cudagraph_mode'].split('.')[-1]})",
                                   "async_scheduling": config["async_scheduling"]},
-                        "tolerance_per_row": ROW_TOLERANCE, **figures})
+                        "tolerance_per_row": ROW_TOLERANCE,
+                        "max_rel_err_target": MAX_REL_ERR_TARGET, **figures})
     path = pathlib.Path(directory) / "vllm_engine_correctness.json"
     path.write_text(json.dumps(records, indent=1))
     assert records

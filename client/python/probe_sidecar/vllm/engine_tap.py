@@ -25,7 +25,8 @@ import numpy as np
 import torch
 
 from ..tap import Tap, TapWindow
-from .records import JsonlSink, ProbeRecord, ProbeSummary, SummaryBuilder
+from .records import JsonlSink, ProbeRecord, ProbeSummary
+from .summaries import Rows, SummaryTable
 
 
 @dataclasses.dataclass(frozen=True)
@@ -40,6 +41,7 @@ class StepRows:
 @dataclasses.dataclass
 class _Step:
     rows: StepRows
+    keys: np.ndarray  # int64 [n]: each row's request key (EngineTap._key)
     taps_left: int  # taps whose window with this step has not been delivered
 
 
@@ -81,12 +83,19 @@ class EngineTap:
         self._steps: dict[int, _Step] = {}
         self._live: set[str] = set()  # requests seen and not finished
         self._finishing: dict[str, int] = {}  # finished request -> steps counted when it finished
-        # A finished request's length (prompt + generated tokens): rows at positions past
-        # length - 2 sampled tokens its caller never got, and are dropped.
-        self._lengths: dict[str, int] = {}
-        self._hold_last_row = hold_last_row
-        self._held: dict[tuple[str, str], ProbeRecord] = {}  # (request, tap) -> its newest row
-        self._builders: dict[str, dict[str, SummaryBuilder]] = {}
+        # Each request seen gets a small integer key (reused once its summary is made), which
+        # indexes the taps' summary tables and `_ends`: a finished request's length (prompt +
+        # generated tokens; -1 while unknown), past which rows sampled tokens its caller never
+        # got and are dropped.
+        self._keys: dict[str, int] = {}
+        self._ids: list[str | None] = []
+        self._free_keys: list[int] = []
+        self._ends = np.full(64, -1, np.int64)
+        self._last_ids: tuple[str, ...] | None = None  # the previous step's, and their keys
+        self._last_keys = np.zeros(0, np.int64)
+        self._tables = {name: SummaryTable(name, probes, hold_last_row)
+                        for name, probes in probe_names.items()}
+        self._wants_records = bool(on_record or jsonl or max_queued_records)
         self._done: collections.OrderedDict[str, dict[str, ProbeSummary]] = (
             collections.OrderedDict())
         self._delivered = {name: 0 for name in probe_names}  # steps delivered, per probe set
@@ -118,10 +127,33 @@ class EngineTap:
             tap.ring.arm(rows, count)
         if rows.is_cuda:
             self._stream = torch.cuda.current_stream(rows.device)
-        if new_requests:
+        ids = step_rows.request_ids
+        if ids != self._last_ids:  # in steady decoding the batch is the last step's
+            with self._results:
+                self._last_keys = np.fromiter((self._key(r) for r in ids), np.int64, len(ids))
+                self._last_ids = ids
+                if new_requests:
+                    self._live.update(new_requests)
+        elif new_requests:
             with self._results:
                 self._live.update(new_requests)
-        self._armed = step_rows
+        self._armed = (step_rows, self._last_keys)
+
+    def _key(self, request_id: str) -> int:
+        """(under _results) The request's key, assigned at its first row."""
+        key = self._keys.get(request_id)
+        if key is None:
+            if self._free_keys:
+                key = self._free_keys.pop()
+                self._ids[key] = request_id
+            else:
+                key = len(self._ids)
+                self._ids.append(request_id)
+                if key >= len(self._ends):
+                    self._ends = np.concatenate([self._ends, np.full(len(self._ends), -1,
+                                                                     np.int64)])
+            self._keys[request_id] = key
+        return key
 
     def disarm(self) -> None:
         """The armed forward will not run (it raised)."""
@@ -132,11 +164,11 @@ class EngineTap:
 
     def count_step(self) -> None:
         """After the armed forward was issued (under `lock`): one step on every tap."""
-        step_rows, self._armed = self._armed, None
-        if step_rows is None:
+        armed, self._armed = self._armed, None
+        if armed is None:
             return
         with self._results:
-            self._steps[self._step] = _Step(step_rows, len(self.taps))
+            self._steps[self._step] = _Step(armed[0], armed[1], len(self.taps))
         for tap in self.taps.values():
             tap.step()  # every `window` steps: closes the window
         self._step += 1
@@ -160,8 +192,9 @@ class EngineTap:
                 if request_id in self._live:
                     self._live.discard(request_id)
                     self._finishing[request_id] = self._step
-                    if lengths and request_id in lengths:
-                        self._lengths[request_id] = int(lengths[request_id])
+                    key = self._keys.get(request_id)
+                    if lengths and request_id in lengths and key is not None:
+                        self._ends[key] = int(lengths[request_id])
             finished = self._finalize_ready(records)
             self._queue_locked(records)
         self._emit(records, finished)
@@ -219,14 +252,16 @@ class EngineTap:
     # --- delivery -------------------------------------------------------------------------------
 
     def _on_window(self, probe_set: str, window: TapWindow) -> None:
-        """A tap's delivery thread: the window's rows become records of their requests."""
-        records = []
+        """A tap's delivery thread: the window's rows folded into their requests' summaries
+        (array operations, not a loop over rows), and records made where a sink wants them."""
+        records: list[ProbeRecord] = []
+        table = self._tables[probe_set]
         with self._results:
-            names = self.probe_names[probe_set]
             if window.error is not None:
                 self.stats["windows_failed"] += 1
                 self._log.error("probe-sidecar: window %d of probe set %r failed: %s",
                                 window.index, probe_set, window.error)
+            parts = []
             for i, step in enumerate(range(window.first_step, window.first_step + window.steps)):
                 entry = self._steps.get(step)
                 if entry is None:
@@ -238,30 +273,32 @@ class EngineTap:
                     self._log.error("probe-sidecar: step %d wrote %d rows, the engine scheduled "
                                     "%d", step, int(window.num_rows[i]), len(rows.request_ids))
                     ok = False
-                for j in np.flatnonzero(rows.sampled):
-                    request_id = rows.request_ids[j]
-                    if not ok:
-                        self._builder(request_id, probe_set).complete = False
-                        continue
-                    record = ProbeRecord(request_id, int(rows.positions[j]), probe_set,
-                                         window.scores[i, j], window.fired[i, j])
-                    # The request's previous row is not its last: committed, in order.
-                    held = self._held.pop((request_id, probe_set), None)
-                    if held is not None:
-                        self._commit(held, records)
-                    if self._hold_last_row and request_id not in self._lengths:
-                        self._held[(request_id, probe_set)] = record
-                    else:
-                        self._commit(record, records)
+                sampled = np.flatnonzero(rows.sampled)
+                if not ok:
+                    table.mark_incomplete(entry.keys[sampled])
+                elif len(sampled):
+                    parts.append(Rows(entry.keys[sampled], rows.positions[sampled],
+                                      window.scores[i, sampled], window.fired[i, sampled]))
                 entry.taps_left -= 1
                 if entry.taps_left == 0:
                     del self._steps[step]
+            committed = table.add(Rows.join(parts, len(table.probes)), self._ends)
+            self._records_of(probe_set, committed, records)
+            self.stats["rows_delivered"] += len(committed)
             self._delivered[probe_set] = max(self._delivered[probe_set],
                                              window.first_step + window.steps)
             finished = self._finalize_ready(records)
             self._queue_locked(records)
             self._results.notify_all()
         self._emit(records, finished)
+
+    def _records_of(self, probe_set: str, rows: Rows, out: list[ProbeRecord]) -> None:
+        """(under _results) ProbeRecords of committed rows, when a sink takes them."""
+        if not self._wants_records:
+            return
+        for k, position, scores, fired in zip(rows.keys.tolist(), rows.positions.tolist(),
+                                              rows.scores, rows.fired):
+            out.append(ProbeRecord(self._ids[k], position, probe_set, scores, fired))
 
     def _emit(self, records: list[ProbeRecord],
               finished: list[tuple[str, dict[str, ProbeSummary]]]) -> None:
@@ -285,43 +322,26 @@ class EngineTap:
                     self.stats["callback_errors"] += 1
                     self._log.error("probe-sidecar: the request callback raised %r", error)
 
-    def _builder(self, request_id: str, probe_set: str) -> SummaryBuilder:
-        """(under _results)"""
-        by_set = self._builders.setdefault(request_id, {})
-        if probe_set not in by_set:
-            by_set[probe_set] = SummaryBuilder(probe_set, self.probe_names[probe_set])
-        return by_set[probe_set]
-
-    def _commit(self, record: ProbeRecord, records: list[ProbeRecord]) -> None:
-        """(under _results) A delivered row joins its request's summary and the records, unless
-        it lies past the request's end."""
-        length = self._lengths.get(record.request_id)
-        if length is not None and record.position > length - 2:
-            self.stats["rows_past_end"] += 1
-            self._builder(record.request_id, record.probe_set)  # the request was scored
-            return
-        self._builder(record.request_id, record.probe_set).add(record.position, record.scores,
-                                                                record.fired)
-        records.append(record)
-
     def _finalize_ready(self, records: list[ProbeRecord]
                         ) -> list[tuple[str, dict[str, ProbeSummary]]]:
         """(under _results) Requests whose rows are all delivered: their held rows committed (to
-        `records`), summaries made, state freed."""
+        `records`), summaries made, keys freed."""
         delivered = min(self._delivered.values(), default=0)
         ready = [r for r, step in self._finishing.items() if step <= delivered]
         finished = []
         for request_id in ready:
             del self._finishing[request_id]
-            for name in self.probe_names:
-                held = self._held.pop((request_id, name), None)
-                if held is not None:
-                    self._commit(held, records)
-            self._lengths.pop(request_id, None)
-            builders = self._builders.pop(request_id, {})
-            summaries = {name: (builders[name] if name in builders
-                                else SummaryBuilder(name, names)).build()
-                         for name, names in self.probe_names.items()}
+            key = self._keys.pop(request_id, None)
+            summaries = {}
+            for name, table in self._tables.items():
+                summaries[name], last = table.release(key, self._ends)
+                self.stats["rows_delivered"] += len(last)
+                self._records_of(name, last, records)
+            if key is not None:
+                self._ends[key] = -1
+                self._ids[key] = None
+                self._free_keys.append(key)
+                self._last_ids = None  # a cached batch may no longer name live keys
             self._done[request_id] = summaries
             if len(self._done) > self._max_finished:
                 self._done.popitem(last=False)
@@ -330,8 +350,7 @@ class EngineTap:
         return finished
 
     def _queue_locked(self, records: list[ProbeRecord]) -> None:
-        """(under _results) Delivered records counted, and kept for records() if asked."""
-        self.stats["rows_delivered"] += len(records)
+        """(under _results) Delivered records kept for records(), if asked."""
         if self._keep_records and records:
             dropped = max(0, len(self._records) + len(records) - self._records.maxlen)
             self.stats["records_dropped"] += dropped
@@ -376,8 +395,10 @@ class EngineTap:
             return {"steps_counted": self._step, "steps_pending": len(self._steps),
                     "requests_live": len(self._live), "requests_finishing": len(self._finishing),
                     "requests_summarised": len(self._done),
-                    "requests_accumulating": len(self._builders),
-                    "records_queued": len(self._records), "rows_held": len(self._held),
+                    "requests_accumulating": len(self._keys),
+                    "records_queued": len(self._records),
+                    "rows_held": sum(t.held_count() for t in self._tables.values()),
+                    "rows_past_end": sum(t.rows_past_end for t in self._tables.values()),
                     **self.stats}
 
     def close(self, timeout: float = 30.0) -> None:

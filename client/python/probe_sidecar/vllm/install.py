@@ -348,10 +348,11 @@ def _wrap_runner(runner, engine_tap: EngineTap) -> None:
         request_ids = tuple(batch.req_ids[:n])
         computed = batch.num_computed_tokens_cpu[:n].astype(np.int64)
         scheduled = np.asarray(num_scheduled_tokens[:n], dtype=np.int64)
-        # The tokens a request holds now (prompt and output so far): a row whose chunk ends
-        # before that is a partial prefill, whose sample vLLM discards.
-        totals = np.fromiter((runner.requests[r].num_tokens for r in request_ids), np.int64, n)
-        rows = StepRows(request_ids, computed + scheduled - 1, computed + scheduled >= totals)
+        ends = computed + scheduled
+        # A row whose chunk ends before the tokens its request holds (prompt and output so far:
+        # the batch's own array, no per-row lookup) is a partial prefill, whose sample vLLM
+        # discards.
+        rows = StepRows(request_ids, ends - 1, ends >= batch.num_tokens_no_spec[:n])
         engine_tap.arm(result[0], rows,
                        [r.req_id for r in scheduler_output.scheduled_new_reqs])
         return result

@@ -48,32 +48,6 @@ class ProbeSummary:
                    tuple(data["first_fired"]), data["complete"])
 
 
-class SummaryBuilder:
-    """Accumulates one request's rows for one probe set (delivery threads, under the owner's
-    lock)."""
-
-    def __init__(self, probe_set: str, probes: tuple[str, ...]):
-        self.probe_set, self.probes = probe_set, probes
-        self.rows = 0
-        self.max_score = np.full(len(probes), -np.inf)
-        self.first_fired = np.full(len(probes), np.iinfo(np.int64).max, np.int64)
-        self.complete = True
-
-    def add(self, position: int, scores: np.ndarray, fired: np.ndarray) -> None:
-        self.rows += 1
-        finite = np.isfinite(scores)
-        np.maximum(self.max_score, np.where(finite, scores, -np.inf), out=self.max_score)
-        np.minimum(self.first_fired, np.where(fired, position, np.iinfo(np.int64).max),
-                   out=self.first_fired)
-
-    def build(self) -> ProbeSummary:
-        never = np.iinfo(np.int64).max
-        return ProbeSummary(
-            self.probe_set, self.probes, self.rows,
-            tuple(float(v) if np.isfinite(v) else math.nan for v in self.max_score),
-            tuple(None if v == never else int(v) for v in self.first_fired), self.complete)
-
-
 class JsonlSink:
     """Appends one JSON object per line: `fired` (a probe fired at a position) and `request` (a
     request finished and every window holding its rows was delivered: its summary)."""
