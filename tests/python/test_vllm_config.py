@@ -62,3 +62,20 @@ def test_what_changes_the_graph_changes_the_digest():
     for other in ({"probe_sets": ["b"]}, {"probe_sets": ["a"], "layer": 2},
                   {"probe_sets": ["a"], "tap_rank": 1}):
         assert parse(other).digest() != base.digest()
+
+
+def test_the_supported_vllm_releases_and_the_override(monkeypatch):
+    """0.26 and 0.32 (any patch release, local builds included) start; another release stops the
+    engine's start with a message naming the supported ones and the override, which lets it run
+    (with a warning in vLLM's log)."""
+    from probe_sidecar.vllm import install
+
+    monkeypatch.setattr(install, "logger", lambda: __import__("logging").getLogger("test"))
+    for version in ("0.26.0", "0.26.3+cu130", "0.32.0", "0.32.1"):
+        assert install.check_version(version, environ={}) == version[:4]
+    with pytest.raises(ConfigError, match=r"vLLM 0\.29\.0 is not a supported release.*0\.26\.x.*"
+                                          r"0\.32\.x.*PROBE_SIDECAR_VLLM_ANY_VERSION=1"):
+        install.check_version("0.29.0", environ={})
+    assert install.check_version("0.33.0", environ={install.ANY_VERSION_ENV: "1"}) == "0.33"
+    with pytest.raises(ConfigError):
+        install.check_version("0.33.0", environ={install.ANY_VERSION_ENV: "yes"})

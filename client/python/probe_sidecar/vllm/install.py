@@ -200,6 +200,11 @@ def install(worker, config: PluginConfig) -> EngineTap | None:
             layouts += [r.layout_args for r in rings]
         _add_to_cache_key(vllm_config, {"probe_sidecar": config.digest(), "layouts": layouts,
                                         "dtype": str(dtype), "device": device.type})
+        # The arming kernel compiled now, not at the first step an engine serves.
+        nothing = torch.zeros(1, dtype=torch.int64, device=device)
+        for tap in engine_tap.taps.values():
+            tap.ring.arm(nothing, 0)
+            tap.ring.disarm()
         _wrap_runner(runner, engine_tap)
     except BaseException:
         engine_tap.close()
