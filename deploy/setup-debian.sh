@@ -111,8 +111,8 @@ if [[ "$mode" == test ]]; then
         configure "$build" "$cuda_archs" -DCMAKE_BUILD_TYPE=Release
         cmake --build "$build" -j "$jobs" --target probe-sidecar
         echo "== the vLLM plugin's tests (each starts the engine: about a minute each)"
-        PROBE_SIDECAR_BIN="$build/bin/probe-sidecar" "$venv/bin/python" -m pytest -q -rs \
-          -p no:cacheprovider tests/vllm
+        PROBE_SIDECAR_BIN="$build/bin/probe-sidecar" PROBE_SIDECAR_REQUIRE_VLLM=1 \
+          "$venv/bin/python" -m pytest -q -rs -p no:cacheprovider tests/vllm
         ;;
       asan | fuzz)
         # One build serves both (ASan+UBSan, with the fuzz targets); the second is a no-op.

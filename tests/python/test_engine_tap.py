@@ -6,11 +6,16 @@ failed window marks its requests' summaries incomplete, and nothing is held afte
 
 from __future__ import annotations
 
+import signal
+import threading
+import time
+
 import numpy as np
 import pytest
 
 torch = pytest.importorskip("torch")
 
+from conftest import Sidecar  # noqa: E402
 from probe_files import ProbeFile  # noqa: E402
 
 from probe_sidecar import tap_op  # noqa: E402
@@ -216,3 +221,139 @@ def test_the_callers_id_is_the_engines_without_vllms_suffix():
     assert _caller_id("req-7-0123abcd") == "req-7"
     assert _caller_id("plain") == "plain"
     assert _caller_id("a-short") == "a-short"
+
+
+def test_a_slow_sink_never_holds_up_the_engine(client, probe_set, monkeypatch):
+    """A record callback that blocks: the engine's steps, windows and collect() go on (they never
+    wait for the sinks' thread); what the full sink queue cannot take is counted, not waited
+    for; the summaries are complete regardless."""
+    from probe_sidecar.vllm import engine_tap
+
+    monkeypatch.setattr(engine_tap, "MAX_SINK_BATCHES", 2)
+    release = threading.Event()
+    seen = []
+
+    def blocking(record):
+        release.wait(DEADLINE)
+        seen.append(record)
+
+    engine = Engine(client, window=2, on_record=blocking)
+    e = engine.tap
+    try:
+        for p in range(12):
+            engine.step([("b-00000001", p, True)], new=["b-00000001"] if p == 0 else ())
+        engine.step([], finished=["b-00000001"])
+        summary = e.collect(["b"], timeout=DEADLINE)["b-00000001"]["engine"]  # sink still held
+        state = e.state()
+    finally:
+        release.set()
+        e.close()
+    assert summary.rows == 12 and summary.complete
+    assert state["sink_dropped_records"] > 0
+    assert len(seen) + state["sink_dropped_records"] == 12  # every record delivered or counted
+
+
+@pytest.fixture
+def own_sidecar(tmp_path):
+    """A CPU-backend sidecar of this test's own (which it may pause, kill and start again), its
+    probe set in a --probes folder so that a restart loads it."""
+    probes = tmp_path / "probes"
+    probes.mkdir()
+    (probes / "engine.safetensors").write_bytes(ENGINE_PROBES.data)
+    flags = ["--backend=cpu", f"--probes={probes}"]
+    servers = [Sidecar(flags, workdir=tmp_path).start()]
+    yield servers, flags, tmp_path
+    for server in servers:
+        server.stop()
+
+
+def plugin_engine_tap(target: str, window: int):
+    """The vLLM plugin's EngineTap for the CPU (inline taps, a session it renews), without vLLM."""
+    from probe_sidecar.vllm.config import parse
+    from probe_sidecar.vllm.install import _make_engine_tap
+
+    config = parse({"target": target, "probe_sets": ["engine"], "window": window,
+                    "max_window_s": None, "max_queued_records": 10000})
+    return _make_engine_tap(config, device=torch.device("cpu"), dtype=torch.float32,
+                            max_batch=4, hidden_size=H, hold_last_row=False)
+
+
+def drive(e, positions, request="r-00000001", new=False):
+    """Engine steps of one row each (the plugin's arm, write and count), the rows random."""
+    for i, p in enumerate(positions):
+        with e.lock:
+            e.arm(torch.tensor([0]), StepRows((request,), np.array([p]), np.array([True])),
+                  [request] if new and i == 0 else ())
+            for t in e.taps.values():
+                tap_op.tap_write(torch.randn(1, H), t.ring.raw, t.ring.layout_args, gather=True)
+            e.count_step()
+
+
+def in_a_thread(work) -> None:
+    """Runs `work` on a thread and asserts it returns (a stalled engine would not)."""
+    done = threading.Thread(target=work, daemon=True)
+    done.start()
+    done.join(DEADLINE)
+    assert not done.is_alive(), "the engine's steps waited on the sidecar"
+
+
+def test_a_paused_sidecar_costs_windows_not_steps(own_sidecar):
+    """The sidecar stopped (SIGSTOP) mid-generation for as long as it takes: the engine's steps go
+    on, the windows it cannot take are lost (counted), and once it runs again (SIGCONT) windows
+    are scored again; every row is scored or counted lost, the summary marked incomplete."""
+    servers, _, _ = own_sidecar
+    e = plugin_engine_tap(servers[0].uds_target, window=2)
+    try:
+        drive(e, range(0, 4), new=True)
+        e.wait_delivered(DEADLINE)
+        servers[0].signal(signal.SIGSTOP)
+        try:
+            in_a_thread(lambda: drive(e, range(4, 40)))
+        finally:
+            servers[0].signal(signal.SIGCONT)
+        e.wait_delivered(DEADLINE)
+        drive(e, range(40, 44))
+        with e.lock:
+            e.finish(["r-00000001"])
+        summary = e.collect(["r"], timeout=DEADLINE)["r-00000001"]["engine"]
+        state = e.state()
+    finally:
+        e.close()
+    assert state["windows_lost"] > 0 and not summary.complete
+    assert summary.rows + state["rows_lost"] == 44
+    assert summary.rows >= 8  # before the pause, and after it
+    assert state["requests_live"] == state["steps_pending"] == 0
+
+
+def test_a_restarted_sidecar_scores_again(own_sidecar):
+    """The sidecar killed mid-generation and started again on the same socket: windows fail while
+    it is gone (the engine's steps go on), then the plugin opens a session on the new server and
+    windows are scored again."""
+    servers, flags, workdir = own_sidecar
+    e = plugin_engine_tap(servers[0].uds_target, window=2)
+    try:
+        drive(e, range(0, 4), new=True)
+        e.wait_delivered(DEADLINE)
+        servers[0].signal(signal.SIGKILL)
+        servers[0].wait()
+        in_a_thread(lambda: drive(e, range(4, 10)))
+        e.wait_delivered(DEADLINE)
+        servers.append(Sidecar(flags, workdir=workdir).start())
+        position, deadline = 10, time.monotonic() + DEADLINE
+        while e.state().get("recoveries", 0) == 0 or (
+                e.state()["rows_delivered"] <= 4 and time.monotonic() < deadline):
+            drive(e, range(position, position + 2))  # a window each: its failure asks to recover
+            position += 2
+            e.wait_delivered(DEADLINE)
+            assert time.monotonic() < deadline, "never scored again"
+        drive(e, range(position, position + 2))
+        position += 2
+        with e.lock:
+            e.finish(["r-00000001"])
+        summary = e.collect(["r"], timeout=DEADLINE)["r-00000001"]["engine"]
+        state = e.state()
+    finally:
+        e.close()
+    assert state["recoveries"] >= 1 and not summary.complete
+    assert summary.rows + state["rows_lost"] == position
+    assert summary.rows >= 6  # the 4 before, and the last window at least

@@ -79,3 +79,30 @@ def test_the_supported_vllm_releases_and_the_override(monkeypatch):
     assert install.check_version("0.33.0", environ={install.ANY_VERSION_ENV: "1"}) == "0.33"
     with pytest.raises(ConfigError):
         install.check_version("0.33.0", environ={install.ANY_VERSION_ENV: "yes"})
+
+
+def test_the_rings_size_is_logged_and_a_ring_that_cannot_fit_refused(caplog):
+    """A ring holds (2K + 1) slots of max_num_seqs rows of H values: 1024 sequences, K=16,
+    H=4096 in bf16 is 33 x 1024 x 4096 x 2 bytes = 264 MiB (plus the rows' scores); the size is
+    logged, and a device ring larger than half of vLLM's share is refused with the numbers."""
+    import logging
+
+    import torch
+
+    from probe_sidecar.vllm.install import check_ring_memory
+
+    config = parse({"probe_sets": ["a"], "window": 16})
+    with caplog.at_level(logging.INFO):
+        total = check_ring_memory(config, {"a": 4}, device=torch.device("cpu"),
+                                  dtype=torch.bfloat16, max_batch=1024, hidden_size=4096,
+                                  vllm_share=None)
+    assert 33 * 1024 * 4096 * 2 <= total < 33 * 1024 * 4096 * 2 + (1 << 20)
+    assert "264.0 MiB" in caplog.text and "max_num_seqs 1024" in caplog.text
+    for free, share in ((200 << 20, None), (64 << 30, 400 << 20)):  # a device's free bytes
+        with pytest.raises(ConfigError, match=r"would hold 264 MiB .* MiB are free"):
+            check_ring_memory(config, {"a": 4}, device=torch.device("cpu"),
+                              dtype=torch.bfloat16, max_batch=1024, hidden_size=4096,
+                              vllm_share=share, free=free)
+    assert check_ring_memory(config, {"a": 4}, device=torch.device("cpu"), dtype=torch.bfloat16,
+                             max_batch=1024, hidden_size=4096, vllm_share=1 << 30,
+                             free=64 << 30) == total

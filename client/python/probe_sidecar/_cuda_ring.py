@@ -199,29 +199,36 @@ class CudaRing(TorchRing):
         # Closing a window is the same work every time for a half: one small graph each, so that
         # a close costs the decode thread a graph launch. Captured thread-locally: the tap's own
         # threads may call CUDA meanwhile.
+        # Per half, a close that points the next writes at the other half, and one that diverts
+        # them (the other half is still being read: that window is lost).
         self._close_graphs = []
         side = torch.cuda.Stream(self.device)
         # Garbage that holds CUDA graphs or events (another tap's, say) must not be collected,
         # and destroyed, while this capture is on.
         gc.collect()
-        for half in (0, 1):
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.stream(side), torch.cuda.graph(graph, stream=side,
-                                                           capture_error_mode="thread_local"):
-                tap_op.close_window(self.raw, self.layout, half, (1 - half) * self.window)
-            self._close_graphs.append(graph)
+        for divert in (False, True):
+            for half in (0, 1):
+                graph = torch.cuda.CUDAGraph()
+                with torch.cuda.stream(side), torch.cuda.graph(graph, stream=side,
+                                                               capture_error_mode="thread_local"):
+                    tap_op.close_window(self.raw, self.layout, half, (1 - half) * self.window,
+                                        divert=divert)
+                self._close_graphs.append(graph)
         torch.cuda.synchronize(self.device)
 
     # --- the decode thread ------------------------------------------------------------------
 
-    def close_window(self, window: _Window) -> None:
+    def close_window(self, window: _Window, divert_next: bool = False) -> None:
         stream = self._stream or torch.cuda.current_stream(self.device)
         half, steps = window.half, window.steps
+        close = self._close_graphs[2 * divert_next + half]
         if self._stream is None:
-            self._close_graphs[half].replay()  # on the current stream
+            close.replay()  # on the current stream
         else:
             with torch.cuda.stream(stream):
-                self._close_graphs[half].replay()
+                close.replay()
+        if window.lost:
+            return  # its writes went to the spare slot: nothing to send
         self._ready[half].record(stream)
         self._timing[window.index % len(self._timing)][0].record(stream)  # for the latency
         if self._host_ready:

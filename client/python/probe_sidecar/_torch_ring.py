@@ -103,12 +103,15 @@ class CpuRing(InlineRing, TorchRing):
         self._probe_set, self._session_id = probe_set, session_id
         self._warm_up_writes()
 
-    def close_window(self, window: _Window) -> None:
+    def close_window(self, window: _Window, divert_next: bool = False) -> None:
         base, steps = window.half * self.window, window.steps
         start = self.layout.offsets["slots"] + base * self.layout.slot_bytes
-        # The window's rows travel in the request: the half may be rewritten at once.
-        self.inline_request(self._probe_set, self._session_id, window, of_torch(self.dtype).proto,
-                            self.raw[start:start + steps * self.layout.slot_bytes].numpy().tobytes(),
-                            self.counts[base:base + steps].numpy().astype(np.int32),
-                            int(self.meta[tap_op.WRITES]))
-        tap_op.close_window(self.raw, self.layout, window.half, (1 - window.half) * self.window)
+        if not window.lost:
+            # The window's rows travel in the request: the half may be rewritten at once.
+            self.inline_request(
+                self._probe_set, self._session_id, window, of_torch(self.dtype).proto,
+                self.raw[start:start + steps * self.layout.slot_bytes].numpy().tobytes(),
+                self.counts[base:base + steps].numpy().astype(np.int32),
+                int(self.meta[tap_op.WRITES]))
+        tap_op.close_window(self.raw, self.layout, window.half, (1 - window.half) * self.window,
+                            divert=divert_next)

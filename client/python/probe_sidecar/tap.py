@@ -16,12 +16,14 @@ what makes scoring cheap without MPS (docs/mps.md has the measurements).
     tap.close()
 
 The ring has 2K slots in two halves: while the sidecar scores one half, the loop writes the other,
-and a half is rewritten only after the call that read it has finished. For a CUDA tap the decode
-thread checks that on the host, a window after the call (by then it has normally long finished),
-and never makes its stream wait on the GPU for the sidecar: a sidecar that dies or hangs fails
-the tap's windows with an error after `reuse_timeout_s`, it cannot stop the decode stream. The
-decode thread only counts steps and, once per window, queues the request; answers, copies of the
-scores to the host and the callback run on background threads.
+and a half is rewritten only after the call that read it has finished. The decode thread checks
+that on the host, without waiting, when the window before closes (a window after the call: it has
+normally long finished); if it has not, that window is *lost* — its writes go where nothing reads
+them, it is never sent, and it is delivered with a WindowLost error (stats.windows_lost) — and
+scoring resumes with the first window whose half is free. Neither the decode thread nor its stream
+ever waits for the sidecar: a sidecar that falls behind, hangs or dies costs windows, not steps.
+The decode thread only counts steps and, once per window, queues the request; answers, copies of
+the scores to the host and the callback run on background threads.
 
 This module holds what every tap shares (windows, halves, delivery, results) and the host tap
 over numpy arrays, which sends each window inline: for CPU-backend servers, other hosts and tests.
@@ -33,6 +35,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import logging
 import queue
 import threading
 import time
@@ -46,6 +49,10 @@ from .dtypes import BY_NAME, of_torch
 from .errors import TapError
 from .pipeline import Pending, ScoreStreamPipeline
 from .results import ProbeSetInfo
+
+# Windows of an inline ring (their rows copied into their requests) sent and not yet answered,
+# at most: past that, windows are lost rather than queued without bound behind a slow sidecar.
+MAX_WINDOWS_ON_THEIR_WAY = 4
 
 
 @dataclasses.dataclass(frozen=True)
@@ -97,6 +104,9 @@ class TapStats:
     windows_delivered: int = 0  # delivered with scores (device-only taps: answered)
     windows_failed: int = 0  # delivered with an error
     windows_dropped: int = 0  # delivered while the windows() queue was full: the oldest went
+    # Not scored: its half of the ring was still being read for an earlier window when it began
+    # (the sidecar had fallen behind), so its writes went nowhere; delivered with a WindowLost.
+    windows_lost: int = 0
 
 
 @dataclasses.dataclass
@@ -118,6 +128,14 @@ class _Window:
     # thread then reuses the half without asking the ring.
     finished: bool = False
     error: Exception | None = None
+    # Decided when the window before it closed: its half was not free, so its writes were
+    # diverted (nothing reads them) and it is never sent.
+    lost: bool = False
+
+
+class WindowLost(TapError):
+    """A window that was not scored because the sidecar had not finished reading its half of the
+    ring for an earlier window when it began: the loop never waits for the sidecar."""
 
 
 class Ring:
@@ -128,22 +146,26 @@ class Ring:
     max_batch: int
     hidden_size: int
     window: int
+    # Whether close_window() copies the window's rows into its request (the half is free at
+    # once), rather than the sidecar reading them where they are.
+    copies_at_close = False
 
     def write(self, hidden, num_rows=None) -> None:  # (decode thread)
         raise NotImplementedError
 
-    def close_window(self, window: _Window) -> None:  # (decode thread)
+    def close_window(self, window: _Window, divert_next: bool = False) -> None:  # (decode thread)
         """Marks the end of `window` (in `window.half`: its writes come before anything the
-        request reads), sends the next writes to the start of the other half, and sets
-        `window.request`."""
+        request reads), sends the next writes to the start of the other half (or, with
+        `divert_next`, where nothing reads them: that half is still being read), and sets
+        `window.request` (not for a lost window: it is never sent)."""
         raise NotImplementedError
 
     def ready_wait(self, window: _Window) -> None:
         """Waits on the host until the window's writes have landed (only for submit="host")."""
 
     def finished(self, window: _Window, deadline: float) -> bool:  # (decode thread)
-        """Waits on the host (until time.monotonic() reaches `deadline`) until everything that
-        reads `window`'s half has finished; False if it has not by then."""
+        """Whether everything that reads `window`'s half has finished, waiting on the host until
+        time.monotonic() reaches `deadline` at most (the decode thread passes now: no wait)."""
         return True
 
     def answered(self, window: _Window, response: score_pb2.ScoreResponse | None) -> None:
@@ -195,7 +217,11 @@ class Tap:
         self._host_results = host_results or on_window is not None
         self._raise_errors = raise_errors
         self._reuse_timeout_s = reuse_timeout_s
-        self._failed: Exception | None = None  # set once the sidecar missed a reuse deadline
+        self._lose_next = False  # the next window's half is not free: its writes go nowhere
+        self._on_their_way = 0  # windows sent and not answered
+        self._way_lock = threading.Lock()
+        self._lost_run = 0  # windows lost since the last one scored (logged once per run)
+        self._log = logging.getLogger("probe_sidecar.tap")
         self._submit_after_ready = submit == "host"
         self._on_close = on_close
         self._closed = False
@@ -259,27 +285,41 @@ class Tap:
 
     def _close_window(self) -> None:
         half, steps = self._half, self._in_window
-        window = _Window(self._windows, half, self._step - steps, steps, time.monotonic())
-        self.ring.close_window(window)
+        window = _Window(self._windows, half, self._step - steps, steps, time.monotonic(),
+                         lost=self._lose_next)
+        # The next window's half was last written by the window before this one: the sidecar
+        # normally finished it a window ago. If it has not, the next window is lost (its writes
+        # diverted) rather than the loop waiting: checked without waiting, on the host.
+        previous = self._last[1 - half]
+        free = previous is None or previous.finished or (
+            previous.settled.is_set() and self.ring.finished(previous, time.monotonic())) or (
+            # A ring whose windows carry their rows in the request frees its half at the close:
+            # only the windows on their way are bounded.
+            self.ring.copies_at_close and self._on_their_way < MAX_WINDOWS_ON_THEIR_WAY)
+        self.ring.close_window(window, divert_next=not free)
         self._windows += 1
         self.stats.windows_closed += 1
-        self._last[half] = window
-        if self._failed is not None:
-            self._answered(window, None, self._failed)  # the sidecar is gone: fail, send nothing
+        if window.lost:
+            # Nothing of it is in its half, whose last window stays the one to wait for.
+            self.stats.windows_lost += 1
+            self._answered(window, None, WindowLost(
+                f"window {window.index} was not scored: the sidecar had not finished window "
+                f"{self._last[half].index if self._last[half] else '?'} when it began"))
         else:
+            self._last[half] = window
+            with self._way_lock:
+                self._on_their_way += 1
             self._submissions.put(window)
+        if not free and not self._lose_next:
+            self._log.warning("probe-sidecar tap %r: the sidecar has not finished window %d; "
+                              "windows are not scored until it catches up", self.probe_set,
+                              previous.index)
+        if free and self._lose_next:
+            self._log.warning("probe-sidecar tap %r: scoring again after %d lost window(s)",
+                              self.probe_set, self._lost_run + 1)
+        self._lost_run = self._lost_run + 1 if window.lost else 0
+        self._lose_next = not free
         self._half, self._in_window = 1 - half, 0
-        previous = self._last[self._half]
-        if previous is not None and not previous.finished and self._failed is None:
-            # The half's previous window: a whole window of steps ago, so normally long finished.
-            deadline = time.monotonic() + self._reuse_timeout_s
-            if not (previous.settled.wait(self._reuse_timeout_s)
-                    and self.ring.finished(previous, deadline)):
-                self._failed = TapError(
-                    f"the sidecar did not finish window {previous.index} within "
-                    f"{self._reuse_timeout_s:g} s (reuse_timeout_s): its half of the ring is "
-                    f"rewritten and this tap scores nothing more; make a new one")
-                self._errors.append(self._failed)
 
     def _send(self, window: _Window) -> None:
         window.pending = self._pipeline.submit(
@@ -314,10 +354,13 @@ class Tap:
     def _answered(self, window: _Window, response, error) -> None:
         """On the stream's reader thread, as soon as the answer is in."""
         window.error = error
-        try:
-            self.ring.answered(window, response if self._host_results else None)
-        except Exception as error:  # never lose the window: deliver it with the error
-            window.error = window.error or error
+        if not window.lost:  # a lost window was never sent: nothing of it is in the ring
+            with self._way_lock:
+                self._on_their_way -= 1
+            try:
+                self.ring.answered(window, response if self._host_results else None)
+            except Exception as error:  # never lose the window: deliver it with the error
+                window.error = window.error or error
         window.settled.set()
         self._deliveries.put(window)
 
@@ -444,7 +487,7 @@ class Tap:
             self._deliveries.put(None)
             self._delivery.join(timeout)
             deadline = time.monotonic() + min(timeout, self._reuse_timeout_s)
-            finished = self._failed is None and all(
+            finished = all(
                 w is None or (w.settled.is_set() and self.ring.finished(w, deadline))
                 for w in self._last)
             self.ring.release(finished)
@@ -481,6 +524,13 @@ class InlineRing(Ring):
     """A ring whose windows travel inline: close_window() puts in the request only the rows each
     step wrote (inline_request), so a batch's padding is neither scored nor counted in the probe
     outcomes; the answer's scores go back to their places in [steps, max_batch, P]."""
+
+    copies_at_close = True
+
+    def rebind(self, session_id: int) -> None:
+        """Windows closed from now on name session `session_id` (a sidecar that was restarted
+        knows only the sessions opened since)."""
+        self._session_id = session_id
 
     def inline_request(self, probe_set: str, session_id: int, window: _Window, proto_dtype: int,
                        slots: bytes, num_rows: np.ndarray, writes: int) -> None:
@@ -544,14 +594,17 @@ class HostRing(InlineRing):
             self._num_rows[self._slot] = count
             self._slot += 1
 
-    def close_window(self, window: _Window) -> None:
+    def close_window(self, window: _Window, divert_next: bool = False) -> None:
         base, steps = window.half * self.window, window.steps
-        # The window's rows travel in the request: the half may be rewritten at once.
-        self.inline_request(self._probe_set, self._session_id, window, self._proto_dtype,
-                            self._slots[base:base + steps].tobytes(),
-                            self._num_rows[base:base + steps].copy(), self._writes)
+        if not window.lost:
+            # The window's rows travel in the request: the half may be rewritten at once.
+            self.inline_request(self._probe_set, self._session_id, window, self._proto_dtype,
+                                self._slots[base:base + steps].tobytes(),
+                                self._num_rows[base:base + steps].copy(), self._writes)
         next_base = (1 - window.half) * self.window
-        self._slot, self._limit, self._writes = next_base, next_base + self.window, 0
+        # Diverted: the next window's writes are not kept (as the CUDA ring's go to its spare).
+        self._slot, self._writes = next_base, 0
+        self._limit = next_base if divert_next else next_base + self.window
 
 
 def _host_array(hidden, dtype: str) -> np.ndarray:

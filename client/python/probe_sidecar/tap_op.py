@@ -261,18 +261,22 @@ def disarm(ring: torch.Tensor, layout: RingLayout) -> None:
     layout.view(ring, "meta", torch.int64, META)[ARMED:ARMED + 1].fill_(-1)
 
 
-def close_window(ring: torch.Tensor, layout: RingLayout, half: int, next_base: int) -> None:
+def close_window(ring: torch.Tensor, layout: RingLayout, half: int, next_base: int,
+                 divert: bool = False) -> None:
     """Ends the current window (in stream order): keeps its write count for `half` and points the
-    counters at the next window's slots, starting at `next_base`."""
+    counters at the next window's slots, starting at `next_base` — or, with `divert`, at none of
+    them (the next window's writes all go to the spare slot, which nothing reads: its half is
+    still being read)."""
     kernels = _triton_kernels() if ring.is_cuda else None
     meta_at = layout.offsets["meta"]
+    limit = next_base if divert else next_base + layout.window
     if kernels is not None:
-        kernels[1][(1,)](ring, meta_at, half, next_base, next_base + layout.window)
+        kernels[1][(1,)](ring, meta_at, half, next_base, limit)
         return
     meta = layout.view(ring, "meta", torch.int64, META)
     meta[HALF_WRITES + half:HALF_WRITES + half + 1].copy_(meta[WRITES:WRITES + 1])
     meta[NEXT].fill_(next_base)
-    meta[LIMIT].fill_(next_base + layout.window)
+    meta[LIMIT].fill_(limit)
     meta[WRITES].zero_()
 
 

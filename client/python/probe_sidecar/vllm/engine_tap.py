@@ -17,6 +17,7 @@ from __future__ import annotations
 import collections
 import dataclasses
 import logging
+import queue
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -24,9 +25,12 @@ from collections.abc import Callable, Iterator
 import numpy as np
 import torch
 
-from ..tap import Tap, TapWindow
+from ..tap import Tap, TapWindow, WindowLost
 from .records import JsonlSink, ProbeRecord, ProbeSummary
 from .summaries import Rows, SummaryTable
+
+MAX_SINK_BATCHES = 4096  # deliveries queued for the callbacks and the JSONL file, at most
+RECOVER_EVERY_S = 1.0  # at most one attempt to bind to a restarted sidecar per this
 
 
 @dataclasses.dataclass(frozen=True)
@@ -53,14 +57,18 @@ class EngineTap:
                  on_request: Callable[[str, dict[str, ProbeSummary]], None] | None = None,
                  jsonl: str | None = None, max_queued_records: int = 0,
                  max_finished: int = 10000, logger: logging.Logger | None = None,
-                 holds=(), hold_last_row: bool = False):
+                 holds=(), hold_last_row: bool = False,
+                 recover: Callable[[], bool] | None = None):
         """`make_tap(probe_set, on_window)`: a tap for that probe set whose windows go to
         `on_window` (made with raise_errors=False: a failed window is reported, never raised into
         the engine). `holds`: objects with close() that the taps need open (a session), closed
         last. `hold_last_row`: the engine may run one forward too many for a request that has
         ended (asynchronous scheduling: the step after the one that sampled its stop token was
         scheduled before that token was seen), so each request's newest row is held back until
-        a later row of it arrives or the request's length is known at its end (finish())."""
+        a later row of it arrives or the request's length is known at its end (finish()).
+        `recover()`: called (on a thread of its own, at most once per RECOVER_EVERY_S) when a
+        window failed because the sidecar was gone or did not know the taps' session (it was
+        restarted); True once the taps are bound to the sidecar again."""
         self._holds = list(holds)
         self.window = window
         self.probe_names = probe_names
@@ -69,6 +77,16 @@ class EngineTap:
         self._on_request = on_request
         self._log = logger or logging.getLogger("probe_sidecar.vllm")
         self._jsonl = JsonlSink(jsonl, probe_names) if jsonl else None
+        # Callbacks and the JSONL file run on a thread of their own, fed by a bounded queue: a
+        # slow sink never sits between the sidecar's answers and the next window (a full queue
+        # drops, counted as sink_dropped; summaries stay for collect()).
+        self._sink_queue: queue.Queue | None = None
+        self._sink_thread = None
+        if on_record or on_request or jsonl:
+            self._sink_queue = queue.Queue(maxsize=MAX_SINK_BATCHES)
+            self._sink_thread = threading.Thread(target=self._sink_loop, daemon=True,
+                                                 name="probe-sidecar-vllm-sinks")
+            self._sink_thread.start()
         self._max_finished = max_finished
         # The engine's side: arm, count, flush. Held by the engine around a whole step (so that
         # the idle flusher never closes a window between a step's write and its count).
@@ -96,6 +114,9 @@ class EngineTap:
         self._tables = {name: SummaryTable(name, probes, hold_last_row)
                         for name, probes in probe_names.items()}
         self._wants_records = bool(on_record or jsonl or max_queued_records)
+        self._recover = recover
+        self._recovering = threading.Lock()
+        self._recovered_at = 0.0
         self._done: collections.OrderedDict[str, dict[str, ProbeSummary]] = (
             collections.OrderedDict())
         self._delivered = {name: 0 for name in probe_names}  # steps delivered, per probe set
@@ -257,10 +278,13 @@ class EngineTap:
         records: list[ProbeRecord] = []
         table = self._tables[probe_set]
         with self._results:
+            lost = isinstance(window.error, WindowLost)
             if window.error is not None:
-                self.stats["windows_failed"] += 1
-                self._log.error("probe-sidecar: window %d of probe set %r failed: %s",
-                                window.index, probe_set, window.error)
+                self.stats["windows_lost" if lost else "windows_failed"] += 1
+                if not lost:  # a lost window is counted, and logged once per run by its tap
+                    self._log.error("probe-sidecar: window %d of probe set %r failed: %s",
+                                    window.index, probe_set, window.error)
+                    self._maybe_recover(window.error)
             parts = []
             for i, step in enumerate(range(window.first_step, window.first_step + window.steps)):
                 entry = self._steps.get(step)
@@ -276,6 +300,7 @@ class EngineTap:
                 sampled = np.flatnonzero(rows.sampled)
                 if not ok:
                     table.mark_incomplete(entry.keys[sampled])
+                    self.stats["rows_lost"] += len(sampled)
                 elif len(sampled):
                     parts.append(Rows(entry.keys[sampled], rows.positions[sampled],
                                       window.scores[i, sampled], window.fired[i, sampled]))
@@ -292,6 +317,32 @@ class EngineTap:
             self._results.notify_all()
         self._emit(records, finished)
 
+    def _maybe_recover(self, error: Exception) -> None:
+        """A window failed because the sidecar is gone (UNAVAILABLE) or was restarted (NOT_FOUND:
+        the session, or a probe set not loaded yet): recover() is tried on a thread of its own,
+        at most once per RECOVER_EVERY_S, so that the next windows are scored again."""
+        code = getattr(error, "code", None)
+        if self._recover is None or getattr(code, "name", "") not in ("UNAVAILABLE",
+                                                                      "NOT_FOUND"):
+            return
+        now = time.monotonic()
+        if now - self._recovered_at < RECOVER_EVERY_S or not self._recovering.acquire(False):
+            return
+        self._recovered_at = now
+
+        def attempt():
+            try:
+                if self._recover():
+                    self.stats["recoveries"] += 1
+                    self._log.warning("probe-sidecar: bound to the sidecar again; windows are "
+                                      "scored from the next one")
+            except Exception as failure:  # noqa: BLE001 (tried again at the next failed window)
+                self._log.info("probe-sidecar: the sidecar is not back yet: %s", failure)
+            finally:
+                self._recovering.release()
+
+        threading.Thread(target=attempt, daemon=True, name="probe-sidecar-vllm-recover").start()
+
     def _records_of(self, probe_set: str, rows: Rows, out: list[ProbeRecord]) -> None:
         """(under _results) ProbeRecords of committed rows, when a sink takes them."""
         if not self._wants_records:
@@ -302,7 +353,30 @@ class EngineTap:
 
     def _emit(self, records: list[ProbeRecord],
               finished: list[tuple[str, dict[str, ProbeSummary]]]) -> None:
-        """Records and finished requests to the sinks (outside the lock: callbacks may block)."""
+        """Records and finished requests to the sinks' thread (never blocks)."""
+        if self._sink_queue is None or not (records or finished):
+            return
+        try:
+            self._sink_queue.put_nowait((records, finished))
+        except queue.Full:
+            with self._results:
+                self.stats["sink_dropped_records"] += len(records)
+                self.stats["sink_dropped_requests"] += len(finished)
+                first = self.stats["sink_dropped_batches"] == 0
+                self.stats["sink_dropped_batches"] += 1
+            if first:
+                self._log.warning("probe-sidecar: the record and request sinks (callback, jsonl) "
+                                  "fall behind; what they miss is counted in state()")
+
+    def _sink_loop(self) -> None:
+        while True:
+            item = self._sink_queue.get()
+            if item is None:
+                return
+            self._deliver_to_sinks(*item)
+
+    def _deliver_to_sinks(self, records: list[ProbeRecord],
+                          finished: list[tuple[str, dict[str, ProbeSummary]]]) -> None:
         for record in records:
             if self._jsonl is not None:
                 self._jsonl.fired(record)
@@ -412,6 +486,13 @@ class EngineTap:
             except Exception as error:
                 self._log.error("probe-sidecar: closing the tap of %r failed: %s",
                                 tap.probe_set, error)
+        sinks, self._sink_queue = getattr(self, "_sink_queue", None), None
+        if sinks is not None:  # what the taps delivered last reaches the sinks first
+            try:
+                sinks.put(None, timeout=timeout)
+            except queue.Full:
+                pass
+            self._sink_thread.join(timeout)
         if self._jsonl is not None:
             self._jsonl.close()
         for held in self._holds:

@@ -61,8 +61,12 @@ _ENDS: dict[str, int] = {}
 
 
 def logger():
-    from vllm.logger import init_logger
+    try:
+        from vllm.logger import init_logger
+    except ImportError:  # the plugin's parts used without vLLM (its tests)
+        import logging
 
+        return logging.getLogger("vllm.probe_sidecar")
     return init_logger("vllm.probe_sidecar")
 
 
@@ -183,9 +187,13 @@ def install(worker, config: PluginConfig) -> EngineTap | None:
     # Asynchronous scheduling runs one forward too many for a request that ends on a stop
     # token: its newest row waits for the request's length (_patch_scheduler).
     async_scheduling = bool(getattr(vllm_config.scheduler_config, "async_scheduling", False))
+    share = None
+    if device.type == "cuda":
+        share = (vllm_config.cache_config.gpu_memory_utilization
+                 * torch.cuda.get_device_properties(device).total_memory)
     engine_tap = _make_engine_tap(config, device=device, dtype=dtype, max_batch=max_batch,
                                   hidden_size=vllm_config.model_config.get_hidden_size(),
-                                  hold_last_row=async_scheduling)
+                                  hold_last_row=async_scheduling, vllm_share=share)
     try:
         layouts = []
         for layer, (module, _, residual_stream) in targets.items():
@@ -293,8 +301,45 @@ class _WriteHook:
                              gather=True)
 
 
+def check_ring_memory(config: PluginConfig, probes_per_tap: dict[str, int], *,
+                      device: torch.device, dtype: torch.dtype, max_batch: int,
+                      hidden_size: int, vllm_share: float | None,
+                      free: int | None = None) -> int:
+    """The taps' rings' bytes, logged; refused (ConfigError, with the numbers) when they do not fit
+    in the device's free memory, or would take more than half of what vLLM may use
+    (`vllm_share`: gpu_memory_utilization x the device's memory; the rings come out of it, since
+    vLLM counts them before it sizes its KV cache). A ring holds (2K + 1) slots of max_num_seqs
+    rows of H values, plus the scores of 2K steps: it grows with max_num_seqs x window x H.
+    `free`: the device's free bytes (asked of the device when None, for a CUDA device)."""
+    sizes = {name: tap_op.RingLayout.make(window=config.window, max_batch=max_batch,
+                                          hidden_size=hidden_size, num_probes=p, dtype=dtype,
+                                          device_scores=device.type == "cuda").nbytes
+             for name, p in probes_per_tap.items()}
+    total = sum(sizes.values())
+    mib = 1 << 20
+    what = (f"{len(sizes)} ring(s) of {max(sizes.values()) / mib:.1f} MiB: max_num_seqs "
+            f"{max_batch} x (2 x window {config.window} + 1) slots x H {hidden_size} x "
+            f"{torch.empty((), dtype=dtype).element_size()} bytes, plus scores")
+    logger().info("probe-sidecar: the taps hold %s = %.1f MiB of %s memory", what, total / mib,
+                  device.type)
+    if free is None:
+        if device.type != "cuda":
+            return total
+        free = torch.cuda.mem_get_info(device)[0]
+    if total > free or (vllm_share is not None and total > vllm_share / 2):
+        share = "" if vllm_share is None else (
+            f", and half of the {vllm_share / 2**30:.2f} GiB vLLM may use "
+            f"(gpu_memory_utilization x the device's memory) is "
+            f"{vllm_share / 2 / 2**30:.2f} GiB")
+        raise ConfigError(f"probe-sidecar: the taps would hold {total / mib:.0f} MiB ({what}); "
+                          f"{free / mib:.0f} MiB are free on {device}{share}. Use a smaller "
+                          f"window or max_num_seqs, or fewer probe sets or layers.")
+    return total
+
+
 def _make_engine_tap(config: PluginConfig, *, device: torch.device, dtype: torch.dtype,
-                     max_batch: int, hidden_size: int, hold_last_row: bool) -> EngineTap:
+                     max_batch: int, hidden_size: int, hold_last_row: bool,
+                     vllm_share: float | None = None) -> EngineTap:
     # Here, not at the top (no import cycle): only a process that makes a tap loads the client.
     from ..client import Client, ProbeSidecarError
     from ..torch import TorchClient, cpu_tap
@@ -305,16 +350,20 @@ def _make_engine_tap(config: PluginConfig, *, device: torch.device, dtype: torch
         probes = {p: tuple(x.name for x in client.probe_set_info(p).probes)
                   for p in config.probe_sets}
         names = {name: probes[probe_set] for name, (probe_set, _) in taps.items()}
+        check_ring_memory(config, {name: len(probes[p]) for name, (p, _) in taps.items()},
+                          device=device, dtype=dtype, max_batch=max_batch,
+                          hidden_size=hidden_size, vllm_share=vllm_share)
         labels = dict(config.session_labels)
         # The session whose labels the taps' probe outcomes are counted under (a CUDA tap's
         # session also holds its ring and events).
         if device.type == "cuda":
             torch_client, session = TorchClient(client, session_labels=labels), None
         else:
-            torch_client, session = None, client.open_session(labels)
+            torch_client, session = None, _Session(client, labels)
     except ProbeSidecarError as error:
         client.close()
         raise ConfigError(f"probe-sidecar at {config.target}: {error}") from None
+    made = []
 
     def make_tap(name, on_window):
         probe_set = taps[name][0]
@@ -322,7 +371,19 @@ def _make_engine_tap(config: PluginConfig, *, device: torch.device, dtype: torch
                        hidden_size=hidden_size, on_window=on_window, raise_errors=False)
         if torch_client is not None:
             return torch_client.tap(probe_set, device=device, **options)
-        return cpu_tap(client, probe_set, session_id=session.id, **options)
+        made.append(cpu_tap(client, probe_set, session_id=session.id, **options))
+        return made[-1]
+
+    def recover() -> bool:
+        """A restarted sidecar: a new session for the inline taps (their windows carry their
+        rows). A CUDA tap's ring and events were registered in the old server's session and
+        are captured in vLLM's graphs: they are not bound again (docs/vllm.md)."""
+        if session is None:
+            return False
+        session.renew()
+        for tap in made:
+            tap.ring.rebind(session.id)
+        return True
 
     return EngineTap(make_tap, names, window=config.window, max_window_s=config.max_window_s,
                      on_record=resolve(config.callback) if config.callback else None,
@@ -331,7 +392,25 @@ def _make_engine_tap(config: PluginConfig, *, device: torch.device, dtype: torch
                      jsonl=config.jsonl, max_queued_records=config.max_queued_records,
                      max_finished=config.max_finished, logger=logger(),
                      holds=[s for s in (session, torch_client) if s is not None],
-                     hold_last_row=hold_last_row)
+                     hold_last_row=hold_last_row, recover=recover)
+
+
+class _Session:
+    """The inline taps' session, renewed when the sidecar was restarted (its probe-outcome
+    labels stay the engine's)."""
+
+    def __init__(self, client, labels: dict):
+        self._client, self._labels = client, labels
+        self._session = client.open_session(labels)
+        self.id = self._session.id
+
+    def renew(self) -> None:
+        fresh = self._client.open_session(self._labels)
+        old, self._session, self.id = self._session, fresh, fresh.id
+        old.close()
+
+    def close(self) -> None:
+        self._session.close()
 
 
 def _add_to_cache_key(vllm_config, value: dict) -> None:
@@ -418,15 +497,29 @@ def _patch_llm() -> None:
         return outputs
 
     LLMEngine.step = step_noting_ends
-    generate = LLM.generate
+    for name in ("generate", "chat"):
+        setattr(LLM, name, _with_summaries(getattr(LLM, name)))
 
-    @functools.wraps(generate)
-    def generate_with_summaries(self, *args, **kwargs):
-        outputs = generate(self, *args, **kwargs)
-        attach_summaries(self, outputs)
+
+def _with_summaries(method):
+    """LLM.generate or LLM.chat, whose outputs get their summaries; never raises because of the
+    plugin (a summary that cannot be collected is None, and the reason is logged)."""
+
+    @functools.wraps(method)
+    def with_summaries(self, *args, **kwargs):
+        outputs = method(self, *args, **kwargs)
+        try:
+            attach_summaries(self, outputs)
+        except Exception as error:  # noqa: BLE001 (the engine's outputs come back regardless)
+            logger().error("probe-sidecar: no summaries for this %s(): %r", method.__name__,
+                           error)
+            for output in outputs:
+                for completion in getattr(output, "outputs", ()):
+                    completion.probe_summary = None
+                output.probe_summary = None
         return outputs
 
-    LLM.generate = generate_with_summaries
+    return with_summaries
 
 
 def collect(llm, request_ids=None, timeout: float = 60.0,
