@@ -216,6 +216,40 @@ def test_a_window_the_server_refuses_is_an_error_not_stale_scores(sidecar, probe
             metadata=METADATA))
         client.close()
 
+def test_a_sidecar_that_never_finishes_a_window_fails_the_tap_instead_of_stalling(client,
+                                                                                  probe_set):
+    """when_behind="wait" (the default): the decode thread checks on the host that a half's
+    previous window has finished before the half is rewritten; past reuse_timeout_s the tap
+    fails (loudly) and stops sending, it does not wait forever."""
+    from probe_sidecar.pipeline import ScoreStreamPipeline
+    from probe_sidecar.tap import HostRing, Tap
+
+    class NeverFinished(HostRing):
+        def finished(self, window, deadline):
+            return False
+
+    info = client.probe_set_info("tap_test")
+    pipeline = ScoreStreamPipeline(client.stub)
+    tap = Tap(NeverFinished("tap_test", 0, H, 1, 2, "float32"), pipeline, info,
+              reuse_timeout_s=0.05, on_close=pipeline.close)
+    row = np.zeros((1, H), np.float32)
+    for _ in range(2):  # window 0
+        tap.write(row)
+        tap.step()
+    tap.write(row)
+    tap.step()
+    tap.write(row)
+    with pytest.raises(TapError, match="did not finish window 0 within 0.05 s"):
+        tap.step()  # window 1 closes; half 0 would be rewritten next
+    for _ in range(2):  # window 2: failed at once, nothing sent
+        tap.write(row)
+        tap.step()
+    tap.close()
+    windows = {w.index: w for w in tap.windows()}
+    assert windows[0].error is None and windows[1].error is None
+    assert isinstance(windows[2].error, TapError)
+    assert tap.stats.windows_failed == 1
+
 
 def test_a_sidecar_that_falls_behind_costs_windows_not_steps(client, probe_set):
     """The decode thread checks, without waiting, that a half's previous window has finished
@@ -241,7 +275,7 @@ def test_a_sidecar_that_falls_behind_costs_windows_not_steps(client, probe_set):
     info = client.probe_set_info("tap_test")
     pipeline = ScoreStreamPipeline(client.stub)
     tap = Tap(Behind("tap_test", 0, H, 1, 2, "float32"), pipeline, info, raise_errors=False,
-              on_close=pipeline.close)
+              on_close=pipeline.close, when_behind="lose")
     rows = [np.full((1, H), t / 10, np.float32) for t in range(14)]
     deadline = time.monotonic() + 60  # a safety net, far past the work
 

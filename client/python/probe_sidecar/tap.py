@@ -16,12 +16,17 @@ what makes scoring cheap without MPS (docs/mps.md has the measurements).
     tap.close()
 
 The ring has 2K slots in two halves: while the sidecar scores one half, the loop writes the other,
-and a half is rewritten only after the call that read it has finished. The decode thread checks
-that on the host, without waiting, when the window before closes (a window after the call: it has
-normally long finished); if it has not, that window is *lost* — its writes go where nothing reads
-them, it is never sent, and it is delivered with a WindowLost error (stats.windows_lost) — and
-scoring resumes with the first window whose half is free. Neither the decode thread nor its stream
-ever waits for the sidecar: a sidecar that falls behind, hangs or dies costs windows, not steps.
+and a half is rewritten only after the call that read it has finished, which the decode thread
+checks on the host when the window before closes (a window after the call: by then it has
+normally long finished). What happens when it has not is the tap's `when_behind`:
+  * "wait" (the default): the decode thread waits for it on the host, up to `reuse_timeout_s`;
+    past that the tap fails for good, loudly (every later window fails) — for a loop that wants
+    every window scored or an error;
+  * "lose" (an inference engine's choice: the vLLM plugin's): no wait; that next window is *lost*
+    — its writes go where nothing reads them, it is never sent, and it is delivered with a
+    WindowLost error (stats.windows_lost) — and scoring resumes by itself with the first window
+    whose half is free: a sidecar that falls behind, hangs or dies costs windows, not steps.
+The decode stream never waits on the GPU for the sidecar in either case.
 The decode thread only counts steps and, once per window, queues the request; answers, copies of
 the scores to the host and the callback run on background threads.
 
@@ -196,7 +201,7 @@ class Tap:
                  host_results: bool = True, max_queued_windows: int = 1024,
                  raise_errors: bool = True, submit: str = "gpu",
                  reuse_timeout_s: float = 10.0,
-                 on_close: Callable[[], None] | None = None):
+                 on_close: Callable[[], None] | None = None, when_behind: str = "wait"):
         if max_window_s is not None and not max_window_s > 0:
             raise ValueError(f"max_window_s must be positive, got {max_window_s!r}")
         if submit not in ("gpu", "host"):
@@ -217,6 +222,10 @@ class Tap:
         self._host_results = host_results or on_window is not None
         self._raise_errors = raise_errors
         self._reuse_timeout_s = reuse_timeout_s
+        if when_behind not in ("wait", "lose"):
+            raise ValueError(f"when_behind must be 'wait' or 'lose', got {when_behind!r}")
+        self._when_behind = when_behind
+        self._failed: Exception | None = None  # when_behind="wait": a missed reuse deadline
         self._lose_next = False  # the next window's half is not free: its writes go nowhere
         self._on_their_way = 0  # windows sent and not answered
         self._way_lock = threading.Lock()
@@ -284,6 +293,9 @@ class Tap:
             raise self._errors.popleft()
 
     def _close_window(self) -> None:
+        if self._when_behind == "wait":
+            self._close_window_waiting()
+            return
         half, steps = self._half, self._in_window
         window = _Window(self._windows, half, self._step - steps, steps, time.monotonic(),
                          lost=self._lose_next)
@@ -320,6 +332,34 @@ class Tap:
         self._lost_run = self._lost_run + 1 if window.lost else 0
         self._lose_next = not free
         self._half, self._in_window = 1 - half, 0
+
+    def _close_window_waiting(self) -> None:
+        """when_behind="wait": the next half's previous window is waited for on the host, up to
+        reuse_timeout_s; past that the tap fails for good (loudly) and sends nothing more."""
+        half, steps = self._half, self._in_window
+        window = _Window(self._windows, half, self._step - steps, steps, time.monotonic())
+        self.ring.close_window(window)
+        self._windows += 1
+        self.stats.windows_closed += 1
+        self._last[half] = window
+        if self._failed is not None:
+            self._answered(window, None, self._failed)  # the sidecar is gone: fail, send nothing
+        else:
+            with self._way_lock:
+                self._on_their_way += 1
+            self._submissions.put(window)
+        self._half, self._in_window = 1 - half, 0
+        previous = self._last[self._half]
+        if previous is not None and not previous.finished and self._failed is None:
+            # The half's previous window: a whole window of steps ago, so normally long finished.
+            deadline = time.monotonic() + self._reuse_timeout_s
+            if not (previous.settled.wait(self._reuse_timeout_s)
+                    and self.ring.finished(previous, deadline)):
+                self._failed = TapError(
+                    f"the sidecar did not finish window {previous.index} within "
+                    f"{self._reuse_timeout_s:g} s (reuse_timeout_s): its half of the ring is "
+                    f"rewritten and this tap scores nothing more; make a new one")
+                self._errors.append(self._failed)
 
     def _send(self, window: _Window) -> None:
         window.pending = self._pipeline.submit(
@@ -487,7 +527,7 @@ class Tap:
             self._deliveries.put(None)
             self._delivery.join(timeout)
             deadline = time.monotonic() + min(timeout, self._reuse_timeout_s)
-            finished = all(
+            finished = self._failed is None and all(
                 w is None or (w.settled.is_set() and self.ring.finished(w, deadline))
                 for w in self._last)
             self.ring.release(finished)

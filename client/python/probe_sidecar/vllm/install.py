@@ -368,7 +368,8 @@ def _make_engine_tap(config: PluginConfig, *, device: torch.device, dtype: torch
     def make_tap(name, on_window):
         probe_set = taps[name][0]
         options = dict(max_batch=max_batch, window=config.window, dtype=dtype,
-                       hidden_size=hidden_size, on_window=on_window, raise_errors=False)
+                       hidden_size=hidden_size, on_window=on_window, raise_errors=False,
+                       when_behind="lose")  # the engine never waits for the sidecar
         if torch_client is not None:
             return torch_client.tap(probe_set, device=device, **options)
         made.append(cpu_tap(client, probe_set, session_id=session.id, **options))
