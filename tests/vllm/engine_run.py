@@ -9,7 +9,8 @@ Scenarios:
            prompts than max_num_seqs), chunked prefill (a prompt longer than the step's token
            budget), requests that end at different lengths; then, on the same engine, requests
            stepped by hand through LLMEngine with one aborted midway
-  short    one LLM.generate() of three prompts (a second start of the same model)
+  short    one LLM.generate() of three prompts and one LLM.chat() (a second start of the same
+           model, with its tokenizer)
 The plugin's configuration comes from PROBE_SIDECAR_VLLM (set by the test); every record reaches
 RECORDS_PATH through record_sink.record (the `callback`), in the engine's process.
 """
@@ -39,9 +40,13 @@ def main(model: str, out_path: str, scenario: str) -> None:
     import probe_sidecar.vllm as plugin
 
     started = time.monotonic()
-    llm = LLM(model=model, skip_tokenizer_init=True, dtype="float32", gpu_memory_utilization=0.1,
+    # Blocks of 32 tokens (the CPU build's default, 128, is longer than these prompts), so that
+    # a prompt sharing another's first 64 tokens hits the prefix cache.
+    # The second start ("short") loads the model's tokenizer, for LLM.chat.
+    llm = LLM(model=model, skip_tokenizer_init=scenario == "batch", dtype="float32",
+              gpu_memory_utilization=0.1,
               max_num_seqs=4, max_model_len=256, max_num_batched_tokens=32,
-              enable_chunked_prefill=True, seed=0)
+              enable_chunked_prefill=True, enable_prefix_caching=True, block_size=32, seed=0)
     result = {"start_s": time.monotonic() - started, "requests": []}
 
     def params(n):
@@ -58,9 +63,44 @@ def main(model: str, out_path: str, scenario: str) -> None:
             "summary": None if summary is None else {k: v.to_dict() for k, v in summary.items()}})
     if scenario == "batch":
         result["aborted"] = stepped_with_an_abort(llm, params)
+        result["second"] = second_call(llm, prompts)
+    else:
+        chat = llm.chat([{"role": "user", "content": "t5 t6 t7 t8"}],
+                        SamplingParams(max_tokens=5, temperature=0, ignore_eos=True),
+                        use_tqdm=False)
+        result["chat"] = [{"request_id": o.request_id, "prompt": list(o.prompt_token_ids),
+                           "generated": list(o.outputs[0].token_ids),
+                           "summary": None if o.probe_summary is None else
+                           {k: v.to_dict() for k, v in o.probe_summary.items()}} for o in chat]
     result["state"] = plugin.state(llm)
     with open(out_path, "w") as file:
         json.dump(result, file)
+
+
+def second_call(llm, first_prompts) -> dict:
+    """A second generate() on the same engine: prompts that begin with the first call's longest
+    prompt (prefix-cache hits), sampled (temperature 0.8, no seed: vLLM CPU 0.32 fails on seed=
+    with chunked prefill), one with n=2, one that opts out of scoring; then LLM.chat."""
+    from vllm import SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    longest = max((p for p, _ in first_prompts), key=len)
+    prompts = [longest + [7, 8, 9], longest[:40] + [11, 12], [3, 4, 5, 6], [30, 31, 32]]
+    params = [SamplingParams(max_tokens=6, temperature=0.8, ignore_eos=True, detokenize=False,
+                             **extra) for extra in ({}, {}, {"n": 2},
+                                                    {"extra_args": {"probe_sidecar": "off"}})]
+    outputs = llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts], params,
+                           use_tqdm=False)
+
+    def described(output):
+        return {"request_id": output.request_id, "prompt": list(output.prompt_token_ids),
+                "num_cached_tokens": output.num_cached_tokens,
+                "completions": [{"index": c.index, "generated": list(c.token_ids),
+                                 "summary": None if getattr(c, "probe_summary", None) is None
+                                 else {k: v.to_dict() for k, v in c.probe_summary.items()}}
+                                for c in output.outputs]}
+
+    return {"generate": [described(o) for o in outputs]}
 
 
 def stepped_with_an_abort(llm, params) -> dict:

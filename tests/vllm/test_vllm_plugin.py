@@ -57,6 +57,7 @@ def setup(tmp_path_factory):
                                       tie_word_embeddings=False)
     model = transformers.LlamaForCausalLM(config).eval()
     model.save_pretrained(root / "model", safe_serialization=True)
+    save_tokenizer(root / "model")
     rng = np.random.default_rng(1)
     weight = (rng.standard_normal((4, H)) / np.sqrt(H)).astype(np.float32)
     bias = (rng.standard_normal(4) * 0.1).astype(np.float32)
@@ -72,6 +73,20 @@ def setup(tmp_path_factory):
         yield {"root": root, "model_dir": root / "model", "model": model.double(),
                "sidecar": sidecar, "weight": weight.astype(np.float64),
                "bias": bias.astype(np.float64), "cache": root / "vllm-cache"}
+
+
+def save_tokenizer(folder) -> None:
+    """A word-level tokenizer of the model's 512 ids ("t0" ... "t511") with a chat template, for
+    `vllm serve` and LLM.chat (the other runs pass token ids)."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    vocab = {f"t{i}": i for i in range(512)}
+    tokenizer = Tokenizer(models.WordLevel(vocab=vocab, unk_token="t0"))
+    tokenizer.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    fast = transformers.PreTrainedTokenizerFast(tokenizer_object=tokenizer, unk_token="t0",
+                                                bos_token="t2", eos_token="t1")
+    fast.chat_template = "{% for m in messages %}t3 {{ m['content'] }} {% endfor %}t4"
+    fast.save_pretrained(folder)
 
 
 def run_engine(setup, name: str, scenario: str, **plugin) -> dict:
@@ -262,7 +277,9 @@ def test_the_sidecar_counts_the_engines_rows_under_its_labels(setup, batch):
                 counted[sample.labels["probe_set"]] = sample.value
     delivered = {name: sum(r["probe_set"] == name for r in batch["records"])
                  for name in ("tiny", "tiny_sigmoid")}
-    chunks = sum(-(-len(q["prompt"]) // 32) for q in batch["out"]["requests"])
+    prompts = [q["prompt"] for q in batch["out"]["requests"]] + [
+        q["prompt"] for q in batch["out"]["second"]["generate"][:3]]  # the fourth opted out
+    chunks = sum(-(-len(p) // 32) for p in prompts)
     for name, rows in delivered.items():
         assert rows <= counted[name] <= rows + chunks, (name, counted, delivered)
 
@@ -312,3 +329,103 @@ def test_a_second_start_tapping_other_layers_compiles_its_own_graph(setup, batch
     assert checked == 4 * sum(len(q["generated"]) for q in layers["out"]["requests"])
     summary = layers["out"]["requests"][0]["summary"]
     assert set(summary) == {"tiny@0", "tiny@final", "tiny_sigmoid@0", "tiny_sigmoid@final"}
+    # LLM.chat's output carries its summary too, and its rows are right.
+    (chat,) = layers["out"]["chat"]
+    assert all(s["rows"] == len(chat["generated"]) == 5 and s["complete"]
+               for s in chat["summary"].values())
+    rows = [r for r in layers["records"] if caller_id(r["request_id"]) == chat["request_id"]]
+    engine_ids = {r["request_id"] for r in rows}
+    assert check_records_against_float64(
+        setup, rows, {rid: (chat["prompt"], chat["generated"]) for rid in engine_ids}) == 4 * 5
+
+
+@pytest.fixture(scope="module")
+def served(setup):
+    """`vllm serve` (the CPU build) with the plugin configured through --additional-config and its
+    route allowed (VLLM_PLUGINS), and what serve_run.py's HTTP client got from it."""
+    run = setup["root"] / "serve"
+    run.mkdir()
+    config = {"target": setup["sidecar"].uds_target, "probe_sets": ["tiny"], "window": 4,
+              "max_window_s": 0.5, "callback": "record_sink:record"}
+    env = {**os.environ, "RECORDS_PATH": str(run / "records.jsonl"), "VLLM_PLUGINS": "probe_sidecar",
+           "VLLM_CACHE_ROOT": str(setup["cache"]), "VLLM_CPU_KVCACHE_SPACE": "1",
+           "TOKENIZERS_PARALLELISM": "false",
+           "PYTHONPATH": os.pathsep.join([str(HERE), os.environ.get("PYTHONPATH", "")])}
+    env.pop("PROBE_SIDECAR_VLLM", None)  # configured by --additional-config alone
+    with open(run / "client.log", "wb") as log:
+        process = subprocess.run(
+            [sys.executable, str(HERE / "serve_run.py"), str(setup["model_dir"]),
+             json.dumps({"probe_sidecar": config}), str(run / "out.json"), str(run / "serve.log")],
+            stdout=log, stderr=subprocess.STDOUT, env=env, timeout=ENGINE_DEADLINE_S)
+    text = (run / "client.log").read_text(errors="replace")
+    serve_log = (run / "serve.log").read_text(errors="replace") if (run / "serve.log").exists() else ""
+    assert process.returncode == 0, text[-4000:] + "\n--- vllm serve ---\n" + serve_log[-6000:]
+    records = [json.loads(x) for x in (run / "records.jsonl").read_text().splitlines()]
+    return {"out": json.loads((run / "out.json").read_text()), "records": records,
+            "log": serve_log}
+
+
+def test_vllm_serve_scores_every_request_and_hands_out_summaries_by_response_id(setup, served):
+    """Completions (two prompts in one request; streamed) and chat completions (n=2; streamed)
+    over HTTP: each response's summaries come back by its id, one per prompt and completion, with
+    a row per generated token; every record against float64; a request that opted out
+    (vllm_xargs) is not scored at all."""
+    from probe_sidecar.vllm.serve import belongs, response_part
+
+    out = served["out"]
+    scored = {k: v for k, v in out["responses"].items() if k != "opted_out"}
+    requests = {}
+    for name, response in scored.items():
+        fetched = response["summaries"]
+        assert fetched["id"] == response["id"] and fetched["complete"], (name, fetched)
+        parts = {(p["prompt_index"], p["completion_index"]): p for p in fetched["requests"]}
+        generated = {(p, c): tokens for p, c, tokens in response["generated"]}
+        assert set(parts) == set(generated), (name, sorted(parts), sorted(generated))
+        for (prompt_index, completion_index), tokens in generated.items():
+            part = parts[(prompt_index, completion_index)]
+            assert part["summaries"]["tiny"]["rows"] == len(tokens), (name, part)
+            prompt = response["prompts"][prompt_index]
+            if prompt is not None and tokens and tokens[0] is not None:
+                requests[part["request_id"]] = (prompt, tokens)
+    records = [r for r in served["records"] if r["request_id"] in requests]
+    assert check_records_against_float64(setup, records, requests) == sum(
+        len(t) for _, t in requests.values())
+    opted_out = out["responses"]["opted_out"]
+    assert opted_out["summaries_status"] == 404 and opted_out["generated"]
+    assert not [r for r in served["records"] if belongs(opted_out["id"], r["request_id"])]
+    assert out["fetched_twice_status"] == 404  # handed out once
+    assert response_part("cmpl-x", "1_cmpl-x-0-0123abcd") == {"prompt_index": 0,
+                                                               "completion_index": 1}
+
+
+def test_a_second_generate_call_sampling_n2_and_an_opted_out_request(setup, batch):
+    """A second generate() on the same engine (prefix-cache hits, sampling, n=2): every
+    completion carries its own summary, with a row per generated token, its records against
+    float64; the request that opted out (extra_args) has no summary and no row."""
+    second = batch["out"]["second"]["generate"]
+    assert second[0]["num_cached_tokens"] > 0  # the first call's longest prompt, cached
+    requests = {}
+    for i, request in enumerate(second):
+        for completion in request["completions"]:
+            if i == 3:  # opted out
+                assert completion["summary"] is None
+                continue
+            summary = completion["summary"]
+            assert summary is not None, (request["request_id"], completion["index"])
+            assert summary["tiny"]["rows"] == len(completion["generated"]) == 6
+            rows_id = request["request_id"] if len(request["completions"]) == 1 else (
+                f"{completion['index']}_{request['request_id']}")
+            requests[rows_id] = (request["prompt"], completion["generated"])
+    assert len(second[2]["completions"]) == 2
+    records = [r for r in batch["records"]
+               if caller_id(r["request_id"]) in requests]
+    engine_requests = {r["request_id"]: requests[caller_id(r["request_id"])] for r in records}
+    assert check_records_against_float64(setup, records, engine_requests) == 2 * 6 * 4
+    opted_out = second[3]["request_id"]
+    assert not [r for r in batch["records"] if caller_id(r["request_id"]) == opted_out]
+
+
+def caller_id(engine_id: str) -> str:
+    from probe_sidecar.vllm.engine_tap import _caller_id
+
+    return _caller_id(engine_id)

@@ -25,7 +25,15 @@ Keys (only `probe_sets` is required):
   max_queued_records  records kept for probe_sidecar.vllm.records() in the engine's process
                   (default 0: none kept; the oldest go first)
   max_finished    summaries of finished requests kept until collected (default 10000)
+  max_finished_s  and for at most this many seconds (default 600; null: no time bound)
   timeout_s       gRPC deadline for the sidecar's set-up calls (default 30)
+  score_requests  "all" (default): every request is scored unless it opts out; "opted_in": only
+                  requests that opt in. A request opts with SamplingParams(extra_args=
+                  {"probe_sidecar": "off"}) (or "on"; 0/1 too), over HTTP with
+                  "vllm_xargs": {"probe_sidecar": "off"}; its rows are then not written at all.
+
+Also accepted as the "probe_sidecar" key of vLLM's additional config (`vllm serve
+--additional-config '{"probe_sidecar": {...}}'`, `LLM(additional_config=...)`).
 """
 
 from __future__ import annotations
@@ -56,7 +64,9 @@ class PluginConfig:
     request_callback: str | None = None
     max_queued_records: int = 0
     max_finished: int = 10000
+    max_finished_s: float | None = 600.0
     timeout_s: float = 30.0
+    score_requests: str = "all"
 
     @property
     def layers(self) -> tuple:
@@ -135,6 +145,7 @@ def parse(data) -> PluginConfig:
     number("tap_rank", int, 0)
     number("max_queued_records", int, 0)
     number("max_finished", int, 1)
+    number("max_finished_s", (int, float), 0.001, allow_none=True)
     number("timeout_s", (int, float), 0.001)
     for name in ("target", "jsonl", "callback", "request_callback"):
         value = values.get(name)
@@ -145,10 +156,31 @@ def parse(data) -> PluginConfig:
                                                for k, v in labels.items()):
         raise ConfigError(f"{ENV}: session_labels must be an object of strings, got {labels!r}")
     values["session_labels"] = tuple(sorted(labels.items()))
+    if values.get("score_requests", "all") not in ("all", "opted_in"):
+        raise ConfigError(f"{ENV}: score_requests must be \"all\" or \"opted_in\", got "
+                          f"{values['score_requests']!r}")
     for name in ("callback", "request_callback"):
         if values.get(name) is not None and ":" not in values[name]:
             raise ConfigError(f"{ENV}: {name} must be \"module:function\", got {values[name]!r}")
     return PluginConfig(**values)
+
+
+REQUEST_KEY = "probe_sidecar"  # a request's choice, in SamplingParams.extra_args
+
+
+def request_choice(extra_args) -> bool | None:
+    """A request's own choice (extra_args["probe_sidecar"]: "on"/"off", 1/0, true/false), or
+    None when it made none; anything else is no choice (vLLM has accepted the request already)."""
+    if not extra_args or REQUEST_KEY not in extra_args:
+        return None
+    value = extra_args[REQUEST_KEY]
+    if isinstance(value, str):
+        value = value.strip().lower()
+    if value in ("on", "1", 1, True, "true"):
+        return True
+    if value in ("off", "0", 0, False, "false"):
+        return False
+    return None
 
 
 def resolve(qualified: str):

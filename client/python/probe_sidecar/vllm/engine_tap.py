@@ -31,6 +31,7 @@ from .summaries import Rows, SummaryTable
 
 MAX_SINK_BATCHES = 4096  # deliveries queued for the callbacks and the JSONL file, at most
 RECOVER_EVERY_S = 1.0  # at most one attempt to bind to a restarted sidecar per this
+STAGING = 8  # arm_host's pinned buffers, used in turn
 
 
 @dataclasses.dataclass(frozen=True)
@@ -56,7 +57,8 @@ class EngineTap:
                  on_record: Callable[[ProbeRecord], None] | None = None,
                  on_request: Callable[[str, dict[str, ProbeSummary]], None] | None = None,
                  jsonl: str | None = None, max_queued_records: int = 0,
-                 max_finished: int = 10000, logger: logging.Logger | None = None,
+                 max_finished: int = 10000, max_finished_s: float | None = None,
+                 logger: logging.Logger | None = None,
                  holds=(), hold_last_row: bool = False,
                  recover: Callable[[], bool] | None = None):
         """`make_tap(probe_set, on_window)`: a tap for that probe set whose windows go to
@@ -109,6 +111,8 @@ class EngineTap:
         self._ids: list[str | None] = []
         self._free_keys: list[int] = []
         self._ends = np.full(64, -1, np.int64)
+        self._staging: list[torch.Tensor] | None = None  # arm_host's, made at its first use
+        self._staged = 0
         self._last_ids: tuple[str, ...] | None = None  # the previous step's, and their keys
         self._last_keys = np.zeros(0, np.int64)
         self._tables = {name: SummaryTable(name, probes, hold_last_row)
@@ -119,6 +123,8 @@ class EngineTap:
         self._recovered_at = 0.0
         self._done: collections.OrderedDict[str, dict[str, ProbeSummary]] = (
             collections.OrderedDict())
+        self._done_at: dict[str, float] = {}  # when each summary was made
+        self._max_finished_s = max_finished_s
         self._delivered = {name: 0 for name in probe_names}  # steps delivered, per probe set
         self._records: collections.deque[ProbeRecord] = collections.deque(
             maxlen=max_queued_records or None)
@@ -159,6 +165,26 @@ class EngineTap:
             with self._results:
                 self._live.update(new_requests)
         self._armed = (step_rows, self._last_keys)
+
+    def arm_host(self, rows_at: np.ndarray, step_rows: StepRows, new_requests=()) -> None:
+        """arm() with the rows to write given on the host (int64 [n]: some of a step's requests
+        are not scored). On a CUDA ring they reach the device through pinned staging memory, in
+        stream order (STAGING buffers used in turn, so that a copy still queued is never
+        overwritten by the steps the host runs ahead)."""
+        ring = next(iter(self.taps.values())).ring
+        if ring.raw.device.type != "cuda":
+            self.arm(torch.from_numpy(np.ascontiguousarray(rows_at, np.int64)), step_rows,
+                     new_requests)
+            return
+        device = ring.raw.device
+        if self._staging is None:
+            self._staging = [torch.zeros(ring.max_batch, dtype=torch.int64, pin_memory=True)
+                             for _ in range(STAGING)]
+        staging = self._staging[self._staged % STAGING]
+        self._staged += 1
+        staging[:len(rows_at)].copy_(torch.from_numpy(np.ascontiguousarray(rows_at, np.int64)))
+        on_device = staging[:max(len(rows_at), 1)].to(device, non_blocking=True)
+        self.arm(on_device, step_rows, new_requests)
 
     def _key(self, request_id: str) -> int:
         """(under _results) The request's key, assigned at its first row."""
@@ -417,11 +443,35 @@ class EngineTap:
                 self._free_keys.append(key)
                 self._last_ids = None  # a cached batch may no longer name live keys
             self._done[request_id] = summaries
-            if len(self._done) > self._max_finished:
-                self._done.popitem(last=False)
-                self.stats["summaries_evicted"] += 1
+            self._done_at[request_id] = time.monotonic()
+            self._evict_locked()
             finished.append((request_id, summaries))
         return finished
+
+    def _evict_locked(self) -> None:
+        """(under _results) Summaries never collected go, oldest first: past max_finished of
+        them, or max_finished_s after they were made."""
+        now = time.monotonic()
+        while self._done:
+            oldest = next(iter(self._done))
+            if len(self._done) <= self._max_finished and (
+                    self._max_finished_s is None
+                    or now - self._done_at[oldest] <= self._max_finished_s):
+                break
+            del self._done[oldest], self._done_at[oldest]
+            self.stats["summaries_evicted"] += 1
+
+    def _take_locked(self, request_id: str) -> dict[str, ProbeSummary]:
+        self._done_at.pop(request_id, None)
+        return self._done.pop(request_id)
+
+    def take(self, wanted: Callable[[str], bool]) -> dict[str, dict[str, ProbeSummary]]:
+        """Takes (and forgets) the summaries made so far of the requests `wanted(engine id)`
+        names, without flushing or waiting (it runs on the engine's thread: vllm serve's route
+        asks again until its own deadline)."""
+        with self._results:
+            self._evict_locked()
+            return {r: self._take_locked(r) for r in list(self._done) if wanted(r)}
 
     def _queue_locked(self, records: list[ProbeRecord]) -> None:
         """(under _results) Delivered records kept for records(), if asked."""
@@ -441,16 +491,10 @@ class EngineTap:
         self.flush()
         self.wait_delivered(timeout)
         with self._results:
-            if request_ids is None:
-                taken = dict(self._done)
-                self._done.clear()
-                return taken
-            wanted = set(request_ids)
-            taken = {}
-            for request_id in list(self._done):
-                if request_id in wanted or _caller_id(request_id) in wanted:
-                    taken[request_id] = self._done.pop(request_id)
-            return taken
+            self._evict_locked()
+            wanted = None if request_ids is None else set(request_ids)
+            return {r: self._take_locked(r) for r in list(self._done)
+                    if wanted is None or r in wanted or _caller_id(r) in wanted}
 
     def records(self, timeout: float = 0.0) -> Iterator[ProbeRecord]:
         """Delivered records, oldest first, until none arrives within `timeout` seconds."""

@@ -37,7 +37,7 @@ import numpy as np
 import torch
 
 from .. import tap_op
-from .config import ConfigError, PluginConfig, load, resolve
+from .config import ENV, ConfigError, PluginConfig, load, parse, request_choice, resolve
 from .engine_tap import EngineTap, StepRows, _caller_id
 from .records import ProbeSummary
 
@@ -53,6 +53,9 @@ _MAX_ENDED = 100_000  # ended requests the front end remembers until they are co
 
 _lock = threading.Lock()
 _registered = False
+_active = False
+CONFIG_KEY = "probe_sidecar"  # the plugin's configuration in vLLM's additional config
+CACHE_KEY = "probe_sidecar_tap"  # what of it changes the compiled graph, in the same dict
 _ENGINE_TAP: EngineTap | None = None  # this process's (the tapping worker's)
 # Where the scheduler saw each ended request end (its tokens), until the step that tells the
 # model runner: in this process, the scheduler's (the engine core's, which with one GPU also
@@ -72,15 +75,27 @@ def logger():
 
 def register() -> None:
     """The `vllm.general_plugins` entry point: runs in every vLLM process before the model is
-    built; does nothing unless PROBE_SIDECAR_VLLM is set."""
+    built; does nothing unless configured — by PROBE_SIDECAR_VLLM, or by the "probe_sidecar" key
+    of vLLM's additional config (`--additional-config`, `LLM(additional_config=...)`), which the
+    front end turns into PROBE_SIDECAR_VLLM for the engine's processes it starts."""
     global _registered
-    config = load()
-    if config is None:
-        return
     with _lock:
         if _registered:
             return
         _registered = True
+    _patch_engine_args()
+    config = load()
+    if config is not None:
+        activate(config)
+
+
+def activate(config: PluginConfig) -> None:
+    """Checks the engine and installs the plugin's wrappers (once per process)."""
+    global _active
+    with _lock:
+        if _active:
+            return
+        _active = True
     check_version()
     runner_v2 = os.environ.get("VLLM_USE_V2_MODEL_RUNNER")
     if runner_v2 is None:
@@ -95,6 +110,34 @@ def register() -> None:
     _patch_llm()
 
 
+def _patch_engine_args() -> None:
+    """The front end: a configuration in vLLM's additional config (the "probe_sidecar" key)
+    becomes PROBE_SIDECAR_VLLM before the engine's processes start (they inherit it), and the
+    plugin is activated here; PROBE_SIDECAR_VLLM, when set too, wins (and the two must agree)."""
+    try:
+        from vllm.engine.arg_utils import EngineArgs
+    except ImportError:
+        return
+    create = EngineArgs.create_engine_config
+
+    @functools.wraps(create)
+    def create_with_plugin(self, *args, **kwargs):
+        extra = self.additional_config
+        if isinstance(extra, str):
+            extra = json.loads(extra) if extra.strip() else {}
+        data = (extra or {}).get(CONFIG_KEY) if isinstance(extra, dict) else None
+        if data is not None:
+            config = parse(data)
+            current = load()
+            if current is None:
+                os.environ[ENV] = json.dumps(data)
+            elif current != config:
+                raise ConfigError(f"probe-sidecar: {ENV} and additional_config[{CONFIG_KEY!r}] "
+                                  f"configure the plugin differently: set one of them")
+            activate(config)
+        return create(self, *args, **kwargs)
+
+    EngineArgs.create_engine_config = create_with_plugin
 def check_version(version: str | None = None, environ=os.environ) -> str:
     """The running vLLM's release ("0.26"); a release the plugin does not support stops the
     engine's start with a message, unless PROBE_SIDECAR_VLLM_ANY_VERSION=1."""
@@ -160,6 +203,7 @@ def _patch_worker(config: PluginConfig) -> None:
 
     Worker.load_model = tapped_load_model
     WorkerBase.probe_sidecar_collect = _collect
+    WorkerBase.probe_sidecar_take = _take
     WorkerBase.probe_sidecar_state = _state_rpc
 
 
@@ -213,7 +257,7 @@ def install(worker, config: PluginConfig) -> EngineTap | None:
         for tap in engine_tap.taps.values():
             tap.ring.arm(nothing, 0)
             tap.ring.disarm()
-        _wrap_runner(runner, engine_tap)
+        _wrap_runner(runner, engine_tap, config.score_requests)
     except BaseException:
         engine_tap.close()
         raise
@@ -391,7 +435,8 @@ def _make_engine_tap(config: PluginConfig, *, device: torch.device, dtype: torch
                      on_request=(resolve(config.request_callback)
                                  if config.request_callback else None),
                      jsonl=config.jsonl, max_queued_records=config.max_queued_records,
-                     max_finished=config.max_finished, logger=logger(),
+                     max_finished=config.max_finished,
+                     max_finished_s=config.max_finished_s, logger=logger(),
                      holds=[s for s in (session, torch_client) if s is not None],
                      hold_last_row=hold_last_row, recover=recover)
 
@@ -419,12 +464,14 @@ def _add_to_cache_key(vllm_config, value: dict) -> None:
     if not isinstance(extra, dict):
         raise ConfigError("probe-sidecar: vllm_config.additional_config is not a dict, so the "
                           "tap's configuration cannot join the compile cache key")
-    extra["probe_sidecar"] = json.loads(json.dumps(value))
+    extra[CACHE_KEY] = json.loads(json.dumps(value))
 
 
-def _wrap_runner(runner, engine_tap: EngineTap) -> None:
+def _wrap_runner(runner, engine_tap: EngineTap, score_requests: str = "all") -> None:
     prepare_inputs = runner._prepare_inputs
     execute_model = runner.execute_model
+    by_default = score_requests == "all"
+    skipped: set[str] = set()  # running requests that chose not to be scored
 
     def tapped_prepare_inputs(scheduler_output, num_scheduled_tokens, *args, **kwargs):
         result = prepare_inputs(scheduler_output, num_scheduled_tokens, *args, **kwargs)
@@ -438,12 +485,30 @@ def _wrap_runner(runner, engine_tap: EngineTap) -> None:
         # the batch's own array, no per-row lookup) is a partial prefill, whose sample vLLM
         # discards.
         rows = StepRows(request_ids, ends - 1, ends >= batch.num_tokens_no_spec[:n])
-        engine_tap.arm(result[0], rows,
-                       [r.req_id for r in scheduler_output.scheduled_new_reqs])
+        new = []
+        for request in scheduler_output.scheduled_new_reqs:
+            choice = request_choice(getattr(request.sampling_params, "extra_args", None))
+            if choice if choice is not None else by_default:
+                new.append(request.req_id)
+            else:
+                skipped.add(request.req_id)
+        if skipped:
+            keep = np.fromiter((r not in skipped for r in request_ids), bool, n)
+            if not keep.all():
+                # The rows the engine samples from, as vLLM computes them (a step's last token of
+                # each request), of the requests scored: armed from the host.
+                rows_at = runner.query_start_loc.np[1:n + 1][keep] - 1
+                engine_tap.arm_host(rows_at, StepRows(
+                    tuple(r for r, k in zip(request_ids, keep) if k), rows.positions[keep],
+                    rows.sampled[keep]), new)
+                return result
+        engine_tap.arm(result[0], rows, new)
         return result
 
     def tapped_execute_model(scheduler_output, *args, **kwargs):
         with engine_tap.lock:
+            if skipped:
+                skipped.difference_update(scheduler_output.finished_req_ids)
             engine_tap.finish(scheduler_output.finished_req_ids,
                               getattr(scheduler_output, LENGTHS_ATTR, None))
             try:
@@ -468,6 +533,19 @@ def _collect(worker, request_ids=None, timeout: float = 60.0, lengths=None) -> d
     if lengths:
         engine_tap.finish_callers(lengths, known=_ENDS)
     taken = engine_tap.collect(request_ids, timeout)
+    return {rid: {name: s.to_dict() for name, s in by_set.items()}
+            for rid, by_set in taken.items()}
+
+
+def _take(worker, response_id: str) -> dict:
+    """collective_rpc("probe_sidecar_take"): the summaries made so far of the engine requests of
+    an HTTP response (serve.py), taken without waiting: {engine request id: {probe set: dict}}."""
+    from .serve import belongs
+
+    engine_tap = _ENGINE_TAP
+    if engine_tap is None:
+        return {}
+    taken = engine_tap.take(lambda request_id: belongs(response_id, request_id))
     return {rid: {name: s.to_dict() for name, s in by_set.items()}
             for rid, by_set in taken.items()}
 
