@@ -27,6 +27,10 @@ Keys (only `probe_sets` is required):
   max_finished    summaries of finished requests kept until collected (default 10000)
   max_finished_s  and for at most this many seconds (default 600; null: no time bound)
   timeout_s       gRPC deadline for the sidecar's set-up calls (default 30)
+  summary_wait_s  how long LLM.generate() and chat() wait, once generation is over, for the last
+                  windows of their requests (default 10): a request whose windows are not scored
+                  by then (the sidecar stopped or gone) gets probe_summary None, and its summary
+                  stays for collect()
   score_requests  "all" (default): every request is scored unless it opts out; "opted_in": only
                   requests that opt in. A request opts with SamplingParams(extra_args=
                   {"probe_sidecar": "off"}) (or "on"; 0/1 too), over HTTP with
@@ -67,6 +71,7 @@ class PluginConfig:
     max_finished_s: float | None = 600.0
     timeout_s: float = 30.0
     score_requests: str = "all"
+    summary_wait_s: float = 10.0
 
     @property
     def layers(self) -> tuple:
@@ -147,6 +152,7 @@ def parse(data) -> PluginConfig:
     number("max_finished", int, 1)
     number("max_finished_s", (int, float), 0.001, allow_none=True)
     number("timeout_s", (int, float), 0.001)
+    number("summary_wait_s", (int, float), 0)
     for name in ("target", "jsonl", "callback", "request_callback"):
         value = values.get(name)
         if value is not None and not isinstance(value, str):

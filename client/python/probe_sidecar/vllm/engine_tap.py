@@ -485,11 +485,18 @@ class EngineTap:
 
     def collect(self, request_ids=None, timeout: float = 60.0
                 ) -> dict[str, dict[str, ProbeSummary]]:
-        """Flushes, waits for every window, then takes (and forgets) the summaries of finished
-        requests: those named (by the engine's id, or the caller's id that vLLM extended with
-        "-" and 8 characters), or all of them."""
+        """Flushes, waits for every window (up to `timeout` seconds: a sidecar that is stopped
+        or gone is not waited for longer; what is summarised by then is taken, the rest stays
+        for a later collect), then takes (and forgets) the summaries of finished requests: those
+        named (by the engine's id, or the caller's id that vLLM extended with "-" and 8
+        characters), or all of them."""
         self.flush()
-        self.wait_delivered(timeout)
+        try:
+            self.wait_delivered(timeout)
+        except TimeoutError as error:
+            self.stats["collects_cut_short"] += 1
+            self._log.warning("probe-sidecar: %s; the summaries of those requests come later "
+                              "(collect again)", error)
         with self._results:
             self._evict_locked()
             wanted = None if request_ids is None else set(request_ids)

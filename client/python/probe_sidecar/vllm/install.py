@@ -621,6 +621,12 @@ def collect(llm, request_ids=None, timeout: float = 60.0,
     return merged
 
 
+def _summary_wait_s(llm) -> float:
+    """How long generate() and chat() wait for their requests' last windows (summary_wait_s)."""
+    config = load()
+    return 10.0 if config is None else config.summary_wait_s
+
+
 def completion_ids(output) -> list[tuple[object, str]]:
     """(completion, the id its rows are recorded under, as the caller named it) for each
     completion of a RequestOutput: the request's id, or with n > 1 vLLM's child id
@@ -639,7 +645,7 @@ def attach_summaries(llm, outputs) -> None:
         prompt = len(output.prompt_token_ids or ())
         for completion, rows_id in completion_ids(output):
             lengths[rows_id] = prompt + len(completion.token_ids) if output.finished else None
-    summaries = collect(llm, list(lengths), lengths=lengths)
+    summaries = collect(llm, list(lengths), timeout=_summary_wait_s(llm), lengths=lengths)
     by_caller = {}
     for request_id, by_set in summaries.items():
         by_caller.setdefault(_caller_id(request_id), []).append(by_set)
