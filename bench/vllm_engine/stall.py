@@ -35,7 +35,7 @@ sys.path.append(str(ROOT / "tests" / "python"))  # conftest.Sidecar, probe_files
 
 import receipt  # noqa: E402
 
-H, BATCH, TOKENS = 128, 8, 48
+H, BATCH, TOKENS = 128, 8, 160
 PHASES = ("running", "stopped", "restarted")
 
 
@@ -74,7 +74,7 @@ def main() -> int:
     import probe_sidecar.vllm as plugin
 
     llm = LLM(model=str(work / "model"), skip_tokenizer_init=True, dtype="float32",
-              max_num_seqs=BATCH, max_model_len=256, gpu_memory_utilization=0.2, seed=0)
+              max_num_seqs=BATCH, max_model_len=512, gpu_memory_utilization=0.2, seed=0)
     rng = np.random.default_rng(0)
     params = SamplingParams(max_tokens=TOKENS, temperature=0, ignore_eos=True, detokenize=False)
     runs = []
@@ -97,7 +97,7 @@ def main() -> int:
                     servers[-1].signal(signal.SIGKILL)
                     servers[-1].wait()
                     # Started again while the engine generates.
-                    timer = threading.Timer(0.3, lambda: servers.append(
+                    timer = threading.Timer(0.1, lambda: servers.append(
                         Sidecar(flags, workdir=work).start()))
                     timer.start()
                 # The engine's own steps are timed (LLMEngine, as generate() steps it); the
