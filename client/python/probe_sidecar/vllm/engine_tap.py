@@ -30,7 +30,7 @@ from .records import JsonlSink, ProbeRecord, ProbeSummary
 from .summaries import Rows, SummaryTable
 
 MAX_SINK_BATCHES = 4096  # deliveries queued for the callbacks and the JSONL file, at most
-RECOVER_EVERY_S = 1.0  # at most one attempt to bind to a restarted sidecar per this
+RECOVER_EVERY_S = 0.25  # at most one attempt to bind to a restarted sidecar per this
 STAGING = 8  # arm_host's pinned buffers, used in turn
 
 
@@ -119,6 +119,7 @@ class EngineTap:
                         for name, probes in probe_names.items()}
         self._wants_records = bool(on_record or jsonl or max_queued_records)
         self._recover = recover
+        self._failing = 0  # windows failed since the last one scored
         self._recovering = threading.Lock()
         self._recovered_at = 0.0
         self._done: collections.OrderedDict[str, dict[str, ProbeSummary]] = (
@@ -308,9 +309,17 @@ class EngineTap:
             if window.error is not None:
                 self.stats["windows_lost" if lost else "windows_failed"] += 1
                 if not lost:  # a lost window is counted, and logged once per run by its tap
-                    self._log.error("probe-sidecar: window %d of probe set %r failed: %s",
-                                    window.index, probe_set, window.error)
+                    # Logged once per run of failures (and when windows are scored again).
+                    if self._failing == 0:
+                        self._log.error("probe-sidecar: window %d of probe set %r failed: %s "
+                                        "(the next failures are counted, not logged)",
+                                        window.index, probe_set, window.error)
+                    self._failing += 1
                     self._maybe_recover(window.error)
+            elif self._failing:
+                self._log.warning("probe-sidecar: windows are scored again, after %d failed",
+                                  self._failing)
+                self._failing = 0
             parts = []
             for i, step in enumerate(range(window.first_step, window.first_step + window.steps)):
                 entry = self._steps.get(step)
