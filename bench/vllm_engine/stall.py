@@ -35,7 +35,7 @@ sys.path.append(str(ROOT / "tests" / "python"))  # conftest.Sidecar, probe_files
 
 import receipt  # noqa: E402
 
-H, BATCH, TOKENS = 128, 8, 160
+H, BATCH, TOKENS = 128, 8, 400
 PHASES = ("running", "stopped", "restarted")
 
 
