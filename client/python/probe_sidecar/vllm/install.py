@@ -50,6 +50,9 @@ ANY_VERSION_ENV = "PROBE_SIDECAR_VLLM_ANY_VERSION"
 # The attribute of a SchedulerOutput that carries the ended requests' lengths to the workers.
 LENGTHS_ATTR = "probe_sidecar_lengths"
 _MAX_ENDED = 100_000  # ended requests the front end remembers until they are collected
+RECONNECT_OPTIONS = (("grpc.initial_reconnect_backoff_ms", 100),
+                     ("grpc.min_reconnect_backoff_ms", 100),
+                     ("grpc.max_reconnect_backoff_ms", 1000))
 
 _lock = threading.Lock()
 _registered = False
@@ -388,7 +391,9 @@ def _make_engine_tap(config: PluginConfig, *, device: torch.device, dtype: torch
     from ..client import Client, ProbeSidecarError
     from ..torch import TorchClient, cpu_tap
 
-    client = Client(config.target, timeout=config.timeout_s)
+    # A sidecar that restarts is reached again within ~0.1-1 s, not after gRPC's default
+    # reconnection backoff (1 s growing to 120 s).
+    client = Client(config.target, timeout=config.timeout_s, options=RECONNECT_OPTIONS)
     taps = config.taps()
     try:
         probes = {p: tuple(x.name for x in client.probe_set_info(p).probes)
