@@ -54,6 +54,8 @@
 #            graphs; nothing added to a step but the taps' kernels), then the cost
 #            (bench/vllm_engine/run.py: tokens/s, inter-token latency and time to first token with
 #            and without the plugin, interleaved): vllm_engine.json/.md. Not in the default steps.
+#            VLLM_BENCH=0: the tests alone; PROBE_SIDECAR_VLLM_RUNS=quick: their default and eager
+#            engines only.
 #   decode   the decode-loop benchmark (bench/decode_loop): taps and in-process scoring, with and
 #            without MPS, and the graphed step's kernels profiled under both; then what a tap's
 #            calls cost the decode thread's CPU (host_cost.py)
@@ -302,10 +304,13 @@ if [[ " $steps " == *" vllm "* ]]; then
         --durations=10 tests/vllm/test_gpu_vllm.py >"$out/vllm_gpu_tests.log" 2>&1
       tests=$?
       pack  # what the tests left, in case the benchmark is cut short
-      timeout "${VLLM_BENCH_TIMEOUT:-330}" python3 bench/vllm_engine/run.py --out-dir "$out" \
-        --model-dir "$models" --correctness "$out/vllm_engine_correctness.json" \
-        ${ALLOW_DIRTY:+--allow-dirty} ${VLLM_BENCH_ARGS:-} >"$out/vllm_engine_run.log" 2>&1
-      bench=$?
+      bench=0
+      if [[ "${VLLM_BENCH:-1}" != 0 ]]; then  # VLLM_BENCH=0: the tests alone
+        timeout "${VLLM_BENCH_TIMEOUT:-330}" python3 bench/vllm_engine/run.py --out-dir "$out" \
+          --model-dir "$models" --correctness "$out/vllm_engine_correctness.json" \
+          ${ALLOW_DIRTY:+--allow-dirty} ${VLLM_BENCH_ARGS:-} >"$out/vllm_engine_run.log" 2>&1
+        bench=$?
+      fi
       exit $((tests || bench))
     ) >>"$log" 2>&1
     rc=$?

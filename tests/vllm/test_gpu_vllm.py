@@ -75,6 +75,10 @@ RUNS = [("llama-1b", "default", True), ("llama-1b", "FULL_AND_PIECEWISE", True),
         ("llama-1b", "eager", True), ("llama-1b", "default", False),
         ("llama-1b", "default", "final-only"), ("llama-1b", "default", "no-plugin-v1"),
         ("qwen2-small", "default", True), ("qwen2-small", "eager", True)]
+# PROBE_SIDECAR_VLLM_RUNS=quick: vLLM's default mode and the eager control on the Llama, and the
+# profile's two baselines (a check of a change in less time: fewer engines to compile).
+if os.environ.get("PROBE_SIDECAR_VLLM_RUNS") == "quick":
+    RUNS = [r for r in RUNS if r[0] == "llama-1b" and r[1] in ("default", "eager")]
 LAYER = {"llama-1b": 4, "qwen2-small": 6}  # the decoder layer tapped beside the final norm
 ENGINE_DEADLINE_S = 900  # a safety net far past an engine's start and scenario (~1-2 min)
 
@@ -87,13 +91,13 @@ def run_name(model, mode, plugin):
 def setup(tmp_path_factory):
     root = tmp_path_factory.mktemp("vllm-gpu")
     models_root = pathlib.Path(os.environ.get("PROBE_SIDECAR_VLLM_MODELS", root / "models"))
-    models = {name: gpu_models.make(models_root, name) for name in LAYER}
+    models = {name: gpu_models.make(models_root, name) for name in {r[0] for r in RUNS}}
     torch.cuda.empty_cache()
     rng = np.random.default_rng(3)
     probes = {}
     with Sidecar(["--backend=cuda"]) as sidecar:
         with sidecar.client() as c:
-            for name in LAYER:
+            for name in models:
                 h = gpu_models.hidden_size(name)
                 weight = (rng.standard_normal((P, h)) / np.sqrt(h)).astype(np.float32)
                 bias = (rng.standard_normal(P) * 0.1).astype(np.float32)
