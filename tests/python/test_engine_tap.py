@@ -291,6 +291,22 @@ def drive(e, positions, request="r-00000001", new=False):
             e.count_step()
 
 
+def begin(own_sidecar):
+    """The plugin's EngineTap on the test's own sidecar, four steps scored before the trouble."""
+    servers, _, _ = own_sidecar
+    e = plugin_engine_tap(servers[0].uds_target, window=2)
+    drive(e, range(0, 4), new=True)
+    e.wait_delivered(DEADLINE)
+    return e
+
+
+def end(e):
+    """The request finished and collected: (its summary, the tap's state)."""
+    with e.lock:
+        e.finish(["r-00000001"])
+    return e.collect(["r"], timeout=DEADLINE)["r-00000001"]["engine"], e.state()
+
+
 def in_a_thread(work) -> None:
     """Runs `work` on a thread and asserts it returns (a stalled engine would not)."""
     done = threading.Thread(target=work, daemon=True)
@@ -304,10 +320,8 @@ def test_a_paused_sidecar_costs_windows_not_steps(own_sidecar):
     on, the windows it cannot take are lost (counted), and once it runs again (SIGCONT) windows
     are scored again; every row is scored or counted lost, the summary marked incomplete."""
     servers, _, _ = own_sidecar
-    e = plugin_engine_tap(servers[0].uds_target, window=2)
+    e = begin(own_sidecar)
     try:
-        drive(e, range(0, 4), new=True)
-        e.wait_delivered(DEADLINE)
         servers[0].signal(signal.SIGSTOP)
         try:
             in_a_thread(lambda: drive(e, range(4, 40)))
@@ -315,10 +329,7 @@ def test_a_paused_sidecar_costs_windows_not_steps(own_sidecar):
             servers[0].signal(signal.SIGCONT)
         e.wait_delivered(DEADLINE)
         drive(e, range(40, 44))
-        with e.lock:
-            e.finish(["r-00000001"])
-        summary = e.collect(["r"], timeout=DEADLINE)["r-00000001"]["engine"]
-        state = e.state()
+        summary, state = end(e)
     finally:
         e.close()
     assert state["windows_lost"] > 0 and not summary.complete
@@ -332,10 +343,8 @@ def test_a_restarted_sidecar_scores_again(own_sidecar):
     it is gone (the engine's steps go on), then the plugin opens a session on the new server and
     windows are scored again."""
     servers, flags, workdir = own_sidecar
-    e = plugin_engine_tap(servers[0].uds_target, window=2)
+    e = begin(own_sidecar)
     try:
-        drive(e, range(0, 4), new=True)
-        e.wait_delivered(DEADLINE)
         servers[0].signal(signal.SIGKILL)
         servers[0].wait()
         in_a_thread(lambda: drive(e, range(4, 10)))
@@ -350,10 +359,7 @@ def test_a_restarted_sidecar_scores_again(own_sidecar):
             assert time.monotonic() < deadline, "never scored again"
         drive(e, range(position, position + 2))
         position += 2
-        with e.lock:
-            e.finish(["r-00000001"])
-        summary = e.collect(["r"], timeout=DEADLINE)["r-00000001"]["engine"]
-        state = e.state()
+        summary, state = end(e)
     finally:
         e.close()
     assert state["recoveries"] >= 1 and not summary.complete

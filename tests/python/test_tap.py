@@ -277,23 +277,16 @@ def test_a_sidecar_that_falls_behind_costs_windows_not_steps(client, probe_set):
     tap = Tap(Behind("tap_test", 0, H, 1, 2, "float32"), pipeline, info, raise_errors=False,
               on_close=pipeline.close, when_behind="lose")
     rows = [np.full((1, H), t / 10, np.float32) for t in range(14)]
-    deadline = time.monotonic() + 60  # a safety net, far past the work
-
-    def wait_until(condition):
-        while not condition() and time.monotonic() < deadline:
-            time.sleep(0.005)
-
     for t in range(14):
         if t == 4:
             answers.clear()  # from window 2 on, the sidecar "has not finished"
         if t == 11:  # windows 2 and 3 answered now, before window 5 closes
             answers.set()
-            wait_until(lambda: tap.stats.windows_delivered == 4)
+            tap.wait_delivered(60)  # a safety net, far past the work
         tap.write(rows[t])
         tap.step()
         if answers.is_set() and t % 2:  # a window closed: a sidecar keeping pace answers it
-            wait_until(lambda: tap.stats.windows_delivered + tap.stats.windows_failed
-                       == tap.stats.windows_closed)
+            tap.wait_delivered(60)
     tap.close()
     windows = {w.index: w for w in tap.windows()}
     assert sorted(windows) == list(range(7))

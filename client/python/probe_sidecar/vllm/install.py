@@ -1,28 +1,36 @@
 """How the plugin enters vLLM (vLLM 0.26 and 0.32, their V1 model runner), without forking it.
 
-In every process, when PROBE_SIDECAR_VLLM is set (register(), the `vllm.general_plugins` entry
-point), it patches three things:
+In every process, register() (the `vllm.general_plugins` entry point) wraps
+`EngineArgs.create_engine_config`, which finds a configuration in vLLM's additional config and
+hands it to the engine's processes as PROBE_SIDECAR_VLLM. Once configured (activate()), it
+patches:
   * `Worker.load_model`: after the model is loaded, the tapping rank (tap_rank, default 0) makes
     one tap per probe set and tapped layer, adds each tap's ring to its module as a buffer and
     registers a forward hook on the module that calls the tap operator (probe_sidecar.tap_op) in
-    gather mode, once per ring. The hook
-    is traced into vLLM's compiled model (one node) and its CUDA graphs (one kernel); the module
-    itself is not replaced, so parameter names and weight reloading are unchanged.
+    gather mode, once per ring. The hook is traced into vLLM's compiled model (one node) and its
+    CUDA graphs (one kernel); the module itself is not replaced, so parameter names and weight
+    reloading are unchanged.
   * that worker's model runner (the instance, not the class): `_prepare_inputs` arms the taps
-    with the rows vLLM samples from (`logits_indices`, on the device) and what each row is
-    (request id, position, whether it produces a token: not a partial prefill chunk), read from
-    the runner's own host-side batch state — no device synchronisation; `execute_model` finishes
-    the requests the scheduler ended and counts one step after the forward was issued.
-  * `LLM.generate`: once it returns, each RequestOutput gets `probe_summary` (collected from the
-    workers with `collective_rpc("probe_sidecar_collect")`, a method added to the worker).
+    with the rows vLLM samples from (`logits_indices`, on the device; from the host when some
+    requests are not scored) and what each row is (request id, position, whether it produces a
+    token: not a partial prefill chunk), read from the runner's own host-side batch state — no
+    device synchronisation; `execute_model` finishes the requests the scheduler ended and counts
+    one step after the forward was issued.
+  * the scheduler's `_free_request` and `schedule`: an ended request's length travels to the
+    workers, so that a forward run past its end (asynchronous scheduling) is dropped.
+  * `LLMEngine.step` (notes the requests it returns finished), `LLM.generate` and `LLM.chat`
+    (their outputs get `probe_summary`, collected from the workers with
+    `collective_rpc("probe_sidecar_collect")`, a method added to the worker, as is
+    `probe_sidecar_take` for vllm serve's route, probe_sidecar.vllm.serve).
 The tap's configuration is added to `additional_config`, part of vLLM's compile cache key, so a
 graph compiled without the tap (or with another layout) is never reused for a tapped model.
 
-It refuses to start (a clear error at start-up, never a silent fallback) with speculative
-decoding, pipeline parallelism, micro-batching (DBO), pooling models, Model Runner V2 forced on,
-or a model whose final norm or decoder layers it cannot find; it never turns CUDA graphs or
-torch.compile off. vLLM chooses Model Runner V2 by default where Triton runs: the plugin sets
-VLLM_USE_V2_MODEL_RUNNER=0 when it is unset, and says so.
+It refuses to start (a clear error at start-up, never a silent fallback) with a vLLM release it
+does not support, rings that do not fit in memory, speculative decoding, pipeline parallelism,
+micro-batching (DBO), pooling models, Model Runner V2 forced on, or a model whose final norm or
+decoder layers it cannot find; it never turns CUDA graphs or torch.compile off. vLLM chooses
+Model Runner V2 by default where Triton runs: the plugin sets VLLM_USE_V2_MODEL_RUNNER=0 when it
+is unset, and says so.
 """
 
 from __future__ import annotations
@@ -56,7 +64,7 @@ RECONNECT_OPTIONS = (("grpc.initial_reconnect_backoff_ms", 100),
 
 _lock = threading.Lock()
 _registered = False
-_active = False
+_active: PluginConfig | None = None  # this process's configuration, once activated
 CONFIG_KEY = "probe_sidecar"  # the plugin's configuration in vLLM's additional config
 CACHE_KEY = "probe_sidecar_tap"  # what of it changes the compiled graph, in the same dict
 _ENGINE_TAP: EngineTap | None = None  # this process's (the tapping worker's)
@@ -96,9 +104,9 @@ def activate(config: PluginConfig) -> None:
     """Checks the engine and installs the plugin's wrappers (once per process)."""
     global _active
     with _lock:
-        if _active:
+        if _active is not None:
             return
-        _active = True
+        _active = config
     check_version()
     runner_v2 = os.environ.get("VLLM_USE_V2_MODEL_RUNNER")
     if runner_v2 is None:
@@ -141,6 +149,8 @@ def _patch_engine_args() -> None:
         return create(self, *args, **kwargs)
 
     EngineArgs.create_engine_config = create_with_plugin
+
+
 def check_version(version: str | None = None, environ=os.environ) -> str:
     """The running vLLM's release ("0.26"); a release the plugin does not support stops the
     engine's start with a message, unless PROBE_SIDECAR_VLLM_ANY_VERSION=1."""
@@ -537,9 +547,7 @@ def _collect(worker, request_ids=None, timeout: float = 60.0, lengths=None) -> d
         return {}
     if lengths:
         engine_tap.finish_callers(lengths, known=_ENDS)
-    taken = engine_tap.collect(request_ids, timeout)
-    return {rid: {name: s.to_dict() for name, s in by_set.items()}
-            for rid, by_set in taken.items()}
+    return _as_dicts(engine_tap.collect(request_ids, timeout))
 
 
 def _take(worker, response_id: str) -> dict:
@@ -550,7 +558,11 @@ def _take(worker, response_id: str) -> dict:
     engine_tap = _ENGINE_TAP
     if engine_tap is None:
         return {}
-    taken = engine_tap.take(lambda request_id: belongs(response_id, request_id))
+    return _as_dicts(engine_tap.take(lambda request_id: belongs(response_id, request_id)))
+
+
+def _as_dicts(taken: dict[str, dict[str, ProbeSummary]]) -> dict:
+    """Summaries as they cross collective_rpc: {engine request id: {probe set: dict}}."""
     return {rid: {name: s.to_dict() for name, s in by_set.items()}
             for rid, by_set in taken.items()}
 
@@ -626,12 +638,6 @@ def collect(llm, request_ids=None, timeout: float = 60.0,
     return merged
 
 
-def _summary_wait_s(llm) -> float:
-    """How long generate() and chat() wait for their requests' last windows (summary_wait_s)."""
-    config = load()
-    return 10.0 if config is None else config.summary_wait_s
-
-
 def completion_ids(output) -> list[tuple[object, str]]:
     """(completion, the id its rows are recorded under, as the caller named it) for each
     completion of a RequestOutput: the request's id, or with n > 1 vLLM's child id
@@ -650,7 +656,9 @@ def attach_summaries(llm, outputs) -> None:
         prompt = len(output.prompt_token_ids or ())
         for completion, rows_id in completion_ids(output):
             lengths[rows_id] = prompt + len(completion.token_ids) if output.finished else None
-    summaries = collect(llm, list(lengths), timeout=_summary_wait_s(llm), lengths=lengths)
+    # How long generate() and chat() wait for their requests' last windows.
+    wait = _active.summary_wait_s if _active is not None else PluginConfig.summary_wait_s
+    summaries = collect(llm, list(lengths), timeout=wait, lengths=lengths)
     by_caller = {}
     for request_id, by_set in summaries.items():
         by_caller.setdefault(_caller_id(request_id), []).append(by_set)
