@@ -149,6 +149,21 @@ def markdown(doc: dict) -> str:
                          f"{r['rows_expected']} | {r['rows_scored']} | {r['max_rel_err']:.2e} | "
                          f"{r.get('median_rel_err', float('nan')):.2e} | "
                          f"{r.get('max_elementwise_rel_err', float('nan')):.2e} |")
+    # plugin.state(): one dict per worker (one here: a single GPU).
+    hosts = {name: (state[0] if isinstance(state, list) and state else state or {}).get("host")
+             for name, state in (doc.get("plugin_state") or {}).items()}
+    hosts = {name: h for name, h in hosts.items() if h}
+    if hosts:
+        lines += ["", "## The plugin's host time (its own counters, over the whole run)", "",
+                  "On the engine's thread: per step (noting the rows, counting, window closes "
+                  "included) and per window close; the taps' threads (sending windows, copying "
+                  "and folding their scores), which share the interpreter lock with the "
+                  "engine's step.", "",
+                  "| engine | engine thread µs/step | window close µs | taps' threads µs/window "
+                  "| taps' threads µs/step |", "|---|---|---|---|---|"]
+        for name, h in hosts.items():
+            lines.append(f"| {name} | {h['engine_us_per_step']} | {h['close_us_per_window']} | "
+                         f"{h['threads_us_per_window']} | {h['threads_us_per_step']} |")
     lines += ["", "## Targets", ""]
     for t in targets(doc):
         lines.append(f"- {'met' if t['met'] else 'MISSED'}: {t['target']}: {t['measured']}")

@@ -42,7 +42,7 @@ def probe_set(sidecar):
 class Engine:
     """Steps an EngineTap the way the vLLM plugin does around a forward."""
 
-    def __init__(self, client, window=3, max_window_s=None, **options):
+    def __init__(self, client, window=3, max_window_s=None, follow=False, **options):
         def make_tap(name, on_window):
             return cpu_tap(client, name, max_batch=4, window=window, dtype=torch.float32,
                            on_window=on_window, raise_errors=False)
@@ -50,6 +50,12 @@ class Engine:
         self.tap = EngineTap(make_tap, {"engine": ("x", "y", "z")}, window=window,
                              max_window_s=max_window_s, max_queued_records=1000, **options)
         self.hidden = {}  # (request, position) -> the row written
+        # follow: the rings follow a starts vector (vLLM's query_start_loc) instead of being
+        # armed per forward, as the plugin runs them once vLLM's graphs are captured.
+        self.follow = follow
+        if follow:
+            with self.tap.lock:
+                self.tap.follow()
 
     def step(self, rows: list[tuple[str, int, bool]], new=(), finished=(), lengths=None):
         """One forward over `rows` (request, position, produces a token): a batch of 6 tokens of
@@ -57,24 +63,34 @@ class Engine:
         the engine reports ended at this step, `lengths` their lengths where known."""
         batch = torch.randn(6, H)
         index = torch.tensor([5 - i for i in range(len(rows))])
+        starts = None
+        if self.follow:  # request i's tokens: starts[i] .. starts[i + 1] - 1, padding empty
+            ends = np.sort(np.random.default_rng(len(self.hidden)).choice(
+                np.arange(1, 7), len(rows), replace=False))
+            starts = torch.tensor(np.r_[0, ends, np.full(4 - len(rows), ends[-1] if len(rows)
+                                                           else 0)], dtype=torch.int32)
+            index = torch.from_numpy(ends - 1)
         with self.tap.lock:
             self.tap.finish(finished, lengths)
             if not rows:
                 return  # vLLM's step with nothing scheduled: no forward, no step
-            self.tap.arm(index, StepRows(tuple(r for r, _, _ in rows),
-                                         np.array([p for _, p, _ in rows], np.int64),
-                                         np.array([s for _, _, s in rows])), new)
+            self.tap.arm(None if self.follow else index,
+                         StepRows(tuple(r for r, _, _ in rows),
+                                  np.array([p for _, p, _ in rows], np.int64),
+                                  np.array([s for _, _, s in rows])), new)
             for t in self.tap.taps.values():  # the forward hook
-                tap_op.tap_write(batch, t.ring.raw, t.ring.layout_args, gather=True)
+                tap_op.tap_write(batch, t.ring.raw, t.ring.layout_args, gather=True,
+                                 starts=starts)
             self.tap.count_step()
         for (request, position, sampled), i in zip(rows, index.tolist()):
             if sampled:
                 self.hidden[(request, position)] = batch[i].double().numpy()
 
 
-def test_rows_become_records_and_summaries_of_their_requests(client, probe_set):
+@pytest.mark.parametrize("follow", [False, True], ids=["armed", "following"])
+def test_rows_become_records_and_summaries_of_their_requests(client, probe_set, follow):
     weight, bias = probe_set
-    engine = Engine(client)
+    engine = Engine(client, follow=follow)
     e = engine.tap
     try:
         engine.step([("a-00000001", 9, False), ("b-00000002", 2, True)],
@@ -105,7 +121,11 @@ def test_rows_become_records_and_summaries_of_their_requests(client, probe_set):
         for p in range(P):
             fired = [r.position for r in mine if r.fired[p]]
             assert s.first_fired[p] == (min(fired) if fired else None)
-    assert e.state()["requests_summarised"] == 0 and e.state()["steps_pending"] == 0
+    state = e.state()
+    assert state["requests_summarised"] == 0 and state["steps_pending"] == 0
+    assert state["rows_from"] == ("starts" if follow else "armed")
+    assert set(state["host"]) == {"engine_us_per_step", "close_us_per_window",
+                                  "threads_us_per_window", "threads_us_per_step"}
 
 
 def test_a_request_is_summarised_only_after_its_windows_and_once(client, probe_set):

@@ -66,6 +66,39 @@ def test_gather_writes_the_armed_rows_once_with_the_residual_stream(impl):
     assert v["meta"][tap_op.NEXT] == 1 and v["meta"][tap_op.WRITES] == 1
 
 
+@pytest.mark.parametrize("impl", IMPLEMENTATIONS)
+def test_following_starts_writes_each_requests_last_row_without_arming(impl):
+    """vLLM's query_start_loc: request i is rows starts[i]..starts[i+1]-1, padded requests are
+    empty. Following, every write takes each request's last row (no arm() per forward); an
+    explicit arm() wins for one write; disarm() and the write return to following."""
+    write = IMPLEMENTATIONS[impl]
+    layout, raw, v = ring(torch.bfloat16)
+    hidden = torch.randn(9, H).to(torch.bfloat16)
+    residual = torch.randn(9, H).to(torch.bfloat16)
+    starts = torch.tensor([0, 4, 5, 9, 9], dtype=torch.int32)  # 3 requests, one padded slot
+    write(hidden, raw, layout.op_args(), residual, None, True, starts)  # not following: nothing
+    assert v["meta"].tolist()[:4] == [0, K, 0, 0] and v["slots"][:2 * K].abs().sum() == 0
+    tap_op.follow_starts(raw, layout)
+    full = (hidden.float() + residual.float()).to(torch.bfloat16)
+    write(hidden, raw, layout.op_args(), residual, None, True, starts)
+    assert v["counts"][0] == 3 and torch.equal(v["slots"][0, :3], full[[3, 4, 8]])
+    assert v["meta"][tap_op.ARMED] == tap_op.FOLLOW  # still following
+    tap_op.arm(raw, layout, torch.tensor([1]), 1)
+    write(hidden, raw, layout.op_args(), residual, None, True, starts)
+    assert v["counts"][1] == 1 and torch.equal(v["slots"][1, :1], full[[1]])
+    tap_op.arm(raw, layout, torch.tensor([2]), 1)
+    tap_op.disarm(raw, layout)  # the armed forward did not run: following again
+    starts = torch.tensor([0, 1, 2, 3, 4], dtype=torch.int32)  # a full decode batch
+    write(hidden, raw, layout.op_args(), residual, None, True, starts)
+    assert v["counts"][2] == MB and torch.equal(v["slots"][2, :MB], full[:MB])
+    assert v["meta"][tap_op.WRITES] == 3
+    tap_op.follow_starts(raw, layout, on=False)
+    write(hidden, raw, layout.op_args(), residual, None, True, starts)
+    assert v["meta"][tap_op.WRITES] == 3  # not following: a forward writes nothing unarmed
+    with pytest.raises(ValueError, match="starts"):
+        tap_op.tap_write(hidden, raw, layout.op_args(), gather=True, starts=starts[:MB])
+
+
 def test_close_window_keeps_the_count_and_moves_to_the_other_half():
     layout, raw, v = ring()
     tap_op.tap_write(torch.randn(2, H), raw, layout.op_args())
@@ -122,10 +155,11 @@ def test_the_triton_kernels_in_the_interpreter():
         hidden = torch.randn(6, 40).to(torch.bfloat16)
         res = torch.randn(6, 40).to(torch.bfloat16)
 
-        def run(grid, n, residual, gather):
+        def run(grid, n, residual, gather, starts=None):
             write[grid](hidden, 40, res if residual else hidden, 40, raw, slots_at, counts_at,
-                        meta_at, gather_at, raw, n, h, mb * h, spare, BLOCK=32,
-                        HAS_NUM_ROWS=False, HAS_RESIDUAL=residual, GATHER=gather)
+                        meta_at, gather_at, raw, raw if starts is None else starts, n, h, mb,
+                        spare, BLOCK=32, BATCH_BLOCK=4, HAS_NUM_ROWS=False,
+                        HAS_RESIDUAL=residual, GATHER=gather, HAS_STARTS=starts is not None)
 
         run((3, 2), 3, False, False)
         assert v["meta"].tolist()[:4] == [1, 2, 0, 1], v["meta"]
@@ -141,6 +175,18 @@ def test_the_triton_kernels_in_the_interpreter():
         assert v["meta"].tolist()[:7] == [2, 2, 0, 2, 0, 0, -1] and v["counts"][1] == 2
         close[(1,)](raw, meta_at, 0, 2, 4)
         assert v["meta"].tolist()[:6] == [2, 4, 0, 0, 2, 0]
+        # Following vLLM-style starts: requests of 3, 1 and 2 tokens, one padded (empty) entry.
+        starts = torch.tensor([0, 3, 4, 6, 6], dtype=torch.int32)
+        run((mb, 2), 6, False, True, starts)  # not following yet: nothing
+        assert v["meta"].tolist()[:4] == [2, 4, 0, 0]
+        tap_op.follow_starts(raw, layout)
+        run((mb, 2), 6, False, True, starts)
+        assert v["meta"].tolist() == [3, 4, 0, 1, 2, 0, -2, -2], v["meta"]
+        assert v["counts"][2] == 3 and torch.equal(v["slots"][2, :3], hidden[[2, 3, 5]])
+        arm[(1,)](torch.tensor([4]), raw, gather_at, meta_at, 1, BLOCK=4)  # one explicit step
+        run((mb, 2), 6, False, True, starts)
+        assert v["counts"][3] == 1 and torch.equal(v["slots"][3, :1], hidden[[4]])
+        assert v["meta"][6] == -2  # then following again
         print("interpreted kernels ok")
         """)
     env = {**os.environ, "TRITON_INTERPRET": "1"}

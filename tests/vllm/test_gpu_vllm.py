@@ -295,6 +295,7 @@ def test_summaries_match_the_rows_and_nothing_is_left(setup, model, mode):
                 "requests_accumulating", "records_queued", "rows_held"):
         assert state[key] == 0, (key, state)
     assert state.get("windows_failed", 0) == 0 and state.get("rows_mismatched", 0) == 0
+    assert state["rows_from"] == "starts", state  # no arming kernel per step
 
 
 GRAPH_MODES = [(m, mo) for m, mo in TAPPED if mo != "eager"]
@@ -335,13 +336,15 @@ def step_difference(tapped: dict, plain: dict) -> dict:
 
 def test_a_step_gains_only_the_taps_kernels(setup):
     """The same engine with and without the plugin (its default tap: the final norm), a decode
-    step each: the plugin adds its own kernels (write, arm, the window's close) and nothing else
-    — no copy of the ring, no other kernel (a lost fusion would show), no synchronising call."""
+    step each: the plugin adds its own kernels (the write, the window's close) and nothing else
+    — no arming kernel (the write follows vLLM's query_start_loc), no copy of the ring, no other
+    kernel (a lost fusion would show), no synchronising call."""
     tapped = run_of(setup, "llama-1b", "default", plugin="final-only")["out"]["profile"]
     plain = run_of(setup, "llama-1b", "default", plugin="no-plugin-v1")["out"]["profile"]
     extra = step_difference(tapped, plain)
     assert not extra, "\n".join(f"{k}: {v}" for k, v in sorted(extra.items()))
     assert tapped["kernels"]["probe_sidecar_tap_write"]["graph"] == tapped["steps"]
+    assert "probe_sidecar_tap_arm" not in tapped["kernels"], tapped["kernels"]
     slot_bytes = 8 * 2048 * 2
     for kind in set(tapped["copies"]) | set(plain["copies"]):
         a = tapped["copies"].get(kind, {"count": 0, "bytes": 0})

@@ -261,6 +261,8 @@ def test_an_aborted_request_leaves_nothing_stale(setup, batch):
             assert tap_state[key] == 0, (key, tap_state)
         assert tap_state.get("windows_failed", 0) == 0
         assert tap_state.get("rows_mismatched", 0) == 0
+        # The rows come from the runner's query_start_loc: no arming per step.
+        assert tap_state["rows_from"] == "starts", tap_state
 
 
 def test_the_sidecar_counts_the_engines_rows_under_its_labels(setup, batch):

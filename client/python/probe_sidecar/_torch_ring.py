@@ -78,10 +78,11 @@ class TorchRing(Ring):
         tap_op.tap_write(hidden, self.raw, self.layout_args, num_rows=num_rows)
 
     def write_op(self, hidden: torch.Tensor, *, residual: torch.Tensor | None = None,
-                 gather: bool = False) -> None:
+                 gather: bool = False, starts: torch.Tensor | None = None) -> None:
         """The write for code that torch.compile traces (a hook, a model's forward): only the
         operator, whose own checks are of shapes and dtypes."""
-        tap_op.tap_write(hidden, self.raw, self.layout_args, residual=residual, gather=gather)
+        tap_op.tap_write(hidden, self.raw, self.layout_args, residual=residual, gather=gather,
+                         starts=starts)
 
     def arm(self, rows: torch.Tensor, count: int) -> None:
         """Gather mode: the next write_op(gather=True) writes hidden[rows[:count]]."""
@@ -89,6 +90,11 @@ class TorchRing(Ring):
 
     def disarm(self) -> None:
         tap_op.disarm(self.raw, self.layout)
+
+    def follow_starts(self, on: bool = True) -> None:
+        """Gather mode with no arm() per forward: each write_op given `starts` writes the rows it
+        names (tap_op.follow_starts), from the next write in stream order."""
+        tap_op.follow_starts(self.raw, self.layout, on)
 
 
 class CpuRing(InlineRing, TorchRing):

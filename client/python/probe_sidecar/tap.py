@@ -112,6 +112,10 @@ class TapStats:
     # Not scored: its half of the ring was still being read for an earlier window when it began
     # (the sidecar had fallen behind), so its writes went nowhere; delivered with a WindowLost.
     windows_lost: int = 0
+    # CPU time of the tap's own threads (sending windows, copying and delivering their scores,
+    # on_window included), nanoseconds: in a Python engine, time those threads may hold the
+    # interpreter lock that the engine's step needs.
+    thread_cpu_ns: int = 0
 
 
 @dataclasses.dataclass
@@ -366,6 +370,12 @@ class Tap:
             window.request,
             on_answer=lambda response, error, w=window: self._answered(w, response, error))
 
+    def _add_cpu(self, started_ns: int) -> None:
+        """Counts this thread's CPU time since `started_ns` (time.thread_time_ns) in stats."""
+        spent = time.thread_time_ns() - started_ns
+        with self._way_lock:
+            self.stats.thread_cpu_ns += spent
+
     def _check_open(self) -> None:
         if self._closed:
             raise TapError(f"the tap on probe set {self.probe_set!r} is closed")
@@ -388,11 +398,14 @@ class Tap:
                 continue
             if self._submit_after_ready:
                 self.ring.ready_wait(window)
+            started = time.thread_time_ns()
             self._send(window)
+            self._add_cpu(started)
             sent = window
 
     def _answered(self, window: _Window, response, error) -> None:
         """On the stream's reader thread, as soon as the answer is in."""
+        started = time.thread_time_ns()
         window.error = error
         if not window.lost:  # a lost window was never sent: nothing of it is in the ring
             with self._way_lock:
@@ -403,38 +416,46 @@ class Tap:
                 window.error = window.error or error
         window.settled.set()
         self._deliveries.put(window)
+        self._add_cpu(started)
 
     def _deliver_loop(self) -> None:
         while True:
             window = self._deliveries.get()
             if window is None:
                 return
-            delivered = self._finish(window)
-            if delivered is None:  # scores stay on the device: answered is all there is
-                with self._results_cv:
-                    self.stats.windows_delivered += 1
-                    self._results_cv.notify_all()
-                continue
-            if delivered.error is not None:
-                self._errors.append(delivered.error)
-            else:
-                window.finished = True  # its scores were copied out: the half is free
-            if self._on_window is not None:
-                try:
-                    self._on_window(delivered)
-                except Exception as error:  # the callback's bug must not stop delivery
-                    self._errors.append(TapError(f"on_window raised {error!r}"))
+            started = time.thread_time_ns()
+            try:
+                self._deliver(window)
+            finally:
+                self._add_cpu(started)
+
+    def _deliver(self, window: _Window) -> None:
+        delivered = self._finish(window)
+        if delivered is None:  # scores stay on the device: answered is all there is
             with self._results_cv:
-                if self._on_window is None:
-                    if len(self._results) >= self._max_queued:
-                        self._results.popleft()
-                        self.stats.windows_dropped += 1
-                    self._results.append(delivered)
-                if delivered.error is not None:
-                    self.stats.windows_failed += 1
-                else:
-                    self.stats.windows_delivered += 1
+                self.stats.windows_delivered += 1
                 self._results_cv.notify_all()
+            return
+        if delivered.error is not None:
+            self._errors.append(delivered.error)
+        else:
+            window.finished = True  # its scores were copied out: the half is free
+        if self._on_window is not None:
+            try:
+                self._on_window(delivered)
+            except Exception as error:  # the callback's bug must not stop delivery
+                self._errors.append(TapError(f"on_window raised {error!r}"))
+        with self._results_cv:
+            if self._on_window is None:
+                if len(self._results) >= self._max_queued:
+                    self._results.popleft()
+                    self.stats.windows_dropped += 1
+                self._results.append(delivered)
+            if delivered.error is not None:
+                self.stats.windows_failed += 1
+            else:
+                self.stats.windows_delivered += 1
+            self._results_cv.notify_all()
 
     def _finish(self, window: _Window) -> TapWindow | None:
         if window.error is None and not self._host_results:

@@ -16,6 +16,11 @@ Two modes:
     each forward it wants written (`arm()`: the row indices and their count) and the write
     disarms it. A forward that was not armed (warm-up, profiling, a graph capture's own run)
     writes nothing and counts nothing.
+  * gather, following `starts`: an engine whose batch layout is a device tensor it rewrites
+    before every forward anyway (vLLM's `query_start_loc`: request i's tokens are rows
+    starts[i] .. starts[i + 1] - 1, padded requests empty) has each forward write the last row of
+    every non-empty request, with no per-step arming at all: `follow_starts()` once, after the
+    engine's warm-up. An explicit arm() still wins for one forward, then following resumes.
 `residual` (same shape as `hidden`) is added in float32 before the store: the residual stream of
 a decoder layer whose output is split in two (vLLM's layers return hidden and residual apart).
 """
@@ -28,13 +33,18 @@ import os
 import torch
 
 _ALIGN = 256
+# The operator's signature and ring rules, in compile cache keys (vLLM's): a graph compiled
+# against another version is never reused.
+OP_VERSION = 2
 # meta [8] int64: the ring's counters, written on the device.
 NEXT = 0  # the slot the next write lands in
 LIMIT = 1  # the end of the current window's slots (writes past it go to the spare slot)
 TICKET = 2  # the write kernel's blocks count themselves here (the last one advances NEXT)
 WRITES = 3  # writes in the current window
 HALF_WRITES = 4  # 4 + h: writes of the last window of half h (kept when the window closes)
-ARMED = 6  # gather mode: rows to write at the next forward; -1 when not armed
+ARMED = 6  # gather mode: rows to write at the next forward; -1 when not armed, FOLLOW: `starts`
+REST = 7  # what ARMED returns to after a write (or a disarm): -1, or FOLLOW
+FOLLOW = -2  # ARMED/REST: every forward writes the rows `starts` names
 META = 8
 
 
@@ -106,7 +116,8 @@ class RingLayout:
         }
         views["counts"].zero_()
         views["gather"].zero_()
-        views["meta"].copy_(torch.tensor([0, self.window, 0, 0, 0, 0, -1, 0], dtype=torch.int64))
+        views["meta"].copy_(torch.tensor([0, self.window, 0, 0, 0, 0, -1, -1],
+                                         dtype=torch.int64))
         if self.device_scores:
             views["scores"] = self.view(raw, "scores", torch.float32,
                                         k2 * mb * self.num_probes).view(k2, mb, self.num_probes)
@@ -120,10 +131,11 @@ class RingLayout:
 
 _LIBRARY = torch.library.Library("probe_sidecar", "DEF")
 _LIBRARY.define("tap_write(Tensor hidden, Tensor(a!) ring, int[] layout, Tensor? residual, "
-                "Tensor? num_rows, bool gather) -> ()")
+                "Tensor? num_rows, bool gather, Tensor? starts=None) -> ()")
 
 
-def _check(hidden: torch.Tensor, ring: torch.Tensor, layout, residual, gather: bool) -> None:
+def _check(hidden: torch.Tensor, ring: torch.Tensor, layout, residual, gather: bool,
+           starts=None) -> None:
     # Shapes and dtypes only (no device values): checked at trace, capture and eager calls alike.
     if hidden.dim() != 2 or hidden.shape[1] != layout[5]:
         raise ValueError(f"tap_write: hidden must be [n, {layout[5]}], got {tuple(hidden.shape)}")
@@ -137,23 +149,35 @@ def _check(hidden: torch.Tensor, ring: torch.Tensor, layout, residual, gather: b
     if residual is not None and (residual.shape != hidden.shape or residual.dtype != hidden.dtype
                                  or residual.stride(1) != 1):
         raise ValueError("tap_write: residual must match hidden (shape, dtype, contiguous columns)")
+    if starts is not None and (not gather or starts.dim() != 1 or starts.numel() < layout[4] + 1
+                               or starts.dtype not in (torch.int32, torch.int64)
+                               or starts.device != hidden.device or starts.stride(0) != 1):
+        raise ValueError(f"tap_write: starts is a contiguous int32/int64 vector of at least "
+                         f"max_batch + 1 = {layout[4] + 1} entries on the rows' device, for "
+                         f"gather mode")
 
 
 @torch.library.register_fake("probe_sidecar::tap_write")
-def _tap_write_fake(hidden, ring, layout, residual, num_rows, gather) -> None:
-    _check(hidden, ring, layout, residual, gather)
+def _tap_write_fake(hidden, ring, layout, residual, num_rows, gather, starts=None) -> None:
+    _check(hidden, ring, layout, residual, gather, starts)
 
 
-def _tap_write_cpu(hidden, ring, layout, residual, num_rows, gather) -> None:
+def _tap_write_cpu(hidden, ring, layout, residual, num_rows, gather, starts=None) -> None:
     """Host memory: the counters are read and written directly (nothing is asynchronous)."""
-    _check(hidden, ring, layout, residual, gather)
+    _check(hidden, ring, layout, residual, gather, starts)
     slots_at, counts_at, meta_at, gather_at, max_batch, h, overflow = layout
     meta = ring[meta_at:meta_at + META * 8].view(torch.int64)
     if gather:
         n = int(meta[ARMED])
-        if n < 0:
+        if n == FOLLOW and starts is not None:
+            ends = starts[1:max_batch + 1].long()
+            valid = ends > starts[:max_batch].long()
+            n = int(valid.sum())  # the non-empty requests: a prefix of the batch
+            index = ends[:n] - 1
+        elif n < 0:
             return
-        index = ring[gather_at:gather_at + n * 4].view(torch.int32).long()
+        else:
+            index = ring[gather_at:gather_at + n * 4].view(torch.int32).long()
         rows = hidden.index_select(0, index)
         if residual is not None:
             rows = (rows.float() + residual.index_select(0, index).float()).to(hidden.dtype)
@@ -170,14 +194,14 @@ def _tap_write_cpu(hidden, ring, layout, residual, num_rows, gather) -> None:
     ring[counts_at:counts_at + (overflow + 1) * 4].view(torch.int32)[target] = count
     meta[NEXT] = min(slot + 1, limit)
     meta[WRITES] += 1
-    meta[ARMED] = -1
+    meta[ARMED] = meta[REST]
 
 
-def _tap_write_cuda(hidden, ring, layout, residual, num_rows, gather) -> None:
-    _check(hidden, ring, layout, residual, gather)
+def _tap_write_cuda(hidden, ring, layout, residual, num_rows, gather, starts=None) -> None:
+    _check(hidden, ring, layout, residual, gather, starts)
     kernels = _triton_kernels()
     if kernels is None:
-        _tap_write_cuda_torch(hidden, ring, layout, residual, num_rows, gather)
+        _tap_write_cuda_torch(hidden, ring, layout, residual, num_rows, gather, starts)
         return
     slots_at, counts_at, meta_at, gather_at, max_batch, h, overflow = layout
     block = min(1024, 1 << (h - 1).bit_length())
@@ -185,12 +209,15 @@ def _tap_write_cuda(hidden, ring, layout, residual, num_rows, gather) -> None:
     kernels[0][(n, -(-h // block))](
         hidden, hidden.stride(0), hidden if residual is None else residual,
         hidden.stride(0) if residual is None else residual.stride(0), ring, slots_at, counts_at,
-        meta_at, gather_at, num_rows if num_rows is not None else ring, hidden.shape[0], h,
-        max_batch * h, overflow, BLOCK=block, HAS_NUM_ROWS=num_rows is not None,
-        HAS_RESIDUAL=residual is not None, GATHER=gather)
+        meta_at, gather_at, num_rows if num_rows is not None else ring,
+        starts if starts is not None else ring, hidden.shape[0], h, max_batch, overflow,
+        BLOCK=block, BATCH_BLOCK=1 << max(max_batch - 1, 1).bit_length(),
+        HAS_NUM_ROWS=num_rows is not None, HAS_RESIDUAL=residual is not None, GATHER=gather,
+        HAS_STARTS=starts is not None)
 
 
-def _tap_write_cuda_torch(hidden, ring, layout, residual, num_rows, gather) -> None:
+def _tap_write_cuda_torch(hidden, ring, layout, residual, num_rows, gather,
+                          starts=None) -> None:
     """The same with torch operations (more launches, every decision on the device): for a
     process without Triton, or PROBE_SIDECAR_TAP_KERNEL=torch."""
     slots_at, counts_at, meta_at, gather_at, max_batch, h, overflow = layout
@@ -204,11 +231,18 @@ def _tap_write_cuda_torch(hidden, ring, layout, residual, num_rows, gather) -> N
         armed = meta[ARMED:ARMED + 1]
         active = armed >= 0
         index = ring[gather_at:gather_at + max_batch * 4].view(torch.int32).long()
+        count = armed.clamp(0, max_batch).to(torch.int32)
+        if starts is not None:
+            follow = armed == FOLLOW
+            ends = starts[1:max_batch + 1].long()
+            index = torch.where(follow, ends - 1, index)
+            count = torch.where(follow, (ends > starts[:max_batch].long()).sum().to(torch.int32),
+                                count)
+            active = active | follow
         index = index.clamp(0, hidden.shape[0] - 1)  # rows past the count may hold anything
         rows = hidden.index_select(0, index)
         if residual is not None:
             rows = (rows.float() + residual.index_select(0, index).float()).to(hidden.dtype)
-        count = armed.clamp(0, max_batch).to(torch.int32)
     else:
         active = torch.ones_like(meta[NEXT:NEXT + 1], dtype=torch.bool)
         rows = hidden if residual is None else (hidden.float() + residual.float()).to(hidden.dtype)
@@ -223,7 +257,7 @@ def _tap_write_cuda_torch(hidden, ring, layout, residual, num_rows, gather) -> N
     advanced = torch.minimum(meta[NEXT:NEXT + 1] + 1, meta[LIMIT:LIMIT + 1])
     meta[NEXT:NEXT + 1].copy_(torch.where(active, advanced, meta[NEXT:NEXT + 1]))
     meta[WRITES:WRITES + 1].add_(active.long())
-    meta[ARMED:ARMED + 1].fill_(-1)
+    meta[ARMED:ARMED + 1].copy_(meta[REST:REST + 1])
 
 
 _LIBRARY.impl("tap_write", _tap_write_cpu, "CPU")
@@ -232,9 +266,9 @@ _LIBRARY.impl("tap_write", _tap_write_cuda, "CUDA")
 
 def tap_write(hidden: torch.Tensor, ring: torch.Tensor, layout: list[int], *,
               residual: torch.Tensor | None = None, num_rows: torch.Tensor | None = None,
-              gather: bool = False) -> None:
+              gather: bool = False, starts: torch.Tensor | None = None) -> None:
     """Writes a step's rows into `ring`'s next slot (see the module's text)."""
-    torch.ops.probe_sidecar.tap_write(hidden, ring, layout, residual, num_rows, gather)
+    torch.ops.probe_sidecar.tap_write(hidden, ring, layout, residual, num_rows, gather, starts)
 
 
 def arm(ring: torch.Tensor, layout: RingLayout, rows: torch.Tensor, count: int) -> None:
@@ -257,8 +291,17 @@ def arm(ring: torch.Tensor, layout: RingLayout, rows: torch.Tensor, count: int) 
 
 
 def disarm(ring: torch.Tensor, layout: RingLayout) -> None:
-    """Undoes arm() when the forward it was for will not run."""
-    layout.view(ring, "meta", torch.int64, META)[ARMED:ARMED + 1].fill_(-1)
+    """Undoes arm() when the forward it was for will not run (following resumes, if on)."""
+    meta = layout.view(ring, "meta", torch.int64, META)
+    meta[ARMED:ARMED + 1].copy_(meta[REST:REST + 1])
+
+
+def follow_starts(ring: torch.Tensor, layout: RingLayout, on: bool = True) -> None:
+    """Gather mode from now on (in stream order): every write given `starts` writes the last row
+    of each non-empty request it names, with no arm() per forward; off: writes need arm() again.
+    """
+    value = FOLLOW if on else -1
+    layout.view(ring, "meta", torch.int64, META)[ARMED:REST + 1].fill_(value)
 
 
 def close_window(ring: torch.Tensor, layout: RingLayout, half: int, next_base: int,
@@ -304,9 +347,10 @@ def _make_triton_kernels():
     # every batch size, so that none happens inside a caller's graph capture.
     @triton.jit(do_not_specialize=["src_stride", "res_stride", "n"])
     def probe_sidecar_tap_write(src, src_stride, res, res_stride, ring, slots_at, counts_at,
-                                meta_at, gather_at, num_rows, n, H, slot_elems, overflow,
-                                BLOCK: tl.constexpr, HAS_NUM_ROWS: tl.constexpr,
-                                HAS_RESIDUAL: tl.constexpr, GATHER: tl.constexpr):
+                                meta_at, gather_at, num_rows, starts, n, H, max_batch, overflow,
+                                BLOCK: tl.constexpr, BATCH_BLOCK: tl.constexpr,
+                                HAS_NUM_ROWS: tl.constexpr, HAS_RESIDUAL: tl.constexpr,
+                                GATHER: tl.constexpr, HAS_STARTS: tl.constexpr):
         # Grid (rows, cdiv(H, BLOCK)): one block per row (max_batch rows in gather mode) and BLOCK
         # columns. Every block reads the slot, copies its piece, then takes a ticket; the last one
         # (all others have read the slot: the tickets are acquire-release) advances the counters.
@@ -323,20 +367,37 @@ def _make_triton_kernels():
             armed = tl.load(meta + 6)
             gather = (ring + gather_at).to(tl.pointer_type(tl.int32))
             source = tl.load(gather + row).to(tl.int64)  # row < max_batch: inside the part
+            valid = row < armed
+            active = armed >= 0
+            if HAS_STARTS:
+                # Following: the last row of request `row`, if it has any (padding: none).
+                follow = armed == -2
+                end = tl.load(starts + row + 1).to(tl.int64)
+                source = tl.where(follow, end - 1, source)
+                valid = tl.where(follow, end > tl.load(starts + row).to(tl.int64), valid)
+                active = active | follow
         else:
             armed = n
             source = row.to(tl.int64)
-        mask = cols < tl.where(row < armed, H, 0)
+            valid = row < armed
+            active = armed >= 0
+        mask = cols < tl.where(valid, H, 0)
         x = tl.load(src + source * src_stride + cols, mask=mask)
         if HAS_RESIDUAL:
             r = tl.load(res + source * res_stride + cols, mask=mask)
             x = (x.to(tl.float32) + r.to(tl.float32)).to(src.dtype.element_ty)
-        tl.store(slots + target * slot_elems + row.to(tl.int64) * H + cols, x, mask=mask)
-        if armed >= 0:
+        tl.store(slots + target * max_batch * H + row.to(tl.int64) * H + cols, x, mask=mask)
+        if active:
             ticket = tl.atomic_add(meta + 2, 1)
             if ticket == tl.num_programs(0) * tl.num_programs(1) - 1:
                 if GATHER:
                     count = armed.to(tl.int32)
+                    if HAS_STARTS:
+                        i = tl.arange(0, BATCH_BLOCK)
+                        inside = i < max_batch
+                        lo = tl.load(starts + i, mask=inside, other=0)
+                        hi = tl.load(starts + i + 1, mask=inside, other=0)
+                        count = tl.where(follow, tl.sum((hi > lo).to(tl.int32), axis=0), count)
                 elif HAS_NUM_ROWS:
                     count = tl.load(num_rows).to(tl.int32)
                 else:
@@ -345,7 +406,7 @@ def _make_triton_kernels():
                 tl.store(meta + 0, tl.minimum(slot + 1, limit))
                 tl.store(meta + 3, tl.load(meta + 3) + 1)
                 tl.store(meta + 2, 0)
-                tl.store(meta + 6, -1)
+                tl.store(meta + 6, tl.load(meta + 7))
 
     @triton.jit
     def probe_sidecar_tap_close(ring, meta_at, half, next_base, next_limit):
@@ -371,4 +432,4 @@ def _make_triton_kernels():
     return probe_sidecar_tap_write, probe_sidecar_tap_close, probe_sidecar_tap_arm
 
 
-__all__ = ["RingLayout", "tap_write", "arm", "disarm", "close_window"]
+__all__ = ["RingLayout", "tap_write", "arm", "disarm", "follow_starts", "close_window"]

@@ -98,6 +98,7 @@ class EngineTap:
         self._open = 0  # steps in the current window
         self._opened_at = 0.0
         self._stream = None  # the engine's CUDA stream, for a flush from the idle flusher
+        self._following = False  # the rings follow the engine's starts (follow())
         # The results' side (delivery threads and the engine).
         self._results = threading.Condition()
         self._steps: dict[int, _Step] = {}
@@ -147,14 +148,16 @@ class EngineTap:
 
     # --- the engine's thread ------------------------------------------------------------------
 
-    def arm(self, rows: torch.Tensor, step_rows: StepRows, new_requests=()) -> None:
+    def arm(self, rows: torch.Tensor | None, step_rows: StepRows, new_requests=()) -> None:
         """Before the forward (under `lock`): the forward writes rows[:n] of its hidden state,
-        n = len(step_rows.request_ids); `new_requests`: ids scheduled for the first time."""
-        count = len(step_rows.request_ids)
-        for tap in self.taps.values():
-            tap.ring.arm(rows, count)
-        if rows.is_cuda:
-            self._stream = torch.cuda.current_stream(rows.device)
+        n = len(step_rows.request_ids) — or, with rows None, the rows its rings follow
+        (follow()); `new_requests`: ids scheduled for the first time."""
+        if rows is not None:
+            count = len(step_rows.request_ids)
+            for tap in self.taps.values():
+                tap.ring.arm(rows, count)
+            if rows.is_cuda:
+                self._stream = torch.cuda.current_stream(rows.device)
         ids = step_rows.request_ids
         if ids != self._last_ids:  # in steady decoding the batch is the last step's
             with self._results:
@@ -166,6 +169,40 @@ class EngineTap:
             with self._results:
                 self._live.update(new_requests)
         self._armed = (step_rows, self._last_keys)
+
+    def follow(self) -> None:
+        """(Under `lock`, on the engine's stream, once its warm-up and graph captures are done)
+        From the next forward on, every forward writes the rows its tap operator's `starts`
+        names, with no arming per step: arm(None, ...) then only says what the rows are. An
+        explicit arm() (arm_host) still wins for one forward."""
+        for tap in self.taps.values():
+            tap.ring.follow_starts()
+        self._following = True
+        self._stream = torch.cuda.current_stream() if self._on_cuda() else None
+
+    def spent(self, started_ns: int) -> None:
+        """(The engine's thread) Counts the plugin's time in a step since `started_ns`
+        (time.perf_counter_ns): what state()'s "host" figures report per step."""
+        self.stats["host_engine_ns"] += time.perf_counter_ns() - started_ns
+
+    def host_costs(self) -> dict:
+        """Where the plugin's host time goes, in microseconds: on the engine's thread per step
+        (arming, bookkeeping, counting; window closes included) and per window close; the taps'
+        own threads' CPU per window (sending, copying, folding into summaries), which in one
+        Python process may hold the interpreter lock that the engine's step waits for."""
+        steps, windows = max(self._step, 1), max(sum(t.stats.windows_closed
+                                                      for t in self.taps.values()), 1)
+        return {"engine_us_per_step": round(self.stats["host_engine_ns"] / steps / 1e3, 2),
+                "close_us_per_window": round(self.stats["host_close_ns"] * len(self.taps)
+                                             / windows / 1e3, 2),
+                "threads_us_per_window": round(sum(t.stats.thread_cpu_ns
+                                                   for t in self.taps.values())
+                                               / windows / 1e3, 2),
+                "threads_us_per_step": round(sum(t.stats.thread_cpu_ns
+                                                 for t in self.taps.values()) / steps / 1e3, 2)}
+
+    def _on_cuda(self) -> bool:
+        return any(tap.ring.raw.is_cuda for tap in self.taps.values())
 
     def arm_host(self, rows_at: np.ndarray, step_rows: StepRows, new_requests=()) -> None:
         """arm() with the rows to write given on the host (int64 [n]: some of a step's requests
@@ -217,8 +254,11 @@ class EngineTap:
             return
         with self._results:
             self._steps[self._step] = _Step(armed[0], armed[1], len(self.taps))
+        started = time.perf_counter_ns()
         for tap in self.taps.values():
             tap.step()  # every `window` steps: closes the window
+        if self._open + 1 >= self.window:
+            self.stats["host_close_ns"] += time.perf_counter_ns() - started
         self._step += 1
         if self._open == 0:
             self._opened_at = time.monotonic()
@@ -533,7 +573,9 @@ class EngineTap:
                     "records_queued": len(self._records),
                     "rows_held": sum(t.held_count() for t in self._tables.values()),
                     "rows_past_end": sum(t.rows_past_end for t in self._tables.values()),
-                    **self.stats}
+                    # where each forward's rows come from: "starts" (follow()) or "armed"
+                    "rows_from": "starts" if self._following else "armed",
+                    "host": self.host_costs(), **self.stats}
 
     def close(self, timeout: float = 30.0) -> None:
         if getattr(self, "_closing", None) is not None:

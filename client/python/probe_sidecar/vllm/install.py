@@ -10,12 +10,17 @@ patches:
     gather mode, once per ring. The hook is traced into vLLM's compiled model (one node) and its
     CUDA graphs (one kernel); the module itself is not replaced, so parameter names and weight
     reloading are unchanged.
-  * that worker's model runner (the instance, not the class): `_prepare_inputs` arms the taps
-    with the rows vLLM samples from (`logits_indices`, on the device; from the host when some
-    requests are not scored) and what each row is (request id, position, whether it produces a
-    token: not a partial prefill chunk), read from the runner's own host-side batch state — no
-    device synchronisation; `execute_model` finishes the requests the scheduler ended and counts
-    one step after the forward was issued.
+  * that worker's model runner (the instance, not the class): `_prepare_inputs` notes what each
+    row the forward writes is (request id, position, whether it produces a token: not a partial
+    prefill chunk), read from the runner's own host-side batch state — no device
+    synchronisation. Which rows are written needs no work per step: the hook hands the operator
+    the runner's own `query_start_loc` (a device buffer vLLM rewrites before every forward, its
+    padding empty), and from the first real step on (after vLLM's warm-up and graph captures)
+    the rings follow it (tap_op.follow_starts): each forward writes the last row of each
+    request, the one vLLM samples from. A step where some requests are not scored arms those
+    rows from the host instead (one copy); with data parallelism (idle ranks run dummy
+    forwards) every step is armed with `logits_indices`. `execute_model` finishes the requests
+    the scheduler ended and counts one step after the forward was issued.
   * the scheduler's `_free_request` and `schedule`: an ended request's length travels to the
     workers, so that a forward run past its end (asynchronous scheduling) is dropped.
   * `LLMEngine.step` (notes the requests it returns finished), `LLM.generate` and `LLM.chat`
@@ -40,6 +45,7 @@ import functools
 import json
 import os
 import threading
+import time
 
 import numpy as np
 import torch
@@ -67,6 +73,7 @@ _registered = False
 _active: PluginConfig | None = None  # this process's configuration, once activated
 CONFIG_KEY = "probe_sidecar"  # the plugin's configuration in vLLM's additional config
 CACHE_KEY = "probe_sidecar_tap"  # what of it changes the compiled graph, in the same dict
+STARTS_BUFFER = "probe_sidecar_starts"  # the tapped module's view of the runner's query_start_loc
 _ENGINE_TAP: EngineTap | None = None  # this process's (the tapping worker's)
 # Where the scheduler saw each ended request end (its tokens), until the step that tells the
 # model runner: in this process, the scheduler's (the engine core's, which with one GPU also
@@ -248,6 +255,7 @@ def install(worker, config: PluginConfig) -> EngineTap | None:
     if device.type == "cuda":
         share = (vllm_config.cache_config.gpu_memory_utilization
                  * torch.cuda.get_device_properties(device).total_memory)
+    starts = _starts_buffer(vllm_config, runner, max_batch)
     engine_tap = _make_engine_tap(config, device=device, dtype=dtype, max_batch=max_batch,
                                   hidden_size=vllm_config.model_config.get_hidden_size(),
                                   hold_last_row=async_scheduling, vllm_share=share)
@@ -260,17 +268,21 @@ def install(worker, config: PluginConfig) -> EngineTap | None:
             for i, ring in enumerate(rings):
                 buffers.append(f"probe_sidecar_ring_{i}")
                 module.register_buffer(buffers[-1], ring.raw, persistent=False)
+            if starts is not None:
+                module.register_buffer(STARTS_BUFFER, starts, persistent=False)
             module.register_forward_hook(_WriteHook(buffers, [r.layout_args for r in rings],
-                                                    residual_stream))
+                                                    residual_stream, starts is not None))
             layouts += [r.layout_args for r in rings]
         _add_to_cache_key(vllm_config, {"probe_sidecar": config.digest(), "layouts": layouts,
-                                        "dtype": str(dtype), "device": device.type})
+                                        "dtype": str(dtype), "device": device.type,
+                                        "follows": starts is not None,
+                                        "op": tap_op.OP_VERSION})
         # The arming kernel compiled now, not at the first step an engine serves.
         nothing = torch.zeros(1, dtype=torch.int64, device=device)
         for tap in engine_tap.taps.values():
             tap.ring.arm(nothing, 0)
             tap.ring.disarm()
-        _wrap_runner(runner, engine_tap, config.score_requests)
+        _wrap_runner(runner, engine_tap, config.score_requests, follow=starts is not None)
     except BaseException:
         engine_tap.close()
         raise
@@ -286,6 +298,21 @@ def install(worker, config: PluginConfig) -> EngineTap | None:
         config.target, config.window, max_batch, config.max_window_s, compilation.mode,
         compilation.cudagraph_mode, "on" if async_scheduling else "off")
     return engine_tap
+
+
+def _starts_buffer(vllm_config, runner, max_batch: int) -> torch.Tensor | None:
+    """The runner's query_start_loc on the device (a persistent buffer of max_num_reqs + 1
+    entries that vLLM rewrites before each forward, padded requests empty), which the write
+    follows; None where it cannot (data parallelism: idle ranks run dummy forwards between real
+    steps; a runner without the buffer): every step is then armed."""
+    buffer = getattr(getattr(runner, "query_start_loc", None), "gpu", None)
+    if (vllm_config.parallel_config.data_parallel_size > 1 or not isinstance(buffer, torch.Tensor)
+            or buffer.dim() != 1 or buffer.numel() < max_batch + 1
+            or buffer.dtype not in (torch.int32, torch.int64) or buffer.stride(0) != 1):
+        logger().info("probe-sidecar: every step arms the taps' rows (the runner's "
+                      "query_start_loc cannot be followed here)")
+        return None
+    return buffer
 
 
 def _refuse_unsupported(vllm_config, runner) -> None:
@@ -343,8 +370,10 @@ class _WriteHook:
     """The forward hook on the tapped module: the tap operator, once per ring, on the rows the
     engine armed. Traced into the compiled model; its tensors are the module's buffers."""
 
-    def __init__(self, names: list[str], layouts: list[list[int]], residual_stream: bool):
+    def __init__(self, names: list[str], layouts: list[list[int]], residual_stream: bool,
+                 follows: bool = False):
         self.names, self.layouts, self.residual_stream = names, layouts, residual_stream
+        self.follows = follows
 
     def __call__(self, module, args, output):
         if isinstance(output, tuple):
@@ -353,9 +382,10 @@ class _WriteHook:
             residual = output[1] if self.residual_stream and len(output) > 1 else None
         else:
             hidden, residual = output, None
+        starts = getattr(module, STARTS_BUFFER) if self.follows else None
         for name, layout in zip(self.names, self.layouts):
             tap_op.tap_write(hidden, getattr(module, name), layout, residual=residual,
-                             gather=True)
+                             gather=True, starts=starts)
 
 
 def check_ring_memory(config: PluginConfig, probes_per_tap: dict[str, int], *,
@@ -482,14 +512,29 @@ def _add_to_cache_key(vllm_config, value: dict) -> None:
     extra[CACHE_KEY] = json.loads(json.dumps(value))
 
 
-def _wrap_runner(runner, engine_tap: EngineTap, score_requests: str = "all") -> None:
+def _wrap_runner(runner, engine_tap: EngineTap, score_requests: str = "all",
+                 follow: bool = False) -> None:
     prepare_inputs = runner._prepare_inputs
     execute_model = runner.execute_model
     by_default = score_requests == "all"
     skipped: set[str] = set()  # running requests that chose not to be scored
+    # Following the runner's query_start_loc starts at the first real step: vLLM's warm-up and
+    # graph captures (dummy forwards, before it) write nothing.
+    following = [False]
 
     def tapped_prepare_inputs(scheduler_output, num_scheduled_tokens, *args, **kwargs):
         result = prepare_inputs(scheduler_output, num_scheduled_tokens, *args, **kwargs)
+        started = time.perf_counter_ns()
+        try:
+            arm_step(scheduler_output, num_scheduled_tokens, result)
+        finally:
+            engine_tap.spent(started)
+        return result
+
+    def arm_step(scheduler_output, num_scheduled_tokens, result) -> None:
+        if follow and not following[0]:
+            engine_tap.follow()
+            following[0] = True
         batch = runner.input_batch
         n = batch.num_reqs
         request_ids = tuple(batch.req_ids[:n])
@@ -516,22 +561,27 @@ def _wrap_runner(runner, engine_tap: EngineTap, score_requests: str = "all") -> 
                 engine_tap.arm_host(rows_at, StepRows(
                     tuple(r for r, k in zip(request_ids, keep) if k), rows.positions[keep],
                     rows.sampled[keep]), new)
-                return result
-        engine_tap.arm(result[0], rows, new)
-        return result
+                return
+        # Following: the rows are the ones the write reads from query_start_loc (the same as
+        # logits_indices, which vLLM computes from it).
+        engine_tap.arm(None if follow else result[0], rows, new)
 
     def tapped_execute_model(scheduler_output, *args, **kwargs):
         with engine_tap.lock:
+            started = time.perf_counter_ns()
             if skipped:
                 skipped.difference_update(scheduler_output.finished_req_ids)
             engine_tap.finish(scheduler_output.finished_req_ids,
                               getattr(scheduler_output, LENGTHS_ATTR, None))
+            engine_tap.spent(started)
             try:
                 output = execute_model(scheduler_output, *args, **kwargs)
             except BaseException:
                 engine_tap.disarm()
                 raise
+            started = time.perf_counter_ns()
             engine_tap.count_step()
+            engine_tap.spent(started)
             return output
 
     runner._prepare_inputs = tapped_prepare_inputs
