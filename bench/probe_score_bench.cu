@@ -10,8 +10,11 @@
 // dispatcher's path alone ("dispatch"), followed by the outcome count in stream order
 // ("dispatch+outcomes"), as its programmatic dependent ("dispatch+outcomes_pdl", what the server
 // runs), and so with the request's non-finite count published ("dispatch+outcomes_pdl_publish":
-// a synchronous request with a device output); sigmoid scores, interleaved over rounds
-// (graph_us_rounds) so that drift affects every variant alike.
+// a synchronous request with a device output); with counting off (--probe-outcomes=off, or the
+// set's option), what is left of the count where the answer needs it: the non-finite count of a
+// synchronous device output ("dispatch+off_publish", counting nothing); an asynchronous device
+// output then has no count kernel at all (its graph is "dispatch"'s). Sigmoid scores,
+// interleaved over rounds (graph_us_rounds) so that drift affects every variant alike.
 //   probe-score-bench --dispatch-table FILE.txt [--sms 132]   (the dispatcher's path, and the
 //                      fused_tc plan, per sweep shape; host only, no GPU)
 //
@@ -205,9 +208,17 @@ std::vector<Shape> Sweep(const std::string& name) {
     return s;
   }
   if (name == "outcomes") {
-    // R = 1024: the Score of a tap's window (16 decode steps of a batch of 64).
+    // R = 1024: the Score of a tap's window (16 decode steps of a batch of 64); then the quick
+    // sweep's shapes that are not already there.
     for (int R : {1, 64, 1024, 8192}) {
       for (int P : {4, 64, 1024}) s.push_back({D::kBFloat16, R, 4096, P});
+    }
+    for (const Shape& q : Sweep("quick")) {
+      if (std::none_of(s.begin(), s.end(), [&](const Shape& o) {
+            return o.dtype == q.dtype && o.R == q.R && o.H == q.H && o.P == q.P;
+          })) {
+        s.push_back(q);
+      }
     }
     return s;
   }
@@ -266,6 +277,9 @@ enum class Counting {
   // As the server's graph of a synchronous request with a device output: its non-finite count
   // published (the last block's ticket).
   kProgrammaticPublish,
+  // The same for a set whose outcomes are not counted: the count kernel publishes the request's
+  // non-finite count and counts nothing (no counters, no running total).
+  kOffPublish,
 };
 
 std::string JsonNum(double v, int prec = 4) {
@@ -305,7 +319,7 @@ class Bench {
     CHECK_CUDA(cudaMalloc(&out_, size_t{8192} * 1024 * 4));
     CHECK_CUDA(cudaMalloc(&args_d_, kSlots * sizeof(ps::ProbeScoreDeviceArgs)));
     CHECK_CUDA(cudaMalloc(&rows_d_, size_t{kSlots} * 8192 * 4));
-    CHECK_CUDA(cudaMalloc(&outcome_d_, 2 * kSlots * sizeof(ps::ProbeOutcomeDescriptor)));
+    CHECK_CUDA(cudaMalloc(&outcome_d_, 3 * kSlots * sizeof(ps::ProbeOutcomeDescriptor)));
     CHECK_CUDA(cudaMalloc(&count_scratch_, 2 * sizeof(uint32_t)));
     CHECK_CUDA(cudaMemset(count_scratch_, 0, 2 * sizeof(uint32_t)));
     CHECK_CUDA(cudaHostAlloc(reinterpret_cast<void**>(&non_finite_), sizeof(uint32_t),
@@ -386,14 +400,15 @@ class Bench {
       outcome_probes_ = s.P;
     }
     // [0, kSlots): as the server counts a request (add_to_total); [kSlots, 2 kSlots): the same,
-    // its non-finite count published.
-    std::vector<ps::ProbeOutcomeDescriptor> d(2 * kSlots);
+    // its non-finite count published; [2 kSlots, 3 kSlots): published, nothing counted.
+    std::vector<ps::ProbeOutcomeDescriptor> d(3 * kSlots);
     for (size_t i = 0; i < d.size(); ++i) {
+      const bool counted = i < 2 * kSlots;
       d[i].scores = out_;
       d[i].scores_row_stride = s.P;
-      d[i].counters = counters_;
+      d[i].counters = counted ? counters_ : nullptr;
       d[i].num_rows = s.R;
-      d[i].add_to_total = 1;
+      d[i].add_to_total = counted ? 1 : 0;
       d[i].publish_count = i >= kSlots ? 1 : 0;
     }
     CHECK_CUDA(cudaMemcpy(outcome_d_, d.data(), d.size() * sizeof(d[0]), cudaMemcpyHostToDevice));
@@ -406,8 +421,10 @@ class Bench {
     const cudaError_t e = ps::LaunchProbeScore(plan, Params(w, slot), ws_, stream_);
     if (e != cudaSuccess || counting == Counting::kNone) return e;
     ps::CountProbeOutcomesParams count;
-    count.descriptor =
-        outcome_d_ + slot + (counting == Counting::kProgrammaticPublish ? kSlots : 0);
+    count.descriptor = outcome_d_ + slot +
+                       (counting == Counting::kProgrammaticPublish ? kSlots
+                        : counting == Counting::kOffPublish        ? 2 * kSlots
+                                                                   : 0);
     count.thresholds = tables_.thresholds;
     count.bounds = tables_.bounds;
     count.num_probes = plan.shape.num_probes;
@@ -480,8 +497,9 @@ class Bench {
           {"dispatch", Counting::kNone},
           {"dispatch+outcomes", Counting::kStreamOrder},
           {"dispatch+outcomes_pdl", Counting::kProgrammatic},
-          {"dispatch+outcomes_pdl_publish", Counting::kProgrammaticPublish}};
-      constexpr int kNumVariants = 4;
+          {"dispatch+outcomes_pdl_publish", Counting::kProgrammaticPublish},
+          {"dispatch+off_publish", Counting::kOffPublish}};
+      constexpr int kNumVariants = 5;
       std::vector<Record> recs(kNumVariants);
       for (int round = 0; round < rounds; ++round) {
         for (int v = 0; v < kNumVariants; ++v) {

@@ -32,7 +32,7 @@ absl::Status LoadProbeSets(client::Client& client, const std::vector<int>& probe
     const std::string file = common::WriteSafetensors(
         {{"weight", "BF16", {p, hidden}, w}, {"bias", "BF16", {p}, b}}, {});
     absl::StatusOr<v1::ProbeSetInfo> loaded =
-        client.LoadProbeSetFromBytes(ProbeSetName(p), file, /*replace=*/true);
+        client.LoadProbeSetFromBytes(ProbeSetName(p), file, {.replace = true});
     if (!loaded.ok()) {
       return absl::Status(loaded.status().code(),
                           absl::StrCat("LoadProbeSet: ", loaded.status().message()));

@@ -117,33 +117,41 @@ absl::StatusOr<v1::Precision> ParsePrecision(absl::string_view text) {
       absl::StrCat("precision '", text, "': expected default, exact or fast"));
 }
 
-absl::StatusOr<v1::ProbeSetInfo> Client::LoadProbeSetFromPath(const std::string& name,
-                                                              const std::string& path, bool replace,
-                                                              v1::Precision precision) {
-  v1::LoadProbeSetRequest request;
-  request.set_name(name);
-  request.set_path(path);
-  request.set_replace(replace);
-  request.set_precision(precision);
+absl::StatusOr<v1::OutcomeCounting> ParseOutcomeCounting(absl::string_view text) {
+  if (text == "default") return v1::OUTCOME_COUNTING_UNSPECIFIED;
+  if (text == "on") return v1::OUTCOME_COUNTING_ON;
+  if (text == "off") return v1::OUTCOME_COUNTING_OFF;
+  return absl::InvalidArgumentError(
+      absl::StrCat("outcomes '", text, "': expected default, on or off"));
+}
+
+absl::StatusOr<v1::ProbeSetInfo> Client::LoadProbeSet(v1::LoadProbeSetRequest request,
+                                                      const LoadOptions& options) {
+  request.set_replace(options.replace);
+  request.set_precision(options.precision);
+  request.set_outcome_counting(options.outcome_counting);
   absl::StatusOr<v1::LoadProbeSetResponse> response =
       Call(*stub_, &Stub::LoadProbeSet, request, Access::kAdmin);
   if (!response.ok()) return response.status();
   return response->probe_set();
 }
 
+absl::StatusOr<v1::ProbeSetInfo> Client::LoadProbeSetFromPath(const std::string& name,
+                                                              const std::string& path,
+                                                              const LoadOptions& options) {
+  v1::LoadProbeSetRequest request;
+  request.set_name(name);
+  request.set_path(path);
+  return LoadProbeSet(std::move(request), options);
+}
+
 absl::StatusOr<v1::ProbeSetInfo> Client::LoadProbeSetFromBytes(const std::string& name,
                                                                std::string safetensors,
-                                                               bool replace,
-                                                               v1::Precision precision) {
+                                                               const LoadOptions& options) {
   v1::LoadProbeSetRequest request;
   request.set_name(name);
   request.set_safetensors(std::move(safetensors));
-  request.set_replace(replace);
-  request.set_precision(precision);
-  absl::StatusOr<v1::LoadProbeSetResponse> response =
-      Call(*stub_, &Stub::LoadProbeSet, request, Access::kAdmin);
-  if (!response.ok()) return response.status();
-  return response->probe_set();
+  return LoadProbeSet(std::move(request), options);
 }
 
 absl::Status Client::UnloadProbeSet(const std::string& name) {

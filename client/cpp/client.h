@@ -40,6 +40,18 @@ const char* PrecisionName(v1::Precision precision);
 // "default" (PRECISION_UNSPECIFIED: the server's rule, exact up to 2 probes, fast above),
 // "exact" or "fast"; INVALID_ARGUMENT otherwise.
 absl::StatusOr<v1::Precision> ParsePrecision(absl::string_view text);
+// "default" (OUTCOME_COUNTING_UNSPECIFIED: the server's --probe-outcomes), "on" or "off";
+// INVALID_ARGUMENT otherwise.
+absl::StatusOr<v1::OutcomeCounting> ParseOutcomeCounting(absl::string_view text);
+
+// How LoadProbeSet loads a set: replace one of that name; its precision (UNSPECIFIED: the
+// server's default rule; the result's precision is the one the set got); whether its outcomes
+// are counted (UNSPECIFIED: the server's --probe-outcomes).
+struct LoadOptions {
+  bool replace = false;
+  v1::Precision precision = v1::PRECISION_UNSPECIFIED;
+  v1::OutcomeCounting outcome_counting = v1::OUTCOME_COUNTING_UNSPECIFIED;
+};
 
 // An inline activation tensor [rows, cols] (row_stride in elements, 0 = contiguous).
 v1::TensorRef InlineTensor(v1::DType dtype, int64_t rows, int64_t cols, std::string bytes,
@@ -60,14 +72,12 @@ class Client {
   absl::StatusOr<v1::ServerInfoResponse> ServerInfo();
   absl::StatusOr<std::vector<v1::ProbeSetInfo>> ListProbeSets();
   // path: on the server, inside its --probes directory.
-  // precision: PRECISION_UNSPECIFIED for the server's default rule; the result's precision is
-  // the one the set got.
-  absl::StatusOr<v1::ProbeSetInfo> LoadProbeSetFromPath(
-      const std::string& name, const std::string& path, bool replace = false,
-      v1::Precision precision = v1::PRECISION_UNSPECIFIED);
-  absl::StatusOr<v1::ProbeSetInfo> LoadProbeSetFromBytes(
-      const std::string& name, std::string safetensors, bool replace = false,
-      v1::Precision precision = v1::PRECISION_UNSPECIFIED);
+  absl::StatusOr<v1::ProbeSetInfo> LoadProbeSetFromPath(const std::string& name,
+                                                        const std::string& path,
+                                                        const LoadOptions& options = {});
+  absl::StatusOr<v1::ProbeSetInfo> LoadProbeSetFromBytes(const std::string& name,
+                                                         std::string safetensors,
+                                                         const LoadOptions& options = {});
   absl::Status UnloadProbeSet(const std::string& name);
 
   absl::StatusOr<ScoreResult> Score(const v1::TensorRef& activations,
@@ -95,6 +105,9 @@ class Client {
   void Prepare(grpc::ClientContext& context) const;
   // Prepare, plus the admin token.
   void PrepareAdmin(grpc::ClientContext& context) const;
+  // Either load: `request` with its source, the options added.
+  absl::StatusOr<v1::ProbeSetInfo> LoadProbeSet(v1::LoadProbeSetRequest request,
+                                                const LoadOptions& options);
 
   // Who a call is made as: anyone, or the admin (the token is sent).
   enum class Access { kAnyone, kAdmin };

@@ -4,7 +4,7 @@
 //                [--admin-token-file F] COMMAND [ARGS]
 //
 // Commands: health [SERVICE] | info | list | load NAME (--path P | --file F) [--replace]
-//           [--precision default|exact|fast] |
+//           [--precision default|exact|fast] [--outcomes default|on|off] |
 //           unload NAME | score --probe-set NAME (--file F [--tensor T] | --random T,H
 //           [--dtype bf16|fp16|fp32] [--seed N]) [--rows I,J,...] [--json] |
 //           watch [--probe-set NAME] [--interval S] [--count N] [--top N] [--by-labels]
@@ -52,6 +52,8 @@ constexpr char kUsage[] =
     "      [--precision default|exact|fast] exact: the file's float32 weights; fast: rounded\n"
     "                                       to the activations' 16-bit type; default: exact\n"
     "                                       up to 2 probes, fast above\n"
+    "      [--outcomes default|on|off]      count what its probes find (default: the\n"
+    "                                       server's --probe-outcomes)\n"
     "  unload NAME\n"
     "  score --probe-set NAME SOURCE [--rows I,J,...] [--json]\n"
     "      SOURCE: --file F.safetensors [--tensor NAME]   a 2-D activation tensor (default\n"
@@ -385,27 +387,33 @@ int Run(int argc, char** argv) {
   }
   if (command == "load") {
     if (args.positional.size() != 1) return Fail("load NAME (--path P | --file F)");
-    const bool replace = args.switches.count("replace") > 0;
-    v1::Precision precision = v1::PRECISION_UNSPECIFIED;
+    LoadOptions options;
+    options.replace = args.switches.count("replace") > 0;
     if (auto it = args.options.find("precision"); it != args.options.end()) {
       absl::StatusOr<v1::Precision> parsed = ParsePrecision(it->second);
       if (!parsed.ok()) return Fail(parsed.status());
-      precision = *parsed;
+      options.precision = *parsed;
+    }
+    if (auto it = args.options.find("outcomes"); it != args.options.end()) {
+      absl::StatusOr<v1::OutcomeCounting> parsed = ParseOutcomeCounting(it->second);
+      if (!parsed.ok()) return Fail(parsed.status());
+      options.outcome_counting = *parsed;
     }
     absl::StatusOr<v1::ProbeSetInfo> info;
     if (auto it = args.options.find("path"); it != args.options.end()) {
-      info = client.LoadProbeSetFromPath(args.positional[0], it->second, replace, precision);
+      info = client.LoadProbeSetFromPath(args.positional[0], it->second, options);
     } else if (auto file = args.options.find("file"); file != args.options.end()) {
       absl::StatusOr<std::string> bytes = ReadFile(file->second);
       if (!bytes.ok()) return Fail(bytes.status());
-      info =
-          client.LoadProbeSetFromBytes(args.positional[0], std::move(*bytes), replace, precision);
+      info = client.LoadProbeSetFromBytes(args.positional[0], std::move(*bytes), options);
     } else {
       return Fail("load needs --path P (on the server) or --file F (local)");
     }
     if (!info.ok()) return Fail(info.status());
-    std::printf("loaded %s: P=%d H=%d %s\n", info->name().c_str(), info->num_probes(),
-                info->hidden_size(), PrecisionName(info->precision()));
+    std::printf("loaded %s: P=%d H=%d %s%s\n", info->name().c_str(), info->num_probes(),
+                info->hidden_size(), PrecisionName(info->precision()),
+                info->outcome_counting() == v1::OUTCOME_COUNTING_OFF ? " (outcomes not counted)"
+                                                                     : "");
     return 0;
   }
   if (command == "unload") {

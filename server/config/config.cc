@@ -385,6 +385,18 @@ const std::vector<Flag>& Flags() {
          return absl::OkStatus();
        },
        [](const Config& c) -> std::string { return PrecisionRequestName(c.probe_precision); }},
+      {"probe-outcomes", "on|off",
+       "Count what each probe set's probes find (rows scored, fired, non-finite, score "
+       "histograms: the probe-outcome metrics and ListProbeSets' outcomes), for the sets loaded at "
+       "start and those whose LoadProbeSet does not choose (default {default}). off: those sets "
+       "have no outcome series and their scores stay out of the non-finite device-output total; "
+       "responses are unchanged.",
+       [](absl::string_view v, Config& c) -> absl::Status {
+         if (v != "on" && v != "off") return BadValue("probe-outcomes", v, "expected on or off");
+         c.count_outcomes = v == "on";
+         return absl::OkStatus();
+       },
+       [](const Config& c) -> std::string { return c.count_outcomes ? "on" : "off"; }},
       {"session-labels", "NAME[,NAME...]",
        "Labels a session may declare at OpenSession (e.g. model=llama-3-8b), which then label the "
        "probe-outcome series of its requests (default {default}; 'none' for none). Prometheus "

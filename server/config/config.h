@@ -90,6 +90,9 @@ struct Config {
   // their own (later ones are counted as "_other"); how many probes of a set are labelled by name
   // (a set of more probes exports set-level series only, probe="_all").
   std::vector<std::string> session_labels = {"model", "replica"};
+  // Whether the outcomes of a set's probes are counted, for the sets loaded at start and those
+  // whose LoadProbeSet leaves it unspecified (--probe-outcomes).
+  bool count_outcomes = true;
   uint32_t max_session_label_sets = 16;
   uint32_t max_probe_labels = 64;
 };

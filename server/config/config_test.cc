@@ -50,6 +50,20 @@ TEST(ConfigTest, ValuesAndSizeSuffixes) {
   EXPECT_TRUE(Parse({"--warmup-rows=none"})->config.warmup_rows.empty());
 }
 
+TEST(ConfigTest, ProbeOutcomes) {
+  EXPECT_TRUE(Parse({})->config.count_outcomes);
+  EXPECT_FALSE(Parse({"--probe-outcomes=off"})->config.count_outcomes);
+  EXPECT_TRUE(Parse({"--probe-outcomes", "off", "--probe-outcomes=on"})->config.count_outcomes);
+  for (const char* bad : {"--probe-outcomes=", "--probe-outcomes=OFF", "--probe-outcomes=0"}) {
+    absl::StatusOr<ParsedFlags> parsed = Parse({bad});
+    ASSERT_FALSE(parsed.ok()) << bad;
+    EXPECT_EQ(parsed.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_NE(parsed.status().message().find("expected on or off"), std::string::npos)
+        << parsed.status();
+  }
+  EXPECT_NE(HelpText().find("--probe-outcomes=on|off"), std::string::npos);
+}
+
 TEST(ConfigTest, ProbePrecision) {
   using kernels::ProbePrecisionRequest;
   EXPECT_EQ(Parse({})->config.probe_precision, ProbePrecisionRequest::kDefault);

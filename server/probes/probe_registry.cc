@@ -45,7 +45,7 @@ ProbeRegistry::ProbeRegistry(std::string probes_dir, ProbeSetLimits limits, Prep
 
 absl::StatusOr<std::shared_ptr<const ProbeSet>> ProbeRegistry::LoadFromPath(
     absl::string_view name, absl::string_view path, bool replace,
-    kernels::ProbePrecisionRequest precision) {
+    ProbeSetOptions options) {
   if (absl::Status status = ValidateProbeSetName(name); !status.ok()) return status;
   // Cheap refusal before reading what may be a large file; Publish checks again under the lock.
   if (!replace && Find(name) != nullptr) {
@@ -61,24 +61,24 @@ absl::StatusOr<std::shared_ptr<const ProbeSet>> ProbeRegistry::LoadFromPath(
   if (!opened.ok()) return WithContext(opened.status(), SetContext(name));
   absl::StatusOr<common::SafetensorsFile> file =
       common::SafetensorsFile::ReadFrom(opened->fd(), opened->path(), limits_.file);
-  return Publish(name, std::move(file), opened->path(), replace, precision);
+  return Publish(name, std::move(file), opened->path(), replace, options);
 }
 
 absl::StatusOr<std::shared_ptr<const ProbeSet>> ProbeRegistry::LoadFromBytes(
     absl::string_view name, std::string bytes, bool replace,
-    kernels::ProbePrecisionRequest precision) {
+    ProbeSetOptions options) {
   if (absl::Status status = ValidateProbeSetName(name); !status.ok()) return status;
   if (!replace && Find(name) != nullptr) {
     return absl::AlreadyExistsError(
         absl::StrCat(SetContext(name), " is already loaded (set replace to swap it)"));
   }
   return Publish(name, common::SafetensorsFile::Parse(std::move(bytes), limits_.file), "inline",
-                 replace, precision);
+                 replace, options);
 }
 
 absl::StatusOr<std::shared_ptr<const ProbeSet>> ProbeRegistry::Publish(
     absl::string_view name, absl::StatusOr<common::SafetensorsFile> file, std::string source,
-    bool replace, kernels::ProbePrecisionRequest precision) {
+    bool replace, ProbeSetOptions options) {
   if (!file.ok()) return WithContext(file.status(), SetContext(name));
   absl::StatusOr<std::shared_ptr<ProbeSet>> set;
   {
@@ -87,7 +87,8 @@ absl::StatusOr<std::shared_ptr<const ProbeSet>> ProbeRegistry::Publish(
     set = ProbeSetFromSafetensors(name, parsed, std::move(source), limits_);
   }
   if (!set.ok()) return WithContext(set.status(), SetContext(name));
-  (*set)->precision = kernels::ResolveProbePrecision(precision, (*set)->num_probes);
+  (*set)->precision = kernels::ResolveProbePrecision(options.precision, (*set)->num_probes);
+  (*set)->count_outcomes = options.count_outcomes;
   // Checked before the prepare hook spends device memory, and again when publishing.
   {
     absl::ReaderMutexLock lock(&mu_);
@@ -179,7 +180,7 @@ uint64_t ProbeRegistry::total_bytes() const {
 }
 
 absl::StatusOr<std::vector<absl::Status>> ProbeRegistry::LoadDirectory(
-    kernels::ProbePrecisionRequest precision) {
+    ProbeSetOptions options) {
   std::vector<absl::Status> failed;
   if (probes_dir_.empty()) return failed;
   std::error_code ec;
@@ -195,7 +196,7 @@ absl::StatusOr<std::vector<absl::Status>> ProbeRegistry::LoadDirectory(
   for (const std::string& file : files) {
     const std::string name = file.substr(0, file.size() - kExtension.size());
     absl::StatusOr<std::shared_ptr<const ProbeSet>> loaded =
-        LoadFromPath(name, file, /*replace=*/false, precision);
+        LoadFromPath(name, file, /*replace=*/false, options);
     if (!loaded.ok()) {
       failed.push_back(
           WithContext(loaded.status(), absl::StrCat("loading ", common::QuoteForMessage(file))));

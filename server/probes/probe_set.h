@@ -61,6 +61,11 @@ struct ProbeSet {
   // Upper bounds of the buckets of each probe's score histogram (probe outcomes: the metrics and
   // ListProbeSets), ascending, at most kernels::kMaxScoreBounds.
   std::vector<float> score_bounds;
+  // Whether its outcomes are counted (--probe-outcomes, LoadProbeSetRequest.outcome_counting),
+  // resolved at load. Not counted: the executor attaches counters still (the graphs' shape does
+  // not depend on them) but counts nothing into them, and skips the count where nothing of the
+  // answer needs its pass over the scores.
+  bool count_outcomes = true;
   // The weights in the form the executor scores with. On the CUDA backend a kernels::ProbeWeights
   // (the device copy) per served device, by ordinal: a set is placed on every device. On the CPU
   // backend executor_weights is a CpuProbeWeights (copies rounded to the activations' type) for a

@@ -53,6 +53,8 @@ std::vector<double> ScoreBoundsAsDecimals(const ProbeSet& set) {
 
 void FillProbeOutcomes(const ProbeSet& set, const kernels::ProbeOutcomeCounts& counts,
                        const OutcomeLabels& labels, v1::ProbeSetInfo* info) {
+  // A set whose outcomes are not counted has none (the field unset), not counts of zero.
+  if (!set.count_outcomes) return;
   v1::ProbeOutcomes* total = info->mutable_outcomes();
   // Every probe has its counts, also before anything was scored.
   Sized(set, total);

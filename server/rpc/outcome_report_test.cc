@@ -70,6 +70,14 @@ TEST(OutcomeReport, FillsTotalsAndEachSetOfLabels) {
   EXPECT_EQ(fresh.outcomes().non_finite_size(), 2);
   EXPECT_EQ(fresh.outcomes().bucket_counts_size(), 6);
   EXPECT_EQ(fresh.outcomes_by_labels_size(), 0);
+
+  // Not counted: no outcomes at all, even from counts that exist (not zeros that look counted).
+  ProbeSet uncounted = TwoProbes();
+  uncounted.count_outcomes = false;
+  v1::ProbeSetInfo off;
+  FillProbeOutcomes(uncounted, Counts(), labels, &off);
+  EXPECT_FALSE(off.has_outcomes());
+  EXPECT_EQ(off.outcomes_by_labels_size(), 0);
 }
 
 TEST(OutcomeReport, SeriesPerProbeUpToTheCapThenOneForTheSet) {

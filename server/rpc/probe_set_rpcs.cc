@@ -22,20 +22,24 @@ grpc::ServerUnaryReactor* ProbeSidecarService::LoadProbeSet(grpc::CallbackServer
   absl::StatusOr<kernels::ProbePrecisionRequest> precision =
       FromProtoPrecision(request->precision());
   if (!precision.ok()) return Refuse(context, Rpc::kLoadProbeSet, precision.status());
+  absl::StatusOr<bool> counted =
+      FromProtoOutcomeCounting(request->outcome_counting(), env_.config.count_outcomes);
+  if (!counted.ok()) return Refuse(context, Rpc::kLoadProbeSet, counted.status());
+  const ProbeSetOptions options(*precision, *counted);
   // Reading the file, uploading the weights and capturing graphs all wait (disk, device): the
   // control worker loads, the executor's workers capture, and the last of them answers.
   return AnswerFromControlWorker(
       context, Rpc::kLoadProbeSet, /*refuse_while_draining=*/true,
-      [this, request, response, precision = *precision](Finish finish) {
+      [this, request, response, options](Finish finish) {
         absl::StatusOr<std::shared_ptr<const ProbeSet>> loaded;
         switch (request->source_case()) {
           case v1::LoadProbeSetRequest::kPath:
             loaded = env_.probes->LoadFromPath(request->name(), request->path(), request->replace(),
-                                               precision);
+                                               options);
             break;
           case v1::LoadProbeSetRequest::kSafetensors:
             loaded = env_.probes->LoadFromBytes(request->name(), request->safetensors(),
-                                                request->replace(), precision);
+                                                request->replace(), options);
             break;
           case v1::LoadProbeSetRequest::SOURCE_NOT_SET:
             loaded = absl::InvalidArgumentError(
@@ -48,8 +52,9 @@ grpc::ServerUnaryReactor* ProbeSidecarService::LoadProbeSet(grpc::CallbackServer
         }
         std::shared_ptr<const ProbeSet> set = std::move(*loaded);
         FillProbeSetInfo(*set, response->mutable_probe_set());
-        LogInfo("loaded probe set '%s': P=%d H=%d %s from %s", set->name, set->num_probes,
-                set->hidden, kernels::ProbePrecisionName(set->precision), set->source);
+        LogInfo("loaded probe set '%s': P=%d H=%d %s from %s%s", set->name, set->num_probes,
+                set->hidden, kernels::ProbePrecisionName(set->precision), set->source,
+                set->count_outcomes ? "" : " (outcomes not counted)");
         env_.executor->Warmup(
             set, [name = set->name, finish = std::move(finish)](absl::Status status) mutable {
               // The set is loaded either way: a failed warm-up only means first requests capture.

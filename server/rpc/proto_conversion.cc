@@ -25,6 +25,23 @@ absl::StatusOr<kernels::ProbePrecisionRequest> FromProtoPrecision(int value) {
   }
 }
 
+absl::StatusOr<bool> FromProtoOutcomeCounting(int value, bool by_default) {
+  switch (value) {
+    case v1::OUTCOME_COUNTING_UNSPECIFIED:
+      return by_default;
+    case v1::OUTCOME_COUNTING_ON:
+      return true;
+    case v1::OUTCOME_COUNTING_OFF:
+      return false;
+    default:
+      return absl::InvalidArgumentError(
+          absl::StrCat("outcome_counting ", value,
+                       " is not an OutcomeCounting (OUTCOME_COUNTING_UNSPECIFIED = 0 for the "
+                       "server's --probe-outcomes, OUTCOME_COUNTING_ON = 1, "
+                       "OUTCOME_COUNTING_OFF = 2)"));
+  }
+}
+
 void FillProbeSetInfo(const ProbeSet& set, v1::ProbeSetInfo* info) {
   info->set_name(set.name);
   info->set_num_probes(set.num_probes);
@@ -40,6 +57,8 @@ void FillProbeSetInfo(const ProbeSet& set, v1::ProbeSetInfo* info) {
   info->set_source(set.source);
   info->set_file_bytes(set.file_bytes);
   info->set_precision(ToProtoPrecision(set.precision));
+  info->set_outcome_counting(set.count_outcomes ? v1::OUTCOME_COUNTING_ON
+                                                : v1::OUTCOME_COUNTING_OFF);
   for (double bound : ScoreBoundsAsDecimals(set)) info->add_score_bucket_bounds(bound);
 }
 

@@ -21,6 +21,9 @@ v1::Precision ToProtoPrecision(kernels::ProbePrecision precision);
 // What LoadProbeSetRequest.precision asks for; INVALID_ARGUMENT for a value outside the enum
 // (proto3 keeps unknown enum numbers).
 absl::StatusOr<kernels::ProbePrecisionRequest> FromProtoPrecision(int value);
+// Whether LoadProbeSetRequest.outcome_counting counts the set's outcomes (UNSPECIFIED:
+// `by_default`, the server's --probe-outcomes); INVALID_ARGUMENT outside the enum.
+absl::StatusOr<bool> FromProtoOutcomeCounting(int value, bool by_default);
 
 BufferRegistration FromProto(const v1::RegisterBufferRequest& request);
 EventRegistration FromProto(const v1::RegisterEventRequest& request);

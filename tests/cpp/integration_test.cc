@@ -112,7 +112,7 @@ TEST_F(IntegrationTest, ScoresMatchFloat64ReferenceInEveryDtype) {
   const ProbeFile f = MakeProbeFile(7, 200, 1, /*sigmoid=*/false);
   // Exact: the reference multiplies the file's float32 weights (the default above 2 probes is
   // fast).
-  ASSERT_TRUE(c.LoadProbeSetFromBytes("p7", f.bytes, false, v1::PRECISION_EXACT).ok());
+  ASSERT_TRUE(c.LoadProbeSetFromBytes("p7", f.bytes, {.precision = v1::PRECISION_EXACT}).ok());
   std::mt19937 rng(2);
   std::normal_distribution<float> normal(0.0f, 1.0f);
   for (common::DType dtype :

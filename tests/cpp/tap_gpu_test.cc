@@ -148,7 +148,7 @@ class TapGpuTest : public ::testing::Test {
     }
     Client c(sidecar_->uds_target());
     absl::StatusOr<v1::ProbeSetInfo> loaded =
-        c.LoadProbeSetFromBytes("tap16", ProbeFile(), true, v1::PRECISION_EXACT);
+        c.LoadProbeSetFromBytes("tap16", ProbeFile(), {true, v1::PRECISION_EXACT});
     if (!loaded.ok()) start_error_ = new std::string(loaded.status().ToString());
   }
   static void TearDownTestSuite() {
@@ -468,7 +468,7 @@ TEST_F(TapGpuTest, AWindowTheServerRefusesIsAnErrorNotStaleScores) {
   EXPECT_EQ(next.code(), absl::StatusCode::kNotFound) << next;
   EXPECT_EQ(tap->stats().windows_failed, 1);
   ASSERT_TRUE(tap->Close().ok());
-  ASSERT_TRUE(client_->LoadProbeSetFromBytes("tap16", ProbeFile(), true, v1::PRECISION_EXACT).ok());
+  ASSERT_TRUE(client_->LoadProbeSetFromBytes("tap16", ProbeFile(), {true, v1::PRECISION_EXACT}).ok());
   ASSERT_CUDA(cudaFree(rows));
 }
 

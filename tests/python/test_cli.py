@@ -46,6 +46,20 @@ def test_load_file_score_file_unload(sidecar, tmp_path):
     assert "unloaded cli_p" in cli(sidecar, "unload", "cli_p").stdout
 
 
+def test_load_with_outcomes_off_and_it_is_shown(sidecar, tmp_path):
+    (tmp_path / "p.safetensors").write_bytes(ProbeFile(2, 64, seed=6).data)
+    path = str(tmp_path / "p.safetensors")
+    out = cli(sidecar, "load", "cli_uncounted", "--file", path, "--outcomes=off").stdout
+    assert "loaded cli_uncounted: P=2 H=64 exact (outcomes not counted)" in out
+    assert "(outcomes not counted)" not in cli(sidecar, "load", "cli_counted", "--file", path,
+                                               "--outcomes=on").stdout
+    bad = cli(sidecar, "load", "cli_bad", "--file", path, "--outcomes=maybe", check=False)
+    assert bad.returncode != 0 and "expected default, on or off" in bad.stderr
+    assert "cli_bad" not in cli(sidecar, "list").stdout
+    for name in ("cli_uncounted", "cli_counted"):
+        cli(sidecar, "unload", name)
+
+
 def test_load_with_a_precision_and_it_is_shown(sidecar, tmp_path):
     (tmp_path / "p.safetensors").write_bytes(ProbeFile(2, 64, seed=5).data)
     path = str(tmp_path / "p.safetensors")

@@ -190,3 +190,54 @@ def test_device_counters_equal_a_host_recount_of_every_returned_score(server):
         (labelled,) = [lp for lp in listed[name].proto.outcomes_by_labels
                        if dict(lp.labels) == SECOND]
         assert_matches_proto(recounts[(name, "1")], labelled.outcomes, name)
+
+
+def test_a_set_not_counted_answers_the_same_and_counts_nothing():
+    """A set loaded with counting off, on the GPU: every way of scoring it (scores returned, a
+    synchronous device output, an asynchronous one, a tap's windows) answers exactly what the
+    same set counted answers, and nothing is counted for it; the counted twin counts every row."""
+    probe = ProbeFile(16, H, seed=41, dtype="bf16", thresholds=[0.0] * 16)
+    gen = torch.Generator(device="cuda").manual_seed(9)
+    hidden = torch.randn(2048, H, device="cuda", dtype=torch.bfloat16, generator=gen) * 2
+    rows = np.arange(0, 2048, 7, dtype=np.int32)
+    with Sidecar(["--backend=cuda", "--warmup-rows=none", "--probe-outcomes=off"]) as s:
+        with s.client() as c:
+            assert not c.load_probe_set("off", data=probe.data).outcomes_counted
+            assert c.load_probe_set("on", data=probe.data, count_outcomes=True).outcomes_counted
+        answers = collections.defaultdict(list)
+        with TorchClient(s.uds_target) as tc:
+            for name in ("off", "on"):
+                answers[name].append(tc.score(hidden, rows, name).scores)
+                out = torch.full((len(rows), 16), float("nan"), device="cuda")
+                tc.score(hidden, rows, name, out=out)
+                answers[name].append(out.cpu().numpy())
+                out = torch.full((len(rows), 16), float("nan"), device="cuda")
+                tc.score_async(hidden, torch.from_numpy(rows).cuda(), name, out=out).wait()
+                answers[name].append(out.cpu().numpy())
+                tap = tc.tap(name, max_batch=8, window=4)
+                for step in range(8):
+                    tap.write(hidden[8 * step:8 * step + 8])
+                    tap.step()
+                tap.flush()
+                tap.wait_delivered(timeout=120)
+                answers[name] += [w.scores[i, :n] for w in tap.windows() for i, n in enumerate(w.num_rows)]
+                tap.close()
+        torch.cuda.synchronize()
+        for got, want in zip(answers["off"], answers["on"], strict=True):
+            np.testing.assert_array_equal(got, want)
+            assert np.isfinite(want).all()
+        with s.client() as c:
+            listed = {info.name: info for info in c.list_probe_sets()}
+        assert listed["off"].outcomes.rows_scored == 0 and not listed["off"].proto.outcomes_by_labels
+        assert listed["on"].outcomes.rows_scored == 3 * len(rows) + 8 * 8
+        assert not [k for k in outcome_samples_all(s) if k[1] == "off"]
+
+
+def outcome_samples_all(server) -> dict:
+    """outcome_samples() without the model filter: every series of every set."""
+    out = {}
+    for family in text_string_to_metric_families(server.metrics_text()):
+        if family.name.startswith("probesidecar_probe_"):
+            for s in family.samples:
+                out[(s.name, s.labels.get("probe_set"), s.labels.get("probe"))] = s.value
+    return out

@@ -1,7 +1,9 @@
 """Probe outcomes on the CPU backend, against the real server: sessions declare labels (checked),
 every score a client gets back is counted (ListProbeSets and /metrics equal a host recount, raw
 scores with buckets derived from the thresholds or given in the file), a reload starts from zero,
---max-probe-labels folds a set into one series, and `probe-client watch` shows live fire rates."""
+--max-probe-labels folds a set into one series, counting turned off (--probe-outcomes, the
+set's own choice) counts nothing and changes no answer, and `probe-client watch` shows live fire
+rates."""
 
 from __future__ import annotations
 
@@ -19,6 +21,7 @@ from outcome_recount import Recount, assert_matches_proto
 from probe_files import ProbeFile
 from probe_sidecar import ProbeSidecarError
 from probe_sidecar.client import score_request
+from probesidecar.v1 import probes_pb2
 
 H = 32
 
@@ -154,6 +157,40 @@ def test_a_reload_starts_from_zero(server):
         c.unload_probe_set("reloaded")
     assert not [k for _, k in samples(server, "probesidecar_probe_scored_total")
                 if dict(k).get("probe_set") == "reloaded"]
+
+
+def test_a_set_not_counted_has_no_outcomes_and_the_same_answers():
+    """--probe-outcomes=off: the sets loaded at start and those whose load does not choose are not
+    counted (no outcome series, empty outcomes); a load may turn counting on; the scores and
+    fired flags are what a counted set answers; a bad choice is refused and loads nothing."""
+    probe = ProbeFile(3, H, seed=31, thresholds=[0.0, 1.0, None])
+    x = np.random.default_rng(7).standard_normal((8, H)).astype(np.float32) * 2
+    with Sidecar(["--backend=cpu", "--probe-outcomes=off"]) as s, s.client() as c:
+        assert not c.probe_set_info("demo").outcomes_counted  # loaded at start
+        off = c.load_probe_set("off", data=probe.data)
+        on = c.load_probe_set("on", data=probe.data, count_outcomes=True)
+        assert (off.outcomes_counted, on.outcomes_counted) == (False, True)
+        with pytest.raises(ValueError):
+            c.load_probe_set("bad", data=probe.data, count_outcomes="yes")
+        with pytest.raises(ProbeSidecarError) as refused:
+            c._call(c._stub.LoadProbeSet, probes_pb2.LoadProbeSetRequest(
+                name="bad", safetensors=probe.data, outcome_counting=7), c._admin_metadata)
+        assert refused.value.code == grpc.StatusCode.INVALID_ARGUMENT
+        assert "is not an OutcomeCounting" in refused.value.message
+        assert "bad" not in [i.name for i in c.list_probe_sets()]
+        answers = {name: c.score(x, [0, 3, 5, 7], name) for name in ("off", "on")}
+        c.score(np.ones((2, 4096), np.float32), [0, 1], "demo")
+        np.testing.assert_array_equal(answers["off"].scores, answers["on"].scores)
+        np.testing.assert_array_equal(answers["off"].fired, answers["on"].fired)
+        assert answers["off"].fired.any()
+        assert c.probe_set_info("on").outcomes.rows_scored == 4
+        for name in ("off", "demo"):
+            info = c.probe_set_info(name)
+            assert info.outcomes.rows_scored == 0 and not list(info.outcomes.fired)
+            assert not list(info.proto.outcomes_by_labels)
+        scored = {dict(k)["probe_set"]: v
+                  for (_, k), v in samples(s, "probesidecar_probe_set_rows_scored_total").items()}
+        assert scored == {"on": 4}
 
 
 def test_a_set_of_more_probes_than_the_cap_has_set_level_series_only():

@@ -157,16 +157,25 @@ class Client:
         data: bytes | None = None,
         replace: bool = False,
         precision: str | None = None,
+        count_outcomes: bool | None = None,
     ) -> ProbeSetInfo:
         """Loads a safetensors probe set from a server-side ``path`` or from its bytes.
 
         ``precision``: "exact", "fast", or None for the server's default rule (exact up to 2
         probes, fast above); the result's ``precision`` says which one the set got.
+        ``count_outcomes``: whether the server counts what its probes find (``outcomes``, the
+        outcome metrics); None for the server's ``--probe-outcomes``; the result's
+        ``outcomes_counted`` says which.
         """
         if (path is None) == (data is None):
             raise ValueError("give exactly one of path= (on the server) or data= (file bytes)")
+        counting = {None: probes_pb2.OUTCOME_COUNTING_UNSPECIFIED,
+                    True: probes_pb2.OUTCOME_COUNTING_ON, False: probes_pb2.OUTCOME_COUNTING_OFF}
+        if count_outcomes not in counting:
+            raise ValueError(f"count_outcomes must be None, True or False, got {count_outcomes!r}")
         request = probes_pb2.LoadProbeSetRequest(name=name, replace=replace,
-                                                 precision=precision_value(precision))
+                                                 precision=precision_value(precision),
+                                                 outcome_counting=counting[count_outcomes])
         if path is not None:
             request.path = path
         else:

@@ -27,9 +27,10 @@ class ProbeSetInfo:
     outcomes: what its probes found since it was loaded, every session together: rows_scored,
         and arrays over its probes (fired, non_finite, score_sum; bucket_counts [P, buckets]
         row-major); ``outcomes_by_labels`` in ``proto`` splits them by session labels.
+    outcomes_counted: whether they are counted (False: ``outcomes`` stays empty).
     """
 
-    __slots__ = ("proto", *_FROM_PROTO, "precision", "score_bucket_bounds")
+    __slots__ = ("proto", *_FROM_PROTO, "precision", "score_bucket_bounds", "outcomes_counted")
     proto: probes_pb2.ProbeSetInfo
     name: str
     num_probes: int
@@ -42,11 +43,14 @@ class ProbeSetInfo:
     precision: str
     score_bucket_bounds: list[float]
     outcomes: probes_pb2.ProbeOutcomes
+    outcomes_counted: bool
 
     def __init__(self, proto: probes_pb2.ProbeSetInfo):
         fields = {name: getattr(proto, name) for name in _FROM_PROTO}
         fields.update(proto=proto, precision=precision_name(proto.precision),
-                      score_bucket_bounds=list(proto.score_bucket_bounds))
+                      score_bucket_bounds=list(proto.score_bucket_bounds),
+                      # UNSPECIFIED: a server that predates the choice, which counted every set
+                      outcomes_counted=proto.outcome_counting != probes_pb2.OUTCOME_COUNTING_OFF)
         for name, value in fields.items():
             object.__setattr__(self, name, value)
 

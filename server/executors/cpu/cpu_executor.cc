@@ -46,7 +46,10 @@ std::string CpuExecutor::device_name() const {
 
 absl::Status CpuExecutor::PrepareProbeSet(ProbeSet& set) {
   set.executor_weights = CpuProbeWeights::For(set);
-  set.executor_outcomes = std::make_shared<CpuOutcomeCounters>(set, outcome_slots_);
+  // A set whose outcomes are not counted has no counters: nothing is counted, nothing reported.
+  if (set.count_outcomes) {
+    set.executor_outcomes = std::make_shared<CpuOutcomeCounters>(set, outcome_slots_);
+  }
   return absl::OkStatus();
 }
 

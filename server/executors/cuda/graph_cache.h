@@ -30,8 +30,9 @@ enum class RowSource : int8_t {
 };
 
 // A graph is specific to a probe set instance, a dtype, a row bucket, where the activations and
-// rows come from, and whether it carries timing events. (The kernel path follows from those and
-// the set's precision: it is chosen once, at capture.)
+// rows come from, whether it carries timing events, and whether it ends with the outcome count's
+// pass over the scores. (The kernel path follows from those and the set's precision: it is
+// chosen once, at capture.)
 struct GraphKey {
   uint64_t probe_set_id;
   common::DType dtype;
@@ -39,7 +40,12 @@ struct GraphKey {
   bool inline_x;  // activations staged from the request (else read from an IPC buffer)
   RowSource rows;
   bool timed;  // with CUDA event nodes around the stages
-  auto Tie() const { return std::tie(probe_set_id, dtype, bucket, inline_x, rows, timed); }
+  // With the count kernel (kernels/probe_outcomes): it counts the set's outcomes, copies scores
+  // bound for the response to the host and publishes a synchronous answer's non-finite count;
+  // left out only where none of that is wanted (a set not counted, scores left on the device,
+  // the answer not waiting for them).
+  bool count = true;
+  auto Tie() const { return std::tie(probe_set_id, dtype, bucket, inline_x, rows, timed, count); }
   bool operator<(const GraphKey& other) const { return Tie() < other.Tie(); }
 };
 

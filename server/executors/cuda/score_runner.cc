@@ -112,7 +112,11 @@ absl::Status ScoreRunner::Run(const ScoreJob& job, ScoreTimings* timings, bool* 
   // reads from host memory can be overwritten by the next one (staged rows are).
   const bool async = job.enqueue_only && source != RowSource::kStaged;
   const bool timed = !async && timing_every_ > 0 && requests_++ % timing_every_ == 0;
-  const GraphKey key{set->id, dtype, bucket, !job.activations.on_device(), source, timed};
+  // Only a synchronous answer with a device output carries the GPU's non-finite count.
+  const bool publish_non_finite = job.host_out == nullptr && !async;
+  const GraphKey key{set->id, dtype,  bucket,
+                     !job.activations.on_device(), source, timed,
+                     set->count_outcomes || job.host_out != nullptr || publish_non_finite};
   PS_RETURN_IF_CUDA(ReserveFor(key, hidden));
   if (job.host_out != nullptr) {
     PS_RETURN_IF_CUDA(d_out_.Reserve(sizeof(float) * rows * probes));
@@ -120,7 +124,8 @@ absl::Status ScoreRunner::Run(const ScoreJob& job, ScoreTimings* timings, bool* 
   }
   // The counters of the request's label slot (allocated on the slot's first request).
   unsigned long long* counters = nullptr;
-  if (const auto it = set->device_outcomes.find(device_); it != set->device_outcomes.end()) {
+  if (const auto it = set->device_outcomes.find(device_);
+      set->count_outcomes && it != set->device_outcomes.end()) {
     absl::StatusOr<unsigned long long*> slot =
         static_cast<DeviceOutcomeCounters*>(it->second.get())->Slot(job.outcome_slot, stream_);
     if (!slot.ok()) return slot.status();
@@ -141,8 +146,7 @@ absl::Status ScoreRunner::Run(const ScoreJob& job, ScoreTimings* timings, bool* 
     PS_RETURN_IF_CUDA(d_rows_staged_.Reserve(sizeof(int32_t) * rows));
     std::memcpy(h_rows_.ptr(), job.rows, sizeof(int32_t) * rows);
   }
-  // Only a synchronous answer with a device output carries the GPU's non-finite count.
-  FillStageParams(job, key, counters, /*publish_non_finite=*/job.host_out == nullptr && !async);
+  FillStageParams(job, key, counters, publish_non_finite);
   absl::StatusOr<GraphEntry*> entry = GraphFor(key, set);
   if (!entry.ok()) return entry.status();
   timings->kernel_path = kernels::ProbeScorePathName((*entry)->path);
@@ -230,9 +234,9 @@ void ScoreRunner::FillStageParams(const ScoreJob& job, const GraphKey& key,
   }
   args.poison =
       kernels::PoisonDescriptor{args.score.out, args.score.out_row_stride, job.num_rows, 0};
-  // Every score is counted on the GPU; scores bound for the response are copied to the host as
-  // they are read (the running non-finite total takes device outputs only: the host counts the
-  // scores it returns, as it reads them for `fired` anyway).
+  // Every score of a counted set is counted on the GPU; scores bound for the response are copied
+  // to the host as they are read (the running non-finite total takes device outputs only: the
+  // host counts the scores it returns, as it reads them for `fired` anyway).
   args.outcomes.scores = args.score.out;
   args.outcomes.scores_row_stride = args.score.out_row_stride;
   if (job.host_out != nullptr) {
@@ -245,7 +249,7 @@ void ScoreRunner::FillStageParams(const ScoreJob& job, const GraphKey& key,
     args.outcomes.group_rows = static_cast<int32_t>(job.num_rows / job.counted_rows.size);
   }
   args.outcomes.num_rows = job.num_rows;
-  args.outcomes.add_to_total = job.host_out == nullptr ? 1 : 0;
+  args.outcomes.add_to_total = job.host_out == nullptr && job.probe_set->count_outcomes ? 1 : 0;
   args.outcomes.publish_count = publish_non_finite ? 1 : 0;
   std::memcpy(stage.args, &args, sizeof(args));
   stage.device_rows = nullptr;
@@ -382,7 +386,7 @@ absl::StatusOr<GraphEntry> ScoreRunner::Capture(const GraphKey& key, const Probe
     poison.num_columns = weights.num_probes;
     error = kernels::LaunchPoisonInvalidRows(poison, stream_);
   }
-  if (error == cudaSuccess) {
+  if (error == cudaSuccess && key.count) {
     // What the probes found is counted on the GPU, in this graph, whatever path scored: into the
     // counters the staged descriptor names (the request's label slot); the request's non-finite
     // count comes back in mapped host memory.
