@@ -26,6 +26,9 @@ class CpuEvent:
     def elapsed_time(self, later: "CpuEvent") -> float:  # milliseconds, like torch.cuda.Event
         return (later.at - self.at) * 1e3
 
+    def synchronize(self) -> None:  # the CPU "GPU" is never behind
+        pass
+
 
 class CpuGraph:
     def __init__(self, step):
@@ -50,8 +53,9 @@ class CpuDevice:
     def synchronize(self) -> None:
         pass
 
-    def capture(self, decoder, slot, tap, pool) -> CpuGraph:
-        return CpuGraph(lambda: decoder.step(slot, tap))
+    def capture(self, decoder, slot, tap, pool, step=None) -> CpuGraph:
+        step = step or decoder.step
+        return CpuGraph(lambda: step(slot, tap))
 
     def capturing(self) -> bool:
         return True  # a CpuGraph "replays" by running the step, hooks included

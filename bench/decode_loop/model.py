@@ -131,18 +131,49 @@ class Decoder:
         self.ids.copy_(self.model.lm_head(hidden).argmax(-1, keepdim=True))
         self.pos.add_(1)
 
-    def capture(self, slot: int, tap=None, pool=None) -> torch.cuda.CUDAGraph:
-        """A CUDA graph of step(slot, tap). Graphs of one Decoder share `pool` (they replay one
-        at a time, on one stream, so their intermediates may share memory)."""
+    def compiled(self, write=None, compile: bool = True):
+        """A step function like step() (call it as step(slot)) whose forward — the mask, the
+        model, the final norm's last position, the next token — is one torch.compile'd region;
+        `write(h)`, if given, is traced into it on that last position, as a tap's operator is in a
+        compiled model (transformers' hook does the same). compile=False: the same function
+        uncompiled (a CPU dry run)."""
+        model, cache, kv_index = self.model, self.cache, self.kv_index
+
+        def forward(ids, pos, mask):
+            mask.zero_().masked_fill_(kv_index > pos, float("-inf"))
+            out = model.model(input_ids=ids, past_key_values=cache, position_ids=pos,
+                              attention_mask=mask, use_cache=True)
+            last = out.last_hidden_state[:, -1]
+            if write is not None:
+                write(last)
+            return last, model.lm_head(last).argmax(-1, keepdim=True)
+
+        run = torch.compile(forward, dynamic=False) if compile else forward
+
+        @torch.no_grad()
+        def step(slot: int, tap=None) -> None:
+            last, ids = run(self.ids, self.pos, self.mask)
+            self.hidden[slot].copy_(last)
+            self.ids.copy_(ids)
+            self.pos.add_(1)
+
+        return step
+
+    def capture(self, slot: int, tap=None, pool=None, step=None) -> torch.cuda.CUDAGraph:
+        """A CUDA graph of step(slot, tap) (or of `step`, e.g. a compiled() one). Graphs of one
+        Decoder share `pool` (they replay one at a time, on one stream, so their intermediates
+        may share memory). Captured thread-locally: a tap's threads may call CUDA meanwhile."""
+        step = step or self.step
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):
-            # Warm-up outside the capture: cuBLAS handles, kernel selection, lazy allocations.
+            # Warm-up outside the capture: cuBLAS handles, kernel selection, lazy allocations
+            # (and a compiled step's compilation).
             for _ in range(2):
-                self.step(slot, tap)
+                step(slot, tap)
         torch.cuda.current_stream().wait_stream(side)
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=pool):
-            self.step(slot, tap)
+        with torch.cuda.graph(graph, pool=pool, capture_error_mode="thread_local"):
+            step(slot, tap)
         self.reset()  # the warm-up advanced the state; the capture itself ran nothing
         return graph

@@ -172,12 +172,13 @@ def run_setting(args, mps_on: bool, deadline: float, runs: pathlib.Path, first: 
                  f"{tail(tmp / 'sidecar.log')}")
 
 
-def start_server(binary: str, env: dict, tmp: pathlib.Path):
-    """(process, target, problem): the sidecar on a private socket, started with `env`."""
+def start_server(binary: str, env: dict, tmp: pathlib.Path, flags: list[str] | None = None):
+    """(process, target, problem): the sidecar on a private socket, started with `env` and
+    SERVER_FLAGS, `flags` after them (a later flag wins)."""
     socket, log = tmp / "sidecar.sock", tmp / "sidecar.log"
     probes = tmp / "probes"  # empty: the benchmark loads its own probe set
     probes.mkdir()
-    argv = [binary, *SERVER_FLAGS, f"--listen=unix:{socket}", f"--probes={probes}"]
+    argv = [binary, *SERVER_FLAGS, *(flags or []), f"--listen=unix:{socket}", f"--probes={probes}"]
     try:
         with open(log, "wb") as sink:  # the child keeps its own descriptor
             process = subprocess.Popen(argv, env=env, stdout=sink, stderr=subprocess.STDOUT)

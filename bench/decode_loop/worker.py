@@ -57,8 +57,8 @@ class CudaDevice:
     def synchronize(self) -> None:
         torch.cuda.synchronize()
 
-    def capture(self, decoder, slot, tap, pool):
-        return decoder.capture(slot, tap, pool)
+    def capture(self, decoder, slot, tap, pool, step=None):
+        return decoder.capture(slot, tap, pool, step)
 
     def capturing(self) -> bool:
         return torch.cuda.is_current_stream_capturing()

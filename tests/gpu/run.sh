@@ -59,6 +59,12 @@
 #   decode   the decode-loop benchmark (bench/decode_loop): taps and in-process scoring, with and
 #            without MPS, and the graphed step's kernels profiled under both; then what a tap's
 #            calls cost the decode thread's CPU (host_cost.py)
+#   windowed the decode loop's taps (compiled and graph-captured) against the loop without them,
+#            interleaved window by window (bench/decode_loop/windowed.py, no MPS):
+#            decode_loop_windowed.json/.md. Not in the default steps.
+#   outcomes what counting probe outcomes costs a scoring graph (probe-score-bench --sweep
+#            outcomes, rendered by bench/outcomes/report.py): outcomes.json/.md. Not in the
+#            default steps (BINARIES="probe-score-bench" suffices).
 # Everything goes into $OUT/gpu_results.tgz (results files and logs) and $OUT/run.log; a summary is
 # printed last.
 set -uo pipefail
@@ -330,6 +336,26 @@ if [[ " $steps " == *" decode "* ]]; then
   note "tap host cost" $? " (tap_host_cost.md)"
 fi
 
+if [[ " $steps " == *" windowed "* ]]; then
+  echo "== windowed: the taps' cost, windows interleaved"
+  timeout "${WINDOWED_TIMEOUT:-480}" python3 bench/decode_loop/windowed.py --out-dir "$out" \
+    --server "$bin/probe-sidecar" ${ALLOW_DIRTY:+--allow-dirty} ${WINDOWED_ARGS:-} \
+    >"$out/decode_loop_windowed_run.log" 2>&1
+  note "windowed decode loop" $? " (decode_loop_windowed.md)"
+fi
+
+if [[ " $steps " == *" outcomes "* ]]; then
+  echo "== outcomes: what counting costs a scoring graph"
+  LD_LIBRARY_PATH=/usr/local/cuda/lib64${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH} \
+    timeout "${OUTCOMES_TIMEOUT:-240}" "$bin/probe-score-bench" --sweep outcomes \
+    --out "$out/outcomes.json" --git "$git_hash" ${ALLOW_DIRTY:+--allow-dirty} \
+    >"$out/outcomes_run.log" 2>&1
+  rc=$?
+  python3 bench/outcomes/report.py "$out/outcomes.json" --out "$out/outcomes.md" \
+    ${ALLOW_DIRTY:+--allow-dirty} >>"$out/outcomes_run.log" 2>&1 || rc=1
+  note "outcomes sweep" $rc " (outcomes.md)"
+fi
+
 echo "== summary" | tee -a "$log"
 printf '%s\n' "${summary[@]}" | tee -a "$log"
 pack
@@ -338,4 +364,6 @@ pack
 [[ -f "$out/rpc_score.md" ]] && grep -A12 -i "^## Targets" "$out/rpc_score.md" | head -16
 [[ -f "$out/decode_loop.md" ]] && grep -A14 -i "^## Targets" "$out/decode_loop.md" | head -16
 [[ -f "$out/vllm_engine.md" ]] && sed -n '/^| batch/,$p' "$out/vllm_engine.md" | head -40
+[[ -f "$out/decode_loop_windowed.md" ]] && sed -n '/^| tap/,/^## Kernels/p' "$out/decode_loop_windowed.md"
+[[ -f "$out/outcomes.md" ]] && grep -E '^\| [0-9]' "$out/outcomes.md" | head -30
 exit $status
