@@ -123,16 +123,19 @@ def markdown(doc: dict) -> str:
              "norm (the tap operator inside the compiled graph), P=16 probes, one Score per 16 "
              "steps on the sidecar, no MPS; variants interleaved, the order alternating",
              "- kept = median tokens/s with the tap / median without; range: each tap run over "
-             "the median without", "",
-             "| batch | new tokens | none tokens/s | tap tokens/s | kept | kept range | runs "
-             "(none) | runs (tap) |", "|---|---|---|---|---|---|---|---|"]
+             "the median without; pairs: the median of each repetition's tap / none (the two run "
+             "back to back) with its bootstrap 95% interval", "",
+             "| batch | new tokens | none tokens/s | tap tokens/s | kept | kept range | pairs "
+             "[95%] | runs (none) | runs (tap) |", "|---|---|---|---|---|---|---|---|---|"]
     records = doc["records"]
     for none, tap in zip(records[0::2], records[1::2]):
         lines.append(
             f"| {none['shape']['batch']} | {none['shape']['new_tokens']} | "
             f"{none['tokens_per_s']:.0f} | {tap['tokens_per_s']:.0f} | {tap['kept']:.4f} | "
             f"{tap['kept_range'][0]:.3f}–{tap['kept_range'][1]:.3f} | "
-            f"{', '.join(f'{v:.0f}' for v in none['runs_tokens_per_s'])} | "
+            + (f"{tap['kept_pairs_median']:.4f} [{tap['kept_interval'][0]:.4f}, "
+               f"{tap['kept_interval'][1]:.4f}] | " if "kept_interval" in tap else "— | ")
+            + f"{', '.join(f'{v:.0f}' for v in none['runs_tokens_per_s'])} | "
             f"{', '.join(f'{v:.0f}' for v in tap['runs_tokens_per_s'])} |")
     lines += ["", "Notes: " + ("; ".join(doc["notes"]) if doc["notes"] else "none "
                                "(no CUDA graph skipped, no window failed)"), ""]
@@ -187,6 +190,15 @@ def measure(llm, client, tap_model, batch: int, args, notes: list) -> list[dict]
                   "runs_tokens_per_s": [round(v, 1) for v in values]}
         out.append(record)
     out[1]["kept"] = round(out[1]["tokens_per_s"] / out[0]["tokens_per_s"], 4)
+    # Each repetition's pair (run back to back, the order alternating): its ratio, and the
+    # median of those with a bootstrap 95% interval (interleave.py).
+    import interleave
+
+    pairs = [tap / none for tap, none in zip(runs["tap"], runs["none"])]
+    median, interval = interleave.median_interval(pairs)
+    out[1]["kept_per_rep"] = [round(x, 4) for x in pairs]
+    out[1]["kept_pairs_median"] = round(median, 4)
+    out[1]["kept_interval"] = [round(x, 4) for x in interval]
     # Each run's ratio to the median of the other variant: the spread behind `kept`.
     none = statistics.median(runs["none"])
     out[1]["kept_range"] = [round(min(runs["tap"]) / none, 4), round(max(runs["tap"]) / none, 4)]

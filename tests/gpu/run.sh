@@ -62,6 +62,9 @@
 #   windowed the decode loop's taps (compiled and graph-captured) against the loop without them,
 #            interleaved window by window (bench/decode_loop/windowed.py, no MPS):
 #            decode_loop_windowed.json/.md. Not in the default steps.
+#   generate the compiled decode loop end to end: transformers' static-cache generate() with and
+#            without the tap, interleaved (bench/decode_loop/compiled_generate.py, GENERATE_ARGS):
+#            compiled_generate.json/.md. Not in the default steps.
 #   outcomes what counting probe outcomes costs a scoring graph (probe-score-bench --sweep
 #            outcomes, rendered by bench/outcomes/report.py): outcomes.json/.md. Not in the
 #            default steps (BINARIES="probe-score-bench" suffices).
@@ -342,6 +345,14 @@ if [[ " $steps " == *" windowed "* ]]; then
     --server "$bin/probe-sidecar" ${ALLOW_DIRTY:+--allow-dirty} ${WINDOWED_ARGS:-} \
     >"$out/decode_loop_windowed_run.log" 2>&1
   note "windowed decode loop" $? " (decode_loop_windowed.md)"
+fi
+
+if [[ " $steps " == *" generate "* ]]; then
+  echo "== generate: a compiled generate() with and without the tap"
+  timeout "${GENERATE_TIMEOUT:-360}" python3 bench/decode_loop/compiled_generate.py \
+    --out "$out/compiled_generate.json" --server "$bin/probe-sidecar" \
+    ${ALLOW_DIRTY:+--allow-dirty} ${GENERATE_ARGS:-} >"$out/compiled_generate_run.log" 2>&1
+  note "compiled generate" $? " (compiled_generate.md)"
 fi
 
 if [[ " $steps " == *" outcomes "* ]]; then
