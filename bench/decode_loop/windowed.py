@@ -86,7 +86,8 @@ def main() -> int:
     if dry:
         import cpu_fakes
 
-        device, shape, where, flags = cpu_fakes.CpuDevice(), model_lib.TINY, "cpu", ["--backend=cpu"]
+        device, shape, where = cpu_fakes.CpuDevice(), model_lib.TINY, "cpu"
+        flags = ["--backend=cpu", "--warmup-rows=none"]
     else:
         device, shape, where, flags = worker.CudaDevice(), model_lib.LLAMA_1B, "cuda", None
         # One compiled forward per (batch, tap): more than Dynamo keeps per code object by default.
