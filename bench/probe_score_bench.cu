@@ -13,8 +13,10 @@
 // a synchronous request with a device output); with counting off (--probe-outcomes=off, or the
 // set's option), what is left of the count where the answer needs it: the non-finite count of a
 // synchronous device output ("dispatch+off_publish", counting nothing); an asynchronous device
-// output then has no count kernel at all (its graph is "dispatch"'s). Sigmoid scores,
-// interleaved over rounds (graph_us_rounds) so that drift affects every variant alike.
+// output then has no count kernel at all (its graph is "dispatch"'s). And the floor of any
+// kernel after the scoring kernels ("dispatch+empty_pdl": one block that waits and exits, as a
+// programmatic dependent). Sigmoid scores, interleaved over rounds (graph_us_rounds) so that
+// drift affects every variant alike.
 //   probe-score-bench --dispatch-table FILE.txt [--sms 132]   (the dispatcher's path, and the
 //                      fused_tc plan, per sweep shape; host only, no GPU)
 //
@@ -45,6 +47,8 @@
 
 #include "common/dtype.h"
 #include "bench/result_receipt.h"
+#include "kernels/blocks/grid_dependency.cuh"
+#include "kernels/blocks/launch.cuh"
 #include "kernels/probe_outcomes/probe_outcomes.h"
 #include "kernels/probe_score/probe_score.h"
 
@@ -280,7 +284,16 @@ enum class Counting {
   // The same for a set whose outcomes are not counted: the count kernel publishes the request's
   // non-finite count and counts nothing (no counters, no running total).
   kOffPublish,
+  // The floor of any kernel after the scoring kernels: one block that waits for them and exits
+  // (as a programmatic dependent, as the count is launched), reading and writing nothing.
+  kEmptyProgrammatic,
 };
+
+// kEmptyProgrammatic's kernel.
+__global__ void EmptyDependentKernel(int unused) {
+  (void)unused;
+  ps::blocks::GridDependencyWait();
+}
 
 std::string JsonNum(double v, int prec = 4) {
   if (!std::isfinite(v)) return "null";
@@ -420,6 +433,11 @@ class Bench {
                      Counting counting) {
     const cudaError_t e = ps::LaunchProbeScore(plan, Params(w, slot), ws_, stream_);
     if (e != cudaSuccess || counting == Counting::kNone) return e;
+    if (counting == Counting::kEmptyProgrammatic) {
+      const cudaError_t le = ps::blocks::LaunchProgrammaticDependent(
+          EmptyDependentKernel, dim3(1), dim3(32), 0, stream_, 0);
+      return le != cudaSuccess ? le : cudaGetLastError();
+    }
     ps::CountProbeOutcomesParams count;
     count.descriptor = outcome_d_ + slot +
                        (counting == Counting::kProgrammaticPublish ? kSlots
@@ -498,8 +516,9 @@ class Bench {
           {"dispatch+outcomes", Counting::kStreamOrder},
           {"dispatch+outcomes_pdl", Counting::kProgrammatic},
           {"dispatch+outcomes_pdl_publish", Counting::kProgrammaticPublish},
-          {"dispatch+off_publish", Counting::kOffPublish}};
-      constexpr int kNumVariants = 5;
+          {"dispatch+off_publish", Counting::kOffPublish},
+          {"dispatch+empty_pdl", Counting::kEmptyProgrammatic}};
+      constexpr int kNumVariants = 6;
       std::vector<Record> recs(kNumVariants);
       for (int round = 0; round < rounds; ++round) {
         for (int v = 0; v < kNumVariants; ++v) {
