@@ -9,6 +9,7 @@
 namespace probesidecar::kernels {
 
 using probe_outcomes_detail::CountProbeOutcomesKernel;
+using probe_outcomes_detail::CountSharedBytes;
 using probe_outcomes_detail::kMaxBlocks;
 using probe_outcomes_detail::kMaxThreads;
 using probe_outcomes_detail::kTileProbes;
@@ -31,12 +32,13 @@ cudaError_t LaunchCountProbeOutcomes(const CountProbeOutcomesParams& params, cud
   const int row_groups =
       std::max(1, std::min((passes + kUnroll - 1) / kUnroll, std::max(1, kMaxBlocks / tiles)));
   const dim3 grid(row_groups, tiles), block(tile_width * rows_per_pass);
+  const size_t shared = CountSharedBytes(tile_width, params.num_bounds);
   if (launch == OutcomeLaunch::kProgrammatic) {
     const cudaError_t e = blocks::LaunchProgrammaticDependent(CountProbeOutcomesKernel, grid, block,
-                                                              0, stream, params);
+                                                              shared, stream, params);
     return e != cudaSuccess ? e : cudaGetLastError();
   }
-  CountProbeOutcomesKernel<<<grid, block, 0, stream>>>(params);
+  CountProbeOutcomesKernel<<<grid, block, shared, stream>>>(params);
   return cudaGetLastError();
 }
 

@@ -11,14 +11,28 @@
 namespace probesidecar::kernels::probe_outcomes_detail {
 
 // Probes per block (the columns of one tile); a block has up to kMaxThreads threads, a whole
-// number of rows of the tile per pass.
+// number of rows of the tile per pass. Blocks are kept small (threads, and shared memory sized to
+// the tile): launched early as a programmatic dependent, a block then fits beside the scoring
+// kernel's and waits resident, instead of starting only once they have gone.
 inline constexpr int kTileProbes = 128;
-inline constexpr int kMaxThreads = 256;
+inline constexpr int kMaxThreads = 128;
 // Rows each thread loads before it counts them (independent loads in flight).
 inline constexpr int kUnroll = 4;
 // Blocks in all: each adds its tile's histograms to the counters once, so more blocks means more
 // global atomics on the same words.
 inline constexpr int kMaxBlocks = 512;
+// A request of at most this many rows is counted straight into the counters (each word gets at
+// most this many adds): no histogram in shared memory, no pass over it after a barrier.
+inline constexpr int kDirectRows = 32;
+
+// The dynamic shared memory of a block of `tile_width` probes and `num_bounds` bounds: per probe
+// the sum of its finite scores (double), its fired and non-finite counts and its histogram, then
+// the bounds.
+__host__ __device__ constexpr size_t CountSharedBytes(int tile_width, int num_bounds) {
+  return static_cast<size_t>(tile_width) * (sizeof(double) + 2 * sizeof(uint32_t) +
+                                            sizeof(uint32_t) * (num_bounds + 1)) +
+         sizeof(float) * num_bounds;
+}
 
 // The bucket of a finite score in `bounds` [num_bounds] (shared memory): the first b with
 // score <= bounds[b], else num_bounds.
@@ -36,19 +50,18 @@ __device__ __forceinline__ int Bucket(const float* bounds, int num_bounds, float
 }
 
 // Grid: (row groups, probe tiles); block: tile_width x rows_per_pass threads, tile_width =
-// min(P, kTileProbes). Thread t counts probe column t % tile_width of the tile over the rows
-// (t / tile_width) + k * rows_per_pass * gridDim.x, kUnroll rows at a time, in registers and a
-// shared-memory histogram; the block then adds what it counted to the slot's counters (nonzero
-// words only) and its non-finite scores to the running total; where the descriptor asks, the
-// request's non-finite count is published (by the last block to finish, which resets the
-// scratch).
+// min(P, kTileProbes); dynamic shared memory CountSharedBytes(tile_width, B). Thread t counts
+// probe column t % tile_width of the tile over the rows (t / tile_width) + k * rows_per_pass *
+// gridDim.x, kUnroll rows at a time, in registers and (past kDirectRows rows) a shared-memory
+// histogram that the block then adds to the slot's counters (nonzero words only); at most
+// kDirectRows rows, each score's bucket and each thread's sums go to the counters directly. The
+// block's non-finite scores go to the running total; where the descriptor asks, the request's
+// non-finite count is published (by the last block to finish, which resets the scratch).
+// Everything that does not depend on the scores (the descriptor, the thresholds, the bounds, the
+// zeroed histogram) is ready before the grid-dependency wait.
 __global__ void __launch_bounds__(kMaxThreads)
     CountProbeOutcomesKernel(const __grid_constant__ CountProbeOutcomesParams p) {
-  __shared__ uint32_t histogram[kTileProbes * (kMaxScoreBounds + 1)];
-  __shared__ uint32_t fired[kTileProbes];
-  __shared__ uint32_t non_finite[kTileProbes];
-  __shared__ double sum[kTileProbes];
-  __shared__ float bounds[kMaxScoreBounds];
+  extern __shared__ __align__(8) unsigned char shared[];
   __shared__ uint32_t block_non_finite;
   __shared__ uint32_t block_rows;  // counted rows, with group counts
   __shared__ bool last_block;
@@ -56,39 +69,52 @@ __global__ void __launch_bounds__(kMaxThreads)
   const ProbeOutcomeDescriptor d = *p.descriptor;
   const int tile_width = p.num_probes < kTileProbes ? p.num_probes : kTileProbes;
   const int buckets = p.num_bounds + 1;
+  const int record = ProbeOutcomeLayout::kBuckets + buckets;
   const int tile_begin = static_cast<int>(blockIdx.y) * kTileProbes;
   const int tid = static_cast<int>(threadIdx.x);
-  for (int i = tid; i < tile_width * buckets; i += blockDim.x) histogram[i] = 0;
-  for (int i = tid; i < tile_width; i += blockDim.x) {
-    fired[i] = 0;
-    non_finite[i] = 0;
-    sum[i] = 0;
+  double* sum = reinterpret_cast<double*>(shared);
+  uint32_t* fired = reinterpret_cast<uint32_t*>(sum + tile_width);
+  uint32_t* non_finite = fired + tile_width;
+  uint32_t* histogram = non_finite + tile_width;
+  float* bounds = reinterpret_cast<float*>(histogram + tile_width * buckets);
+  const bool counting = d.counters != nullptr;
+  const bool direct = d.num_rows <= kDirectRows;
+  if (counting && !direct) {
+    for (int i = tid; i < tile_width * buckets; i += blockDim.x) histogram[i] = 0;
+    for (int i = tid; i < tile_width; i += blockDim.x) {
+      fired[i] = 0;
+      non_finite[i] = 0;
+      sum[i] = 0;
+    }
   }
   for (int i = tid; i < p.num_bounds; i += blockDim.x) bounds[i] = __ldg(p.bounds + i);
+  const int column = tid % tile_width;
+  const int probe = tile_begin + column;
+  const int rows_per_pass = static_cast<int>(blockDim.x) / tile_width;
+  const bool active = probe < p.num_probes && tid < tile_width * rows_per_pass;
+  const float threshold = active ? __ldg(p.thresholds + probe) : 0.0f;
   if (tid == 0) {
     block_non_finite = 0;
     block_rows = 0;
     // Rows first (when every row counts), so that a reader of the counters never sees more fired
     // than scored.
-    if (d.counters != nullptr && d.group_counts == nullptr && blockIdx.x == 0 && blockIdx.y == 0 &&
+    if (counting && d.group_counts == nullptr && blockIdx.x == 0 && blockIdx.y == 0 &&
         d.num_rows > 0) {
       atomicAdd(d.counters, static_cast<unsigned long long>(d.num_rows));
     }
   }
-  // Launched as a programmatic dependent, the set-up above overlaps the scoring kernel's tail:
+  __syncthreads();
+  // Launched as a programmatic dependent, all of the above overlaps the scoring kernel's tail:
   // the scores are read only once it has finished (a no-op in plain stream order). The
   // descriptor was written before that kernel started, so it is visible already.
   blocks::GridDependencyWait();
-  __syncthreads();
 
-  const int column = tid % tile_width;
-  const int probe = tile_begin + column;
-  const int rows_per_pass = static_cast<int>(blockDim.x) / tile_width;
+  unsigned long long* const probe_record =
+      counting ? d.counters + 1 + static_cast<int64_t>(probe) * record : nullptr;
   const int64_t stride = static_cast<int64_t>(rows_per_pass) * gridDim.x;
   uint32_t my_fired = 0, my_non_finite = 0;
   double my_sum = 0;
-  if (probe < p.num_probes && tid < tile_width * rows_per_pass) {
-    const float threshold = __ldg(p.thresholds + probe);
+  if (active) {
     for (int64_t first = static_cast<int64_t>(blockIdx.x) * rows_per_pass + tid / tile_width;
          first < d.num_rows; first += kUnroll * stride) {
       float v[kUnroll];
@@ -113,40 +139,55 @@ __global__ void __launch_bounds__(kMaxThreads)
           ++my_non_finite;
           continue;
         }
+        if (!counting) continue;
         my_sum += s;
         my_fired += s >= threshold ? 1u : 0u;  // false for a NaN threshold
-        atomicAdd(&histogram[column * buckets + Bucket(bounds, p.num_bounds, s)], 1u);
+        const int b = Bucket(bounds, p.num_bounds, s);
+        if (direct) {
+          atomicAdd(probe_record + ProbeOutcomeLayout::kBuckets + b, 1ull);
+        } else {
+          atomicAdd(&histogram[column * buckets + b], 1u);
+        }
       }
     }
-    if (my_fired != 0) atomicAdd(&fired[column], my_fired);
-    if (my_non_finite != 0) atomicAdd(&non_finite[column], my_non_finite);
-    if (my_sum != 0) atomicAdd(&sum[column], my_sum);
+    if (counting && direct) {
+      if (my_sum != 0) atomicAdd(reinterpret_cast<double*>(probe_record), my_sum);
+      if (my_fired != 0) atomicAdd(probe_record + ProbeOutcomeLayout::kFired, 1ull * my_fired);
+      if (my_non_finite != 0) {
+        atomicAdd(probe_record + ProbeOutcomeLayout::kNonFinite, 1ull * my_non_finite);
+      }
+    } else if (counting) {
+      if (my_fired != 0) atomicAdd(&fired[column], my_fired);
+      if (my_non_finite != 0) atomicAdd(&non_finite[column], my_non_finite);
+      if (my_sum != 0) atomicAdd(&sum[column], my_sum);
+    }
   }
   // (Blocks need not be whole warps, so no warp shuffle: non-finite scores are rare.)
   if (my_non_finite != 0) atomicAdd(&block_non_finite, my_non_finite);
   __syncthreads();
 
-  if (d.counters != nullptr) {
+  if (counting) {
     if (tid == 0 && block_rows != 0) {
       atomicAdd(d.counters, static_cast<unsigned long long>(block_rows));
     }
-    // This tile's probes: [sum, fired, non-finite, buckets...] each, nonzero words only.
-    const int width =
-        p.num_probes - tile_begin < tile_width ? p.num_probes - tile_begin : tile_width;
-    const int record = ProbeOutcomeLayout::kBuckets + buckets;
-    for (int i = tid; i < width * record; i += blockDim.x) {
-      const int c = i / record, field = i % record;
-      unsigned long long* word =
-          d.counters + 1 + static_cast<int64_t>(tile_begin + c) * record + field;
-      if (field == ProbeOutcomeLayout::kSum) {
-        if (sum[c] != 0) atomicAdd(reinterpret_cast<double*>(word), sum[c]);
-        continue;
+    if (!direct) {
+      // This tile's probes: [sum, fired, non-finite, buckets...] each, nonzero words only.
+      const int width =
+          p.num_probes - tile_begin < tile_width ? p.num_probes - tile_begin : tile_width;
+      for (int i = tid; i < width * record; i += blockDim.x) {
+        const int c = i / record, field = i % record;
+        unsigned long long* word =
+            d.counters + 1 + static_cast<int64_t>(tile_begin + c) * record + field;
+        if (field == ProbeOutcomeLayout::kSum) {
+          if (sum[c] != 0) atomicAdd(reinterpret_cast<double*>(word), sum[c]);
+          continue;
+        }
+        const uint32_t n = field == ProbeOutcomeLayout::kFired ? fired[c]
+                           : field == ProbeOutcomeLayout::kNonFinite
+                               ? non_finite[c]
+                               : histogram[c * buckets + field - ProbeOutcomeLayout::kBuckets];
+        if (n != 0) atomicAdd(word, static_cast<unsigned long long>(n));
       }
-      const uint32_t n = field == ProbeOutcomeLayout::kFired ? fired[c]
-                         : field == ProbeOutcomeLayout::kNonFinite
-                             ? non_finite[c]
-                             : histogram[c * buckets + field - ProbeOutcomeLayout::kBuckets];
-      if (n != 0) atomicAdd(word, static_cast<unsigned long long>(n));
     }
   }
 
