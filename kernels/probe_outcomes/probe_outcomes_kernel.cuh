@@ -15,7 +15,7 @@ namespace probesidecar::kernels::probe_outcomes_detail {
 // the tile): launched early as a programmatic dependent, a block then fits beside the scoring
 // kernel's and waits resident, instead of starting only once they have gone.
 inline constexpr int kTileProbes = 128;
-inline constexpr int kMaxThreads = 128;
+inline constexpr int kMaxThreads = 256;
 // Rows each thread loads before it counts them (independent loads in flight).
 inline constexpr int kUnroll = 4;
 // Blocks in all: each adds its tile's histograms to the counters once, so more blocks means more
