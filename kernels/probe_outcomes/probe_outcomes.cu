@@ -12,6 +12,8 @@ using probe_outcomes_detail::CountProbeOutcomesKernel;
 using probe_outcomes_detail::CountSharedBytes;
 using probe_outcomes_detail::kMaxBlocks;
 using probe_outcomes_detail::kMaxThreads;
+using probe_outcomes_detail::kNarrowThreads;
+using probe_outcomes_detail::kNarrowTile;
 using probe_outcomes_detail::kTileProbes;
 using probe_outcomes_detail::kUnroll;
 
@@ -26,7 +28,8 @@ cudaError_t LaunchCountProbeOutcomes(const CountProbeOutcomesParams& params, cud
   const int tile_width = std::min(params.num_probes, kTileProbes);
   const int tiles = (params.num_probes + kTileProbes - 1) / kTileProbes;
   // Whole rows of the tile per pass, no more rows than the bucket holds.
-  const int rows_per_pass = std::max(1, std::min(kMaxThreads / tile_width, params.bucket));
+  const int threads = tile_width <= kNarrowTile ? kNarrowThreads : kMaxThreads;
+  const int rows_per_pass = std::max(1, std::min(threads / tile_width, params.bucket));
   const int passes = (params.bucket + rows_per_pass - 1) / rows_per_pass;
   // Each thread counts kUnroll rows at least (loads in flight), within kMaxBlocks blocks.
   const int row_groups =

@@ -10,12 +10,17 @@
 
 namespace probesidecar::kernels::probe_outcomes_detail {
 
-// Probes per block (the columns of one tile); a block has up to kMaxThreads threads, a whole
-// number of rows of the tile per pass. Blocks are kept small (threads, and shared memory sized to
-// the tile): launched early as a programmatic dependent, a block then fits beside the scoring
-// kernel's and waits resident, instead of starting only once they have gone.
+// Probes per block (the columns of one tile); a block has up to kMaxThreads threads (up to
+// kNarrowThreads for a tile of at most kNarrowTile probes), a whole number of rows of the tile
+// per pass, and shared memory sized to the tile: launched early as a programmatic dependent, a
+// small block fits beside the scoring kernel's and waits resident, instead of starting only once
+// they have gone. Narrow tiles gain from it; wider ones do not: their blocks would each add a
+// histogram of many probes to the counters, twice as many blocks for the same rows (H200,
+// bench/results/outcomes.md at 8721e7c and ccd07fb, 128 and 256 threads).
 inline constexpr int kTileProbes = 128;
 inline constexpr int kMaxThreads = 256;
+inline constexpr int kNarrowTile = 4;
+inline constexpr int kNarrowThreads = 128;
 // Rows each thread loads before it counts them (independent loads in flight).
 inline constexpr int kUnroll = 4;
 // Blocks in all: each adds its tile's histograms to the counters once, so more blocks means more
@@ -58,8 +63,10 @@ __device__ __forceinline__ int Bucket(const float* bounds, int num_bounds, float
 // block's non-finite scores go to the running total; where the descriptor asks, the request's
 // non-finite count is published (by the last block to finish, which resets the scratch).
 // Everything that does not depend on the scores (the descriptor, the thresholds, the bounds, the
-// zeroed histogram) is ready before the grid-dependency wait.
-__global__ void __launch_bounds__(kMaxThreads)
+// zeroed histogram) is ready before the grid-dependency wait. At most 64 registers a thread (4
+// blocks of kMaxThreads an SM): a bounded footprint beside the scoring kernel's blocks, and no
+// spill (ptxas spills at its own choice of 48).
+__global__ void __launch_bounds__(kMaxThreads, 4)
     CountProbeOutcomesKernel(const __grid_constant__ CountProbeOutcomesParams p) {
   extern __shared__ __align__(8) unsigned char shared[];
   __shared__ uint32_t block_non_finite;
@@ -109,8 +116,6 @@ __global__ void __launch_bounds__(kMaxThreads)
   // descriptor was written before that kernel started, so it is visible already.
   blocks::GridDependencyWait();
 
-  unsigned long long* const probe_record =
-      counting ? d.counters + 1 + static_cast<int64_t>(probe) * record : nullptr;
   const int64_t stride = static_cast<int64_t>(rows_per_pass) * gridDim.x;
   uint32_t my_fired = 0, my_non_finite = 0;
   double my_sum = 0;
@@ -144,13 +149,16 @@ __global__ void __launch_bounds__(kMaxThreads)
         my_fired += s >= threshold ? 1u : 0u;  // false for a NaN threshold
         const int b = Bucket(bounds, p.num_bounds, s);
         if (direct) {
-          atomicAdd(probe_record + ProbeOutcomeLayout::kBuckets + b, 1ull);
+          atomicAdd(d.counters + 1 + static_cast<int64_t>(probe) * record +
+                        ProbeOutcomeLayout::kBuckets + b,
+                    1ull);
         } else {
           atomicAdd(&histogram[column * buckets + b], 1u);
         }
       }
     }
     if (counting && direct) {
+      unsigned long long* const probe_record = d.counters + 1 + static_cast<int64_t>(probe) * record;
       if (my_sum != 0) atomicAdd(reinterpret_cast<double*>(probe_record), my_sum);
       if (my_fired != 0) atomicAdd(probe_record + ProbeOutcomeLayout::kFired, 1ull * my_fired);
       if (my_non_finite != 0) {
