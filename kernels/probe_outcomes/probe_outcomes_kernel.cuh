@@ -16,7 +16,7 @@ namespace probesidecar::kernels::probe_outcomes_detail {
 // small block fits beside the scoring kernel's and waits resident, instead of starting only once
 // they have gone. Narrow tiles gain from it; wider ones do not: their blocks would each add a
 // histogram of many probes to the counters, twice as many blocks for the same rows (H200,
-// bench/results/outcomes.md at 8721e7c and ccd07fb, 128 and 256 threads).
+// bench/results/outcomes_8721e7c.md and outcomes_ccd07fb.md: 128 and 256 threads).
 inline constexpr int kTileProbes = 128;
 inline constexpr int kMaxThreads = 256;
 inline constexpr int kNarrowTile = 4;
