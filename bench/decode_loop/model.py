@@ -119,17 +119,21 @@ class Decoder:
     def step(self, slot: int, tap=None) -> None:
         """One decode step (capturable). `tap(slot)`, if given, runs right after the hidden state
         is written, inside the step, as an in-process probe hook would."""
-        # This token attends to the cache entries written so far and to itself; later entries
-        # hold an earlier run's tokens (or zeros) and are masked out.
-        self.mask.zero_().masked_fill_(self.kv_index > self.pos, float("-inf"))
-        out = self.model.model(input_ids=self.ids, past_key_values=self.cache,
-                               position_ids=self.pos, attention_mask=self.mask, use_cache=True)
         hidden = self.hidden[slot]
-        hidden.copy_(out.last_hidden_state[:, -1])
+        hidden.copy_(self._last_position(self.ids, self.pos, self.mask))
         if tap is not None:
             tap(slot)
         self.ids.copy_(self.model.lm_head(hidden).argmax(-1, keepdim=True))
         self.pos.add_(1)
+
+    def _last_position(self, ids, pos, mask) -> torch.Tensor:
+        """The forward of one step: the final norm's output at each sequence's last position."""
+        # This token attends to the cache entries written so far and to itself; later entries
+        # hold an earlier run's tokens (or zeros) and are masked out.
+        mask.zero_().masked_fill_(self.kv_index > pos, float("-inf"))
+        out = self.model.model(input_ids=ids, past_key_values=self.cache, position_ids=pos,
+                               attention_mask=mask, use_cache=True)
+        return out.last_hidden_state[:, -1]
 
     def compiled(self, write=None, compile: bool = True):
         """A step function like step() (call it as step(slot)) whose forward — the mask, the
@@ -137,16 +141,11 @@ class Decoder:
         `write(h)`, if given, is traced into it on that last position, as a tap's operator is in a
         compiled model (transformers' hook does the same). compile=False: the same function
         uncompiled (a CPU dry run)."""
-        model, cache, kv_index = self.model, self.cache, self.kv_index
-
         def forward(ids, pos, mask):
-            mask.zero_().masked_fill_(kv_index > pos, float("-inf"))
-            out = model.model(input_ids=ids, past_key_values=cache, position_ids=pos,
-                              attention_mask=mask, use_cache=True)
-            last = out.last_hidden_state[:, -1]
+            last = self._last_position(ids, pos, mask)
             if write is not None:
                 write(last)
-            return last, model.lm_head(last).argmax(-1, keepdim=True)
+            return last, self.model.lm_head(last).argmax(-1, keepdim=True)
 
         run = torch.compile(forward, dynamic=False) if compile else forward
 

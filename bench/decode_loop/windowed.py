@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import json
+import os
 import pathlib
 import shlex
 import sys
@@ -40,13 +40,21 @@ import tempfile
 import time
 import types
 
+import torch
+
 HERE = pathlib.Path(__file__).resolve().parent
 sys.path.append(str(HERE.parent))  # bench/: receipt.py
 
 import receipt  # noqa: E402
 
 import interleave  # noqa: E402
+import model as model_lib  # noqa: E402
+import run as run_lib  # noqa: E402
+import variants  # noqa: E402
 import windowed_report  # noqa: E402
+import worker  # noqa: E402
+from probe_sidecar import tap_op  # noqa: E402
+from probe_sidecar.torch import TorchClient  # noqa: E402
 
 LAG_STEPS = 16  # the host runs at most this many steps ahead of the GPU (both loops alike)
 WARM_WINDOWS = 2  # untimed windows of each tapped loop first: the sidecar captures its graphs
@@ -71,14 +79,6 @@ def main() -> int:
     args = parser.parse_args()
     identity = receipt.from_args(args)
     started = time.monotonic()
-    import os
-
-    import torch
-
-    import model as model_lib
-    import run as run_lib
-    import worker
-
     server = args.server or os.environ.get("PROBE_SIDECAR_BIN")
     if not server:
         raise SystemExit("no probe-sidecar binary: --server or $PROBE_SIDECAR_BIN")
@@ -106,8 +106,6 @@ def main() -> int:
     if problem:
         raise SystemExit(f"probe-sidecar: {problem}")
     try:
-        from probe_sidecar.torch import TorchClient
-
         client = TorchClient(target)
         info = client.client.server_info()
         doc.update(device=info.device_name if not dry else device.description(),
@@ -150,11 +148,6 @@ class Bench:
         self.batch_s = 0.0
 
     def batch(self, batch: int, profile: bool) -> None:
-        import torch
-
-        import model as model_lib
-        import worker
-
         started = time.monotonic()
         steps = self.args.windows_per_block * max(self.windows)
         decoder = model_lib.Decoder(self.model, batch, worker.PROMPT_LEN, steps, ring=2,
@@ -185,16 +178,11 @@ class Bench:
 
     def new_tap(self, batch: int, window: int):
         where = {"device": "cpu"} if self.dry else {}
-        import worker
-
         return self.client.tap(worker.PROBE_SET, max_batch=batch, window=window,
                                dtype=self.model.dtype, **where)
 
     def capture(self, decoder, kind: str, batch: int):
         """(base graphs, {K: tapped graphs}, {K: tap}): two graphs (one per hidden slot) each."""
-        import variants
-        from probe_sidecar import tap_op
-
         device, compile = self.device, not self.dry
         taps = {k: self.new_tap(batch, k) for k in self.windows}
 
@@ -274,10 +262,6 @@ class Bench:
     def check(self, decoder, tapped, tap, window: int, batch: int) -> dict:
         """One window of the tapped loop, untimed, every step's hidden state kept: its scores
         against float64."""
-        import torch
-
-        import variants
-
         hidden = decoder.hidden
         kept = torch.empty((window, batch, hidden.shape[2]), dtype=hidden.dtype,
                            device=hidden.device)
