@@ -116,6 +116,9 @@ __global__ void __launch_bounds__(kMaxThreads, 4)
   // descriptor was written before that kernel started, so it is visible already.
   blocks::GridDependencyWait();
 
+  // This thread's probe's record in the counters (the direct adds').
+  unsigned long long* const probe_record =
+      counting ? d.counters + 1 + static_cast<int64_t>(probe) * record : nullptr;
   const int64_t stride = static_cast<int64_t>(rows_per_pass) * gridDim.x;
   uint32_t my_fired = 0, my_non_finite = 0;
   double my_sum = 0;
@@ -149,16 +152,13 @@ __global__ void __launch_bounds__(kMaxThreads, 4)
         my_fired += s >= threshold ? 1u : 0u;  // false for a NaN threshold
         const int b = Bucket(bounds, p.num_bounds, s);
         if (direct) {
-          atomicAdd(d.counters + 1 + static_cast<int64_t>(probe) * record +
-                        ProbeOutcomeLayout::kBuckets + b,
-                    1ull);
+          atomicAdd(probe_record + ProbeOutcomeLayout::kBuckets + b, 1ull);
         } else {
           atomicAdd(&histogram[column * buckets + b], 1u);
         }
       }
     }
     if (counting && direct) {
-      unsigned long long* const probe_record = d.counters + 1 + static_cast<int64_t>(probe) * record;
       if (my_sum != 0) atomicAdd(reinterpret_cast<double*>(probe_record), my_sum);
       if (my_fired != 0) atomicAdd(probe_record + ProbeOutcomeLayout::kFired, 1ull * my_fired);
       if (my_non_finite != 0) {

@@ -62,9 +62,10 @@ struct ProbeSet {
   // ListProbeSets), ascending, at most kernels::kMaxScoreBounds.
   std::vector<float> score_bounds;
   // Whether its outcomes are counted (--probe-outcomes, LoadProbeSetRequest.outcome_counting),
-  // resolved at load. Not counted: the executor attaches counters still (the graphs' shape does
-  // not depend on them) but counts nothing into them, and skips the count where nothing of the
-  // answer needs its pass over the scores.
+  // resolved at load. Not counted: the CPU backend makes no counters; the CUDA backend keeps the
+  // set's thresholds and bounds on the device (the count kernel reads them where the answer still
+  // needs its pass: a response's copy, a synchronous output's non-finite count) but never gives a
+  // request a counter slot, and leaves the count out of the graph where nothing needs it.
   bool count_outcomes = true;
   // The weights in the form the executor scores with. On the CUDA backend a kernels::ProbeWeights
   // (the device copy) per served device, by ordinal: a set is placed on every device. On the CPU

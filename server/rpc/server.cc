@@ -63,7 +63,8 @@ LogLevel ParseLogLevel(const std::string& name) {
 // start (an error, already logged); the bundled directory only warns.
 absl::StatusOr<uint64_t> LoadProbesAtStart(const Config& config, bool bundled,
                                            ProbeRegistry& probes) {
-  absl::StatusOr<std::vector<absl::Status>> failed = probes.LoadDirectory(ProbeSetOptions(config.probe_precision, config.count_outcomes));
+  absl::StatusOr<std::vector<absl::Status>> failed =
+      probes.LoadDirectory(ProbeSetOptions(config.probe_precision, config.count_outcomes));
   if (!failed.ok()) {
     if (!bundled) {
       LogError("cannot start: --probes %s: %s", probes.probes_dir(), failed.status().message());
