@@ -35,7 +35,7 @@ cudaError_t LaunchCountProbeOutcomes(const CountProbeOutcomesParams& params, cud
   const int row_groups =
       std::max(1, std::min((passes + kUnroll - 1) / kUnroll, std::max(1, kMaxBlocks / tiles)));
   const dim3 grid(row_groups, tiles), block(tile_width * rows_per_pass);
-  const size_t shared = CountSharedBytes(tile_width, params.num_bounds);
+  const size_t shared = CountSharedBytes(static_cast<int>(block.x), tile_width, params.num_bounds);
   if (launch == OutcomeLaunch::kProgrammatic) {
     const cudaError_t e = blocks::LaunchProgrammaticDependent(CountProbeOutcomesKernel, grid, block,
                                                               shared, stream, params);

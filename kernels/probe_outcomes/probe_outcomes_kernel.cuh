@@ -28,14 +28,16 @@ inline constexpr int kUnroll = 4;
 inline constexpr int kMaxBlocks = 512;
 // A request of at most this many rows is counted straight into the counters (each word gets at
 // most this many adds): no histogram in shared memory, no pass over it after a barrier.
-inline constexpr int kDirectRows = 32;
+inline constexpr int kDirectRows = 64;
 
-// The dynamic shared memory of a block of `tile_width` probes and `num_bounds` bounds: per probe
-// the sum of its finite scores (double), its fired and non-finite counts and its histogram, then
-// the bounds.
-__host__ __device__ constexpr size_t CountSharedBytes(int tile_width, int num_bounds) {
-  return static_cast<size_t>(tile_width) * (sizeof(double) + 2 * sizeof(uint32_t) +
-                                            sizeof(uint32_t) * (num_bounds + 1)) +
+// The dynamic shared memory of a block of `threads` threads, `tile_width` probes and `num_bounds`
+// bounds: per thread its sum of finite scores (double), fired and non-finite counts, added up per
+// probe column in a fixed order after the barrier (shared atomics on one word per column
+// serialised the up to 128 threads of a narrow tile's column, a double's add as a compare-and-swap
+// loop); per probe its histogram; then the bounds.
+__host__ __device__ constexpr size_t CountSharedBytes(int threads, int tile_width, int num_bounds) {
+  return static_cast<size_t>(threads) * (sizeof(double) + 2 * sizeof(uint32_t)) +
+         static_cast<size_t>(tile_width) * sizeof(uint32_t) * (num_bounds + 1) +
          sizeof(float) * num_bounds;
 }
 
@@ -55,13 +57,14 @@ __device__ __forceinline__ int Bucket(const float* bounds, int num_bounds, float
 }
 
 // Grid: (row groups, probe tiles); block: tile_width x rows_per_pass threads, tile_width =
-// min(P, kTileProbes); dynamic shared memory CountSharedBytes(tile_width, B). Thread t counts
-// probe column t % tile_width of the tile over the rows (t / tile_width) + k * rows_per_pass *
-// gridDim.x, kUnroll rows at a time, in registers and (past kDirectRows rows) a shared-memory
-// histogram that the block then adds to the slot's counters (nonzero words only); at most
-// kDirectRows rows, each score's bucket and each thread's sums go to the counters directly. The
-// block's non-finite scores go to the running total; where the descriptor asks, the request's
-// non-finite count is published (by the last block to finish, which resets the scratch).
+// min(P, kTileProbes); dynamic shared memory CountSharedBytes(threads, tile_width, B). Thread t
+// counts probe column t % tile_width of the tile over the rows (t / tile_width) + k *
+// rows_per_pass * gridDim.x, kUnroll rows at a time, in registers and (past kDirectRows rows) a
+// shared-memory histogram, which the block then adds to the slot's counters with its threads'
+// sums and counts (nonzero words only); at most kDirectRows rows, each score's bucket and each
+// thread's sums go to the counters directly. The block's non-finite scores go to the running
+// total; where the descriptor asks, the request's non-finite count is published (by the last
+// block to finish, which resets the scratch).
 // Everything that does not depend on the scores (the descriptor, the thresholds, the bounds, the
 // zeroed histogram) is ready before the grid-dependency wait. At most 64 registers a thread (4
 // blocks of kMaxThreads an SM): a bounded footprint beside the scoring kernel's blocks, and no
@@ -79,25 +82,21 @@ __global__ void __launch_bounds__(kMaxThreads, 4)
   const int record = ProbeOutcomeLayout::kBuckets + buckets;
   const int tile_begin = static_cast<int>(blockIdx.y) * kTileProbes;
   const int tid = static_cast<int>(threadIdx.x);
-  double* sum = reinterpret_cast<double*>(shared);
-  uint32_t* fired = reinterpret_cast<uint32_t*>(sum + tile_width);
-  uint32_t* non_finite = fired + tile_width;
-  uint32_t* histogram = non_finite + tile_width;
+  const int threads = static_cast<int>(blockDim.x);
+  double* thread_sum = reinterpret_cast<double*>(shared);
+  uint32_t* thread_fired = reinterpret_cast<uint32_t*>(thread_sum + threads);
+  uint32_t* thread_non_finite = thread_fired + threads;
+  uint32_t* histogram = thread_non_finite + threads;
   float* bounds = reinterpret_cast<float*>(histogram + tile_width * buckets);
   const bool counting = d.counters != nullptr;
   const bool direct = d.num_rows <= kDirectRows;
   if (counting && !direct) {
-    for (int i = tid; i < tile_width * buckets; i += blockDim.x) histogram[i] = 0;
-    for (int i = tid; i < tile_width; i += blockDim.x) {
-      fired[i] = 0;
-      non_finite[i] = 0;
-      sum[i] = 0;
-    }
+    for (int i = tid; i < tile_width * buckets; i += threads) histogram[i] = 0;
   }
-  for (int i = tid; i < p.num_bounds; i += blockDim.x) bounds[i] = __ldg(p.bounds + i);
+  for (int i = tid; i < p.num_bounds; i += threads) bounds[i] = __ldg(p.bounds + i);
   const int column = tid % tile_width;
   const int probe = tile_begin + column;
-  const int rows_per_pass = static_cast<int>(blockDim.x) / tile_width;
+  const int rows_per_pass = threads / tile_width;
   const bool active = probe < p.num_probes && tid < tile_width * rows_per_pass;
   const float threshold = active ? __ldg(p.thresholds + probe) : 0.0f;
   if (tid == 0) {
@@ -164,11 +163,12 @@ __global__ void __launch_bounds__(kMaxThreads, 4)
       if (my_non_finite != 0) {
         atomicAdd(probe_record + ProbeOutcomeLayout::kNonFinite, 1ull * my_non_finite);
       }
-    } else if (counting) {
-      if (my_fired != 0) atomicAdd(&fired[column], my_fired);
-      if (my_non_finite != 0) atomicAdd(&non_finite[column], my_non_finite);
-      if (my_sum != 0) atomicAdd(&sum[column], my_sum);
     }
+  }
+  if (counting && !direct) {
+    thread_sum[tid] = my_sum;
+    thread_fired[tid] = my_fired;
+    thread_non_finite[tid] = my_non_finite;
   }
   // (Blocks need not be whole warps, so no warp shuffle: non-finite scores are rare.)
   if (my_non_finite != 0) atomicAdd(&block_non_finite, my_non_finite);
@@ -179,21 +179,28 @@ __global__ void __launch_bounds__(kMaxThreads, 4)
       atomicAdd(d.counters, static_cast<unsigned long long>(block_rows));
     }
     if (!direct) {
-      // This tile's probes: [sum, fired, non-finite, buckets...] each, nonzero words only.
+      // This tile's probes: [sum, fired, non-finite, buckets...] each, nonzero words only; a
+      // column's sums and counts added up over its threads in row order.
       const int width =
           p.num_probes - tile_begin < tile_width ? p.num_probes - tile_begin : tile_width;
-      for (int i = tid; i < width * record; i += blockDim.x) {
+      for (int i = tid; i < width * record; i += threads) {
         const int c = i / record, field = i % record;
         unsigned long long* word =
             d.counters + 1 + static_cast<int64_t>(tile_begin + c) * record + field;
         if (field == ProbeOutcomeLayout::kSum) {
-          if (sum[c] != 0) atomicAdd(reinterpret_cast<double*>(word), sum[c]);
+          double total = 0;
+          for (int r = 0; r < rows_per_pass; ++r) total += thread_sum[r * tile_width + c];
+          if (total != 0) atomicAdd(reinterpret_cast<double*>(word), total);
           continue;
         }
-        const uint32_t n = field == ProbeOutcomeLayout::kFired ? fired[c]
-                           : field == ProbeOutcomeLayout::kNonFinite
-                               ? non_finite[c]
-                               : histogram[c * buckets + field - ProbeOutcomeLayout::kBuckets];
+        uint32_t n = 0;
+        if (field == ProbeOutcomeLayout::kFired || field == ProbeOutcomeLayout::kNonFinite) {
+          const uint32_t* part =
+              field == ProbeOutcomeLayout::kFired ? thread_fired : thread_non_finite;
+          for (int r = 0; r < rows_per_pass; ++r) n += part[r * tile_width + c];
+        } else {
+          n = histogram[c * buckets + field - ProbeOutcomeLayout::kBuckets];
+        }
         if (n != 0) atomicAdd(word, static_cast<unsigned long long>(n));
       }
     }
