@@ -127,8 +127,8 @@ struct ProbeOutcomeDescriptor {
 // Grid: (row groups, probe tiles of 128 probes), threads: a multiple of the tile's width (each
 // thread one probe column, several rows), at most 256 (128 for 4 probes or fewer); a histogram
 // per probe of the tile in shared memory, added to the counters once per block (a request of at
-// most 1024 rows: each thread's runs of scores in one bucket added to the counters directly);
-// where asked, the request's non-finite count is published (by the last block to finish).
+// most 64 rows: each score added to the counters directly); where asked, the request's
+// non-finite count is published (by the last block to finish).
 struct CountProbeOutcomesParams {
   const ProbeOutcomeDescriptor* descriptor = nullptr;  // [1] device
   const float* thresholds = nullptr;                   // [P] device; NaN: none

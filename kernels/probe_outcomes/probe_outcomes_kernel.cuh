@@ -26,10 +26,9 @@ inline constexpr int kUnroll = 4;
 // Blocks in all: each adds its tile's histograms to the counters once, so more blocks means more
 // global atomics on the same words.
 inline constexpr int kMaxBlocks = 512;
-// A request of at most this many rows is counted straight into the counters: no histogram in
-// shared memory, no pass over it after a barrier. A thread adds a run of scores in the same
-// bucket at once, so a bucket word gets at most this many adds and usually far fewer.
-inline constexpr int kDirectRows = 1024;
+// A request of at most this many rows is counted straight into the counters (each word gets at
+// most this many adds): no histogram in shared memory, no pass over it after a barrier.
+inline constexpr int kDirectRows = 64;
 
 // The dynamic shared memory of a block of `threads` threads, `tile_width` probes and `num_bounds`
 // bounds: per thread its sum of finite scores (double), fired and non-finite counts, added up per
@@ -122,8 +121,6 @@ __global__ void __launch_bounds__(kMaxThreads, 4)
   const int64_t stride = static_cast<int64_t>(rows_per_pass) * gridDim.x;
   uint32_t my_fired = 0, my_non_finite = 0;
   double my_sum = 0;
-  int run_bucket = 0;  // the direct adds': a run of run_count scores in bucket run_bucket
-  uint32_t run_count = 0;
   if (active) {
     for (int64_t first = static_cast<int64_t>(blockIdx.x) * rows_per_pass + tid / tile_width;
          first < d.num_rows; first += kUnroll * stride) {
@@ -154,21 +151,13 @@ __global__ void __launch_bounds__(kMaxThreads, 4)
         my_fired += s >= threshold ? 1u : 0u;  // false for a NaN threshold
         const int b = Bucket(bounds, p.num_bounds, s);
         if (direct) {
-          if (b != run_bucket && run_count != 0) {
-            atomicAdd(probe_record + ProbeOutcomeLayout::kBuckets + run_bucket, 1ull * run_count);
-            run_count = 0;
-          }
-          run_bucket = b;
-          ++run_count;
+          atomicAdd(probe_record + ProbeOutcomeLayout::kBuckets + b, 1ull);
         } else {
           atomicAdd(&histogram[column * buckets + b], 1u);
         }
       }
     }
     if (counting && direct) {
-      if (run_count != 0) {
-        atomicAdd(probe_record + ProbeOutcomeLayout::kBuckets + run_bucket, 1ull * run_count);
-      }
       if (my_sum != 0) atomicAdd(reinterpret_cast<double*>(probe_record), my_sum);
       if (my_fired != 0) atomicAdd(probe_record + ProbeOutcomeLayout::kFired, 1ull * my_fired);
       if (my_non_finite != 0) {
