@@ -30,14 +30,21 @@ inline constexpr int kMaxBlocks = 512;
 // most this many adds): no histogram in shared memory, no pass over it after a barrier.
 inline constexpr int kDirectRows = 64;
 
+// Whether a block's threads leave their sums and counts in shared memory, added up per probe
+// column in a fixed order after the barrier, rather than adding them into one shared word per
+// column: with many threads to a column (a narrow tile) those adds serialised, a double's add as
+// a compare-and-swap loop (H200, bench/results/outcomes_d7ff9e8.md: R = 64-8192 at P <= 64 took
+// 1-5 µs less); with few, the per-thread records cost more than they saved (1-2 µs more at
+// R = 1024, P >= 64).
+__host__ __device__ constexpr bool CountsPerThread(int rows_per_pass) { return rows_per_pass > 4; }
+
 // The dynamic shared memory of a block of `threads` threads, `tile_width` probes and `num_bounds`
-// bounds: per thread its sum of finite scores (double), fired and non-finite counts, added up per
-// probe column in a fixed order after the barrier (shared atomics on one word per column
-// serialised the up to 128 threads of a narrow tile's column, a double's add as a compare-and-swap
-// loop); per probe its histogram; then the bounds.
+// bounds: per probe its sum of finite scores (double), fired and non-finite counts and histogram;
+// where CountsPerThread, per thread its sum, fired and non-finite counts; then the bounds.
 __host__ __device__ constexpr size_t CountSharedBytes(int threads, int tile_width, int num_bounds) {
-  return static_cast<size_t>(threads) * (sizeof(double) + 2 * sizeof(uint32_t)) +
-         static_cast<size_t>(tile_width) * sizeof(uint32_t) * (num_bounds + 1) +
+  const size_t per = sizeof(double) + 2 * sizeof(uint32_t);
+  return (CountsPerThread(threads / tile_width) ? static_cast<size_t>(threads) * per : 0) +
+         static_cast<size_t>(tile_width) * (per + sizeof(uint32_t) * (num_bounds + 1)) +
          sizeof(float) * num_bounds;
 }
 
@@ -83,20 +90,30 @@ __global__ void __launch_bounds__(kMaxThreads, 4)
   const int tile_begin = static_cast<int>(blockIdx.y) * kTileProbes;
   const int tid = static_cast<int>(threadIdx.x);
   const int threads = static_cast<int>(blockDim.x);
+  const int rows_per_pass = threads / tile_width;
+  const bool per_thread = CountsPerThread(rows_per_pass);
+  // Doubles first, then 32-bit words: [threads or 0] sums, [tile_width] sums, then the counts.
   double* thread_sum = reinterpret_cast<double*>(shared);
-  uint32_t* thread_fired = reinterpret_cast<uint32_t*>(thread_sum + threads);
-  uint32_t* thread_non_finite = thread_fired + threads;
-  uint32_t* histogram = thread_non_finite + threads;
+  double* sum = thread_sum + (per_thread ? threads : 0);
+  uint32_t* thread_fired = reinterpret_cast<uint32_t*>(sum + tile_width);
+  uint32_t* thread_non_finite = thread_fired + (per_thread ? threads : 0);
+  uint32_t* fired = thread_non_finite + (per_thread ? threads : 0);
+  uint32_t* non_finite = fired + tile_width;
+  uint32_t* histogram = non_finite + tile_width;
   float* bounds = reinterpret_cast<float*>(histogram + tile_width * buckets);
   const bool counting = d.counters != nullptr;
   const bool direct = d.num_rows <= kDirectRows;
   if (counting && !direct) {
     for (int i = tid; i < tile_width * buckets; i += threads) histogram[i] = 0;
+    for (int i = tid; i < tile_width; i += threads) {
+      fired[i] = 0;
+      non_finite[i] = 0;
+      sum[i] = 0;
+    }
   }
   for (int i = tid; i < p.num_bounds; i += threads) bounds[i] = __ldg(p.bounds + i);
   const int column = tid % tile_width;
   const int probe = tile_begin + column;
-  const int rows_per_pass = threads / tile_width;
   const bool active = probe < p.num_probes && tid < tile_width * rows_per_pass;
   const float threshold = active ? __ldg(p.thresholds + probe) : 0.0f;
   if (tid == 0) {
@@ -165,10 +182,14 @@ __global__ void __launch_bounds__(kMaxThreads, 4)
       }
     }
   }
-  if (counting && !direct) {
+  if (counting && !direct && per_thread) {
     thread_sum[tid] = my_sum;
     thread_fired[tid] = my_fired;
     thread_non_finite[tid] = my_non_finite;
+  } else if (counting && !direct && active) {
+    if (my_fired != 0) atomicAdd(&fired[column], my_fired);
+    if (my_non_finite != 0) atomicAdd(&non_finite[column], my_non_finite);
+    if (my_sum != 0) atomicAdd(&sum[column], my_sum);
   }
   // (Blocks need not be whole warps, so no warp shuffle: non-finite scores are rare.)
   if (my_non_finite != 0) atomicAdd(&block_non_finite, my_non_finite);
@@ -179,8 +200,8 @@ __global__ void __launch_bounds__(kMaxThreads, 4)
       atomicAdd(d.counters, static_cast<unsigned long long>(block_rows));
     }
     if (!direct) {
-      // This tile's probes: [sum, fired, non-finite, buckets...] each, nonzero words only; a
-      // column's sums and counts added up over its threads in row order.
+      // This tile's probes: [sum, fired, non-finite, buckets...] each, nonzero words only (per
+      // thread records added up over the column's threads in row order).
       const int width =
           p.num_probes - tile_begin < tile_width ? p.num_probes - tile_begin : tile_width;
       for (int i = tid; i < width * record; i += threads) {
@@ -188,16 +209,21 @@ __global__ void __launch_bounds__(kMaxThreads, 4)
         unsigned long long* word =
             d.counters + 1 + static_cast<int64_t>(tile_begin + c) * record + field;
         if (field == ProbeOutcomeLayout::kSum) {
-          double total = 0;
-          for (int r = 0; r < rows_per_pass; ++r) total += thread_sum[r * tile_width + c];
+          double total = sum[c];
+          if (per_thread) {
+            for (int r = 0; r < rows_per_pass; ++r) total += thread_sum[r * tile_width + c];
+          }
           if (total != 0) atomicAdd(reinterpret_cast<double*>(word), total);
           continue;
         }
-        uint32_t n = 0;
+        uint32_t n;
         if (field == ProbeOutcomeLayout::kFired || field == ProbeOutcomeLayout::kNonFinite) {
-          const uint32_t* part =
-              field == ProbeOutcomeLayout::kFired ? thread_fired : thread_non_finite;
-          for (int r = 0; r < rows_per_pass; ++r) n += part[r * tile_width + c];
+          const bool is_fired = field == ProbeOutcomeLayout::kFired;
+          n = is_fired ? fired[c] : non_finite[c];
+          if (per_thread) {
+            const uint32_t* part = is_fired ? thread_fired : thread_non_finite;
+            for (int r = 0; r < rows_per_pass; ++r) n += part[r * tile_width + c];
+          }
         } else {
           n = histogram[c * buckets + field - ProbeOutcomeLayout::kBuckets];
         }
