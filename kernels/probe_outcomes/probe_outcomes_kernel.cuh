@@ -33,9 +33,9 @@ inline constexpr int kDirectRows = 64;
 // Whether a block's threads leave their sums and counts in shared memory, added up per probe
 // column in a fixed order after the barrier, rather than adding them into one shared word per
 // column: with many threads to a column (a narrow tile) those adds serialised, a double's add as
-// a compare-and-swap loop (H200, bench/results/outcomes_d7ff9e8.md: R = 64-8192 at P <= 64 took
-// 1-5 µs less); with few, the per-thread records cost more than they saved (1-2 µs more at
-// R = 1024, P >= 64).
+// a compare-and-swap loop (H200, bench/results/outcomes_d7ff9e8.md against outcomes_85c1b88.md:
+// R = 64-8192 at P <= 64 took 1-5 µs less); with few, the per-thread records cost more than they
+// saved (1-2 µs more at R = 1024, P >= 64).
 __host__ __device__ constexpr bool CountsPerThread(int rows_per_pass) { return rows_per_pass > 4; }
 
 // The dynamic shared memory of a block of `threads` threads, `tile_width` probes and `num_bounds`
