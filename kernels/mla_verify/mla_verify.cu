@@ -203,12 +203,15 @@ cudaError_t PlanMlaVerify(const MlaVerifyParams& params, MlaVerifyPath path, Mla
   // A request splits into about num_parts / batch + 1 parts: with up to ~5, a warp per row
   // merges them in two rounds of loads.
   made.combine_rows = made.num_parts <= 4 * params.batch;
+  made.plan_in_block = path == MlaVerifyPath::kSplitKvSm90a && mla::PlanInBlock(params.batch);
   made.workspace = ws;
   made.id = ++ws->plans_made;
-  mla::MlaVerifyPlanKernel<<<1, 1024, 0, stream>>>(params.cache_seqlens, params.batch,
-                                                   made.num_parts, ws->plan);
-  const cudaError_t err = cudaGetLastError();
-  if (err != cudaSuccess) return err;
+  if (!made.plan_in_block) {
+    mla::MlaVerifyPlanKernel<<<1, 1024, 0, stream>>>(params.cache_seqlens, params.batch,
+                                                     made.num_parts, ws->plan);
+    const cudaError_t err = cudaGetLastError();
+    if (err != cudaSuccess) return err;
+  }
   *plan = made;
   return cudaSuccess;
 }
@@ -222,7 +225,8 @@ cudaError_t RunMlaVerify(const MlaVerifyPlan& plan, const MlaVerifyParams& param
   }
   const cudaError_t check = CheckMlaVerifyParams(params, ws);
   if (check != cudaSuccess) return check;
-  const KernelArgs args = MakeArgs(params, ws);
+  KernelArgs args = MakeArgs(params, ws);
+  if (plan.plan_in_block) args.plan_store = ws->plan;
   cudaError_t err = cudaSuccess;
   switch (plan.path) {
     case MlaVerifyPath::kSplitKvSm90a:

@@ -139,8 +139,9 @@ struct MlaVerifyWorkspace {
 
 // What RunMlaVerify launches: the path, its grid and the shape it was made for. The plan kernel
 // PlanMlaVerify enqueues writes the device part (per-request split bookkeeping, from the lengths
-// on the device) into the workspace; RunMlaVerify only reads it and refuses a plan that is not
-// the workspace's latest, or params of another shape.
+// on the device) into the workspace, or, for small batches on the sm_90a path (plan_in_block),
+// the attention kernel makes it itself; RunMlaVerify refuses a plan that is not the workspace's
+// latest, or params of another shape.
 struct MlaVerifyPlan {
   MlaVerifyPath path = MlaVerifyPath::kSplitKv;
   int32_t batch = 0, s_q = 0, h_q = 0;
@@ -150,6 +151,10 @@ struct MlaVerifyPlan {
   bool combine_rows = false;  // combine with a warp per query row (few splits per request)
   // split_kv_sm90a: the tile's schedule (never kAuto in a plan).
   MlaVerifySm90aSchedule sm90a_schedule = MlaVerifySm90aSchedule::kAuto;
+  // split_kv_sm90a with at most mla::kBlockPlanMaxBatch requests: no plan kernel; the attention
+  // kernel's blocks plan themselves from the lengths on the device when RunMlaVerify's launch
+  // runs, and one of them stores the plan into the workspace for the combine.
+  bool plan_in_block = false;
   const MlaVerifyWorkspace* workspace = nullptr;
   uint64_t id = 0;  // workspace->plans_made when this plan was made
 };
@@ -179,7 +184,9 @@ cudaError_t CheckMlaVerifyParams(const MlaVerifyParams& params, const MlaVerifyW
 
 // The plan of a split path (kSplitKv or kSplitKvSm90a; the latter needs workspace->has_sm90a,
 // else cudaErrorInvalidDeviceFunction) for params.batch / s_q / h_q and the lengths in
-// params.cache_seqlens (read on the device): fills *plan and enqueues one small kernel.
+// params.cache_seqlens (read on the device): fills *plan and enqueues one small kernel (none for
+// kSplitKvSm90a with at most mla::kBlockPlanMaxBatch requests: there each RunMlaVerify's
+// attention kernel plans from the lengths as they are when it runs).
 cudaError_t PlanMlaVerify(const MlaVerifyParams& params, MlaVerifyPath path,
                           MlaVerifyWorkspace* workspace, cudaStream_t stream, MlaVerifyPlan* plan);
 // Attention + combine as planned (same batch, s_q, h_q and lengths; the pointers may differ,

@@ -24,6 +24,9 @@ inline constexpr int kChunksPerRow = kMlaHeadDimQk / 8;  // 16-byte chunks per 5
 struct KernelArgs {
   MlaVerifyParams p;
   const int32_t* plan = nullptr;  // device plan (split mode), see mla_verify_plan.h
+  // Non-null: the sm_90a attention kernel plans in block (PlanInBlock; no plan kernel ran), and
+  // block (0, 0) stores its plan here (the workspace's plan) for the combine after it.
+  int32_t* plan_store = nullptr;
   float* partial_out = nullptr;   // [slots * rows, 512]
   float* partial_lse = nullptr;   // [slots * rows], log2 domain
   float scale_log2 = 0.0f;        // softmax_scale * log2(e)
@@ -76,12 +79,14 @@ struct RequestCursor {
 };
 
 // The range of units of split-mode block `part` and the request it starts in (a binary search
-// of the plan's prefix). Returns false for a block with nothing to do.
-__device__ __forceinline__ bool SplitRange(const KernelArgs& args, int32_t part, int32_t* u0,
-                                           int32_t* u1, RequestCursor* cur) {
-  const int32_t* cum = args.plan + kPlanCum;
-  const int32_t per = args.plan[0];
-  const int32_t total = args.plan[1];
+// of the plan's prefix; `plan`: the workspace's, or the block's own). Returns false for a block
+// with nothing to do.
+__device__ __forceinline__ bool SplitRange(const KernelArgs& args, const int32_t* plan,
+                                           int32_t part, int32_t* u0, int32_t* u1,
+                                           RequestCursor* cur) {
+  const int32_t* cum = plan + kPlanCum;
+  const int32_t per = plan[0];
+  const int32_t total = plan[1];
   *u0 = part * per;
   if (*u0 >= total) return false;
   *u1 = min(total, *u0 + per);
@@ -98,13 +103,68 @@ __device__ __forceinline__ bool SplitRange(const KernelArgs& args, int32_t part,
 // Where the rows of finished request r (units [begin, end) of the flattened batch, `per` units a
 // range) go from range `part`: straight to out / lse (false), or (true) to partial slot *slot,
 // when the request spans several ranges.
-__device__ __forceinline__ bool PartialSlot(const KernelArgs& args, int32_t per, int32_t r,
-                                            int32_t begin, int32_t end, int32_t part,
-                                            int64_t* slot) {
+__device__ __forceinline__ bool PartialSlot(const KernelArgs& args, const int32_t* plan,
+                                            int32_t per, int32_t r, int32_t begin, int32_t end,
+                                            int32_t part, int64_t* slot) {
   if (NumSplits(begin, end, per) < 2) return false;
-  const int32_t* slot_base = args.plan + kPlanCum + args.p.batch + 1;
+  const int32_t* slot_base = plan + kPlanCum + args.p.batch + 1;
   *slot = slot_base[r] + (part - FirstPart(begin, per));
   return true;
+}
+
+// The plan of a batch of at most kBlockPlanMaxBatch requests over `num_parts` ranges, as the plan
+// kernel makes it, into `plan` (shared, PlanInts(kBlockPlanMaxBatch) entries) by the block's
+// first warp, one request a lane; block (0, 0) also stores it to args.plan_store. Every thread
+// calls it after the grid-dependency wait (the lengths are read); it ends with __syncthreads.
+__device__ __forceinline__ void MakeBlockPlan(const KernelArgs& args, int32_t num_parts,
+                                              int32_t* plan) {
+  const int32_t batch = args.p.batch;
+  if (threadIdx.x < 32) {
+    const int lane = static_cast<int>(threadIdx.x);
+    const bool is_request = lane < batch;
+    const int32_t units = is_request ? UnitsOf(args.p.cache_seqlens[lane]) : 0;
+    int32_t cum_end = units;  // inclusive prefix of the units
+#pragma unroll
+    for (int d = 1; d < 32; d <<= 1) {
+      const int32_t y = __shfl_up_sync(0xffffffffu, cum_end, d);
+      if (lane >= d) cum_end += y;
+    }
+    const int32_t cum_begin = cum_end - units;
+    const int32_t total = __shfl_sync(0xffffffffu, cum_end, 31);
+    const int32_t per = UnitsPerPart(total, num_parts);
+    int32_t splits = is_request ? NumSplits(cum_begin, cum_end, per) : 0;
+    if (splits < 2) splits = 0;
+    int32_t slots_end = splits, listed_end = splits > 0 ? 1 : 0;  // inclusive prefixes
+#pragma unroll
+    for (int d = 1; d < 32; d <<= 1) {
+      const int32_t y = __shfl_up_sync(0xffffffffu, slots_end, d);
+      const int32_t z = __shfl_up_sync(0xffffffffu, listed_end, d);
+      if (lane >= d) {
+        slots_end += y;
+        listed_end += z;
+      }
+    }
+    const int32_t listed = __shfl_sync(0xffffffffu, listed_end, 31);
+    int32_t* const out[2] = {plan, args.plan_store};
+    const int copies = blockIdx.x == 0 && blockIdx.y == 0 ? 2 : 1;
+    for (int c = 0; c < copies; ++c) {
+      int32_t* q = out[c];
+      if (is_request) {
+        q[kPlanCum + lane] = cum_begin;
+        q[kPlanCum + batch + 1 + lane] = splits > 0 ? slots_end - splits : -1;
+        if (splits > 0) q[kPlanCum + 2 * batch + 1 + listed_end - 1] = lane;
+      }
+      if (lane == 0) {
+        q[kPlanCum + batch] = total;
+        q[0] = per;
+        q[1] = total;
+        q[2] = num_parts;
+        q[3] = batch;
+        q[4] = listed;
+      }
+    }
+  }
+  __syncthreads();
 }
 
 // Four float32 values times `scale` as bf16 to dst (8-byte aligned).

@@ -567,6 +567,21 @@ TEST_F(MlaVerifyGpuTest, LargeBatchManyRequestsPerBlock) {
   CheckShape(wide, "batch 40 h64 s4 mixed");
 }
 
+// Up to kBlockPlanMaxBatch requests the sm_90a kernels plan in block, beyond it the plan kernel
+// plans: both sides of the boundary, with requests split over ranges.
+TEST_F(MlaVerifyGpuTest, BlockPlanBoundary) {
+  std::mt19937_64 rng(FreshSeed());
+  for (const int32_t batch : {mla::kBlockPlanMaxBatch, mla::kBlockPlanMaxBatch + 1}) {
+    Shape shape;
+    shape.s_q = 2;
+    shape.h_q = 16;
+    shape.lens.resize(batch);
+    for (int32_t& l : shape.lens) l = 2 + static_cast<int32_t>(rng() % 9000);
+    CheckShape(shape, "batch " + std::to_string(batch));
+    if (HasFatalFailure()) return;
+  }
+}
+
 // Graph replay equals eager bit for bit, and a graph reads new lengths at replay time.
 // At 64 rows and at 32 (where the plan takes swap-AB).
 TEST_F(MlaVerifyGpuTest, GraphReplayEqualsEagerBitForBit) {
@@ -657,6 +672,8 @@ TEST_F(MlaVerifyGpuTest, OnePlanServesSeveralLayers) {
     MlaVerifyPlan plan;
     CUDA_ASSERT(PlanMlaVerify(a.params, v.path, v.ws, stream_, &plan));
     EXPECT_EQ(plan.path, v.path);
+    // Three requests: the sm_90a kernels plan in block, the portable path after the plan kernel.
+    EXPECT_EQ(plan.plan_in_block, v.path == MlaVerifyPath::kSplitKvSm90a);
     if (v.path == MlaVerifyPath::kSplitKvSm90a) {
       EXPECT_NE(plan.sm90a_schedule, MlaVerifySm90aSchedule::kAuto);
       EXPECT_EQ(plan.sm90a_schedule,

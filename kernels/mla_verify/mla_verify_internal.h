@@ -16,7 +16,8 @@ struct KernelArgs;
 // driver encodes tensor maps; *available says whether the kernels can run (its loads are TMA).
 cudaError_t SetSm90aAttributes(bool* available);
 // The sm_90a tile kernel (split mode) of a schedule (never kAuto) on grid (row tiles, ranges), as a
-// programmatic dependent of the plan kernel launched just before it. kSwapAb needs s_q * h_q of 16
+// programmatic dependent of the kernel launched just before it (the plan kernel, unless
+// args.plan_store asks the blocks to plan themselves). kSwapAb needs s_q * h_q of 16
 // or 32 (mla::SwapAbFits) and one row tile; anything else is cudaErrorInvalidValue.
 cudaError_t LaunchTileSm90a(const KernelArgs& args, dim3 grid, MlaVerifySm90aSchedule schedule,
                             cudaStream_t stream);

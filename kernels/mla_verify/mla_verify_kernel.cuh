@@ -161,7 +161,7 @@ __global__ void __launch_bounds__(TileConfig<kRowGroups, kStages_>::kThreads,
   int32_t u0, u1;
   RequestCursor load_cur, comp_cur;
   if constexpr (kSplit) {
-    if (!SplitRange(args, blockIdx.y, &u0, &u1, &load_cur)) return;
+    if (!SplitRange(args, args.plan, blockIdx.y, &u0, &u1, &load_cur)) return;
   } else {
     const int32_t r = blockIdx.y;
     u0 = 0;
@@ -228,7 +228,8 @@ __global__ void __launch_bounds__(TileConfig<kRowGroups, kStages_>::kThreads,
     int64_t slot = 0;
     bool direct = true;
     if constexpr (kSplit) {
-      direct = !PartialSlot(args, args.plan[0], cur.r, cur.begin, cur.end, blockIdx.y, &slot);
+      direct = !PartialSlot(args, args.plan, args.plan[0], cur.r, cur.begin, cur.end, blockIdx.y,
+                            &slot);
     }
 #pragma unroll
     for (int half = 0; half < 2; ++half) {

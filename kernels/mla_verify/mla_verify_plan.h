@@ -35,6 +35,13 @@ inline constexpr int kPlanHeader = 8;
 inline constexpr int kPlanCum = kPlanHeader;
 
 MLA_HD int64_t PlanInts(int64_t max_batch) { return 3 * max_batch + kPlanHeader + 1; }
+// Batches of at most this many requests (one warp's lanes) on the sm_90a path are planned by the
+// attention kernel's blocks themselves, each into its shared memory after its grid-dependency
+// wait, instead of by the plan kernel before it: a block then waits only for what precedes the
+// attention in the stream, not for a kernel of its own (the plan kernel's launch, run and
+// completion were ~1.8 µs of a 21-51 µs Verify of one request: bench/mla_verify/NOTES.md).
+inline constexpr int32_t kBlockPlanMaxBatch = 32;
+MLA_HD bool PlanInBlock(int32_t batch) { return batch <= kBlockPlanMaxBatch; }
 MLA_HD int32_t UnitsOf(int32_t len) { return len <= 0 ? 1 : (len + 63) / 64; }
 MLA_HD int32_t UnitsPerPart(int32_t total, int32_t num_parts) {
   const int32_t per = (total + num_parts - 1) / num_parts;

@@ -51,6 +51,50 @@ cudaError_t EncodeQMap(const MlaVerifyParams& p, int tile_rows, CUtensorMap* map
 // is compiled in.
 TraceArgs g_trace;
 
+// The shared-memory limit of one kernel, and whether it can be a programmatic dependent (read
+// now, outside any capture).
+template <typename Kernel>
+cudaError_t PrepareKernel(Kernel kernel, int smem_bytes) {
+  const cudaError_t err =
+      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes);
+  if (err == cudaSuccess) blocks::ProgrammaticLaunchUsable(reinterpret_cast<const void*>(kernel));
+  return err;
+}
+
+// Both instantiations of a kernel: reading the workspace's plan, and planning in block.
+template <template <bool> class Of>
+cudaError_t PrepareBoth(int smem_bytes) {
+  const cudaError_t err = PrepareKernel(Of<false>::kKernel, smem_bytes);
+  return err != cudaSuccess ? err : PrepareKernel(Of<true>::kKernel, smem_bytes);
+}
+template <bool kOwnPlan>
+struct PagePairsKernel {
+  static constexpr auto kKernel = sm90a::MlaVerifyTileSm90aKernel<kOwnPlan>;
+};
+template <bool kOwnPlan>
+struct OnePageKernel {
+  static constexpr auto kKernel = sm90a::MlaVerifyPageSm90aKernel<kOwnPlan>;
+};
+template <int kN>
+struct SwapKernelOf {
+  template <bool kOwnPlan>
+  struct Of {
+    static constexpr auto kKernel = sm90a::MlaVerifySwapSm90aKernel<kN, kOwnPlan>;
+  };
+};
+
+// Launches Of<own_plan>::kKernel as a programmatic dependent of the kernel before it (the plan
+// kernel, or what wrote the lengths): its set-up overlaps that kernel's tail, and it waits for it
+// in-kernel before reading anything global.
+template <template <bool> class Of, typename Args>
+cudaError_t LaunchEither(bool own_plan, dim3 grid, int threads, int smem_bytes,
+                         cudaStream_t stream, const Args& targs) {
+  return own_plan ? blocks::LaunchProgrammaticDependent(Of<true>::kKernel, grid, dim3(threads),
+                                                        smem_bytes, stream, targs)
+                  : blocks::LaunchProgrammaticDependent(Of<false>::kKernel, grid, dim3(threads),
+                                                        smem_bytes, stream, targs);
+}
+
 }  // namespace
 
 cudaError_t SetSm90aAttributes(bool* available) {
@@ -58,30 +102,11 @@ cudaError_t SetSm90aAttributes(bool* available) {
   if (!blocks::TensorMapEncoderAvailable()) {
     return cudaSuccess;  // no tensor maps: the portable path serves every shape
   }
-  cudaError_t err =
-      cudaFuncSetAttribute(sm90a::MlaVerifyTileSm90aKernel,
-                           cudaFuncAttributeMaxDynamicSharedMemorySize, sm90a::kSmemBytes);
-  if (err == cudaSuccess) {
-    err = cudaFuncSetAttribute(sm90a::MlaVerifyPageSm90aKernel,
-                               cudaFuncAttributeMaxDynamicSharedMemorySize, sm90a::kPageSmemBytes);
-  }
-  if (err == cudaSuccess) {
-    err = cudaFuncSetAttribute(sm90a::MlaVerifySwapSm90aKernel<16>,
-                               cudaFuncAttributeMaxDynamicSharedMemorySize,
-                               sm90a::kSwapSmemBytes<16>);
-  }
-  if (err == cudaSuccess) {
-    err = cudaFuncSetAttribute(sm90a::MlaVerifySwapSm90aKernel<32>,
-                               cudaFuncAttributeMaxDynamicSharedMemorySize,
-                               sm90a::kSwapSmemBytes<32>);
-  }
+  cudaError_t err = PrepareBoth<PagePairsKernel>(sm90a::kSmemBytes);
+  if (err == cudaSuccess) err = PrepareBoth<OnePageKernel>(sm90a::kPageSmemBytes);
+  if (err == cudaSuccess) err = PrepareBoth<SwapKernelOf<16>::Of>(sm90a::kSwapSmemBytes<16>);
+  if (err == cudaSuccess) err = PrepareBoth<SwapKernelOf<32>::Of>(sm90a::kSwapSmemBytes<32>);
   if (err != cudaSuccess) return err;
-  blocks::ProgrammaticLaunchUsable(reinterpret_cast<const void*>(sm90a::MlaVerifyTileSm90aKernel));
-  blocks::ProgrammaticLaunchUsable(reinterpret_cast<const void*>(sm90a::MlaVerifyPageSm90aKernel));
-  blocks::ProgrammaticLaunchUsable(
-      reinterpret_cast<const void*>(sm90a::MlaVerifySwapSm90aKernel<16>));
-  blocks::ProgrammaticLaunchUsable(
-      reinterpret_cast<const void*>(sm90a::MlaVerifySwapSm90aKernel<32>));
   *available = true;
   return cudaSuccess;
 }
@@ -99,12 +124,11 @@ cudaError_t LaunchSwapSm90a(const KernelArgs& args, dim3 grid, cudaStream_t stre
   if (err == cudaSuccess) err = EncodeQMap(args.p, rows, &targs.q_map);
   if (err == cudaErrorNotSupported) return cudaErrorInvalidDeviceFunction;  // no encoder
   if (err != cudaSuccess) return err;
-  return rows == 16 ? blocks::LaunchProgrammaticDependent(sm90a::MlaVerifySwapSm90aKernel<16>, grid,
-                                                          dim3(sm90a::kSwapThreads),
-                                                          sm90a::kSwapSmemBytes<16>, stream, targs)
-                    : blocks::LaunchProgrammaticDependent(sm90a::MlaVerifySwapSm90aKernel<32>, grid,
-                                                          dim3(sm90a::kSwapThreads),
-                                                          sm90a::kSwapSmemBytes<32>, stream, targs);
+  const bool own_plan = args.plan_store != nullptr;
+  return rows == 16 ? LaunchEither<SwapKernelOf<16>::Of>(own_plan, grid, sm90a::kSwapThreads,
+                                                         sm90a::kSwapSmemBytes<16>, stream, targs)
+                    : LaunchEither<SwapKernelOf<32>::Of>(own_plan, grid, sm90a::kSwapThreads,
+                                                         sm90a::kSwapSmemBytes<32>, stream, targs);
 }
 
 }  // namespace
@@ -116,7 +140,6 @@ cudaError_t LaunchTileSm90a(const KernelArgs& args, dim3 grid, MlaVerifySm90aSch
       schedule != MlaVerifySm90aSchedule::kPagePairs) {
     return cudaErrorInvalidValue;
   }
-  const bool one_page = schedule == MlaVerifySm90aSchedule::kOnePage;
   sm90a::Sm90aArgs targs;
   targs.args = args;
   targs.trace = g_trace;
@@ -124,14 +147,12 @@ cudaError_t LaunchTileSm90a(const KernelArgs& args, dim3 grid, MlaVerifySm90aSch
   if (err == cudaSuccess) err = EncodeQMap(args.p, sm90a::kM, &targs.q_map);
   if (err == cudaErrorNotSupported) return cudaErrorInvalidDeviceFunction;  // no encoder
   if (err != cudaSuccess) return err;
-  // A programmatic dependent of the plan kernel before it: its set-up overlaps the plan's tail,
-  // and it waits for the plan in-kernel before reading anything global.
-  return one_page ? blocks::LaunchProgrammaticDependent(sm90a::MlaVerifyPageSm90aKernel, grid,
-                                                        dim3(sm90a::kThreads),
-                                                        sm90a::kPageSmemBytes, stream, targs)
-                  : blocks::LaunchProgrammaticDependent(sm90a::MlaVerifyTileSm90aKernel, grid,
-                                                        dim3(sm90a::kThreads), sm90a::kSmemBytes,
-                                                        stream, targs);
+  const bool own_plan = args.plan_store != nullptr;
+  return schedule == MlaVerifySm90aSchedule::kOnePage
+             ? LaunchEither<OnePageKernel>(own_plan, grid, sm90a::kThreads, sm90a::kPageSmemBytes,
+                                           stream, targs)
+             : LaunchEither<PagePairsKernel>(own_plan, grid, sm90a::kThreads, sm90a::kSmemBytes,
+                                             stream, targs);
 }
 
 }  // namespace probesidecar::kernels::mla

@@ -92,16 +92,34 @@ __device__ __forceinline__ void PrefetchTensorMaps(const Args& targs) {
   cute::prefetch_tma_descriptor(reinterpret_cast<const cute::TmaDescriptor*>(&targs.q_map));
 }
 
-// Every thread, after the __syncthreads that follows the barriers' initialisation: waits for the
-// plan (written by the kernel this one programmatically depends on), lets the combine be
-// scheduled (it waits too), and finds this block's range of work units [u0, u1) and the request
-// it starts in. False: the block has no work.
+// A block's own plan (PlanInBlock), in its static shared memory.
+struct BlockPlan {
+  int32_t ints[PlanInts(kBlockPlanMaxBatch)];
+};
+
+// Every thread, after the __syncthreads that follows the barriers' initialisation: waits for what
+// this kernel programmatically depends on (the plan kernel, or, where the block plans itself,
+// whatever wrote the lengths), lets the combine be scheduled (it waits too), makes the block's
+// plan into `own` where kOwnPlan (launched so where args.plan_store is set), and finds this
+// block's range of work units [u0, u1) and the request it starts in. *plan: the plan to read, the
+// workspace's or `own`. The choice is a template parameter, so that a kernel reading the
+// workspace's plan keeps its registers as they were (reads through a pointer chosen at run time
+// spilled 12 more bytes of the page-pair kernel, which runs at the 255-register limit). False: the
+// block has no work.
+template <bool kOwnPlan>
 __device__ __forceinline__ bool EnterPlannedRange(const KernelArgs& args, TraceRecorder& rec,
+                                                  BlockPlan& own, const int32_t** plan,
                                                   int32_t* u0, int32_t* u1, RequestCursor* start) {
   blocks::GridDependencyWait();
   blocks::GridDependencyTrigger();
   rec.Add(MlaTraceEvent::kGridWaitEnd, 0);
-  return SplitRange(args, blockIdx.y, u0, u1, start);
+  if constexpr (kOwnPlan) {
+    MakeBlockPlan(args, static_cast<int32_t>(gridDim.y), own.ints);
+    *plan = own.ints;
+  } else {
+    *plan = args.plan;
+  }
+  return SplitRange(args, *plan, blockIdx.y, u0, u1, start);
 }
 
 // Waits for a page box; in a traced build, records the wait when the box had not landed yet.
@@ -299,11 +317,13 @@ struct PairCursor {
   }
 };
 
+template <bool kOwnPlan>
 __global__ void __launch_bounds__(kThreads, 1)
     MlaVerifyTileSm90aKernel(const __grid_constant__ Sm90aArgs targs) {
   // Grid: (64-row tiles, ranges); block: 256 threads (2 warpgroups); dynamic shared memory
-  // kSmemBytes. Launched as a programmatic dependent of the plan kernel: nothing global is read
-  // before the wait below.
+  // kSmemBytes. Launched as a programmatic dependent of the kernel before it (the plan kernel, or
+  // what wrote the lengths where the block plans itself): nothing global is read before the wait
+  // below.
   const KernelArgs& args = targs.args;
   const MlaVerifyParams& p = args.p;
   extern __shared__ __align__(128) uint8_t smem_raw[];
@@ -336,9 +356,11 @@ __global__ void __launch_bounds__(kThreads, 1)
   // This block's range and the request it starts in.
   int32_t u0, u1;
   RequestCursor start;
-  if (!EnterPlannedRange(args, rec, &u0, &u1, &start)) return;
-  const int32_t* cum = args.plan + kPlanCum;
-  const int32_t per = args.plan[0];
+  __shared__ BlockPlan own_plan;
+  const int32_t* plan;
+  if (!EnterPlannedRange<kOwnPlan>(args, rec, own_plan, &plan, &u0, &u1, &start)) return;
+  const int32_t* cum = plan + kPlanCum;
+  const int32_t per = plan[0];
   // The pair being computed and the next one (its pages are loaded during this one).
   PairCursor cur;
   cur.Init(p, start, u0, u1);
@@ -669,7 +691,8 @@ __global__ void __launch_bounds__(kThreads, 1)
       rec.Add(MlaTraceEvent::kWaitPeerEnd, step);
       const int32_t r = cur.r;
       int64_t slot = 0;
-      const bool direct = !PartialSlot(args, per, r, cum[r], cum[r + 1], blockIdx.y, &slot);
+      const bool direct =
+          !PartialSlot(args, plan, per, r, cum[r], cum[r + 1], blockIdx.y, &slot);
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
         const int32_t g = row_g(h);

@@ -104,16 +104,16 @@ __device__ __forceinline__ void RescaleO(float (&o)[128], const float (&sc)[2]) 
 
 // This warpgroup's half of O (columns 256 wg ..) of a finished request r, times inv[h] (1 / row
 // sum), to out, or to its partial slot when the request is split over ranges; lse2[h] (log2
-// domain, -inf for a row that saw no key) goes with it where write_lse.
-__device__ __forceinline__ void WriteRows(const KernelArgs& args, int32_t r, int32_t per, int tile,
-                                          int row0, int quad, int wg, const float (&o)[128],
-                                          const float (&inv)[2], const float (&lse2)[2],
-                                          bool write_lse) {
+// domain, -inf for a row that saw no key) goes with it where write_lse. `plan`: the block's.
+__device__ __forceinline__ void WriteRows(const KernelArgs& args, const int32_t* plan, int32_t r,
+                                          int32_t per, int tile, int row0, int quad, int wg,
+                                          const float (&o)[128], const float (&inv)[2],
+                                          const float (&lse2)[2], bool write_lse) {
   const MlaVerifyParams& p = args.p;
-  const int32_t* cum = args.plan + kPlanCum;
+  const int32_t* cum = plan + kPlanCum;
   const int32_t rows = p.s_q * p.h_q;
   int64_t slot = 0;
-  const bool direct = !PartialSlot(args, per, r, cum[r], cum[r + 1], blockIdx.y, &slot);
+  const bool direct = !PartialSlot(args, plan, per, r, cum[r], cum[r + 1], blockIdx.y, &slot);
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     const int32_t g = tile * kM + row0 + 8 * h;
@@ -228,11 +228,13 @@ static_assert(static_cast<uint32_t>(kRequestDone) < static_cast<uint32_t>(kWarpg
 
 using PageCursor = StepCursor<1>;
 
+template <bool kOwnPlan>
 __global__ void __launch_bounds__(kThreads, 1)
     MlaVerifyPageSm90aKernel(const __grid_constant__ Sm90aArgs targs) {
   // Grid: (64-row tiles, ranges); block: 256 threads (2 warpgroups); dynamic shared memory
-  // kPageSmemBytes. Launched as a programmatic dependent of the plan kernel: nothing global is
-  // read before the wait below.
+  // kPageSmemBytes. Launched as a programmatic dependent of the kernel before it (the plan kernel,
+  // or what wrote the lengths where the block plans itself): nothing global is read before the
+  // wait below.
   const KernelArgs& args = targs.args;
   const MlaVerifyParams& p = args.p;
   extern __shared__ __align__(128) uint8_t smem_raw[];
@@ -264,9 +266,11 @@ __global__ void __launch_bounds__(kThreads, 1)
 
   int32_t u0, u1;
   RequestCursor start;
-  if (!EnterPlannedRange(args, rec, &u0, &u1, &start)) return;
-  const int32_t* cum = args.plan + kPlanCum;
-  const int32_t per = args.plan[0];
+  __shared__ BlockPlan own_plan;
+  const int32_t* plan;
+  if (!EnterPlannedRange<kOwnPlan>(args, rec, own_plan, &plan, &u0, &u1, &start)) return;
+  const int32_t* cum = plan + kPlanCum;
+  const int32_t per = plan[0];
   // The page being computed (c0), the next one (in flight) and the one after (loaded into c0's
   // buffer as its boxes die).
   PageCursor c0;
@@ -395,7 +399,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         rec.Add(MlaTraceEvent::kWaitPeerBegin, step);
         Wait(kRequestDone);
         rec.Add(MlaTraceEvent::kWaitPeerEnd, step);
-        WriteRows(args, c0.r, per, tile, row0, quad, 1, o, inv, lse2, true);
+        WriteRows(args, plan, c0.r, per, tile, row0, quad, 1, o, inv, lse2, true);
 #pragma unroll
         for (int i = 0; i < 128; ++i) o[i] = 0.0f;
 #pragma unroll
@@ -435,7 +439,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         rec.Add(MlaTraceEvent::kWaitPeerEnd, step);
         const float inv[2] = {sm.inv_sum[req_parity][row0], sm.inv_sum[req_parity][row0 + 8]};
         const float no_lse[2] = {0.0f, 0.0f};
-        WriteRows(args, c0.r, per, tile, row0, quad, 0, o, inv, no_lse, false);
+        WriteRows(args, plan, c0.r, per, tile, row0, quad, 0, o, inv, no_lse, false);
 #pragma unroll
         for (int i = 0; i < 128; ++i) o[i] = 0.0f;
         req_parity ^= 1;

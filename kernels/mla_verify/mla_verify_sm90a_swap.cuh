@@ -96,11 +96,12 @@ struct SwapArgs {
   TraceArgs trace;
 };
 
-template <int kN>
+template <int kN, bool kOwnPlan>
 __global__ void __launch_bounds__(kSwapThreads, 1)
     MlaVerifySwapSm90aKernel(const __grid_constant__ SwapArgs targs) {
   // Grid: (1, ranges); block: 160 threads; dynamic shared memory kSwapSmemBytes<kN>. Launched as
-  // a programmatic dependent of the plan kernel: nothing global is read before the wait below.
+  // a programmatic dependent of the kernel before it (the plan kernel, or what wrote the lengths
+  // where the block plans itself): nothing global is read before the wait below.
   using Shape = SwapShape<kN>;
   constexpr int kRing = Shape::kRing;
   constexpr int kCols = kN / 4;  // columns (query rows) a thread holds
@@ -133,9 +134,11 @@ __global__ void __launch_bounds__(kSwapThreads, 1)
 
   int32_t u0, u1;
   RequestCursor start;
-  if (!EnterPlannedRange(args, rec, &u0, &u1, &start)) return;
-  const int32_t* cum = args.plan + kPlanCum;
-  const int32_t per = args.plan[0];
+  __shared__ BlockPlan own_plan;
+  const int32_t* plan;
+  if (!EnterPlannedRange<kOwnPlan>(args, rec, own_plan, &plan, &u0, &u1, &start)) return;
+  const int32_t* cum = plan + kPlanCum;
+  const int32_t per = plan[0];
   PageCursor c;
   c.Init(p, start, u0, u1);
   int32_t step = 0;
@@ -388,7 +391,8 @@ __global__ void __launch_bounds__(kSwapThreads, 1)
       }
       const int32_t r = c.r;
       int64_t slot = 0;
-      const bool direct = !PartialSlot(args, per, r, cum[r], cum[r + 1], blockIdx.y, &slot);
+      const bool direct =
+          !PartialSlot(args, plan, per, r, cum[r], cum[r + 1], blockIdx.y, &slot);
 #pragma unroll
       for (int k = 0; k < kCols; ++k) {
         const int g = col_of(k);  // < kN = s_q * h_q
