@@ -20,9 +20,10 @@
 //   while (std::optional<TapWindow> w = tap->Get(0)) ...  // or options.on_window
 //
 // The ring has 2K slots in two halves: while the sidecar scores one half, the loop writes the
-// other, and a half is rewritten only after the decode stream has waited, on the GPU, for the call
-// that read it. The decode thread only counts steps and, once per window, closes it and queues
-// the request; answers, copies of the scores to the host and the callback run on other threads.
+// other, and a half is rewritten only once the host has seen the call that read it finish (never
+// a wait on the GPU, which a dead or stuck sidecar could hold forever: reuse_timeout_seconds).
+// The decode thread only counts steps and, once per window, closes it and queues the request;
+// answers, copies of the scores to the host and the callback run on other threads.
 #pragma once
 
 #include <cuda_runtime_api.h>

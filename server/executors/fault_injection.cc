@@ -4,6 +4,7 @@
 #include <cstdlib>
 #include <string>
 #include <utility>
+#include <variant>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -15,39 +16,31 @@ namespace {
 class FaultInjectingExecutor final : public Executor {
  public:
   FaultInjectingExecutor(std::unique_ptr<Executor> inner, uint64_t every)
-      : inner_(std::move(inner)), every_(every) {}
-
-  const char* backend() const override { return inner_->backend(); }
-  std::string device_name() const override { return inner_->device_name(); }
-  absl::Status PrepareProbeSet(ProbeSet& set) override { return inner_->PrepareProbeSet(set); }
-  std::vector<int> devices() const override { return inner_->devices(); }
-  void Warmup(const std::shared_ptr<const ProbeSet>& set, WarmupDone done) override {
-    inner_->Warmup(set, std::move(done));
+      : inner_(std::move(inner)), every_(every) {
+    inner_->SetFatalHandler([this](const absl::Status& why) { ReportFatal(why); });
   }
+  ~FaultInjectingExecutor() override { inner_->SetFatalHandler({}); }
 
-  void Score(std::unique_ptr<ScoreJob> job, ScoreDone done) override {
-    inner_->Score(std::move(job), NextFails() ? FailIfOk<ScoreJob, ScoreTimings>(std::move(done))
-                                              : std::move(done));
+  const ExecutorInfo& info() const override { return inner_->info(); }
+  absl::Status Place(ProbeSet& set) override { return inner_->Place(set); }
+  void Warmup(std::shared_ptr<const ProbeSet> set, WarmupDone done) override {
+    inner_->Warmup(std::move(set), std::move(done));
   }
-
-  void Verify(std::unique_ptr<VerifyJob> job, VerifyDone done) override {
-    inner_->Verify(std::move(job), NextFails() ? FailIfOk<VerifyJob, VerifyOutcome>(std::move(done))
-                                               : std::move(done));
+  void Submit(ExecutorTask task) override {
+    if (NextFails()) {
+      if (auto* score = std::get_if<ScoreTask>(&task)) {
+        score->done = FailIfOk<ScoreJob, ScoreTimings>(std::move(score->done));
+      } else {
+        auto& verify = std::get<VerifyTask>(task);
+        verify.done = FailIfOk<VerifyJob, VerifyOutcome>(std::move(verify.done));
+      }
+    }
+    inner_->Submit(std::move(task));
   }
-
-  ExecutorStats stats() const override { return inner_->stats(); }
-  uint64_t queued() const override { return inner_->queued(); }
-  std::string compute_capability() const override { return inner_->compute_capability(); }
-  std::vector<std::string> kernel_paths() const override { return inner_->kernel_paths(); }
+  ExecutorStats ReadStats(const StatsRead& read) override { return inner_->ReadStats(read); }
   kernels::ProbeOutcomeCounts OutcomeCounts(const ProbeSet& set) const override {
     return inner_->OutcomeCounts(set);
   }
-  void RefreshOutcomes(absl::Time deadline) override { inner_->RefreshOutcomes(deadline); }
-  void RequestOutcomeRefresh() override { inner_->RequestOutcomeRefresh(); }
-  void SetFatalHandler(FatalHandler handler) override {
-    inner_->SetFatalHandler(std::move(handler));
-  }
-  void Shutdown() override { inner_->Shutdown(); }
   bool ShutdownBy(absl::Time deadline) override { return inner_->ShutdownBy(deadline); }
 
  private:

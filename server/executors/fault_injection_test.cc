@@ -5,27 +5,20 @@
 
 #include <cstdlib>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "gtest/gtest.h"
+#include "server/executors/test_executor.h"
 
 namespace probesidecar::server {
 namespace {
 
 // Answers every request at once with `status`.
-class AnsweringExecutor final : public Executor {
+class AnsweringExecutor final : public TestExecutor {
  public:
   explicit AnsweringExecutor(absl::Status status) : status_(std::move(status)) {}
-  const char* backend() const override { return "test"; }
-  std::string device_name() const override { return "answering (test)"; }
-  absl::Status PrepareProbeSet(ProbeSet&) override { return absl::OkStatus(); }
-  void Score(std::unique_ptr<ScoreJob> job, ScoreDone done) override {
-    std::move(done)(std::move(job), status_, {});
-  }
-  void Verify(std::unique_ptr<VerifyJob> job, VerifyDone done) override {
-    std::move(done)(std::move(job), status_, {});
-  }
-  void Shutdown() override {}
+  void Submit(ExecutorTask task) override { Refuse(std::move(task), status_); }
 
  private:
   const absl::Status status_;
@@ -68,6 +61,19 @@ TEST(FaultInjectionTest, TheExecutorsOwnFailuresPassThrough) {
   executor->Score(std::make_unique<ScoreJob>(), [&](std::unique_ptr<ScoreJob>, absl::Status s,
                                                     const ScoreTimings&) { answer = s; });
   EXPECT_EQ(answer.code(), absl::StatusCode::kResourceExhausted);
+}
+
+TEST(FaultInjectionTest, TheInnerExecutorsFatalErrorReachesTheHandler) {
+  auto inner = std::make_unique<AnsweringExecutor>(absl::OkStatus());
+  AnsweringExecutor* raw = inner.get();
+  std::unique_ptr<Executor> executor = InjectFaults(std::move(inner), 5);
+  std::vector<std::string> reasons;
+  executor->SetFatalHandler(
+      [&](const absl::Status& why) { reasons.push_back(std::string(why.message())); });
+  raw->ReportFatal(absl::UnavailableError("the GPU's CUDA context is lost"));
+  ASSERT_EQ(reasons.size(), 1u);
+  EXPECT_EQ(reasons[0], "the GPU's CUDA context is lost");
+  EXPECT_EQ(executor->info().backend, "test");  // everything else passes through
 }
 
 TEST(FaultInjectionTest, OffUnlessTheVariableIsAPositiveInteger) {

@@ -10,24 +10,14 @@
 
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
+#include "server/executors/test_executor.h"
 
 namespace probesidecar::server {
 namespace {
 
-class FakeCudaExecutor final : public Executor {
+class FakeCudaExecutor final : public TestExecutor {
  public:
-  explicit FakeCudaExecutor(int device) : device_(device) {}
-  const char* backend() const override { return "cuda"; }
-  std::string device_name() const override { return "fake GPU"; }
-  std::vector<int> devices() const override { return {device_}; }
-  absl::Status PrepareProbeSet(ProbeSet&) override { return absl::OkStatus(); }
-  void Score(std::unique_ptr<ScoreJob> job, ScoreDone done) override {
-    std::move(done)(std::move(job), absl::OkStatus(), ScoreTimings{});
-  }
-  void Shutdown() override {}
-
- private:
-  const int device_;
+  explicit FakeCudaExecutor(int device) : TestExecutor({"cuda", "fake GPU", {device}, "", {}}) {}
 };
 
 // `count` devices seen; a device in `broken` fails to start with its status.
@@ -55,29 +45,29 @@ const absl::Status kMissing = absl::UnavailableError("cudaSetDevice: invalid dev
 TEST(MakeExecutor, AutoServesEveryUsableDevice) {
   auto made = MakeExecutor(With(Backend::kAuto, {0, 1}), Devices(2));
   ASSERT_TRUE(made.ok()) << made.status();
-  EXPECT_STREQ((*made)->backend(), "cuda");
-  EXPECT_EQ((*made)->devices(), (std::vector<int>{0, 1}));
+  EXPECT_EQ((*made)->info().backend, "cuda");
+  EXPECT_EQ((*made)->info().devices, (std::vector<int>{0, 1}));
 
   auto all = MakeExecutor(With(Backend::kAuto, {0}, /*all=*/true), Devices(3));
   ASSERT_TRUE(all.ok()) << all.status();
-  EXPECT_EQ((*all)->devices(), (std::vector<int>{0, 1, 2}));
+  EXPECT_EQ((*all)->info().devices, (std::vector<int>{0, 1, 2}));
 }
 
 TEST(MakeExecutor, AutoFallsBackToTheCpuOnlyWhenNoDeviceIsUsable) {
   auto none_seen = MakeExecutor(With(Backend::kAuto, {0}, /*all=*/true),
                                 Devices(absl::UnavailableError("no CUDA device")));
   ASSERT_TRUE(none_seen.ok()) << none_seen.status();
-  EXPECT_STREQ((*none_seen)->backend(), "cpu");
+  EXPECT_EQ((*none_seen)->info().backend, "cpu");
 
   auto none_listed_seen =
       MakeExecutor(With(Backend::kAuto, {0, 1}), Devices(absl::UnavailableError("no CUDA device")));
   ASSERT_TRUE(none_listed_seen.ok()) << none_listed_seen.status();
-  EXPECT_STREQ((*none_listed_seen)->backend(), "cpu");
+  EXPECT_EQ((*none_listed_seen)->info().backend, "cpu");
 
   auto none_usable =
       MakeExecutor(With(Backend::kAuto, {0, 1}), Devices(0, {{0, kMissing}, {1, kMissing}}));
   ASSERT_TRUE(none_usable.ok()) << none_usable.status();
-  EXPECT_STREQ((*none_usable)->backend(), "cpu");
+  EXPECT_EQ((*none_usable)->info().backend, "cpu");
 }
 
 TEST(MakeExecutor, SomeDevicesUnusableStopsTheStartNamingThem) {
@@ -138,7 +128,7 @@ TEST(MakeExecutor, CpuTriesNoDevice) {
       }};
   auto made = MakeExecutor(With(Backend::kCpu, {3, 5}, /*all=*/true), untouched);
   ASSERT_TRUE(made.ok()) << made.status();
-  EXPECT_STREQ((*made)->backend(), "cpu");
+  EXPECT_EQ((*made)->info().backend, "cpu");
 }
 
 }  // namespace

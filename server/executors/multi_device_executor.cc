@@ -1,7 +1,8 @@
 #include "server/executors/multi_device_executor.h"
 
-#include <algorithm>
+#include <optional>
 #include <utility>
+#include <variant>
 
 #include "absl/strings/str_cat.h"
 
@@ -14,73 +15,84 @@ absl::Status NotServed(int device) {
                                                  device, ", which this server does not serve"));
 }
 
+// The first executor's info, with every device and a name for them all.
+ExecutorInfo CombinedInfo(const std::vector<int>& devices,
+                          const std::vector<std::unique_ptr<Executor>>& executors) {
+  ExecutorInfo info = executors.front()->info();
+  info.devices = devices;
+  const std::string first = info.device_name;
+  bool same = true;
+  std::string names;
+  for (const auto& e : executors) {
+    same = same && e->info().device_name == first;
+    absl::StrAppend(&names, names.empty() ? "" : ", ", e->info().device_name);
+  }
+  info.device_name = !same                  ? names
+                     : executors.size() == 1 ? first
+                                             : absl::StrCat(first, " (x", executors.size(), ")");
+  return info;
+}
+
 }  // namespace
 
 MultiDeviceExecutor::MultiDeviceExecutor(std::vector<int> devices,
                                          std::vector<std::unique_ptr<Executor>> executors)
-    : devices_(std::move(devices)), executors_(std::move(executors)) {}
-
-MultiDeviceExecutor::~MultiDeviceExecutor() { Shutdown(); }
-
-const char* MultiDeviceExecutor::backend() const { return executors_.front()->backend(); }
-
-std::string MultiDeviceExecutor::device_name() const {
-  const std::string first = executors_.front()->device_name();
-  for (const auto& e : executors_) {
-    if (e->device_name() != first) {
-      std::string names;
-      for (const auto& each : executors_) {
-        absl::StrAppend(&names, names.empty() ? "" : ", ", each->device_name());
-      }
-      return names;
-    }
+    : devices_(std::move(devices)),
+      executors_(std::move(executors)),
+      info_(CombinedInfo(devices_, executors_)),
+      in_flight_(std::make_shared<std::vector<std::atomic<uint64_t>>>(executors_.size())) {
+  // A device that can no longer serve takes the server down: the reason names it, once.
+  for (size_t i = 0; i < executors_.size(); ++i) {
+    executors_[i]->SetFatalHandler([this, fired = fatal_fired_,
+                                    device = devices_[i]](const absl::Status& why) {
+      if (fired->exchange(true)) return;
+      ReportFatal(
+          absl::Status(why.code(), absl::StrCat("CUDA device ", device, ": ", why.message())));
+    });
   }
-  return executors_.size() == 1 ? first : absl::StrCat(first, " (x", executors_.size(), ")");
 }
 
-ExecutorStats MultiDeviceExecutor::stats() const {
+MultiDeviceExecutor::~MultiDeviceExecutor() {
+  Shutdown();
+  for (const auto& e : executors_) e->SetFatalHandler({});
+}
+
+ExecutorStats MultiDeviceExecutor::ReadStats(const StatsRead& read) {
+  // Every device's monitor copies at once; then each is waited for.
+  if (read.outcome_copy == OutcomeCopy::kWait) {
+    for (const auto& e : executors_) e->ReadStats({OutcomeCopy::kAsk});
+  }
   ExecutorStats total;
-  for (const auto& e : executors_) total += e->stats();
+  for (const auto& e : executors_) total += e->ReadStats(read);
   return total;
 }
 
-uint64_t MultiDeviceExecutor::queued() const {
-  uint64_t total = 0;
-  for (const auto& e : executors_) total += e->queued();
-  return total;
-}
-
-Executor* MultiDeviceExecutor::For(int device) const {
+int MultiDeviceExecutor::IndexOf(int device) const {
   for (size_t i = 0; i < devices_.size(); ++i) {
-    if (devices_[i] == device) return executors_[i].get();
+    if (devices_[i] == device) return static_cast<int>(i);
   }
-  return nullptr;
+  return -1;
 }
 
-Executor* MultiDeviceExecutor::LeastQueued() const {
-  Executor* best = nullptr;
-  uint64_t fewest = 0;
-  for (const auto& e : executors_) {
-    const uint64_t queued = e->queued();
-    if (best == nullptr || queued < fewest) {
-      best = e.get();
-      fewest = queued;
-    }
+int MultiDeviceExecutor::LeastBusy() const {
+  int best = 0;
+  for (size_t i = 1; i < executors_.size(); ++i) {
+    if ((*in_flight_)[i].load() < (*in_flight_)[best].load()) best = static_cast<int>(i);
   }
   return best;
 }
 
-absl::Status MultiDeviceExecutor::PrepareProbeSet(ProbeSet& set) {
+absl::Status MultiDeviceExecutor::Place(ProbeSet& set) {
   for (size_t i = 0; i < executors_.size(); ++i) {
-    if (absl::Status s = executors_[i]->PrepareProbeSet(set); !s.ok()) {
-      set.device_weights.clear();  // the copies placed so far are freed with it
+    if (absl::Status s = executors_[i]->Place(set); !s.ok()) {
+      set.placements.clear();  // the copies placed so far are freed with it
       return absl::Status(s.code(), absl::StrCat("CUDA device ", devices_[i], ": ", s.message()));
     }
   }
   return absl::OkStatus();
 }
 
-void MultiDeviceExecutor::Warmup(const std::shared_ptr<const ProbeSet>& set, WarmupDone done) {
+void MultiDeviceExecutor::Warmup(std::shared_ptr<const ProbeSet> set, WarmupDone done) {
   struct Countdown {
     absl::Mutex mu;
     size_t remaining;
@@ -103,61 +115,50 @@ void MultiDeviceExecutor::Warmup(const std::shared_ptr<const ProbeSet>& set, War
   }
 }
 
-void MultiDeviceExecutor::Score(std::unique_ptr<ScoreJob> job, ScoreDone done) {
-  Executor* executor = job->device.has_value() ? For(*job->device) : LeastQueued();
-  if (executor == nullptr) {
-    absl::Status refused = NotServed(*job->device);
-    std::move(done)(std::move(job), std::move(refused), ScoreTimings{});
+void MultiDeviceExecutor::Submit(ExecutorTask task) {
+  std::optional<int> device;
+  if (auto* score = std::get_if<ScoreTask>(&task)) {
+    device = score->job->device;
+  } else {
+    device = std::get<VerifyTask>(task).job->device;
+  }
+  const int i = device.has_value() ? IndexOf(*device) : LeastBusy();
+  if (i < 0) {
+    Refuse(std::move(task), NotServed(*device));
     return;
   }
-  executor->Score(std::move(job), std::move(done));
+  SubmitTo(i, std::move(task));
 }
 
-void MultiDeviceExecutor::Verify(std::unique_ptr<VerifyJob> job, VerifyDone done) {
-  Executor* executor = For(job->device);
-  if (executor == nullptr) {
-    absl::Status refused = NotServed(job->device);
-    std::move(done)(std::move(job), std::move(refused), VerifyOutcome{});
+void MultiDeviceExecutor::SubmitTo(int i, ExecutorTask task) {
+  std::atomic<uint64_t>& count = (*in_flight_)[i];
+  count.fetch_add(1);
+  // Released when the answer comes (whichever thread it comes on).
+  auto release = [flight = in_flight_, i] { (*flight)[i].fetch_sub(1); };
+  if (auto* score = std::get_if<ScoreTask>(&task)) {
+    executors_[i]->Score(std::move(score->job),
+                         [done = std::move(score->done), release](
+                             std::unique_ptr<ScoreJob> job, absl::Status status,
+                             const ScoreTimings& timings) mutable {
+                           release();
+                           std::move(done)(std::move(job), std::move(status), timings);
+                         });
     return;
   }
-  executor->Verify(std::move(job), std::move(done));
+  auto& verify = std::get<VerifyTask>(task);
+  executors_[i]->Verify(std::move(verify.job),
+                        [done = std::move(verify.done), release](
+                            std::unique_ptr<VerifyJob> job, absl::Status status,
+                            const VerifyOutcome& outcome) mutable {
+                          release();
+                          std::move(done)(std::move(job), std::move(status), outcome);
+                        });
 }
 
 kernels::ProbeOutcomeCounts MultiDeviceExecutor::OutcomeCounts(const ProbeSet& set) const {
   kernels::ProbeOutcomeCounts total;
   for (const auto& e : executors_) total.Add(e->OutcomeCounts(set));
   return total;
-}
-void MultiDeviceExecutor::RefreshOutcomes(absl::Time deadline) {
-  // Every device's monitor copies at once; then each is waited for.
-  for (const auto& e : executors_) e->RequestOutcomeRefresh();
-  for (const auto& e : executors_) e->RefreshOutcomes(deadline);
-}
-void MultiDeviceExecutor::RequestOutcomeRefresh() {
-  for (const auto& e : executors_) e->RequestOutcomeRefresh();
-}
-
-void MultiDeviceExecutor::SetFatalHandler(FatalHandler handler) {
-  {
-    absl::MutexLock lock(&fatal_->mu);
-    fatal_->handler = std::move(handler);
-  }
-  for (size_t i = 0; i < executors_.size(); ++i) {
-    executors_[i]->SetFatalHandler([fatal = fatal_, device = devices_[i]](const absl::Status& why) {
-      FatalHandler handler;
-      {
-        absl::MutexLock lock(&fatal->mu);
-        if (fatal->fired || !fatal->handler) return;
-        fatal->fired = true;
-        handler = std::move(fatal->handler);
-      }
-      handler(absl::Status(why.code(), absl::StrCat("CUDA device ", device, ": ", why.message())));
-    });
-  }
-}
-
-void MultiDeviceExecutor::Shutdown() {
-  for (const auto& e : executors_) e->Shutdown();
 }
 
 bool MultiDeviceExecutor::ShutdownBy(absl::Time deadline) {

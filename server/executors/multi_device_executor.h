@@ -2,7 +2,8 @@
 // stream slots, graph cache, staging, device memory), and this one routes each request to the
 // executor of its device — the device of the buffers it names (validation refuses a request whose
 // buffers and events are on different devices), or, for one that names no buffer (inline tensors
-// only), the device with the fewest requests waiting. A probe set is placed on every device.
+// only), the device with the fewest of its requests in flight. A probe set is placed on every
+// device.
 // A device whose context is lost takes the whole server down (the fatal handler fires once, the
 // reason naming the device), as one device alone does.
 #pragma once
@@ -23,53 +24,45 @@ class MultiDeviceExecutor final : public Executor {
   MultiDeviceExecutor(std::vector<int> devices, std::vector<std::unique_ptr<Executor>> executors);
   ~MultiDeviceExecutor() override;
 
-  const char* backend() const override;
-  // The first device's name, with the count when there are several ("NVIDIA H200 (x2)").
-  std::string device_name() const override;
-  std::vector<int> devices() const override { return devices_; }
-  // The first device's (ServerInfo's top-level fields); each device's in stats().devices.
-  std::string compute_capability() const override {
-    return executors_.front()->compute_capability();
-  }
-  std::vector<std::string> kernel_paths() const override {
-    return executors_.front()->kernel_paths();
-  }
-  // Summed over the devices (mps: any of them), with every device's report.
-  ExecutorStats stats() const override;
-  uint64_t queued() const override;
+  // The first device's backend, compute capability and kernel paths (ServerInfo's top-level
+  // fields; each device's in stats().devices), its name with the count when there are several
+  // ("NVIDIA H200 (x2)"), every served device.
+  const ExecutorInfo& info() const override { return info_; }
 
   // Places the set on every device (each executor uploads its own copy); the first failure
   // refuses the set, and whatever was placed goes with it.
-  absl::Status PrepareProbeSet(ProbeSet& set) override;
-  void Warmup(const std::shared_ptr<const ProbeSet>& set, WarmupDone done) override;
+  absl::Status Place(ProbeSet& set) override;
+  void Warmup(std::shared_ptr<const ProbeSet> set, WarmupDone done) override;
 
-  void Score(std::unique_ptr<ScoreJob> job, ScoreDone done) override;
-  void Verify(std::unique_ptr<VerifyJob> job, VerifyDone done) override;
+  // To the executor of the job's device; a Score that names none (inline tensors) to the device
+  // with the fewest of this executor's requests in flight.
+  void Submit(ExecutorTask task) override;
 
+  // Summed over the devices (mps: any of them), with every device's report; an outcome copy is
+  // asked of every device at once, then each is waited for.
+  ExecutorStats ReadStats(const StatsRead& read) override;
   // Summed over the devices (each device counts the requests it ran).
   kernels::ProbeOutcomeCounts OutcomeCounts(const ProbeSet& set) const override;
-  void RefreshOutcomes(absl::Time deadline) override;
-  void RequestOutcomeRefresh() override;
 
-  void SetFatalHandler(FatalHandler handler) override;
-  void Shutdown() override;
   bool ShutdownBy(absl::Time deadline) override;
 
  private:
-  // The executor of `device`, or nullptr when it is not served.
-  Executor* For(int device) const;
-  // The executor of a job that names no device: the one with the fewest requests waiting.
-  Executor* LeastQueued() const;
+  // The index of `device`'s executor, or -1 when it is not served.
+  int IndexOf(int device) const;
+  // The executor for a job that names no device: the one with the fewest requests in flight.
+  int LeastBusy() const;
+  // `task` to executor `i`, counted in flight there until its callback.
+  void SubmitTo(int i, ExecutorTask task);
 
   const std::vector<int> devices_;
   const std::vector<std::unique_ptr<Executor>> executors_;
-  // The handler the server set, called once whichever device fails first.
-  struct Fatal {
-    absl::Mutex mu;
-    FatalHandler handler ABSL_GUARDED_BY(mu);
-    bool fired ABSL_GUARDED_BY(mu) = false;
-  };
-  const std::shared_ptr<Fatal> fatal_ = std::make_shared<Fatal>();
+  const ExecutorInfo info_;
+  // Requests submitted to each executor and not yet answered (routing; shared with the callbacks,
+  // which may outlive a call).
+  const std::shared_ptr<std::vector<std::atomic<uint64_t>>> in_flight_;
+  // Whether a device's fatal handler already fired: the server is told once, whichever fails
+  // first.
+  const std::shared_ptr<std::atomic<bool>> fatal_fired_ = std::make_shared<std::atomic<bool>>();
 };
 
 }  // namespace probesidecar::server

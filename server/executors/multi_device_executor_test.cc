@@ -1,29 +1,36 @@
 // The multi-device executor without a GPU: fake per-device executors record what reaches them.
 // A job runs on its device's executor and never another's; one that names no device goes to the
-// device with the fewest queued requests; a device that is not served is refused with
+// device with the fewest of its requests in flight; a device that is not served is refused with
 // INVALID_ARGUMENT; a probe set is placed on every device (a failure refuses it); the fatal
 // handler fires once, naming the device; per-device reports come back in device order.
 #include "server/executors/multi_device_executor.h"
 
 #include <memory>
+#include <optional>
 #include <string>
+#include <variant>
 #include <vector>
 
 #include "gtest/gtest.h"
+#include "server/executors/test_executor.h"
 
 namespace probesidecar::server {
 namespace {
 
-// Answers every request at once, counting them; PrepareProbeSet places a marker per device.
-class FakeDeviceExecutor final : public Executor {
+// Answers every request at once (or holds it, with `hold`), counting them; Place places a marker
+// per device.
+class FakeDeviceExecutor final : public TestExecutor {
  public:
-  explicit FakeDeviceExecutor(int device) : device_(device) {}
-  const char* backend() const override { return "cuda"; }
-  std::string device_name() const override { return "fake GPU"; }
-  std::vector<int> devices() const override { return {device_}; }
-  ExecutorStats stats() const override {
+  struct Marker final : ProbeSetPlacement {
+    explicit Marker(int d) : device(d) {}
+    int device;
+  };
+  explicit FakeDeviceExecutor(int device)
+      : TestExecutor({"cuda", "fake GPU", {device}, "9.0", {}}), device_(device) {}
+  ExecutorStats ReadStats(const StatsRead& read) override {
+    reads.push_back(read.outcome_copy);
     ExecutorStats stats;
-    stats.queued = queued();
+    stats.queued = static_cast<uint64_t>(held.size());
     stats.device_memory_bytes = 1000 + device_;
     stats.gpu_requests = scored;
     stats.mps = device_ == 3;
@@ -31,36 +38,45 @@ class FakeDeviceExecutor final : public Executor {
     stats.graph_cache.hits = 10 * device_;
     DeviceReport& r = stats.devices.emplace_back();
     r.device = device_;
-    r.name = device_name();
+    r.name = info_.device_name;
     r.memory_bytes = stats.device_memory_bytes;
-    r.queued = queued_;
+    r.queued = stats.queued;
     r.failure = failure;
     return stats;
   }
-  absl::Status PrepareProbeSet(ProbeSet& set) override {
+  absl::Status Place(ProbeSet& set) override {
     if (refuse_sets) return absl::ResourceExhaustedError("out of device memory");
-    set.device_weights[device_] = std::make_shared<int>(device_);
+    set.placements[device_] = std::make_shared<Marker>(device_);
     return absl::OkStatus();
   }
-  void Score(std::unique_ptr<ScoreJob> job, ScoreDone done) override {
-    ++scored;
-    std::move(done)(std::move(job), absl::OkStatus(), ScoreTimings{});
-  }
-  void Verify(std::unique_ptr<VerifyJob> job, VerifyDone done) override {
+  void Submit(ExecutorTask task) override {
+    if (auto* score = std::get_if<ScoreTask>(&task)) {
+      ++scored;
+      if (hold) {
+        held.push_back(std::move(*score));
+        return;
+      }
+      std::move(score->done)(std::move(score->job), absl::OkStatus(), ScoreTimings{});
+      return;
+    }
     ++verified;
-    std::move(done)(std::move(job), absl::OkStatus(), VerifyOutcome{});
+    auto& verify = std::get<VerifyTask>(task);
+    std::move(verify.done)(std::move(verify.job), absl::OkStatus(), VerifyOutcome{});
   }
-  uint64_t queued() const override { return queued_; }
-  void SetFatalHandler(FatalHandler handler) override { fatal = std::move(handler); }
-  void Shutdown() override {}
+  // Answers the held requests.
+  void Release() {
+    for (ScoreTask& t : held) std::move(t.done)(std::move(t.job), absl::OkStatus(), {});
+    held.clear();
+  }
 
   const int device_;
   int scored = 0;
   int verified = 0;
-  uint64_t queued_ = 0;
+  bool hold = false;
+  std::vector<ScoreTask> held;
   bool refuse_sets = false;
   std::string failure;
-  FatalHandler fatal;
+  std::vector<OutcomeCopy> reads;
 };
 
 struct TwoDevices {
@@ -77,13 +93,14 @@ struct TwoDevices {
   absl::Status Score(std::optional<int> device) {
     auto job = std::make_unique<ScoreJob>();
     job->device = device;
-    absl::Status answer = absl::UnknownError("not answered");
-    executor->Score(std::move(job),
-                    [&](std::unique_ptr<ScoreJob> back, absl::Status s, const ScoreTimings&) {
-                      EXPECT_NE(back, nullptr);
-                      answer = s;
-                    });
-    return answer;
+    // Shared with the callback, which a holding device calls later.
+    auto answer = std::make_shared<absl::Status>(absl::UnknownError("not answered"));
+    executor->Score(std::move(job), [answer](std::unique_ptr<ScoreJob> back, absl::Status s,
+                                             const ScoreTimings&) {
+      EXPECT_NE(back, nullptr);
+      *answer = s;
+    });
+    return *answer;
   }
   FakeDeviceExecutor* d0;
   FakeDeviceExecutor* d3;
@@ -92,7 +109,7 @@ struct TwoDevices {
 
 TEST(MultiDeviceExecutorTest, AJobRunsOnTheDeviceOfItsBuffers) {
   TwoDevices t;
-  EXPECT_EQ(t.executor->devices(), (std::vector<int>{0, 3}));
+  EXPECT_EQ(t.executor->info().devices, (std::vector<int>{0, 3}));
   ASSERT_TRUE(t.Score(3).ok());
   ASSERT_TRUE(t.Score(3).ok());
   ASSERT_TRUE(t.Score(0).ok());
@@ -106,17 +123,30 @@ TEST(MultiDeviceExecutorTest, AJobRunsOnTheDeviceOfItsBuffers) {
   EXPECT_EQ(t.d0->verified, 0);
 }
 
-TEST(MultiDeviceExecutorTest, AJobWithoutADeviceGoesWhereFewestWait) {
+TEST(MultiDeviceExecutorTest, AJobWithoutADeviceGoesWhereFewestAreInFlight) {
   TwoDevices t;
-  t.d0->queued_ = 5;
-  t.d3->queued_ = 1;
-  ASSERT_TRUE(t.Score(std::nullopt).ok());
-  EXPECT_EQ(t.d3->scored, 1);
-  t.d0->queued_ = 0;
-  ASSERT_TRUE(t.Score(std::nullopt).ok());
-  EXPECT_EQ(t.d0->scored, 1);
-  EXPECT_EQ(t.executor->stats().queued, 1u);  // summed
-  EXPECT_EQ(t.executor->queued(), 1u);
+  t.d0->hold = true;
+  t.d3->hold = true;
+  t.Score(std::nullopt);  // both idle: the first device
+  t.Score(std::nullopt);  // device 0 has one in flight: device 3
+  t.Score(std::nullopt);  // one each: the first again
+  EXPECT_EQ(t.d0->held.size(), 2u);
+  EXPECT_EQ(t.d3->held.size(), 1u);
+  t.d0->Release();  // answered: no longer in flight
+  t.Score(std::nullopt);
+  t.Score(std::nullopt);
+  EXPECT_EQ(t.d0->held.size(), 2u);
+  EXPECT_EQ(t.d3->held.size(), 1u);
+  EXPECT_EQ(t.executor->stats().queued, 3u);  // summed
+  t.d0->Release();
+  t.d3->Release();
+}
+
+TEST(MultiDeviceExecutorTest, AnOutcomeCopyIsAskedOfEveryDeviceBeforeOneIsWaitedFor) {
+  TwoDevices t;
+  t.executor->ReadStats({OutcomeCopy::kWait, absl::Now()});
+  EXPECT_EQ(t.d0->reads, (std::vector<OutcomeCopy>{OutcomeCopy::kAsk, OutcomeCopy::kWait}));
+  EXPECT_EQ(t.d3->reads, (std::vector<OutcomeCopy>{OutcomeCopy::kAsk, OutcomeCopy::kWait}));
 }
 
 TEST(MultiDeviceExecutorTest, ADeviceThatIsNotServedIsRefused) {
@@ -132,15 +162,16 @@ TEST(MultiDeviceExecutorTest, ADeviceThatIsNotServedIsRefused) {
 TEST(MultiDeviceExecutorTest, AProbeSetIsPlacedOnEveryDeviceOrRefused) {
   TwoDevices t;
   ProbeSet set;
-  ASSERT_TRUE(t.executor->PrepareProbeSet(set).ok());
-  ASSERT_EQ(set.device_weights.size(), 2u);
-  EXPECT_EQ(*static_cast<const int*>(set.device_weights.at(3).get()), 3);
+  ASSERT_TRUE(t.executor->Place(set).ok());
+  ASSERT_EQ(set.placements.size(), 2u);
+  ASSERT_NE(set.PlacementAs<FakeDeviceExecutor::Marker>(3), nullptr);
+  EXPECT_EQ(set.PlacementAs<FakeDeviceExecutor::Marker>(3)->device, 3);
   t.d3->refuse_sets = true;
   ProbeSet refused;
-  const absl::Status s = t.executor->PrepareProbeSet(refused);
+  const absl::Status s = t.executor->Place(refused);
   EXPECT_EQ(s.code(), absl::StatusCode::kResourceExhausted);
   EXPECT_NE(s.message().find("CUDA device 3: out of device memory"), absl::string_view::npos) << s;
-  EXPECT_TRUE(refused.device_weights.empty());  // device 0's copy went with the refusal
+  EXPECT_TRUE(refused.placements.empty());  // device 0's copy went with the refusal
 }
 
 TEST(MultiDeviceExecutorTest, TheFirstFailedDeviceStopsTheServerOnceAndIsNamed) {
@@ -149,8 +180,8 @@ TEST(MultiDeviceExecutorTest, TheFirstFailedDeviceStopsTheServerOnceAndIsNamed) 
   t.executor->SetFatalHandler(
       [&](const absl::Status& why) { reasons.push_back(std::string(why.message())); });
   t.d3->failure = "the GPU's CUDA context is lost";
-  t.d3->fatal(absl::UnavailableError("the GPU's CUDA context is lost"));
-  t.d0->fatal(absl::UnavailableError("later"));
+  t.d3->ReportFatal(absl::UnavailableError("the GPU's CUDA context is lost"));
+  t.d0->ReportFatal(absl::UnavailableError("later"));
   ASSERT_EQ(reasons.size(), 1u);
   EXPECT_EQ(reasons[0], "CUDA device 3: the GPU's CUDA context is lost");
   const ExecutorStats stats = t.executor->stats();
@@ -165,7 +196,8 @@ TEST(MultiDeviceExecutorTest, TheFirstFailedDeviceStopsTheServerOnceAndIsNamed) 
   EXPECT_EQ(stats.dropped.expired, 2u);
   EXPECT_EQ(stats.graph_cache.hits, 30u);
   EXPECT_TRUE(stats.mps);
-  EXPECT_EQ(t.executor->device_name(), "fake GPU (x2)");
+  EXPECT_EQ(t.executor->info().device_name, "fake GPU (x2)");
+  EXPECT_EQ(t.executor->info().compute_capability, "9.0");
 }
 
 }  // namespace

@@ -54,7 +54,7 @@ struct ExecutorStats {
   // Verify requests whose device page tables or lengths were found out of range on the GPU.
   uint64_t invalid_verify_requests = 0;
   // NaN or infinite scores the GPU found in device outputs (host outputs are counted by the
-  // service), as of the last copy from the devices (Executor::RefreshOutcomes).
+  // service), as of the last copy from the devices (Executor::ReadStats' outcome copy).
   uint64_t non_finite_device_scores = 0;
   // Stream slots out of service because their stream still waits on the GPU for work answered
   // already.

@@ -182,6 +182,130 @@ void AddHistogram(MetricFamily& family, const LatencyHistogram& histogram,
   family.metric.push_back(std::move(metric));
 }
 
+// The families sampled from the executor's and the registries' state at scrape time: one row each.
+struct SampledFamily {
+  enum Series {
+    kTotal,        // one unlabelled series
+    kPerDevice,    // a series per served device (device="<ordinal>"), the total on the CPU backend
+    kDevicesOnly,  // a series per served device, none on the CPU backend
+  };
+  const char* name;
+  const char* help;
+  MetricType type;
+  Series series;
+  uint64_t (*total)(const MetricsState&);            // kTotal, kPerDevice
+  uint64_t (*device)(const DeviceMetricsState&);     // kPerDevice, kDevicesOnly
+};
+
+using S = MetricsState;
+using D = DeviceMetricsState;
+constexpr SampledFamily kSampledFamilies[] = {
+    {"probesidecar_registered_buffers", "CUDA IPC buffer windows registered.", MetricType::Gauge,
+     SampledFamily::kPerDevice, [](const S& s) { return s.registered_buffers; },
+     [](const D& d) { return d.registered_buffers; }},
+    {"probesidecar_registered_buffer_bytes", "Bytes of the registered buffer windows.",
+     MetricType::Gauge, SampledFamily::kPerDevice,
+     [](const S& s) { return s.registered_buffer_bytes; },
+     [](const D& d) { return d.registered_buffer_bytes; }},
+    {"probesidecar_ipc_handles_open", "CUDA IPC allocations the server has open.",
+     MetricType::Gauge, SampledFamily::kPerDevice, [](const S& s) { return s.open_ipc_handles; },
+     [](const D& d) { return d.open_ipc_handles; }},
+    {"probesidecar_device_memory_bytes",
+     "GPU memory allocated by the service (each probe set is placed on every served device).",
+     MetricType::Gauge, SampledFamily::kPerDevice,
+     [](const S& s) { return s.executor.device_memory_bytes; },
+     [](const D& d) { return d.executor.memory_bytes; }},
+    {"probesidecar_device_up",
+     "1 while the served CUDA device works, 0 once its context is lost (the server then reports "
+     "NOT_SERVING and exits).",
+     MetricType::Gauge, SampledFamily::kDevicesOnly, nullptr,
+     [](const D& d) { return d.executor.failure.empty() ? uint64_t{1} : uint64_t{0}; }},
+    {"probesidecar_probe_sets_loaded", "Probe sets loaded.", MetricType::Gauge,
+     SampledFamily::kTotal, [](const S& s) { return s.probe_sets; }, nullptr},
+    {"probesidecar_mps_client",
+     "1 when this server's CUDA context is a client of an MPS control daemon, else 0 (without "
+     "MPS, its kernels and the inference server's are time-sliced: docs/mps.md).",
+     MetricType::Gauge, SampledFamily::kTotal,
+     [](const S& s) { return s.executor.mps ? uint64_t{1} : uint64_t{0}; }, nullptr},
+    {"probesidecar_invalid_device_rows_total",
+     "Row indices read from device buffers that were outside [0, T) (their scores are NaN).",
+     MetricType::Counter, SampledFamily::kTotal,
+     [](const S& s) { return s.executor.invalid_device_rows; }, nullptr},
+    {"probesidecar_probe_set_load_errors_total",
+     "Files in the probes directory that failed to load at start and were skipped (the log names "
+     "each).",
+     MetricType::Counter, SampledFamily::kTotal,
+     [](const S& s) { return s.probe_set_load_errors; }, nullptr},
+    {"probesidecar_invalid_verify_requests_total",
+     "Verify requests whose device page table or lengths were out of range (checked on the GPU; "
+     "they were refused and their outputs are NaN).",
+     MetricType::Counter, SampledFamily::kTotal,
+     [](const S& s) { return s.executor.invalid_verify_requests; }, nullptr},
+    {"probesidecar_stream_slots_parked",
+     "GPU stream slots taking no requests because their stream still waits on the GPU for work "
+     "answered already (e.g. a client's ready event that has not fired).",
+     MetricType::Gauge, SampledFamily::kPerDevice,
+     [](const S& s) { return s.executor.parked_slots; },
+     [](const D& d) { return d.executor.parked_slots; }},
+    {"probesidecar_executor_queued_requests",
+     "Requests waiting in the executor's queue for a worker (a stream slot on the GPU).",
+     MetricType::Gauge, SampledFamily::kTotal, [](const S& s) { return s.executor.queued; },
+     nullptr},
+    {"probesidecar_executor_queue_capacity",
+     "Requests that may wait in the executor's queue (--max-queued-requests); more are refused "
+     "with RESOURCE_EXHAUSTED.",
+     MetricType::Gauge, SampledFamily::kTotal,
+     [](const S& s) { return s.executor.queue_capacity; }, nullptr},
+    {"probesidecar_executor_expired_requests_total",
+     "Requests the executor did not run, or stopped early, because their deadline had passed "
+     "(answered DEADLINE_EXCEEDED).",
+     MetricType::Counter, SampledFamily::kTotal,
+     [](const S& s) { return s.executor.dropped.expired; }, nullptr},
+    {"probesidecar_executor_cancelled_requests_total",
+     "Requests the executor did not run, or stopped early, because their caller had cancelled or "
+     "gone away (answered CANCELLED).",
+     MetricType::Counter, SampledFamily::kTotal,
+     [](const S& s) { return s.executor.dropped.cancelled; }, nullptr},
+    {"probesidecar_graph_cache_entries", "Captured CUDA graphs held.", MetricType::Gauge,
+     SampledFamily::kPerDevice, [](const S& s) { return s.executor.graph_cache.entries; },
+     [](const D& d) { return d.executor.graph_cache.entries; }},
+    {"probesidecar_graph_cache_capacity", "Captured CUDA graphs the cache may hold.",
+     MetricType::Gauge, SampledFamily::kPerDevice,
+     [](const S& s) { return s.executor.graph_cache.capacity; },
+     [](const D& d) { return d.executor.graph_cache.capacity; }},
+    {"probesidecar_graph_cache_hits_total", "Requests that replayed a cached CUDA graph.",
+     MetricType::Counter, SampledFamily::kPerDevice,
+     [](const S& s) { return s.executor.graph_cache.hits; },
+     [](const D& d) { return d.executor.graph_cache.hits; }},
+    {"probesidecar_graph_cache_misses_total", "Requests that found no cached CUDA graph.",
+     MetricType::Counter, SampledFamily::kPerDevice,
+     [](const S& s) { return s.executor.graph_cache.misses; },
+     [](const D& d) { return d.executor.graph_cache.misses; }},
+    {"probesidecar_graph_cache_captures_total", "CUDA graphs captured.", MetricType::Counter,
+     SampledFamily::kPerDevice, [](const S& s) { return s.executor.graph_cache.captures; },
+     [](const D& d) { return d.executor.graph_cache.captures; }},
+    {"probesidecar_graph_cache_evictions_total", "CUDA graphs evicted from the cache.",
+     MetricType::Counter, SampledFamily::kPerDevice,
+     [](const S& s) { return s.executor.graph_cache.evictions; },
+     [](const D& d) { return d.executor.graph_cache.evictions; }},
+};
+
+void AddSampledFamilies(const MetricsState& s, std::vector<MetricFamily>& out) {
+  for (const SampledFamily& f : kSampledFamilies) {
+    if (f.series == SampledFamily::kDevicesOnly && s.devices.empty()) continue;
+    MetricFamily& family = out.emplace_back(Family(f.name, f.help, f.type));
+    if (f.series == SampledFamily::kTotal ||
+        (f.series == SampledFamily::kPerDevice && s.devices.empty())) {
+      AddValue(family, static_cast<double>(f.total(s)));
+      continue;
+    }
+    for (const DeviceMetricsState& d : s.devices) {
+      AddValue(family, static_cast<double>(f.device(d)),
+               {L("device", std::to_string(d.executor.device))});
+    }
+  }
+}
+
 }  // namespace
 
 const char* RpcName(Rpc rpc) {
@@ -223,14 +347,31 @@ class Metrics::Impl final : public prometheus::Collectable {
   std::vector<MetricFamily> Collect() const override {
     std::vector<MetricFamily> out;
     out.reserve(40);
-    // Sampled state.
-    const MetricsState s = state_ ? state_() : MetricsState{};
+    const MetricsState s = state_ ? state_() : MetricsState{};  // sampled now
+    AddRequestFamilies(out);
+    AddLatencyFamilies(out);
+    AddErrorFamilies(s, out);
+    AddShadowFamilies(out);
+    AddSampledFamilies(s, out);
+    AddProbeOutcomes(s, out);
+    AddValue(
+        out.emplace_back(Family("probesidecar_build_info",
+                                "Build and runtime of this server (value 1).", MetricType::Gauge)),
+        1.0,
+        {L("version", build_.version), L("git_commit", build_.git_commit),
+         L("cuda_runtime", build_.cuda_runtime), L("device", build_.device),
+         L("backend", build_.backend)});
+    AddValue(out.emplace_back(Family("probesidecar_start_time_seconds",
+                                     "When this server started, Unix time.", MetricType::Gauge)),
+             start_time_seconds_);
+    return out;
+  }
 
-    // Requests by RPC and code; in flight by RPC.
+ private:
+  // Requests by RPC and code; in flight by RPC.
+  void AddRequestFamilies(std::vector<MetricFamily>& out) const {
     std::array<std::array<uint64_t, kNumCodes>, kNumRpcs> requests{};
     std::array<int64_t, kNumRpcs> in_flight{};
-    uint64_t cuda_errors = 0;
-    uint64_t non_finite_scores = 0;
     for (const CounterShard& shard : shards_) {
       for (int r = 0; r < kNumRpcs; ++r) {
         for (int c = 0; c < kNumCodes; ++c) {
@@ -238,8 +379,6 @@ class Metrics::Impl final : public prometheus::Collectable {
         }
         in_flight[r] += shard.in_flight[r].load(std::memory_order_relaxed);
       }
-      cuda_errors += shard.cuda_errors.load(std::memory_order_relaxed);
-      non_finite_scores += shard.non_finite_scores.load(std::memory_order_relaxed);
     }
     MetricFamily& total = out.emplace_back(Family(
         "probesidecar_rpc_requests_total",
@@ -261,8 +400,10 @@ class Metrics::Impl final : public prometheus::Collectable {
       AddValue(flight, static_cast<double>(std::max<int64_t>(0, in_flight[r])),
                {L("rpc", RpcName(static_cast<Rpc>(r)))});
     }
+  }
 
-    // Latency histograms.
+  // The latency histograms of RPCs and of Score's stages, per (probe set, kernel path).
+  void AddLatencyFamilies(std::vector<MetricFamily>& out) const {
     MetricFamily& duration = out.emplace_back(
         Family("probesidecar_rpc_duration_seconds",
                "Server-side latency of an RPC (or ScoreStream message), from receipt to the "
@@ -290,7 +431,17 @@ class Metrics::Impl final : public prometheus::Collectable {
         }
       }
     }
+  }
 
+  // Failed CUDA calls and non-finite scores (those of responses counted here, those of device
+  // outputs on the GPU).
+  void AddErrorFamilies(const MetricsState& s, std::vector<MetricFamily>& out) const {
+    uint64_t cuda_errors = 0;
+    uint64_t non_finite_scores = 0;
+    for (const CounterShard& shard : shards_) {
+      cuda_errors += shard.cuda_errors.load(std::memory_order_relaxed);
+      non_finite_scores += shard.non_finite_scores.load(std::memory_order_relaxed);
+    }
     AddValue(out.emplace_back(Family("probesidecar_cuda_errors_total",
                                      "CUDA calls that failed while serving a request.",
                                      MetricType::Counter)),
@@ -302,143 +453,34 @@ class Metrics::Impl final : public prometheus::Collectable {
                  "or Inf activations.",
                  MetricType::Counter)),
              static_cast<double>(non_finite_scores + s.executor.non_finite_device_scores));
-    {
-      absl::MutexLock lock(&shadow_mu_);
-      ClientMetric metric;
-      ClientMetric::Histogram& h = metric.histogram;
-      uint64_t cumulative = 0;
-      for (size_t b = 0; b < shadow_buckets_.size(); ++b) {
-        cumulative += shadow_buckets_[b];
-        h.bucket.push_back({cumulative, b < kErrorBucketBounds.size()
-                                            ? kErrorBucketBounds[b]
-                                            : std::numeric_limits<double>::infinity()});
-      }
-      h.sample_count = cumulative;
-      h.sample_sum = shadow_sum_;
-      out.emplace_back(Family("probesidecar_shadow_rel_l2_error",
-                              "Shadow-mode Verify: relative L2 error of our output against the "
-                              "caller's (non-finite errors count as +Inf).",
-                              MetricType::Histogram))
-          .metric.push_back(std::move(metric));
-      AddValue(out.emplace_back(Family("probesidecar_shadow_mismatched_requests_total",
-                                       "Shadow-mode Verify requests with at least one element "
-                                       "beyond the tolerance.",
-                                       MetricType::Counter)),
-               static_cast<double>(shadow_mismatched_));
-    }
-
-    auto add = [&out](const char* name, const char* help, MetricType type, uint64_t value) {
-      AddValue(out.emplace_back(Family(name, help, type)), static_cast<double>(value));
-    };
-    // Families with a series per served device (unlabelled totals on the CPU backend).
-    auto per_device = [&out, &s](const char* name, const char* help, MetricType type,
-                                 uint64_t total, auto of) {
-      MetricFamily& family = out.emplace_back(Family(name, help, type));
-      if (s.devices.empty()) {
-        AddValue(family, static_cast<double>(total));
-        return;
-      }
-      for (const DeviceMetricsState& d : s.devices) {
-        AddValue(family, static_cast<double>(of(d)),
-                 {L("device", std::to_string(d.executor.device))});
-      }
-    };
-    per_device("probesidecar_registered_buffers", "CUDA IPC buffer windows registered.",
-               MetricType::Gauge, s.registered_buffers,
-               [](const DeviceMetricsState& d) { return d.registered_buffers; });
-    per_device("probesidecar_registered_buffer_bytes", "Bytes of the registered buffer windows.",
-               MetricType::Gauge, s.registered_buffer_bytes,
-               [](const DeviceMetricsState& d) { return d.registered_buffer_bytes; });
-    per_device("probesidecar_ipc_handles_open", "CUDA IPC allocations the server has open.",
-               MetricType::Gauge, s.open_ipc_handles,
-               [](const DeviceMetricsState& d) { return d.open_ipc_handles; });
-    per_device("probesidecar_device_memory_bytes",
-               "GPU memory allocated by the service (each probe set is placed on every served "
-               "device).",
-               MetricType::Gauge, s.executor.device_memory_bytes,
-               [](const DeviceMetricsState& d) { return d.executor.memory_bytes; });
-    if (!s.devices.empty()) {
-      MetricFamily& up = out.emplace_back(
-          Family("probesidecar_device_up",
-                 "1 while the served CUDA device works, 0 once its context is lost (the server "
-                 "then reports NOT_SERVING and exits).",
-                 MetricType::Gauge));
-      for (const DeviceMetricsState& d : s.devices) {
-        AddValue(up, d.executor.failure.empty() ? 1.0 : 0.0,
-                 {L("device", std::to_string(d.executor.device))});
-      }
-    }
-    add("probesidecar_probe_sets_loaded", "Probe sets loaded.", MetricType::Gauge, s.probe_sets);
-    add("probesidecar_mps_client",
-        "1 when this server's CUDA context is a client of an MPS control daemon, else 0 (without "
-        "MPS, its kernels and the inference server's are time-sliced: docs/mps.md).",
-        MetricType::Gauge, s.executor.mps ? 1 : 0);
-    add("probesidecar_invalid_device_rows_total",
-        "Row indices read from device buffers that were outside [0, T) (their scores are NaN).",
-        MetricType::Counter, s.executor.invalid_device_rows);
-    add("probesidecar_probe_set_load_errors_total",
-        "Files in the probes directory that failed to load at start and were skipped (the log "
-        "names each).",
-        MetricType::Counter, s.probe_set_load_errors);
-    add("probesidecar_invalid_verify_requests_total",
-        "Verify requests whose device page table or lengths were out of range (checked on the GPU; "
-        "they were refused and their outputs are NaN).",
-        MetricType::Counter, s.executor.invalid_verify_requests);
-    per_device("probesidecar_stream_slots_parked",
-               "GPU stream slots taking no requests because their stream still waits on the GPU "
-               "for work answered already (e.g. a client's ready event that has not fired).",
-               MetricType::Gauge, s.executor.parked_slots,
-               [](const DeviceMetricsState& d) { return d.executor.parked_slots; });
-    add("probesidecar_executor_queued_requests",
-        "Requests waiting in the executor's queue for a worker (a stream slot on the GPU).",
-        MetricType::Gauge, s.executor.queued);
-    add("probesidecar_executor_queue_capacity",
-        "Requests that may wait in the executor's queue (--max-queued-requests); more are refused "
-        "with RESOURCE_EXHAUSTED.",
-        MetricType::Gauge, s.executor.queue_capacity);
-    add("probesidecar_executor_expired_requests_total",
-        "Requests the executor did not run, or stopped early, because their deadline had passed "
-        "(answered DEADLINE_EXCEEDED).",
-        MetricType::Counter, s.executor.dropped.expired);
-    add("probesidecar_executor_cancelled_requests_total",
-        "Requests the executor did not run, or stopped early, because their caller had cancelled "
-        "or gone away (answered CANCELLED).",
-        MetricType::Counter, s.executor.dropped.cancelled);
-    per_device("probesidecar_graph_cache_entries", "Captured CUDA graphs held.", MetricType::Gauge,
-               s.executor.graph_cache.entries,
-               [](const DeviceMetricsState& d) { return d.executor.graph_cache.entries; });
-    per_device("probesidecar_graph_cache_capacity", "Captured CUDA graphs the cache may hold.",
-               MetricType::Gauge, s.executor.graph_cache.capacity,
-               [](const DeviceMetricsState& d) { return d.executor.graph_cache.capacity; });
-    per_device("probesidecar_graph_cache_hits_total", "Requests that replayed a cached CUDA graph.",
-               MetricType::Counter, s.executor.graph_cache.hits,
-               [](const DeviceMetricsState& d) { return d.executor.graph_cache.hits; });
-    per_device("probesidecar_graph_cache_misses_total", "Requests that found no cached CUDA graph.",
-               MetricType::Counter, s.executor.graph_cache.misses,
-               [](const DeviceMetricsState& d) { return d.executor.graph_cache.misses; });
-    per_device("probesidecar_graph_cache_captures_total", "CUDA graphs captured.",
-               MetricType::Counter, s.executor.graph_cache.captures,
-               [](const DeviceMetricsState& d) { return d.executor.graph_cache.captures; });
-    per_device("probesidecar_graph_cache_evictions_total", "CUDA graphs evicted from the cache.",
-               MetricType::Counter, s.executor.graph_cache.evictions,
-               [](const DeviceMetricsState& d) { return d.executor.graph_cache.evictions; });
-
-    AddProbeOutcomes(s, out);
-
-    AddValue(
-        out.emplace_back(Family("probesidecar_build_info",
-                                "Build and runtime of this server (value 1).", MetricType::Gauge)),
-        1.0,
-        {L("version", build_.version), L("git_commit", build_.git_commit),
-         L("cuda_runtime", build_.cuda_runtime), L("device", build_.device),
-         L("backend", build_.backend)});
-    AddValue(out.emplace_back(Family("probesidecar_start_time_seconds",
-                                     "When this server started, Unix time.", MetricType::Gauge)),
-             start_time_seconds_);
-    return out;
   }
 
- private:
+  // Shadow-mode Verify's error histogram and mismatches.
+  void AddShadowFamilies(std::vector<MetricFamily>& out) const {
+    absl::MutexLock lock(&shadow_mu_);
+    ClientMetric metric;
+    ClientMetric::Histogram& h = metric.histogram;
+    uint64_t cumulative = 0;
+    for (size_t b = 0; b < shadow_buckets_.size(); ++b) {
+      cumulative += shadow_buckets_[b];
+      h.bucket.push_back({cumulative, b < kErrorBucketBounds.size()
+                                          ? kErrorBucketBounds[b]
+                                          : std::numeric_limits<double>::infinity()});
+    }
+    h.sample_count = cumulative;
+    h.sample_sum = shadow_sum_;
+    out.emplace_back(Family("probesidecar_shadow_rel_l2_error",
+                            "Shadow-mode Verify: relative L2 error of our output against the "
+                            "caller's (non-finite errors count as +Inf).",
+                            MetricType::Histogram))
+        .metric.push_back(std::move(metric));
+    AddValue(out.emplace_back(Family("probesidecar_shadow_mismatched_requests_total",
+                                     "Shadow-mode Verify requests with at least one element "
+                                     "beyond the tolerance.",
+                                     MetricType::Counter)),
+             static_cast<double>(shadow_mismatched_));
+  }
+
   const BuildInfo build_;
   const std::function<MetricsState()> state_;
   const double start_time_seconds_;

@@ -32,7 +32,7 @@ struct ProbeSetOptions {
 class ProbeRegistry {
  public:
   // Called on a fully parsed set before it is published (e.g. to upload device weights into
-  // set.executor_weights). An error refuses the load and changes nothing.
+  // set.placements). An error refuses the load and changes nothing.
   using PrepareFn = std::function<absl::Status(ProbeSet& set)>;
 
   // `probes_dir` bounds LoadFromPath: paths resolve relative to it and must stay inside it

@@ -21,6 +21,14 @@
 namespace probesidecar::server {
 namespace {
 
+// A placement that counts its releases.
+struct CountedPlacement final : ProbeSetPlacement {
+  CountedPlacement(int v, std::atomic<int>* released) : value(v), released_(released) {}
+  ~CountedPlacement() override { ++*released_; }
+  int value;
+  std::atomic<int>* released_;
+};
+
 namespace fs = std::filesystem;
 using ::absl::StatusCode;
 
@@ -296,18 +304,16 @@ TEST_F(ProbeRegistryTest, PrepareHookRunsBeforePublishing) {
     const std::shared_ptr<const ProbeSet> visible = registry.Find(set.name);
     EXPECT_TRUE(visible == nullptr || visible->id != set.id);
     if (set.bias[0] < 0.0f) return absl::ResourceExhaustedError("no device memory");
-    set.executor_weights = std::shared_ptr<const void>(new int(7), [&released](const void* p) {
-      delete static_cast<const int*>(p);
-      ++released;
-    });
+    set.placements[kHostPlacement] = std::make_shared<CountedPlacement>(7, &released);
     return absl::OkStatus();
   });
   absl::StatusOr<std::shared_ptr<const ProbeSet>> set =
       registry.LoadFromBytes("s", ProbeBytes(1.0f), false);
   ASSERT_TRUE(set.ok()) << set.status();
   EXPECT_EQ(calls, 1);
-  ASSERT_NE((*set)->executor_weights, nullptr);
-  EXPECT_EQ(*static_cast<const int*>((*set)->executor_weights.get()), 7);
+  const auto* placed = (*set)->PlacementAs<CountedPlacement>(kHostPlacement);
+  ASSERT_NE(placed, nullptr);
+  EXPECT_EQ(placed->value, 7);
   const uint64_t id = (*set)->id;
 
   // A failing hook refuses the load, with its own code, and changes nothing: not for a new name,

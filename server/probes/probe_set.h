@@ -18,6 +18,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -43,6 +44,16 @@ struct ProbeSetLimits {
   uint64_t max_total_bytes = uint64_t{16} << 30;
 };
 
+// The base of what an executor attaches to a probe set it places (ProbeSet::placements): each
+// backend derives its own (its device weights, its outcome counters), so that a placement is typed,
+// not a pointer to anything.
+class ProbeSetPlacement {
+ public:
+  virtual ~ProbeSetPlacement() = default;
+};
+// The key of the CPU backend's placement (the CUDA backend's are device ordinals).
+inline constexpr int kHostPlacement = -1;
+
 struct ProbeSet {
   std::string name;
   uint64_t id = 0;         // unique per loaded instance (a reload gets a new id)
@@ -67,19 +78,20 @@ struct ProbeSet {
   // needs its pass: a response's copy, a synchronous output's non-finite count) but never gives a
   // request a counter slot, and leaves the count out of the graph where nothing needs it.
   bool count_outcomes = true;
-  // The weights in the form the executor scores with. On the CUDA backend a kernels::ProbeWeights
-  // (the device copy) per served device, by ordinal: a set is placed on every device. On the CPU
-  // backend executor_weights is a CpuProbeWeights (copies rounded to the activations' type) for a
-  // fast set, none for an exact one. Attached once before the set is published, freed with the
-  // last reference.
-  std::shared_ptr<const void> executor_weights;
-  std::map<int, std::shared_ptr<const void>> device_weights;
+  // What the executor attached when it placed the set (Executor::Place), by device ordinal
+  // (kHostPlacement for the CPU backend): the weights in the form it scores with and the counters
+  // of the probes' outcomes, in a class of its own derived from ProbeSetPlacement. Attached once
+  // before the set is published, freed with the last reference.
+  std::map<int, std::shared_ptr<const ProbeSetPlacement>> placements;
 
-  // Where the executor counts the outcomes of its probes (kernels/probe_outcomes): on the CPU
-  // backend a CpuOutcomeCounters, on the CUDA backend one DeviceOutcomeCounters per served device
-  // (by ordinal). Attached with the weights, before the set is published; none: not counted.
-  std::shared_ptr<void> executor_outcomes;
-  std::map<int, std::shared_ptr<void>> device_outcomes;
+  // The placement on `device` as the type T the executor placed it as, or nullptr (none there, or
+  // not a T: a placement is read only by the executor that made it).
+  template <typename T>
+  const T* PlacementAs(int device) const {
+    static_assert(std::is_base_of_v<ProbeSetPlacement, T>);
+    const auto it = placements.find(device);
+    return it == placements.end() ? nullptr : dynamic_cast<const T*>(it->second.get());
+  }
 
   // Bytes of the float32 weight and bias (one copy).
   uint64_t weight_bytes() const { return (weight.size() + bias.size()) * sizeof(float); }

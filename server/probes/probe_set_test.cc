@@ -124,7 +124,7 @@ TEST(ProbeSet, DefaultsWithoutMetadata) {
   EXPECT_EQ(s.bias, (std::vector<float>{0.0f, 0.125f, 0.25f}));
   EXPECT_EQ(s.source, "inline");
   EXPECT_EQ(s.file_bytes, bytes.size());
-  EXPECT_EQ(s.executor_weights, nullptr);
+  EXPECT_TRUE(s.placements.empty());
   EXPECT_GT(s.id, 0u);
 }
 

@@ -15,8 +15,9 @@ MetricsState CollectMetricsState(const MetricsSources& from) {
   Executor& executor = *from.executor;
   MetricsState state;
   // What the probes found: a fresh copy of the device counters (the executor's device monitors
-  // make it; a device that does not answer in time keeps its previous copy).
-  executor.RefreshOutcomes(absl::Now() + absl::Milliseconds(500));
+  // make it; a device that does not answer in time keeps its previous copy), with the stats.
+  state.executor =
+      executor.ReadStats({OutcomeCopy::kWait, absl::Now() + absl::Milliseconds(500)});
   state.session_labels = from.outcome_labels->keys();
   const std::vector<std::vector<std::string>> label_values = from.outcome_labels->Values();
   for (const std::shared_ptr<const ProbeSet>& set : from.probes->List()) {
@@ -25,7 +26,6 @@ MetricsState CollectMetricsState(const MetricsSources& from) {
   }
   state.probe_sets = from.probes->size();
   state.probe_set_load_errors = from.probe_set_load_errors;
-  state.executor = executor.stats();
   if (from.ipc != nullptr) {
     const BufferCounters counters = from.ipc->buffers.counters();
     state.registered_buffers = counters.registrations;

@@ -92,7 +92,7 @@ grpc::ServerUnaryReactor* ProbeSidecarService::ListProbeSets(
   }
   // What they show is the last copy from the devices (no gRPC thread waits for one): ask for the
   // next.
-  env_.executor->RequestOutcomeRefresh();
+  env_.executor->ReadStats({OutcomeCopy::kAsk});
   return Answer(context, Rpc::kListProbeSets, start, absl::OkStatus());
 }
 

@@ -190,7 +190,7 @@ int Serve(const Config& config, ExecutorDecorator decorate, bool* device_abandon
   // The service's sessions, buffers and events, on the executor's devices. Declared before the
   // executor's work can take leases and gone after the executor has stopped (a lease points into
   // the registries).
-  if (const std::vector<int> devices = executor->devices(); !devices.empty()) {
+  if (const std::vector<int>& devices = executor->info().devices; !devices.empty()) {
     ipc =
         std::make_unique<IpcRegistries>(devices, &sessions, &ipc_opener,
                                         BufferRegistryLimits{4096, config.max_session_buffer_bytes,
@@ -204,14 +204,15 @@ int Serve(const Config& config, ExecutorDecorator decorate, bool* device_abandon
   limits.max_sets = config.max_probe_sets;
   limits.max_total_bytes = config.max_probe_set_bytes;
   ProbeRegistry probes(bundled ? BundledProbesDir() : config.probes_dir, limits,
-                       [&executor](ProbeSet& set) { return executor->PrepareProbeSet(set); });
+                       [&executor](ProbeSet& set) { return executor->Place(set); });
   absl::StatusOr<uint64_t> load_errors = LoadAndWarmProbeSets(config, bundled, probes, *executor);
   if (!load_errors.ok()) return 1;  // logged
 
   const MetricsSources sources{&config,   &probes,         executor.get(),
                                ipc.get(), &outcome_labels, *load_errors};
   Metrics metrics(
-      BuildInfo{kVersion, kGitCommit, kCudaRuntime, executor->device_name(), executor->backend()},
+      BuildInfo{kVersion, kGitCommit, kCudaRuntime, executor->info().device_name,
+                executor->info().backend},
       [sources] { return CollectMetricsState(sources); });
   absl::StatusOr<MetricsEndpoint> endpoint = StartMetricsEndpoint(config, metrics);
   if (!endpoint.ok()) return CannotStart(endpoint.status());
@@ -264,8 +265,8 @@ int Serve(const Config& config, ExecutorDecorator decorate, bool* device_abandon
   SetServing(health, true);
   LogInfo("probe-sidecar %s (%s) serving on %s; metrics on %s; backend %s (%s)", kVersion,
           kGitCommit, absl::StrJoin(*listening, ", "),
-          endpoint->listening.empty() ? "off" : endpoint->listening, executor->backend(),
-          executor->device_name());
+          endpoint->listening.empty() ? "off" : endpoint->listening, executor->info().backend,
+          executor->info().device_name);
 
   int signal_number = 0;
   sigwait(&signals, &signal_number);

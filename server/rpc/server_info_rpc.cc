@@ -32,9 +32,12 @@ grpc::ServerUnaryReactor* ProbeSidecarService::ServerInfo(grpc::CallbackServerCo
   env_.metrics->RpcStarted(Rpc::kServerInfo);
   response->set_version(kVersion);
   response->set_git_commit(kGitCommit);
-  response->set_backend(env_.executor->backend());
-  response->set_device_name(env_.executor->device_name());
-  const ExecutorStats stats = env_.executor->stats();
+  const ExecutorInfo& executor = env_.executor->info();
+  response->set_backend(executor.backend);
+  response->set_device_name(executor.device_name);
+  // The probe sets' outcomes below are the last copy from the devices (no gRPC thread waits for
+  // one): the next is asked for here.
+  const ExecutorStats stats = env_.executor->ReadStats({OutcomeCopy::kAsk});
   response->set_device_id(stats.devices.empty() ? env_.config.device
                                                 : stats.devices.front().device);
   for (const DeviceReport& report : stats.devices) {
@@ -73,9 +76,6 @@ grpc::ServerUnaryReactor* ProbeSidecarService::ServerInfo(grpc::CallbackServerCo
     FillProbeSetInfo(*set, info);
     FillProbeOutcomes(*set, env_.executor->OutcomeCounts(*set), *env_.outcome_labels, info);
   }
-  // What they show is the last copy from the devices (no gRPC thread waits for one): ask for the
-  // next.
-  env_.executor->RequestOutcomeRefresh();
   FillGraphCacheStats(stats.graph_cache, response->mutable_graph_cache());
   response->set_uptime_seconds(SecondsSince(started_));
   if (env_.ipc != nullptr) {
@@ -91,8 +91,8 @@ grpc::ServerUnaryReactor* ProbeSidecarService::ServerInfo(grpc::CallbackServerCo
   response->set_mps(stats.mps);
   response->set_queued_requests(stats.queued);
   response->set_gpu_requests(stats.gpu_requests);
-  response->set_compute_capability(env_.executor->compute_capability());
-  for (const std::string& path : env_.executor->kernel_paths()) response->add_kernel_paths(path);
+  response->set_compute_capability(executor.compute_capability);
+  for (const std::string& path : executor.kernel_paths) response->add_kernel_paths(path);
   return Answer(context, Rpc::kServerInfo, start, absl::OkStatus());
 }
 

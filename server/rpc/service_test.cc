@@ -23,6 +23,7 @@
 #include "grpc/health/v1/health.grpc.pb.h"
 #include "gtest/gtest.h"
 #include "probesidecar/v1/sidecar.grpc.pb.h"
+#include "server/executors/test_executor.h"
 
 namespace probesidecar::server {
 namespace {
@@ -32,14 +33,13 @@ constexpr int kProbes = 2;
 
 // Queues every Score and completes none until Release(): the slowest possible executor that
 // still keeps the threading contract (Score returns at once).
-class HoldingExecutor final : public Executor {
+class HoldingExecutor final : public TestExecutor {
  public:
-  const char* backend() const override { return "cpu"; }
-  std::string device_name() const override { return "holding (test)"; }
-  absl::Status PrepareProbeSet(ProbeSet&) override { return absl::OkStatus(); }
-  void Score(std::unique_ptr<ScoreJob> job, ScoreDone done) override {
+  HoldingExecutor() : TestExecutor({"cpu", "holding (test)", {}, "", {}}) {}
+  void Submit(ExecutorTask task) override {
+    auto& score = std::get<ScoreTask>(task);
     absl::MutexLock lock(&mu_);
-    held_.push_back({std::move(job), std::move(done)});
+    held_.push_back({std::move(score.job), std::move(score.done)});
   }
   // True once `n` requests are held; false if they are not within `timeout`.
   [[nodiscard]] bool AwaitHeld(int n, absl::Duration timeout = absl::Seconds(30)) {
@@ -61,8 +61,6 @@ class HoldingExecutor final : public Executor {
       for (Held& d : done) std::move(d.done)(std::move(d.job), absl::OkStatus(), ScoreTimings{});
     }).join();
   }
-  void Shutdown() override {}
-
  private:
   struct Held {
     std::unique_ptr<ScoreJob> job;

@@ -11,8 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "kernels/probe_score/probe_score_cpu.h"
-#include "server/executors/cpu/cpu_outcome_counters.h"
-#include "server/executors/cpu/cpu_probe_weights.h"
+#include "server/executors/cpu/cpu_placement.h"
 
 namespace probesidecar::server {
 namespace {
@@ -33,29 +32,57 @@ int ThreadCount(uint32_t threads) {
 
 }  // namespace
 
+ExecutorInfo CpuInfo(int threads) {
+  ExecutorInfo info;
+  info.backend = "cpu";
+  info.device_name = absl::StrCat("cpu (", threads, " threads)");
+  info.kernel_paths = {"cpu"};
+  return info;
+}
+
 CpuExecutor::CpuExecutor(uint32_t threads, size_t max_queued_requests, int outcome_slots)
-    : capacity_(max_queued_requests),
+    : info_(CpuInfo(ThreadCount(threads))),
+      capacity_(max_queued_requests),
       outcome_slots_(outcome_slots),
       pool_(ThreadCount(threads), std::numeric_limits<size_t>::max()) {}
 
 CpuExecutor::~CpuExecutor() { Shutdown(); }
 
-std::string CpuExecutor::device_name() const {
-  return absl::StrCat("cpu (", pool_.workers(), " threads)");
-}
-
-absl::Status CpuExecutor::PrepareProbeSet(ProbeSet& set) {
-  set.executor_weights = CpuProbeWeights::For(set);
+absl::Status CpuExecutor::Place(ProbeSet& set) {
+  auto placed = std::make_shared<CpuPlacement>();
+  placed->weights = CpuProbeWeights::For(set);
   // A set whose outcomes are not counted has no counters: nothing is counted, nothing reported.
   if (set.count_outcomes) {
-    set.executor_outcomes = std::make_shared<CpuOutcomeCounters>(set, outcome_slots_);
+    placed->outcomes = std::make_unique<CpuOutcomeCounters>(set, outcome_slots_);
   }
+  set.placements[kHostPlacement] = std::move(placed);
   return absl::OkStatus();
 }
 
+void CpuExecutor::Warmup(std::shared_ptr<const ProbeSet> set, WarmupDone done) {
+  std::move(done)(absl::OkStatus());
+}
+
+ExecutorStats CpuExecutor::ReadStats(const StatsRead& read) {
+  ExecutorStats stats;
+  stats.queued = waiting_.load(std::memory_order_relaxed);
+  stats.queue_capacity = capacity_;
+  stats.dropped = drops_.counts();
+  return stats;
+}
+
 kernels::ProbeOutcomeCounts CpuExecutor::OutcomeCounts(const ProbeSet& set) const {
-  const auto* counters = static_cast<const CpuOutcomeCounters*>(set.executor_outcomes.get());
-  return counters != nullptr ? counters->Read() : kernels::ProbeOutcomeCounts{};
+  const auto* placed = set.PlacementAs<CpuPlacement>(kHostPlacement);
+  return placed != nullptr && placed->outcomes != nullptr ? placed->outcomes->Read()
+                                                          : kernels::ProbeOutcomeCounts{};
+}
+
+void CpuExecutor::Submit(ExecutorTask task) {
+  if (auto* score = std::get_if<ScoreTask>(&task)) {
+    RunScore(std::move(score->job), std::move(score->done));
+    return;
+  }
+  Refuse(std::move(task), absl::FailedPreconditionError("Verify needs the CUDA backend"));
 }
 
 bool CpuExecutor::TryEnqueue() {
@@ -66,7 +93,7 @@ bool CpuExecutor::TryEnqueue() {
   return true;
 }
 
-void CpuExecutor::Score(std::unique_ptr<ScoreJob> owned, ScoreDone done) {
+void CpuExecutor::RunScore(std::unique_ptr<ScoreJob> owned, ScoreDone done) {
   if (!TryEnqueue()) {
     std::move(done)(std::move(owned),
                     absl::ResourceExhaustedError(absl::StrCat(
@@ -78,6 +105,7 @@ void CpuExecutor::Score(std::unique_ptr<ScoreJob> owned, ScoreDone done) {
   // The tasks share the job (Shared owns it) and read it through `job` until the last reports.
   const ScoreJob* job = owned.get();
   const ProbeSet& set = *job->probe_set;
+  const CpuPlacement* placed = set.PlacementAs<CpuPlacement>(kHostPlacement);
   kernels::ProbeScoreCpuParams params;
   params.x = job->activations.host;
   params.x_dtype = job->activations.dtype;
@@ -132,7 +160,7 @@ void CpuExecutor::Score(std::unique_ptr<ScoreJob> owned, ScoreDone done) {
   for (int32_t t = 0; t < num_tasks; ++t) {
     const int32_t begin = t * rows_per_task;
     const int32_t end = std::min(job->num_rows, begin + rows_per_task);
-    pool_.Submit([this, job, params, begin, end, shared, leave_queue](int worker) {
+    pool_.Submit([this, job, placed, params, begin, end, shared, leave_queue](int worker) {
       leave_queue(*shared);
       if (worker == WorkerPool::kRefused) {
         shared->Fail(absl::UnavailableError("the CPU executor is shutting down"));
@@ -149,12 +177,13 @@ void CpuExecutor::Score(std::unique_ptr<ScoreJob> owned, ScoreDone done) {
           }
           // On the worker, not the gRPC thread: the first fast request of a dtype rounds here.
           kernels::ProbeScoreCpuParams task = params;
-          task.rounded_weight = CpuRoundedWeights(*job->probe_set, params.x_dtype);
+          task.rounded_weight = CpuRoundedWeights(
+              *job->probe_set, placed != nullptr ? placed->weights.get() : nullptr,
+              params.x_dtype);
           kernels::ScoreProbesCpu(task, begin, end);
           // The task's rows are in cache: counted here, by the thread that scored them.
-          if (auto* outcomes =
-                  static_cast<CpuOutcomeCounters*>(job->probe_set->executor_outcomes.get())) {
-            outcomes->Count(job->host_out, begin, end, job->outcome_slot);
+          if (placed != nullptr && placed->outcomes != nullptr) {
+            placed->outcomes->Count(job->host_out, begin, end, job->outcome_slot);
           }
         }
       }
@@ -177,6 +206,9 @@ void CpuExecutor::Score(std::unique_ptr<ScoreJob> owned, ScoreDone done) {
   }
 }
 
-void CpuExecutor::Shutdown() { pool_.Shutdown(); }
+bool CpuExecutor::ShutdownBy(absl::Time deadline) {
+  pool_.Shutdown();
+  return true;
+}
 
 }  // namespace probesidecar::server

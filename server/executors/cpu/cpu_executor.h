@@ -22,32 +22,30 @@ class CpuExecutor final : public Executor {
   CpuExecutor(uint32_t threads, size_t max_queued_requests, int outcome_slots = 2);
   ~CpuExecutor() override;
 
-  const char* backend() const override { return "cpu"; }
-  std::string device_name() const override;
-  std::vector<std::string> kernel_paths() const override { return {"cpu"}; }
-  // A fast set gets a place for its rounded weights (cpu_probe_weights.h); every set gets its
-  // outcome counters (cpu_outcome_counters.h).
-  absl::Status PrepareProbeSet(ProbeSet& set) override;
-  // Before each task the job's lifetime is checked: a request whose deadline passed or whose
-  // caller went away runs no further task and answers DEADLINE_EXCEEDED or CANCELLED.
-  void Score(std::unique_ptr<ScoreJob> job, ScoreDone done) override;
-  // Its queue: the requests waiting, the capacity, those dropped.
-  uint64_t queued() const override { return waiting_.load(std::memory_order_relaxed); }
-  ExecutorStats stats() const override {
-    ExecutorStats stats;
-    stats.queued = queued();
-    stats.queue_capacity = capacity_;
-    stats.dropped = drops_.counts();
-    return stats;
-  }
+  // backend "cpu", kernel path "cpu", no devices.
+  const ExecutorInfo& info() const override { return info_; }
+  // A fast set gets a place for its rounded weights (cpu_probe_weights.h); a counted set gets its
+  // outcome counters (cpu_outcome_counters.h): a CpuPlacement.
+  absl::Status Place(ProbeSet& set) override;
+  // Nothing to capture: `done` at once.
+  void Warmup(std::shared_ptr<const ProbeSet> set, WarmupDone done) override;
+  // Score: before each task the job's lifetime is checked: a request whose deadline passed or
+  // whose caller went away runs no further task and answers DEADLINE_EXCEEDED or CANCELLED.
+  // Verify: FAILED_PRECONDITION (it needs the CUDA backend).
+  void Submit(ExecutorTask task) override;
+  // Its queue: the requests waiting, the capacity, those dropped (no outcome copy to make).
+  ExecutorStats ReadStats(const StatsRead& read) override;
   // Counted on the host by the tasks that score (each its rows, after scoring them).
   kernels::ProbeOutcomeCounts OutcomeCounts(const ProbeSet& set) const override;
-  void Shutdown() override;
+  // Queued tasks finish first; the deadline is not needed (no device).
+  bool ShutdownBy(absl::Time deadline) override;
 
  private:
   // Takes a place in the queue; false when all `capacity_` are taken.
   bool TryEnqueue();
+  void RunScore(std::unique_ptr<ScoreJob> job, ScoreDone done);
 
+  const ExecutorInfo info_;
   const size_t capacity_;
   const int outcome_slots_;
   std::atomic<uint64_t> waiting_{0};  // requests none of whose tasks has started

@@ -19,11 +19,18 @@
 #include "absl/time/time.h"
 #include "gtest/gtest.h"
 #include "kernels/probe_score/probe_score_cpu.h"
+#include "server/executors/cpu/cpu_placement.h"
 #include "server/executors/cpu/cpu_probe_weights.h"
 #include "tests/cpp/wait_until.h"
 
 namespace probesidecar::server {
 namespace {
+
+// The rounded weights the CPU backend scores `set` (placed) with on `dtype` activations.
+const float* RoundedFor(const ProbeSet& set, common::DType dtype) {
+  return CpuRoundedWeights(set, set.PlacementAs<CpuPlacement>(kHostPlacement)->weights.get(),
+                           dtype);
+}
 
 // A job of `rows` rows over [T=rows, H] float32 activations and a set of P probes; big enough
 // (H * P multiply-adds per row) that the executor splits it into several tasks.
@@ -270,11 +277,12 @@ TEST(CpuExecutorTest, EachSetScoresAtItsPrecision) {
   for (size_t i = 0; i < bf16.size(); ++i) bf16[i] = common::FloatToBf16(exact_job.activations[i]);
   auto fast_set = std::make_shared<ProbeSet>(*exact_job.job.probe_set);
   fast_set->precision = kernels::ProbePrecision::kFast;
-  ASSERT_TRUE(executor.PrepareProbeSet(*fast_set).ok());
-  ASSERT_NE(fast_set->executor_weights, nullptr);
+  ASSERT_TRUE(executor.Place(*fast_set).ok());
+  ASSERT_NE(fast_set->PlacementAs<CpuPlacement>(kHostPlacement)->weights, nullptr);
   auto exact_set = std::make_shared<ProbeSet>(*exact_job.job.probe_set);
-  ASSERT_TRUE(executor.PrepareProbeSet(*exact_set).ok());
-  EXPECT_EQ(exact_set->executor_weights, nullptr);  // exact needs no rounded copy
+  ASSERT_TRUE(executor.Place(*exact_set).ok());
+  // exact needs no rounded copy
+  EXPECT_EQ(exact_set->PlacementAs<CpuPlacement>(kHostPlacement)->weights, nullptr);
 
   auto run = [&](std::shared_ptr<const ProbeSet> set) {
     ScoreJob job;
@@ -335,16 +343,16 @@ TEST(CpuExecutorTest, FastWeightsStoredInTheActivationTypeAreNotCopied) {
   }
   bf16_set->bias = {0.5f, -0.25f, 1.0f};
   CpuExecutor executor(1, 4);
-  ASSERT_TRUE(executor.PrepareProbeSet(*bf16_set).ok());
+  ASSERT_TRUE(executor.Place(*bf16_set).ok());
   EXPECT_TRUE(CpuRoundingIsIdentity(*bf16_set, common::DType::kBFloat16));
-  EXPECT_EQ(CpuRoundedWeights(*bf16_set, common::DType::kBFloat16), bf16_set->weight.data());
+  EXPECT_EQ(RoundedFor(*bf16_set, common::DType::kBFloat16), bf16_set->weight.data());
   // On fp16 activations bf16 weights are not fp16 values: that dtype still gets its copy.
   EXPECT_FALSE(CpuRoundingIsIdentity(*bf16_set, common::DType::kFloat16));
-  EXPECT_NE(CpuRoundedWeights(*bf16_set, common::DType::kFloat16), nullptr);
+  EXPECT_NE(RoundedFor(*bf16_set, common::DType::kFloat16), nullptr);
   auto float_set = std::make_shared<ProbeSet>(*bf16_set);
   float_set->weight_dtype = common::DType::kFloat32;
-  ASSERT_TRUE(executor.PrepareProbeSet(*float_set).ok());
-  EXPECT_NE(CpuRoundedWeights(*float_set, common::DType::kBFloat16), nullptr);
+  ASSERT_TRUE(executor.Place(*float_set).ok());
+  EXPECT_NE(RoundedFor(*float_set, common::DType::kBFloat16), nullptr);
   executor.Shutdown();
 }
 

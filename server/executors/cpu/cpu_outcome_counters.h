@@ -1,4 +1,4 @@
-// The CPU backend's probe-outcome counters of one probe set (ProbeSet::executor_outcomes): per
+// The CPU backend's probe-outcome counters of one probe set (CpuPlacement::outcomes): per
 // label slot, SlotWords() relaxed atomics that the tasks of every request add into
 // (kernels/probe_outcomes CountProbeOutcomesCpu), allocated on the slot's first request and read
 // without a lock.

@@ -4,9 +4,9 @@
 
 namespace probesidecar::server {
 
-std::shared_ptr<const void> CpuProbeWeights::For(const ProbeSet& set) {
+std::unique_ptr<const CpuProbeWeights> CpuProbeWeights::For(const ProbeSet& set) {
   if (set.precision != kernels::ProbePrecision::kFast) return nullptr;
-  return std::make_shared<const CpuProbeWeights>();
+  return std::make_unique<const CpuProbeWeights>();
 }
 
 const float* CpuProbeWeights::Rounded(const ProbeSet& set, common::DType dtype) const {
@@ -23,12 +23,11 @@ bool CpuRoundingIsIdentity(const ProbeSet& set, common::DType dtype) {
   return set.weight_dtype == dtype;
 }
 
-const float* CpuRoundedWeights(const ProbeSet& set, common::DType dtype) {
-  if (!kernels::UsesRoundedWeights(set.precision, dtype) || set.executor_weights == nullptr) {
-    return nullptr;
-  }
+const float* CpuRoundedWeights(const ProbeSet& set, const CpuProbeWeights* weights,
+                               common::DType dtype) {
+  if (!kernels::UsesRoundedWeights(set.precision, dtype) || weights == nullptr) return nullptr;
   if (CpuRoundingIsIdentity(set, dtype)) return set.weight.data();  // their own rounding
-  return static_cast<const CpuProbeWeights*>(set.executor_weights.get())->Rounded(set, dtype);
+  return weights->Rounded(set, dtype);
 }
 
 }  // namespace probesidecar::server

@@ -14,9 +14,9 @@ namespace probesidecar::server {
 
 class CpuProbeWeights {
  public:
-  // What the CPU backend attaches to `set` (ProbeSet::executor_weights): for a fast set, a
+  // What the CPU backend keeps for `set` (CpuPlacement::weights): for a fast set, a
   // CpuProbeWeights; an exact set scores its file weights and needs none (nullptr).
-  static std::shared_ptr<const void> For(const ProbeSet& set);
+  static std::unique_ptr<const CpuProbeWeights> For(const ProbeSet& set);
 
   // `set`'s weights rounded to `dtype` ([P, H]), rounding them on the first call for that dtype;
   // thread-safe (other callers wait for that first one). `set` is the set this state belongs to.
@@ -33,7 +33,9 @@ bool CpuRoundingIsIdentity(const ProbeSet& set, common::DType dtype);
 
 // The rounded weights to score `set` on `dtype` activations with: the file's own weights when
 // rounding is the identity (no copy is made); null when the set's precision does not round them
-// there (exact, or float32 activations) or it has no CPU state (then the scorer rounds per call).
-const float* CpuRoundedWeights(const ProbeSet& set, common::DType dtype);
+// there (exact, or float32 activations) or it has no CPU state (`weights` null: then the scorer
+// rounds per call).
+const float* CpuRoundedWeights(const ProbeSet& set, const CpuProbeWeights* weights,
+                               common::DType dtype);
 
 }  // namespace probesidecar::server

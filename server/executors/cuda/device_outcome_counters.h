@@ -1,4 +1,4 @@
-// The probe-outcome counters of one probe set on one CUDA device (ProbeSet::device_outcomes):
+// The probe-outcome counters of one probe set on one CUDA device (CudaPlacement::outcomes):
 // the set's thresholds and bucket bounds on the device (what the count kernel reads), and per
 // label slot a block of 64-bit device counters that the graphs of every stream slot add into,
 // allocated on the slot's first request. The device monitor copies the allocated blocks to the
