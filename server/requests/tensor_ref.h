@@ -11,7 +11,7 @@
 #include "absl/strings/string_view.h"
 #include "common/dtype.h"
 #include "probesidecar/v1/tensor.pb.h"
-#include "server/buffers/buffer_lease.h"
+#include "server/ipc/buffer_lease.h"
 
 namespace probesidecar::server {
 

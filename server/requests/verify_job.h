@@ -10,7 +10,7 @@
 #include "absl/status/statusor.h"
 #include "kernels/mla_verify/mla_verify_limits.h"
 #include "probesidecar/v1/verify.pb.h"
-#include "server/buffers/buffer_lease.h"
+#include "server/ipc/buffer_lease.h"
 #include "server/requests/request_lifetime.h"
 
 namespace probesidecar::server {

@@ -7,7 +7,7 @@
 #include <string>
 #include <utility>
 
-#include "server/buffers/ipc_registries.h"
+#include "server/ipc/ipc_registries.h"
 #include "server/observability/log.h"
 #include "server/rpc/grpc_status.h"
 #include "server/rpc/proto_conversion.h"

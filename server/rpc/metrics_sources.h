@@ -3,7 +3,7 @@
 
 #include <cstdint>
 
-#include "server/buffers/ipc_registries.h"
+#include "server/ipc/ipc_registries.h"
 #include "server/config/config.h"
 #include "server/executors/executor.h"
 #include "server/observability/metrics.h"

@@ -8,8 +8,8 @@
 #include "kernels/probe_score/probe_score_precision.h"
 #include "probesidecar/v1/buffers.pb.h"
 #include "probesidecar/v1/probes.pb.h"
-#include "server/buffers/buffer_registry.h"
-#include "server/buffers/event_registry.h"
+#include "server/ipc/buffer_registry.h"
+#include "server/ipc/event_registry.h"
 #include "server/probes/probe_set.h"
 
 namespace probesidecar::server {

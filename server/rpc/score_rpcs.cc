@@ -4,7 +4,7 @@
 #include <memory>
 #include <utility>
 
-#include "server/buffers/buffer_registry.h"
+#include "server/ipc/buffer_registry.h"
 #include "server/requests/score_job.h"
 #include "server/rpc/executor_rpc.h"
 #include "server/rpc/grpc_status.h"

@@ -4,7 +4,7 @@
 #include <string>
 #include <vector>
 
-#include "server/buffers/buffer_registry.h"
+#include "server/ipc/buffer_registry.h"
 #include "server/config/version.h"
 #include "server/rpc/outcome_report.h"
 #include "server/rpc/proto_conversion.h"

@@ -24,7 +24,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "probesidecar/v1/sidecar.grpc.pb.h"
-#include "server/buffers/ipc_registries.h"
+#include "server/ipc/ipc_registries.h"
 #include "server/config/config.h"
 #include "server/executors/executor.h"
 #include "server/executors/worker_pool.h"

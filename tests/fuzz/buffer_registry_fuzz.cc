@@ -20,7 +20,7 @@
 #include <string>
 #include <vector>
 
-#include "server/buffers/ipc_registries.h"
+#include "server/ipc/ipc_registries.h"
 #include "tests/fuzz/fake_ipc_opener.h"
 #include "tests/fuzz/fuzz_check.h"
 #include "tests/fuzz/message_check.h"

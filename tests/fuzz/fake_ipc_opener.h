@@ -9,7 +9,7 @@
 #include <memory>
 #include <set>
 
-#include "server/buffers/ipc_opener.h"
+#include "server/ipc/ipc_opener.h"
 
 namespace probesidecar::fuzz {
 

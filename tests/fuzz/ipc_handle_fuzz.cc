@@ -3,7 +3,7 @@
 #include <cstdint>
 #include <cstring>
 
-#include "server/buffers/ipc_handle.h"
+#include "server/ipc/ipc_handle.h"
 #include "tests/fuzz/fuzz_check.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {

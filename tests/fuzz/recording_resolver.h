@@ -7,7 +7,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "server/buffers/buffer_lease.h"
+#include "server/ipc/buffer_lease.h"
 #include "tests/fuzz/fuzz_check.h"
 
 namespace probesidecar::fuzz {

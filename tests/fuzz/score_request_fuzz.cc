@@ -19,7 +19,7 @@
 #include "google/protobuf/stubs/logging.h"
 #include "kernels/probe_score/probe_score_cpu.h"
 #include "probesidecar/v1/score.pb.h"
-#include "server/buffers/ipc_registries.h"
+#include "server/ipc/ipc_registries.h"
 #include "server/probes/probe_registry.h"
 #include "server/requests/score_job.h"
 #include "tests/fuzz/fake_ipc_opener.h"

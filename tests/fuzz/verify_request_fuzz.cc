@@ -14,7 +14,7 @@
 
 #include "google/protobuf/stubs/logging.h"
 #include "probesidecar/v1/verify.pb.h"
-#include "server/buffers/ipc_registries.h"
+#include "server/ipc/ipc_registries.h"
 #include "server/requests/verify_job.h"
 #include "tests/fuzz/fake_ipc_opener.h"
 #include "tests/fuzz/fuzz_check.h"

@@ -24,7 +24,7 @@
 #include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
-#include "server/buffers/buffer_lease.h"
+#include "server/ipc/buffer_lease.h"
 #include "server/executors/cuda/score_fault_hook.h"
 #include "server/requests/request_lifetime.h"
 

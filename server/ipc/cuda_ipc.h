@@ -2,7 +2,7 @@
 // cudaEventDestroy, on the device each registration names.
 #pragma once
 
-#include "server/buffers/ipc_opener.h"
+#include "server/ipc/ipc_opener.h"
 
 namespace probesidecar::server {
 

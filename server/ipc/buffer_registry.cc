@@ -1,4 +1,4 @@
-#include "server/buffers/buffer_registry.h"
+#include "server/ipc/buffer_registry.h"
 
 #include <algorithm>
 #include <utility>

@@ -14,9 +14,9 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
-#include "server/buffers/buffer_lease.h"
-#include "server/buffers/ipc_opener.h"
-#include "server/buffers/session_table.h"
+#include "server/ipc/buffer_lease.h"
+#include "server/ipc/ipc_opener.h"
+#include "server/sessions/session_table.h"
 
 namespace probesidecar::server {
 

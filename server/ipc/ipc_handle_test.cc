@@ -1,4 +1,4 @@
-#include "server/buffers/ipc_handle.h"
+#include "server/ipc/ipc_handle.h"
 
 #include <string>
 

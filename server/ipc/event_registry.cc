@@ -1,10 +1,10 @@
-#include "server/buffers/event_registry.h"
+#include "server/ipc/event_registry.h"
 
 #include <utility>
 
 #include "absl/strings/str_cat.h"
-#include "server/buffers/buffer_registry.h"
-#include "server/buffers/ipc_handle.h"
+#include "server/ipc/buffer_registry.h"
+#include "server/ipc/ipc_handle.h"
 
 namespace probesidecar::server {
 

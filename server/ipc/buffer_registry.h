@@ -23,10 +23,10 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
-#include "server/buffers/buffer_lease.h"
-#include "server/buffers/ipc_handle.h"
-#include "server/buffers/ipc_opener.h"
-#include "server/buffers/session_table.h"
+#include "server/ipc/buffer_lease.h"
+#include "server/ipc/ipc_handle.h"
+#include "server/ipc/ipc_opener.h"
+#include "server/sessions/session_table.h"
 
 namespace probesidecar::server {
 

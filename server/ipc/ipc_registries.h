@@ -8,11 +8,11 @@
 #include <utility>
 #include <vector>
 
-#include "server/buffers/buffer_lease.h"
-#include "server/buffers/buffer_registry.h"
-#include "server/buffers/event_registry.h"
-#include "server/buffers/ipc_opener.h"
-#include "server/buffers/session_table.h"
+#include "server/ipc/buffer_lease.h"
+#include "server/ipc/buffer_registry.h"
+#include "server/ipc/event_registry.h"
+#include "server/ipc/ipc_opener.h"
+#include "server/sessions/session_table.h"
 
 namespace probesidecar::server {
 

@@ -5,7 +5,7 @@
 #include <cstdint>
 
 #include "absl/status/statusor.h"
-#include "server/buffers/ipc_handle.h"
+#include "server/ipc/ipc_handle.h"
 
 namespace probesidecar::server {
 

@@ -1,4 +1,4 @@
-#include "server/buffers/cuda_ipc.h"
+#include "server/ipc/cuda_ipc.h"
 
 #include <cuda.h>
 #include <cudaTypedefs.h>

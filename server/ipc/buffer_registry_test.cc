@@ -1,4 +1,4 @@
-#include "server/buffers/buffer_registry.h"
+#include "server/ipc/buffer_registry.h"
 
 #include <atomic>
 #include <chrono>
@@ -8,7 +8,7 @@
 #include <vector>
 
 #include "gtest/gtest.h"
-#include "server/buffers/event_registry.h"
+#include "server/ipc/event_registry.h"
 
 namespace probesidecar::server {
 namespace {
