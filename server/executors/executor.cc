@@ -9,7 +9,7 @@ void Refuse(ExecutorTask task, absl::Status status) {
     std::move(score->done)(std::move(score->job), std::move(status), ScoreTimings{});
   } else {
     auto& verify = std::get<VerifyTask>(task);
-    std::move(verify.done)(std::move(verify.job), std::move(status), VerifyOutcome{});
+    std::move(verify.done)(std::move(verify.job), std::move(status), VerifyResult{});
   }
 }
 

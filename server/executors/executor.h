@@ -43,7 +43,7 @@ using ScoreDone = absl::AnyInvocable<void(std::unique_ptr<ScoreJob> job, absl::S
 using WarmupDone = absl::AnyInvocable<void(absl::Status status) &&>;
 
 // How a Verify went.
-struct VerifyOutcome {
+struct VerifyResult {
   const char* kernel_path = "";
   double queue_seconds = 0;  // waiting for a worker
   // Shadow mode: ours against the caller's output.
@@ -54,7 +54,7 @@ struct VerifyOutcome {
   uint64_t mismatched = 0;
 };
 using VerifyDone = absl::AnyInvocable<void(std::unique_ptr<VerifyJob> job, absl::Status status,
-                                           const VerifyOutcome& outcome) &&>;
+                                           const VerifyResult& result) &&>;
 
 // The work an executor takes: a Score (probe scoring) or a Verify (MLA verify attention, the CUDA
 // backend's), each with the callback its answer goes to.
@@ -68,7 +68,7 @@ struct VerifyTask {
 };
 using ExecutorTask = std::variant<ScoreTask, VerifyTask>;
 
-// Answers `task` with `status` (and empty timings or outcome) without running it: a refusal.
+// Answers `task` with `status` (and empty timings or result) without running it: a refusal.
 void Refuse(ExecutorTask task, absl::Status status);
 
 // What an executor is, fixed once it has started.

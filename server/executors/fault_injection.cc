@@ -32,7 +32,7 @@ class FaultInjectingExecutor final : public Executor {
         score->done = FailIfOk<ScoreJob, ScoreTimings>(std::move(score->done));
       } else {
         auto& verify = std::get<VerifyTask>(task);
-        verify.done = FailIfOk<VerifyJob, VerifyOutcome>(std::move(verify.done));
+        verify.done = FailIfOk<VerifyJob, VerifyResult>(std::move(verify.done));
       }
     }
     inner_->Submit(std::move(task));

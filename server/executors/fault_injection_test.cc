@@ -37,7 +37,7 @@ TEST(FaultInjectionTest, EveryNthRequestFailsWithInternal) {
                       });
     } else {
       executor->Verify(std::make_unique<VerifyJob>(),
-                       [&](std::unique_ptr<VerifyJob> job, absl::Status s, const VerifyOutcome&) {
+                       [&](std::unique_ptr<VerifyJob> job, absl::Status s, const VerifyResult&) {
                          EXPECT_NE(job, nullptr);
                          answers.push_back(s);
                        });

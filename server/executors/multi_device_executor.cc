@@ -149,9 +149,9 @@ void MultiDeviceExecutor::SubmitTo(int i, ExecutorTask task) {
   executors_[i]->Verify(std::move(verify.job),
                         [done = std::move(verify.done), release](
                             std::unique_ptr<VerifyJob> job, absl::Status status,
-                            const VerifyOutcome& outcome) mutable {
+                            const VerifyResult& result) mutable {
                           release();
-                          std::move(done)(std::move(job), std::move(status), outcome);
+                          std::move(done)(std::move(job), std::move(status), result);
                         });
 }
 

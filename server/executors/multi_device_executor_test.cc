@@ -61,7 +61,7 @@ class FakeDeviceExecutor final : public TestExecutor {
     }
     ++verified;
     auto& verify = std::get<VerifyTask>(task);
-    std::move(verify.done)(std::move(verify.job), absl::OkStatus(), VerifyOutcome{});
+    std::move(verify.done)(std::move(verify.job), absl::OkStatus(), VerifyResult{});
   }
   // Answers the held requests.
   void Release() {
@@ -118,7 +118,7 @@ TEST(MultiDeviceExecutorTest, AJobRunsOnTheDeviceOfItsBuffers) {
   auto verify = std::make_unique<VerifyJob>();
   verify->device = 3;
   t.executor->Verify(std::move(verify), [](std::unique_ptr<VerifyJob>, absl::Status s,
-                                           const VerifyOutcome&) { EXPECT_TRUE(s.ok()) << s; });
+                                           const VerifyResult&) { EXPECT_TRUE(s.ok()) << s; });
   EXPECT_EQ(t.d3->verified, 1);
   EXPECT_EQ(t.d0->verified, 0);
 }

@@ -8,7 +8,7 @@
 //   absl::StatusOr<Job> Prepare(const ServiceEnv& env, std::string* probe_set);
 //   // Fills the response of work that succeeded (on the executor's thread); `seconds` since the
 //   // request arrived.
-//   void Fill(const Job& job, const Outcome& outcome, double seconds, Metrics& metrics);
+//   void Fill(const Job& job, const Result& result, double seconds, Metrics& metrics);
 //
 // Private to server/rpc/: included by the files that define a Work.
 #pragma once
@@ -27,11 +27,11 @@
 namespace probesidecar::server {
 
 // The call's request and response, and the types of its job (the validated request: ScoreJob,
-// VerifyJob) and of what the executor reports with its status (ScoreTimings, VerifyOutcome).
-template <typename Request, typename Response, typename JobType, typename OutcomeType>
+// VerifyJob) and of what the executor reports with its status (ScoreTimings, VerifyResult).
+template <typename Request, typename Response, typename JobType, typename ResultType>
 struct ExecutorWork {
   using Job = JobType;
-  using Outcome = OutcomeType;
+  using Result = ResultType;
   const Request* request;
   Response* response;
 };
@@ -58,7 +58,7 @@ template <typename Work>
 void ProbeSidecarService::RunOnExecutor(Rpc rpc, RequestLifetime lifetime, Work work,
                                         Finish finish) {
   using Job = typename Work::Job;
-  using Outcome = typename Work::Outcome;
+  using Result = typename Work::Result;
   const Clock::time_point start = Clock::now();
   env_.metrics->RpcStarted(rpc);
   if (absl::Status admitted = Admit(lifetime); !admitted.ok()) {
@@ -81,10 +81,10 @@ void ProbeSidecarService::RunOnExecutor(Rpc rpc, RequestLifetime lifetime, Work 
   SubmitToExecutor(*env_.executor, std::move(job),
                    [this, rpc, start, work = std::move(work), probe_set = std::move(probe_set),
                     finish = std::move(finish)](std::unique_ptr<Job> job, absl::Status status,
-                                                const Outcome& outcome) mutable {
+                                                const Result& result) mutable {
                      if (status.ok()) status = job->lifetime.Check();
                      if (status.ok()) {
-                       work.Fill(*job, outcome, SecondsSince(start), *env_.metrics);
+                       work.Fill(*job, result, SecondsSince(start), *env_.metrics);
                      } else if (status.code() == absl::StatusCode::kInternal) {
                        env_.metrics->CudaError();
                        if (probe_set.empty()) {
@@ -96,7 +96,7 @@ void ProbeSidecarService::RunOnExecutor(Rpc rpc, RequestLifetime lifetime, Work 
                      }
                      job.reset();
                      admitted_.fetch_sub(1);
-                     RecordFinished(rpc, start, status, probe_set, outcome.kernel_path);
+                     RecordFinished(rpc, start, status, probe_set, result.kernel_path);
                      std::move(finish)(status);
                      in_flight_.fetch_sub(1);
                    });

@@ -15,7 +15,7 @@ namespace probesidecar::server {
 namespace {
 
 // What is particular to a Verify in the skeleton of executor_rpc.h.
-struct VerifyWork : ExecutorWork<v1::VerifyRequest, v1::VerifyResponse, VerifyJob, VerifyOutcome> {
+struct VerifyWork : ExecutorWork<v1::VerifyRequest, v1::VerifyResponse, VerifyJob, VerifyResult> {
   static constexpr const char* kName = "Verify";
 
   // No probe set: `probe_set` stays "".
@@ -23,18 +23,18 @@ struct VerifyWork : ExecutorWork<v1::VerifyRequest, v1::VerifyResponse, VerifyJo
     return PrepareVerifyJob(*request, env.ipc, VerifyLimits{});
   }
 
-  void Fill(const VerifyJob& job, const VerifyOutcome& outcome, double /*seconds*/,
+  void Fill(const VerifyJob& job, const VerifyResult& result, double /*seconds*/,
             Metrics& metrics) const {
-    response->set_kernel_path(outcome.kernel_path);
-    if (!outcome.shadow) return;
+    response->set_kernel_path(result.kernel_path);
+    if (!result.shadow) return;
     v1::ShadowReport* report = response->mutable_shadow();
-    report->set_max_abs_error(outcome.max_abs_error);
-    report->set_rel_l2_error(outcome.rel_l2_error);
-    report->set_compared(static_cast<int64_t>(outcome.compared));
-    report->set_mismatched(static_cast<int64_t>(outcome.mismatched));
+    report->set_max_abs_error(result.max_abs_error);
+    report->set_rel_l2_error(result.rel_l2_error);
+    report->set_compared(static_cast<int64_t>(result.compared));
+    report->set_mismatched(static_cast<int64_t>(result.mismatched));
     report->set_atol(job.atol);
     report->set_rtol(job.rtol);
-    metrics.ShadowCompared(outcome.rel_l2_error, outcome.mismatched > 0);
+    metrics.ShadowCompared(result.rel_l2_error, result.mismatched > 0);
   }
 };
 

@@ -237,36 +237,36 @@ class CudaExecutor final : public Executor {
                            Clock::time_point submitted, typename Request::Done done) {
     return [this, request, job = std::move(job), submitted,
             done = std::move(done)](int worker) mutable {
-      typename Request::Outcome outcome;
+      typename Request::Result result;
       if (worker == WorkerPool::kRefused) {
-        std::move(done)(std::move(job), Refused(), outcome);
+        std::move(done)(std::move(job), Refused(), result);
         return;
       }
       if (health_.lost()) {
-        std::move(done)(std::move(job), health_.LostStatus(), outcome);
+        std::move(done)(std::move(job), health_.LostStatus(), result);
         return;
       }
       if (!parking_->Admit(worker)) {
         pool_->SubmitFront(GpuTask(request, std::move(job), submitted, std::move(done)));
         return;
       }
-      Request::QueueSeconds(outcome) = SecondsSince(submitted);
+      Request::QueueSeconds(result) = SecondsSince(submitted);
       if (absl::Status alive = job->lifetime.Check(); !alive.ok()) {
         drops_.Count(alive);
-        std::move(done)(std::move(job), alive, outcome);
+        std::move(done)(std::move(job), alive, result);
         return;
       }
       gpu_requests_.fetch_add(1, std::memory_order_relaxed);
       Worker& on = workers_[worker];
       on.slot->DrainCompleted();
-      absl::Status status = health_.Checked(request.Run(on, *job, &outcome), Request::kName);
-      if (status.ok() && !Request::Enqueued(outcome) && health_.lost()) {
+      absl::Status status = health_.Checked(request.Run(on, *job, &result), Request::kName);
+      if (status.ok() && !Request::Enqueued(result) && health_.lost()) {
         // Computed while the context was being lost: no answer from a lost context is trusted.
         status = health_.LostStatus();
       }
       drops_.Count(status);  // given up at its deadline, or for a caller gone, on the GPU
       parking_->ParkIfBusy(worker);
-      std::move(done)(std::move(job), status, outcome);
+      std::move(done)(std::move(job), status, result);
     };
   }
 

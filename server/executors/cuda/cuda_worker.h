@@ -22,36 +22,36 @@ struct Worker {
 };
 
 // What a request kind brings to the executor's one task (CudaExecutor::GpuTask): its job, its
-// outcome and callback, how it runs on a worker, and where its queue time goes.
+// result and callback, how it runs on a worker, and where its queue time goes.
 struct ScoreRequest {
   using Job = ScoreJob;
-  using Outcome = ScoreTimings;
+  using Result = ScoreTimings;
   using Done = ScoreDone;
   static constexpr const char* kName = "Score";
-  static double& QueueSeconds(Outcome& timings) { return timings.queue; }
+  static double& QueueSeconds(Result& timings) { return timings.queue; }
   // TEST-ONLY (score_fault_hook.h): the fault this request enqueues once its client's event has
   // completed, if any.
   FaultLaunch fault = nullptr;
-  absl::Status Run(Worker& worker, const Job& job, Outcome* timings) const {
+  absl::Status Run(Worker& worker, const Job& job, Result* timings) const {
     if (fault == nullptr) return worker.score->Run(job, timings, &timings->enqueued);
     worker.slot->ArmFault(fault);
     absl::Status status = worker.score->Run(job, timings, &timings->enqueued);
     worker.slot->ArmFault(nullptr);  // this request's only: unused where it ended early
     return status;
   }
-  static bool Enqueued(const Outcome& timings) { return timings.enqueued; }
+  static bool Enqueued(const Result& timings) { return timings.enqueued; }
 };
 
 struct VerifyRequest {
   using Job = VerifyJob;
-  using Outcome = VerifyOutcome;
+  using Result = VerifyResult;
   using Done = VerifyDone;
   static constexpr const char* kName = "Verify";
-  static double& QueueSeconds(Outcome& outcome) { return outcome.queue_seconds; }
-  absl::Status Run(Worker& worker, const Job& job, Outcome* outcome) const {
-    return worker.verify->Run(job, outcome);
+  static double& QueueSeconds(Result& result) { return result.queue_seconds; }
+  absl::Status Run(Worker& worker, const Job& job, Result* result) const {
+    return worker.verify->Run(job, result);
   }
-  static bool Enqueued(const Outcome&) { return false; }
+  static bool Enqueued(const Result&) { return false; }
 };
 
 }  // namespace probesidecar::server

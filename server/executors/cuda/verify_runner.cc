@@ -113,7 +113,7 @@ absl::Status VerifyRunner::StageInlineTables(const VerifyJob& job) {
   return absl::OkStatus();
 }
 
-absl::Status VerifyRunner::Run(const VerifyJob& job, VerifyOutcome* outcome) {
+absl::Status VerifyRunner::Run(const VerifyJob& job, VerifyResult* result) {
   PS_RETURN_IF_CUDA(cudaSetDevice(device_));
   if (absl::Status s = EnsureInit(); !s.ok()) return s;
   if (job.shadow) {
@@ -151,7 +151,7 @@ absl::Status VerifyRunner::Run(const VerifyJob& job, VerifyOutcome* outcome) {
   key.compare_stride = job.compare_batch_stride;
   key.num_pages = job.num_pages;
   key.max_pages = job.max_pages;
-  outcome->kernel_path = kernels::MlaVerifyPathName(key.path);
+  result->kernel_path = kernels::MlaVerifyPathName(key.path);
 
   cudaGraphExec_t exec = nullptr;
   if (Graph* cached = graphs_.Find(key); cached != nullptr) {
@@ -182,12 +182,12 @@ absl::Status VerifyRunner::Run(const VerifyJob& job, VerifyOutcome* outcome) {
   }
   if (job.shadow) {
     const kernels::VerifyCompareResult r = *h_result_;
-    outcome->shadow = true;
-    outcome->max_abs_error = r.max_abs_error;
-    outcome->rel_l2_error =
+    result->shadow = true;
+    result->max_abs_error = r.max_abs_error;
+    result->rel_l2_error =
         r.sum_sq_ref > 0 ? std::sqrt(r.sum_sq_diff / r.sum_sq_ref) : (r.sum_sq_diff > 0 ? 1 : 0);
-    outcome->compared = r.compared;
-    outcome->mismatched = r.mismatched;
+    result->compared = r.compared;
+    result->mismatched = r.mismatched;
   }
   return absl::OkStatus();
 }

@@ -37,7 +37,7 @@ class VerifyRunner {
 
   // Runs `job` and waits for the GPU (the slot's worker thread, on an idle slot), until the job's
   // deadline or its caller going away at most (then its buffers stay held until the GPU is done).
-  absl::Status Run(const VerifyJob& job, VerifyOutcome* outcome);
+  absl::Status Run(const VerifyJob& job, VerifyResult* result);
 
   // Requests whose device page tables or lengths were out of range so far (any thread).
   uint64_t invalid_requests() const;
