@@ -16,7 +16,7 @@ import pytest
 from probe_sidecar import Client, ProbeSidecarError
 
 BIN = pathlib.Path(os.environ.get("PROBE_SIDECAR_BIN", "build/bin/probe-sidecar")).resolve()
-# The same server with the test-only fault injector (server/rpc/test_faults_main.cc).
+# The same server with the test-only fault injector (tests/faults/test_faults_main.cc).
 FAULTS_BIN = pathlib.Path(
     os.environ.get("PROBE_SIDECAR_TEST_FAULTS_BIN", BIN.parent / "probe-sidecar-test-faults")).resolve()
 CLIENT_BIN = pathlib.Path(os.environ.get("PROBE_CLIENT_BIN", "build/bin/probe-client")).resolve()

@@ -1,6 +1,6 @@
 // TEST-ONLY seam for a real CUDA fault in a Score request: the tests of what the server does
 // when its GPU context is lost (tests/python/test_gpu_faults.py) arm it in the test binary
-// probe-sidecar-test-faults (server/executors/cuda/illegal_address_fault.h). The production binary
+// probe-sidecar-test-faults (tests/faults/illegal_address_fault.h). The production binary
 // never installs a hook, and holds neither the faulting kernel nor the variable that arms it.
 #pragma once
 

@@ -2,7 +2,7 @@
 // the service's handling of one (INTERNAL, the cuda_errors metric, the next requests served) can
 // be tested on machines without a GPU.
 //
-// Linked only into the test binary probe-sidecar-test-faults (server/rpc/test_faults_main.cc),
+// Linked only into the test binary probe-sidecar-test-faults (tests/faults/test_faults_main.cc),
 // never into probe-sidecar; there it is off unless the environment variable
 // PROBE_SIDECAR_TEST_FAULT_EVERY=N (N >= 1) is set when the server starts.
 #pragma once

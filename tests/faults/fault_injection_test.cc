@@ -1,7 +1,7 @@
 // The test-only fault injector: requests number N, 2N, ... fail with INTERNAL as a failed CUDA call
 // would, the others (and failures of the executor itself) pass through; it is off unless
 // PROBE_SIDECAR_TEST_FAULT_EVERY is a positive integer.
-#include "server/executors/fault_injection.h"
+#include "tests/faults/fault_injection.h"
 
 #include <cstdlib>
 #include <memory>

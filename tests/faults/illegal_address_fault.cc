@@ -1,10 +1,10 @@
-#include "server/executors/cuda/illegal_address_fault.h"
+#include "tests/faults/illegal_address_fault.h"
 
 #include <cstdint>
 #include <cstdlib>
 
 #include "absl/strings/numbers.h"
-#include "kernels/test_faults/test_faults.h"
+#include "tests/faults/test_faults.h"
 #include "server/executors/cuda/score_fault_hook.h"
 #include "server/observability/log.h"
 

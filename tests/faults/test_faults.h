@@ -1,6 +1,6 @@
 // TEST-ONLY: a kernel that makes a real CUDA fault, for the server's tests of what happens when
 // the GPU context is lost (PROBE_SIDECAR_TEST_ILLEGAL_ADDRESS_AT,
-// server/executors/cuda/illegal_address_fault.h). It writes outside every allocation, so the
+// tests/faults/illegal_address_fault.h). It writes outside every allocation, so the
 // launch fails with cudaErrorIllegalAddress and the context is unusable for every later call: a
 // sticky error, the kind only a process restart clears. Linked only into the test binary
 // probe-sidecar-test-faults, which launches it only when that variable is set.

@@ -1,6 +1,6 @@
 #include <cstdint>
 
-#include "kernels/test_faults/test_faults.h"
+#include "tests/faults/test_faults.h"
 
 namespace probesidecar::kernels {
 namespace {

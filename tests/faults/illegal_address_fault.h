@@ -1,6 +1,6 @@
 // TEST-ONLY: arms a real CUDA fault from the environment, in probe-sidecar-test-faults only
-// (server/rpc/test_faults_main.cc). PROBE_SIDECAR_TEST_ILLEGAL_ADDRESS_AT=N makes the Nth Score
-// request first launch a kernel that writes out of bounds (kernels/test_faults): the CUDA context
+// (tests/faults/test_faults_main.cc). PROBE_SIDECAR_TEST_ILLEGAL_ADDRESS_AT=N makes the Nth Score
+// request first launch a kernel that writes out of bounds (tests/faults/test_faults.cu): the CUDA context
 // is then lost, for the tests of what the server does (tests/python/test_gpu_faults.py).
 #pragma once
 

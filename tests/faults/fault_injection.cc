@@ -1,4 +1,4 @@
-#include "server/executors/fault_injection.h"
+#include "tests/faults/fault_injection.h"
 
 #include <atomic>
 #include <cstdlib>
