@@ -165,6 +165,78 @@ int CannotStart(const absl::Status& why) {
   return 1;
 }
 
+// What a serving server is made of, for its drain (references into Serve's frame).
+struct Running {
+  const Config& config;
+  ProbeSidecarService& service;
+  grpc::Server& server;
+  Listeners& listeners;
+  MetricsEndpoint& endpoint;
+  std::unique_ptr<Executor>& executor;
+  std::unique_ptr<IpcRegistries>& ipc;  // destroyed after the executor
+  grpc::HealthCheckServiceInterface* health;
+  std::shared_ptr<FatalState> fatal;
+};
+
+// After the signal (or a lost CUDA context): NOT_SERVING, the drain of the work in progress up to
+// the grace period, gRPC's shutdown, then the control worker, the metrics endpoint and the
+// executor, in that order. Returns the exit code.
+int DrainAndStop(Running r, int signal_number, bool* device_abandoned) {
+  int exit_code = 0;
+  if (const absl::Status lost = r.fatal->Why(); !lost.ok()) {
+    exit_code = kExitDeviceLost;
+    LogError("stopping (exit status %d): %s", exit_code, lost.message());
+  } else {
+    LogInfo("%s: draining in-flight requests (up to %.1f s)", strsignal(signal_number),
+            r.config.shutdown_grace_seconds);
+  }
+  SetServing(r.health, false);
+  // New work is refused with UNAVAILABLE (retryable) while the work in progress finishes; only
+  // then does gRPC shut down, so no admitted request is cut off before the grace period ends.
+  const absl::Time deadline =
+      absl::Now() + absl::Microseconds(static_cast<int64_t>(r.config.shutdown_grace_seconds * 1e6));
+  // The process is gone within the grace period plus 1 s, as docs/reliability.md promises, with
+  // room for its exit itself.
+  StartExitWatchdog(deadline + absl::Milliseconds(600), exit_code);
+  r.service.BeginDrain();
+  if (!r.service.WaitUntilIdle(deadline)) {
+    LogWarning("grace period over with requests still in progress: cancelling them");
+  }
+  // Requests already on the wire when gRPC shuts down are cancelled by it; a short window in
+  // which they are refused with UNAVAILABLE instead lets clients retry elsewhere cleanly.
+  absl::SleepFor(
+      std::min(absl::Milliseconds(200), std::max(absl::ZeroDuration(), deadline - absl::Now())));
+  // The service's own work is done (or out of time). What can still hold gRPC's shutdown is not
+  // ours to wait for: gRPC's health service keeps Watch streams open, and a client may keep its
+  // connection after GOAWAY. Either would hold the process for the rest of the grace period: they
+  // get a short moment to end cleanly, then gRPC cancels them. Cancelled calls whose work is still
+  // queued or running are skipped or stopped early by the executor, so this returns promptly.
+  // No new Unix-socket connection is handed to gRPC from here on (and the socket files go).
+  for (const auto& listener : r.listeners.unix_sockets) listener->Stop();
+  r.server.Shutdown(absl::ToChronoTime(std::min(deadline, absl::Now() + absl::Milliseconds(100))));
+  r.server.Wait();
+  r.service.StopControlWorker();  // releases of ended sessions (the IPC registries outlive it)
+  // Every call is answered; what the GPU still runs is ms away, unless a stream waits for a
+  // client's event that never comes: that is not waited for past a short moment.
+  // (The metrics endpoint stops first: a scrape reads the executor's slots.)
+  StopExposer(std::move(r.endpoint.exposer),
+              r.config.metrics_listen.substr(0, r.config.metrics_listen.rfind(':')));
+  const absl::Time now = absl::Now();
+  const bool clean = r.executor->ShutdownBy(
+      std::max(now + absl::Milliseconds(50), std::min(deadline, now + absl::Milliseconds(500))));
+  r.executor->SetFatalHandler({});
+  if (!r.fatal->Why().ok()) exit_code = kExitDeviceLost;  // also when it was lost while stopping
+  if (!clean) {
+    // Its device memory, streams and IPC mappings stay as they are: freeing them could wait for
+    // the pending work. The process's exit reclaims them.
+    *device_abandoned = true;
+    r.executor.release();  // NOLINT(bugprone-unused-return-value): left to the exit
+    r.ipc.release();       // NOLINT(bugprone-unused-return-value): its mappings too
+  }
+  LogInfo("stopped");
+  return exit_code;
+}
+
 // Starts the service, serves until SIGINT or SIGTERM (or until the executor can no longer serve:
 // a lost CUDA context), drains and stops it; every gRPC object it made is gone when it returns.
 // `*device_abandoned` is set when work was left pending on the device (the process must then end
@@ -270,60 +342,9 @@ int Serve(const Config& config, ExecutorDecorator decorate, bool* device_abandon
 
   int signal_number = 0;
   sigwait(&signals, &signal_number);
-  std::move(stop_executor).Cancel();  // from here on, the drain below stops it
-  int exit_code = 0;
-  if (const absl::Status lost = fatal->Why(); !lost.ok()) {
-    exit_code = kExitDeviceLost;
-    LogError("stopping (exit status %d): %s", exit_code, lost.message());
-  } else {
-    LogInfo("%s: draining in-flight requests (up to %.1f s)", strsignal(signal_number),
-            config.shutdown_grace_seconds);
-  }
-  SetServing(health, false);
-  // New work is refused with UNAVAILABLE (retryable) while the work in progress finishes; only
-  // then does gRPC shut down, so no admitted request is cut off before the grace period ends.
-  const absl::Time deadline =
-      absl::Now() + absl::Microseconds(static_cast<int64_t>(config.shutdown_grace_seconds * 1e6));
-  // The process is gone within the grace period plus 1 s, as docs/reliability.md promises, with
-  // room for its exit itself.
-  StartExitWatchdog(deadline + absl::Milliseconds(600), exit_code);
-  service.BeginDrain();
-  if (!service.WaitUntilIdle(deadline)) {
-    LogWarning("grace period over with requests still in progress: cancelling them");
-  }
-  // Requests already on the wire when gRPC shuts down are cancelled by it; a short window in
-  // which they are refused with UNAVAILABLE instead lets clients retry elsewhere cleanly.
-  absl::SleepFor(
-      std::min(absl::Milliseconds(200), std::max(absl::ZeroDuration(), deadline - absl::Now())));
-  // The service's own work is done (or out of time). What can still hold gRPC's shutdown is not
-  // ours to wait for: gRPC's health service keeps Watch streams open, and a client may keep its
-  // connection after GOAWAY. Either would hold the process for the rest of the grace period: they
-  // get a short moment to end cleanly, then gRPC cancels them. Cancelled calls whose work is still
-  // queued or running are skipped or stopped early by the executor, so this returns promptly.
-  // No new Unix-socket connection is handed to gRPC from here on (and the socket files go).
-  for (const auto& listener : listeners->unix_sockets) listener->Stop();
-  server->Shutdown(absl::ToChronoTime(std::min(deadline, absl::Now() + absl::Milliseconds(100))));
-  server->Wait();
-  service.StopControlWorker();  // releases of ended sessions (the IPC registries outlive it)
-  // Every call is answered; what the GPU still runs is ms away, unless a stream waits for a
-  // client's event that never comes: that is not waited for past a short moment.
-  // (The metrics endpoint stops first: a scrape reads the executor's slots.)
-  StopExposer(std::move(endpoint->exposer),
-              config.metrics_listen.substr(0, config.metrics_listen.rfind(':')));
-  const absl::Time now = absl::Now();
-  const bool clean = executor->ShutdownBy(
-      std::max(now + absl::Milliseconds(50), std::min(deadline, now + absl::Milliseconds(500))));
-  executor->SetFatalHandler({});
-  if (!fatal->Why().ok()) exit_code = kExitDeviceLost;  // also when it was lost while stopping
-  if (!clean) {
-    // Its device memory, streams and IPC mappings stay as they are: freeing them could wait for
-    // the pending work. The process's exit reclaims them.
-    *device_abandoned = true;
-    executor.release();  // NOLINT(bugprone-unused-return-value): left to the exit
-    ipc.release();       // NOLINT(bugprone-unused-return-value): its mappings too
-  }
-  LogInfo("stopped");
-  return exit_code;
+  std::move(stop_executor).Cancel();  // from here on, the drain stops it
+  return DrainAndStop({config, service, *server, *listeners, *endpoint, executor, ipc, health, fatal},
+                      signal_number, device_abandoned);
 }
 
 // How long the process waits for gRPC's own library shutdown once the service has stopped.
