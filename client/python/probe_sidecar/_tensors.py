@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
+import numpy.typing as npt
 
 from probesidecar.v1 import tensor_pb2
 
@@ -60,7 +61,7 @@ def tensor_ref(array: np.ndarray, dtype: str | None = None) -> tensor_pb2.Tensor
     return ref
 
 
-def rows_array(rows) -> np.ndarray:
+def rows_array(rows: npt.ArrayLike) -> np.ndarray:
     """Row indices as int32, refusing values that do not fit."""
     array = np.asarray(rows)
     if array.ndim != 1:

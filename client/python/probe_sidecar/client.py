@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from typing import TYPE_CHECKING, Protocol, TypedDict, TypeVar
 
 import grpc
 import numpy as np
@@ -16,9 +17,64 @@ from .errors import ProbeSidecarError, error_from_rpc, status_code
 from .pipeline import ScoreStreamPipeline
 from .precision import precision_value
 from .results import ProbeSetInfo, ScoreResult, score_result
-from .tap import HostRing, Tap, check_tap_shape
+from .tap import HostRing, Tap, TapWindow, check_tap_shape
+
+if TYPE_CHECKING:
+    from typing_extensions import Unpack  # typing's from Python 3.11; the package runs on 3.10
 
 DEFAULT_TARGET = "unix:///tmp/probe-sidecar.sock"
+
+# gRPC call metadata: (key, value) pairs.
+Metadata = Sequence[tuple[str, str]]
+
+_Request_contra = TypeVar("_Request_contra", contravariant=True)
+_Response_co = TypeVar("_Response_co", covariant=True)
+_Request = TypeVar("_Request")
+_Response = TypeVar("_Response")
+
+
+class UnaryMethod(Protocol[_Request_contra, _Response_co]):
+    """A unary RPC of a gRPC stub (``client.stub.Score``, a health stub's ``Check``, ...): what
+    Client.call calls."""
+
+    def __call__(self, request: _Request_contra, *, timeout: float | None,
+                 metadata: Metadata | None) -> _Response_co: ...
+
+
+class ClientOptions(TypedDict, total=False):
+    """The keyword arguments of Client() after its target (for wrappers that make a Client)."""
+
+    timeout: float | None
+    max_message_bytes: int
+    channel: grpc.Channel | None
+    credentials: grpc.ChannelCredentials | None
+    admin_token: str | None
+    options: Sequence[tuple[str, object]]
+
+
+class TapOptions(TypedDict, total=False):
+    """The options of probe_sidecar.tap.Tap that the makers of taps pass through (Client.tap,
+    TorchClient.tap, cpu_tap); TorchClient.tap takes ``submit`` as a parameter of its own."""
+
+    max_window_s: float | None
+    on_window: Callable[[TapWindow], None] | None
+    host_results: bool
+    max_queued_windows: int
+    raise_errors: bool
+    reuse_timeout_s: float
+    when_behind: str
+
+
+class HostTapOptions(TapOptions, total=False):
+    """TapOptions, with Tap's ``submit`` ("gpu" or "host")."""
+
+    submit: str
+
+
+class _Cancellable(Protocol):
+    """A streaming call that the client ends by cancelling it (a gRPC call object)."""
+
+    def cancel(self) -> object: ...
 
 
 def score_request(
@@ -45,7 +101,8 @@ class Session:
     True when the server already had --max-session-label-sets other sets of values: its outcomes
     are then counted with every label "_other"."""
 
-    def __init__(self, call, event: buffers_pb2.SessionEvent, labels: Mapping[str, str]):
+    def __init__(self, call: _Cancellable, event: buffers_pb2.SessionEvent,
+                 labels: Mapping[str, str]):
         self._call = call
         self.id: int = event.session_id
         self.labels_folded: bool = event.labels_folded
@@ -57,7 +114,7 @@ class Session:
     def __enter__(self) -> "Session":
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.close()
 
 
@@ -122,14 +179,24 @@ class Client:
     def __enter__(self) -> "Client":
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def _call(self, method, request, metadata=None):
+    def call(self, method: UnaryMethod[_Request, _Response], request: _Request,
+             metadata: Metadata | None = None) -> _Response:
+        """Calls the unary RPC `method` of a stub on this client's channel (``client.stub`` or
+        another stub made on ``client.channel``) with `request`, under the client's per-call
+        ``timeout`` and with `metadata`; returns the response, or raises ProbeSidecarError when
+        the call fails. The one path of every unary call: Client's own methods and the wrappers
+        of the package (TorchClient, the taps' rings) all call through it, e.g.
+        ``client.call(client.stub.RegisterBuffer, request).buffer_id``."""
         try:
             return method(request, timeout=self.timeout, metadata=metadata)
         except grpc.RpcError as error:
             raise error_from_rpc(error) from error
+
+    # The name call() had before it was public; kept for the callers that still use it.
+    _call = call
 
     def health(self, service: str = "") -> str:
         """The grpc.health.v1 status name ("SERVING", "NOT_SERVING", ...).
@@ -139,14 +206,14 @@ class Client:
         from grpc_health.v1 import health_pb2, health_pb2_grpc
 
         stub = health_pb2_grpc.HealthStub(self._channel)
-        response = self._call(stub.Check, health_pb2.HealthCheckRequest(service=service))
+        response = self.call(stub.Check, health_pb2.HealthCheckRequest(service=service))
         return health_pb2.HealthCheckResponse.ServingStatus.Name(response.status)
 
     def server_info(self) -> sidecar_pb2.ServerInfoResponse:
-        return self._call(self._stub.ServerInfo, sidecar_pb2.ServerInfoRequest())
+        return self.call(self._stub.ServerInfo, sidecar_pb2.ServerInfoRequest())
 
     def list_probe_sets(self) -> list[ProbeSetInfo]:
-        response = self._call(self._stub.ListProbeSets, probes_pb2.ListProbeSetsRequest())
+        response = self.call(self._stub.ListProbeSets, probes_pb2.ListProbeSetsRequest())
         return [ProbeSetInfo(info) for info in response.probe_sets]
 
     def load_probe_set(
@@ -180,11 +247,11 @@ class Client:
             request.path = path
         else:
             request.safetensors = data
-        return ProbeSetInfo(self._call(self._stub.LoadProbeSet, request, self._admin_metadata).probe_set)
+        return ProbeSetInfo(self.call(self._stub.LoadProbeSet, request, self._admin_metadata).probe_set)
 
     def unload_probe_set(self, name: str) -> None:
-        self._call(self._stub.UnloadProbeSet, probes_pb2.UnloadProbeSetRequest(name=name),
-                   self._admin_metadata)
+        self.call(self._stub.UnloadProbeSet, probes_pb2.UnloadProbeSetRequest(name=name),
+                  self._admin_metadata)
 
     def score(
         self,
@@ -204,7 +271,7 @@ class Client:
         """
         request = score_request(activations, rows, probe_set, dtype=dtype, request_id=request_id,
                                 session_id=session.id if session is not None else 0)
-        return score_result(self._call(self._stub.Score, request))
+        return score_result(self.call(self._stub.Score, request))
 
     def open_session(self, labels: Mapping[str, str] | None = None) -> Session:
         """A session whose requests (``score(..., session=...)``) count their probe outcomes
@@ -221,7 +288,8 @@ class Client:
         raise ProbeSidecarError(grpc.StatusCode.NOT_FOUND, f"no probe set named {name!r} is loaded")
 
     def tap(self, probe_set: str, *, max_batch: int, window: int = 16,
-            dtype: str = "float32", hidden_size: int | None = None, **options):
+            dtype: str = "float32", hidden_size: int | None = None,
+            **options: Unpack[HostTapOptions]) -> Tap:
         """A host tap (probe_sidecar.tap): rows from numpy arrays or CPU torch tensors, each
         window of `window` steps sent inline as one Score. For CUDA tensors use TorchClient.tap.
 

@@ -9,10 +9,14 @@ import dataclasses
 import functools
 from collections.abc import Mapping
 from types import MappingProxyType
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from probesidecar.v1 import tensor_pb2
+
+if TYPE_CHECKING:
+    import torch  # for the annotations only: importing this module never imports torch
 
 
 @dataclasses.dataclass(frozen=True)
@@ -30,11 +34,12 @@ class DType:
         return np.dtype(self.numpy).itemsize
 
     @property
-    def torch(self):
+    def torch(self) -> torch.dtype:
         """The torch dtype (imports torch)."""
         import torch
 
-        return getattr(torch, self.name)
+        dtype: torch.dtype = getattr(torch, self.name)
+        return dtype
 
 
 TABLE: tuple[DType, ...] = (
@@ -48,11 +53,11 @@ BY_SHORT_NAME: Mapping[str, DType] = MappingProxyType({d.short: d for d in TABLE
 
 
 @functools.cache
-def _by_torch() -> dict:
+def _by_torch() -> dict[torch.dtype, DType]:
     return {d.torch: d for d in TABLE}
 
 
-def of_torch(dtype) -> DType | None:
+def of_torch(dtype: torch.dtype) -> DType | None:
     """The entry of a torch dtype; None for a dtype the API does not carry (imports torch)."""
     return _by_torch().get(dtype)
 

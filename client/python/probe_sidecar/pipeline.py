@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import collections
 import concurrent.futures
+import enum
 import queue
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator
+from typing import Protocol
 
 import grpc
 
@@ -19,14 +21,29 @@ from probesidecar.v1 import score_pb2
 
 from .errors import ProbeSidecarError, error_from_rpc, status_code
 
-_CLOSE = object()
+
+class _Close(enum.Enum):
+    CLOSE = enum.auto()
 
 
-class Pending(concurrent.futures.Future):
+_CLOSE = _Close.CLOSE  # queued after the last request: half-closes the stream
+
+# What runs when a request's answer arrives: (response, None), or (None, the failure).
+OnAnswer = Callable[["score_pb2.ScoreResponse | None", "ProbeSidecarError | None"], None]
+
+
+class ScoreStreamStub(Protocol):
+    """What the pipeline needs of a stub: the ScoreStream call (sidecar_pb2_grpc's stub)."""
+
+    def ScoreStream(self, request_iterator: Iterator[score_pb2.ScoreRequest], *,
+                    timeout: float | None) -> Iterable[score_pb2.ScoreResponse]: ...
+
+
+class Pending(concurrent.futures.Future["score_pb2.ScoreResponse"]):
     """The answer to one submitted request: a Future of its ScoreResponse (a ProbeSidecarError
     when it failed)."""
 
-    def __init__(self, on_answer: Callable[[object, object], None] | None):
+    def __init__(self, on_answer: OnAnswer | None):
         super().__init__()
         self._on_answer = on_answer
 
@@ -37,7 +54,8 @@ class Pending(concurrent.futures.Future):
         except concurrent.futures.TimeoutError:
             raise TimeoutError(f"no answer from probe-sidecar within {timeout} s") from None
 
-    def _resolve(self, response=None, error=None) -> None:
+    def _resolve(self, response: score_pb2.ScoreResponse | None = None,
+                 error: ProbeSidecarError | None = None) -> None:
         if self._on_answer is not None:
             self._on_answer(response, error)  # before anyone waiting on the answer wakes
         if error is not None:
@@ -49,25 +67,24 @@ class Pending(concurrent.futures.Future):
 class ScoreStreamPipeline:
     """One ScoreStream call, opened on first use and reopened after a failure."""
 
-    def __init__(self, stub, timeout: float | None = None):
+    def __init__(self, stub: ScoreStreamStub, timeout: float | None = None):
         self._stub = stub
         self._timeout = timeout
         self._lock = threading.Lock()
-        self._requests: queue.SimpleQueue | None = None
+        self._requests: queue.SimpleQueue[score_pb2.ScoreRequest | _Close] | None = None
         self._pending: collections.deque[Pending] = collections.deque()
         self._reader: threading.Thread | None = None
 
     def submit(self, request: score_pb2.ScoreRequest,
-               on_answer: Callable[[object, object], None] | None = None) -> Pending:
+               on_answer: OnAnswer | None = None) -> Pending:
         """Queues `request` on the stream; `on_answer(response, error)` runs on the reader thread
         when its answer (or failure: `error` is a ProbeSidecarError, `response` None) arrives,
         before anyone waiting on the Pending wakes."""
         pending = Pending(on_answer)
         with self._lock:
-            if self._requests is None:
-                self._open()
+            requests = self._requests if self._requests is not None else self._open()
             self._pending.append(pending)
-            self._requests.put(request)
+            requests.put(request)
         return pending
 
     def close(self) -> None:
@@ -79,10 +96,11 @@ class ScoreStreamPipeline:
         if reader is not None:
             reader.join(timeout=30)
 
-    def _open(self) -> None:
-        requests: queue.SimpleQueue = queue.SimpleQueue()
+    def _open(self) -> queue.SimpleQueue[score_pb2.ScoreRequest | _Close]:
+        """Opens the stream (under _lock); returns the queue of its requests."""
+        requests: queue.SimpleQueue[score_pb2.ScoreRequest | _Close] = queue.SimpleQueue()
 
-        def outgoing():
+        def outgoing() -> Iterator[score_pb2.ScoreRequest]:
             while True:
                 item = requests.get()
                 if item is _CLOSE:
@@ -94,8 +112,10 @@ class ScoreStreamPipeline:
         self._reader = threading.Thread(target=self._read, args=(call, requests), daemon=True,
                                         name="probe-sidecar-stream")
         self._reader.start()
+        return requests
 
-    def _read(self, call, requests: queue.SimpleQueue) -> None:
+    def _read(self, call: Iterable[score_pb2.ScoreResponse],
+              requests: queue.SimpleQueue[score_pb2.ScoreRequest | _Close]) -> None:
         try:
             for response in call:
                 with self._lock:

@@ -7,8 +7,9 @@ from __future__ import annotations
 
 from probesidecar.v1 import probes_pb2
 
-PRECISIONS = {None: probes_pb2.PRECISION_UNSPECIFIED, "exact": probes_pb2.PRECISION_EXACT,
-              "fast": probes_pb2.PRECISION_FAST}
+PRECISIONS: dict[str | None, int] = {None: probes_pb2.PRECISION_UNSPECIFIED,
+                                     "exact": probes_pb2.PRECISION_EXACT,
+                                     "fast": probes_pb2.PRECISION_FAST}
 
 
 def precision_name(value: int) -> str:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Sequence
+from typing import NoReturn
 
 import numpy as np
 
@@ -54,10 +55,11 @@ class ProbeSetInfo:
         for name, value in fields.items():
             object.__setattr__(self, name, value)
 
-    def __setattr__(self, name: str, value) -> None:
+    def __setattr__(self, name: str, value: object) -> NoReturn:
         raise AttributeError(f"a ProbeSetInfo is read-only: cannot set {name!r}")
 
-    def __reduce__(self):  # copy and pickle: made again from the proto
+    # copy and pickle: made again from the proto
+    def __reduce__(self) -> tuple[type[ProbeSetInfo], tuple[probes_pb2.ProbeSetInfo]]:
         return ProbeSetInfo, (self.proto,)
 
     def __repr__(self) -> str:

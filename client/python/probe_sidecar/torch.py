@@ -29,21 +29,32 @@ import ctypes
 import dataclasses
 import os
 import threading
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Union
 
 import grpc
+import numpy as np
 import torch
 
-from probesidecar.v1 import buffers_pb2, score_pb2, tensor_pb2, verify_pb2
+from probesidecar.v1 import buffers_pb2, score_pb2, sidecar_pb2, tensor_pb2, verify_pb2
 
 from ._cuda_ring import CudaRing
 from ._tensors import rows_array
 from ._torch_ring import CpuRing
-from .client import Client
+from .client import Client, ClientOptions, HostTapOptions, TapOptions
 from .dtypes import of_torch
 from .errors import ProbeSidecarError, TapError, error_from_rpc
 from .pipeline import Pending, ScoreStreamPipeline
-from .results import ScoreResult, score_result
+from .results import ProbeSetInfo, ScoreResult, score_result
 from .tap import Tap, TapWindow, check_tap_shape
+
+if TYPE_CHECKING:
+    from typing_extensions import Unpack  # typing's from Python 3.11; the package runs on 3.10
+
+# Row indices: a torch tensor (CUDA int32: device-resident rows), or host indices.
+Rows = Union[torch.Tensor, Sequence[int], np.ndarray]
+# What a cached request template is keyed by, per tensor: (data_ptr, shape, strides, dtype).
+_TensorKey = tuple[int, tuple[int, ...], tuple[int, ...], torch.dtype]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -121,7 +132,7 @@ class ScoreHandle:
         if response.enqueued:
             self._pair.done.synchronize()
 
-    def result(self, timeout: float | None = None):
+    def result(self, timeout: float | None = None) -> torch.Tensor | ScoreResult:
         """The scores: the `out` tensor when one was given (after wait()), else a ScoreResult."""
         self.wait(timeout)
         return self._out if self._out is not None else score_result(self._pending.response())
@@ -139,7 +150,7 @@ class TorchClient:
 
     def __init__(self, target: str | Client = "unix:///tmp/probe-sidecar.sock", *,
                  events_in_flight: int = 8, session_labels: dict[str, str] | None = None,
-                 **kwargs):
+                 **kwargs: Unpack[ClientOptions]):
         """`events_in_flight`: asynchronous requests that may be outstanding at once (each holds
         a pair of CUDA IPC events; score_async waits for a pair beyond that). `session_labels`:
         the labels of this client's probe-outcome series (Client.open_session)."""
@@ -148,7 +159,8 @@ class TorchClient:
         self._events_in_flight = events_in_flight
         self._event_pools: dict[int, _EventPool] = {}
         self._pipeline = ScoreStreamPipeline(self.client.stub)
-        self._templates: dict[tuple, score_pb2.ScoreRequest] = {}
+        self._templates: dict[tuple[_TensorKey, _TensorKey | None, _TensorKey | None, str],
+                              score_pb2.ScoreRequest] = {}
         self._lock = threading.Lock()  # templates, event pools, taps
         self._registry_lock = threading.Lock()  # _registered (held across the RegisterBuffer call)
         self._taps: list[Tap] = []
@@ -185,7 +197,7 @@ class TorchClient:
     def __enter__(self) -> "TorchClient":
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.close()
 
     def register(self, tensor: torch.Tensor, name: str = "") -> Registration:
@@ -199,7 +211,8 @@ class TorchClient:
                 return self._registered[key][0]
             return self._register_storage(storage, key, name)
 
-    def _register_storage(self, storage, key, name: str) -> Registration:
+    def _register_storage(self, storage: torch.UntypedStorage, key: tuple[int, int],
+                          name: str) -> Registration:
         # (device, handle, storage bytes, offset of the storage in its cudaMalloc block, ...)
         shared = storage._share_cuda_()
         device, handle, size_bytes, offset_bytes = shared[0], shared[1], shared[2], shared[3]
@@ -212,7 +225,7 @@ class TorchClient:
             client_pid=os.getpid(),
             session_id=self.session_id,
         )
-        response = self.client._call(self.client.stub.RegisterBuffer, request)
+        response = self.client.call(self.client.stub.RegisterBuffer, request)
         registration = Registration(response.buffer_id, key[0], key[1], response.shared_mapping)
         self._registered[key] = (registration, storage)
         return registration
@@ -228,7 +241,7 @@ class TorchClient:
             self._templates.clear()  # they may name this buffer
         request = buffers_pb2.UnregisterBufferRequest(buffer_id=entry[0].buffer_id,
                                                       session_id=self.session_id)
-        return self.client._call(self.client.stub.UnregisterBuffer, request).deferred
+        return self.client.call(self.client.stub.UnregisterBuffer, request).deferred
 
     def tensor_ref(self, tensor: torch.Tensor) -> tensor_pb2.TensorRef:
         """A TensorRef to a 2-D CUDA tensor (rows may be strided; columns contiguous)."""
@@ -241,8 +254,8 @@ class TorchClient:
             raise ValueError("the tensor's rows must be contiguous (stride(1) == 1)")
         return self._buffer_ref(tensor, entry.proto, tensor.shape, tensor.stride(0))
 
-    def _buffer_ref(self, tensor: torch.Tensor, dtype: int, shape, row_stride: int
-                    ) -> tensor_pb2.TensorRef:
+    def _buffer_ref(self, tensor: torch.Tensor, dtype: int, shape: Sequence[int],
+                    row_stride: int) -> tensor_pb2.TensorRef:
         """A TensorRef to `tensor` inside its (registered, once) storage."""
         registration = self.register(tensor)
         ref = tensor_pb2.TensorRef(dtype=dtype, shape=list(shape), row_stride=row_stride)
@@ -253,7 +266,7 @@ class TorchClient:
     def score(
         self,
         hidden_states: torch.Tensor,
-        rows,
+        rows: Rows,
         probe_set: str,
         *,
         out: torch.Tensor | None = None,
@@ -276,23 +289,26 @@ class TorchClient:
             request.output.CopyFrom(self.tensor_ref(out))
         # v1 ordering: the server reads after this returns, so the writes must have landed.
         torch.cuda.current_stream(hidden_states.device).synchronize()
-        return score_result(self.client._call(self.client.stub.Score, request))
+        return score_result(self.client.call(self.client.stub.Score, request))
 
 
     # The plain client's calls, for convenience.
-    def load_probe_set(self, name: str, **kwargs):
-        return self.client.load_probe_set(name, **kwargs)
+    def load_probe_set(self, name: str, *, path: str | None = None, data: bytes | None = None,
+                       replace: bool = False, precision: str | None = None,
+                       count_outcomes: bool | None = None) -> ProbeSetInfo:
+        return self.client.load_probe_set(name, path=path, data=data, replace=replace,
+                                          precision=precision, count_outcomes=count_outcomes)
 
     def unload_probe_set(self, name: str) -> None:
         self.client.unload_probe_set(name)
 
-    def server_info(self):
+    def server_info(self) -> sidecar_pb2.ServerInfoResponse:
         return self.client.server_info()
 
     def score_async(
         self,
         hidden_states: torch.Tensor,
-        rows,
+        rows: Rows,
         probe_set: str,
         *,
         out: torch.Tensor | None = None,
@@ -329,7 +345,8 @@ class TorchClient:
     def tap(self, probe_set: str, *, max_batch: int, window: int = 16,
             dtype: torch.dtype = torch.bfloat16, hidden_size: int | None = None,
             device: torch.device | str | int | None = None,
-            stream: torch.cuda.Stream | None = None, submit: str = "auto", **options) -> Tap:
+            stream: torch.cuda.Stream | None = None, submit: str = "auto",
+            **options: Unpack[TapOptions]) -> Tap:
         """A CUDA tap (probe_sidecar.tap.Tap) for a decode loop on this GPU (device="cpu": a CPU
         tap, cpu_tap()).
 
@@ -380,7 +397,7 @@ class TorchClient:
                         reuse_timeout_s=options.get("reuse_timeout_s", 10.0))
         pipeline = ScoreStreamPipeline(self.client.stub)
 
-        def closed():
+        def closed() -> None:
             pipeline.close()
             with self._lock:
                 if tap in self._taps:
@@ -445,7 +462,7 @@ class TorchClient:
             request.ready_event = pair.ready_id
             request.done_event = pair.done_id
             request.session_id = self.session_id
-            response = self.client._call(self.client.stub.Verify, request)
+            response = self.client.call(self.client.stub.Verify, request)
         finally:
             pool.release(pair)
         return VerifyResult(response.kernel_path,
@@ -457,7 +474,10 @@ class TorchClient:
             raise TypeError(f"expected a CUDA {dtype} tensor, got {tensor.device} {tensor.dtype}")
         if not tensor[0].is_contiguous():
             raise ValueError("every dimension but the first must be contiguous")
-        return self._buffer_ref(tensor, of_torch(dtype).proto, tensor.shape, tensor.stride(0))
+        entry = of_torch(dtype)
+        if entry is None:
+            raise TypeError(f"dtype {dtype} is not bfloat16, float16 or float32")
+        return self._buffer_ref(tensor, entry.proto, tensor.shape, tensor.stride(0))
 
     def _ref_int32(self, tensor: torch.Tensor) -> tensor_pb2.TensorRef:
         """An int32 TensorRef: by reference on the GPU, inline from the CPU."""
@@ -473,24 +493,27 @@ class TorchClient:
         return tensor_pb2.TensorRef(dtype=tensor_pb2.DTYPE_INT32, shape=list(tensor.shape),
                                     data=data)
 
-    def _template(self, hidden_states, rows, probe_set, out) -> score_pb2.ScoreRequest:
+    def _template(self, hidden_states: torch.Tensor, rows: Rows, probe_set: str,
+                  out: torch.Tensor | None) -> score_pb2.ScoreRequest:
         """The request's references (cached: building TensorRefs is the costly part)."""
-        device_rows = isinstance(rows, torch.Tensor) and rows.is_cuda
+        device_rows = rows if isinstance(rows, torch.Tensor) and rows.is_cuda else None
 
-        def describe(t):
-            return None if t is None else (t.data_ptr(), tuple(t.shape), tuple(t.stride()), t.dtype)
+        def describe(t: torch.Tensor) -> _TensorKey:
+            return (t.data_ptr(), tuple(t.shape), tuple(t.stride()), t.dtype)
 
-        key = (describe(hidden_states), describe(rows) if device_rows else None, describe(out),
-               probe_set)
+        key = (describe(hidden_states), describe(device_rows) if device_rows is not None else None,
+               describe(out) if out is not None else None, probe_set)
         template = self._templates.get(key)
         if template is None:
             template = score_pb2.ScoreRequest(probe_set=probe_set, session_id=self.session_id)
             template.activations.CopyFrom(self.tensor_ref(hidden_states))
-            if device_rows:
-                if rows.dtype != torch.int32 or rows.dim() != 1 or not rows.is_contiguous():
+            if device_rows is not None:
+                if (device_rows.dtype != torch.int32 or device_rows.dim() != 1
+                        or not device_rows.is_contiguous()):
                     raise TypeError("device rows must be a contiguous 1-D torch.int32 tensor")
                 template.device_rows.CopyFrom(
-                    self._buffer_ref(rows, tensor_pb2.DTYPE_INT32, [rows.numel()], 0))
+                    self._buffer_ref(device_rows, tensor_pb2.DTYPE_INT32, [device_rows.numel()],
+                                     0))
             if out is not None:
                 if out.dtype != torch.float32:
                     raise TypeError("out must be float32")
@@ -515,12 +538,12 @@ class TorchClient:
         request = buffers_pb2.RegisterEventRequest(
             handle=bytes(event.ipc_handle()), device_id=device.index or 0,
             session_id=self.session_id, name=f"torch-event:{id(event):#x}")
-        return self.client._call(self.client.stub.RegisterEvent, request).event_id
+        return self.client.call(self.client.stub.RegisterEvent, request).event_id
 
 
 def cpu_tap(client: Client, probe_set: str, *, max_batch: int, window: int = 16,
             dtype: torch.dtype = torch.float32, hidden_size: int | None = None,
-            session_id: int = 0, **options) -> Tap:
+            session_id: int = 0, **options: Unpack[HostTapOptions]) -> Tap:
     """A tap for a model on the CPU: its ring is host memory written by the tap operator
     (probe_sidecar.tap_op, so a compiled forward writes it too), each window sent inline as one
     Score (a CPU-backend sidecar works). `client`: a plain Client. Options: probe_sidecar.tap.Tap's

@@ -35,20 +35,31 @@ from __future__ import annotations
 
 import contextlib
 import functools
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
 from transformers import StoppingCriteriaList
 
+from .client import Client
 from .errors import TapError
 from .tap import Tap
-from .torch import cpu_tap
+from .torch import TorchClient, cpu_tap
+
+if TYPE_CHECKING:
+    from typing_extensions import Unpack  # typing's from Python 3.11; the package runs on 3.10
+
+    from ._torch_ring import TorchRing
+    from .client import HostTapOptions
 
 _NORM_NAMES = ("norm", "final_layernorm", "final_layer_norm", "ln_f")
 
 
 def final_norm(model: torch.nn.Module) -> torch.nn.Module:
     """The module whose output is the last hidden state (what the LM head reads)."""
-    bases = [model.get_decoder()] if hasattr(model, "get_decoder") else []
+    # get_decoder and base_model: a transformers PreTrainedModel's (looked up by name: any
+    # torch module may be given).
+    bases: list[object] = [getattr(model, "get_decoder")()] if hasattr(model, "get_decoder") else []
     bases += [getattr(model, "base_model", None), model]
     for base in bases:
         for name in _NORM_NAMES:
@@ -70,14 +81,18 @@ class ModelTap:
         self._mode = "eager"  # eager: write + step; capture: write only; paused: nothing
         self._generating = False  # inside generate(): its stopping criterion counts the steps
         self._handle = self.module.register_forward_hook(self._hook)
-        self._generate = None
-        if callable(getattr(model, "generate", None)):
-            self._generate = model.generate
+        # The model's own generate() (a transformers model's: any signature, any output).
+        self._generate: Callable[..., Any] | None = None
+        generate = getattr(model, "generate", None)
+        if callable(generate):
+            self._generate = generate
             counted = self._counted_generate
-            model.generate = functools.wraps(self._generate)(
-                lambda *args, **kwargs: counted(*args, **kwargs))
+            # setattr: torch.nn.Module's __setattr__, typed for tensors and modules only.
+            setattr(model, "generate", functools.wraps(generate)(
+                lambda *args, **kwargs: counted(*args, **kwargs)))
 
-    def _hook(self, module, args, output) -> None:
+    def _hook(self, module: torch.nn.Module, args: tuple[Any, ...],
+              output: torch.Tensor | tuple[torch.Tensor, ...] | list[torch.Tensor]) -> None:
         if self._mode == "paused":
             return
         hidden = output[0] if isinstance(output, (tuple, list)) else output
@@ -86,26 +101,30 @@ class ModelTap:
         if torch.compiler.is_compiling():
             # Traced into a compiled forward: the operator alone (its shape checks run at trace
             # time); a compiled forward runs no Python, so it never counts a step.
-            self.tap.ring.write_op(hidden)
+            # The ring of a tap made for a model (tap_model: CudaRing or CpuRing).
+            cast("TorchRing", self.tap.ring).write_op(hidden)
             return
         self.tap.write(hidden)
         if (self._mode == "eager" and not self._generating
                 and not (hidden.is_cuda and torch.cuda.is_current_stream_capturing())):
             self.tap.step()
 
-    def _counted_generate(self, *args, **kwargs):
+    def _counted_generate(self, *args: Any, **kwargs: Any) -> Any:
         """model.generate while tapped: one step per forward, counted by a stopping criterion
         (generate() asks it once after every forward, compiled or not) instead of the hook."""
+        generate = self._generate
+        if generate is None:  # a reference to the counting generate() kept past detach()
+            raise TapError("this ModelTap was detached: call model.generate itself")
         criteria = StoppingCriteriaList(kwargs.pop("stopping_criteria", None) or [])
         criteria.append(_StepCounter(self))
         previous, self._generating = self._generating, True
         try:
-            return self._generate(*args, stopping_criteria=criteria, **kwargs)
+            return generate(*args, stopping_criteria=criteria, **kwargs)
         finally:
             self._generating = previous
 
     @contextlib.contextmanager
-    def capturing(self):
+    def capturing(self) -> Iterator[ModelTap]:
         """Inside: forwards write but do not count a step (the replays will; call step())."""
         previous, self._mode = self._mode, "capture"
         try:
@@ -114,7 +133,7 @@ class ModelTap:
             self._mode = previous
 
     @contextlib.contextmanager
-    def paused(self):
+    def paused(self) -> Iterator[ModelTap]:
         """Inside: forwards are not tapped (e.g. a graph's warm-up runs)."""
         previous, self._mode = self._mode, "paused"
         try:
@@ -142,12 +161,13 @@ class ModelTap:
     def __enter__(self) -> "ModelTap":
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.close()
 
 
-def tap_model(model: torch.nn.Module, client, probe_set: str, *, max_batch: int,
-              window: int = 16, module: torch.nn.Module | None = None, **options) -> ModelTap:
+def tap_model(model: torch.nn.Module, client: TorchClient | Client, probe_set: str, *,
+              max_batch: int, window: int = 16, module: torch.nn.Module | None = None,
+              **options: Unpack[HostTapOptions]) -> ModelTap:
     """Makes a tap for `model`'s hidden size, device and dtype, and attaches it.
 
     `client`: a TorchClient (model on a GPU) or a Client (model on the CPU). Options: those of
@@ -155,12 +175,12 @@ def tap_model(model: torch.nn.Module, client, probe_set: str, *, max_batch: int,
     parameter = next(model.parameters())
     hidden_size = getattr(getattr(model, "config", None), "hidden_size", None)
     if parameter.is_cuda:
-        if not hasattr(client, "session_id"):
+        if not isinstance(client, TorchClient):
             raise TapError("a model on a GPU needs a TorchClient (probe_sidecar.torch)")
         tap = client.tap(probe_set, max_batch=max_batch, window=window, dtype=parameter.dtype,
                          hidden_size=hidden_size, device=parameter.device, **options)
     else:
-        plain = getattr(client, "client", client)  # a TorchClient wraps a Client
+        plain = client.client if isinstance(client, TorchClient) else client  # it wraps a Client
         tap = cpu_tap(plain, probe_set, max_batch=max_batch, window=window,
                       dtype=parameter.dtype, hidden_size=hidden_size, **options)
     try:
@@ -175,9 +195,11 @@ class _StepCounter:
 
     def __init__(self, model_tap: ModelTap):
         self._model_tap = model_tap
-        self._never = None  # its answer, made once (never written: generate() combines it)
+        # its answer, made once (never written: generate() combines it)
+        self._never: torch.Tensor | None = None
 
-    def __call__(self, input_ids: torch.Tensor, scores, **kwargs) -> torch.Tensor:
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor,
+                 **kwargs: Any) -> torch.Tensor:
         if self._model_tap._mode != "paused":
             self._model_tap.tap.step()
         never = self._never

@@ -19,9 +19,15 @@ that LLM.generate() did not return (LLMEngine, aborted ones): collect(llm, ids).
 
 from __future__ import annotations
 
+from collections.abc import Collection, Iterator
+from typing import TYPE_CHECKING, Any
+
 from .config import ConfigError, PluginConfig
 from .engine_tap import EngineTap, StepRows
 from .records import ProbeRecord, ProbeSummary
+
+if TYPE_CHECKING:
+    from vllm import LLM  # Any to mypy: it does not follow vLLM (pyproject.toml)
 
 
 def register() -> None:
@@ -31,7 +37,7 @@ def register() -> None:
     install()
 
 
-def collect(llm, request_ids=None, timeout: float = 60.0,
+def collect(llm: LLM, request_ids: Collection[str] | None = None, timeout: float = 60.0,
             lengths: dict[str, int | None] | None = None) -> dict[str, dict[str, ProbeSummary]]:
     """{engine request id: {probe set: ProbeSummary}} of finished requests, taken from the
     workers (flushed and waited for): those named (the caller's ids or the engine's), or all.
@@ -43,7 +49,7 @@ def collect(llm, request_ids=None, timeout: float = 60.0,
     return collect_from(llm, request_ids, timeout, lengths)
 
 
-def state(llm) -> list[dict]:
+def state(llm: LLM) -> list[dict[str, Any]]:
     """Each worker's tap state (empty on ranks that do not tap)."""
     return llm.collective_rpc("probe_sidecar_state")
 
@@ -55,7 +61,7 @@ def current() -> EngineTap | None:
     return install._ENGINE_TAP
 
 
-def records(timeout: float = 0.0):
+def records(timeout: float = 0.0) -> Iterator[ProbeRecord]:
     """This process's delivered ProbeRecords, oldest first (see EngineTap.records)."""
     engine_tap = current()
     return iter(()) if engine_tap is None else engine_tap.records(timeout)

@@ -46,6 +46,8 @@ import dataclasses
 import hashlib
 import json
 import os
+from collections.abc import Callable, Mapping
+from typing import Any
 
 ENV = "PROBE_SIDECAR_VLLM"
 
@@ -58,11 +60,11 @@ class ConfigError(ValueError):
 class PluginConfig:
     probe_sets: tuple[str, ...]
     target: str = "unix:///tmp/probe-sidecar.sock"
-    layer: str | int | tuple = "final"
+    layer: str | int | tuple[str | int, ...] = "final"  # "final" or an index, or several
     window: int = 16
     max_window_s: float | None = 1.0
     tap_rank: int = 0
-    session_labels: tuple = ()  # ((name, value), ...)
+    session_labels: tuple[tuple[str, str], ...] = ()  # ((name, value), ...)
     jsonl: str | None = None
     callback: str | None = None
     request_callback: str | None = None
@@ -74,7 +76,7 @@ class PluginConfig:
     summary_wait_s: float = 10.0
 
     @property
-    def layers(self) -> tuple:
+    def layers(self) -> tuple[str | int, ...]:
         return self.layer if isinstance(self.layer, tuple) else (self.layer,)
 
     def taps(self) -> dict[str, tuple[str, str | int]]:
@@ -91,7 +93,7 @@ class PluginConfig:
         return hashlib.sha256(json.dumps(graph, sort_keys=True).encode()).hexdigest()[:16]
 
 
-def load(environ=os.environ) -> PluginConfig | None:
+def load(environ: Mapping[str, str] = os.environ) -> PluginConfig | None:
     """The configuration from PROBE_SIDECAR_VLLM, or None when it is unset or empty."""
     text = environ.get(ENV, "").strip()
     if not text:
@@ -109,7 +111,8 @@ def load(environ=os.environ) -> PluginConfig | None:
     return parse(data)
 
 
-def parse(data) -> PluginConfig:
+def parse(data: object) -> PluginConfig:
+    """The configuration of a decoded JSON object; ConfigError for anything wrong in it."""
     if not isinstance(data, dict):
         raise ConfigError(f"{ENV}: expected a JSON object, got {type(data).__name__}")
     fields = {f.name: f for f in dataclasses.fields(PluginConfig)}
@@ -138,7 +141,8 @@ def parse(data) -> PluginConfig:
     if isinstance(layer, list):
         values["layer"] = tuple(layers)
 
-    def number(name, kind, low, allow_none=False):
+    def number(name: str, kind: type[int] | tuple[type[int], type[float]], low: float,
+               allow_none: bool = False) -> None:
         value = values.get(name, fields[name].default)
         if value is None and allow_none:
             return
@@ -174,7 +178,7 @@ def parse(data) -> PluginConfig:
 REQUEST_KEY = "probe_sidecar"  # a request's choice, in SamplingParams.extra_args
 
 
-def request_choice(extra_args) -> bool | None:
+def request_choice(extra_args: Mapping[str, object] | None) -> bool | None:
     """A request's own choice (extra_args["probe_sidecar"]: "on"/"off", 1/0, true/false), or
     None when it made none; anything else is no choice (vLLM has accepted the request already)."""
     if not extra_args or REQUEST_KEY not in extra_args:
@@ -189,7 +193,7 @@ def request_choice(extra_args) -> bool | None:
     return None
 
 
-def resolve(qualified: str):
+def resolve(qualified: str) -> Callable[..., Any]:
     """The function named "module:function"."""
     import importlib
 

@@ -16,11 +16,13 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import functools
 import logging
 import queue
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping
+from typing import TYPE_CHECKING, Any, Protocol, cast
 
 import numpy as np
 import torch
@@ -29,9 +31,29 @@ from ..tap import Tap, TapWindow, WindowLost
 from .records import JsonlSink, ProbeRecord, ProbeSummary
 from .summaries import Rows, SummaryTable
 
+if TYPE_CHECKING:
+    from .._torch_ring import TorchRing
+
 MAX_SINK_BATCHES = 4096  # deliveries queued for the callbacks and the JSONL file, at most
 RECOVER_EVERY_S = 0.25  # at most one attempt to bind to a restarted sidecar per this
 STAGING = 8  # arm_host's pinned buffers, used in turn
+
+
+# Requests whose summaries are complete: (engine request id, {probe set: summary}).
+Finished = list[tuple[str, dict[str, ProbeSummary]]]
+# What the sinks' thread is handed per delivery (records, finished requests); None: stop.
+_SinkBatch = tuple[list[ProbeRecord], Finished]
+
+
+class Closeable(Protocol):
+    """What the taps need open (a session, a TorchClient), closed after them."""
+
+    def close(self) -> object: ...
+
+
+def _ring(tap: Tap) -> TorchRing:
+    """An engine tap's ring: written by the tap operator (a CpuRing or a CudaRing)."""
+    return cast("TorchRing", tap.ring)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -59,7 +81,7 @@ class EngineTap:
                  jsonl: str | None = None, max_queued_records: int = 0,
                  max_finished: int = 10000, max_finished_s: float | None = None,
                  logger: logging.Logger | None = None,
-                 holds=(), hold_last_row: bool = False,
+                 holds: Iterable[Closeable] = (), hold_last_row: bool = False,
                  recover: Callable[[], bool] | None = None):
         """`make_tap(probe_set, on_window)`: a tap for that probe set whose windows go to
         `on_window` (made with raise_errors=False: a failed window is reported, never raised into
@@ -82,22 +104,24 @@ class EngineTap:
         # Callbacks and the JSONL file run on a thread of their own, fed by a bounded queue: a
         # slow sink never sits between the sidecar's answers and the next window (a full queue
         # drops, counted as sink_dropped; summaries stay for collect()).
-        self._sink_queue: queue.Queue | None = None
-        self._sink_thread = None
+        self._sink_queue: queue.Queue[_SinkBatch | None] | None = None
+        self._sink_thread: threading.Thread | None = None
         if on_record or on_request or jsonl:
             self._sink_queue = queue.Queue(maxsize=MAX_SINK_BATCHES)
-            self._sink_thread = threading.Thread(target=self._sink_loop, daemon=True,
-                                                 name="probe-sidecar-vllm-sinks")
+            # The loop is handed the queue: close() clears _sink_queue while the loop drains it.
+            self._sink_thread = threading.Thread(target=self._sink_loop, args=(self._sink_queue,),
+                                                 daemon=True, name="probe-sidecar-vllm-sinks")
             self._sink_thread.start()
         self._max_finished = max_finished
         # The engine's side: arm, count, flush. Held by the engine around a whole step (so that
         # the idle flusher never closes a window between a step's write and its count).
         self.lock = threading.RLock()
-        self._armed: StepRows | None = None
+        self._armed: tuple[StepRows, np.ndarray] | None = None  # the rows, their keys
         self._step = 0  # steps counted (the taps' step numbers)
         self._open = 0  # steps in the current window
         self._opened_at = 0.0
-        self._stream = None  # the engine's CUDA stream, for a flush from the idle flusher
+        # the engine's CUDA stream, for a flush from the idle flusher
+        self._stream: torch.cuda.Stream | None = None
         self._following = False  # the rings follow the engine's starts (follow())
         # The results' side (delivery threads and the engine).
         self._results = threading.Condition()
@@ -131,31 +155,32 @@ class EngineTap:
         self._records: collections.deque[ProbeRecord] = collections.deque(
             maxlen=max_queued_records or None)
         self._keep_records = max_queued_records > 0
-        self.stats = collections.Counter()
+        self.stats: collections.Counter[str] = collections.Counter()
         self.taps: dict[str, Tap] = {}
         try:
             for name in probe_names:
-                self.taps[name] = make_tap(name, lambda w, name=name: self._on_window(name, w))
+                self.taps[name] = make_tap(name, functools.partial(self._on_window, name))
         except BaseException:
             self.close()
             raise
         self._closing = threading.Event()
-        self._flusher = None
+        self._flusher: threading.Thread | None = None
         if max_window_s is not None:
-            self._flusher = threading.Thread(target=self._flush_loop, daemon=True,
-                                             name="probe-sidecar-vllm-flush")
+            self._flusher = threading.Thread(target=self._flush_loop, args=(max_window_s,),
+                                             daemon=True, name="probe-sidecar-vllm-flush")
             self._flusher.start()
 
     # --- the engine's thread ------------------------------------------------------------------
 
-    def arm(self, rows: torch.Tensor | None, step_rows: StepRows, new_requests=()) -> None:
+    def arm(self, rows: torch.Tensor | None, step_rows: StepRows,
+            new_requests: Collection[str] = ()) -> None:
         """Before the forward (under `lock`): the forward writes rows[:n] of its hidden state,
         n = len(step_rows.request_ids) — or, with rows None, the rows its rings follow
         (follow()); `new_requests`: ids scheduled for the first time."""
         if rows is not None:
             count = len(step_rows.request_ids)
             for tap in self.taps.values():
-                tap.ring.arm(rows, count)
+                _ring(tap).arm(rows, count)
             if rows.is_cuda:
                 self._stream = torch.cuda.current_stream(rows.device)
         ids = step_rows.request_ids
@@ -176,7 +201,7 @@ class EngineTap:
         names, with no arming per step: arm(None, ...) then only says what the rows are. An
         explicit arm() (arm_host) still wins for one forward."""
         for tap in self.taps.values():
-            tap.ring.follow_starts()
+            _ring(tap).follow_starts()
         self._following = True
         self._stream = torch.cuda.current_stream() if self._on_cuda() else None
 
@@ -185,7 +210,7 @@ class EngineTap:
         (time.perf_counter_ns): what state()'s "host" figures report per step."""
         self.stats["host_engine_ns"] += time.perf_counter_ns() - started_ns
 
-    def host_costs(self) -> dict:
+    def host_costs(self) -> dict[str, float]:
         """Where the plugin's host time goes, in microseconds: on the engine's thread per step
         (arming, bookkeeping, counting; window closes included) and per window close; the taps'
         own threads' CPU per window (sending, copying, folding into summaries), which in one
@@ -202,14 +227,15 @@ class EngineTap:
                                                  for t in self.taps.values()) / steps / 1e3, 2)}
 
     def _on_cuda(self) -> bool:
-        return any(tap.ring.raw.is_cuda for tap in self.taps.values())
+        return any(_ring(tap).raw.is_cuda for tap in self.taps.values())
 
-    def arm_host(self, rows_at: np.ndarray, step_rows: StepRows, new_requests=()) -> None:
+    def arm_host(self, rows_at: np.ndarray, step_rows: StepRows,
+                 new_requests: Collection[str] = ()) -> None:
         """arm() with the rows to write given on the host (int64 [n]: some of a step's requests
         are not scored). On a CUDA ring they reach the device through pinned staging memory, in
         stream order (STAGING buffers used in turn, so that a copy still queued is never
         overwritten by the steps the host runs ahead)."""
-        ring = next(iter(self.taps.values())).ring
+        ring = _ring(next(iter(self.taps.values())))
         if ring.raw.device.type != "cuda":
             self.arm(torch.from_numpy(np.ascontiguousarray(rows_at, np.int64)), step_rows,
                      new_requests)
@@ -244,7 +270,7 @@ class EngineTap:
         """The armed forward will not run (it raised)."""
         if self._armed is not None:
             for tap in self.taps.values():
-                tap.ring.disarm()
+                _ring(tap).disarm()
             self._armed = None
 
     def count_step(self) -> None:
@@ -269,7 +295,8 @@ class EngineTap:
               and time.monotonic() - self._opened_at >= self._max_window_s):
             self._flush_locked()
 
-    def finish(self, request_ids, lengths: dict[str, int] | None = None) -> None:
+    def finish(self, request_ids: Iterable[str],
+               lengths: Mapping[str, int] | None = None) -> None:
         """Requests that have ended (finished, stopped early, aborted): each gets its summary
         once the windows holding its rows (all in steps counted so far) are delivered.
         `lengths`: {request id: its tokens, prompt and generated} where known; rows past them
@@ -287,7 +314,7 @@ class EngineTap:
             self._queue_locked(records)
         self._emit(records, finished)
 
-    def finish_callers(self, lengths: dict[str, int | None],
+    def finish_callers(self, lengths: Mapping[str, int | None],
                        known: dict[str, int] | None = None) -> None:
         """finish() for requests the engine's front end has returned, named by the caller's id
         or the engine's ({id: length or None}): those the engine has not reported ended yet (its
@@ -296,7 +323,7 @@ class EngineTap:
         from there."""
         with self._results:
             live = [r for r in self._live if r in lengths or _caller_id(r) in lengths]
-        found = {}
+        found: dict[str, int] = {}
         for request_id in live:
             length = lengths.get(request_id, lengths.get(_caller_id(request_id)))
             if length is None and known is not None:
@@ -326,12 +353,12 @@ class EngineTap:
         for tap in self.taps.values():
             tap.wait_delivered(timeout)
 
-    def _flush_loop(self) -> None:
+    def _flush_loop(self, max_window_s: float) -> None:
         """Closes a window left open longer than max_window_s (the engine went idle)."""
-        pause = max(self._max_window_s / 4, 0.005)
+        pause = max(max_window_s / 4, 0.005)
         while not self._closing.wait(pause):
             with self.lock:
-                if self._open and time.monotonic() - self._opened_at >= self._max_window_s:
+                if self._open and time.monotonic() - self._opened_at >= max_window_s:
                     try:
                         self._flush_locked()
                     except Exception as error:  # e.g. the sidecar is gone: logged, not fatal
@@ -360,7 +387,7 @@ class EngineTap:
                 self._log.warning("probe-sidecar: windows are scored again, after %d failed",
                                   self._failing)
                 self._failing = 0
-            parts = []
+            parts: list[Rows] = []
             for i, step in enumerate(range(window.first_step, window.first_step + window.steps)):
                 entry = self._steps.get(step)
                 if entry is None:
@@ -397,17 +424,17 @@ class EngineTap:
         the session, or a probe set not loaded yet): recover() is tried on a thread of its own,
         at most once per RECOVER_EVERY_S, so that the next windows are scored again."""
         code = getattr(error, "code", None)
-        if self._recover is None or getattr(code, "name", "") not in ("UNAVAILABLE",
-                                                                      "NOT_FOUND"):
+        recover = self._recover
+        if recover is None or getattr(code, "name", "") not in ("UNAVAILABLE", "NOT_FOUND"):
             return
         now = time.monotonic()
         if now - self._recovered_at < RECOVER_EVERY_S or not self._recovering.acquire(False):
             return
         self._recovered_at = now
 
-        def attempt():
+        def attempt() -> None:
             try:
-                if self._recover():
+                if recover():
                     self.stats["recoveries"] += 1
                     self._log.warning("probe-sidecar: bound to the sidecar again; windows are "
                                       "scored from the next one")
@@ -426,8 +453,7 @@ class EngineTap:
                                               rows.scores, rows.fired):
             out.append(ProbeRecord(self._ids[k], position, probe_set, scores, fired))
 
-    def _emit(self, records: list[ProbeRecord],
-              finished: list[tuple[str, dict[str, ProbeSummary]]]) -> None:
+    def _emit(self, records: list[ProbeRecord], finished: Finished) -> None:
         """Records and finished requests to the sinks' thread (never blocks)."""
         if self._sink_queue is None or not (records or finished):
             return
@@ -443,15 +469,14 @@ class EngineTap:
                 self._log.warning("probe-sidecar: the record and request sinks (callback, jsonl) "
                                   "fall behind; what they miss is counted in state()")
 
-    def _sink_loop(self) -> None:
+    def _sink_loop(self, sinks: queue.Queue[_SinkBatch | None]) -> None:
         while True:
-            item = self._sink_queue.get()
+            item = sinks.get()
             if item is None:
                 return
             self._deliver_to_sinks(*item)
 
-    def _deliver_to_sinks(self, records: list[ProbeRecord],
-                          finished: list[tuple[str, dict[str, ProbeSummary]]]) -> None:
+    def _deliver_to_sinks(self, records: list[ProbeRecord], finished: Finished) -> None:
         for record in records:
             if self._jsonl is not None:
                 self._jsonl.fired(record)
@@ -471,17 +496,16 @@ class EngineTap:
                     self.stats["callback_errors"] += 1
                     self._log.error("probe-sidecar: the request callback raised %r", error)
 
-    def _finalize_ready(self, records: list[ProbeRecord]
-                        ) -> list[tuple[str, dict[str, ProbeSummary]]]:
+    def _finalize_ready(self, records: list[ProbeRecord]) -> Finished:
         """(under _results) Requests whose rows are all delivered: their held rows committed (to
         `records`), summaries made, keys freed."""
         delivered = min(self._delivered.values(), default=0)
         ready = [r for r, step in self._finishing.items() if step <= delivered]
-        finished = []
+        finished: Finished = []
         for request_id in ready:
             del self._finishing[request_id]
             key = self._keys.pop(request_id, None)
-            summaries = {}
+            summaries: dict[str, ProbeSummary] = {}
             for name, table in self._tables.items():
                 summaries[name], last = table.release(key, self._ends)
                 self.stats["rows_delivered"] += len(last)
@@ -524,15 +548,16 @@ class EngineTap:
 
     def _queue_locked(self, records: list[ProbeRecord]) -> None:
         """(under _results) Delivered records kept for records(), if asked."""
-        if self._keep_records and records:
-            dropped = max(0, len(self._records) + len(records) - self._records.maxlen)
+        limit = self._records.maxlen  # set when records are kept
+        if self._keep_records and records and limit is not None:
+            dropped = max(0, len(self._records) + len(records) - limit)
             self.stats["records_dropped"] += dropped
             self._records.extend(records)
             self._results.notify_all()
 
     # --- results --------------------------------------------------------------------------------
 
-    def collect(self, request_ids=None, timeout: float = 60.0
+    def collect(self, request_ids: Iterable[str] | None = None, timeout: float = 60.0
                 ) -> dict[str, dict[str, ProbeSummary]]:
         """Flushes, waits for every window (up to `timeout` seconds: a sidecar that is stopped
         or gone is not waited for longer; what is summarised by then is taken, the rest stays
@@ -563,7 +588,7 @@ class EngineTap:
                 record = self._records.popleft()
             yield record
 
-    def state(self) -> dict:
+    def state(self) -> dict[str, Any]:
         """How much the tap holds (for operators and tests: all zero once idle and collected)."""
         with self._results:
             return {"steps_counted": self._step, "steps_pending": len(self._steps),
@@ -594,7 +619,8 @@ class EngineTap:
                 sinks.put(None, timeout=timeout)
             except queue.Full:
                 pass
-            self._sink_thread.join(timeout)
+            if self._sink_thread is not None:
+                self._sink_thread.join(timeout)
         if self._jsonl is not None:
             self._jsonl.close()
         for held in self._holds:

@@ -43,17 +43,41 @@ from __future__ import annotations
 import atexit
 import functools
 import json
+import logging
 import os
 import threading
 import time
+from collections.abc import Callable, Collection, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Concatenate, ParamSpec, cast
 
 import numpy as np
 import torch
 
 from .. import tap_op
 from .config import ENV, ConfigError, PluginConfig, load, parse, request_choice, resolve
-from .engine_tap import EngineTap, StepRows, _caller_id
+from .engine_tap import EngineTap, StepRows, _caller_id, _ring
 from .records import ProbeSummary
+
+if TYPE_CHECKING:
+    # vLLM's classes, for the annotations: mypy does not follow vLLM (pyproject.toml), so to it
+    # they are Any; they name what the plugin is handed.
+    from vllm import LLM
+    from vllm.config import VllmConfig
+    from vllm.engine.arg_utils import EngineArgs
+    from vllm.outputs import CompletionOutput, RequestOutput
+    from vllm.v1.core.sched.output import SchedulerOutput
+    from vllm.v1.core.sched.scheduler import Scheduler
+    from vllm.v1.engine.llm_engine import LLMEngine
+    from vllm.v1.request import Request
+    from vllm.v1.worker.gpu_model_runner import GPUModelRunner
+    from vllm.v1.worker.worker_base import WorkerBase
+
+    from ..client import Client, Session, TapOptions
+    from ..tap import InlineRing, Tap, TapWindow
+
+_P = ParamSpec("_P")
+# A summary as it crosses collective_rpc (ProbeSummary.to_dict): {engine id: {probe set: dict}}.
+SummaryDicts = dict[str, dict[str, dict[str, Any]]]
 
 # The vLLM releases the plugin supports (their V1 model runner's private methods differ from
 # release to release), and where each is tested (docs/vllm.md).
@@ -81,12 +105,10 @@ _ENGINE_TAP: EngineTap | None = None  # this process's (the tapping worker's)
 _ENDS: dict[str, int] = {}
 
 
-def logger():
+def logger() -> logging.Logger:
     try:
         from vllm.logger import init_logger
     except ImportError:  # the plugin's parts used without vLLM (its tests)
-        import logging
-
         return logging.getLogger("vllm.probe_sidecar")
     return init_logger("vllm.probe_sidecar")
 
@@ -139,7 +161,7 @@ def _patch_engine_args() -> None:
     create = EngineArgs.create_engine_config
 
     @functools.wraps(create)
-    def create_with_plugin(self, *args, **kwargs):
+    def create_with_plugin(self: EngineArgs, *args: Any, **kwargs: Any) -> VllmConfig:
         extra = self.additional_config
         if isinstance(extra, str):
             extra = json.loads(extra) if extra.strip() else {}
@@ -158,7 +180,7 @@ def _patch_engine_args() -> None:
     EngineArgs.create_engine_config = create_with_plugin
 
 
-def check_version(version: str | None = None, environ=os.environ) -> str:
+def check_version(version: str | None = None, environ: Mapping[str, str] = os.environ) -> str:
     """The running vLLM's release ("0.26"); a release the plugin does not support stops the
     engine's start with a message, unless PROBE_SIDECAR_VLLM_ANY_VERSION=1."""
     if version is None:
@@ -192,12 +214,13 @@ def _patch_scheduler() -> None:
     schedule = Scheduler.schedule
 
     @functools.wraps(free_request)
-    def noting_free_request(self, request, *args, **kwargs):
+    def noting_free_request(self: Scheduler, request: Request, *args: Any, **kwargs: Any
+                            ) -> Any:
         _ENDS[request.request_id] = request.num_tokens
         return free_request(self, request, *args, **kwargs)
 
     @functools.wraps(schedule)
-    def schedule_with_lengths(self, *args, **kwargs):
+    def schedule_with_lengths(self: Scheduler, *args: Any, **kwargs: Any) -> SchedulerOutput:
         output = schedule(self, *args, **kwargs)
         if _ENDS and output.finished_req_ids:
             setattr(output, LENGTHS_ATTR, {r: _ENDS.pop(r) for r in output.finished_req_ids
@@ -217,7 +240,7 @@ def _patch_worker(config: PluginConfig) -> None:
     load_model = Worker.load_model
 
     @functools.wraps(load_model)
-    def tapped_load_model(self, *args, **kwargs):
+    def tapped_load_model(self: WorkerBase, *args: Any, **kwargs: Any) -> None:
         load_model(self, *args, **kwargs)
         install(self, config)
 
@@ -227,7 +250,7 @@ def _patch_worker(config: PluginConfig) -> None:
     WorkerBase.probe_sidecar_state = _state_rpc
 
 
-def install(worker, config: PluginConfig) -> EngineTap | None:
+def install(worker: WorkerBase, config: PluginConfig) -> EngineTap | None:
     """Taps the worker's model (on the tapping rank); refuses what it cannot tap."""
     global _ENGINE_TAP
     from vllm.distributed import get_tensor_model_parallel_rank
@@ -262,7 +285,7 @@ def install(worker, config: PluginConfig) -> EngineTap | None:
     try:
         layouts = []
         for layer, (module, _, residual_stream) in targets.items():
-            rings = [engine_tap.taps[name].ring for name, (_, tapped) in config.taps().items()
+            rings = [_ring(engine_tap.taps[name]) for name, (_, tapped) in config.taps().items()
                      if tapped == layer]
             buffers = []
             for i, ring in enumerate(rings):
@@ -280,8 +303,8 @@ def install(worker, config: PluginConfig) -> EngineTap | None:
         # The arming kernel compiled now, not at the first step an engine serves.
         nothing = torch.zeros(1, dtype=torch.int64, device=device)
         for tap in engine_tap.taps.values():
-            tap.ring.arm(nothing, 0)
-            tap.ring.disarm()
+            _ring(tap).arm(nothing, 0)
+            _ring(tap).disarm()
         _wrap_runner(runner, engine_tap, config.score_requests, follow=starts is not None)
     except BaseException:
         engine_tap.close()
@@ -300,7 +323,8 @@ def install(worker, config: PluginConfig) -> EngineTap | None:
     return engine_tap
 
 
-def _starts_buffer(vllm_config, runner, max_batch: int) -> torch.Tensor | None:
+def _starts_buffer(vllm_config: VllmConfig, runner: GPUModelRunner,
+                   max_batch: int) -> torch.Tensor | None:
     """The runner's query_start_loc on the device (a persistent buffer of max_num_reqs + 1
     entries that vLLM rewrites before each forward, padded requests empty), which the write
     follows; None where it cannot (data parallelism: idle ranks run dummy forwards between real
@@ -315,8 +339,8 @@ def _starts_buffer(vllm_config, runner, max_batch: int) -> torch.Tensor | None:
     return buffer
 
 
-def _refuse_unsupported(vllm_config, runner) -> None:
-    reasons = []
+def _refuse_unsupported(vllm_config: VllmConfig, runner: GPUModelRunner) -> None:
+    reasons: list[str] = []
     if vllm_config.speculative_config is not None:
         reasons.append("speculative decoding (a step samples several rows per request, some of "
                        "them rejected)")
@@ -337,17 +361,19 @@ def _refuse_unsupported(vllm_config, runner) -> None:
                           ". Unset PROBE_SIDECAR_VLLM to run without it.")
 
 
-def _tapped_module(model, layer) -> tuple[torch.nn.Module, str, bool]:
+def _tapped_module(model: torch.nn.Module, layer: str | int
+                   ) -> tuple[torch.nn.Module, str, bool]:
     """(module, description, whether its output is split into hidden + residual)."""
-    inner = None
+    inner: object = None
+    layers = None
     for candidate in (getattr(model, "model", None),
                       getattr(getattr(model, "language_model", None), "model", None),
                       getattr(model, "language_model", None), model):
-        if candidate is not None and isinstance(getattr(candidate, "layers", None),
-                                                torch.nn.ModuleList):
-            inner = candidate
+        found = getattr(candidate, "layers", None) if candidate is not None else None
+        if isinstance(found, torch.nn.ModuleList):
+            inner, layers = candidate, found
             break
-    if inner is None:
+    if layers is None:
         raise ConfigError(f"probe-sidecar: cannot find the decoder layers of "
                           f"{type(model).__name__} (looked for .model.layers)")
     if layer == "final":
@@ -357,7 +383,9 @@ def _tapped_module(model, layer) -> tuple[torch.nn.Module, str, bool]:
                               f"{type(model).__name__} (looked for .model.norm): set \"layer\" "
                               f"to a decoder layer's index")
         return norm, f"the final norm of {type(model).__name__}", False
-    layers = inner.layers
+    if not isinstance(layer, int):  # PluginConfig made without parse()
+        raise ConfigError(f"probe-sidecar: layer must be \"final\" or a decoder layer's index, "
+                          f"got {layer!r}")
     index = layer + len(layers) if layer < 0 else layer
     if not 0 <= index < len(layers):
         raise ConfigError(f"probe-sidecar: layer {layer} is outside the model's {len(layers)} "
@@ -375,7 +403,8 @@ class _WriteHook:
         self.names, self.layouts, self.residual_stream = names, layouts, residual_stream
         self.follows = follows
 
-    def __call__(self, module, args, output):
+    def __call__(self, module: torch.nn.Module, args: tuple[Any, ...],
+                 output: torch.Tensor | tuple[torch.Tensor, ...]) -> None:
         if isinstance(output, tuple):
             hidden = output[0]
             # A decoder layer returns (hidden, residual): the residual stream is their sum.
@@ -452,16 +481,20 @@ def _make_engine_tap(config: PluginConfig, *, device: torch.device, dtype: torch
     except ProbeSidecarError as error:
         client.close()
         raise ConfigError(f"probe-sidecar at {config.target}: {error}") from None
-    made = []
+    made: list[Tap] = []
 
-    def make_tap(name, on_window):
+    def make_tap(name: str, on_window: Callable[[TapWindow], None]) -> Tap:
         probe_set = taps[name][0]
-        options = dict(max_batch=max_batch, window=config.window, dtype=dtype,
-                       hidden_size=hidden_size, on_window=on_window, raise_errors=False,
-                       when_behind="lose")  # the engine never waits for the sidecar
+        options: TapOptions = dict(on_window=on_window, raise_errors=False,
+                                   when_behind="lose")  # the engine never waits for the sidecar
         if torch_client is not None:
-            return torch_client.tap(probe_set, device=device, **options)
-        made.append(cpu_tap(client, probe_set, session_id=session.id, **options))
+            return torch_client.tap(probe_set, max_batch=max_batch, window=config.window,
+                                    dtype=dtype, hidden_size=hidden_size, device=device,
+                                    **options)
+        assert session is not None  # made where there is no torch_client
+        made.append(cpu_tap(client, probe_set, max_batch=max_batch, window=config.window,
+                            dtype=dtype, hidden_size=hidden_size, session_id=session.id,
+                            **options))
         return made[-1]
 
     def recover() -> bool:
@@ -472,7 +505,7 @@ def _make_engine_tap(config: PluginConfig, *, device: torch.device, dtype: torch
             return False
         session.renew()
         for tap in made:
-            tap.ring.rebind(session.id)
+            cast("InlineRing", tap.ring).rebind(session.id)  # cpu_tap's: a CpuRing
         return True
 
     return EngineTap(make_tap, names, window=config.window, max_window_s=config.max_window_s,
@@ -490,9 +523,9 @@ class _Session:
     """The inline taps' session, renewed when the sidecar was restarted (its probe-outcome
     labels stay the engine's)."""
 
-    def __init__(self, client, labels: dict):
+    def __init__(self, client: Client, labels: dict[str, str]):
         self._client, self._labels = client, labels
-        self._session = client.open_session(labels)
+        self._session: Session = client.open_session(labels)
         self.id = self._session.id
 
     def renew(self) -> None:
@@ -504,7 +537,7 @@ class _Session:
         self._session.close()
 
 
-def _add_to_cache_key(vllm_config, value: dict) -> None:
+def _add_to_cache_key(vllm_config: VllmConfig, value: dict[str, Any]) -> None:
     extra = vllm_config.additional_config
     if not isinstance(extra, dict):
         raise ConfigError("probe-sidecar: vllm_config.additional_config is not a dict, so the "
@@ -512,7 +545,7 @@ def _add_to_cache_key(vllm_config, value: dict) -> None:
     extra[CACHE_KEY] = json.loads(json.dumps(value))
 
 
-def _wrap_runner(runner, engine_tap: EngineTap, score_requests: str = "all",
+def _wrap_runner(runner: GPUModelRunner, engine_tap: EngineTap, score_requests: str = "all",
                  follow: bool = False) -> None:
     prepare_inputs = runner._prepare_inputs
     execute_model = runner.execute_model
@@ -522,7 +555,9 @@ def _wrap_runner(runner, engine_tap: EngineTap, score_requests: str = "all",
     # graph captures (dummy forwards, before it) write nothing.
     following = [False]
 
-    def tapped_prepare_inputs(scheduler_output, num_scheduled_tokens, *args, **kwargs):
+    def tapped_prepare_inputs(scheduler_output: SchedulerOutput,
+                              num_scheduled_tokens: Sequence[int] | np.ndarray, *args: Any,
+                              **kwargs: Any) -> Any:
         result = prepare_inputs(scheduler_output, num_scheduled_tokens, *args, **kwargs)
         started = time.perf_counter_ns()
         try:
@@ -531,7 +566,9 @@ def _wrap_runner(runner, engine_tap: EngineTap, score_requests: str = "all",
             engine_tap.spent(started)
         return result
 
-    def arm_step(scheduler_output, num_scheduled_tokens, result) -> None:
+    def arm_step(scheduler_output: SchedulerOutput,
+                 num_scheduled_tokens: Sequence[int] | np.ndarray, result: Any) -> None:
+        # result: _prepare_inputs' (a tuple whose first item is logits_indices, on the device)
         if follow and not following[0]:
             engine_tap.follow()
             following[0] = True
@@ -545,7 +582,7 @@ def _wrap_runner(runner, engine_tap: EngineTap, score_requests: str = "all",
         # the batch's own array, no per-row lookup) is a partial prefill, whose sample vLLM
         # discards.
         rows = StepRows(request_ids, ends - 1, ends >= batch.num_tokens_no_spec[:n])
-        new = []
+        new: list[str] = []
         for request in scheduler_output.scheduled_new_reqs:
             choice = request_choice(getattr(request.sampling_params, "extra_args", None))
             if choice if choice is not None else by_default:
@@ -566,7 +603,8 @@ def _wrap_runner(runner, engine_tap: EngineTap, score_requests: str = "all",
         # logits_indices, which vLLM computes from it).
         engine_tap.arm(None if follow else result[0], rows, new)
 
-    def tapped_execute_model(scheduler_output, *args, **kwargs):
+    def tapped_execute_model(scheduler_output: SchedulerOutput, *args: Any, **kwargs: Any
+                             ) -> Any:
         with engine_tap.lock:
             started = time.perf_counter_ns()
             if skipped:
@@ -588,7 +626,9 @@ def _wrap_runner(runner, engine_tap: EngineTap, score_requests: str = "all",
     runner.execute_model = tapped_execute_model
 
 
-def _collect(worker, request_ids=None, timeout: float = 60.0, lengths=None) -> dict:
+def _collect(worker: WorkerBase, request_ids: Collection[str] | None = None,
+             timeout: float = 60.0, lengths: dict[str, int | None] | None = None
+             ) -> SummaryDicts:
     """collective_rpc("probe_sidecar_collect"): {engine request id: {probe set: summary dict}}.
     `lengths` ({caller's or engine's id: tokens, or None}): requests the front end has returned
     finished, which the model runner may not have been told yet."""
@@ -600,7 +640,7 @@ def _collect(worker, request_ids=None, timeout: float = 60.0, lengths=None) -> d
     return _as_dicts(engine_tap.collect(request_ids, timeout))
 
 
-def _take(worker, response_id: str) -> dict:
+def _take(worker: WorkerBase, response_id: str) -> SummaryDicts:
     """collective_rpc("probe_sidecar_take"): the summaries made so far of the engine requests of
     an HTTP response (serve.py), taken without waiting: {engine request id: {probe set: dict}}."""
     from .serve import belongs
@@ -611,13 +651,13 @@ def _take(worker, response_id: str) -> dict:
     return _as_dicts(engine_tap.take(lambda request_id: belongs(response_id, request_id)))
 
 
-def _as_dicts(taken: dict[str, dict[str, ProbeSummary]]) -> dict:
+def _as_dicts(taken: dict[str, dict[str, ProbeSummary]]) -> SummaryDicts:
     """Summaries as they cross collective_rpc: {engine request id: {probe set: dict}}."""
     return {rid: {name: s.to_dict() for name, s in by_set.items()}
             for rid, by_set in taken.items()}
 
 
-def _state_rpc(worker) -> dict:
+def _state_rpc(worker: WorkerBase) -> dict[str, Any]:
     """collective_rpc("probe_sidecar_state"): the tap's state ({} on a rank that does not tap)."""
     return {} if _ENGINE_TAP is None else _ENGINE_TAP.state()
 
@@ -631,7 +671,7 @@ def _patch_llm() -> None:
     step = LLMEngine.step
 
     @functools.wraps(step)
-    def step_noting_ends(self, *args, **kwargs):
+    def step_noting_ends(self: LLMEngine, *args: Any, **kwargs: Any) -> list[RequestOutput]:
         outputs = step(self, *args, **kwargs)
         for output in outputs:
             if getattr(output, "finished", False) and hasattr(output, "outputs"):
@@ -647,12 +687,13 @@ def _patch_llm() -> None:
         setattr(LLM, name, _with_summaries(getattr(LLM, name)))
 
 
-def _with_summaries(method):
+def _with_summaries(method: Callable[Concatenate[LLM, _P], list[RequestOutput]]
+                    ) -> Callable[Concatenate[LLM, _P], list[RequestOutput]]:
     """LLM.generate or LLM.chat, whose outputs get their summaries; never raises because of the
     plugin (a summary that cannot be collected is None, and the reason is logged)."""
 
     @functools.wraps(method)
-    def with_summaries(self, *args, **kwargs):
+    def with_summaries(self: LLM, *args: _P.args, **kwargs: _P.kwargs) -> list[RequestOutput]:
         outputs = method(self, *args, **kwargs)
         try:
             attach_summaries(self, outputs)
@@ -668,7 +709,7 @@ def _with_summaries(method):
     return with_summaries
 
 
-def collect(llm, request_ids=None, timeout: float = 60.0,
+def collect(llm: LLM, request_ids: Collection[str] | None = None, timeout: float = 60.0,
             lengths: dict[str, int | None] | None = None) -> dict[str, dict[str, ProbeSummary]]:
     """The summaries of finished requests, taken from the engine's workers (see EngineTap.collect):
     {engine request id: {probe set: ProbeSummary}}. `lengths`: requests known to have ended
@@ -680,7 +721,7 @@ def collect(llm, request_ids=None, timeout: float = 60.0,
     for rows_id in list(ended):
         if wanted is None or rows_id in wanted or rows_id.partition("_")[2] in wanted:
             lengths.setdefault(rows_id, ended.pop(rows_id))
-    merged = {}
+    merged: dict[str, dict[str, ProbeSummary]] = {}
     for part in llm.collective_rpc("probe_sidecar_collect",
                                    args=(request_ids, timeout, lengths or None)):
         for request_id, by_set in part.items():
@@ -688,7 +729,7 @@ def collect(llm, request_ids=None, timeout: float = 60.0,
     return merged
 
 
-def completion_ids(output) -> list[tuple[object, str]]:
+def completion_ids(output: RequestOutput) -> list[tuple[CompletionOutput, str]]:
     """(completion, the id its rows are recorded under, as the caller named it) for each
     completion of a RequestOutput: the request's id, or with n > 1 vLLM's child id
     "<index>_<id>"."""
@@ -697,11 +738,11 @@ def completion_ids(output) -> list[tuple[object, str]]:
     return [(c, f"{c.index}_{output.request_id}") for c in output.outputs]
 
 
-def attach_summaries(llm, outputs) -> None:
+def attach_summaries(llm: LLM, outputs: Sequence[RequestOutput]) -> None:
     """Sets `probe_summary` ({probe set: ProbeSummary}) on each completion of each RequestOutput
     (`output.outputs[i].probe_summary`), and on the RequestOutput itself when it has one
     completion (n = 1)."""
-    lengths = {}
+    lengths: dict[str, int | None] = {}
     for output in outputs:
         prompt = len(output.prompt_token_ids or ())
         for completion, rows_id in completion_ids(output):
@@ -709,7 +750,7 @@ def attach_summaries(llm, outputs) -> None:
     # How long generate() and chat() wait for their requests' last windows.
     wait = _active.summary_wait_s if _active is not None else PluginConfig.summary_wait_s
     summaries = collect(llm, list(lengths), timeout=wait, lengths=lengths)
-    by_caller = {}
+    by_caller: dict[str, list[dict[str, ProbeSummary]]] = {}
     for request_id, by_set in summaries.items():
         by_caller.setdefault(_caller_id(request_id), []).append(by_set)
     for output in outputs:

@@ -8,6 +8,7 @@ import json
 import math
 import threading
 import time
+from typing import Any
 
 import numpy as np
 
@@ -36,13 +37,14 @@ class ProbeSummary:
     first_fired: tuple[int | None, ...]  # per probe, the first position where it fired
     complete: bool = True  # False when a window holding some of the request's rows failed
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
+        """As JSON: NaN max scores are null."""
         return {"probe_set": self.probe_set, "probes": list(self.probes), "rows": self.rows,
                 "max_score": [None if math.isnan(v) else v for v in self.max_score],
                 "first_fired": list(self.first_fired), "complete": self.complete}
 
     @classmethod
-    def from_dict(cls, data: dict) -> "ProbeSummary":
+    def from_dict(cls, data: dict[str, Any]) -> "ProbeSummary":
         return cls(data["probe_set"], tuple(data["probes"]), data["rows"],
                    tuple(math.nan if v is None else v for v in data["max_score"]),
                    tuple(data["first_fired"]), data["complete"])

@@ -21,6 +21,15 @@ the worker's side (`probe_sidecar_take`): vLLM loads endpoint plugins only when 
 # among them, imported where the route is made) from the function itself.
 import asyncio
 import time
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    # Any to mypy, which follows neither (pyproject.toml): vLLM brings FastAPI.
+    from argparse import Namespace
+
+    from fastapi import FastAPI
+    from fastapi.datastructures import State
+    from vllm.engine.protocol import EngineClient
 
 POLL_S = 0.05  # between two looks for a summary not made yet
 MAX_WAIT_S = 60.0
@@ -32,7 +41,7 @@ class SummariesEndpoint:
     name = "probe_sidecar"
     required_tasks = ("generate",)
 
-    def attach_router(self, app) -> None:
+    def attach_router(self, app: "FastAPI") -> None:
         from fastapi import APIRouter, HTTPException, Request
 
         router = APIRouter()
@@ -46,7 +55,7 @@ class SummariesEndpoint:
                 raise HTTPException(400, f"wait_s must be within [0, {MAX_WAIT_S:g}]")
             deadline = time.monotonic() + wait_s
             while True:
-                found = {}
+                found: dict[str, Any] = {}
                 for part in await engine.collective_rpc("probe_sidecar_take",
                                                         args=(response_id,)):
                     found.update(part)
@@ -65,11 +74,12 @@ class SummariesEndpoint:
 
         app.include_router(router)
 
-    async def init_state(self, engine_client, state, args) -> None:
+    async def init_state(self, engine_client: "EngineClient", state: "State",
+                         args: "Namespace") -> None:
         state.probe_sidecar_engine = engine_client
 
 
-def response_part(response_id: str, engine_id: str) -> dict:
+def response_part(response_id: str, engine_id: str) -> dict[str, int]:
     """Which prompt (of a completion's prompts) and which completion (of n) an engine request of
     response `response_id` is: vLLM names them "<index>_<id>-<prompt>-<8 characters>"."""
     from .engine_tap import _caller_id

@@ -34,7 +34,8 @@ class Rows:
     def __len__(self) -> int:
         return len(self.keys)
 
-    def take(self, mask) -> "Rows":
+    def take(self, mask: np.ndarray | list[int]) -> "Rows":
+        """The rows that `mask` (booleans, or indices) selects."""
         return Rows(self.keys[mask], self.positions[mask], self.scores[mask], self.fired[mask])
 
     @classmethod
