@@ -13,6 +13,7 @@
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
+#include <array>
 #include <chrono>
 #include <condition_variable>
 #include <cstring>
@@ -123,9 +124,11 @@ class CudaTapRing final : public TapRing {
   absl::Status Init();
   absl::Status WarmServer();
   absl::Status PollEvent(cudaEvent_t event, int64_t index, const char* what);
-  uint8_t* HalfScores(int32_t half) const {
-    return base_ + layout_.scores + int64_t{half} * window_ * max_batch_ * num_probes_ * 4;
+  // Where the protocol puts a window's parts (docs/tap-protocol.md).
+  kernels::TapWindowParts Parts(int32_t half, int32_t steps) const {
+    return kernels::MakeTapWindowParts(layout_, half, steps);
   }
+  uint8_t* HalfScores(int32_t half) const { return base_ + Parts(half, 1).scores; }
   uint8_t* HostSlot(int slot) const { return host_ + slot * host_slot_bytes_; }
   absl::Status QueueCopy(const Window& window, int slot);
   void FreeHostSlot(int slot);
@@ -188,7 +191,7 @@ absl::Status CudaTapRing::Init() {
   std::vector<int32_t> rows(int64_t{window_} * max_batch_);
   std::iota(rows.begin(), rows.end(), 0);
   const std::vector<int32_t> counts(2 * window_ + 1, 0);
-  const int64_t meta[kernels::kTapMetaSize] = {0, window_, 0, 0, 0, 0, 0, 0};
+  const std::array<int64_t, kernels::kTapMetaSize> meta = kernels::TapInitialMeta(window_);
   // On the decode stream, so that its first write follows them.
   RETURN_IF_CUDA_ERROR(
       cudaMemsetAsync(base_ + layout_.scores, 0xff,
@@ -201,7 +204,8 @@ absl::Status CudaTapRing::Init() {
                                        cudaMemcpyHostToDevice, stream_),
                        "cudaMemcpyAsync");
   RETURN_IF_CUDA_ERROR(
-      cudaMemcpyAsync(base_ + layout_.meta, meta, sizeof(meta), cudaMemcpyHostToDevice, stream_),
+      cudaMemcpyAsync(base_ + layout_.meta, meta.data(), sizeof(meta), cudaMemcpyHostToDevice,
+                      stream_),
       "cudaMemcpyAsync");
   RETURN_IF_CUDA_ERROR(cudaStreamSynchronize(stream_), "cudaStreamSynchronize");
   absl::StatusOr<v1::RegisterBufferResponse> registered = RegisterDeviceMemory(
@@ -306,27 +310,27 @@ const v1::ScoreRequest& CudaTapRing::Request(int32_t half, int32_t steps) {
   auto [it, made] = requests_.try_emplace({half, steps});
   v1::ScoreRequest& request = it->second;
   if (!made) return request;
-  const int64_t rows = int64_t{steps} * max_batch_;
+  const kernels::TapWindowParts parts = Parts(half, steps);
+  const int64_t rows = parts.rows;
   request.set_probe_set(probe_set_);
   request.set_session_id(session_id_);
   request.set_ready_event(ready_[half].event_id);
   request.set_done_event(done_[half].event_id);
   *request.mutable_activations() =
-      BufferTensor(proto_dtype_, rows, hidden_, buffer_id_,
-                   layout_.slots + int64_t{half} * window_ * layout_.slot_bytes, hidden_);
+      BufferTensor(proto_dtype_, rows, hidden_, buffer_id_, parts.activations, hidden_);
   v1::TensorRef* device_rows = request.mutable_device_rows();
   device_rows->set_dtype(v1::DTYPE_INT32);
   device_rows->add_shape(rows);
   device_rows->mutable_buffer()->set_buffer_id(buffer_id_);
-  device_rows->mutable_buffer()->set_offset_bytes(layout_.rows);
+  device_rows->mutable_buffer()->set_offset_bytes(parts.device_rows);
   // Each step's rows past its row count are padding: the probe outcomes count only the rest.
   v1::TensorRef* counted = request.mutable_counted_rows();
   counted->set_dtype(v1::DTYPE_INT32);
   counted->add_shape(steps);
   counted->mutable_buffer()->set_buffer_id(buffer_id_);
-  counted->mutable_buffer()->set_offset_bytes(layout_.counts + int64_t{half} * window_ * 4);
-  *request.mutable_output() = BufferTensor(v1::DTYPE_FLOAT32, rows, num_probes_, buffer_id_,
-                                           HalfScores(half) - base_, num_probes_);
+  counted->mutable_buffer()->set_offset_bytes(parts.counts);
+  *request.mutable_output() =
+      BufferTensor(v1::DTYPE_FLOAT32, rows, num_probes_, buffer_id_, parts.scores, num_probes_);
   return request;
 }
 
@@ -377,21 +381,21 @@ absl::Status CudaTapRing::Answered(const Window& window, bool copy_scores) {
 absl::Status CudaTapRing::QueueCopy(const Window& window, int slot) {
   DeviceGuard guard(device_);
   const int32_t half = window.half, steps = window.steps;
+  const kernels::TapWindowParts parts = Parts(half, steps);
   cudaEvent_t* timing = timing_[window.index % kTimingSets];
   uint8_t* host = HostSlot(slot);
   const int64_t score_bytes = int64_t{steps} * max_batch_ * num_probes_ * 4;
   RETURN_IF_CUDA_ERROR(cudaStreamWaitEvent(delivery_, done_[half].event, 0), "cudaStreamWaitEvent");
   RETURN_IF_CUDA_ERROR(cudaEventRecord(timing[1], delivery_), "cudaEventRecord");
   RETURN_IF_CUDA_ERROR(
-      cudaMemcpyAsync(host, HalfScores(half), score_bytes, cudaMemcpyDeviceToHost, delivery_),
+      cudaMemcpyAsync(host, base_ + parts.scores, score_bytes, cudaMemcpyDeviceToHost, delivery_),
       "cudaMemcpyAsync");
   RETURN_IF_CUDA_ERROR(
-      cudaMemcpyAsync(host + host_scores_ * 4, base_ + layout_.counts + int64_t{half} * window_ * 4,
-                      int64_t{steps} * 4, cudaMemcpyDeviceToHost, delivery_),
+      cudaMemcpyAsync(host + host_scores_ * 4, base_ + parts.counts, int64_t{steps} * 4,
+                      cudaMemcpyDeviceToHost, delivery_),
       "cudaMemcpyAsync");
   RETURN_IF_CUDA_ERROR(
-      cudaMemcpyAsync(host + host_scores_ * 4 + int64_t{window_} * 4,
-                      base_ + layout_.meta + (kernels::kTapMetaHalfWrites + half) * 8, 8,
+      cudaMemcpyAsync(host + host_scores_ * 4 + int64_t{window_} * 4, base_ + parts.writes, 8,
                       cudaMemcpyDeviceToHost, delivery_),
       "cudaMemcpyAsync");
   RETURN_IF_CUDA_ERROR(cudaEventRecord(timing[2], delivery_), "cudaEventRecord");

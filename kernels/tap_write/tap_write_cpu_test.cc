@@ -1,5 +1,6 @@
 // The CPU reference of the tap's write and close (the semantics the GPU test holds the kernels
 // to), step by step against hand-worked counters, and the ring layout.
+#include <array>
 #include <cstring>
 #include <vector>
 
@@ -132,23 +133,87 @@ TEST(TapWriteRef, InvalidParamsAreRefusedAndWriteNothing) {
   EXPECT_EQ(ring.counts, std::vector<int32_t>(HostRing::kSlots, -7));
 }
 
+TEST(TapWriteRef, TheCloseOfADivertedWindowKeepsTheHalfsWriteCount) {
+  HostRing ring;
+  const std::vector<float> a = Rows(1, 4, 0);
+  ASSERT_TRUE(TapWriteRef(ring.Write(a.data(), 1, 4)));
+  // Half 0's window (1 write) closes and diverts the next: its writes all go to the spare slot.
+  ASSERT_TRUE(TapCloseRef({ring.meta, 0, 2, 2}));
+  EXPECT_EQ(ring.meta[kTapMetaHalfWrites + 0], 1);
+  for (int i = 0; i < 3; ++i) ASSERT_TRUE(TapWriteRef(ring.Write(a.data(), 1, 4)));
+  EXPECT_EQ(ring.counts[2], -7);
+  EXPECT_EQ(ring.counts[4], 1);
+  EXPECT_EQ(ring.meta[kTapMetaWrites], 3);
+  // The lost window's close records nothing: half 1's count stays its last scored window's.
+  ring.meta[kTapMetaHalfWrites + 1] = 5;
+  TapCloseParams lost{ring.meta, 1, 0, 2};
+  lost.record_writes = false;
+  ASSERT_TRUE(TapCloseRef(lost));
+  EXPECT_EQ(ring.meta[kTapMetaHalfWrites + 1], 5);
+  EXPECT_EQ(ring.meta[kTapMetaWrites], 0);
+  EXPECT_EQ(ring.meta[kTapMetaNextSlot], 0);
+  EXPECT_EQ(ring.meta[kTapMetaLimit], 2);
+}
+
 TEST(TapRingLayout, PartsAreAlignedInOrderAndDoNotOverlap) {
-  for (common::DType dtype :
-       {common::DType::kFloat32, common::DType::kFloat16, common::DType::kBFloat16}) {
-    const int window = 5, max_batch = 3, hidden = 7, probes = 3;
-    const TapRingLayout l = MakeTapRingLayout(window, max_batch, hidden, probes, dtype);
-    const int64_t element = common::DTypeSize(dtype);
-    EXPECT_EQ(l.slot_bytes, max_batch * hidden * element);
-    const int64_t starts[] = {l.slots, l.scores, l.rows, l.counts, l.meta, l.total_bytes};
-    const int64_t sizes[] = {(2 * window + 1) * l.slot_bytes, 2 * window * max_batch * probes * 4,
-                             window * max_batch * 4, (2 * window + 1) * 4, kTapMetaSize * 8};
-    EXPECT_EQ(l.slots, 0);
-    for (int i = 0; i < 5; ++i) {
-      EXPECT_EQ(starts[i] % 256, 0) << i;
-      EXPECT_GE(starts[i + 1], starts[i] + sizes[i]) << i;
-      EXPECT_LT(starts[i + 1], starts[i] + sizes[i] + 256) << i;
+  for (const bool device_scores : {true, false}) {
+    for (common::DType dtype :
+         {common::DType::kFloat32, common::DType::kFloat16, common::DType::kBFloat16}) {
+      const int window = 5, max_batch = 3, hidden = 7, probes = 3;
+      const TapRingLayout l =
+          MakeTapRingLayout(window, max_batch, hidden, probes, dtype, device_scores);
+      const int64_t element = common::DTypeSize(dtype);
+      EXPECT_EQ(l.slot_bytes, max_batch * hidden * element);
+      EXPECT_EQ(l.element_size, element);
+      EXPECT_EQ(l.window, window);
+      EXPECT_EQ(l.max_batch, max_batch);
+      EXPECT_EQ(l.hidden, hidden);
+      EXPECT_EQ(l.num_probes, probes);
+      std::vector<int64_t> starts = {l.slots}, sizes = {(2 * window + 1) * l.slot_bytes};
+      if (device_scores) {
+        starts.insert(starts.end(), {l.scores, l.rows});
+        sizes.insert(sizes.end(), {2 * window * max_batch * probes * 4, window * max_batch * 4});
+      } else {
+        EXPECT_EQ(l.scores, -1);
+        EXPECT_EQ(l.rows, -1);
+      }
+      starts.insert(starts.end(), {l.counts, l.gather, l.meta, l.total_bytes});
+      sizes.insert(sizes.end(), {(2 * window + 1) * 4, max_batch * 4, kTapMetaSize * 8});
+      EXPECT_EQ(l.slots, 0);
+      for (size_t i = 0; i + 1 < starts.size(); ++i) {
+        EXPECT_EQ(starts[i] % kTapRingAlign, 0) << i;
+        EXPECT_GE(starts[i + 1], starts[i] + sizes[i]) << i;
+        EXPECT_LT(starts[i + 1], starts[i] + sizes[i] + kTapRingAlign) << i;
+      }
     }
   }
+}
+
+TEST(TapRingLayout, AWindowsPartsAreItsHalfsSlotsCountsScoresAndWriteCount) {
+  const TapRingLayout l = MakeTapRingLayout(4, 3, 8, 2, common::DType::kBFloat16);
+  const TapWindowParts w0 = MakeTapWindowParts(l, 0, 4), w1 = MakeTapWindowParts(l, 1, 2);
+  EXPECT_EQ(w0.first_slot, 0);
+  EXPECT_EQ(w0.rows, 12);
+  EXPECT_EQ(w0.activations, l.slots);
+  EXPECT_EQ(w0.counts, l.counts);
+  EXPECT_EQ(w0.scores, l.scores);
+  EXPECT_EQ(w0.device_rows, l.rows);
+  EXPECT_EQ(w0.writes, l.meta + kTapMetaHalfWrites * 8);
+  EXPECT_EQ(w1.first_slot, 4);
+  EXPECT_EQ(w1.rows, 6);
+  EXPECT_EQ(w1.activations, l.slots + 4 * 3 * 8 * 2);
+  EXPECT_EQ(w1.counts, l.counts + 4 * 4);
+  EXPECT_EQ(w1.scores, l.scores + 4 * 3 * 2 * 4);
+  EXPECT_EQ(w1.writes, l.meta + (kTapMetaHalfWrites + 1) * 8);
+  const TapRingLayout host = MakeTapRingLayout(4, 3, 8, 2, common::DType::kBFloat16, false);
+  EXPECT_EQ(MakeTapWindowParts(host, 1, 2).scores, -1);
+  EXPECT_EQ(MakeTapWindowParts(host, 1, 2).device_rows, -1);
+}
+
+TEST(TapRingLayout, ANewRingsCountersPointAtHalfZeroAndAreNotArmed) {
+  constexpr std::array<int64_t, kTapMetaSize> meta = TapInitialMeta(6);
+  EXPECT_EQ(meta,
+            (std::array<int64_t, kTapMetaSize>{0, 6, 0, 0, 0, 0, kTapArmedOff, kTapArmedOff}));
 }
 
 }  // namespace

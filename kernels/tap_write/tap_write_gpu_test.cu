@@ -5,6 +5,7 @@
 // replays leave the ring bit-equal to the same writes made eagerly.
 #include <cuda_runtime.h>
 
+#include <array>
 #include <cstdio>
 #include <cstring>
 #include <random>
@@ -45,8 +46,8 @@ class Ring {
         dtype_(dtype),
         layout_(MakeTapRingLayout(window, max_batch, hidden, /*num_probes=*/3, dtype)),
         host_(layout_.total_bytes, 0xff) {
-    int64_t meta[kTapMetaSize] = {0, window, 0, 0, 0, 0, 0, 0};
-    std::memcpy(host_.data() + layout_.meta, meta, sizeof(meta));
+    const std::array<int64_t, kTapMetaSize> meta = TapInitialMeta(window);
+    std::memcpy(host_.data() + layout_.meta, meta.data(), sizeof(meta));
     error_ = cudaMalloc(&device_, layout_.total_bytes);
     if (error_ == cudaSuccess) {
       error_ = cudaMemcpy(device_, host_.data(), host_.size(), cudaMemcpyHostToDevice);
@@ -93,6 +94,7 @@ class Ring {
     size_t i = 0;
     while (got[i] == want[i]) ++i;
     const char* part = i >= static_cast<size_t>(layout_.meta)     ? "meta"
+                       : i >= static_cast<size_t>(layout_.gather) ? "gather"
                        : i >= static_cast<size_t>(layout_.counts) ? "counts"
                        : i >= static_cast<size_t>(layout_.rows)   ? "rows"
                        : i >= static_cast<size_t>(layout_.scores) ? "scores"

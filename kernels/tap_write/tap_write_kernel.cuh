@@ -57,7 +57,7 @@ __global__ void __launch_bounds__(kTapWriteThreads)
 
 // Grid 1, one thread.
 __global__ void TapCloseKernel(const __grid_constant__ TapCloseParams p) {
-  p.meta[kTapMetaHalfWrites + p.half] = p.meta[kTapMetaWrites];
+  if (p.record_writes) p.meta[kTapMetaHalfWrites + p.half] = p.meta[kTapMetaWrites];
   p.meta[kTapMetaNextSlot] = p.next_base;
   p.meta[kTapMetaLimit] = p.next_limit;
   p.meta[kTapMetaWrites] = 0;

@@ -30,7 +30,7 @@ bool TapWriteRef(const TapWriteParams& p) {
 
 bool TapCloseRef(const TapCloseParams& p) {
   if (!TapCloseParamsValid(p)) return false;
-  p.meta[kTapMetaHalfWrites + p.half] = p.meta[kTapMetaWrites];
+  if (p.record_writes) p.meta[kTapMetaHalfWrites + p.half] = p.meta[kTapMetaWrites];
   p.meta[kTapMetaNextSlot] = p.next_base;
   p.meta[kTapMetaLimit] = p.next_limit;
   p.meta[kTapMetaWrites] = 0;

@@ -30,13 +30,14 @@
 #
 # Steps (STEPS, default "tests quick kernels metrics rpc decode"):
 #   tests    every GPU test: the kernel tests (probe scoring, probe outcomes, request staging,
-#            verify support, MLA verify, tap writes), the C++ tap against the server
-#            (tap_gpu_test), and the two-process Python tests (IPC, executor, ordering and device
-#            rows, metrics, Verify, taps and the transformers integration, real CUDA faults and
-#            stuck or killed clients:
-#            test_gpu_faults.py, test_gpu_stuck.py). PROBE_SIDECAR_REQUIRE_GPU=1: a test that would
-#            skip fails here. KERNEL_TESTS and PYTHON_TESTS (space-separated) run a subset, e.g.
-#            with a BINARIES bundle.
+#            verify support, MLA verify, tap writes, the tap protocol's C++ half:
+#            tap_protocol_gpu_test), the C++ tap against the server (tap_gpu_test), and the
+#            two-process Python tests (IPC, executor, ordering and device rows, metrics, Verify,
+#            taps and the transformers integration, the tap protocol across languages
+#            (test_gpu_tap_protocol.py: runs tap_protocol_gpu_test), real CUDA faults and stuck
+#            or killed clients: test_gpu_faults.py, test_gpu_stuck.py).
+#            PROBE_SIDECAR_REQUIRE_GPU=1: a test that would skip fails here. KERNEL_TESTS and
+#            PYTHON_TESTS (space-separated) run a subset, e.g. with a BINARIES bundle.
 #   quick    the quick kernel sweeps against the committed full-sweep figures
 #            (bench/kernels_quick.py): probe-score-bench and mla-verify-bench --sweep quick,
 #            QUICK_PASSES times (default 2), each point's fastest pass over the committed time of
@@ -84,7 +85,7 @@ if [[ "${1:-}" == prepare ]]; then
   binaries=(probe-sidecar probe-sidecar-test-faults probe-client probe-bench probe-echo-server
     probe-score-bench mla-verify-bench metrics_bench probe_score_gpu_test probe_score_cpu_test
     probe_outcomes_gpu_test request_staging_gpu_test verify_support_gpu_test mla_verify_gpu_test
-    mla_verify_cpu_test tap_write_gpu_test tap_gpu_test)
+    mla_verify_cpu_test tap_write_gpu_test tap_protocol_gpu_test tap_gpu_test)
   # BINARIES: bundle only these (the device tool carries at most 64 MiB with the tree, and the
   # whole bundle is larger); steps whose binaries are missing then fail (exit 127).
   if [[ -n "${BINARIES:-}" ]]; then read -r -a binaries <<<"$BINARIES"; fi
@@ -167,7 +168,8 @@ if [[ " $steps " == *" tests "* ]]; then
   echo "== tests: kernel and C++ GPU tests"
   rc=0
   for t in ${KERNEL_TESTS:-probe_score_gpu_test probe_outcomes_gpu_test request_staging_gpu_test \
-           verify_support_gpu_test mla_verify_gpu_test tap_write_gpu_test tap_gpu_test}; do
+           verify_support_gpu_test mla_verify_gpu_test tap_write_gpu_test tap_protocol_gpu_test \
+           tap_gpu_test}; do
     timeout 300 "$bin/$t" --gtest_brief=1 >"$out/$t.log" 2>&1
     r=$?
     # 77 is "no CUDA device": a failure here.

@@ -15,16 +15,28 @@ import gc
 import os
 import threading
 import time
+from typing import Protocol
 
+import numpy as np
 import torch
 
 from probesidecar.v1 import buffers_pb2, score_pb2, tensor_pb2
 
 from . import tap_op
-from ._torch_ring import TorchRing
-from .dtypes import of_torch
+from ._torch_ring import TorchRing, _entry
+from .client import Client
 from .errors import TapError
+from .results import ProbeSetInfo
 from .tap import _Window
+
+
+class _Owner(Protocol):
+    """What a CUDA ring uses of the TorchClient that makes it (not imported: it imports this)."""
+
+    client: Client
+    session_id: int
+
+    def _register_event(self, event: torch.cuda.Event, device: torch.device) -> int: ...
 
 # Host copies of the scores in flight: the reader thread waits for a free one only when the
 # delivery thread is this many windows behind (a window's timing events: twice as many).
@@ -52,7 +64,7 @@ class _Driver:
     that the driver supports, while libcuda.so.1 and its _v2 entry points are wherever a CUDA tap
     can run, under any torch build and driver."""
 
-    def __init__(self):
+    def __init__(self) -> None:
         self.lib = ctypes.CDLL("libcuda.so.1")
         self.check(self.lib.cuInit(0), "cuInit")
 
@@ -71,7 +83,7 @@ class _Driver:
                    "cuDevicePrimaryCtxRetain")
         return context
 
-    def alloc(self, context, nbytes: int) -> tuple[int, bytes]:
+    def alloc(self, context: ctypes.c_void_p, nbytes: int) -> tuple[int, bytes]:
         """(device pointer, 64-byte IPC handle) of a new allocation."""
         self.check(self.lib.cuCtxPushCurrent_v2(context), "cuCtxPushCurrent")
         try:
@@ -83,11 +95,11 @@ class _Driver:
             if code != 0:
                 self.lib.cuMemFree_v2(pointer)
                 self.check(code, "cuIpcGetMemHandle")
-            return pointer.value, bytes(handle)
+            return int(pointer.value), bytes(handle)
         finally:
             self.lib.cuCtxPopCurrent_v2(ctypes.byref(ctypes.c_void_p()))
 
-    def free(self, context, ordinal: int, pointer: int) -> None:
+    def free(self, context: ctypes.c_void_p, ordinal: int, pointer: int) -> None:
         self.lib.cuCtxPushCurrent_v2(context)
         try:
             self.check(self.lib.cuMemFree_v2(ctypes.c_uint64(pointer)), "cuMemFree")
@@ -101,16 +113,17 @@ class _Driver:
 class _DeviceBytes:
     """A device allocation seen by torch as a uint8 tensor (CUDA array interface, no copy)."""
 
-    def __init__(self, pointer: int, nbytes: int):
+    def __init__(self, pointer: int, nbytes: int) -> None:
         self.__cuda_array_interface__ = {"shape": (nbytes,), "typestr": "|u1",
                                          "data": (pointer, False), "version": 3, "strides": None,
                                          "stream": None}
 
 
 class CudaRing(TorchRing):
-    def __init__(self, client, probe_set: str, info, *, max_batch: int, window: int,
-                 dtype: torch.dtype, device: torch.device, stream: torch.cuda.Stream | None,
-                 host_ready: bool = False, reuse_timeout_s: float = 10.0):
+    def __init__(self, client: _Owner, probe_set: str, info: ProbeSetInfo, *,
+                 max_batch: int, window: int, dtype: torch.dtype, device: torch.device,
+                 stream: torch.cuda.Stream | None, host_ready: bool = False,
+                 reuse_timeout_s: float = 10.0) -> None:
         self._setup_layout(info, max_batch=max_batch, window=window, dtype=dtype, device=device,
                            device_scores=True)
         self._client = client
@@ -171,10 +184,10 @@ class CudaRing(TorchRing):
 
     # --- set-up -------------------------------------------------------------------------------
 
-    def _make_events(self, client) -> None:
+    def _make_events(self, client: _Owner) -> None:
         stream = torch.cuda.current_stream(self.device)
 
-        def ipc_event():
+        def ipc_event() -> torch.cuda.Event:
             event = torch.cuda.Event(blocking=False, interprocess=True)
             event.record(stream)  # an event must have been recorded before it is shared
             self._events.append(client._register_event(event, self.device))
@@ -189,8 +202,9 @@ class CudaRing(TorchRing):
         # mod 2 x _HOST_SLOTS: window w + 2 x _HOST_SLOTS closes only after window w's fetch()
         # (the close of a window waits for the answer to the one before, and the answer to w +
         # _HOST_SLOTS waits for w's host copy to be free).
-        self._timing = [tuple(torch.cuda.Event(enable_timing=True) for _ in range(3))
-                        for _ in range(2 * _HOST_SLOTS)]
+        self._timing: list[tuple[torch.cuda.Event, ...]] = [
+            tuple(torch.cuda.Event(enable_timing=True) for _ in range(3))
+            for _ in range(2 * _HOST_SLOTS)]
 
     def _warm_up(self) -> None:
         """Compiles and loads the kernels now: not later inside a caller's graph capture."""
@@ -200,20 +214,24 @@ class CudaRing(TorchRing):
         # a close costs the decode thread a graph launch. Captured thread-locally: the tap's own
         # threads may call CUDA meanwhile.
         # Per half, a close that points the next writes at the other half, and one that diverts
-        # them (the other half is still being read: that window is lost).
-        self._close_graphs = []
+        # them (the other half is still being read: that window is lost); and both again for the
+        # close of a lost window, which keeps the half's last write count (its last scored window
+        # may still be being read, its count with it: docs/tap-protocol.md).
+        self._close_graphs: list[torch.cuda.CUDAGraph] = []
         side = torch.cuda.Stream(self.device)
         # Garbage that holds CUDA graphs or events (another tap's, say) must not be collected,
         # and destroyed, while this capture is on.
         gc.collect()
-        for divert in (False, True):
-            for half in (0, 1):
-                graph = torch.cuda.CUDAGraph()
-                with torch.cuda.stream(side), torch.cuda.graph(graph, stream=side,
-                                                               capture_error_mode="thread_local"):
-                    tap_op.close_window(self.raw, self.layout, half, (1 - half) * self.window,
-                                        divert=divert)
-                self._close_graphs.append(graph)
+        for lost in (False, True):
+            for divert in (False, True):
+                for half in (0, 1):
+                    graph = torch.cuda.CUDAGraph()
+                    with torch.cuda.stream(side), torch.cuda.graph(
+                            graph, stream=side, capture_error_mode="thread_local"):
+                        tap_op.close_window(self.raw, self.layout, half,
+                                            (1 - half) * self.window, divert=divert,
+                                            record=not lost)
+                    self._close_graphs.append(graph)
         torch.cuda.synchronize(self.device)
 
     # --- the decode thread ------------------------------------------------------------------
@@ -221,7 +239,7 @@ class CudaRing(TorchRing):
     def close_window(self, window: _Window, divert_next: bool = False) -> None:
         stream = self._stream or torch.cuda.current_stream(self.device)
         half, steps = window.half, window.steps
-        close = self._close_graphs[2 * divert_next + half]
+        close = self._close_graphs[4 * window.lost + 2 * divert_next + half]
         if self._stream is None:
             close.replay()  # on the current stream
         else:
@@ -239,35 +257,34 @@ class CudaRing(TorchRing):
     def _request(self, half: int, steps: int) -> score_pb2.ScoreRequest:
         request = self._requests.get((half, steps))
         if request is None:
-            rows = steps * self.max_batch
+            # Where the protocol puts the window's parts (RingLayout.window_parts).
+            parts = self.layout.window_parts(half, steps)
+            assert parts.device_rows is not None and parts.scores is not None  # a CUDA ring's
             request = score_pb2.ScoreRequest(
                 probe_set=self._probe_set, session_id=self._client.session_id,
                 ready_event=self._events[half], done_event=self._events[2 + half])
-            base = half * self.window
-            slot_bytes = self.layout.slot_bytes
             activations = request.activations
-            activations.dtype = of_torch(self.dtype).proto
-            activations.shape.extend([rows, self.hidden_size])
+            activations.dtype = _entry(self.dtype).proto
+            activations.shape.extend([parts.rows, self.hidden_size])
             activations.row_stride = self.hidden_size
             activations.buffer.buffer_id = self._buffer_id
-            activations.buffer.offset_bytes = self.layout.offsets["slots"] + base * slot_bytes
+            activations.buffer.offset_bytes = parts.activations
             request.device_rows.dtype = tensor_pb2.DTYPE_INT32
-            request.device_rows.shape.append(rows)
+            request.device_rows.shape.append(parts.rows)
             request.device_rows.buffer.buffer_id = self._buffer_id
-            request.device_rows.buffer.offset_bytes = self.layout.offsets["rows"]
+            request.device_rows.buffer.offset_bytes = parts.device_rows
             output = request.output
             output.dtype = tensor_pb2.DTYPE_FLOAT32
-            output.shape.extend([rows, self.num_probes])
+            output.shape.extend([parts.rows, self.num_probes])
             output.row_stride = self.num_probes
             output.buffer.buffer_id = self._buffer_id
-            output.buffer.offset_bytes = (self.layout.offsets["scores"]
-                                          + base * self.max_batch * self.num_probes * 4)
+            output.buffer.offset_bytes = parts.scores
             # Only the rows each step wrote count in the probe outcomes (not a batch's padding).
             counted = request.counted_rows
             counted.dtype = tensor_pb2.DTYPE_INT32
             counted.shape.append(steps)
             counted.buffer.buffer_id = self._buffer_id
-            counted.buffer.offset_bytes = self.layout.offsets["counts"] + base * 4
+            counted.buffer.offset_bytes = parts.counts
             self._requests[(half, steps)] = request
         return request
 
@@ -282,11 +299,14 @@ class CudaRing(TorchRing):
 
     # --- background threads -------------------------------------------------------------------
 
-    def answered(self, window: _Window, response) -> None:
+    def answered(self, window: _Window, response: score_pb2.ScoreResponse | None) -> None:
         if response is None:
             return  # a failed window (or device-only results): nothing to copy
         half, steps = window.half, window.steps
         rows = steps * self.max_batch
+        # The window's scores, counts and write count where the protocol puts them.
+        views = self.layout.window_views(self.raw, half, steps, self.dtype)
+        assert views.scores is not None  # a CUDA ring's
         slot = window.index % _HOST_SLOTS
         self._host_free[slot].acquire()  # released by fetch() of window index - _HOST_SLOTS
         scores, counts, writes = self._host[slot]
@@ -294,27 +314,26 @@ class CudaRing(TorchRing):
         with torch.cuda.device(self.device), torch.cuda.stream(self._delivery):
             self._delivery.wait_event(self._done[half])
             timing[1].record(self._delivery)
-            base = half * self.window
-            scores[:rows].copy_(self.scores[base:base + steps].reshape(rows, self.num_probes),
-                                non_blocking=True)
-            counts[:steps].copy_(self.counts[base:base + steps], non_blocking=True)
-            writes.copy_(self.meta[4 + half:5 + half], non_blocking=True)
+            scores[:rows].copy_(views.scores.reshape(rows, self.num_probes), non_blocking=True)
+            counts[:steps].copy_(views.counts, non_blocking=True)
+            writes.copy_(views.writes, non_blocking=True)
             timing[2].record(self._delivery)
             self._copied[slot].record(self._delivery)
         window.ring_state = self._copied[slot]  # it follows the done event
 
-    def fetch(self, window: _Window):
+    def fetch(self, window: _Window) -> tuple[np.ndarray, np.ndarray, int, tuple[float, float]]:
         steps = window.steps
         slot = window.index % _HOST_SLOTS
         try:
             if not _poll(self._copied[slot], time.monotonic() + self._reuse_timeout_s):
                 raise TapError(f"window {window.index}: the sidecar did not write its scores "
                                f"within {self._reuse_timeout_s:g} s")
-            scores, counts, writes = self._host[slot]
+            host_scores, host_counts, host_writes = self._host[slot]
             rows = steps * self.max_batch
-            scores = scores[:rows].numpy().reshape(steps, self.max_batch, self.num_probes).copy()
-            num_rows = counts[:steps].numpy().copy()
-            writes = int(writes[0])
+            scores = host_scores[:rows].numpy().reshape(steps, self.max_batch,
+                                                        self.num_probes).copy()
+            num_rows = host_counts[:steps].numpy().copy()
+            writes = int(host_writes[0])
             closed, scored, copied = self._timing[window.index % len(self._timing)]
             latency = (max(closed.elapsed_time(scored) * 1e-3, 0.0),
                        max(closed.elapsed_time(copied) * 1e-3, 0.0))
@@ -323,8 +342,9 @@ class CudaRing(TorchRing):
         return scores, num_rows, writes, latency
 
     def device_scores(self, window: _Window) -> torch.Tensor:
-        half = window.half
-        return self.scores[half * self.window:half * self.window + window.steps]
+        views = self.layout.window_views(self.raw, window.half, window.steps, self.dtype)
+        assert views.scores is not None  # a CUDA ring's
+        return views.scores
 
     def release(self, finished: bool = True) -> None:
         if getattr(self, "_pointer", 0) == 0:
@@ -351,7 +371,8 @@ class CudaRing(TorchRing):
         for graph in getattr(self, "_close_graphs", []):
             graph.reset()
         self._close_graphs = []
-        self._ready = self._done = self._ready_host = self._copied = self._timing = []
+        self._ready, self._done, self._ready_host, self._copied = [], [], [], []
+        self._timing = []
         if finished:
             self._driver.free(self._context, self._ordinal, self._pointer)
         # else: a window the sidecar never finished may still be read or written by the GPU (a

@@ -9,13 +9,23 @@ counters in the ring itself. A CPU ring sends each window's rows inline when the
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import torch
 
 from . import tap_op
-from .dtypes import of_torch
+from .dtypes import DType, of_torch
 from .errors import TapError
+from .results import ProbeSetInfo
 from .tap import InlineRing, Ring, _Window
+
+
+def _entry(dtype: torch.dtype) -> DType:
+    entry = of_torch(dtype)
+    if entry is None:
+        raise TapError(f"dtype must be torch.bfloat16, float16 or float32, got {dtype}")
+    return entry
 
 
 class TorchRing(Ring):
@@ -24,10 +34,9 @@ class TorchRing(Ring):
     raw: torch.Tensor
     layout: tap_op.RingLayout
 
-    def _setup_layout(self, info, *, max_batch: int, window: int, dtype: torch.dtype,
-                      device: torch.device, device_scores: bool) -> None:
-        if of_torch(dtype) is None:
-            raise TapError(f"dtype must be torch.bfloat16, float16 or float32, got {dtype}")
+    def _setup_layout(self, info: ProbeSetInfo, *, max_batch: int, window: int,
+                      dtype: torch.dtype, device: torch.device, device_scores: bool) -> None:
+        _entry(dtype)
         self.max_batch, self.window, self.hidden_size = max_batch, window, info.hidden_size
         self.dtype, self.device = dtype, device
         self.num_probes = info.num_probes
@@ -54,7 +63,7 @@ class TorchRing(Ring):
 
     # --- the decode thread ------------------------------------------------------------------
 
-    def write(self, hidden, num_rows=None) -> None:
+    def write(self, hidden: Any, num_rows: Any = None) -> None:
         if not isinstance(hidden, torch.Tensor) or hidden.device != self.device:
             kind = "CUDA" if self.device.type == "cuda" else "CPU"
             raise TapError(f"write() takes a {kind} tensor on {self.device}, got "
@@ -101,8 +110,8 @@ class CpuRing(InlineRing, TorchRing):
     """A ring in host memory for a model on the CPU, whose windows travel inline (a CPU-backend
     sidecar, another host, tests): written by the operator inside a compiled forward as well."""
 
-    def __init__(self, probe_set: str, info, *, max_batch: int, window: int,
-                 dtype: torch.dtype, session_id: int = 0):
+    def __init__(self, probe_set: str, info: ProbeSetInfo, *, max_batch: int, window: int,
+                 dtype: torch.dtype, session_id: int = 0) -> None:
         self._setup_layout(info, max_batch=max_batch, window=window, dtype=dtype,
                            device=torch.device("cpu"), device_scores=False)
         self._adopt(torch.zeros(self.layout.nbytes, dtype=torch.uint8))
@@ -110,14 +119,14 @@ class CpuRing(InlineRing, TorchRing):
         self._warm_up_writes()
 
     def close_window(self, window: _Window, divert_next: bool = False) -> None:
-        base, steps = window.half * self.window, window.steps
-        start = self.layout.offsets["slots"] + base * self.layout.slot_bytes
         if not window.lost:
-            # The window's rows travel in the request: the half may be rewritten at once.
+            # The window's rows travel in the request (read where the protocol puts them:
+            # RingLayout.window_views): the half may be rewritten at once.
+            views = self.layout.window_views(self.raw, window.half, window.steps, self.dtype)
             self.inline_request(
-                self._probe_set, self._session_id, window, of_torch(self.dtype).proto,
-                self.raw[start:start + steps * self.layout.slot_bytes].numpy().tobytes(),
-                self.counts[base:base + steps].numpy().astype(np.int32),
-                int(self.meta[tap_op.WRITES]))
+                self._probe_set, self._session_id, window, _entry(self.dtype).proto,
+                views.activations.numpy().tobytes(), views.counts.numpy().astype(np.int32),
+                int(self.meta[tap_op.META_WRITES]))
+        # A lost window's close keeps its half's last write count (docs/tap-protocol.md).
         tap_op.close_window(self.raw, self.layout, window.half, (1 - window.half) * self.window,
-                            divert=divert_next)
+                            divert=divert_next, record=not window.lost)

@@ -45,6 +45,7 @@ import queue
 import threading
 import time
 from collections.abc import Callable, Iterator
+from typing import Any
 
 import numpy as np
 
@@ -58,6 +59,10 @@ from .results import ProbeSetInfo
 # Windows of an inline ring (their rows copied into their requests) sent and not yet answered,
 # at most: past that, windows are lost rather than queued without bound behind a slow sidecar.
 MAX_WINDOWS_ON_THEIR_WAY = 4
+
+# What Ring.fetch() gives of an answered window: (scores [steps, max_batch, P], num_rows [steps],
+# writes, (device, host memory) latencies in seconds or None).
+Fetched = tuple[np.ndarray, np.ndarray, int, "tuple[float, float] | None"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -129,7 +134,7 @@ class _Window:
     closed_at: float
     request: score_pb2.ScoreRequest | None = None  # made by the ring's close_window()
     pending: Pending | None = None
-    ring_state: object = None  # what the ring keeps of the window (its own business)
+    ring_state: Any = None  # what the ring keeps of the window (its own business)
     # Set once the answer is in and what the ring does with it is queued (the copy of the scores,
     # for a CUDA tap).
     settled: threading.Event = dataclasses.field(default_factory=threading.Event)
@@ -159,7 +164,7 @@ class Ring:
     # once), rather than the sidecar reading them where they are.
     copies_at_close = False
 
-    def write(self, hidden, num_rows=None) -> None:  # (decode thread)
+    def write(self, hidden: Any, num_rows: Any = None) -> None:  # (decode thread)
         raise NotImplementedError
 
     def close_window(self, window: _Window, divert_next: bool = False) -> None:  # (decode thread)
@@ -180,13 +185,13 @@ class Ring:
     def answered(self, window: _Window, response: score_pb2.ScoreResponse | None) -> None:
         """The server's answer is in (reader thread): queue whatever fetch() needs."""
 
-    def fetch(self, window: _Window) -> tuple[np.ndarray, np.ndarray, int, tuple | None]:
+    def fetch(self, window: _Window) -> Fetched:
         """(scores [steps, max_batch, P], num_rows [steps], writes, latencies) of an answered
         window (delivery thread): `writes` is how many write() calls landed in it; latencies are
         (device, host memory) seconds on the GPU's clock, or None."""
         raise NotImplementedError
 
-    def device_scores(self, window: _Window):
+    def device_scores(self, window: _Window) -> Any:
         """The window's scores where the sidecar wrote them (it has finished)."""
         raise TapError("a host tap has no device ring: its scores come with the windows")
 
@@ -261,7 +266,7 @@ class Tap:
 
     # --- the decode thread ------------------------------------------------------------------
 
-    def write(self, hidden, num_rows=None) -> None:
+    def write(self, hidden: Any, num_rows: Any = None) -> None:
         """Copies `hidden` [n, H] (n <= max_batch) into the current slot. On a CUDA tap this is
         GPU work on the current stream, capturable in the caller's CUDA graph: each replay writes
         the next slot (a device-resident counter picks it). `num_rows`: for a batch padded to a
@@ -318,15 +323,16 @@ class Tap:
         if window.lost:
             # Nothing of it is in its half, whose last window stays the one to wait for.
             self.stats.windows_lost += 1
+            last = self._last[half]
             self._answered(window, None, WindowLost(
                 f"window {window.index} was not scored: the sidecar had not finished window "
-                f"{self._last[half].index if self._last[half] else '?'} when it began"))
+                f"{last.index if last is not None else '?'} when it began"))
         else:
             self._last[half] = window
             with self._way_lock:
                 self._on_their_way += 1
             self._submissions.put(window)
-        if not free and not self._lose_next:
+        if not free and not self._lose_next and previous is not None:
             self._log.warning("probe-sidecar tap %r: the sidecar has not finished window %d; "
                               "windows are not scored until it catches up", self.probe_set,
                               previous.index)
@@ -366,9 +372,12 @@ class Tap:
                 self._errors.append(self._failed)
 
     def _send(self, window: _Window) -> None:
-        window.pending = self._pipeline.submit(
-            window.request,
-            on_answer=lambda response, error, w=window: self._answered(w, response, error))
+        assert window.request is not None  # only windows with a request are sent
+
+        def on_answer(response: score_pb2.ScoreResponse | None, error: Exception | None) -> None:
+            self._answered(window, response, error)
+
+        window.pending = self._pipeline.submit(window.request, on_answer=on_answer)
 
     def _add_cpu(self, started_ns: int) -> None:
         """Counts this thread's CPU time since `started_ns` (time.thread_time_ns) in stats."""
@@ -403,7 +412,8 @@ class Tap:
             self._add_cpu(started)
             sent = window
 
-    def _answered(self, window: _Window, response, error) -> None:
+    def _answered(self, window: _Window, response: score_pb2.ScoreResponse | None,
+                  error: Exception | None) -> None:
         """On the stream's reader thread, as soon as the answer is in."""
         started = time.thread_time_ns()
         window.error = error
@@ -487,7 +497,7 @@ class Tap:
 
     # --- results ------------------------------------------------------------------------------
 
-    def device_scores(self, index: int):
+    def device_scores(self, index: int) -> Any:
         """Window `index`'s scores in the CUDA tap's ring, float32 [steps, max_batch, P], for
         readers on the GPU, once the sidecar has written them (waited for on the host, so any
         stream may read them). Only the last window of each half is there; the view is valid until
@@ -560,7 +570,7 @@ class Tap:
     def __enter__(self) -> "Tap":
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.close()
 
 
@@ -607,7 +617,7 @@ class InlineRing(Ring):
         window.request = request if len(rows) else None
         window.ring_state = [num_rows, writes, rows]
 
-    def answered(self, window: _Window, response) -> None:
+    def answered(self, window: _Window, response: score_pb2.ScoreResponse | None) -> None:
         if response is not None:
             num_rows, writes, rows = window.ring_state
             scores = np.full((window.steps * self.max_batch, response.num_probes), np.nan,
@@ -617,7 +627,7 @@ class InlineRing(Ring):
             window.ring_state = [num_rows, writes, scores.reshape(window.steps, self.max_batch,
                                                                   -1)]
 
-    def fetch(self, window: _Window):
+    def fetch(self, window: _Window) -> Fetched:
         num_rows, writes, scores = window.ring_state
         return scores, num_rows, writes, None
 
@@ -632,14 +642,15 @@ class HostRing(InlineRing):
         self.max_batch, self.hidden_size, self.window, self.dtype = (max_batch, hidden_size,
                                                                      window, dtype)
         self._proto_dtype = BY_NAME[dtype].proto
-        self._slots = np.zeros((2 * window, max_batch, hidden_size), BY_NAME[dtype].numpy)
+        self._slots: np.ndarray = np.zeros((2 * window, max_batch, hidden_size),
+                                           BY_NAME[dtype].numpy)
         self._num_rows = np.zeros(2 * window, np.int32)
         self._slot = 0
         self._limit = window
         self._writes = 0
         self._probe_set, self._session_id = probe_set, session_id
 
-    def write(self, hidden, num_rows=None) -> None:
+    def write(self, hidden: Any, num_rows: Any = None) -> None:
         hidden = _host_array(hidden, self.dtype)
         if hidden.ndim != 2 or hidden.shape[1] != self.hidden_size:
             raise TapError(f"write() needs [n, {self.hidden_size}] rows, got {hidden.shape}")
@@ -668,7 +679,7 @@ class HostRing(InlineRing):
         self._limit = next_base if divert_next else next_base + self.window
 
 
-def _host_array(hidden, dtype: str) -> np.ndarray:
+def _host_array(hidden: Any, dtype: str) -> np.ndarray:
     """A numpy view of host rows: numpy arrays as they are; CPU torch tensors through numpy (bf16
     as its raw bits)."""
     if isinstance(hidden, np.ndarray):
