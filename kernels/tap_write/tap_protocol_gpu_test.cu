@@ -98,20 +98,8 @@ bool RunOnGpu(const Script& s, std::vector<std::vector<uint8_t>>* rings, std::st
   rings->clear();
   for (const Op& op : s.ops) {
     if (op.kind == Op::Kind::kWrite) {
-      TapWriteParams p;
-      p.src = sources[write];
-      p.slots = base + layout.slots;
-      p.meta = reinterpret_cast<int64_t*>(base + layout.meta);
-      p.counts = reinterpret_cast<int32_t*>(base + layout.counts);
-      p.num_rows32 = counts32[write];
-      p.num_rows64 = counts64[write];
-      p.src_row_stride = s.hidden + op.stride_extra;
-      p.n = op.n;
-      p.max_batch = s.max_batch;
-      p.hidden = s.hidden;
-      p.overflow_slot = 2 * s.window;
-      p.dtype = s.dtype;
-      RETURN_IF_CUDA(LaunchTapWrite(p, stream));
+      RETURN_IF_CUDA(LaunchTapWrite(
+          WriteParams(s, op, base, sources[write], counts32[write], counts64[write]), stream));
       ++write;
     } else if (op.kind == Op::Kind::kClose) {
       TapCloseParams c{reinterpret_cast<int64_t*>(base + layout.meta), op.half, op.next_base,

@@ -392,6 +392,25 @@ std::string CompareRings(const std::vector<uint8_t>& want, const std::vector<uin
          std::to_string(differing) + " bytes differ\n";
 }
 
+TapWriteParams WriteParams(const Script& s, const Op& op, uint8_t* ring, const void* src,
+                           const int32_t* count32, const int64_t* count64) {
+  const TapRingLayout layout = s.Layout();
+  TapWriteParams p;
+  p.src = src;
+  p.slots = ring + layout.slots;
+  p.meta = reinterpret_cast<int64_t*>(ring + layout.meta);
+  p.counts = reinterpret_cast<int32_t*>(ring + layout.counts);
+  p.num_rows32 = count32;
+  p.num_rows64 = count64;
+  p.src_row_stride = s.hidden + op.stride_extra;
+  p.n = op.n;
+  p.max_batch = s.max_batch;
+  p.hidden = s.hidden;
+  p.overflow_slot = 2 * s.window;
+  p.dtype = s.dtype;
+  return p;
+}
+
 std::vector<std::vector<uint8_t>> RunReference(const Script& s) {
   const TapRingLayout layout = s.Layout();
   std::vector<uint8_t> ring = PoisonedRing(layout);
@@ -402,20 +421,9 @@ std::vector<std::vector<uint8_t>> RunReference(const Script& s) {
     if (op.kind == Op::Kind::kWrite) {
       const std::vector<uint8_t> src = SourceRows(s, op, write++);
       const auto count32 = static_cast<int32_t>(op.count);
-      TapWriteParams p;
-      p.src = src.data();
-      p.slots = ring.data() + layout.slots;
-      p.meta = meta;
-      p.counts = reinterpret_cast<int32_t*>(ring.data() + layout.counts);
-      p.num_rows32 = op.count_kind == 1 ? &count32 : nullptr;
-      p.num_rows64 = op.count_kind == 2 ? &op.count : nullptr;
-      p.src_row_stride = s.hidden + op.stride_extra;
-      p.n = op.n;
-      p.max_batch = s.max_batch;
-      p.hidden = s.hidden;
-      p.overflow_slot = 2 * s.window;
-      p.dtype = s.dtype;
-      TapWriteRef(p);
+      TapWriteRef(WriteParams(s, op, ring.data(), src.data(),
+                              op.count_kind == 1 ? &count32 : nullptr,
+                              op.count_kind == 2 ? &op.count : nullptr));
     } else if (op.kind == Op::Kind::kClose) {
       TapCloseParams c{meta, op.half, op.next_base, op.next_limit};
       c.record_writes = op.record;

@@ -78,6 +78,11 @@ double ScoreValue(int64_t checkpoint, int64_t row, int64_t probe);
 
 // Write `write`'s source rows in the script's dtype: [n, hidden + stride_extra], padding NaN.
 std::vector<uint8_t> SourceRows(const Script& script, const Op& op, int64_t write);
+// The parameters of write `op` of `script` into the ring at `ring` (host or device memory, laid
+// out as script.Layout()), its rows at `src`, its row count (where the op names one) at `count32`
+// or `count64` (the other null).
+TapWriteParams WriteParams(const Script& script, const Op& op, uint8_t* ring, const void* src,
+                           const int32_t* count32, const int64_t* count64);
 
 // A ring as both sides start it in these tests: 0xff bytes everywhere (NaN in every dtype, -1 in
 // int32 counts), then meta = TapInitialMeta(K).
