@@ -9,7 +9,8 @@
 #   PROBE_SIDECAR_GIT=<40-char commit> bench/mla_verify/run.sh BIN_DIR OUT_DIR [WHEEL_DIR]
 #
 # BIN_DIR holds mla_verify_cpu_test, mla_verify_gpu_test and mla-verify-bench (kernels-only
-# build); WHEEL_DIR the FlashInfer (slim) and apache-tvm-ffi wheels. Environment: SWEEP
+# build); WHEEL_DIR the FlashInfer (slim: bench/mla_verify/slim_flashinfer.py) and apache-tvm-ffi
+# wheels (the GPU machine's Python is 3.12: take cp312). Environment: SWEEP
 # (full|quick|targets, default full), POINTS (h:s:b:len,...: only these points), IMPLS (the
 # benchmark's --impls), DEADLINE_S (default 285: the peers get what is left of it), SKIP_TESTS=1,
 # SKIP_PEERS=1, PEER_IMPLS (peers.py --impls; flashmla needs FLASHMLA_PEER_LIB, built by
