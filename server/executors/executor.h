@@ -71,6 +71,26 @@ using ExecutorTask = std::variant<ScoreTask, VerifyTask>;
 // Answers `task` with `status` (and empty timings or result) without running it: a refusal.
 void Refuse(ExecutorTask task, absl::Status status);
 
+// Passes the status `task` is answered with through `through` (absl::Status -> absl::Status)
+// before its callback gets it: e.g. to note the answer, or to replace it.
+template <typename Through>
+void AnswerThrough(ExecutorTask& task, Through through) {
+  std::visit(
+      [&through](auto& t) {
+        using Done = decltype(t.done);
+        t.done = Done([done = std::move(t.done), through = std::move(through)](
+                          auto job, absl::Status status, const auto& result) mutable {
+          std::move(done)(std::move(job), through(std::move(status)), result);
+        });
+      },
+      task);
+}
+
+// `parts` callbacks that together answer `done` once, when the last of them is called (from any
+// thread), with the first failure among their statuses (OK when none failed): a warm-up made of
+// several (each stream slot's, each device's).
+std::vector<WarmupDone> SplitWarmupDone(WarmupDone done, int parts);
+
 // What an executor is, fixed once it has started.
 struct ExecutorInfo {
   std::string backend;      // "cpu" or "cuda"

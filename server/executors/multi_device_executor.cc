@@ -93,66 +93,26 @@ absl::Status MultiDeviceExecutor::Place(ProbeSet& set) {
 }
 
 void MultiDeviceExecutor::Warmup(std::shared_ptr<const ProbeSet> set, WarmupDone done) {
-  struct Countdown {
-    absl::Mutex mu;
-    size_t remaining;
-    absl::Status status;
-    WarmupDone done;
-  };
-  auto countdown = std::make_shared<Countdown>();
-  countdown->remaining = executors_.size();
-  countdown->done = std::move(done);
-  for (const auto& e : executors_) {
-    e->Warmup(set, [countdown](absl::Status status) {
-      WarmupDone finished;
-      {
-        absl::MutexLock lock(&countdown->mu);
-        if (countdown->status.ok()) countdown->status = status;
-        if (--countdown->remaining == 0) finished = std::move(countdown->done);
-      }
-      if (finished) std::move(finished)(countdown->status);
-    });
-  }
+  std::vector<WarmupDone> parts =
+      SplitWarmupDone(std::move(done), static_cast<int>(executors_.size()));
+  for (size_t i = 0; i < parts.size(); ++i) executors_[i]->Warmup(set, std::move(parts[i]));
 }
 
 void MultiDeviceExecutor::Submit(ExecutorTask task) {
-  std::optional<int> device;
-  if (auto* score = std::get_if<ScoreTask>(&task)) {
-    device = score->job->device;
-  } else {
-    device = std::get<VerifyTask>(task).job->device;
-  }
+  const std::optional<int> device =
+      std::visit([](const auto& t) -> std::optional<int> { return t.job->device; }, task);
   const int i = device.has_value() ? IndexOf(*device) : LeastBusy();
   if (i < 0) {
     Refuse(std::move(task), NotServed(*device));
     return;
   }
-  SubmitTo(i, std::move(task));
-}
-
-void MultiDeviceExecutor::SubmitTo(int i, ExecutorTask task) {
-  std::atomic<uint64_t>& count = (*in_flight_)[i];
-  count.fetch_add(1);
-  // Released when the answer comes (whichever thread it comes on).
-  auto release = [flight = in_flight_, i] { (*flight)[i].fetch_sub(1); };
-  if (auto* score = std::get_if<ScoreTask>(&task)) {
-    executors_[i]->Score(std::move(score->job),
-                         [done = std::move(score->done), release](
-                             std::unique_ptr<ScoreJob> job, absl::Status status,
-                             const ScoreTimings& timings) mutable {
-                           release();
-                           std::move(done)(std::move(job), std::move(status), timings);
-                         });
-    return;
-  }
-  auto& verify = std::get<VerifyTask>(task);
-  executors_[i]->Verify(std::move(verify.job),
-                        [done = std::move(verify.done), release](
-                            std::unique_ptr<VerifyJob> job, absl::Status status,
-                            const VerifyResult& result) mutable {
-                          release();
-                          std::move(done)(std::move(job), std::move(status), result);
-                        });
+  // In flight on executor i until its answer comes (whichever thread it comes on).
+  (*in_flight_)[i].fetch_add(1);
+  AnswerThrough(task, [flight = in_flight_, i](absl::Status status) {
+    (*flight)[i].fetch_sub(1);
+    return status;
+  });
+  executors_[i]->Submit(std::move(task));
 }
 
 kernels::ProbeOutcomeCounts MultiDeviceExecutor::OutcomeCounts(const ProbeSet& set) const {

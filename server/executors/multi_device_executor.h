@@ -51,8 +51,6 @@ class MultiDeviceExecutor final : public Executor {
   int IndexOf(int device) const;
   // The executor for a job that names no device: the one with the fewest requests in flight.
   int LeastBusy() const;
-  // `task` to executor `i`, counted in flight there until its callback.
-  void SubmitTo(int i, ExecutorTask task);
 
   const std::vector<int> devices_;
   const std::vector<std::unique_ptr<Executor>> executors_;

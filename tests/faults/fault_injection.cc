@@ -4,7 +4,6 @@
 #include <cstdlib>
 #include <string>
 #include <utility>
-#include <variant>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -27,13 +26,9 @@ class FaultInjectingExecutor final : public Executor {
     inner_->Warmup(std::move(set), std::move(done));
   }
   void Submit(ExecutorTask task) override {
+    // Answers the injected failure where the request succeeded.
     if (NextFails()) {
-      if (auto* score = std::get_if<ScoreTask>(&task)) {
-        score->done = FailIfOk<ScoreJob, ScoreTimings>(std::move(score->done));
-      } else {
-        auto& verify = std::get<VerifyTask>(task);
-        verify.done = FailIfOk<VerifyJob, VerifyResult>(std::move(verify.done));
-      }
+      AnswerThrough(task, [](absl::Status status) { return status.ok() ? Injected() : status; });
     }
     inner_->Submit(std::move(task));
   }
@@ -45,15 +40,6 @@ class FaultInjectingExecutor final : public Executor {
 
  private:
   bool NextFails() { return (submitted_.fetch_add(1) + 1) % every_ == 0; }
-
-  // `done`, answering the injected failure where the request succeeded.
-  template <typename Job, typename Outcome, typename Done>
-  static Done FailIfOk(Done done) {
-    return [done = std::move(done)](std::unique_ptr<Job> job, absl::Status status,
-                                    const Outcome& outcome) mutable {
-      std::move(done)(std::move(job), status.ok() ? Injected() : status, outcome);
-    };
-  }
 
   // What CudaStatus makes of a failed launch, marked as injected.
   static absl::Status Injected() {

@@ -71,7 +71,6 @@ class CudaExecutor final : public Executor {
       if (absl::Status s = worker.score->Init(config_); !s.ok()) return s;
       worker.verify = std::make_unique<VerifyRunner>(worker.slot.get(), &ledger_->bytes(),
                                                      config_.graph_cache_entries);
-      runners_.push_back(worker.score.get());
     }
     ledger_->FreeOn(pool_.get());
     parking_ = std::make_unique<SlotParking>(&workers_, pool_.get());
@@ -83,7 +82,7 @@ class CudaExecutor final : public Executor {
 
   // The outcome copy `read` asks for first, then what the executor reports of itself.
   ExecutorStats ReadStats(const StatsRead& read) override {
-    if (read.outcome_copy != OutcomeCopy::kNone) CopyOutcomes(read);
+    if (read.outcome_copy != OutcomeCopy::kNone) AskForOutcomeCopy(read);
     ExecutorStats stats;
     stats.device_memory_bytes = static_cast<uint64_t>(std::max<int64_t>(0, ledger_->held()));
     stats.queued = pool_ != nullptr ? pool_->queued() : 0;
@@ -124,21 +123,10 @@ class CudaExecutor final : public Executor {
   // Every stream slot captures the set's graphs for the configured row buckets, on its own
   // worker thread (ahead of its next request), so that the first requests replay.
   void Warmup(std::shared_ptr<const ProbeSet> set, WarmupDone done) override {
-    struct Countdown {
-      absl::Mutex mu;
-      int remaining;
-      absl::Status status;
-      WarmupDone done;
-    };
-    if (workers_.empty()) {
-      std::move(done)(absl::OkStatus());
-      return;
-    }
-    auto countdown = std::make_shared<Countdown>();
-    countdown->remaining = static_cast<int>(workers_.size());
-    countdown->done = std::move(done);
-    for (int i = 0; i < static_cast<int>(workers_.size()); ++i) {
-      pool_->SubmitTo(i, [this, set, countdown](int worker) {
+    std::vector<WarmupDone> parts =
+        SplitWarmupDone(std::move(done), static_cast<int>(workers_.size()));
+    for (int i = 0; i < static_cast<int>(parts.size()); ++i) {
+      pool_->SubmitTo(i, [this, set, part = std::move(parts[i])](int worker) mutable {
         // A parked slot (its stream still waits on the GPU) is skipped: it captures on first use.
         absl::Status status;
         if (worker == WorkerPool::kRefused) {
@@ -148,13 +136,7 @@ class CudaExecutor final : public Executor {
         } else if (!workers_[worker].slot->parked() && workers_[worker].slot->Idle()) {
           status = WarmupWorker(*workers_[worker].score, set);
         }
-        WarmupDone finished;
-        {
-          absl::MutexLock lock(&countdown->mu);
-          if (countdown->status.ok()) countdown->status = status;
-          if (--countdown->remaining == 0) finished = std::move(countdown->done);
-        }
-        if (finished) std::move(finished)(countdown->status);
+        std::move(part)(std::move(status));
       });
     }
   }
@@ -215,7 +197,6 @@ class CudaExecutor final : public Executor {
       }
     }
     parking_.reset();
-    runners_.clear();
     workers_.clear();
     pool_.reset();
     return clean_;
@@ -278,10 +259,10 @@ class CudaExecutor final : public Executor {
     ReportFatal(why);
   }
 
-  // The copy of the outcome counters `read` asks for, by the device monitor (which wakes for it);
-  // waited for until read.wait_until where asked. A lost context or a stopping executor ends the
-  // wait too, with the previous copy kept.
-  void CopyOutcomes(const StatsRead& read) {
+  // Asks the device monitor (which wakes for it) for the copy of the outcome counters `read`
+  // wants; waits for it until read.wait_until where asked. A lost context or a stopping executor
+  // ends the wait too, with the previous copy kept.
+  void AskForOutcomeCopy(const StatsRead& read) {
     absl::MutexLock lock(&monitor_mu_);
     const uint64_t asked = ++outcome_copies_asked_;
     if (read.outcome_copy != OutcomeCopy::kWait) return;
@@ -313,7 +294,7 @@ class CudaExecutor final : public Executor {
         done = outcome_copies_done_;
       }
       if (asked > done) {
-        copier_.Copy(health_, runners_);
+        copier_.Copy(health_, workers_);
         absl::MutexLock lock(&monitor_mu_);
         outcome_copies_done_ = asked;
       }
@@ -340,10 +321,8 @@ class CudaExecutor final : public Executor {
   const std::shared_ptr<DeviceMemoryLedger> ledger_;
   DeviceHealth health_;
   OutcomeCopier copier_;
-  // Fixed after Init (read without a lock by counters and workers): one per worker thread, and
-  // their score runners (the outcome copy's non-finite totals).
+  // Fixed after Init (read without a lock by counters and workers): one per worker thread.
   std::vector<Worker> workers_;
-  std::vector<ScoreRunner*> runners_;
   std::unique_ptr<WorkerPool> pool_;
   std::unique_ptr<SlotParking> parking_;
   DropCounter drops_;

@@ -33,7 +33,7 @@ bool OutcomeCopier::Reserve(int64_t words) {
   return true;
 }
 
-void OutcomeCopier::Copy(DeviceHealth& health, const std::vector<ScoreRunner*>& runners) {
+void OutcomeCopier::Copy(DeviceHealth& health, const std::vector<Worker>& workers) {
   if (health.lost()) return;
   std::vector<std::shared_ptr<DeviceOutcomeCounters>> live;
   {
@@ -50,7 +50,7 @@ void OutcomeCopier::Copy(DeviceHealth& health, const std::vector<ScoreRunner*>& 
   }
   // The stream slots' totals come after the counters, one word each.
   const int64_t totals = words;
-  if (!Reserve(totals + static_cast<int64_t>(runners.size()))) return;
+  if (!Reserve(totals + static_cast<int64_t>(workers.size()))) return;
   std::vector<int> slots(live.size(), 0);
   const cudaError_t e = health.OnProbeStream([&](cudaStream_t stream) {
     cudaError_t error = cudaSuccess;
@@ -58,8 +58,8 @@ void OutcomeCopier::Copy(DeviceHealth& health, const std::vector<ScoreRunner*>& 
       const int64_t capacity = (i + 1 < live.size() ? offsets[i + 1] : totals) - offsets[i];
       error = live[i]->CopyTo(host_ + offsets[i], capacity, stream, &slots[i]);
     }
-    for (size_t i = 0; i < runners.size() && error == cudaSuccess; ++i) {
-      error = runners[i]->CopyNonFiniteTotal(host_ + totals + i, stream);
+    for (size_t i = 0; i < workers.size() && error == cudaSuccess; ++i) {
+      error = workers[i].score->CopyNonFiniteTotal(host_ + totals + i, stream);
     }
     return error == cudaSuccess ? cudaStreamSynchronize(stream) : error;
   });
@@ -70,7 +70,9 @@ void OutcomeCopier::Copy(DeviceHealth& health, const std::vector<ScoreRunner*>& 
     return;
   }
   for (size_t i = 0; i < live.size(); ++i) live[i]->Publish(host_ + offsets[i], slots[i]);
-  for (size_t i = 0; i < runners.size(); ++i) runners[i]->PublishNonFiniteTotal(host_[totals + i]);
+  for (size_t i = 0; i < workers.size(); ++i) {
+    workers[i].score->PublishNonFiniteTotal(host_[totals + i]);
+  }
 }
 
 }  // namespace probesidecar::server

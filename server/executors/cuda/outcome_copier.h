@@ -14,7 +14,7 @@
 #include "absl/synchronization/mutex.h"
 #include "server/executors/cuda/device_health.h"
 #include "server/executors/cuda/device_outcome_counters.h"
-#include "server/executors/cuda/score_runner.h"
+#include "server/executors/cuda/cuda_worker.h"
 
 namespace probesidecar::server {
 
@@ -29,8 +29,9 @@ class OutcomeCopier {
   // The counters of a set placed on the device (weakly held: they go with their set).
   void Track(const std::shared_ptr<DeviceOutcomeCounters>& counters);
 
-  // One copy of everything tracked, and of `runners`' non-finite totals (monitor thread only).
-  void Copy(DeviceHealth& health, const std::vector<ScoreRunner*>& runners);
+  // One copy of everything tracked, and of the non-finite totals of `workers`' score runners
+  // (monitor thread only).
+  void Copy(DeviceHealth& health, const std::vector<Worker>& workers);
 
   // Leaves the pinned memory to the process's exit (the executor stopped with the device busy).
   void Abandon() { abandoned_ = true; }
