@@ -242,13 +242,7 @@ absl::Status CudaTapRing::Init() {
         cudaEventCreateWithFlags(&event, cudaEventBlockingSync | cudaEventDisableTiming),
         "cudaEventCreateWithFlags");
   }
-  write_.slots = base_ + layout_.slots;
-  write_.meta = reinterpret_cast<int64_t*>(base_ + layout_.meta);
-  write_.counts = reinterpret_cast<int32_t*>(base_ + layout_.counts);
-  write_.max_batch = max_batch_;
-  write_.hidden = hidden_;
-  write_.overflow_slot = 2 * window_;
-  write_.dtype = dtype_;
+  write_ = kernels::TapRingWriteParams(layout_, base_, dtype_);
   return WarmServer();
 }
 

@@ -394,20 +394,12 @@ std::string CompareRings(const std::vector<uint8_t>& want, const std::vector<uin
 
 TapWriteParams WriteParams(const Script& s, const Op& op, uint8_t* ring, const void* src,
                            const int32_t* count32, const int64_t* count64) {
-  const TapRingLayout layout = s.Layout();
-  TapWriteParams p;
+  TapWriteParams p = TapRingWriteParams(s.Layout(), ring, s.dtype);
   p.src = src;
-  p.slots = ring + layout.slots;
-  p.meta = reinterpret_cast<int64_t*>(ring + layout.meta);
-  p.counts = reinterpret_cast<int32_t*>(ring + layout.counts);
   p.num_rows32 = count32;
   p.num_rows64 = count64;
   p.src_row_stride = s.hidden + op.stride_extra;
   p.n = op.n;
-  p.max_batch = s.max_batch;
-  p.hidden = s.hidden;
-  p.overflow_slot = 2 * s.window;
-  p.dtype = s.dtype;
   return p;
 }
 

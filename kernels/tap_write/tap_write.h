@@ -205,4 +205,21 @@ inline TapWindowParts MakeTapWindowParts(const TapRingLayout& layout, int32_t ha
   return w;
 }
 
+// The fixed part of every write into the ring laid out as `layout` at `ring` (host or device
+// memory) of rows of `dtype`: its slots, counters and shape. A write adds its rows (src, n,
+// src_row_stride) and, where the batch is padded, its row count on the GPU.
+inline TapWriteParams TapRingWriteParams(const TapRingLayout& layout, void* ring,
+                                         common::DType dtype) {
+  auto* base = static_cast<uint8_t*>(ring);
+  TapWriteParams p;
+  p.slots = base + layout.slots;
+  p.meta = reinterpret_cast<int64_t*>(base + layout.meta);
+  p.counts = reinterpret_cast<int32_t*>(base + layout.counts);
+  p.max_batch = layout.max_batch;
+  p.hidden = layout.hidden;
+  p.overflow_slot = 2 * layout.window;
+  p.dtype = dtype;
+  return p;
+}
+
 }  // namespace probesidecar::kernels

@@ -41,8 +41,6 @@ class Ring {
  public:
   Ring(int32_t window, int32_t max_batch, int32_t hidden, DType dtype)
       : window_(window),
-        max_batch_(max_batch),
-        hidden_(hidden),
         dtype_(dtype),
         layout_(MakeTapRingLayout(window, max_batch, hidden, /*num_probes=*/3, dtype)),
         host_(layout_.total_bytes, 0xff) {
@@ -61,18 +59,11 @@ class Ring {
 
   // The params of a write, on the device (host = false) or on the reference's copy.
   TapWriteParams Write(bool host, const void* src, int32_t n, int64_t stride) {
-    uint8_t* base = host ? host_.data() : static_cast<uint8_t*>(device_);
-    TapWriteParams p;
+    TapWriteParams p = TapRingWriteParams(
+        layout_, host ? static_cast<void*>(host_.data()) : device_, dtype_);
     p.src = src;
-    p.slots = base + layout_.slots;
-    p.meta = reinterpret_cast<int64_t*>(base + layout_.meta);
-    p.counts = reinterpret_cast<int32_t*>(base + layout_.counts);
     p.src_row_stride = stride;
     p.n = n;
-    p.max_batch = max_batch_;
-    p.hidden = hidden_;
-    p.overflow_slot = 2 * window_;
-    p.dtype = dtype_;
     return p;
   }
   TapCloseParams Close(bool host, int32_t half) {
@@ -115,7 +106,7 @@ class Ring {
   }
 
  private:
-  int32_t window_, max_batch_, hidden_;
+  int32_t window_;
   DType dtype_;
   TapRingLayout layout_;
   std::vector<uint8_t> host_;
