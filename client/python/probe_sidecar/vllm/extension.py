@@ -21,11 +21,12 @@ The methods, called with `llm.collective_rpc(name, args=...)` (AsyncLLM's on `vl
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import threading
 import types
-from collections.abc import Collection
-from typing import Any, Protocol
+from collections.abc import Callable, Collection
+from typing import Any
 
 from .config import ConfigError
 
@@ -38,16 +39,14 @@ METHODS = (COLLECT, TAKE, STATE)
 SummaryDicts = dict[str, dict[str, dict[str, Any]]]
 
 
-class WorkerSide(Protocol):
+@dataclasses.dataclass(frozen=True)
+class WorkerSide:
     """What the plugin does in a worker's process for each method (install.py provides it when
     it is loaded there: `serve_worker`)."""
 
-    def collect(self, request_ids: Collection[str] | None, timeout: float,
-                lengths: dict[str, int | None] | None) -> SummaryDicts: ...
-
-    def take(self, response_id: str) -> SummaryDicts: ...
-
-    def state(self) -> dict[str, Any]: ...
+    collect: Callable[[Collection[str] | None, float, dict[str, int | None] | None], SummaryDicts]
+    take: Callable[[str], SummaryDicts]
+    state: Callable[[], dict[str, Any]]
 
 
 _WORKER_SIDE: WorkerSide | None = None

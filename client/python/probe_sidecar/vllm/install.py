@@ -752,21 +752,8 @@ def state_in_worker() -> dict[str, Any]:
     return {} if _ENGINE_TAP is None else _ENGINE_TAP.state()
 
 
-class _InstalledWorkerSide:
-    """extension.WorkerExtension's methods in this process (extension.serve_worker)."""
-
-    def collect(self, request_ids: Collection[str] | None, timeout: float,
-                lengths: dict[str, int | None] | None) -> SummaryDicts:
-        return collect_in_worker(request_ids, timeout, lengths)
-
-    def take(self, response_id: str) -> SummaryDicts:
-        return take_in_worker(response_id)
-
-    def state(self) -> dict[str, Any]:
-        return state_in_worker()
-
-
-extension.serve_worker(_InstalledWorkerSide())
+# extension.WorkerExtension's methods in this process.
+extension.serve_worker(extension.WorkerSide(collect_in_worker, take_in_worker, state_in_worker))
 
 
 # --- the front end ----------------------------------------------------------------------------
