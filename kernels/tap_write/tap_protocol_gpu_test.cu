@@ -206,7 +206,7 @@ int WriteCommand(int argc, char** argv) {
     }
     const std::string dir = argv[i + 1];
     if (!WriteFile(dir + "/rings.bin", JoinRings(rings), &error) ||
-        !WriteFile(dir + "/expected.bin", ExpectedBytes(s, Model(s)), &error)) {
+        !WriteFile(dir + "/expected.bin", ExpectedBytes(Model(s)), &error)) {
       std::fprintf(stderr, "%s\n", error.c_str());
       return 1;
     }

@@ -170,8 +170,7 @@ Script WrappedScenario(int32_t window, int32_t max_batch, int32_t hidden, int32_
   s.num_probes = num_probes;
   s.dtype = dtype;
   s.device_scores = device_scores;
-  const int32_t k = std::max(window, 2);  // the scenario's windows need K >= 2
-  s.window = k;
+  const int32_t k = window;
   int64_t writes = 0;
   auto write = [&](int32_t n) {
     Op op;
@@ -212,13 +211,14 @@ Script WrappedScenario(int32_t window, int32_t max_batch, int32_t hidden, int32_
       {1, 1, false, false, 0},           // a partial window (flush)
       {k, k, true, false, 0},            // full; the next window's half is busy: diverted
       {2, 0, false, true, 0},            // the lost window: spare slot only, its count not kept
-      {k - 1, k - 1, false, false, -1},  // max_batch rows each
+      {k - 1, k - 1, false, false, -1},  // max_batch rows each (none when K = 1)
       {k + 1, k, false, false, 0},       // one past the end
       {0, 1, false, false, 0},           // a step that wrote nothing: the slot's old rows
       {k, k, false, false, 0},
   };
   int32_t half = 0, last_steps[2] = {0, 0};
   for (const Window& w : windows) {
+    if (w.steps < 1 && !w.lost) continue;  // a window of K - 1 steps when K = 1
     for (int32_t i = 0; i < w.writes; ++i) write(w.rows < 0 ? max_batch : 0);
     close(half, w.divert_next, !w.lost);
     if (w.lost) {
@@ -456,13 +456,12 @@ bool ReadFile(const std::string& path, std::vector<uint8_t>* bytes, std::string*
   return true;
 }
 
-std::vector<uint8_t> ExpectedBytes(const Script& s, const std::vector<WindowRead>& windows) {
+std::vector<uint8_t> ExpectedBytes(const std::vector<WindowRead>& windows) {
   std::vector<uint8_t> out;
   auto append = [&out](const void* data, size_t size) {
     const auto* b = static_cast<const uint8_t*>(data);
     out.insert(out.end(), b, b + size);
   };
-  (void)s;  // the sizes are the windows' own
   for (const WindowRead& w : windows) {
     append(w.rows.data(), w.rows.size() * sizeof(float));
     append(w.counts.data(), w.counts.size() * sizeof(int32_t));
@@ -477,6 +476,7 @@ bool ParseExpected(const Script& s, const std::vector<uint8_t>& bytes, std::vect
   size_t at = 0;
   auto take = [&](void* data, size_t size) {
     if (at + size > bytes.size()) return false;
+    if (size == 0) return true;  // an empty part's data() may be null: memcpy must not see it
     std::memcpy(data, bytes.data() + at, size);
     at += size;
     return true;
@@ -583,7 +583,7 @@ int RunScriptCommand(const std::string& command, const std::string& script_path,
   const TapRingLayout layout = script.Layout();
   if (command == "run-ref") {
     if (!WriteFile(dir + "/rings.bin", JoinRings(RunReference(script)), &error) ||
-        !WriteFile(dir + "/expected.bin", ExpectedBytes(script, Model(script)), &error)) {
+        !WriteFile(dir + "/expected.bin", ExpectedBytes(Model(script)), &error)) {
       return fail(error);
     }
     return 0;
@@ -650,12 +650,16 @@ int RunTapProtocolCommand(int argc, char** argv) {
     return 0;
   }
   if (command == "scenario") {
-    common::DType dtype;
-    if (argc != 8 || !DTypeOf(argv[6], &dtype)) {
-      return fail("usage: scenario K MAX_BATCH H P fp32|fp16|bf16 0|1");
+    // The arguments are a script's ring line, checked as one.
+    std::string ring_line = "ring";
+    for (int i = 2; i < argc; ++i) ring_line += std::string(" ") + argv[i];
+    Script ring;
+    if (argc != 8 || !ParseScript(ring_line, &ring, &error)) {
+      return fail("usage: scenario K MAX_BATCH H P fp32|fp16|bf16 0|1 (K, MAX_BATCH, H, P >= 1)" +
+                  (error.empty() ? std::string() : ": " + error));
     }
-    const Script s = WrappedScenario(std::atoi(argv[2]), std::atoi(argv[3]), std::atoi(argv[4]),
-                                     std::atoi(argv[5]), dtype, std::atoi(argv[7]) != 0);
+    const Script s = WrappedScenario(ring.window, ring.max_batch, ring.hidden, ring.num_probes,
+                                     ring.dtype, ring.device_scores);
     std::fputs(ScriptText(s).c_str(), stdout);
     return 0;
   }

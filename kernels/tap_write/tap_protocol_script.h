@@ -119,7 +119,7 @@ std::vector<std::vector<uint8_t>> RunReference(const Script& script);
 
 bool WriteFile(const std::string& path, const std::vector<uint8_t>& bytes, std::string* error);
 bool ReadFile(const std::string& path, std::vector<uint8_t>* bytes, std::string* error);
-std::vector<uint8_t> ExpectedBytes(const Script& script, const std::vector<WindowRead>& windows);
+std::vector<uint8_t> ExpectedBytes(const std::vector<WindowRead>& windows);
 bool ParseExpected(const Script& script, const std::vector<uint8_t>& bytes,
                    std::vector<WindowRead>* out, std::string* error);
 std::vector<uint8_t> JoinRings(const std::vector<std::vector<uint8_t>>& rings);
