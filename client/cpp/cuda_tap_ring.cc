@@ -187,7 +187,8 @@ absl::Status CudaTapRing::Init() {
   RETURN_IF_CUDA_ERROR(cudaMalloc(&base, layout_.total_bytes),
                        absl::StrCat("cudaMalloc(", layout_.total_bytes, " bytes)"));
   base_ = static_cast<uint8_t*>(base);
-  // Rows 0, 1, ... of every window; counts 0; the counters at half 0; scores NaN until written.
+  // Rows 0, 1, ... of every window; counts and gather 0; the counters at half 0; scores NaN until
+  // written (docs/tap-protocol.md: a new ring).
   std::vector<int32_t> rows(int64_t{window_} * max_batch_);
   std::iota(rows.begin(), rows.end(), 0);
   const std::vector<int32_t> counts(2 * window_ + 1, 0);
@@ -197,6 +198,8 @@ absl::Status CudaTapRing::Init() {
       cudaMemsetAsync(base_ + layout_.scores, 0xff,
                       int64_t{2} * window_ * max_batch_ * num_probes_ * 4, stream_),
       "cudaMemsetAsync");
+  RETURN_IF_CUDA_ERROR(cudaMemsetAsync(base_ + layout_.gather, 0, int64_t{max_batch_} * 4, stream_),
+                       "cudaMemsetAsync");
   RETURN_IF_CUDA_ERROR(cudaMemcpyAsync(base_ + layout_.rows, rows.data(), rows.size() * 4,
                                        cudaMemcpyHostToDevice, stream_),
                        "cudaMemcpyAsync");

@@ -414,6 +414,180 @@ def check_cpp_rings(directory: pathlib.Path, s: Script, device: str,
         problems += compare_window(cpp_model[i], got, f"checkpoint {i} (C++ model)")
         problems += compare_window(py_model[i], got, f"checkpoint {i} (Python model)")
     for j, other in enumerate(python_rings):
+        if len(other) != len(rings):
+            problems.append(f"Python writer {j}: {len(other)} rings, the C++ side {len(rings)}")
         for i, (a, b) in enumerate(zip(other, rings)):
             problems += compare_rings(a, b, layout, f"Python writer {j}, ring {i}")
+    return problems
+
+
+# --- gather mode: the Python writers against each other and a model --------------------------
+# (The C++ client has no gather mode: these scripts are the Python operator's alone.)
+
+
+@dataclasses.dataclass(frozen=True)
+class GatherOp:
+    kind: str  # "arm", "disarm", "follow", "unfollow", "write" or "close"
+    rows: tuple[int, ...] = ()  # arm: the row indices
+    lengths: tuple[int, ...] | None = None  # write: each request's tokens (`starts`), or none
+    residual: bool = False  # write: with a residual stream
+    half: int = 0  # close
+
+
+@dataclasses.dataclass
+class GatherScript:
+    window: int
+    max_batch: int
+    hidden: int
+    dtype: str
+    ops: list[GatherOp]
+
+    @property
+    def tokens(self) -> int:
+        """The rows of every write's `hidden` (an engine's padded token count)."""
+        return 3 * self.max_batch
+
+    def layout(self) -> tap_op.RingLayout:
+        return tap_op.RingLayout.make(window=self.window, max_batch=self.max_batch,
+                                      hidden_size=self.hidden, num_probes=1,
+                                      dtype=DTYPES[self.dtype], device_scores=False)
+
+
+def gather_script(seed: int, window: int, max_batch: int, hidden: int, dtype: str,
+                  ops: int = 40) -> GatherScript:
+    """Arms of 0 to max_batch rows, following on and off, disarms, writes with and without the
+    engine's `starts` (non-empty requests first, padding last) and a residual stream, and closes
+    that alternate the halves, in a random order."""
+    rng = random.Random(seed)
+    s = GatherScript(window, max_batch, hidden, dtype, [])
+    half = 0
+    for _ in range(ops):
+        kind = rng.choice(["arm", "arm", "disarm", "follow", "unfollow", "write", "write", "write",
+                           "write", "close"])
+        if kind == "arm":
+            count = rng.randint(0, max_batch)
+            s.ops.append(GatherOp("arm", rows=tuple(rng.randrange(s.tokens)
+                                                    for _ in range(count))))
+        elif kind == "write":
+            lengths = None
+            if rng.random() < 0.8:
+                requests = rng.randint(0, max_batch)
+                lengths = tuple([rng.randint(1, 3) for _ in range(requests)]
+                                + [0] * (max_batch - requests))
+            s.ops.append(GatherOp("write", lengths=lengths, residual=rng.random() < 0.5))
+        elif kind == "close":
+            s.ops.append(GatherOp("close", half=half))
+            half = 1 - half
+        else:
+            s.ops.append(GatherOp(kind))
+    return s
+
+
+def gather_scripts() -> list[GatherScript]:
+    """The gather scripts of the tests: a window of one step, one row a step, odd sizes."""
+    shapes = [(3, 4, 40, "bf16"), (2, 1, 7, "fp32"), (1, 5, 33, "fp16"), (4, 3, 300, "bf16")]
+    return [gather_script(seed, k, mb, h, dtype) for seed, (k, mb, h, dtype) in enumerate(shapes)]
+
+
+def _gather_inputs(s: GatherScript, write: int, op: GatherOp
+                   ) -> tuple[np.ndarray, np.ndarray | None, np.ndarray | None]:
+    """A write's hidden [tokens, H] and residual (float64, multiples of 1/4: every sum exact in
+    every dtype) and starts [max_batch + 1] (int64, or None)."""
+    hidden = source_values(write, s.tokens, s.hidden)
+    residual = source_values(write + 1000, s.tokens, s.hidden) if op.residual else None
+    starts = None if op.lengths is None else np.concatenate([[0], np.cumsum(op.lengths)])
+    return hidden, residual, starts
+
+
+def run_gather(s: GatherScript, impl: str, device: str = "cpu") -> list[bytes]:
+    """The script with one Python writer (impl "op": the operator as dispatched; "torch": its
+    torch-operations implementation; "triton": its Triton kernels, on host tensors in Triton's
+    interpreter): the ring's bytes after every operation."""
+    layout, dtype = s.layout(), DTYPES[s.dtype]
+    raw = poisoned_ring(layout, device)
+    args = layout.op_args()
+    saved, write = [], 0
+    for op in s.ops:
+        if op.kind == "arm":
+            rows = torch.tensor(list(op.rows) or [0], dtype=torch.int64, device=device)
+            tap_op.arm(raw, layout, rows, len(op.rows))
+        elif op.kind == "disarm":
+            tap_op.disarm(raw, layout)
+        elif op.kind in ("follow", "unfollow"):
+            tap_op.follow_starts(raw, layout, on=op.kind == "follow")
+        elif op.kind == "close":
+            tap_op.close_window(raw, layout, op.half, (1 - op.half) * s.window)
+        else:
+            h, r, st = _gather_inputs(s, write, op)
+            hidden = torch.from_numpy(h).to(dtype).to(device)
+            residual = None if r is None else torch.from_numpy(r).to(dtype).to(device)
+            starts = None if st is None else torch.from_numpy(st).to(torch.int32).to(device)
+            if impl == "torch":
+                tap_op._tap_write_cuda_torch(hidden, raw, args, residual, None, True, starts)
+            elif impl == "triton":
+                tap_op._tap_write_cuda(hidden, raw, args, residual, None, True, starts)
+            else:
+                tap_op.tap_write(hidden, raw, args, residual=residual, gather=True, starts=starts)
+            write += 1
+        saved.append(raw.cpu().numpy().tobytes())
+    return saved
+
+
+def check_gather_rings(s: GatherScript, rings: list[bytes]) -> list[str]:
+    """The rings after every operation against the slot rules (docs/tap-protocol.md, gather
+    mode): every slot's rows (NaN where never written), counts and counters."""
+    k, mb, spare = s.window, s.max_batch, 2 * s.window
+    layout, dtype = s.layout(), DTYPES[s.dtype]
+    slots = np.full((spare + 1, mb, s.hidden), np.nan)
+    counts = np.full(spare + 1, -1, np.int64)
+    meta = tap_op.initial_meta(k)
+    problems, write = [], 0
+    for i, (op, ring) in enumerate(zip(s.ops, rings)):
+        if op.kind == "arm":
+            meta[tap_op.META_ARMED] = len(op.rows)
+        elif op.kind == "disarm":
+            meta[tap_op.META_ARMED] = meta[tap_op.META_REST]
+        elif op.kind in ("follow", "unfollow"):
+            value = tap_op.ARMED_FOLLOW if op.kind == "follow" else tap_op.ARMED_OFF
+            meta[tap_op.META_ARMED] = meta[tap_op.META_REST] = value
+        elif op.kind == "close":
+            meta[tap_op.META_HALF_WRITES + op.half] = meta[tap_op.META_WRITES]
+            meta[tap_op.META_NEXT_SLOT] = (1 - op.half) * k
+            meta[tap_op.META_LIMIT] = (1 - op.half) * k + k
+            meta[tap_op.META_WRITES] = 0
+        else:
+            h, r, st = _gather_inputs(s, write, op)
+            source = h if r is None else h + r
+            armed = meta[tap_op.META_ARMED]
+            index = None
+            if armed >= 0:
+                last_arm = next(o for o in reversed(s.ops[:i]) if o.kind == "arm")
+                index = list(last_arm.rows)
+            elif armed == tap_op.ARMED_FOLLOW and st is not None:
+                index = [int(st[j + 1]) - 1 for j in range(mb) if st[j + 1] > st[j]]
+            if index is not None:
+                slot, limit = meta[tap_op.META_NEXT_SLOT], meta[tap_op.META_LIMIT]
+                target = slot if slot < limit else spare
+                slots[target, :len(index)] = source[index]
+                counts[target] = len(index)
+                meta[tap_op.META_NEXT_SLOT] = min(slot + 1, limit)
+                meta[tap_op.META_WRITES] += 1
+                meta[tap_op.META_ARMED] = meta[tap_op.META_REST]
+            write += 1
+        raw = torch.frombuffer(bytearray(ring), dtype=torch.uint8)
+        got_slots = layout.view(raw, "slots", dtype, slots.size).double().numpy().reshape(
+            slots.shape)
+        got_counts = layout.view(raw, "counts", torch.int32, spare + 1).numpy()
+        got_meta = layout.view(raw, "meta", torch.int64, tap_op.META_SIZE).tolist()
+        where = f"after operation {i} ({op.kind})"
+        bad = np.argwhere(~((got_slots == slots) | (np.isnan(got_slots) & np.isnan(slots))))
+        if len(bad):
+            problems.append(f"{where}: {len(bad)} slot elements differ, the first at "
+                            f"{tuple(bad[0])}")
+        if got_counts.tolist() != counts.tolist():
+            problems.append(f"{where}: counts {got_counts.tolist()}, want {counts.tolist()}")
+        if got_meta != meta:
+            problems.append(f"{where}: meta {got_meta}, want {meta}")
+    if len(rings) != len(s.ops):
+        problems.append(f"{len(rings)} rings for {len(s.ops)} operations")
     return problems

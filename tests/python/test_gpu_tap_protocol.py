@@ -6,7 +6,9 @@ C++ reader (`tap_protocol_gpu_test read`), at every dtype. The scripts wrap the 
 than a window holds (the spare slot), closes alternating halves, a diverted window and the close
 of the lost one, device row counts in and out of range; rings are poisoned with NaN (0xff bytes)
 so that a read of anything not written shows. Every element of every checkpoint's window is
-checked against both sides' models, and every ring byte against the other side's writer.
+checked against both sides' models, and every ring byte against the other side's writer. Gather
+mode (the Python writer's alone): the GPU writers' rings byte for byte against its CPU
+implementation's after every operation.
 
 Runs on the GPU machine (tests/gpu/run.sh, which bundles tap_protocol_gpu_test); skipped where
 torch or a CUDA device is missing (a failure under PROBE_SIDECAR_REQUIRE_GPU=1).
@@ -71,3 +73,18 @@ def test_the_python_writers_rings_read_by_the_cpp_reader(gpu_test, dtype, kernel
     done = tp.run(gpu_test, "read", *pairs)
     assert done.returncode == 0, done.stderr[-6000:]
     assert done.stdout.count("rings equal to the reference") == len(chosen), done.stdout
+
+
+def test_gather_mode_on_the_gpu_writes_the_cpu_implementations_bytes(kernel):
+    """Gather mode, which only the Python writer has: the operator on the GPU (the `kernel`
+    fixture's Triton kernels or torch operations, with the arm and close kernels) writes, after
+    every operation, the bytes its CPU implementation writes, which follow the slot rules."""
+    for script in tp.gather_scripts():
+        where = f"K {script.window} max_batch {script.max_batch} {script.dtype}"
+        cpu = tp.run_gather(script, "op")
+        problems = tp.check_gather_rings(script, cpu)
+        assert not problems, f"{where}:\n" + "\n".join(problems[:12])
+        gpu = tp.run_gather(script, "op", device="cuda")
+        assert len(gpu) == len(cpu)
+        for i, (a, b) in enumerate(zip(cpu, gpu)):
+            assert not tp.compare_rings(a, b, script.layout(), f"{where}, operation {i}")

@@ -39,7 +39,8 @@ def test_plain_writes_fill_the_window_then_the_spare_slot(impl):
         write(x, raw, layout.op_args(), None, num_rows, False)
     meta = v["meta"].tolist()
     # Three slots in the window, the fourth write went to the spare slot (never read).
-    assert meta[tap_op.NEXT] == K and meta[tap_op.WRITES] == 4 and meta[tap_op.ARMED] == -1
+    assert meta[tap_op.META_NEXT_SLOT] == K and meta[tap_op.META_WRITES] == 4
+    assert meta[tap_op.META_ARMED] == -1
     assert v["counts"].tolist() == [3, 1, 2, 0, 0, 0, 0][:2 * K] + [2]
     for slot in range(K):
         assert torch.equal(v["slots"][slot, :rows[slot].shape[0]], rows[slot])
@@ -56,14 +57,14 @@ def test_gather_writes_the_armed_rows_once_with_the_residual_stream(impl):
     # (the torch path writes such a call into the spare slot, which nothing reads)
     assert v["meta"].tolist()[:4] == [0, K, 0, 0] and v["slots"][:2 * K].abs().sum() == 0
     tap_op.arm(raw, layout, torch.tensor([6, 0, 3]), 3)
-    assert v["meta"][tap_op.ARMED] == 3
+    assert v["meta"][tap_op.META_ARMED] == 3
     write(hidden, raw, layout.op_args(), residual, None, True)
     want = (hidden.float() + residual.float()).to(torch.bfloat16)[[6, 0, 3]]
     assert torch.equal(v["slots"][0, :3], want)
-    assert v["counts"][0] == 3 and v["meta"][tap_op.NEXT] == 1
-    assert v["meta"][tap_op.ARMED] == -1  # the write disarms: the next forward writes nothing
+    assert v["counts"][0] == 3 and v["meta"][tap_op.META_NEXT_SLOT] == 1
+    assert v["meta"][tap_op.META_ARMED] == -1  # the write disarms: the next forward writes nothing
     write(hidden, raw, layout.op_args(), residual, None, True)
-    assert v["meta"][tap_op.NEXT] == 1 and v["meta"][tap_op.WRITES] == 1
+    assert v["meta"][tap_op.META_NEXT_SLOT] == 1 and v["meta"][tap_op.META_WRITES] == 1
 
 
 @pytest.mark.parametrize("impl", IMPLEMENTATIONS)
@@ -82,7 +83,7 @@ def test_following_starts_writes_each_requests_last_row_without_arming(impl):
     full = (hidden.float() + residual.float()).to(torch.bfloat16)
     write(hidden, raw, layout.op_args(), residual, None, True, starts)
     assert v["counts"][0] == 3 and torch.equal(v["slots"][0, :3], full[[3, 4, 8]])
-    assert v["meta"][tap_op.ARMED] == tap_op.FOLLOW  # still following
+    assert v["meta"][tap_op.META_ARMED] == tap_op.ARMED_FOLLOW  # still following
     tap_op.arm(raw, layout, torch.tensor([1]), 1)
     write(hidden, raw, layout.op_args(), residual, None, True, starts)
     assert v["counts"][1] == 1 and torch.equal(v["slots"][1, :1], full[[1]])
@@ -91,10 +92,10 @@ def test_following_starts_writes_each_requests_last_row_without_arming(impl):
     starts = torch.tensor([0, 1, 2, 3, 4], dtype=torch.int32)  # a full decode batch
     write(hidden, raw, layout.op_args(), residual, None, True, starts)
     assert v["counts"][2] == MB and torch.equal(v["slots"][2, :MB], full[:MB])
-    assert v["meta"][tap_op.WRITES] == 3
+    assert v["meta"][tap_op.META_WRITES] == 3
     tap_op.follow_starts(raw, layout, on=False)
     write(hidden, raw, layout.op_args(), residual, None, True, starts)
-    assert v["meta"][tap_op.WRITES] == 3  # not following: a forward writes nothing unarmed
+    assert v["meta"][tap_op.META_WRITES] == 3  # not following: a forward writes nothing unarmed
     with pytest.raises(ValueError, match="starts"):
         tap_op.tap_write(hidden, raw, layout.op_args(), gather=True, starts=starts[:MB])
 
@@ -136,7 +137,7 @@ def test_a_compiled_function_writes_at_every_call():
         compiled(x, raw)
     for slot, x in enumerate(xs):
         assert torch.allclose(v["slots"][slot, :3], torch.tanh(x)[:, -1] * 2)
-    assert v["meta"][tap_op.NEXT] == 4 and v["meta"][tap_op.WRITES] == 4
+    assert v["meta"][tap_op.META_NEXT_SLOT] == 4 and v["meta"][tap_op.META_WRITES] == 4
 
 
 def test_the_triton_kernels_in_the_interpreter():

@@ -63,6 +63,7 @@ def test_the_counters_have_the_same_names_and_values_on_both_sides(cpp):
 
 
 def test_layouts_initial_counters_and_window_parts_are_the_same(cpp):
+    assert len(cpp["configs"]) == len(CONFIGS)
     for config, entry in zip(CONFIGS, cpp["configs"]):
         k, mb, h, p, dtype, device_scores = config
         assert entry["config"] == list(config)
@@ -110,11 +111,24 @@ def scripts(tool) -> list[tp.Script]:
         for dtype in tp.DTYPES:
             for device_scores in (True, False):
                 out.append(tp.cpp_scenario(tool, k, mb, h, p, dtype, device_scores))
-    for seed in range(6):
-        k, mb, h = 2 + seed % 3, 1 + seed % 4 * 2, 5 + 7 * seed
+    for seed in range(8):
+        k, mb, h = 1 + seed % 4, 1 + seed % 4 * 2, 5 + 7 * seed
         out.append(tp.random_script(seed, k, mb, h, 1 + seed % 3, list(tp.DTYPES)[seed % 3],
                                     seed % 2 == 0))
     return out
+
+
+def test_the_scenarios_keep_their_shape_and_bad_shapes_are_refused(tool):
+    """A one-step window is a one-step window (not widened); a shape the ring line refuses is
+    refused by the scenario command too, with a usage message."""
+    one = tp.cpp_scenario(tool, 1, 2, 9, 1, "fp32", True)
+    assert one.window == 1 and one.reads and all(op.steps == 1 for op in one.reads)
+    assert sum(op.kind == "write" for op in one.ops) > len(one.reads)  # writes past the end
+    for bad in (("3", "0", "4", "1", "fp32", "1"), ("0", "2", "4", "1", "fp32", "1"),
+                ("3", "2", "4", "1", "fp64", "1"), ("3", "2", "99999999999", "1", "fp32", "1"),
+                ("3", "2", "4", "1", "fp32")):
+        done = tp.run(tool, "scenario", *bad)
+        assert done.returncode == 2 and "usage: scenario" in done.stderr, (bad, done.stderr)
 
 
 def test_the_python_writers_write_the_cpp_references_bytes_and_each_side_reads_the_other(
@@ -142,7 +156,8 @@ def test_the_python_writers_write_the_cpp_references_bytes_and_each_side_reads_t
 
 
 def test_a_wrong_byte_or_a_wrong_offset_is_caught_by_both_readers(tool, tmp_path):
-    """The checks can fail: one byte of a read slot changed, or a reader a slot off."""
+    """The checks can fail: one byte of a read slot changed (the C++ reader), or a reader that
+    reads the other half (the Python reader)."""
     script = tp.cpp_scenario(tool, 3, 4, 40, 2, "bf16", True)
     rings = tp.run_python(script, "cpu")
     layout = script.layout()
@@ -159,10 +174,41 @@ def test_a_wrong_byte_or_a_wrong_offset_is_caught_by_both_readers(tool, tmp_path
     assert tp.compare_window(want, got, "the other half"), "a reader of the wrong half passes"
 
 
+def test_gather_mode_the_cpu_and_torch_writers_follow_the_slot_rules_byte_for_byte():
+    """Gather mode (arm, disarm, following the engine's `starts`, residual streams), which the
+    C++ side does not have: the operator's CPU implementation and its torch-operations one write
+    the same bytes after every operation, and what they write is what the slot rules say."""
+    for script in tp.gather_scripts():
+        where = f"K {script.window} max_batch {script.max_batch} {script.dtype}"
+        cpu = tp.run_gather(script, "op")
+        problems = tp.check_gather_rings(script, cpu)
+        assert not problems, f"{where}:\n" + "\n".join(problems[:12])
+        torch_rings = tp.run_gather(script, "torch")
+        layout = script.layout()
+        for i, (a, b) in enumerate(zip(cpu, torch_rings, strict=True)):
+            assert not tp.compare_rings(a, b, layout, f"{where}, operation {i}")
+
+
+def test_the_gather_model_catches_a_wrong_row():
+    """The gather check can fail: a row of a written slot changed."""
+    script = tp.gather_scripts()[0]
+    rings = tp.run_gather(script, "op")
+    layout = script.layout()
+    last = next(i for i in reversed(range(len(script.ops))) if script.ops[i].kind == "write")
+    bad = bytearray(rings[last])
+    raw = torch.frombuffer(bad, dtype=torch.uint8)
+    counts = layout.view(raw, "counts", torch.int32, 2 * script.window + 1)
+    slot = next(j for j in range(2 * script.window) if counts[j] > 0)
+    bad[layout.offsets["slots"] + slot * layout.slot_bytes + 1] ^= 0x40
+    problems = tp.check_gather_rings(script, [*rings[:last], bytes(bad), *rings[last + 1:]])
+    assert any(f"after operation {last}" in p and "slot elements differ" in p for p in problems)
+
+
 def test_the_triton_kernels_in_the_interpreter_write_the_cpp_references_bytes(tool, tmp_path):
     """The CUDA writer's Triton kernels (write and close), run by Triton's CPU interpreter on host
     rings: the C++ reader reads their rings as the model says and finds them equal to the C++
-    reference's byte for byte (the GPU test runs the kernels for real)."""
+    reference's byte for byte (the GPU test runs the kernels for real); in gather mode, their
+    rings are the operator's CPU implementation's, byte for byte after every operation."""
     pytest.importorskip("triton")
     chosen = [tp.cpp_scenario(tool, 3, 4, 40, 2, dtype, True) for dtype in tp.DTYPES]
     chosen += [tp.cpp_scenario(tool, 2, 3, 3000, 1, "bf16", False),
@@ -177,16 +223,29 @@ def test_the_triton_kernels_in_the_interpreter_write_the_cpp_references_bytes(to
         for d in sorted(pathlib.Path(sys.argv[1]).iterdir()):
             s = tp.parse_script((d / "script.txt").read_text())
             tp.save_run(d, s, tp.run_python(s, "cpu", impl="triton"))
+        for i, s in enumerate(tp.gather_scripts()):
+            pathlib.Path(sys.argv[2], f"g{i}.bin").write_bytes(
+                b"".join(tp.run_gather(s, "triton")))
         print("written")
         """)
     env = {**os.environ, "TRITON_INTERPRET": "1",
            "PYTHONPATH": os.pathsep.join([str(pathlib.Path(__file__).parent),
                                           *sys.path])}
     env.pop("PROBE_SIDECAR_TAP_KERNEL", None)
-    done = subprocess.run([sys.executable, "-c", program, str(tmp_path)], env=env,
+    gathered = tmp_path.parent / f"{tmp_path.name}_gather"
+    gathered.mkdir()
+    done = subprocess.run([sys.executable, "-c", program, str(tmp_path), str(gathered)], env=env,
                           capture_output=True, text=True, timeout=600)
     assert done.returncode == 0 and "written" in done.stdout, done.stderr[-4000:]
     for i, script in enumerate(chosen):
         d = tmp_path / f"s{i}"
         done = tp.run(tool, "read", str(d / "script.txt"), str(d))
         assert done.returncode == 0, (i, script.describe(), done.stderr[-3000:])
+    for i, script in enumerate(tp.gather_scripts()):
+        layout = script.layout()
+        data = (gathered / f"g{i}.bin").read_bytes()
+        triton_rings = [data[j:j + layout.nbytes] for j in range(0, len(data), layout.nbytes)]
+        cpu = tp.run_gather(script, "op")
+        assert len(triton_rings) == len(cpu)
+        for j, (a, b) in enumerate(zip(cpu, triton_rings)):
+            assert not tp.compare_rings(a, b, layout, f"gather script {i}, operation {j}")

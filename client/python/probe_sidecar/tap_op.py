@@ -20,7 +20,9 @@ Two modes:
     before every forward anyway (vLLM's `query_start_loc`: request i's tokens are rows
     starts[i] .. starts[i + 1] - 1, padded requests empty) has each forward write the last row of
     every non-empty request, with no per-step arming at all: `follow_starts()` once, after the
-    engine's warm-up. An explicit arm() still wins for one forward, then following resumes.
+    engine's warm-up. The non-empty requests must come first (padding last, as vLLM lays out a
+    padded batch): row i of the slot is request i's. An explicit arm() still wins for one
+    forward, then following resumes.
 `residual` (same shape as `hidden`) is added in float32 before the store: the residual stream of
 a decoder layer whose output is split in two (vLLM's layers return hidden and residual apart).
 
@@ -50,10 +52,6 @@ META_REST = 7  # what ARMED returns to after a write (or a disarm): ARMED_OFF, o
 META_SIZE = 8
 ARMED_OFF = -1  # kTapArmedOff: a gather write writes nothing
 ARMED_FOLLOW = -2  # kTapArmedFollow: every gather write writes the rows `starts` names
-# The names these had before the protocol was written down (kept for callers).
-NEXT, LIMIT, TICKET, WRITES, HALF_WRITES = (META_NEXT_SLOT, META_LIMIT, META_TICKET, META_WRITES,
-                                            META_HALF_WRITES)
-ARMED, REST, FOLLOW, META = META_ARMED, META_REST, ARMED_FOLLOW, META_SIZE
 # The operator's signature and ring rules, in compile cache keys (vLLM's): a graph compiled
 # against another version is never reused.
 OP_VERSION = 3
@@ -342,6 +340,11 @@ def _tap_write_cuda_torch(hidden: torch.Tensor, ring: torch.Tensor, layout: list
     writable = active & (next_slot < limit)
     # A write that is not armed lands in the spare slot, which nothing reads.
     target = torch.where(writable, next_slot, spare)
+    if gather:
+        # Rows past the count keep what the target slot held, as the other implementations do
+        # (all of them when not armed).
+        kept = torch.arange(max_batch, device=hidden.device) < torch.where(active, count, 0)
+        rows = torch.where(kept[:, None], rows, slots.index_select(0, target)[0])
     slots[:, :n].index_copy_(0, target, rows.unsqueeze(0))
     counts.index_copy_(0, target, torch.where(active, count, counts.index_select(0, target)))
     advanced = torch.minimum(next_slot + 1, limit)
