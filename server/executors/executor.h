@@ -1,8 +1,9 @@
 // The executor interface: where Score requests run (the CPU's threads, or a GPU's stream slots).
 //
-// Threading contract: Score and Warmup never block the caller — they queue the work and return;
+// Threading contract: Submit and Warmup never block the caller — they queue the work and return;
 // the completion callback runs exactly once, on one of the executor's own threads (or on the
-// caller's thread when the work is refused at once).
+// caller's thread when the work is refused at once). ReadStats waits only when asked to
+// (OutcomeCopy::kWait: the metrics scrape's thread, never a gRPC thread).
 //
 // Lifetime: a job whose RequestLifetime has ended when a worker takes it (deadline passed, caller
 // gone) is not run, and answers DEADLINE_EXCEEDED or CANCELLED; the CPU backend also checks

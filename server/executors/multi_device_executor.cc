@@ -41,11 +41,10 @@ MultiDeviceExecutor::MultiDeviceExecutor(std::vector<int> devices,
       executors_(std::move(executors)),
       info_(CombinedInfo(devices_, executors_)),
       in_flight_(std::make_shared<std::vector<std::atomic<uint64_t>>>(executors_.size())) {
-  // A device that can no longer serve takes the server down: the reason names it, once.
+  // A device that can no longer serve takes the server down: the reason names it, once
+  // (ReportFatal drops the handler after its first call, whichever device fails first).
   for (size_t i = 0; i < executors_.size(); ++i) {
-    executors_[i]->SetFatalHandler([this, fired = fatal_fired_,
-                                    device = devices_[i]](const absl::Status& why) {
-      if (fired->exchange(true)) return;
+    executors_[i]->SetFatalHandler([this, device = devices_[i]](const absl::Status& why) {
       ReportFatal(
           absl::Status(why.code(), absl::StrCat("CUDA device ", device, ": ", why.message())));
     });

@@ -13,7 +13,6 @@
 #include <string>
 #include <vector>
 
-#include "absl/synchronization/mutex.h"
 #include "server/executors/executor.h"
 
 namespace probesidecar::server {
@@ -58,9 +57,6 @@ class MultiDeviceExecutor final : public Executor {
   // Requests submitted to each executor and not yet answered (routing; shared with the callbacks,
   // which may outlive a call).
   const std::shared_ptr<std::vector<std::atomic<uint64_t>>> in_flight_;
-  // Whether a device's fatal handler already fired: the server is told once, whichever fails
-  // first.
-  const std::shared_ptr<std::atomic<bool>> fatal_fired_ = std::make_shared<std::atomic<bool>>();
 };
 
 }  // namespace probesidecar::server

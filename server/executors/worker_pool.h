@@ -5,8 +5,8 @@
 // run on one particular worker — because that worker owns a CUDA stream slot, say — goes to that
 // worker's own queue and runs before its next shared task. Submitting never blocks: a task that
 // cannot be queued (the queue is full, or the pool is shutting down) runs at once on the calling
-// thread with worker == kRefused, so every task runs exactly once and its owner always learns
-// the outcome.
+// thread with worker == kRefused, so every task runs exactly once and its owner always hears
+// whether it ran.
 //
 // A worker can be told to take no shared tasks for a while (SetTakesShared): the CUDA executor
 // parks a worker whose stream slot still waits on the GPU, and its own queue still runs.

@@ -35,9 +35,7 @@ grpc::ServerUnaryReactor* ProbeSidecarService::ServerInfo(grpc::CallbackServerCo
   const ExecutorInfo& executor = env_.executor->info();
   response->set_backend(executor.backend);
   response->set_device_name(executor.device_name);
-  // The probe sets' outcomes below are the last copy from the devices (no gRPC thread waits for
-  // one): the next is asked for here.
-  const ExecutorStats stats = env_.executor->ReadStats({OutcomeCopy::kAsk});
+  const ExecutorStats stats = env_.executor->stats();
   response->set_device_id(stats.devices.empty() ? env_.config.device
                                                 : stats.devices.front().device);
   for (const DeviceReport& report : stats.devices) {
@@ -76,6 +74,9 @@ grpc::ServerUnaryReactor* ProbeSidecarService::ServerInfo(grpc::CallbackServerCo
     FillProbeSetInfo(*set, info);
     FillProbeOutcomes(*set, env_.executor->OutcomeCounts(*set), *env_.outcome_labels, info);
   }
+  // The outcomes above are all of the last copy from the devices (no gRPC thread waits for one):
+  // the next is asked for only after they are read, as ListProbeSets does.
+  env_.executor->ReadStats({OutcomeCopy::kAsk});
   FillGraphCacheStats(stats.graph_cache, response->mutable_graph_cache());
   response->set_uptime_seconds(SecondsSince(started_));
   if (env_.ipc != nullptr) {
