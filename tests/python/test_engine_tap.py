@@ -130,8 +130,13 @@ def test_rows_become_records_and_summaries_of_their_requests(client, probe_set, 
 
 def test_a_request_is_summarised_only_after_its_windows_and_once(client, probe_set):
     finished = []
-    engine = Engine(client, window=2,
-                    on_request=lambda request_id, by_set: finished.append(request_id))
+    called = threading.Event()
+
+    def on_request(request_id, by_set):
+        finished.append(request_id)
+        called.set()
+
+    engine = Engine(client, window=2, on_request=on_request)
     e = engine.tap
     try:
         engine.step([("r-00000001", 4, True)], new=["r-00000001"])
@@ -139,6 +144,8 @@ def test_a_request_is_summarised_only_after_its_windows_and_once(client, probe_s
         assert finished == [] and e.state()["requests_finishing"] == 1
         e.flush()
         e.wait_delivered(DEADLINE)
+        # The callback runs on the sinks' thread, after the delivery that completed the request.
+        assert called.wait(DEADLINE)
         assert finished == ["r-00000001"]
         assert e.collect(["r"], timeout=DEADLINE)["r-00000001"]["engine"].rows == 1
         assert e.collect(["r"], timeout=DEADLINE) == {}  # taken once

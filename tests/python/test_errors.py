@@ -61,7 +61,7 @@ def good_request(**changes) -> score_pb2.ScoreRequest:
 
 def expect(client, method, request, code: grpc.StatusCode, fragment: str):
     with pytest.raises(ProbeSidecarError) as error:
-        client._call(getattr(client.stub, method), request)
+        client.call(getattr(client.stub, method), request)
     assert error.value.code == code, error.value
     assert fragment in error.value.message, error.value.message
     return error.value

@@ -93,7 +93,7 @@ def test_invalid_device_rows_give_nan_and_a_clear_error(setup):
         request.output.CopyFrom(tc.tensor_ref(out))
         torch.cuda.synchronize()
         with pytest.raises(ProbeSidecarError) as error:
-            tc.client._call(tc.client.stub.Score, request)
+            tc.client.call(tc.client.stub.Score, request)
         assert error.value.code == grpc.StatusCode.INVALID_ARGUMENT
         assert "2 of the 4 row indices" in error.value.message
         torch.cuda.synchronize()
@@ -119,9 +119,9 @@ def test_another_sessions_events_are_refused(setup):
                                          ready_event=pair.ready_id)
         request.activations.CopyFrom(b.tensor_ref(x))
         with pytest.raises(ProbeSidecarError) as error:
-            b.client._call(b.client.stub.Score, request)
+            b.client.call(b.client.stub.Score, request)
         assert error.value.code == grpc.StatusCode.PERMISSION_DENIED
         request.ready_event = 10**9
         with pytest.raises(ProbeSidecarError) as error:
-            b.client._call(b.client.stub.Score, request)
+            b.client.call(b.client.stub.Score, request)
         assert error.value.code == grpc.StatusCode.NOT_FOUND

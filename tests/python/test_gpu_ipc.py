@@ -144,19 +144,19 @@ def test_bad_references_are_refused(tclient, probe_sets):
     request = score_pb2.ScoreRequest(probe_set="p1", rows=[0], activations=ref,
                                      session_id=tclient.session_id)
     with pytest.raises(ProbeSidecarError) as error:
-        tclient.client._call(tclient.client.stub.Score, request)
+        tclient.client.call(tclient.client.stub.Score, request)
     assert error.value.code == grpc.StatusCode.INVALID_ARGUMENT and "past the end" in error.value.message
     ref.shape[0] = 4  # leaves room in the window, so the offset's alignment is what is wrong
     ref.buffer.offset_bytes = 1  # misaligned
     request = score_pb2.ScoreRequest(probe_set="p1", rows=[0], activations=ref,
                                      session_id=tclient.session_id)
     with pytest.raises(ProbeSidecarError) as error:
-        tclient.client._call(tclient.client.stub.Score, request)
+        tclient.client.call(tclient.client.stub.Score, request)
     assert "misaligned" in error.value.message
     bogus = buffers_pb2.RegisterBufferRequest(handle=b"\x07" * 64, byte_size=16,
                                               session_id=tclient.session_id)
     with pytest.raises(ProbeSidecarError) as error:
-        tclient.client._call(tclient.client.stub.RegisterBuffer, bogus)
+        tclient.client.call(tclient.client.stub.RegisterBuffer, bogus)
     assert error.value.code == grpc.StatusCode.INVALID_ARGUMENT and "cudaIpcOpenMemHandle" in error.value.message
 
 
@@ -186,7 +186,7 @@ def test_unregister_while_in_flight_is_deferred(probe_sets):
             buffers_pb2.ListBuffersRequest(), timeout=10).buffers}
         # Naming the buffer after the unregister is refused, while the old requests still run.
         with pytest.raises(ProbeSidecarError) as refused:
-            tc.client._call(tc.client.stub.Score, request)
+            tc.client.call(tc.client.stub.Score, request)
         results = [f.result() for f in futures]  # raises if any admitted request failed
         assert deferred, "requests were using the buffer: the unregister must be deferred"
         assert buffer_id in listed and listed[buffer_id].closing and listed[buffer_id].in_flight > 0
@@ -270,10 +270,10 @@ def test_another_sessions_buffer_is_refused(sidecar, probe_sets):
         request = score_pb2.ScoreRequest(probe_set="p1", rows=[0], activations=a.tensor_ref(x),
                                          session_id=b.session_id)
         with pytest.raises(ProbeSidecarError) as error:
-            b.client._call(b.client.stub.Score, request)
+            b.client.call(b.client.stub.Score, request)
         assert error.value.code == grpc.StatusCode.PERMISSION_DENIED
         with pytest.raises(ProbeSidecarError) as error:
-            b.client._call(b.client.stub.UnregisterBuffer, buffers_pb2.UnregisterBufferRequest(
+            b.client.call(b.client.stub.UnregisterBuffer, buffers_pb2.UnregisterBufferRequest(
                 buffer_id=registration.buffer_id, session_id=b.session_id))
         assert error.value.code == grpc.StatusCode.PERMISSION_DENIED
         assert a.score(x, [0], "p1").scores.shape == (1, 1)  # still the owner's

@@ -173,7 +173,7 @@ def test_a_set_not_counted_has_no_outcomes_and_the_same_answers():
         with pytest.raises(ValueError):
             c.load_probe_set("bad", data=probe.data, count_outcomes="yes")
         with pytest.raises(ProbeSidecarError) as refused:
-            c._call(c._stub.LoadProbeSet, probes_pb2.LoadProbeSetRequest(
+            c.call(c.stub.LoadProbeSet, probes_pb2.LoadProbeSetRequest(
                 name="bad", safetensors=probe.data, outcome_counting=7), c._admin_metadata)
         assert refused.value.code == grpc.StatusCode.INVALID_ARGUMENT
         assert "is not an OutcomeCounting" in refused.value.message

@@ -330,7 +330,7 @@ def drive_traffic(sidecar: Sidecar, seconds: float) -> dict:
                 c.server_info()
                 c.list_probe_sets()
                 try:  # Verify needs the CUDA backend: FAILED_PRECONDITION here
-                    c._call(c.stub.Verify, verify_pb2.VerifyRequest())
+                    c.call(c.stub.Verify, verify_pb2.VerifyRequest())
                 except ProbeSidecarError as e:
                     assert e.code.name == "FAILED_PRECONDITION"
                 stream = [score_request(x, [1, 2], "prom_p3") for _ in range(5)]

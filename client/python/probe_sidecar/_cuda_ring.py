@@ -141,12 +141,11 @@ class CudaRing(TorchRing):
         self._events: list[int] = []
         try:
             self._adopt(torch.as_tensor(_DeviceBytes(self._pointer, total), device=device))
-            self.scores, self._rows = self._views["scores"], self._views["rows"]
             # A static address for torch.compile's CUDA graphs (mode="reduce-overhead"): without
             # it, a graph input that an operator mutates makes Inductor run the graph eagerly.
             torch._dynamo.mark_static_address(self.raw)
             torch.cuda.synchronize(device)
-            response = client.client._call(client.client.stub.RegisterBuffer,
+            response = client.client.call(client.client.stub.RegisterBuffer,
                                            buffers_pb2.RegisterBufferRequest(
                                                name=f"tap:{probe_set}", device_id=self._ordinal,
                                                handle=handle, byte_size=total,
@@ -179,7 +178,7 @@ class CudaRing(TorchRing):
         stream = torch.cuda.current_stream(self.device)
         self.counts.zero_()  # the warm-up writes' counts: the warm window counts no row
         self._ready[0].record(stream)
-        self._client.client._call(self._client.client.stub.Score, self._request(0, self.window))
+        self._client.client.call(self._client.client.stub.Score, self._request(0, self.window))
         self._done[0].synchronize()
 
     # --- set-up -------------------------------------------------------------------------------

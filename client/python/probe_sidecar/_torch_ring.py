@@ -50,8 +50,7 @@ class TorchRing(Ring):
         """Takes `raw` (the ring's memory) and sets it to its starting state."""
         self.raw = raw
         self._views = self.layout.initialise(raw, self.dtype)
-        self.slots, self.counts, self.meta = (self._views["slots"], self._views["counts"],
-                                              self._views["meta"])
+        self.counts, self.meta = self._views["counts"], self._views["meta"]
 
     def _warm_up_writes(self) -> None:
         """Runs the plain writes once (a CUDA ring compiles its kernels now, not inside a caller's

@@ -195,9 +195,6 @@ class Client:
         except grpc.RpcError as error:
             raise error_from_rpc(error) from error
 
-    # The name call() had before it was public; kept for the callers that still use it.
-    _call = call
-
     def health(self, service: str = "") -> str:
         """The grpc.health.v1 status name ("SERVING", "NOT_SERVING", ...).
 

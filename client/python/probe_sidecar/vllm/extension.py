@@ -62,7 +62,7 @@ def serve_worker(side: WorkerSide) -> None:
 def _side() -> WorkerSide:
     if _WORKER_SIDE is None:
         raise RuntimeError("the probe-sidecar vLLM plugin is not loaded in this worker's process "
-                           "(PROBE_SIDECAR_VLLM unset there?)")
+                           "(its entry point did not run there: VLLM_PLUGINS excludes it?)")
     return _WORKER_SIDE
 
 
