@@ -53,12 +53,18 @@ class CudaExecutor final : public Executor {
     // One worker thread per stream slot, fed from one queue of --max-queued-requests.
     pool_ = std::make_unique<WorkerPool>(static_cast<int>(config_.cuda_workers),
                                          config_.max_queued_requests);
+    {
+      absl::MutexLock lock(&nudge_mu_);
+      nudge_pool_ = pool_.get();
+    }
     for (uint32_t i = 0; i < config_.cuda_workers; ++i) {
       // When the GPU finishes work answered before it ran (enqueue-only, or given up at a
       // deadline), the slot's worker releases what it held and, if the slot was parked, takes
       // requests again (the nudge comes from CUDA's callback thread, which may only queue work).
       auto nudge = [this, worker = static_cast<int>(i)] {
-        pool_->SubmitTo(worker, [this](int w) {
+        absl::MutexLock lock(&nudge_mu_);
+        if (nudge_pool_ == nullptr) return;  // stopped: a slot left to the process's exit
+        nudge_pool_->SubmitTo(worker, [this](int w) {
           if (w == WorkerPool::kRefused) return;
           workers_[w].slot->DrainCompleted();
           parking_->MaybeUnpark(w);
@@ -196,6 +202,12 @@ class CudaExecutor final : public Executor {
         worker.slot.release();
       }
     }
+    {
+      // A slot left to the process's exit (above) may still call back when its stream moves on:
+      // from here on its nudge finds no pool.
+      absl::MutexLock lock(&nudge_mu_);
+      nudge_pool_ = nullptr;
+    }
     parking_.reset();
     workers_.clear();
     pool_.reset();
@@ -324,6 +336,9 @@ class CudaExecutor final : public Executor {
   // Fixed after Init (read without a lock by counters and workers): one per worker thread.
   std::vector<Worker> workers_;
   std::unique_ptr<WorkerPool> pool_;
+  // The pool as the slots' nudges (CUDA's callback thread) see it: null once stopped.
+  absl::Mutex nudge_mu_;
+  WorkerPool* nudge_pool_ ABSL_GUARDED_BY(nudge_mu_) = nullptr;
   std::unique_ptr<SlotParking> parking_;
   DropCounter drops_;
   std::atomic<bool> stopping_{false};

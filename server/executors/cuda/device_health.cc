@@ -56,13 +56,16 @@ absl::Status DeviceHealth::Checked(absl::Status status, const char* what) {
 }
 
 void DeviceHealth::MarkLost(const absl::Status& seen, cudaError_t error) {
-  if (lost_.exchange(true)) return;
   {
+    // The status is set before lost_ can be seen true: whoever reads lost() then LostStatus()
+    // gets the reason, never an OK status.
     absl::MutexLock lock(&lost_mu_);
+    if (lost_.load()) return;
     lost_status_ = absl::UnavailableError(
         absl::StrCat("the GPU's CUDA context is lost (", cudaGetErrorName(error), ": ",
                      cudaGetErrorString(error), ", first seen in: ", seen.message(),
                      "); this server stops: retry on its replacement"));
+    lost_.store(true);
   }
   LogError(
       "the CUDA context of device %d is lost: %s: %s (first seen in: %s). Health reports "
