@@ -165,6 +165,60 @@ int CannotStart(const absl::Status& why) {
   return 1;
 }
 
+// The service's buffers and events, on the executor's devices; none for a backend without
+// devices (the CPU backend takes inline tensors only).
+std::unique_ptr<IpcRegistries> MakeIpcRegistries(const Config& config, const Executor& executor,
+                                                 SessionTable* sessions, CudaIpcOpener* opener) {
+  const std::vector<int>& devices = executor.info().devices;
+  if (devices.empty()) return nullptr;
+  return std::make_unique<IpcRegistries>(
+      devices, sessions, opener,
+      BufferRegistryLimits{4096, config.max_session_buffer_bytes,
+                           config.allow_sessionless_buffers});
+}
+
+ProbeSetLimits ProbeLimits(const Config& config) {
+  ProbeSetLimits limits;
+  limits.max_probes = static_cast<int32_t>(config.max_probes);
+  limits.file.max_file_bytes = config.max_probe_file_bytes;
+  limits.max_sets = config.max_probe_sets;
+  limits.max_total_bytes = config.max_probe_set_bytes;
+  return limits;
+}
+
+// gRPC's options for every listener: message sizes, the health and reflection services, and no
+// shared ports (gRPC sets SO_REUSEPORT by default: a second sidecar would then share the port and
+// silently take half the traffic; a port in use must fail the start instead).
+void ConfigureBuilder(const Config& config, grpc::ServerBuilder& builder) {
+  grpc::EnableDefaultHealthCheckService(true);
+  grpc::reflection::InitProtoReflectionServerBuilderPlugin();
+  builder.SetMaxReceiveMessageSize(static_cast<int>(config.max_message_bytes));
+  builder.SetMaxSendMessageSize(static_cast<int>(config.max_message_bytes));
+  builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
+}
+
+// Starts gRPC with `service` and hands it the Unix-socket connections; the bound addresses, or
+// an error (then nothing of it is left running).
+absl::StatusOr<std::vector<std::string>> StartGrpc(const Config& config,
+                                                   grpc::ServerBuilder& builder,
+                                                   ProbeSidecarService& service,
+                                                   Listeners& listeners, UnixPeers& unix_peers,
+                                                   std::unique_ptr<grpc::Server>* server) {
+  builder.RegisterService(&service);
+  *server = builder.BuildAndStart();
+  if (*server == nullptr) {
+    return absl::UnavailableError(
+        absl::StrCat("could not listen on ", absl::StrJoin(config.listen, ", ")));
+  }
+  for (const auto& listener : listeners.unix_sockets) listener->Start(server->get(), &unix_peers);
+  absl::StatusOr<std::vector<std::string>> listening = BoundAddresses(config, listeners.ports);
+  if (!listening.ok()) {
+    listeners.unix_sockets.clear();
+    (*server)->Shutdown();
+  }
+  return listening;
+}
+
 // What a serving server is made of, for its drain (references into Serve's frame).
 struct Running {
   const Config& config;
@@ -259,23 +313,12 @@ int Serve(const Config& config, ExecutorDecorator decorate, bool* device_abandon
   std::unique_ptr<Executor> executor = std::move(*made);
   if (decorate) executor = decorate(std::move(executor));
   auto stop_executor = absl::MakeCleanup([&executor] { executor->Shutdown(); });
-  // The service's sessions, buffers and events, on the executor's devices. Declared before the
-  // executor's work can take leases and gone after the executor has stopped (a lease points into
-  // the registries).
-  if (const std::vector<int>& devices = executor->info().devices; !devices.empty()) {
-    ipc =
-        std::make_unique<IpcRegistries>(devices, &sessions, &ipc_opener,
-                                        BufferRegistryLimits{4096, config.max_session_buffer_bytes,
-                                                             config.allow_sessionless_buffers});
-  }
+  // Made before the executor's work can take leases and gone after the executor has stopped (a
+  // lease points into the registries).
+  ipc = MakeIpcRegistries(config, *executor, &sessions, &ipc_opener);
 
   const bool bundled = config.probes_dir.empty();
-  ProbeSetLimits limits;
-  limits.max_probes = static_cast<int32_t>(config.max_probes);
-  limits.file.max_file_bytes = config.max_probe_file_bytes;
-  limits.max_sets = config.max_probe_sets;
-  limits.max_total_bytes = config.max_probe_set_bytes;
-  ProbeRegistry probes(bundled ? BundledProbesDir() : config.probes_dir, limits,
+  ProbeRegistry probes(bundled ? BundledProbesDir() : config.probes_dir, ProbeLimits(config),
                        [&executor](ProbeSet& set) { return executor->Place(set); });
   absl::StatusOr<uint64_t> load_errors = LoadAndWarmProbeSets(config, bundled, probes, *executor);
   if (!load_errors.ok()) return 1;  // logged
@@ -289,14 +332,8 @@ int Serve(const Config& config, ExecutorDecorator decorate, bool* device_abandon
   absl::StatusOr<MetricsEndpoint> endpoint = StartMetricsEndpoint(config, metrics);
   if (!endpoint.ok()) return CannotStart(endpoint.status());
 
-  grpc::EnableDefaultHealthCheckService(true);
-  grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   grpc::ServerBuilder builder;
-  builder.SetMaxReceiveMessageSize(static_cast<int>(config.max_message_bytes));
-  builder.SetMaxSendMessageSize(static_cast<int>(config.max_message_bytes));
-  // gRPC sets SO_REUSEPORT by default: a second sidecar would then share the port and silently
-  // take half the traffic. A port in use must fail the start instead.
-  builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
+  ConfigureBuilder(config, builder);
   absl::StatusOr<Listeners> listeners = OpenListeners(config, inputs->tcp_credentials, builder);
   if (!listeners.ok()) return CannotStart(listeners.status());
   UnixPeers unix_peers;
@@ -315,19 +352,10 @@ int Serve(const Config& config, ExecutorDecorator decorate, bool* device_abandon
   env.unix_peers = &unix_peers;
   env.server_uid = ::geteuid();
   ProbeSidecarService service(env);
-  builder.RegisterService(&service);
-  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
-  if (server == nullptr) {
-    return CannotStart(absl::UnavailableError(
-        absl::StrCat("could not listen on ", absl::StrJoin(config.listen, ", "))));
-  }
-  for (const auto& listener : listeners->unix_sockets) listener->Start(server.get(), &unix_peers);
-  absl::StatusOr<std::vector<std::string>> listening = BoundAddresses(config, listeners->ports);
-  if (!listening.ok()) {
-    listeners->unix_sockets.clear();
-    server->Shutdown();
-    return CannotStart(listening.status());
-  }
+  std::unique_ptr<grpc::Server> server;
+  absl::StatusOr<std::vector<std::string>> listening =
+      StartGrpc(config, builder, service, *listeners, unix_peers, &server);
+  if (!listening.ok()) return CannotStart(listening.status());
   grpc::HealthCheckServiceInterface* health = server->GetHealthCheckService();
   auto fatal = std::make_shared<FatalState>();
   StopOnFatalError(*executor, health, fatal);
