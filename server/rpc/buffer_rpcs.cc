@@ -87,7 +87,8 @@ grpc::ServerUnaryReactor* ProbeSidecarService::AnswerFromBufferRegistry(
     }
   }
   IpcRegistries* ipc = env_.ipc;
-  if (ipc == nullptr) return Refuse(context, rpc, NoBuffersOnThisBackend(env_.executor->info().backend.c_str()));
+  if (ipc == nullptr)
+    return Refuse(context, rpc, NoBuffersOnThisBackend(env_.executor->info().backend.c_str()));
   return AnswerFromControlWorker(context, rpc, /*refuse_while_draining=*/registration,
                                  [ipc, work = std::move(work)](Finish finish) mutable {
                                    std::move(finish)(std::move(work)(*ipc));

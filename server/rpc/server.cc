@@ -371,8 +371,9 @@ int Serve(const Config& config, ExecutorDecorator decorate, bool* device_abandon
   int signal_number = 0;
   sigwait(&signals, &signal_number);
   std::move(stop_executor).Cancel();  // from here on, the drain stops it
-  return DrainAndStop({config, service, *server, *listeners, *endpoint, executor, ipc, health, fatal},
-                      signal_number, device_abandoned);
+  return DrainAndStop(
+      {config, service, *server, *listeners, *endpoint, executor, ipc, health, fatal},
+      signal_number, device_abandoned);
 }
 
 // How long the process waits for gRPC's own library shutdown once the service has stopped.

@@ -1,6 +1,6 @@
 #include "server/executors/cuda/device_memory_ledger.h"
 
-#include <gtest/gtest.h>
+#include "gtest/gtest.h"
 
 #include <atomic>
 #include <thread>
