@@ -414,10 +414,7 @@ def check_cpp_rings(directory: pathlib.Path, s: Script, device: str,
         problems += compare_window(cpp_model[i], got, f"checkpoint {i} (C++ model)")
         problems += compare_window(py_model[i], got, f"checkpoint {i} (Python model)")
     for j, other in enumerate(python_rings):
-        if len(other) != len(rings):
-            problems.append(f"Python writer {j}: {len(other)} rings, the C++ side {len(rings)}")
-        for i, (a, b) in enumerate(zip(other, rings)):
-            problems += compare_rings(a, b, layout, f"Python writer {j}, ring {i}")
+        problems += compare_ring_runs(rings, other, layout, f"Python writer {j}")
     return problems
 
 
@@ -533,6 +530,15 @@ def run_gather(s: GatherScript, impl: str, device: str = "cpu") -> list[bytes]:
     return saved
 
 
+def compare_ring_runs(want: list[bytes], got: list[bytes], layout: tap_op.RingLayout,
+                      where: str) -> list[str]:
+    """Two writers' rings of one script (each after the same operations), byte for byte."""
+    problems = [] if len(want) == len(got) else [f"{where}: {len(got)} rings, want {len(want)}"]
+    for i, (a, b) in enumerate(zip(want, got)):
+        problems += compare_rings(a, b, layout, f"{where}, ring {i}")
+    return problems
+
+
 def check_gather_rings(s: GatherScript, rings: list[bytes]) -> list[str]:
     """The rings after every operation against the slot rules (docs/tap-protocol.md, gather
     mode): every slot's rows (NaN where never written), counts and counters."""
@@ -541,10 +547,12 @@ def check_gather_rings(s: GatherScript, rings: list[bytes]) -> list[str]:
     slots = np.full((spare + 1, mb, s.hidden), np.nan)
     counts = np.full(spare + 1, -1, np.int64)
     meta = tap_op.initial_meta(k)
+    armed_rows: list[int] = []  # the last arm's
     problems, write = [], 0
     for i, (op, ring) in enumerate(zip(s.ops, rings)):
         if op.kind == "arm":
             meta[tap_op.META_ARMED] = len(op.rows)
+            armed_rows = list(op.rows)
         elif op.kind == "disarm":
             meta[tap_op.META_ARMED] = meta[tap_op.META_REST]
         elif op.kind in ("follow", "unfollow"):
@@ -561,8 +569,7 @@ def check_gather_rings(s: GatherScript, rings: list[bytes]) -> list[str]:
             armed = meta[tap_op.META_ARMED]
             index = None
             if armed >= 0:
-                last_arm = next(o for o in reversed(s.ops[:i]) if o.kind == "arm")
-                index = list(last_arm.rows)
+                index = armed_rows
             elif armed == tap_op.ARMED_FOLLOW and st is not None:
                 index = [int(st[j + 1]) - 1 for j in range(mb) if st[j + 1] > st[j]]
             if index is not None:

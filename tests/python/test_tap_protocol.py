@@ -183,10 +183,9 @@ def test_gather_mode_the_cpu_and_torch_writers_follow_the_slot_rules_byte_for_by
         cpu = tp.run_gather(script, "op")
         problems = tp.check_gather_rings(script, cpu)
         assert not problems, f"{where}:\n" + "\n".join(problems[:12])
-        torch_rings = tp.run_gather(script, "torch")
-        layout = script.layout()
-        for i, (a, b) in enumerate(zip(cpu, torch_rings, strict=True)):
-            assert not tp.compare_rings(a, b, layout, f"{where}, operation {i}")
+        problems = tp.compare_ring_runs(cpu, tp.run_gather(script, "torch"), script.layout(),
+                                        f"{where}, torch")
+        assert not problems, "\n".join(problems[:12])
 
 
 def test_the_gather_model_catches_a_wrong_row():
@@ -245,7 +244,6 @@ def test_the_triton_kernels_in_the_interpreter_write_the_cpp_references_bytes(to
         layout = script.layout()
         data = (gathered / f"g{i}.bin").read_bytes()
         triton_rings = [data[j:j + layout.nbytes] for j in range(0, len(data), layout.nbytes)]
-        cpu = tp.run_gather(script, "op")
-        assert len(triton_rings) == len(cpu)
-        for j, (a, b) in enumerate(zip(cpu, triton_rings)):
-            assert not tp.compare_rings(a, b, layout, f"gather script {i}, operation {j}")
+        problems = tp.compare_ring_runs(tp.run_gather(script, "op"), triton_rings, layout,
+                                        f"gather script {i}, Triton")
+        assert not problems, "\n".join(problems[:12])

@@ -342,8 +342,8 @@ def _tap_write_cuda_torch(hidden: torch.Tensor, ring: torch.Tensor, layout: list
     target = torch.where(writable, next_slot, spare)
     if gather:
         # Rows past the count keep what the target slot held, as the other implementations do
-        # (all of them when not armed).
-        kept = torch.arange(max_batch, device=hidden.device) < torch.where(active, count, 0)
+        # (all of them when not armed: the count is then 0).
+        kept = torch.arange(max_batch, device=hidden.device) < count
         rows = torch.where(kept[:, None], rows, slots.index_select(0, target)[0])
     slots[:, :n].index_copy_(0, target, rows.unsqueeze(0))
     counts.index_copy_(0, target, torch.where(active, count, counts.index_select(0, target)))
