@@ -27,10 +27,15 @@ from server_state import (answered_by_code, difference, metric, record_figures, 
 BENCH_BIN = pathlib.Path(os.environ.get("PROBE_BENCH_BIN", BIN.parent / "probe-bench")).resolve()
 FAKE_GIT = "0123456789abcdef0123456789abcdef01234567"
 SOAK_SECONDS = 25
-# Each request is 268 M multiply-adds (~30-55 ms on one thread of the machines this ran on): R x P
-# x H = 64 x 1024 x 4096 for one client, 256 x 256 x 4096 for the other (probe-bench loads their
-# probe sets with 30 s deadlines at least, whatever the calls' timeout).
-WORKLOAD = ["--modes=score_inline", "--hidden=4096", "--quiet"]
+# Each request is R x P x H multiply-adds: 64 x 1024 x H for one client, 256 x 256 x H for the
+# other (probe-bench loads their probe sets with 30 s deadlines at least, whatever the calls'
+# timeout). H is 4096 (268 M, ~30-60 ms on one thread of a release build) unless that takes
+# longer than REQUEST_SECONDS: then H shrinks so that a request takes about that long. A sanitized
+# build on a loaded CI machine once took 1.5 s a request at 4096, and 25 s then held only ~50
+# requests: too few for the queue to be caught at every depth (no impatient call expired).
+HIDDEN = 4096
+REQUEST_SECONDS = 0.08
+WORKLOAD = ["--modes=score_inline", "--quiet"]
 SHAPES = {"patient": ["--rows=64", "--probes=1024", "--seed=1"],
           "impatient": ["--rows=256", "--probes=256", "--seed=2"]}
 OVERLOAD = 2.5  # offered / served by one scoring thread, split 2:1 between the two clients
@@ -47,6 +52,7 @@ ASAN_QUARANTINE = {"ASAN_OPTIONS": ":".join(
 
 def probe_bench(sidecar: Sidecar, name: str, args: list[str], seconds: float,
                 out_dir: pathlib.Path) -> subprocess.Popen:
+    """One probe-bench client; `args` name the hidden size (`--hidden=`) among the rest."""
     return subprocess.Popen(
         [str(BENCH_BIN), f"--target={sidecar.uds_target}", *WORKLOAD, *SHAPES[name], *args,
          f"--seconds={seconds}", f"--git={FAKE_GIT}", f"--out={out_dir / name}.json"],
@@ -60,22 +66,31 @@ def record_of(process: subprocess.Popen, name: str, seconds: float,
     return json.loads((out_dir / f"{name}.json").read_text())["records"][0]
 
 
-def request_seconds(sidecar: Sidecar, out_dir: pathlib.Path) -> float:
+def request_seconds(sidecar: Sidecar, hidden: int, out_dir: pathlib.Path) -> float:
     """What one request of the patient client's shape takes the server's one scoring thread: one
     client, each request sent when the last is answered, for 3 s after 3 untimed ones."""
-    args = ["--concurrency=1", "--warmup=3", "--timeout=30"]
+    args = [f"--hidden={hidden}", "--concurrency=1", "--warmup=3", "--timeout=60"]
     record = record_of(probe_bench(sidecar, "patient", args, 3, out_dir), "patient", 3, out_dir)
     assert record["ok"] == record["calls"] > 0, record
     return record["seconds"] / record["ok"]
 
 
-def load_of(seconds_per_request: float) -> dict[str, list[str]]:
+def request_size(sidecar: Sidecar, out_dir: pathlib.Path) -> tuple[int, float]:
+    """The hidden size for the soak and what one request of it takes (see REQUEST_SECONDS)."""
+    seconds = request_seconds(sidecar, HIDDEN, out_dir)
+    if seconds <= REQUEST_SECONDS:
+        return HIDDEN, seconds
+    hidden = max(256, int(HIDDEN * REQUEST_SECONDS / seconds) // 256 * 256)
+    return hidden, request_seconds(sidecar, hidden, out_dir)
+
+
+def load_of(hidden: int, seconds_per_request: float) -> dict[str, list[str]]:
     """The open-loop clients' arguments: OVERLOAD times what the thread serves, the patient
     client's deadline past a full queue's wait and the impatient one's short of it."""
     capacity = 1.0 / seconds_per_request
     patient = max(2.0, 10 * seconds_per_request)
     impatient = 2 * seconds_per_request  # < (QUEUE + 1) requests' time: a full queue's wait
-    open_loop = ["--arrivals=poisson", "--warmup=0"]
+    open_loop = [f"--hidden={hidden}", "--arrivals=poisson", "--warmup=0"]
     return {"patient": [*open_loop, f"--rate={OVERLOAD * capacity * 2 / 3:.2f}",
                         f"--timeout={patient:.3f}"],
             "impatient": [*open_loop, f"--rate={OVERLOAD * capacity / 3:.2f}",
@@ -98,8 +113,8 @@ def by_code(record: dict) -> dict[str, int]:
 def test_overload_soak(tmp_path):
     with Sidecar(["--backend=cpu", "--cpu-threads=1", f"--max-queued-requests={QUEUE}"],
                  env=ASAN_QUARANTINE) as s:
-        seconds_per_request = request_seconds(s, tmp_path)
-        load = load_of(seconds_per_request)
+        hidden, seconds_per_request = request_size(s, tmp_path)
+        load = load_of(hidden, seconds_per_request)
         # Warm-up: each run loads (then replaces) the clients' probe sets; after two, the
         # allocator has reached its working size.
         for _ in range(2):
@@ -155,12 +170,14 @@ def test_overload_soak(tmp_path):
     # Memory. Each probe-bench run begins by replacing its probe set (24 MB of weights, old and
     # new side by side for a moment): the allocator's footprint moves then, and settles within
     # seconds. Under overload it must stay bounded, and flat once settled (a request's payload is
-    # 0.5-2 MB: a leak of any per-request buffer would add hundreds of MB here).
+    # 0.5-2 MB at H=4096, and ~300 requests or more arrive at any H: a leak of any per-request
+    # buffer would add tens to hundreds of MB here).
     settled = rss[16]  # 8 s in
     record_figures("soak", {
         "seconds": SOAK_SECONDS, "wall_seconds": round(elapsed, 1),
         "server_flags": ["--backend=cpu", "--cpu-threads=1", f"--max-queued-requests={QUEUE}"],
-        "workload": WORKLOAD, "clients": {name: SHAPES[name] + load[name] for name in load},
+        "workload": WORKLOAD, "hidden": hidden,
+        "clients": {name: SHAPES[name] + load[name] for name in load},
         "seconds_per_request": round(seconds_per_request, 4),
         "offered_rps": round(offered, 1), "ok_rps": round(served, 1),
         "requests": sum(clients.values()), "client_by_code": clients, "server_by_code": server,
