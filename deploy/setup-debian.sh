@@ -23,7 +23,8 @@
 # CUDA targets (docs/gpu-support.md): build/ carries machine code for every GPU family the
 # service supports unless CUDA_ARCHITECTURES narrows it (a CMAKE_CUDA_ARCHITECTURES list, e.g.
 # CUDA_ARCHITECTURES=90-real for a fast local build; .ci/run sets its own). The sanitizer builds
-# run no GPU code and compile SANITIZER_CUDA_ARCHITECTURES (default 80-virtual: PTX only).
+# run no GPU code: they compile SANITIZER_CUDA_ARCHITECTURES (default 80-virtual: PTX only) and no
+# GPU tests.
 #
 # Debian packages come from apt-get, Python packages from pip into .venv/. Safe to run again:
 # only what is missing is installed, and the build is incremental. The CUDA 13 toolkit is
@@ -120,11 +121,11 @@ if [[ "$mode" == test ]]; then
         configure "$root/build-asan" "$sanitizer_cuda_archs" -DCMAKE_BUILD_TYPE=RelWithDebInfo \
           -DCMAKE_C_COMPILER=clang -DCMAKE_CXX_COMPILER=clang++ \
           -DPROBESIDECAR_SANITIZE=address,undefined -DPROBESIDECAR_FUZZ=ON \
-          -DPROBESIDECAR_BUILD_BENCH=OFF
+          -DPROBESIDECAR_BUILD_BENCH=OFF -DPROBESIDECAR_GPU_TESTS=OFF
         cmake --build "$root/build-asan" -j "$jobs"
         if [[ "$stage" == asan ]]; then
-          echo "== tests under ASan + UBSan (GPU tests excluded: no CUDA code is instrumented)"
-          asan_args=(-LE gpu -j "$jobs")
+          echo "== tests under ASan + UBSan (not the GPU tests, nor those that start no binary)"
+          asan_args=(-LE "gpu|python-only" -j "$jobs")
           if [[ -x "$build/bin/probe-bench" && -x "$build/bin/probe-echo-server" ]]; then
             # The load generator is not rebuilt with sanitizers: the release one drives the
             # sanitized server.
@@ -143,7 +144,8 @@ if [[ "$mode" == test ]]; then
         echo "== build (build-tsan: ThreadSanitizer; the executors' and registries' tests)"
         configure "$root/build-tsan" "$sanitizer_cuda_archs" -DCMAKE_BUILD_TYPE=RelWithDebInfo \
           -DCMAKE_C_COMPILER=clang -DCMAKE_CXX_COMPILER=clang++ \
-          -DPROBESIDECAR_SANITIZE=thread -DPROBESIDECAR_BUILD_BENCH=OFF
+          -DPROBESIDECAR_SANITIZE=thread -DPROBESIDECAR_BUILD_BENCH=OFF \
+          -DPROBESIDECAR_GPU_TESTS=OFF
         cmake --build "$root/build-tsan" -j "$jobs" --target tsan_tests
         echo "== tests under TSan"
         tests/sanitizers/ctest.sh "$root/build-tsan" -L tsan -j "$jobs"

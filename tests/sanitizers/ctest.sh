@@ -20,6 +20,10 @@ export ASAN_OPTIONS="detect_leaks=1:detect_stack_use_after_return=1:check_initia
 export LSAN_OPTIONS="suppressions=$here/lsan.supp:print_suppressions=0"
 export UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1:log_path=$reports/ubsan"
 export TSAN_OPTIONS="halt_on_error=1:second_deadlock_stack=1:log_path=$reports/tsan:suppressions=$here/tsan.supp"
+# Which sanitizer the build carries, for tests that repeat a scenario only to catch a rare timing
+# (tests/python/test_shutdown.py runs each twice under a sanitizer).
+PROBE_SIDECAR_SANITIZER="$(sed -n 's/^PROBESIDECAR_SANITIZE:STRING=//p' "$build/CMakeCache.txt")"
+export PROBE_SIDECAR_SANITIZER="${PROBE_SIDECAR_SANITIZER:-unknown}"
 
 status=0
 ctest --test-dir "$build" --output-on-failure --timeout 900 "$@" || status=$?
