@@ -35,14 +35,15 @@ def assert_clean(run, grace: float) -> None:
 
 
 def test_sigterm_on_an_idle_server():
-    grace = 5.0
+    # A long grace period, so that waiting any of it out shows whatever the machine's speed.
+    grace = 20.0
     times = []
     for _ in range(IDLE_RUNS):
         run = idle_exit(grace)
         assert_clean(run, grace)
         times.append(run.seconds)
-    # Without waiting out the grace period for anything.
-    assert max(times) < 1.5, times
+    # Without waiting out the grace period for anything (a safety net far past an exit's work).
+    assert max(times) < grace / 2, times
 
 
 def test_sigterm_after_a_large_response():
