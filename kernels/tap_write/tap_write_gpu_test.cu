@@ -5,8 +5,6 @@
 // replays leave the ring bit-equal to the same writes made eagerly.
 #include <cuda_runtime.h>
 
-#include <array>
-#include <cstdio>
 #include <cstring>
 #include <random>
 #include <string>
@@ -14,6 +12,7 @@
 
 #include "common/dtype.h"
 #include "gtest/gtest.h"
+#include "kernels/tap_write/tap_protocol_script.h"
 #include "kernels/tap_write/tap_write.h"
 #include "kernels/tap_write/tap_write_ref.h"
 #include "kernels/blocks/gpu_test_main.h"
@@ -22,6 +21,8 @@ namespace probesidecar::kernels {
 namespace {
 
 using common::DType;
+using tap_protocol::CompareRings;
+using tap_protocol::PoisonedRing;
 
 #define ASSERT_CUDA(call)                                                          \
   do {                                                                             \
@@ -35,17 +36,15 @@ using common::DType;
   } while (0)
 
 // A tap ring on the device and the reference's copy of it on the host, both laid out by
-// MakeTapRingLayout and filled with 0xff bytes (NaN in every dtype, -1 in counts) except the
-// counters, which start as a new tap's do.
+// MakeTapRingLayout and poisoned (PoisonedRing: 0xff bytes, NaN in every dtype, -1 in counts,
+// except the counters, which start as a new tap's do).
 class Ring {
  public:
   Ring(int32_t window, int32_t max_batch, int32_t hidden, DType dtype)
       : window_(window),
         dtype_(dtype),
         layout_(MakeTapRingLayout(window, max_batch, hidden, /*num_probes=*/3, dtype)),
-        host_(layout_.total_bytes, 0xff) {
-    const std::array<int64_t, kTapMetaSize> meta = TapInitialMeta(window);
-    std::memcpy(host_.data() + layout_.meta, meta.data(), sizeof(meta));
+        host_(PoisonedRing(layout_)) {
     error_ = cudaMalloc(&device_, layout_.total_bytes);
     if (error_ == cudaSuccess) {
       error_ = cudaMemcpy(device_, host_.data(), host_.size(), cudaMemcpyHostToDevice);
@@ -81,22 +80,8 @@ class Ring {
     if (other != nullptr) {
       ASSERT_CUDA(cudaMemcpy(want.data(), other->device_, want.size(), cudaMemcpyDeviceToHost));
     }
-    if (got == want) return;
-    size_t i = 0;
-    while (got[i] == want[i]) ++i;
-    const char* part = i >= static_cast<size_t>(layout_.meta)     ? "meta"
-                       : i >= static_cast<size_t>(layout_.gather) ? "gather"
-                       : i >= static_cast<size_t>(layout_.counts) ? "counts"
-                       : i >= static_cast<size_t>(layout_.rows)   ? "rows"
-                       : i >= static_cast<size_t>(layout_.scores) ? "scores"
-                                                                  : "slots";
-    std::string detail = part;
-    if (i < static_cast<size_t>(layout_.scores)) {
-      detail += " slot " + std::to_string(i / layout_.slot_bytes) + " byte " +
-                std::to_string(i % layout_.slot_bytes);
-    }
-    ADD_FAILURE() << where << ": first difference at byte " << i << " (" << detail << "): got "
-                  << int{got[i]} << ", want " << int{want[i]};
+    const std::string difference = CompareRings(want, got, layout_, where);
+    if (!difference.empty()) ADD_FAILURE() << difference;
   }
 
   int64_t HostMeta(int i) const {
