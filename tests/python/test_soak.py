@@ -31,8 +31,8 @@ SOAK_SECONDS = 25
 # other (probe-bench loads their probe sets with 30 s deadlines at least, whatever the calls'
 # timeout). H is 4096 (268 M, ~30-60 ms on one thread of a release build) unless that takes
 # longer than REQUEST_SECONDS: then H shrinks so that a request takes about that long. A sanitized
-# build on a loaded CI machine once took 1.5 s a request at 4096, and 25 s then held only ~50
-# requests: too few for the queue to be caught at every depth (no impatient call expired).
+# build on a loaded CI machine takes up to 1.5 s a request at 4096: 25 s of that hold ~50
+# requests, too few for the queue to be caught at every depth (no impatient call expires).
 HIDDEN = 4096
 REQUEST_SECONDS = 0.08
 WORKLOAD = ["--modes=score_inline", "--quiet"]
