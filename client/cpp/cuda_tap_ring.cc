@@ -245,7 +245,7 @@ absl::Status CudaTapRing::Init() {
         cudaEventCreateWithFlags(&event, cudaEventBlockingSync | cudaEventDisableTiming),
         "cudaEventCreateWithFlags");
   }
-  write_ = kernels::TapRingWriteParams(layout_, base_, dtype_);
+  write_ = kernels::TapRingWriteParams(layout_, base_);
   return WarmServer();
 }
 

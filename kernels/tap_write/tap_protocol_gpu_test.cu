@@ -138,7 +138,7 @@ void ExpectRunMatches(const Script& s, const std::vector<std::vector<uint8_t>>& 
   size_t checkpoint = 0;
   for (const Op& op : s.ops) {
     if (op.kind != Op::Kind::kRead) continue;
-    const WindowRead got = ReadWindow(rings[checkpoint].data(), layout, s.dtype, op.half, op.steps);
+    const WindowRead got = ReadWindow(rings[checkpoint].data(), layout, op.half, op.steps);
     EXPECT_EQ(CompareWindow(model[checkpoint], got, static_cast<int64_t>(checkpoint)), "");
     ++checkpoint;
   }

@@ -301,14 +301,14 @@ std::vector<WindowRead> Model(const Script& s) {
   return out;
 }
 
-WindowRead ReadWindow(const uint8_t* ring, const TapRingLayout& layout, common::DType dtype,
-                      int32_t half, int32_t steps) {
+WindowRead ReadWindow(const uint8_t* ring, const TapRingLayout& layout, int32_t half,
+                      int32_t steps) {
   const TapWindowParts parts = MakeTapWindowParts(layout, half, steps);
   WindowRead w;
-  const int64_t element = common::DTypeSize(dtype);
+  const int64_t element = layout.element_size;
   w.rows.resize(parts.rows * layout.hidden);
   for (size_t i = 0; i < w.rows.size(); ++i) {
-    w.rows[i] = Load(dtype, ring + parts.activations + static_cast<int64_t>(i) * element);
+    w.rows[i] = Load(layout.dtype, ring + parts.activations + static_cast<int64_t>(i) * element);
   }
   w.counts.resize(steps);
   std::memcpy(w.counts.data(), ring + parts.counts, steps * sizeof(int32_t));
@@ -394,7 +394,7 @@ std::string CompareRings(const std::vector<uint8_t>& want, const std::vector<uin
 
 TapWriteParams WriteParams(const Script& s, const Op& op, uint8_t* ring, const void* src,
                            const int32_t* count32, const int64_t* count64) {
-  TapWriteParams p = TapRingWriteParams(s.Layout(), ring, s.dtype);
+  TapWriteParams p = TapRingWriteParams(s.Layout(), ring);
   p.src = src;
   p.num_rows32 = count32;
   p.num_rows64 = count64;
@@ -609,7 +609,7 @@ int RunScriptCommand(const std::string& command, const std::string& script_path,
   for (const Op& op : script.ops) {
     if (op.kind != Op::Kind::kRead) continue;
     const uint8_t* ring = rings.data() + checkpoint * layout.total_bytes;
-    const WindowRead got = ReadWindow(ring, layout, script.dtype, op.half, op.steps);
+    const WindowRead got = ReadWindow(ring, layout, op.half, op.steps);
     report += CompareWindow(expected[checkpoint], got, static_cast<int64_t>(checkpoint));
     report += CompareWindow(model[checkpoint], got, static_cast<int64_t>(checkpoint));
     ++checkpoint;

@@ -100,8 +100,8 @@ struct WindowRead {
 std::vector<WindowRead> Model(const Script& script);
 
 // The C++ reader: window (half, steps) of a ring's bytes, at MakeTapWindowParts' offsets.
-WindowRead ReadWindow(const uint8_t* ring, const TapRingLayout& layout, common::DType dtype,
-                      int32_t half, int32_t steps);
+WindowRead ReadWindow(const uint8_t* ring, const TapRingLayout& layout, int32_t half,
+                      int32_t steps);
 
 // The sidecar's part at a checkpoint: ScoreValue into the window's output, [rows, P] float32
 // (host bytes; on the GPU, the same bytes copied to the device at `parts.scores`).

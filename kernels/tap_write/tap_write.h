@@ -143,6 +143,7 @@ struct TapRingLayout {
   int64_t slot_bytes = 0;  // one slot: max_batch * H elements
   // What it was made for.
   int32_t window = 0, max_batch = 0, hidden = 0, num_probes = 0, element_size = 0;
+  common::DType dtype = common::DType::kFloat32;  // the rows'
 };
 
 // `device_scores`: with the scores and rows parts (a CUDA ring, whose Score reads its rows and
@@ -157,6 +158,7 @@ inline TapRingLayout MakeTapRingLayout(int32_t window, int32_t max_batch, int32_
   layout.hidden = hidden;
   layout.num_probes = num_probes;
   layout.element_size = common::DTypeSize(dtype);
+  layout.dtype = dtype;
   layout.slot_bytes = int64_t{max_batch} * hidden * layout.element_size;
   int64_t at = 0;
   auto place = [&at](int64_t bytes) {
@@ -206,10 +208,9 @@ inline TapWindowParts MakeTapWindowParts(const TapRingLayout& layout, int32_t ha
 }
 
 // The fixed part of every write into the ring laid out as `layout` at `ring` (host or device
-// memory) of rows of `dtype`: its slots, counters and shape. A write adds its rows (src, n,
-// src_row_stride) and, where the batch is padded, its row count on the GPU.
-inline TapWriteParams TapRingWriteParams(const TapRingLayout& layout, void* ring,
-                                         common::DType dtype) {
+// memory): its slots, counters, shape and dtype. A write adds its rows (src, n, src_row_stride)
+// and, where the batch is padded, its row count on the GPU.
+inline TapWriteParams TapRingWriteParams(const TapRingLayout& layout, void* ring) {
   auto* base = static_cast<uint8_t*>(ring);
   TapWriteParams p;
   p.slots = base + layout.slots;
@@ -218,7 +219,7 @@ inline TapWriteParams TapRingWriteParams(const TapRingLayout& layout, void* ring
   p.max_batch = layout.max_batch;
   p.hidden = layout.hidden;
   p.overflow_slot = 2 * layout.window;
-  p.dtype = dtype;
+  p.dtype = layout.dtype;
   return p;
 }
 

@@ -42,7 +42,6 @@ class Ring {
  public:
   Ring(int32_t window, int32_t max_batch, int32_t hidden, DType dtype)
       : window_(window),
-        dtype_(dtype),
         layout_(MakeTapRingLayout(window, max_batch, hidden, /*num_probes=*/3, dtype)),
         host_(PoisonedRing(layout_)) {
     error_ = cudaMalloc(&device_, layout_.total_bytes);
@@ -58,8 +57,8 @@ class Ring {
 
   // The params of a write, on the device (host = false) or on the reference's copy.
   TapWriteParams Write(bool host, const void* src, int32_t n, int64_t stride) {
-    TapWriteParams p = TapRingWriteParams(
-        layout_, host ? static_cast<void*>(host_.data()) : device_, dtype_);
+    TapWriteParams p =
+        TapRingWriteParams(layout_, host ? static_cast<void*>(host_.data()) : device_);
     p.src = src;
     p.src_row_stride = stride;
     p.n = n;
@@ -92,7 +91,6 @@ class Ring {
 
  private:
   int32_t window_;
-  DType dtype_;
   TapRingLayout layout_;
   std::vector<uint8_t> host_;
   void* device_ = nullptr;
