@@ -18,7 +18,8 @@
 #   deploy    deploy/ run for real (tests/deploy/run.sh): the image built from a bundle of build/
 #             and started, the compose stack brought up and scraped, the Kubernetes manifests
 #             checked; installs docker.io, docker-compose and debootstrap (needs root or sudo)
-# Any sanitizer report fails the stage; reports are kept in <build dir>/sanitizer-reports/.
+# Any sanitizer report fails the stage; reports are kept in <build dir>/sanitizer-reports/. With the
+# release stage, the sanitizer stages' builds run in the background (nice 19) during its tests.
 #
 # CUDA targets (docs/gpu-support.md): build/ carries machine code for every GPU family the
 # service supports unless CUDA_ARCHITECTURES narrows it (a CMAKE_CUDA_ARCHITECTURES list, e.g.
@@ -87,6 +88,50 @@ configure() {  # configure BUILD_DIR CUDA_ARCHITECTURES [cmake args...]
     -DCMAKE_CUDA_ARCHITECTURES="$archs" -DPython3_EXECUTABLE="$venv/bin/python" "$@" >/dev/null
 }
 
+# The sanitizer builds: build-asan/ (ASan+UBSan, with the fuzz targets) and build-tsan/ (only what
+# the TSan tests need). No benchmarks, no GPU tests: they run no GPU code.
+build_asan() {
+  configure "$root/build-asan" "$sanitizer_cuda_archs" -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+    -DCMAKE_C_COMPILER=clang -DCMAKE_CXX_COMPILER=clang++ \
+    -DPROBESIDECAR_SANITIZE=address,undefined -DPROBESIDECAR_FUZZ=ON \
+    -DPROBESIDECAR_BUILD_BENCH=OFF -DPROBESIDECAR_GPU_TESTS=OFF
+  cmake --build "$root/build-asan" -j "$jobs"
+}
+build_tsan() {
+  configure "$root/build-tsan" "$sanitizer_cuda_archs" -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+    -DCMAKE_C_COMPILER=clang -DCMAKE_CXX_COMPILER=clang++ \
+    -DPROBESIDECAR_SANITIZE=thread -DPROBESIDECAR_BUILD_BENCH=OFF -DPROBESIDECAR_GPU_TESTS=OFF
+  cmake --build "$root/build-tsan" -j "$jobs" --target tsan_tests
+}
+
+# The release and vLLM stages' tests leave about a third of the CPU idle (servers started and
+# stopped, deadlines waited on). When sanitizer stages follow, their builds start in the
+# background once the release build is done, at the lowest CPU priority (nice 19: the tests
+# take the CPU whenever they want it), and each sanitizer stage first waits for them; its own
+# build step then finishes what is left and reports any error. Their output:
+# build/sanitizer-prebuild.log.
+prebuild_pid=""
+start_sanitizer_prebuild() {
+  local wanted=()
+  [[ " $stages " == *" asan "* || " $stages " == *" fuzz "* ]] && wanted+=(build_asan)
+  [[ " $stages " == *" tsan "* ]] && wanted+=(build_tsan)
+  ((${#wanted[@]})) || return 0
+  echo "== building ${wanted[*]#build_} in the background (nice 19): $build/sanitizer-prebuild.log"
+  # Its own process group (set -m), so that the EXIT trap stops it with every compiler it runs.
+  set -m
+  (
+    renice -n 19 -p "$BASHPID" >/dev/null
+    for b in "${wanted[@]}"; do "$b" || true; done
+  ) </dev/null >"$build/sanitizer-prebuild.log" 2>&1 &
+  prebuild_pid=$!
+  set +m
+}
+wait_sanitizer_prebuild() {
+  [[ -n "$prebuild_pid" ]] || return 0
+  wait "$prebuild_pid" || true
+  prebuild_pid=""
+}
+
 if [[ "$mode" == test ]]; then
   stages="${TEST_STAGES:-release vllm asan tsan fuzz deploy}"
   for stage in $stages; do
@@ -95,6 +140,8 @@ if [[ "$mode" == test ]]; then
       *) echo "error: unknown stage '$stage' in TEST_STAGES (release vllm asan tsan fuzz deploy)" >&2; exit 2 ;;
     esac
   done
+  # A stage that fails ends the script: the background builds go with it.
+  trap '[[ -n "$prebuild_pid" ]] && kill -- "-$prebuild_pid" 2>/dev/null; true' EXIT
   for stage in $stages; do
     start=$SECONDS
     case "$stage" in
@@ -102,6 +149,7 @@ if [[ "$mode" == test ]]; then
         echo "== build ($build)"
         configure "$build" "$cuda_archs" -DCMAKE_BUILD_TYPE=Release
         cmake --build "$build" -j "$jobs"
+        start_sanitizer_prebuild
         echo "== tests"
         ctest --test-dir "$build" --output-on-failure -j "$jobs" --timeout 900
         ;;
@@ -117,12 +165,9 @@ if [[ "$mode" == test ]]; then
         ;;
       asan | fuzz)
         # One build serves both (ASan+UBSan, with the fuzz targets); the second is a no-op.
+        wait_sanitizer_prebuild
         echo "== build (build-asan: AddressSanitizer + UndefinedBehaviorSanitizer, fuzz targets)"
-        configure "$root/build-asan" "$sanitizer_cuda_archs" -DCMAKE_BUILD_TYPE=RelWithDebInfo \
-          -DCMAKE_C_COMPILER=clang -DCMAKE_CXX_COMPILER=clang++ \
-          -DPROBESIDECAR_SANITIZE=address,undefined -DPROBESIDECAR_FUZZ=ON \
-          -DPROBESIDECAR_BUILD_BENCH=OFF -DPROBESIDECAR_GPU_TESTS=OFF
-        cmake --build "$root/build-asan" -j "$jobs"
+        build_asan
         if [[ "$stage" == asan ]]; then
           echo "== tests under ASan + UBSan (not the GPU tests, nor those that start no binary)"
           asan_args=(-LE "gpu|python-only" -j "$jobs")
@@ -141,12 +186,9 @@ if [[ "$mode" == test ]]; then
         fi
         ;;
       tsan)
+        wait_sanitizer_prebuild
         echo "== build (build-tsan: ThreadSanitizer; the executors' and registries' tests)"
-        configure "$root/build-tsan" "$sanitizer_cuda_archs" -DCMAKE_BUILD_TYPE=RelWithDebInfo \
-          -DCMAKE_C_COMPILER=clang -DCMAKE_CXX_COMPILER=clang++ \
-          -DPROBESIDECAR_SANITIZE=thread -DPROBESIDECAR_BUILD_BENCH=OFF \
-          -DPROBESIDECAR_GPU_TESTS=OFF
-        cmake --build "$root/build-tsan" -j "$jobs" --target tsan_tests
+        build_tsan
         echo "== tests under TSan"
         tests/sanitizers/ctest.sh "$root/build-tsan" -L tsan -j "$jobs"
         ;;
