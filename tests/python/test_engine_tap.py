@@ -368,6 +368,43 @@ def test_a_paused_sidecar_costs_windows_not_steps(own_sidecar):
     assert state["requests_live"] == state["steps_pending"] == 0
 
 
+def test_a_summary_waits_for_its_rows_still_being_scored_while_later_windows_are_lost(
+        own_sidecar):
+    """A request whose last rows are in a window still with the (paused) sidecar, while the
+    windows after it are lost: its summary is made once that window is scored, with every row —
+    not when a later window is reported lost (a lost window is known at its close, before the
+    window still with the sidecar), which made it with rows missing and marked complete, and
+    left its late rows under no request."""
+    servers, _, _ = own_sidecar
+    e = begin(own_sidecar)  # request r: steps 0-3 scored (windows 0 and 1)
+    try:
+        servers[0].signal(signal.SIGSTOP)
+        try:
+            in_a_thread(lambda: drive(e, range(4, 6)))  # window 2, r's last rows: not answered
+            with e.lock:
+                e.finish(["r-00000001"])
+            # Request s: its windows queue behind window 2, then are lost.
+            in_a_thread(lambda: drive(e, range(0, 16), request="s-00000001", new=True))
+            assert e.taps["engine"].stats.windows_lost > 0  # counted at their close
+            made = e.take(lambda request_id: True)
+            assert not made, "a summary was made before its rows were scored"
+        finally:
+            servers[0].signal(signal.SIGCONT)
+        e.wait_delivered(DEADLINE)
+        summary = e.collect(["r"], timeout=DEADLINE)["r-00000001"]["engine"]
+        with e.lock:
+            e.finish(["s-00000001"])
+        other = e.collect(["s"], timeout=DEADLINE)["s-00000001"]["engine"]
+        state = e.state()
+        records = list(e.records())
+    finally:
+        e.close()
+    assert summary.rows == 6 and summary.complete, (summary, state)
+    assert not other.complete and other.rows + state["rows_lost"] == 16, (other, state)
+    assert {r.request_id for r in records} == {"r-00000001", "s-00000001"}
+    assert state["requests_live"] == state["steps_pending"] == 0
+
+
 def test_a_restarted_sidecar_scores_again(own_sidecar):
     """The sidecar killed mid-generation and started again on the same socket: windows fail while
     it is gone (the engine's steps go on), then the plugin opens a session on the new server and

@@ -257,7 +257,8 @@ def test_a_sidecar_that_falls_behind_costs_windows_not_steps(client, probe_set):
     nowhere, never sent, delivered with WindowLost) and scoring resumes by itself with the first
     window whose half is free again. Windows of two steps; answers held back from window 2 on:
     window 4 (whose half window 2 still holds) and 5 (window 3's) are lost; once the answers
-    come, window 6 is scored again, with its own rows."""
+    come, window 6 is scored again, with its own rows. Every window is delivered in the order
+    they closed."""
     from probe_sidecar.pipeline import ScoreStreamPipeline
     from probe_sidecar.tap import HostRing, Tap, WindowLost
 
@@ -288,8 +289,10 @@ def test_a_sidecar_that_falls_behind_costs_windows_not_steps(client, probe_set):
         if answers.is_set() and t % 2:  # a window closed: a sidecar keeping pace answers it
             tap.wait_delivered(60)
     tap.close()
-    windows = {w.index: w for w in tap.windows()}
-    assert sorted(windows) == list(range(7))
+    delivered = list(tap.windows())
+    # In the order they closed: windows 4 and 5, lost at their close, after 2 and 3.
+    assert [w.index for w in delivered] == list(range(7))
+    windows = {w.index: w for w in delivered}
     for index in (4, 5):
         assert isinstance(windows[index].error, WindowLost), (index, windows[index].error)
     for index in (0, 1, 2, 3, 6):
@@ -299,3 +302,39 @@ def test_a_sidecar_that_falls_behind_costs_windows_not_steps(client, probe_set):
         want = reference(np.concatenate(rows[2 * index:2 * index + 2]), weight, bias)
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-4)
     assert tap.stats.windows_lost == 2 and tap.stats.windows_failed == 2
+
+
+def test_a_window_whose_request_cannot_be_sent_is_delivered_with_the_error(client, probe_set):
+    """A window whose Score cannot even be queued (the stream cannot be opened) is delivered with
+    that error, and the windows after it are still sent and delivered, in order."""
+    import grpc
+
+    from probe_sidecar.pipeline import ScoreStreamPipeline
+    from probe_sidecar.tap import HostRing, Tap
+
+    weight, bias, _ = probe_set
+    refused = []
+
+    class Refusing(ScoreStreamPipeline):
+        def submit(self, request, on_answer=None):
+            if not refused:
+                refused.append(request)
+                raise ProbeSidecarError(grpc.StatusCode.UNAVAILABLE, "no stream to send on")
+            return super().submit(request, on_answer)
+
+    info = client.probe_set_info("tap_test")
+    pipeline = Refusing(client.stub)
+    tap = Tap(HostRing("tap_test", 0, H, 1, 1, "float32"), pipeline, info, raise_errors=False,
+              on_close=pipeline.close)
+    rows = [np.full((1, H), t / 10, np.float32) for t in range(3)]
+    for row in rows:  # windows of one step
+        tap.write(row)
+        tap.step()
+    tap.close(timeout=60)  # a safety net, far past the work
+    delivered = list(tap.windows())
+    assert [w.index for w in delivered] == [0, 1, 2]
+    assert isinstance(delivered[0].error, ProbeSidecarError), delivered[0].error
+    for w, row in zip(delivered[1:], rows[1:]):
+        assert w.error is None, w.error
+        np.testing.assert_allclose([r.scores for r in w.records()], reference(row, weight, bias),
+                                   rtol=1e-5, atol=1e-4)

@@ -405,10 +405,13 @@ class Tap:
                 self._answered(window, score_pb2.ScoreResponse(num_probes=self.num_probes), None)
                 sent = window
                 continue
-            if self._submit_after_ready:
-                self.ring.ready_wait(window)
             started = time.thread_time_ns()
-            self._send(window)
+            try:
+                if self._submit_after_ready:
+                    self.ring.ready_wait(window)
+                self._send(window)
+            except Exception as error:  # never lose a window: answer it with the error
+                self._answered(window, None, error)
             self._add_cpu(started)
             sent = window
 
@@ -429,15 +432,31 @@ class Tap:
         self._add_cpu(started)
 
     def _deliver_loop(self) -> None:
+        """Delivers the windows in the order they closed. They are answered out of order: a lost
+        window (or one failed for good) at its close, while the window before it may still be
+        with the sidecar. Each waits here for those before it, so that a window's delivery means
+        every earlier one's: a caller that counts delivered steps (the vLLM plugin's summaries)
+        relies on it. At close, windows still held go out in order."""
+        held: dict[int, _Window] = {}
+        next_index = 0
         while True:
             window = self._deliveries.get()
+            if window is not None:
+                held[window.index] = window
+            ready = []
+            while next_index in held:
+                ready.append(held.pop(next_index))
+                next_index += 1
+            if window is None:
+                ready += [held.pop(index) for index in sorted(held)]
+            for w in ready:
+                started = time.thread_time_ns()
+                try:
+                    self._deliver(w)
+                finally:
+                    self._add_cpu(started)
             if window is None:
                 return
-            started = time.thread_time_ns()
-            try:
-                self._deliver(window)
-            finally:
-                self._add_cpu(started)
 
     def _deliver(self, window: _Window) -> None:
         delivered = self._finish(window)
