@@ -107,29 +107,34 @@ build_tsan() {
 # The release and vLLM stages' tests leave about a third of the CPU idle (servers started and
 # stopped, deadlines waited on). When sanitizer stages follow, their builds start in the
 # background once the release build is done, at the lowest CPU priority (nice 19: the tests
-# take the CPU whenever they want it), and each sanitizer stage first waits for them; its own
-# build step then finishes what is left and reports any error. Their output:
-# build/sanitizer-prebuild.log.
+# take the CPU whenever they want it), build-asan first; each sanitizer stage waits for its own
+# build, whose step then finishes what is left and reports any error. Their output:
+# build/sanitizer-prebuild.log; build/.prebuilt-<name> marks each one done.
 prebuild_pid=""
 start_sanitizer_prebuild() {
   local wanted=()
-  [[ " $stages " == *" asan "* || " $stages " == *" fuzz "* ]] && wanted+=(build_asan)
-  [[ " $stages " == *" tsan "* ]] && wanted+=(build_tsan)
+  [[ " $stages " == *" asan "* || " $stages " == *" fuzz "* ]] && wanted+=(asan)
+  [[ " $stages " == *" tsan "* ]] && wanted+=(tsan)
   ((${#wanted[@]})) || return 0
-  echo "== building ${wanted[*]#build_} in the background (nice 19): $build/sanitizer-prebuild.log"
+  rm -f "$build"/.prebuilt-*
+  echo "== building ${wanted[*]} in the background (nice 19): $build/sanitizer-prebuild.log"
   # Its own process group (set -m), so that the EXIT trap stops it with every compiler it runs.
   set -m
   (
     renice -n 19 -p "$BASHPID" >/dev/null
-    for b in "${wanted[@]}"; do "$b" || true; done
+    for name in "${wanted[@]}"; do
+      "build_$name" || true
+      touch "$build/.prebuilt-$name"
+    done
   ) </dev/null >"$build/sanitizer-prebuild.log" 2>&1 &
   prebuild_pid=$!
   set +m
 }
-wait_sanitizer_prebuild() {
+wait_sanitizer_prebuild() {  # wait_sanitizer_prebuild asan|tsan
   [[ -n "$prebuild_pid" ]] || return 0
-  wait "$prebuild_pid" || true
-  prebuild_pid=""
+  while [[ ! -e "$build/.prebuilt-$1" ]] && kill -0 "$prebuild_pid" 2>/dev/null; do
+    sleep 1
+  done
 }
 
 if [[ "$mode" == test ]]; then
@@ -165,7 +170,7 @@ if [[ "$mode" == test ]]; then
         ;;
       asan | fuzz)
         # One build serves both (ASan+UBSan, with the fuzz targets); the second is a no-op.
-        wait_sanitizer_prebuild
+        wait_sanitizer_prebuild asan
         echo "== build (build-asan: AddressSanitizer + UndefinedBehaviorSanitizer, fuzz targets)"
         build_asan
         if [[ "$stage" == asan ]]; then
@@ -186,7 +191,7 @@ if [[ "$mode" == test ]]; then
         fi
         ;;
       tsan)
-        wait_sanitizer_prebuild
+        wait_sanitizer_prebuild tsan
         echo "== build (build-tsan: ThreadSanitizer; the executors' and registries' tests)"
         build_tsan
         echo "== tests under TSan"
