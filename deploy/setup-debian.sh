@@ -146,7 +146,7 @@ if [[ "$mode" == test ]]; then
     esac
   done
   # A stage that fails ends the script: the background builds go with it.
-  trap '[[ -n "$prebuild_pid" ]] && kill -- "-$prebuild_pid" 2>/dev/null; true' EXIT
+  trap 'if [[ -n "$prebuild_pid" ]]; then kill -- "-$prebuild_pid" 2>/dev/null || true; fi' EXIT
   for stage in $stages; do
     start=$SECONDS
     case "$stage" in
