@@ -539,6 +539,15 @@ def compare_ring_runs(want: list[bytes], got: list[bytes], layout: tap_op.RingLa
     return problems
 
 
+def check_gather_writer(s: GatherScript, rings: list[bytes], writer: str) -> list[str]:
+    """A writer's rings of gather script `s` against those of the operator's CPU implementation,
+    which are checked against the slot rules first."""
+    where = f"K {s.window} max_batch {s.max_batch} {s.dtype}"
+    cpu = run_gather(s, "op")
+    problems = [f"{where}: {p}" for p in check_gather_rings(s, cpu)]
+    return problems + compare_ring_runs(cpu, rings, s.layout(), f"{where}, {writer}")
+
+
 def check_gather_rings(s: GatherScript, rings: list[bytes]) -> list[str]:
     """The rings after every operation against the slot rules (docs/tap-protocol.md, gather
     mode): every slot's rows (NaN where never written), counts and counters."""
