@@ -67,10 +67,11 @@ class Sidecar:
         """Starts the server and returns once its gRPC health status is SERVING; its TCP and
         metrics addresses are then the ones ServerInfo reports."""
         self._log = open(self.log_path, "wb")
-        umask = self.umask
+        # Popen's umask (set between fork and exec in C), never a preexec_fn: Python code run
+        # there, in a process with gRPC's threads, can deadlock before the exec.
         self.process = subprocess.Popen(self.argv, stdout=self._log, stderr=subprocess.STDOUT,
                                         env=self.env,
-                                        preexec_fn=None if umask is None else lambda: os.umask(umask))
+                                        umask=-1 if self.umask is None else self.umask)
         deadline = time.monotonic() + timeout
         with Client(self.uds_target, timeout=10.0) as probe:
             while time.monotonic() < deadline:

@@ -68,14 +68,11 @@ def _as_user(s: Sidecar, uid: int, gid: int, groups: list[int], *command: str) -
     the server reads with SO_PEERCRED and SO_PEERGROUPS); returns "OK" or the status code's name,
     and probe-client's stderr."""
 
-    def become():
-        os.setgroups(groups)
-        os.setgid(gid)
-        os.setuid(uid)
-
+    # user/group/extra_groups, not a preexec_fn: Python code run between fork and exec in a
+    # process with gRPC's threads can deadlock, and then Popen waits for the exec forever.
     result = subprocess.run([str(CLIENT_BIN), f"--target=unix:{s.socket}", *command],
-                            capture_output=True, text=True, timeout=60, preexec_fn=become,
-                            cwd="/")
+                            capture_output=True, text=True, timeout=60, user=uid, group=gid,
+                            extra_groups=groups, cwd="/")
     if result.returncode == 0:
         return "OK", result.stderr
     found = re.search(r"probe-client: ([A-Z_]+):", result.stderr)
