@@ -74,7 +74,11 @@ DROP = ["vllm_flash_attn/_vllm_fa2_C.abi3.so", "vllm-rs", "third_party/deep_gemm
 STRIP = ["pycountry/locales", "mistral_common/data"]
 # Where the registry's newest release within vLLM's range does not install on Python 3.12
 # manylinux (name: the version taken instead, and why).
-PINS = {}
+PINS = {
+    # 1.45.3 came out alone: opentelemetry-sdk and -semantic-conventions (newest 1.45.2 and
+    # 0.66b2) pin opentelemetry-api==1.45.2, which the walk above cannot back out to by itself.
+    "opentelemetry-api": "1.45.2",
+}
 
 
 def pip(*args: str) -> None:
