@@ -8,8 +8,7 @@
 //
 // --sweep outcomes: what counting probe outcomes costs (kernels/probe_outcomes): per shape, the
 // dispatcher's path alone ("dispatch"); counting as the server runs it, fused into the scoring
-// kernels where the plan counts and the count kernel after them elsewhere ("dispatch+fused"),
-// and so with the request's non-finite count published ("dispatch+fused_publish": a synchronous
+// kernels ("dispatch+fused"), and so with the request's non-finite count published ("dispatch+fused_publish": a synchronous
 // request with a device output, where the count kernel follows to publish); the count kernel
 // alone after the scoring kernels, in stream order ("dispatch+outcomes"), as its programmatic
 // dependent ("dispatch+outcomes_pdl"), and so published ("dispatch+outcomes_pdl_publish"): what
@@ -291,11 +290,10 @@ enum class Counting {
   // (as a programmatic dependent, as the count is launched), reading and writing nothing.
   kEmptyProgrammatic,
   // What the server runs: the count fused into the scoring kernels (ProbeScoreParams::outcomes)
-  // where the plan counts (ProbeScoreCountsOutcomes), else the count kernel after them (as a
-  // programmatic dependent up to kProgrammaticCountMaxScores, as the server launches it) ...
+  // ...
   kFused,
   // ... and the same for a synchronous request with a device output: the count kernel then
-  // follows to publish the request's non-finite count (publish_only where the kernels counted).
+  // follows to publish the request's non-finite count (publish_only: counting nothing).
   kFusedPublish,
 };
 
@@ -454,8 +452,7 @@ class Bench {
     }
     const cudaError_t e = ps::LaunchProbeScore(plan, params, ws_, stream_);
     if (e != cudaSuccess || counting == Counting::kNone) return e;
-    const bool counted = fused && ps::ProbeScoreCountsOutcomes(plan);
-    if (counted && !publish) return e;
+    if (counting == Counting::kFused) return e;
     if (counting == Counting::kEmptyProgrammatic) {
       const cudaError_t le = ps::blocks::LaunchProgrammaticDependent(
           EmptyDependentKernel, dim3(1), dim3(32), 0, stream_, 0);
@@ -466,7 +463,7 @@ class Bench {
                        (publish                              ? kSlots
                         : counting == Counting::kOffPublish ? 2 * kSlots
                                                             : 0);
-    count.publish_only = counted ? 1 : 0;
+    count.publish_only = fused ? 1 : 0;
     count.thresholds = tables_.thresholds;
     count.bounds = tables_.bounds;
     count.num_probes = plan.shape.num_probes;

@@ -1,8 +1,7 @@
 #!/usr/bin/env python3
 """What counting probe outcomes costs, from `probe-score-bench --sweep outcomes` results, as a
 markdown table: per shape, the dispatcher's path alone and with the outcome count as the server
-runs it (fused into the scoring kernels where the plan counts, the count kernel after them
-elsewhere), the medians over interleaved rounds, the added µs and % and whether it is within the
+runs it (fused into the scoring kernels), the medians over interleaved rounds, the added µs and % and whether it is within the
 target (≤ 1 µs or ≤ 1%, whichever is larger); beside it, the count kernel after the scoring kernels
 (what the server ran before the count was fused) and the floor of any kernel after them.
 
@@ -69,8 +68,7 @@ def main() -> None:
         "variant once, in a rotating order; bf16 activations, H = 4096, sigmoid scores, 20 bucket "
         "bounds, rows random over a 2 GiB pool). `score`: the dispatcher's path alone. `counted`: "
         "the outcome count as the server runs it: fused into the kernels that write the scores "
-        "(each block tallies its scores in shared memory and adds them to the counters once), or, "
-        "where the plan cannot (gather_wgmma without split), the count kernel after them. "
+        "(each block tallies its scores in shared memory and adds them to the counters once). "
         "`+publish`: that for a synchronous request with a device output, where the count kernel "
         "follows to publish the request's non-finite count. `count kernel`: the count kernel alone "
         "after the scoring kernels, as a programmatic dependent (what the server ran before the "

@@ -98,7 +98,7 @@ __device__ inline void OutcomeTallyBegin(const OutcomeEpilogueParams& p, void* s
 
 // A thread's view of its block's tally (after OutcomeTallyBegin): what it holds in registers is
 // its own part since the last Flush, so a kernel may make one per round of its loop.
-template <int kSlots>
+template <int kSlots, bool kRowLanes = false>
 class OutcomeTally {
  public:
   // `begun`: whether this block called OutcomeTallyBegin (false: the view is off).
@@ -137,7 +137,10 @@ class OutcomeTally {
 
   // This thread's sums and counts so far into the block's tally (no barrier): a kernel whose
   // threads write scores in a loop calls it each round, so that nothing of the tally stays in
-  // registers through its main loop.
+  // registers through its main loop. With kRowLanes (the mma fragment layout: lanes l, l ^ 4,
+  // l ^ 8 and l ^ 16 hold the same columns of other rows in the same slots), the warp adds its
+  // lanes' parts up first and one lane in eight adds them to shared memory: every lane of the
+  // warp calls it.
   __device__ __forceinline__ void Flush() {
     if (!on_) return;
     const int cols = h_->cols;
@@ -147,12 +150,26 @@ class OutcomeTally {
     uint32_t block_non_finite = 0;
 #pragma unroll
     for (int s = 0; s < kSlots; ++s) {
-      if (probe_[s] < 0) continue;
-      const int c = Column(probe_[s]);
-      block_non_finite += non_finite_[s];
-      if (non_finite_[s] != 0) atomicAdd(non_finite + c, non_finite_[s]);
-      if (fired_[s] != 0) atomicAdd(fired + c, fired_[s]);
-      if (sum_[s] != 0.0f) atomicAdd(sum + c, static_cast<double>(sum_[s]));
+      int probe = probe_[s];
+      float part = sum_[s];
+      // Fired in the low half, non-finite in the high: a slot sees a few scores between flushes.
+      uint32_t counts = fired_[s] | (non_finite_[s] << 16);
+      if constexpr (kRowLanes) {
+#pragma unroll
+        for (int offset = 4; offset < 32; offset <<= 1) {
+          probe = max(probe, __shfl_xor_sync(0xffffffffu, probe, offset));
+          part += __shfl_xor_sync(0xffffffffu, part, offset);
+          counts += __shfl_xor_sync(0xffffffffu, counts, offset);
+        }
+      }
+      if (probe >= 0 && (!kRowLanes || (threadIdx.x & 31) < 4)) {
+        const int c = Column(probe);
+        const uint32_t n_fired = counts & 0xffffu, n_non_finite = counts >> 16;
+        block_non_finite += n_non_finite;
+        if (n_non_finite != 0) atomicAdd(non_finite + c, n_non_finite);
+        if (n_fired != 0) atomicAdd(fired + c, n_fired);
+        if (part != 0.0f) atomicAdd(sum + c, static_cast<double>(part));
+      }
     }
     if (rows_ != 0) atomicAdd(&h_->rows, rows_);
     if (block_non_finite != 0) atomicAdd(&h_->non_finite, block_non_finite);

@@ -2,8 +2,9 @@
 // above the probe's threshold), the scores that were NaN or infinite, and a histogram of the finite
 // scores over fixed bucket bounds; per set, the rows scored. Counted on the GPU into 64-bit device
 // counters, one block of them per (probe set, label slot): by the scoring kernels as they write the
-// scores (OutcomeEpilogueParams, outcome_tally.cuh), or by one small kernel after them where their
-// plan cannot; counted on the host by the CPU backend with the same semantics. The counters are read by copying them whole (the metrics scrape),
+// scores (OutcomeEpilogueParams, outcome_tally.cuh), or by one small kernel after them (what the
+// server ran before; it now only publishes a request's non-finite count); counted on the host by
+// the CPU backend with the same semantics. The counters are read by copying them whole (the metrics scrape),
 // never per request.
 //
 // Semantics (both implementations): a score is non-finite when it is NaN or infinite; it then
@@ -129,7 +130,7 @@ struct ProbeOutcomeDescriptor {
 // where the descriptor says, so that no pass over the scores follows the scoring kernels. Empty
 // (descriptor nullptr): the scoring kernels count and copy nothing. The request's non-finite count
 // (publish_count) is not published here: a request that asks for it still takes the count kernel,
-// which then counts nothing (its descriptor with counters, copy_to and add_to_total cleared).
+// with publish_only.
 struct OutcomeEpilogueParams {
   const ProbeOutcomeDescriptor* descriptor = nullptr;  // [1] device
   const float* thresholds = nullptr;                   // [P] device; NaN: none

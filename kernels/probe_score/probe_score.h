@@ -94,16 +94,11 @@ struct ProbeScoreParams {
   const int32_t* rows = nullptr;  // [plan max_rows] device; the first args->num_rows are used
   const ProbeWeights* weights = nullptr;  // host struct of device pointers, P and H = the plan's
   Activation activation = Activation::kNone;
-  // The outcome count fused into the kernels that write the scores (descriptor nullptr: none):
-  // where ProbeScoreCountsOutcomes(plan), every score is counted and copied as the request's
-  // descriptor says, and no count kernel need follow (but for publish_count); elsewhere it is
-  // ignored, and the count kernel follows.
+  // The outcome count fused into the kernels that write the scores, on every path (descriptor
+  // nullptr: none): every score is counted and copied as the request's descriptor says, so no
+  // count kernel need follow (but to publish a request's non-finite count: publish_only).
   OutcomeEpilogueParams outcomes;
 };
-
-// Whether the plan's kernels count the outcomes of the scores they write (every path but
-// gather_wgmma's unsplit tiles, whose shared memory and registers are the tile's).
-bool ProbeScoreCountsOutcomes(const ProbeScorePlan& plan);
 
 // The run: enqueues the plan on `stream`, the workspace's (pointer math and launches only).
 // Refuses before enqueuing anything, with

@@ -207,7 +207,7 @@ __global__ void __launch_bounds__(kWM* kWN * 32) FusedTcKernel(const __grid_cons
   if (p.splits == 1) {
     OutcomeTallyBegin(p.outcomes, tc_smem, n0, min(kBN, p.num_probes - n0), p.num_probes);
   }
-  OutcomeTally<2 * S::kNT> tally(p.outcomes, tc_smem, p.splits == 1);
+  OutcomeTally<2 * S::kNT, true> tally(p.outcomes, tc_smem, p.splits == 1);
   const int g = lane / 4, t4 = lane % 4;
 #pragma unroll
   for (int mt = 0; mt < S::kMT; ++mt) {

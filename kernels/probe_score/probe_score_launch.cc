@@ -105,7 +105,6 @@ cudaError_t RunTensorCore(const ProbeScorePlan& plan, const ProbeScoreParams& in
   const FusedTcPlan& tp = wgmma ? plan.gather_wgmma : plan.fused_tc;
   TcParams p;
   BindFused(plan, in, ws, &p);
-  if (wgmma) p.outcomes = {};  // its tiles count nothing: ProbeScoreCountsOutcomes
   const int dtype = static_cast<int>(plan.shape.dtype);
   const CUtensorMap* weight_map =
       in.weights->weight_map_ready[dtype] ? &in.weights->weight_map[dtype] : nullptr;
@@ -202,10 +201,6 @@ cudaError_t RunGatherGemm(const ProbeScorePlan& plan, const ProbeScoreParams& in
 }
 
 }  // namespace
-
-bool ProbeScoreCountsOutcomes(const ProbeScorePlan& plan) {
-  return plan.path != ProbeScorePath::kGatherWgmma || plan.gather_wgmma.grid.z > 1;
-}
 
 cudaError_t LaunchProbeScore(const ProbeScorePlan& plan, const ProbeScoreParams& params,
                              ProbeScoreWorkspace* workspace, cudaStream_t stream) {

@@ -65,7 +65,7 @@ struct TcParams {
   int32_t k_tiles = 0;       // ceil(H / BK)
   int32_t splits = 1;        // gridDim.z
   int32_t activation = 0;
-  OutcomeEpilogueParams outcomes;  // the fused outcome count (splits == 1: fused_tc only)
+  OutcomeEpilogueParams outcomes;  // the fused outcome count (splits == 1; else the reduction's)
 };
 
 // The split-K reduction of fused_tc: a second kernel, so the sum runs in split order on every

@@ -42,9 +42,8 @@ struct GraphKey {
   bool timed;  // with CUDA event nodes around the stages
   // Whether the set's outcomes are counted, scores bound for the response copied to the host, or
   // a synchronous answer's non-finite count published (kernels/probe_outcomes): the scoring
-  // kernels count and copy where their path can (kernels::ProbeScoreCountsOutcomes), the count
-  // kernel where it cannot; false only where none of that is wanted (a set not counted, scores
-  // left on the device, the answer not waiting for them).
+  // kernels count and copy as they write the scores; false only where none of that is wanted (a
+  // set not counted, scores left on the device, the answer not waiting for them).
   bool count = true;
   // Whether the answer carries the request's non-finite count: the count kernel publishes it
   // (after scoring kernels that counted, it only publishes).

@@ -35,8 +35,8 @@ absl::StatusOr<GraphEntry> ScoreRunner::Capture(const GraphKey& key, const Probe
   if (key.count) {
     // What the probes found is counted on the GPU, in this graph, whatever path scored, into the
     // counters the staged descriptor names (the request's label slot), and scores bound for the
-    // response are copied to mapped host memory: by the kernels that write the scores where the
-    // path can, so that nothing reads the scores again. Rows the staging kernel found out of
+    // response are copied to mapped host memory, by the kernels that write the scores as they
+    // write them, so that nothing reads the scores again. Rows the staging kernel found out of
     // range count as NaN, as the poison kernel leaves them.
     params.outcomes.descriptor = &d_args_->outcomes;
     params.outcomes.thresholds = outcomes.tables().thresholds;
@@ -87,12 +87,11 @@ absl::StatusOr<GraphEntry> ScoreRunner::Capture(const GraphKey& key, const Probe
     poison.num_columns = weights.num_probes;
     error = kernels::LaunchPoisonInvalidRows(poison, stream_);
   }
-  const bool counted = kernels::ProbeScoreCountsOutcomes(plan);
-  if (error == cudaSuccess && key.count && (!counted || key.publish)) {
-    // The count kernel: it counts and copies where the scoring kernels could not, and publishes
-    // the request's non-finite count (in mapped host memory) where the answer carries it.
+  if (error == cudaSuccess && key.count && key.publish) {
+    // The count kernel publishes the request's non-finite count (in mapped host memory) where the
+    // answer carries it; it counts and copies nothing (the scoring kernels did).
     kernels::CountProbeOutcomesParams count;
-    count.publish_only = counted ? 1 : 0;
+    count.publish_only = 1;
     count.descriptor = &d_args_->outcomes;
     count.thresholds = outcomes.tables().thresholds;
     count.bounds = outcomes.tables().bounds;
