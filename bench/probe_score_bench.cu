@@ -7,12 +7,10 @@
 //                     [--git HASH[+dirty]] [--allow-dirty]
 //
 // --sweep outcomes: what counting probe outcomes costs (kernels/probe_outcomes): per shape, the
-// dispatcher's path alone ("dispatch"); counting as the server runs it, fused into the scoring
-// kernels ("dispatch+fused"), and so with the request's non-finite count published ("dispatch+fused_publish": a synchronous
-// request with a device output, where the count kernel follows to publish); the count kernel
-// alone after the scoring kernels, in stream order ("dispatch+outcomes"), as its programmatic
-// dependent ("dispatch+outcomes_pdl"), and so published ("dispatch+outcomes_pdl_publish"): what
-// the server ran before the count was fused; with counting off (--probe-outcomes=off, or the
+// dispatcher's path alone ("dispatch"), followed by the outcome count in stream order
+// ("dispatch+outcomes"), as its programmatic dependent ("dispatch+outcomes_pdl", what the server
+// runs), and so with the request's non-finite count published ("dispatch+outcomes_pdl_publish":
+// a synchronous request with a device output); with counting off (--probe-outcomes=off, or the
 // set's option), what is left of the count where the answer needs it: the non-finite count of a
 // synchronous device output ("dispatch+off_publish", counting nothing); an asynchronous device
 // output then has no count kernel at all (its graph is "dispatch"'s). And the floor of any
@@ -289,12 +287,6 @@ enum class Counting {
   // The floor of any kernel after the scoring kernels: one block that waits for them and exits
   // (as a programmatic dependent, as the count is launched), reading and writing nothing.
   kEmptyProgrammatic,
-  // What the server runs: the count fused into the scoring kernels (ProbeScoreParams::outcomes)
-  // ...
-  kFused,
-  // ... and the same for a synchronous request with a device output: the count kernel then
-  // follows to publish the request's non-finite count (publish_only: counting nothing).
-  kFusedPublish,
 };
 
 // kEmptyProgrammatic's kernel.
@@ -439,20 +431,8 @@ class Bench {
   // The scoring launches of request slot `slot`, then the outcome count as `counting` says.
   cudaError_t Launch(const ps::ProbeScorePlan& plan, const ps::ProbeWeights* w, int slot,
                      Counting counting) {
-    const bool fused = counting == Counting::kFused || counting == Counting::kFusedPublish;
-    const bool publish =
-        counting == Counting::kProgrammaticPublish || counting == Counting::kFusedPublish;
-    ps::ProbeScoreParams params = Params(w, slot);
-    if (fused) {
-      params.outcomes.descriptor = outcome_d_ + slot + (publish ? kSlots : 0);
-      params.outcomes.thresholds = tables_.thresholds;
-      params.outcomes.bounds = tables_.bounds;
-      params.outcomes.num_bounds = 20;
-      params.outcomes.non_finite_total = non_finite_total_;
-    }
-    const cudaError_t e = ps::LaunchProbeScore(plan, params, ws_, stream_);
+    const cudaError_t e = ps::LaunchProbeScore(plan, Params(w, slot), ws_, stream_);
     if (e != cudaSuccess || counting == Counting::kNone) return e;
-    if (counting == Counting::kFused) return e;
     if (counting == Counting::kEmptyProgrammatic) {
       const cudaError_t le = ps::blocks::LaunchProgrammaticDependent(
           EmptyDependentKernel, dim3(1), dim3(32), 0, stream_, 0);
@@ -460,10 +440,9 @@ class Bench {
     }
     ps::CountProbeOutcomesParams count;
     count.descriptor = outcome_d_ + slot +
-                       (publish                              ? kSlots
-                        : counting == Counting::kOffPublish ? 2 * kSlots
-                                                            : 0);
-    count.publish_only = fused ? 1 : 0;
+                       (counting == Counting::kProgrammaticPublish ? kSlots
+                        : counting == Counting::kOffPublish        ? 2 * kSlots
+                                                                   : 0);
     count.thresholds = tables_.thresholds;
     count.bounds = tables_.bounds;
     count.num_probes = plan.shape.num_probes;
@@ -472,13 +451,10 @@ class Bench {
     count.scratch = count_scratch_;
     count.non_finite_total = non_finite_total_;
     count.request_non_finite = non_finite_d_;
-    const bool small = int64_t{plan.shape.max_rows} * plan.shape.num_probes <=
-                       ps::kProgrammaticCountMaxScores;
-    return ps::LaunchCountProbeOutcomes(
-        count, stream_,
-        counting == Counting::kStreamOrder || (fused && !small)
-            ? ps::OutcomeLaunch::kStreamOrder
-            : ps::OutcomeLaunch::kProgrammatic);
+    return ps::LaunchCountProbeOutcomes(count, stream_,
+                                        counting == Counting::kStreamOrder
+                                            ? ps::OutcomeLaunch::kStreamOrder
+                                            : ps::OutcomeLaunch::kProgrammatic);
   }
 
   ps::ProbeScoreParams Params(const ps::ProbeWeights* w, int slot) const {
@@ -541,10 +517,8 @@ class Bench {
           {"dispatch+outcomes_pdl", Counting::kProgrammatic},
           {"dispatch+outcomes_pdl_publish", Counting::kProgrammaticPublish},
           {"dispatch+off_publish", Counting::kOffPublish},
-          {"dispatch+empty_pdl", Counting::kEmptyProgrammatic},
-          {"dispatch+fused", Counting::kFused},
-          {"dispatch+fused_publish", Counting::kFusedPublish}};
-      constexpr int kNumVariants = 8;
+          {"dispatch+empty_pdl", Counting::kEmptyProgrammatic}};
+      constexpr int kNumVariants = 6;
       std::vector<Record> recs(kNumVariants);
       for (int round = 0; round < rounds; ++round) {
         for (int v = 0; v < kNumVariants; ++v) {

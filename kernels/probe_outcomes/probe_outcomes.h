@@ -1,10 +1,9 @@
 // What a probe set's probes found: per probe, the scores computed, the scores that fired (at or
 // above the probe's threshold), the scores that were NaN or infinite, and a histogram of the finite
-// scores over fixed bucket bounds; per set, the rows scored. Counted on the GPU into 64-bit device
-// counters, one block of them per (probe set, label slot): by the scoring kernels as they write the
-// scores (OutcomeEpilogueParams, outcome_tally.cuh), or by one small kernel after them (what the
-// server ran before; it now only publishes a request's non-finite count); counted on the host by
-// the CPU backend with the same semantics. The counters are read by copying them whole (the metrics scrape),
+// scores over fixed bucket bounds; per set, the rows scored. Counted on the GPU by one small kernel
+// that the server's graph runs after the scoring kernels (whatever path scored), into 64-bit device
+// counters, one block of them per (probe set, label slot); counted on the host by the CPU backend
+// with the same semantics. The counters are read by copying them whole (the metrics scrape),
 // never per request.
 //
 // Semantics (both implementations): a score is non-finite when it is NaN or infinite; it then
@@ -125,26 +124,6 @@ struct ProbeOutcomeDescriptor {
   int32_t publish_count = 0;
 };
 
-// The count fused into the scoring kernels' final stores (outcome_tally.cuh): what a scoring
-// launch needs to count the scores it writes, with the count kernel's semantics, and to copy them
-// where the descriptor says, so that no pass over the scores follows the scoring kernels. Empty
-// (descriptor nullptr): the scoring kernels count and copy nothing. The request's non-finite count
-// (publish_count) is not published here: a request that asks for it still takes the count kernel,
-// with publish_only.
-struct OutcomeEpilogueParams {
-  const ProbeOutcomeDescriptor* descriptor = nullptr;  // [1] device
-  const float* thresholds = nullptr;                   // [P] device; NaN: none
-  const float* bounds = nullptr;                       // [B] device
-  int32_t num_bounds = 0;                              // B <= kMaxScoreBounds
-  int32_t pad_ = 0;
-  // [R] device or nullptr: 1 where the request's row index was out of range (the staging kernel's
-  // flags). Such a row's scores are counted and copied as NaN: what the poison kernel after the
-  // scoring kernels leaves in the output.
-  const uint8_t* invalid_rows = nullptr;
-  // [1] device: the running total of non-finite scores of requests with add_to_total.
-  unsigned long long* non_finite_total = nullptr;
-};
-
 // Grid: (row groups, probe tiles of 128 probes), threads: a multiple of the tile's width (each
 // thread one probe column, several rows), at most 256 (128 for 4 probes or fewer); a histogram
 // per probe of the tile in shared memory, added to the counters once per block (a request of at
@@ -166,10 +145,6 @@ struct CountProbeOutcomesParams {
   // [1] this request's NaN or infinite scores, when publish_count (host-mapped memory is fine: one
   // plain store).
   uint32_t* request_non_finite = nullptr;
-  // Nonzero: the scoring kernels before it counted and copied the scores (OutcomeEpilogueParams);
-  // this launch only publishes the request's non-finite count, as the descriptor asks (its
-  // counters, copy_to and add_to_total are ignored).
-  int32_t publish_only = 0;
 };
 
 // How the count follows the kernel before it on the stream.

@@ -6,7 +6,6 @@
 #include <cstdint>
 
 #include "kernels/blocks/grid_dependency.cuh"
-#include "kernels/probe_outcomes/outcome_tally.cuh"
 #include "kernels/probe_outcomes/probe_outcomes.h"
 
 namespace probesidecar::kernels::probe_outcomes_detail {
@@ -49,6 +48,21 @@ __host__ __device__ constexpr size_t CountSharedBytes(int threads, int tile_widt
          sizeof(float) * num_bounds;
 }
 
+// The bucket of a finite score in `bounds` [num_bounds] (shared memory): the first b with
+// score <= bounds[b], else num_bounds.
+__device__ __forceinline__ int Bucket(const float* bounds, int num_bounds, float score) {
+  int lo = 0, hi = num_bounds;
+  while (lo < hi) {
+    const int mid = (lo + hi) >> 1;
+    if (score <= bounds[mid]) {
+      hi = mid;
+    } else {
+      lo = mid + 1;
+    }
+  }
+  return lo;
+}
+
 // Grid: (row groups, probe tiles); block: tile_width x rows_per_pass threads, tile_width =
 // min(P, kTileProbes); dynamic shared memory CountSharedBytes(threads, tile_width, B). Thread t
 // counts probe column t % tile_width of the tile over the rows (t / tile_width) + k *
@@ -69,12 +83,7 @@ __global__ void __launch_bounds__(kMaxThreads, 4)
   __shared__ uint32_t block_rows;  // counted rows, with group counts
   __shared__ bool last_block;
 
-  ProbeOutcomeDescriptor d = *p.descriptor;
-  if (p.publish_only != 0) {  // counted and copied already: the non-finite count alone
-    d.counters = nullptr;
-    d.copy_to = nullptr;
-    d.add_to_total = 0;
-  }
+  const ProbeOutcomeDescriptor d = *p.descriptor;
   const int tile_width = p.num_probes < kTileProbes ? p.num_probes : kTileProbes;
   const int buckets = p.num_bounds + 1;
   const int record = ProbeOutcomeLayout::kBuckets + buckets;
@@ -157,7 +166,7 @@ __global__ void __launch_bounds__(kMaxThreads, 4)
         if (!counting) continue;
         my_sum += s;
         my_fired += s >= threshold ? 1u : 0u;  // false for a NaN threshold
-        const int b = ScoreBucketOf(bounds, p.num_bounds, s);
+        const int b = Bucket(bounds, p.num_bounds, s);
         if (direct) {
           atomicAdd(probe_record + ProbeOutcomeLayout::kBuckets + b, 1ull);
         } else {

@@ -94,10 +94,6 @@ struct ProbeScoreParams {
   const int32_t* rows = nullptr;  // [plan max_rows] device; the first args->num_rows are used
   const ProbeWeights* weights = nullptr;  // host struct of device pointers, P and H = the plan's
   Activation activation = Activation::kNone;
-  // The outcome count fused into the kernels that write the scores, on every path (descriptor
-  // nullptr: none): every score is counted and copied as the request's descriptor says, so no
-  // count kernel need follow (but to publish a request's non-finite count: publish_only).
-  OutcomeEpilogueParams outcomes;
 };
 
 // The run: enqueues the plan on `stream`, the workspace's (pointer math and launches only).

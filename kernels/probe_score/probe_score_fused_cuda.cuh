@@ -8,7 +8,6 @@
 #include "kernels/blocks/epilogue.cuh"
 #include "kernels/blocks/grid_dependency.cuh"
 #include "kernels/blocks/row_gather.cuh"
-#include "kernels/probe_outcomes/outcome_tally.cuh"
 #include "kernels/probe_score/probe_score_config.h"
 #include "kernels/probe_score/probe_score_device_helpers.cuh"
 
@@ -70,8 +69,7 @@ __device__ __forceinline__ void TransposeReduce(float (&v)[N], int lane) {
 // memory (one W read serves 4 rows), and the warp reduces 4 * kPT sums with a transposing
 // shuffle reduction. With splits > 1 each block writes partial sums and the last block of a
 // (row group, probe tile) to finish adds them in split order (deterministic), applies bias and
-// activation, and resets its counter for the next launch. Whichever block writes a score tallies
-// its outcome (outcome_tally.cuh) when the request counts or copies its scores.
+// activation, and resets its counter for the next launch.
 template <typename T, int kPT>
 __global__ void __launch_bounds__(kFusedThreads, 2)
     FusedCudaKernel(const __grid_constant__ FusedCudaParams p) {
@@ -130,13 +128,6 @@ __global__ void __launch_bounds__(kFusedThreads, 2)
   }
   const bool vec_ok = blocks::RowsAre16ByteAligned<T>(a.x, a.x_row_stride);
   const T* x = static_cast<const T*>(a.x);
-  // A lane writes kPerLane scores of a row block, each of the same probe in every row block (and
-  // the fix-up's threads one probe each): a tally slot per score.
-  constexpr int kPerLane = kN >= 32 ? kN / 32 : 1;
-  static_assert(kFusedThreads % kPT == 0, "the fix-up's threads each write one probe");
-  __shared__ double tally_storage[(OutcomeTallyBytes(kPT, kMaxScoreBounds) + 7) / 8];
-  OutcomeTallyBegin(p.outcomes, tally_storage, probe0, min(kPT, p.num_probes - probe0),
-                    p.num_probes);
   if (num_sub == 1) {
     blocks::CpAsyncWait<0>();
     __syncthreads();
@@ -216,7 +207,7 @@ __global__ void __launch_bounds__(kFusedThreads, 2)
     if (!warp_active) continue;
 
     TransposeReduce<kN, 16>(acc, lane);
-    OutcomeTally<kPerLane> tally(p.outcomes, tally_storage);
+    constexpr int kPerLane = kN >= 32 ? kN / 32 : 1;
     constexpr int kLanesPerValue = kN >= 32 ? 1 : 32 / kN;
     const bool lane_writes = (lane % kLanesPerValue) == 0;
     if (lane_writes) {
@@ -227,23 +218,17 @@ __global__ void __launch_bounds__(kFusedThreads, 2)
         const int probe = probe0 + idx % kPT;
         if (row < num_rows && probe < p.num_probes) {
           if (p.splits == 1) {
-            const float score =
+            a.out[static_cast<int64_t>(row) * a.out_row_stride + probe] =
                 blocks::Activate(IsSigmoid(p.activation), acc[i] + __ldg(p.bias + probe));
-            a.out[static_cast<int64_t>(row) * a.out_row_stride + probe] = score;
-            tally.Add(i, row, probe, score);
           } else {
             p.partial[(static_cast<int64_t>(split) * p.max_rows + row) * ldp + probe] = acc[i];
           }
         }
       }
     }
-    tally.Flush();
   }
 
-  if (p.splits == 1) {
-    OutcomeTally<kPerLane>(p.outcomes, tally_storage).End();
-    return;
-  }
+  if (p.splits == 1) return;
   // Split-K fix-up: the last block of this (row group, probe tile) sums the partials.
   __threadfence();
   __syncthreads();
@@ -252,7 +237,6 @@ __global__ void __launch_bounds__(kFusedThreads, 2)
   __syncthreads();
   if (!s_is_last) return;
   __threadfence();
-  OutcomeTally<1> tally(p.outcomes, tally_storage);
   for (int rb = g; rb < row_blocks; rb += p.row_groups) {
     for (int e = threadIdx.x; e < kFusedRowsPerBlock * kPT; e += kFusedThreads) {
       const int row = rb * kFusedRowsPerBlock + e / kPT;
@@ -262,13 +246,11 @@ __global__ void __launch_bounds__(kFusedThreads, 2)
       for (int s = 0; s < p.splits; ++s) {
         sum += __ldcg(p.partial + (static_cast<int64_t>(s) * p.max_rows + row) * ldp + probe);
       }
-      const float score = blocks::Activate(IsSigmoid(p.activation), sum + __ldg(p.bias + probe));
-      a.out[static_cast<int64_t>(row) * a.out_row_stride + probe] = score;
-      tally.Add(0, row, probe, score);  // one probe per thread (kFusedThreads % kPT == 0)
+      a.out[static_cast<int64_t>(row) * a.out_row_stride + probe] =
+          blocks::Activate(IsSigmoid(p.activation), sum + __ldg(p.bias + probe));
     }
   }
   if (threadIdx.x == 0) *counter = 0;
-  tally.End();
 }
 
 }  // namespace probesidecar::kernels::probe_score_detail

@@ -1,6 +1,5 @@
 // fused_tc: explicit instantiations (the kTcConfigs tile configurations x {bf16, fp16}), the
 // split-K reduction, and their launchers.
-#include <algorithm>
 #include <utility>
 
 #include "kernels/blocks/launch.cuh"
@@ -80,12 +79,8 @@ void PrepareSplitKReduceLaunch() {
 }
 
 cudaError_t LaunchSplitKReduce(const SplitKReduceParams& params, dim3 grid, cudaStream_t stream) {
-  const size_t tally = params.outcomes.descriptor == nullptr
-                           ? 0
-                           : OutcomeTallyBytes(std::min(params.num_probes, kSplitKReduceThreads),
-                                               params.outcomes.num_bounds);
   return blocks::LaunchProgrammaticDependent(SplitKReduceKernel<kSplitKReduceThreads>, grid,
-                                             dim3(kSplitKReduceThreads), tally, stream, params);
+                                             dim3(kSplitKReduceThreads), 0, stream, params);
 }
 
 }  // namespace probesidecar::kernels::probe_score_detail

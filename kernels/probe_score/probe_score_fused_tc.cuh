@@ -9,7 +9,6 @@
 #include "kernels/blocks/epilogue.cuh"
 #include "kernels/blocks/row_gather.cuh"
 #include "kernels/blocks/warp_mma.cuh"
-#include "kernels/probe_outcomes/outcome_tally.cuh"
 #include "kernels/probe_score/probe_score_device_helpers.cuh"
 
 namespace probesidecar::kernels::probe_score_detail {
@@ -48,9 +47,6 @@ struct TcShape {
 // Exact precision (kTerms = 3): each A fragment meets the three weight terms in turn, into the
 // same fp32 accumulator (every bf16 x bf16 or fp16 x fp16 product is exact in fp32); the sum is
 // multiplied by acc_scale (1 / the terms' power-of-two scale) before the bias.
-// Without split, each score's outcome is tallied as it is stored (outcome_tally.cuh), in the
-// shared memory of the stages, which the main loop no longer reads; with split, the reduction
-// tallies.
 template <typename T, int kBM, int kBN, int kBK, int kWM, int kWN, int kStages, int kTerms>
 __global__ void __launch_bounds__(kWM* kWN * 32) FusedTcKernel(const __grid_constant__ TcParams p) {
   using S = TcShape<kBM, kBN, kBK, kWM, kWN, kStages, kTerms>;
@@ -201,13 +197,7 @@ __global__ void __launch_bounds__(kWM* kWN * 32) FusedTcKernel(const __grid_cons
         for (int e = 0; e < 4; ++e) acc[i][j][e] *= p.acc_scale;
   }
 
-  // Fragment (mt, nt): c0, c1 at (row g, cols 2t, 2t+1), c2, c3 at (row g + 8, same cols): a
-  // thread's 2 kNT columns are its tally slots 2 nt + e.
-  static_assert(OutcomeTallyBytes(kBN, kMaxScoreBounds) <= S::kSmemBytes, "tally in the stages");
-  if (p.splits == 1) {
-    OutcomeTallyBegin(p.outcomes, tc_smem, n0, min(kBN, p.num_probes - n0), p.num_probes);
-  }
-  OutcomeTally<2 * S::kNT, true> tally(p.outcomes, tc_smem, p.splits == 1);
+  // Fragment (mt, nt): c0, c1 at (row g, cols 2t, 2t+1), c2, c3 at (row g + 8, same cols).
   const int g = lane / 4, t4 = lane % 4;
 #pragma unroll
   for (int mt = 0; mt < S::kMT; ++mt) {
@@ -220,16 +210,8 @@ __global__ void __launch_bounds__(kWM* kWN * 32) FusedTcKernel(const __grid_cons
         if (row >= num_rows) continue;
         const float v0 = acc[mt][nt][2 * h], v1 = acc[mt][nt][2 * h + 1];
         if (p.splits == 1) {
-          float* out = a.out + static_cast<int64_t>(row) * a.out_row_stride;
-          const float v[2] = {v0, v1};
-#pragma unroll
-          for (int e = 0; e < 2; ++e) {
-            if (col + e >= p.num_probes) continue;
-            const float score =
-                blocks::Activate(IsSigmoid(p.activation), v[e] + __ldg(p.bias + col + e));
-            out[col + e] = score;
-            tally.Add(2 * nt + e, row, col + e, score);
-          }
+          blocks::StoreBiasActivatedPair(a.out + static_cast<int64_t>(row) * a.out_row_stride, col,
+                                         p.num_probes, v0, v1, p.bias, IsSigmoid(p.activation));
         } else {
           blocks::StorePartialPair(
               p.partial + (static_cast<int64_t>(split) * p.partial_rows + row) * p.partial_ld + col,
@@ -238,38 +220,27 @@ __global__ void __launch_bounds__(kWM* kWN * 32) FusedTcKernel(const __grid_cons
       }
     }
   }
-  tally.End();
 }
 
 // Grid ceil(max_rows * P / kThreads), block kThreads: out[r, p] = act(sum over splits, in
-// order, of the partials + bias) for the rows below num_rows, each score's outcome tallied
-// (dynamic shared memory: OutcomeTallyBytes(min(P, kThreads), B) where the launch counts).
+// order, of the partials + bias) for the rows below num_rows.
 template <int kThreads>
 __global__ void __launch_bounds__(kThreads)
     SplitKReduceKernel(const __grid_constant__ SplitKReduceParams p) {
-  extern __shared__ double reduce_tally[];
   blocks::GridDependencyWait();     // the partials of the GEMM kernel before it (its dependent)
   blocks::GridDependencyTrigger();  // the probe-outcome count after it may be scheduled
   const ProbeScoreDeviceArgs a = *p.args;
   const int num_rows = min(a.num_rows, p.max_rows);
-  const int64_t first = static_cast<int64_t>(blockIdx.x) * kThreads;
-  if (first / p.num_probes >= num_rows) return;  // the whole block
-  OutcomeTallyBegin(p.outcomes, reduce_tally, static_cast<int>(first % p.num_probes),
-                    min(p.num_probes, kThreads), p.num_probes);
-  OutcomeTally<1> tally(p.outcomes, reduce_tally);
-  const int64_t idx = first + threadIdx.x;
+  const int64_t idx = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x;
   const int row = static_cast<int>(idx / p.num_probes);
   const int probe = static_cast<int>(idx % p.num_probes);
-  if (row < num_rows) {
-    const float* src = p.partial + static_cast<int64_t>(row) * p.partial_ld + probe;
-    const int64_t split_stride = static_cast<int64_t>(p.partial_rows) * p.partial_ld;
-    float sum = 0.0f;
-    for (int s = 0; s < p.splits; ++s) sum += __ldcg(src + s * split_stride);
-    const float score = blocks::Activate(IsSigmoid(p.activation), sum + __ldg(p.bias + probe));
-    a.out[static_cast<int64_t>(row) * a.out_row_stride + probe] = score;
-    tally.Add(0, row, probe, score);
-  }
-  tally.End();
+  if (row >= num_rows) return;
+  const float* src = p.partial + static_cast<int64_t>(row) * p.partial_ld + probe;
+  const int64_t split_stride = static_cast<int64_t>(p.partial_rows) * p.partial_ld;
+  float sum = 0.0f;
+  for (int s = 0; s < p.splits; ++s) sum += __ldcg(src + s * split_stride);
+  a.out[static_cast<int64_t>(row) * a.out_row_stride + probe] =
+      blocks::Activate(IsSigmoid(p.activation), sum + __ldg(p.bias + probe));
 }
 
 }  // namespace probesidecar::kernels::probe_score_detail

@@ -1,7 +1,5 @@
 // gather_gemm: the gather kernel per dtype and the epilogue kernel, with their launchers (the
 // GEMM between them is cuBLAS's, called from probe_score_launch.cc).
-#include <algorithm>
-
 #include "kernels/probe_score/probe_score_gather_gemm.cuh"
 #include "kernels/probe_score/probe_score_gather_gemm.h"
 
@@ -22,11 +20,7 @@ cudaError_t LaunchGatherRows(common::DType dtype, const GatherParams& params, cu
 
 cudaError_t LaunchGemmEpilogue(const EpilogueParams& params, cudaStream_t stream) {
   const int64_t elements = static_cast<int64_t>(params.chunk_rows) * params.num_probes;
-  const size_t tally = params.outcomes.descriptor == nullptr
-                           ? 0
-                           : OutcomeTallyBytes(std::min(params.num_probes, 256),
-                                               params.outcomes.num_bounds);
-  GemmEpilogueKernel<256><<<CeilDiv(elements, 256), 256, tally, stream>>>(params);
+  GemmEpilogueKernel<256><<<CeilDiv(elements, 256), 256, 0, stream>>>(params);
   return cudaGetLastError();
 }
 

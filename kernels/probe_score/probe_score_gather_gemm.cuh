@@ -6,7 +6,6 @@
 #include "kernels/blocks/alignment.h"
 #include "kernels/blocks/epilogue.cuh"
 #include "kernels/blocks/grid_dependency.cuh"
-#include "kernels/probe_outcomes/outcome_tally.cuh"
 #include "kernels/probe_score/probe_score_device_helpers.cuh"
 
 namespace probesidecar::kernels::probe_score_detail {
@@ -43,35 +42,23 @@ __global__ void __launch_bounds__(256) GatherRowsKernel(const __grid_constant__ 
 }
 
 // Grid ceil(chunk_rows * P / kThreads), block kThreads: out = act(c + bias) for the rows below
-// num_rows, each score's outcome tallied (dynamic shared memory: OutcomeTallyBytes(min(P,
-// kThreads), B) where the launch counts).
+// num_rows.
 template <int kThreads>
 __global__ void __launch_bounds__(kThreads)
     GemmEpilogueKernel(const __grid_constant__ EpilogueParams p) {
-  extern __shared__ double epilogue_tally[];
   // What follows (the probe-outcome count, a programmatic dependent) may be scheduled now: it
   // waits for this whole grid before reading. Triggered by every block, it launches during the
   // last wave.
   blocks::GridDependencyTrigger();
   const ProbeScoreDeviceArgs a = *p.args;
-  const int64_t first = static_cast<int64_t>(blockIdx.x) * kThreads;
-  const int first_local = static_cast<int>(first / p.num_probes);
-  if (first_local >= p.chunk_rows || p.row_begin + first_local >= a.num_rows) return;
-  OutcomeTallyBegin(p.outcomes, epilogue_tally, static_cast<int>(first % p.num_probes),
-                    min(p.num_probes, kThreads), p.num_probes);
-  OutcomeTally<1> tally(p.outcomes, epilogue_tally);
-  const int64_t idx = first + threadIdx.x;
+  const int64_t idx = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x;
   const int local = static_cast<int>(idx / p.num_probes);
   const int probe = static_cast<int>(idx % p.num_probes);
   const int row = p.row_begin + local;
-  if (local < p.chunk_rows && row < a.num_rows) {
-    const float score = blocks::Activate(
-        IsSigmoid(p.activation),
-        __ldcg(p.c + static_cast<int64_t>(local) * p.ldc + probe) + __ldg(p.bias + probe));
-    a.out[static_cast<int64_t>(row) * a.out_row_stride + probe] = score;
-    tally.Add(0, row, probe, score);
-  }
-  tally.End();
+  if (local >= p.chunk_rows || row >= a.num_rows) return;
+  a.out[static_cast<int64_t>(row) * a.out_row_stride + probe] = blocks::Activate(
+      IsSigmoid(p.activation),
+      __ldcg(p.c + static_cast<int64_t>(local) * p.ldc + probe) + __ldg(p.bias + probe));
 }
 
 }  // namespace probesidecar::kernels::probe_score_detail

@@ -77,7 +77,6 @@ void BindFused(const ProbeScorePlan& plan, const ProbeScoreParams& in,
   p->num_probes = w.num_probes;
   p->w_row_stride = PaddedHidden(w.hidden);
   p->activation = static_cast<int32_t>(in.activation);
-  p->outcomes = in.outcomes;
 }
 
 cudaError_t RunFusedCuda(const ProbeScorePlan& plan, const ProbeScoreParams& in,
@@ -132,7 +131,6 @@ cudaError_t RunTensorCore(const ProbeScorePlan& plan, const ProbeScoreParams& in
   r.max_rows = p.max_rows;
   r.num_probes = p.num_probes;
   r.activation = p.activation;
-  r.outcomes = in.outcomes;
   return probe_score_detail::LaunchSplitKReduce(r, Dim3(tp.reduce_grid), stream);
 }
 
@@ -194,7 +192,6 @@ cudaError_t RunGatherGemm(const ProbeScorePlan& plan, const ProbeScoreParams& in
     e.row_begin = row_begin;
     e.chunk_rows = n;
     e.activation = static_cast<int32_t>(in.activation);
-    e.outcomes = in.outcomes;
     if ((err = probe_score_detail::LaunchGemmEpilogue(e, stream)) != cudaSuccess) return err;
   }
   return cudaSuccess;
@@ -215,12 +212,6 @@ cudaError_t LaunchProbeScore(const ProbeScorePlan& plan, const ProbeScoreParams&
   }
   if (plan.shape.max_rows == 0) return cudaSuccess;
   if (!PlannedForItsPath(plan)) return cudaErrorInvalidValue;
-  const OutcomeEpilogueParams& o = params.outcomes;
-  if (o.descriptor != nullptr &&
-      (o.thresholds == nullptr || o.non_finite_total == nullptr || o.num_bounds < 0 ||
-       o.num_bounds > kMaxScoreBounds || (o.num_bounds > 0 && o.bounds == nullptr))) {
-    return cudaErrorInvalidValue;
-  }
   // A fused_tc tile planned for a device with larger blocks than this workspace's (its kernel's
   // shared-memory limit was raised only for the tiles that fit here).
   if (plan.path == ProbeScorePath::kFusedTensorCore &&

@@ -6,8 +6,6 @@
 
 #include <cstdint>
 
-#include "kernels/probe_outcomes/probe_outcomes.h"
-
 namespace probesidecar::kernels {
 
 // What changes per request, in device memory (written before each launch or graph replay by
@@ -43,7 +41,6 @@ struct FusedCudaParams {
   int32_t row_groups = 0;    // gridDim.x; block g handles row blocks g, g + row_groups, ...
   int32_t probe_tiles = 0;   // gridDim.z
   int32_t activation = 0;    // Activation
-  OutcomeEpilogueParams outcomes;  // the fused outcome count of the scores written (or none)
 };
 
 // fused_tc (probe_score_fused_tc.cuh) and gather_wgmma (probe_score_wgmma_sm90a.cuh).
@@ -65,7 +62,6 @@ struct TcParams {
   int32_t k_tiles = 0;       // ceil(H / BK)
   int32_t splits = 1;        // gridDim.z
   int32_t activation = 0;
-  OutcomeEpilogueParams outcomes;  // the fused outcome count (splits == 1; else the reduction's)
 };
 
 // The split-K reduction of fused_tc: a second kernel, so the sum runs in split order on every
@@ -80,7 +76,6 @@ struct SplitKReduceParams {
   int32_t max_rows = 0;
   int32_t num_probes = 0;
   int32_t activation = 0;
-  OutcomeEpilogueParams outcomes;  // the fused outcome count of the scores written (or none)
 };
 
 // gather_gemm (probe_score_gather_gemm.cuh): the gather before cuBLAS ...
@@ -103,7 +98,6 @@ struct EpilogueParams {
   int32_t row_begin = 0;
   int32_t chunk_rows = 0;
   int32_t activation = 0;
-  OutcomeEpilogueParams outcomes;  // the fused outcome count of the scores written (or none)
 };
 
 }  // namespace probe_score_detail

@@ -25,7 +25,6 @@
 #include "kernels/blocks/epilogue.cuh"
 #include "kernels/blocks/row_gather.cuh"
 #include "kernels/blocks/wgmma.cuh"
-#include "kernels/probe_outcomes/outcome_tally.cuh"
 #include "kernels/probe_score/probe_score_device_helpers.cuh"
 
 namespace probesidecar::kernels::probe_score_detail::sm90a {
@@ -208,16 +207,8 @@ __global__ void __launch_bounds__(128 * kWGs, 1)
   // Accumulator layout of wgmma m64nN (per warpgroup): warp v of the group holds rows
   // 16 v + lane / 4 and + 8; in each 8-column block j, columns 8 j + 2 (lane % 4) + {0, 1}:
   // acc[4 j + {0, 1}] for the first row, acc[4 j + {2, 3}] for the second.
-  // Without split, each score's outcome is tallied as it is stored (outcome_tally.cuh), in the
-  // stages' shared memory, no longer read: slots 0 and 1 are a thread's two columns of block j,
-  // flushed after each.
   const int lane = tid & 31, warp_in_wg = (tid & 127) >> 5;
   const int row_base = m0 + wg * 64 + warp_in_wg * 16 + lane / 4;
-  static_assert(OutcomeTallyBytes(kBN, kMaxScoreBounds) <= S::kSmemBytes - 1024, "tally");
-  if (p.splits == 1) {
-    OutcomeTallyBegin(p.outcomes, smem, n0, min(kBN, p.num_probes - n0), p.num_probes);
-  }
-  OutcomeTally<2, true> tally(p.outcomes, smem, p.splits == 1);
 #pragma unroll
   for (int j = 0; j < kBN / 8; ++j) {
     const int col = n0 + 8 * j + 2 * (lane & 3);
@@ -230,24 +221,13 @@ __global__ void __launch_bounds__(128 * kWGs, 1)
         float* o = a.out + static_cast<int64_t>(row) * a.out_row_stride;
         blocks::StoreBiasActivated(o, col, p.num_probes, v0, p.bias, IsSigmoid(p.activation));
         blocks::StoreBiasActivated(o, col + 1, p.num_probes, v1, p.bias, IsSigmoid(p.activation));
-        if (tally.on()) {
-          const float v[2] = {v0, v1};
-#pragma unroll
-          for (int e = 0; e < 2; ++e) {
-            if (col + e >= p.num_probes) continue;
-            tally.Add(e, row, col + e,
-                      blocks::Activate(IsSigmoid(p.activation), v[e] + __ldg(p.bias + col + e)));
-          }
-        }
       } else {
         blocks::StorePartialPair(
             p.partial + (static_cast<int64_t>(split) * p.partial_rows + row) * p.partial_ld + col,
             v0, v1);
       }
     }
-    tally.Flush();
   }
-  tally.End();
 }
 
 }  // namespace probesidecar::kernels::probe_score_detail::sm90a

@@ -123,10 +123,6 @@ __global__ void __launch_bounds__(kWsThreads, 1)
       }
     }
     blocks::CpAsyncWait<0>();  // leave only once the copies have landed
-    // The outcome tally's barriers take every thread of the block: the producer joins them (it
-    // writes no score).
-    OutcomeTallyBegin(p.outcomes, smem, n0, min(kWsBN, p.num_probes - n0), p.num_probes);
-    OutcomeTally<2, true>(p.outcomes, smem).End();
     return;
   }
 
@@ -156,14 +152,9 @@ __global__ void __launch_bounds__(kWsThreads, 1)
   cute::warpgroup_wait<0>();
   blocks::FenceOperands(acc);
 
-  // Epilogue: the wgmma accumulator layout (probe_score_wgmma_sm90a.cuh), bias and activation;
-  // each score's outcome tallied as it is stored (in the stages' shared memory, before the
-  // ring's barriers), slots 0 and 1 a thread's two columns of block j, flushed after each.
+  // Epilogue: the wgmma accumulator layout (probe_score_wgmma_sm90a.cuh), bias and activation.
   const int lane = tid & 31, warp_in_wg = (tid & 127) >> 5;
   const int row_base = m0 + wg * 64 + warp_in_wg * 16 + lane / 4;
-  static_assert(OutcomeTallyBytes(kWsBN, kMaxScoreBounds) <= kWsStages * kWsStageBytes, "tally");
-  OutcomeTallyBegin(p.outcomes, smem, n0, min(kWsBN, p.num_probes - n0), p.num_probes);
-  OutcomeTally<2, true> tally(p.outcomes, smem);
 #pragma unroll
   for (int j = 0; j < kWsBN / 8; ++j) {
     const int col = n0 + 8 * j + 2 * (lane & 3);
@@ -176,19 +167,8 @@ __global__ void __launch_bounds__(kWsThreads, 1)
                                  IsSigmoid(p.activation));
       blocks::StoreBiasActivated(o, col + 1, p.num_probes, acc[4 * j + 2 * h + 1], p.bias,
                                  IsSigmoid(p.activation));
-      if (tally.on()) {
-#pragma unroll
-        for (int e = 0; e < 2; ++e) {
-          if (col + e >= p.num_probes) continue;
-          tally.Add(e, row, col + e,
-                    blocks::Activate(IsSigmoid(p.activation),
-                                     acc[4 * j + 2 * h + e] + __ldg(p.bias + col + e)));
-        }
-      }
     }
-    tally.Flush();
   }
-  tally.End();
 }
 
 }  // namespace probesidecar::kernels::probe_score_detail::sm90a

@@ -29,8 +29,7 @@
 #       run(command="STEPS='tests kernels rpc' tests/gpu/run.sh", carry=[".gpu"])
 #
 # Steps (STEPS, default "tests quick kernels metrics rpc decode"):
-#   tests    every GPU test: the kernel tests (probe scoring, the outcome count fused into it,
-#            probe outcomes, request staging,
+#   tests    every GPU test: the kernel tests (probe scoring, probe outcomes, request staging,
 #            verify support, MLA verify, tap writes, the tap protocol's C++ half:
 #            tap_protocol_gpu_test), the C++ tap against the server (tap_gpu_test), and the
 #            two-process Python tests (IPC, executor, ordering and device rows, metrics, Verify,
@@ -85,9 +84,8 @@ if [[ "${1:-}" == prepare ]]; then
   # probe-sidecar-test-faults: the server with the test-only fault hooks (test_gpu_faults.py).
   binaries=(probe-sidecar probe-sidecar-test-faults probe-client probe-bench probe-echo-server
     probe-score-bench mla-verify-bench metrics_bench probe_score_gpu_test probe_score_cpu_test
-    probe_score_outcomes_gpu_test probe_outcomes_gpu_test request_staging_gpu_test
-    verify_support_gpu_test mla_verify_gpu_test mla_verify_cpu_test tap_write_gpu_test
-    tap_protocol_gpu_test tap_gpu_test)
+    probe_outcomes_gpu_test request_staging_gpu_test verify_support_gpu_test mla_verify_gpu_test
+    mla_verify_cpu_test tap_write_gpu_test tap_protocol_gpu_test tap_gpu_test)
   # BINARIES: bundle only these (the device tool carries at most 64 MiB with the tree, and the
   # whole bundle is larger); steps whose binaries are missing then fail (exit 127).
   if [[ -n "${BINARIES:-}" ]]; then read -r -a binaries <<<"$BINARIES"; fi
@@ -172,8 +170,7 @@ note() {
 if [[ " $steps " == *" tests "* ]]; then
   echo "== tests: kernel and C++ GPU tests"
   rc=0
-  for t in ${KERNEL_TESTS:-probe_score_gpu_test probe_score_outcomes_gpu_test \
-           probe_outcomes_gpu_test request_staging_gpu_test \
+  for t in ${KERNEL_TESTS:-probe_score_gpu_test probe_outcomes_gpu_test request_staging_gpu_test \
            verify_support_gpu_test mla_verify_gpu_test tap_write_gpu_test tap_protocol_gpu_test \
            tap_gpu_test}; do
     timeout 300 "$bin/$t" --gtest_brief=1 >"$out/$t.log" 2>&1

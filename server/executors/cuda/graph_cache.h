@@ -40,17 +40,12 @@ struct GraphKey {
   bool inline_x;  // activations staged from the request (else read from an IPC buffer)
   RowSource rows;
   bool timed;  // with CUDA event nodes around the stages
-  // Whether the set's outcomes are counted, scores bound for the response copied to the host, or
-  // a synchronous answer's non-finite count published (kernels/probe_outcomes): the scoring
-  // kernels count and copy as they write the scores; false only where none of that is wanted (a
-  // set not counted, scores left on the device, the answer not waiting for them).
+  // With the count kernel (kernels/probe_outcomes): it counts the set's outcomes, copies scores
+  // bound for the response to the host and publishes a synchronous answer's non-finite count;
+  // left out only where none of that is wanted (a set not counted, scores left on the device,
+  // the answer not waiting for them).
   bool count = true;
-  // Whether the answer carries the request's non-finite count: the count kernel publishes it
-  // (after scoring kernels that counted, it only publishes).
-  bool publish = false;
-  auto Tie() const {
-    return std::tie(probe_set_id, dtype, bucket, inline_x, rows, timed, count, publish);
-  }
+  auto Tie() const { return std::tie(probe_set_id, dtype, bucket, inline_x, rows, timed, count); }
   bool operator<(const GraphKey& other) const { return Tie() < other.Tie(); }
 };
 

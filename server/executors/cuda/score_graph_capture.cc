@@ -32,19 +32,6 @@ absl::StatusOr<GraphEntry> ScoreRunner::Capture(const GraphKey& key, const Probe
   params.rows = key.rows == RowSource::kIdentity ? d_identity_rows_ : d_rows_;
   params.weights = &weights;
   params.activation = set.activation;
-  if (key.count) {
-    // What the probes found is counted on the GPU, in this graph, whatever path scored, into the
-    // counters the staged descriptor names (the request's label slot), and scores bound for the
-    // response are copied to mapped host memory, by the kernels that write the scores as they
-    // write them, so that nothing reads the scores again. Rows the staging kernel found out of
-    // range count as NaN, as the poison kernel leaves them.
-    params.outcomes.descriptor = &d_args_->outcomes;
-    params.outcomes.thresholds = outcomes.tables().thresholds;
-    params.outcomes.bounds = outcomes.tables().bounds;
-    params.outcomes.num_bounds = outcomes.layout().num_bounds;
-    params.outcomes.invalid_rows = key.rows == RowSource::kDevice ? d_invalid_ : nullptr;
-    params.outcomes.non_finite_total = d_non_finite_total_;
-  }
   // The staging node is captured with an empty request (not the slot's stage_, which holds the
   // request being run); every launch sets its parameters.
   auto capture_stage = std::make_unique<kernels::StageRequestParams>();
@@ -87,11 +74,11 @@ absl::StatusOr<GraphEntry> ScoreRunner::Capture(const GraphKey& key, const Probe
     poison.num_columns = weights.num_probes;
     error = kernels::LaunchPoisonInvalidRows(poison, stream_);
   }
-  if (error == cudaSuccess && key.count && key.publish) {
-    // The count kernel publishes the request's non-finite count (in mapped host memory) where the
-    // answer carries it; it counts and copies nothing (the scoring kernels did).
+  if (error == cudaSuccess && key.count) {
+    // What the probes found is counted on the GPU, in this graph, whatever path scored: into the
+    // counters the staged descriptor names (the request's label slot); the request's non-finite
+    // count comes back in mapped host memory.
     kernels::CountProbeOutcomesParams count;
-    count.publish_only = 1;
     count.descriptor = &d_args_->outcomes;
     count.thresholds = outcomes.tables().thresholds;
     count.bounds = outcomes.tables().bounds;

@@ -114,14 +114,9 @@ absl::Status ScoreRunner::Run(const ScoreJob& job, ScoreTimings* timings, bool* 
   const bool timed = !async && timing_every_ > 0 && requests_++ % timing_every_ == 0;
   // Only a synchronous answer with a device output carries the GPU's non-finite count.
   const bool publish_non_finite = job.host_out == nullptr && !async;
-  const GraphKey key{set->id,
-                     dtype,
-                     bucket,
-                     !job.activations.on_device(),
-                     source,
-                     timed,
-                     set->count_outcomes || job.host_out != nullptr || publish_non_finite,
-                     publish_non_finite};
+  const GraphKey key{set->id, dtype,  bucket,
+                     !job.activations.on_device(), source, timed,
+                     set->count_outcomes || job.host_out != nullptr || publish_non_finite};
   PS_RETURN_IF_CUDA(ReserveFor(key, hidden));
   if (job.host_out != nullptr) {
     PS_RETURN_IF_CUDA(d_out_.Reserve(sizeof(float) * rows * probes));
