@@ -814,7 +814,10 @@ TEST_F(MlaVerifyGpuTest, SwapAbShapes) {
 
 TEST_F(MlaVerifyGpuTest, PathsAgreeWithinTheBound) {
   // split_kv (and split_kv_sm90a) against the baseline directly, element by element, with the
-  // baseline's result standing in for the reference's value and the reference's error scale.
+  // baseline's result standing in for the reference's value and the reference's error scale:
+  // both are rounded to bf16, each within the bound of the truth, so they may differ by twice it
+  // (one bf16 step apart where |out| + its weighted |V| is below 1: 1.22 of one bound, seen).
+  // Against float64 each is held to the single bound.
   Shape shape;
   shape.s_q = 4;
   shape.h_q = 16;
@@ -832,13 +835,15 @@ TEST_F(MlaVerifyGpuTest, PathsAgreeWithinTheBound) {
     Fetch(&pr);
     std::vector<float> out, lse;
     Densify(pr, &out, &lse);
+    EXPECT_TRUE(CompareMlaOutput(out.data(), ref.out.data(), ref.absw.data(), out.size()).ok())
+        << v.name << " against float64, seed " << pr.seed;
     outs.push_back(out);
   }
   for (size_t k = 0; k < outs.size(); ++k) {
     if (k == 1) continue;  // the baseline itself
     std::vector<double> base(outs[1].begin(), outs[1].end());
     const MlaCompareResult r =
-        CompareMlaOutput(outs[k].data(), base.data(), ref.absw.data(), base.size());
+        CompareMlaOutput(outs[k].data(), base.data(), ref.absw.data(), base.size(), 2.0);
     std::printf("[worst] %s vs baseline: max_abs %.3g err/bound %.3f\n", variants[k].name.c_str(),
                 r.max_abs_err, r.max_err_over_bound);
     EXPECT_TRUE(r.ok()) << variants[k].name << " differs from the baseline";

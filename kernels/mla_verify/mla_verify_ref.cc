@@ -100,7 +100,7 @@ void MlaCompareResult::AddFinite(int64_t i, double got, double want, double boun
 }
 
 MlaCompareResult CompareMlaOutput(const float* got, const double* ref, const double* absw,
-                                  int64_t n) {
+                                  int64_t n, double bound_scale) {
   MlaCompareResult r;
   double num = 0.0, den = 0.0;
   for (int64_t i = 0; i < n; ++i) {
@@ -115,7 +115,8 @@ MlaCompareResult CompareMlaOutput(const float* got, const double* ref, const dou
       }
       continue;
     }
-    r.AddFinite(i, g, ref[i], 0.00390625 * (std::fabs(ref[i]) + absw[i]) + 1e-6, &num, &den);
+    r.AddFinite(i, g, ref[i], bound_scale * (0.00390625 * (std::fabs(ref[i]) + absw[i]) + 1e-6),
+                &num, &den);
   }
   r.rel_l2 = den > 0.0 ? std::sqrt(num / den) : std::sqrt(num);
   return r;
