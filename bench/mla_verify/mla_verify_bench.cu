@@ -11,8 +11,7 @@
 // ones); --points: only these points (h_q:s_q:batch:len) of the sweep chosen. Impls: split_kv,
 // split_kv_sm90a (the plan's schedule: what LaunchMlaVerify runs), baseline, and split_kv_sm90a
 // with a schedule forced (split_kv_sm90a_pairs: page pairs; split_kv_sm90a_one_page: one page at
-// a time; split_kv_sm90a_swap_ab: swap-AB where s_q * h_q <= 32, the plan's choice elsewhere;
-// split_kv_sm90a_w1 .. _w4: the plan's schedule over ranges for 1 .. 4 blocks per SM).
+// a time; split_kv_sm90a_swap_ab: swap-AB where s_q * h_q <= 32, the plan's choice elsewhere).
 // --trace-dir: in a build with the in-kernel trace (-DPROBESIDECAR_MLA_TRACE=ON), after timing a
 // point (of --trace-points, default every point) each split_kv_sm90a* impl runs once more with the
 // trace recording, written to DIR/trace_h<h>_s<s>_b<b>_l<len>_<impl>.bin
@@ -502,12 +501,10 @@ int main(int argc, char** argv) {
     CHECK_CUDA(cudaDeviceSynchronize());
     using probesidecar::kernels::MlaVerifySm90aSchedule;
     std::vector<MlaVerifyWorkspace*> workspaces;
-    auto make_ws = [&](MlaVerifySm90aSchedule schedule, MlaVerifyWorkspace** out,
-                       int32_t waves = 0) -> bool {
+    auto make_ws = [&](MlaVerifySm90aSchedule schedule, MlaVerifyWorkspace** out) -> bool {
       probesidecar::kernels::MlaVerifyWorkspaceConfig ws_config;
       ws_config.limit_to_family = family;
       ws_config.sm90a_schedule = schedule;
-      ws_config.sm90a_waves = waves;
       CHECK_CUDA(probesidecar::kernels::CreateMlaVerifyWorkspace(ws_config, out));
       workspaces.push_back(*out);
       return true;
@@ -532,15 +529,6 @@ int main(int argc, char** argv) {
       MlaVerifyWorkspace* forced = nullptr;
       if (!make_ws(f.schedule, &forced)) return false;
       impls.push_back({MlaVerifyPath::kSplitKvSm90a, forced, f.name});
-    }
-    // The plan's schedule with its ranges cut for 1..4 blocks per SM (split_kv_sm90a_w1 ...).
-    static const char* const kWaveImpls[] = {"split_kv_sm90a_w1", "split_kv_sm90a_w2",
-                                              "split_kv_sm90a_w3", "split_kv_sm90a_w4"};
-    for (int32_t waves = 1; waves <= 4; ++waves) {
-      if (!want(kWaveImpls[waves - 1]) || !ws->has_sm90a) continue;
-      MlaVerifyWorkspace* forced = nullptr;
-      if (!make_ws(MlaVerifySm90aSchedule::kAuto, &forced, waves)) return false;
-      impls.push_back({MlaVerifyPath::kSplitKvSm90a, forced, kWaveImpls[waves - 1]});
     }
     if (want("baseline")) impls.push_back({MlaVerifyPath::kBaseline, ws, "baseline"});
     Trace trace;

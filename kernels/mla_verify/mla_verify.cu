@@ -93,10 +93,7 @@ KernelArgs MakeArgs(const MlaVerifyParams& params, const MlaVerifyWorkspace* ws)
 
 cudaError_t CreateMlaVerifyWorkspace(const MlaVerifyWorkspaceConfig& config,
                                      MlaVerifyWorkspace** out) {
-  if (out == nullptr || config.max_batch < 1 || config.sm90a_waves < 0 ||
-      config.sm90a_waves > mla::kMaxSm90aWaves) {
-    return cudaErrorInvalidValue;
-  }
+  if (out == nullptr || config.max_batch < 1) return cudaErrorInvalidValue;
   *out = nullptr;
   int device = config.device;
   cudaError_t err = cudaSuccess;
@@ -129,9 +126,8 @@ cudaError_t CreateMlaVerifyWorkspace(const MlaVerifyWorkspaceConfig& config,
   ws->max_batch = config.max_batch;
   ws->has_sm90a = sm90a_available;
   ws->sm90a_schedule = config.sm90a_schedule;
-  ws->sm90a_waves = config.sm90a_waves;
   ws->limits = limits;
-  ws->partial_rows = mla::PartialRowsFor(num_sms, mla::Sm90aWavesFor(config.sm90a_waves));
+  ws->partial_rows = mla::PartialRowsFor(num_sms);
   const size_t plan_bytes = static_cast<size_t>(mla::PlanInts(config.max_batch)) * 4;
   const size_t out_bytes = static_cast<size_t>(ws->partial_rows) * kMlaHeadDimV * 4;
   const size_t lse_bytes = static_cast<size_t>(ws->partial_rows) * 4;
@@ -195,7 +191,7 @@ cudaError_t PlanMlaVerify(const MlaVerifyParams& params, MlaVerifyPath path, Mla
   made.h_q = params.h_q;
   if (path == MlaVerifyPath::kSplitKvSm90a) {
     made.row_tiles = (rows + 63) / 64;
-    made.num_parts = mla::NumPartsSm90a(ws->num_sms, rows, mla::Sm90aWavesFor(ws->sm90a_waves));
+    made.num_parts = mla::NumPartsSm90a(ws->num_sms, rows);
     made.sm90a_schedule = ChooseMlaVerifySm90aSchedule(*ws, rows, params.batch);
   } else {
     const mla::TileChoice tile = mla::ChooseTile(rows, TileDeviceOf(*ws));

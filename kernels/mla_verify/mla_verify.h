@@ -119,9 +119,6 @@ struct MlaVerifyWorkspaceConfig {
   // Tests and benchmarks only: the split_kv_sm90a schedule every plan on this workspace takes
   // (kSwapAb only where s_q * h_q <= 32; other shapes get the plan's own choice).
   MlaVerifySm90aSchedule sm90a_schedule = MlaVerifySm90aSchedule::kAuto;
-  // Tests and benchmarks only: blocks per SM of every split_kv_sm90a plan on this workspace (its
-  // ranges, mla::NumPartsSm90a), 1 to mla::kMaxSm90aWaves; 0: the plan's choice.
-  int32_t sm90a_waves = 0;
 };
 
 struct MlaVerifyWorkspace {
@@ -131,7 +128,6 @@ struct MlaVerifyWorkspace {
   bool has_sm90a = false;  // compute capability 9.0, this build holds the sm_90a kernels, and the
                            // driver's tensor-map encoder was found (their loads are TMA)
   MlaVerifySm90aSchedule sm90a_schedule = MlaVerifySm90aSchedule::kAuto;  // as configured
-  int32_t sm90a_waves = 0;                                                 // as configured
   DeviceLimits limits;           // as the tile choice sees the device (limit_to_family applied)
   int32_t* plan = nullptr;       // device, see mla_verify_plan.h
   float* partial_out = nullptr;  // device [partial_rows, 512]

@@ -264,9 +264,8 @@ TEST(MlaPlanTest, RangesCoverEveryPageOnceAndSlotsFit) {
           : kind == 1 ? 64 * (1 + static_cast<int32_t>(rng() % 8))
                       : 1 + static_cast<int32_t>(rng() % (kind == 2 ? 5000 : 131072));
     }
-    const int32_t waves = trial % 2 ? 1 : 1 + static_cast<int32_t>(rng() % mla::kMaxSm90aWaves);
     const int32_t parts =
-        trial % 2 ? mla::NumParts(num_sms, rows) : mla::NumPartsSm90a(num_sms, rows, waves);
+        trial % 2 ? mla::NumParts(num_sms, rows) : mla::NumPartsSm90a(num_sms, rows);
     std::vector<int32_t> cum(batch + 1, 0);
     for (int32_t b = 0; b < batch; ++b) cum[b + 1] = cum[b] + mla::UnitsOf(lens[b]);
     const int32_t per = mla::UnitsPerPart(cum[batch], parts);
@@ -288,8 +287,8 @@ TEST(MlaPlanTest, RangesCoverEveryPageOnceAndSlotsFit) {
     for (int32_t b = 0; b < batch; ++b)
       split_requests += mla::NumSplits(cum[b], cum[b + 1], per) > 1;
     ASSERT_LE(split_requests, mla::MaxSplitRequests(batch, parts));
-    ASSERT_LE(slots * rows, mla::PartialRowsFor(num_sms, waves))
-        << "batch " << batch << " sms " << num_sms << " rows " << rows << " waves " << waves;
+    ASSERT_LE(slots * rows, mla::PartialRowsFor(num_sms))
+        << "batch " << batch << " sms " << num_sms << " rows " << rows;
   }
 }
 
@@ -362,8 +361,6 @@ TEST(MlaPlanTest, TilesAndParts) {
   EXPECT_EQ(mla::NumParts(132, 2048), 4);
   EXPECT_EQ(mla::NumPartsSm90a(132, 16), 132);
   EXPECT_EQ(mla::NumPartsSm90a(132, 1024), 8);
-  EXPECT_EQ(mla::NumPartsSm90a(132, 128, 3), 198);  // 396 blocks of two row tiles: 3 per SM
-  EXPECT_EQ(mla::PartialRowsFor(132, 3), 3 * mla::PartialRowsFor(132));
   EXPECT_EQ(mla::UnitsOf(0), 1);
   EXPECT_EQ(mla::UnitsOf(64), 1);
   EXPECT_EQ(mla::UnitsOf(65), 2);

@@ -7,7 +7,7 @@
 // plans refused where they do not match. Every path runs through LaunchMlaVerifyPath (the
 // dispatcher's entry) with the path forced, so each kernel and tile size is checked wherever
 // the device has it; split_kv_sm90a runs with the plan's schedule and with each schedule forced
-// (workspaces made for that), and over ranges for 3 blocks per SM, at every row count.
+// (workspaces made for that), at every row count.
 //
 // The float64 reference runs on the GPU (one block per query row, double arithmetic) so that
 // long sequences and 128 heads stay quick; the first test checks it against the CPU reference.
@@ -354,9 +354,6 @@ class MlaVerifyGpuTest : public ::testing::Test {
     ASSERT_EQ(CreateMlaVerifyWorkspace(config, &ws_one_page_), cudaSuccess);
     config.sm90a_schedule = MlaVerifySm90aSchedule::kSwapAb;
     ASSERT_EQ(CreateMlaVerifyWorkspace(config, &ws_swap_ab_), cudaSuccess);
-    config.sm90a_schedule = MlaVerifySm90aSchedule::kAuto;
-    config.sm90a_waves = 3;
-    ASSERT_EQ(CreateMlaVerifyWorkspace(config, &ws_waves_), cudaSuccess);
     CUDA_ASSERT(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
   }
   void TearDown() override {
@@ -364,7 +361,6 @@ class MlaVerifyGpuTest : public ::testing::Test {
     DestroyMlaVerifyWorkspace(ws_pairs_);
     DestroyMlaVerifyWorkspace(ws_one_page_);
     DestroyMlaVerifyWorkspace(ws_swap_ab_);
-    DestroyMlaVerifyWorkspace(ws_waves_);
     cudaStreamDestroy(stream_);
   }
 
@@ -409,7 +405,7 @@ class MlaVerifyGpuTest : public ::testing::Test {
   }
 
   // Every path this device runs: split_kv, baseline (second), and where it exists split_kv_sm90a
-  // with the plan's schedule and with each schedule forced, and over ranges for 3 blocks per SM.
+  // with the plan's schedule and with each schedule forced.
   std::vector<Variant> Variants() const {
     std::vector<Variant> v = {{MlaVerifyPath::kSplitKv, ws_, "split_kv"},
                               {MlaVerifyPath::kBaseline, ws_, "baseline"}};
@@ -418,7 +414,6 @@ class MlaVerifyGpuTest : public ::testing::Test {
       v.push_back({MlaVerifyPath::kSplitKvSm90a, ws_pairs_, "split_kv_sm90a/page_pairs"});
       v.push_back({MlaVerifyPath::kSplitKvSm90a, ws_one_page_, "split_kv_sm90a/one_page"});
       v.push_back({MlaVerifyPath::kSplitKvSm90a, ws_swap_ab_, "split_kv_sm90a/swap_ab"});
-      v.push_back({MlaVerifyPath::kSplitKvSm90a, ws_waves_, "split_kv_sm90a/3_waves"});
     }
     return v;
   }
@@ -429,7 +424,6 @@ class MlaVerifyGpuTest : public ::testing::Test {
   MlaVerifyWorkspace* ws_pairs_ = nullptr;     // split_kv_sm90a forced to page pairs
   MlaVerifyWorkspace* ws_one_page_ = nullptr;  // split_kv_sm90a forced to one page
   MlaVerifyWorkspace* ws_swap_ab_ = nullptr;   // split_kv_sm90a forced to swap-AB (<= 32 rows)
-  MlaVerifyWorkspace* ws_waves_ = nullptr;     // split_kv_sm90a over ranges for 3 blocks per SM
   cudaStream_t stream_ = nullptr;
 };
 

@@ -148,13 +148,9 @@ MLA_HD int32_t NumPartsFor(int32_t num_sms, int32_t rows, int32_t tile_rows,
 MLA_HD int32_t NumParts(int32_t num_sms, int32_t rows) {
   return NumPartsFor(num_sms, rows, TileRowsFor(rows), BlocksPerSmFor(TileRowsFor(rows)));
 }
-// The sm_90a path: always 64-row tiles (the wgmma M), one block per SM at a time, `waves` blocks
-// per SM in all (more, shorter ranges: an SM that finishes its block early takes the next one).
-inline constexpr int32_t kMaxSm90aWaves = 4;
-// The waves a plan takes: as configured (tests and benchmarks), else one.
-MLA_HD int32_t Sm90aWavesFor(int32_t configured) { return configured > 0 ? configured : 1; }
-MLA_HD int32_t NumPartsSm90a(int32_t num_sms, int32_t rows, int32_t waves = 1) {
-  return NumPartsFor(num_sms, rows, 64, waves);
+// The sm_90a path: always 64-row tiles (the wgmma M), one block per SM.
+MLA_HD int32_t NumPartsSm90a(int32_t num_sms, int32_t rows) {
+  return NumPartsFor(num_sms, rows, 64, 1);
 }
 // The sm_90a tile's schedule for s_q * h_q = `rows` query rows and `batch` requests: one page at a
 // time for a single request held by one 64-row tile, page pairs otherwise. Measured on the H200
@@ -180,10 +176,7 @@ MLA_HD int32_t MaxSplitRequests(int32_t batch, int32_t num_parts) {
   return batch < num_parts ? batch : num_parts;
 }
 // Partial-output rows a workspace needs for any shape: 2 * num_parts * rows is largest for
-// 16-row tiles (2 * 2 * num_sms * 16) and 64-row tiles (2 * num_sms * 64), times the sm_90a
-// path's waves.
-MLA_HD int64_t PartialRowsFor(int32_t num_sms, int32_t waves = 1) {
-  return 2 * static_cast<int64_t>(num_sms) * 64 * (waves < 1 ? 1 : waves);
-}
+// 16-row tiles (2 * 2 * num_sms * 16) and 64-row tiles (2 * num_sms * 64).
+MLA_HD int64_t PartialRowsFor(int32_t num_sms) { return 2 * static_cast<int64_t>(num_sms) * 64; }
 
 }  // namespace probesidecar::kernels::mla
