@@ -23,7 +23,10 @@
 #       PACK=1                      also pack .gpu/ into .gpu-packed/gpu.tar.xz (the whole bundle
 #                                   of the release list is ~270 MiB, ~25 MiB packed): carry
 #                                   ".gpu-packed" instead of ".gpu", and the script unpacks it there
-#                                   first, so kernel and server work fit in one call
+#                                   first, so kernel and server work fit in one call; says what a
+#                                   call would carry with the tree (and with .gpu-vllm: with the
+#                                   whole bundle that passes 64 MiB, so the vllm step takes a
+#                                   BINARIES="probe-sidecar" bundle)
 #   tests/gpu/run.sh                on the GPU machine (through the device tool), from the
 #                                   repository root, with .gpu/ (or .gpu-packed/) carried:
 #       run(command="STEPS='tests kernels rpc' tests/gpu/run.sh", carry=[".gpu"])
@@ -123,6 +126,16 @@ if [[ "${1:-}" == prepare ]]; then
     # per binary (the whole bundle: ~70 MiB that way, ~25 MiB this way).
     tar -cf - -C "$root" .gpu | xz --lzma2=preset=6,dict=256MiB -c >"$root/.gpu-packed/gpu.tar.xz"
     echo "packed $(du -sh "$root/.gpu-packed/gpu.tar.xz" | cut -f1): carry .gpu-packed"
+    # The device tool refuses a call whose tracked files and carried paths pass 64 MiB in all.
+    tree=$(git ls-files -z | du -cb --files0-from=- | tail -1 | cut -f1)
+    packed=$(stat -c %s "$root/.gpu-packed/gpu.tar.xz")
+    vllm=$(cat "$root"/.gpu-vllm/vllm-*.tar.xz 2>/dev/null | wc -c)
+    carry_note() {  # label, bytes
+      echo "carry $1: $(($2 / 1048576)) MiB with the tree" \
+        "$( (($2 > 64 * 1048576)) && echo '(over the 64 MiB a call carries)')"
+    }
+    carry_note .gpu-packed $((tree + packed))
+    ((vllm > 0)) && carry_note ".gpu-packed .gpu-vllm" $((tree + packed + vllm))
   fi
   echo "prepared $gpu ($(du -sh "$gpu" | cut -f1)) for $(cat "$gpu/git"); on the GPU machine:" \
     "tests/gpu/run.sh"
