@@ -10,7 +10,10 @@ waits the kernel recorded: for a page's TMA boxes (kv), for the request's Q (q),
 warpgroup at a named barrier (peer), for its own wgmma (mma), the epilogue of finished requests,
 and the rest (issuing wgmma and TMA, softmax, rescaling: the warpgroup's own work); and per trace
 where a block's time outside its loop goes (waiting for the plan kernel, the prologue until the
-first step, the spread of the blocks' start and end times). --timeline: the first events of block
+first step, the spread of the blocks' start and end times); and which blocks end last (their SM,
+range and row tile, their waits and own work) and what a block's end goes with (Pearson r against
+its page-box waits, its own work, the end of the other block on its TPC, the end of its range's
+other row tiles). --timeline: the first events of block
 0, both warpgroups, as text. Plain Python 3 with numpy: runs on the GPU machine next to the
 benchmark.
 """
@@ -94,6 +97,96 @@ def block_span(data):
             "mean_block_us": float(np.mean([b - a for a, b in zip(rel0, rel1)])) / 1e3}
 
 
+def block_rows(meta, data):
+    """One row per block that recorded: its SM, its row tile and range (blockIdx.x, .y), its start
+    and end (µs from the first start, globaltimer) and, per warpgroup, the cycles it waited for
+    page boxes and its own work, per step."""
+    row_tiles = (meta["h_q"] * meta["s_q"] + 63) // 64
+    rows, base = [], None
+    for b in range(data.shape[0]):
+        if int(data[b, 0, 0, 0]) <= FIRST_EVENT:
+            continue
+        t0, t1 = int(data[b, 0, 1, 0]), int(data[b, 0, 1, 1])
+        base = t0 if base is None else base
+        start = ((t0 - base + (1 << 31)) % (1 << 32)) - (1 << 31)
+        end = ((t1 - base + (1 << 31)) % (1 << 32)) - (1 << 31)
+        row = {"block": b, "sm": int(data[b, 0, 0, 1]), "tile": b % row_tiles,
+               "range": b // row_tiles, "start_us": start / 1e3, "end_us": end / 1e3}
+        for w in range(2):
+            count = int(data[b, w, 0, 0])
+            s = warpgroup_summary(data[b, w, FIRST_EVENT:count]) if count > FIRST_EVENT else None
+            if s is None:
+                continue
+            steps = max(s["steps"], 1)
+            waits = sum(s[k] for k in WAITS.values()) - s["nested"]
+            row[f"wg{w}_kv_per_step"] = s["kv"] / steps
+            row[f"wg{w}_own_per_step"] = (s["total"] - waits) / steps
+            row["steps"] = s["steps"]
+        rows.append(row)
+    if rows:
+        first = min(r["start_us"] for r in rows)
+        for r in rows:
+            r["start_us"] -= first
+            r["end_us"] -= first
+    return rows
+
+
+def late_blocks(rows, show=6):
+    """Why some blocks end late: the correlation of a block's end with its waits for page boxes
+    and with its own work (both warpgroups, per step), with the end of the other block on its TPC
+    (SMs 2k and 2k + 1) and with the end of the other row tiles of its range; and the blocks that
+    end last and first."""
+    if len(rows) < 4:
+        return None
+    end = np.array([r["end_us"] for r in rows])
+
+    def corr(values):
+        v = np.array(values, dtype=np.float64)
+        ok = np.isfinite(v)
+        if ok.sum() < 4 or np.std(v[ok]) == 0 or np.std(end[ok]) == 0:
+            return None
+        return float(np.corrcoef(end[ok], v[ok])[0, 1])
+
+    def per_step(r, key):
+        return sum(r.get(f"wg{w}_{key}_per_step", 0.0) for w in range(2))
+
+    by_sm = {r["sm"]: r["end_us"] for r in rows}
+    by_range = {}
+    for r in rows:
+        by_range.setdefault(r["range"], []).append((r["block"], r["end_us"]))
+    tpc = [by_sm.get(r["sm"] ^ 1, np.nan) for r in rows]
+    peers = [np.mean([e for b, e in by_range[r["range"]] if b != r["block"]])
+             if len(by_range[r["range"]]) > 1 else np.nan for r in rows]
+    order = sorted(rows, key=lambda r: r["end_us"])
+    keep = ("block", "sm", "range", "tile", "start_us", "end_us", "steps", "wg0_kv_per_step",
+            "wg1_kv_per_step", "wg0_own_per_step", "wg1_own_per_step")
+    return {"blocks": len(rows),
+            "corr_end_kv_wait": corr([per_step(r, "kv") for r in rows]),
+            "corr_end_own_work": corr([per_step(r, "own") for r in rows]),
+            "corr_end_tpc_partner_end": corr(tpc),
+            "corr_end_range_peers_end": corr(peers),
+            "last": [{k: r.get(k) for k in keep} for r in order[::-1][:show]],
+            "first": [{k: r.get(k) for k in keep} for r in order[:show]]}
+
+
+def late_lines(point, impl, late):
+    def fmt(v):
+        return "–" if v is None else f"{v:+.2f}"
+    lines = [f"{point} {impl}: {late['blocks']} blocks; a block's end against: its page-box waits "
+             f"{fmt(late['corr_end_kv_wait'])}, its own work {fmt(late['corr_end_own_work'])}, "
+             f"its TPC partner's end {fmt(late['corr_end_tpc_partner_end'])}, its range's other "
+             f"row tiles' end {fmt(late['corr_end_range_peers_end'])} (Pearson r)"]
+    for label in ("last", "first"):
+        for r in late[label]:
+            lines.append(
+                f"  {label:5s} block {r['block']:4d} sm {r['sm']:3d} range {r['range']:3d} tile "
+                f"{r['tile']:2d} end {r['end_us']:8.1f} µs, {r.get('steps') or 0} steps, kv "
+                f"wait/step {r.get('wg0_kv_per_step') or 0:.0f}+{r.get('wg1_kv_per_step') or 0:.0f}"
+                f", own/step {r.get('wg0_own_per_step') or 0:.0f}+"
+                f"{r.get('wg1_own_per_step') or 0:.0f} cycles")
+    return lines
+
+
 def timeline(data, khz, limit=120):
     lines = []
     for w in range(2):
@@ -152,6 +245,7 @@ def main():
         meta["impl"] = m.group(5)
         meta["warpgroups"] = summarise(meta, data)
         meta["blocks"] = block_span(data)
+        meta["late_blocks"] = late_blocks(block_rows(meta, data))
         results.append(meta)
         timelines += [f"{os.path.basename(path)}:"] + timeline(data, meta["khz"])
     lines = ["| point | impl | wg | steps/block | cycles/step (median) | kv wait | q wait | peer wait "
@@ -178,6 +272,13 @@ def main():
         lines.append(f"| h{r['h_q']} s{r['s_q']} b{r['batch']} {r['len']} | {r['impl']} | "
                      f"{b['span_us']:.1f} | {b['start_spread_us']:.1f} | {b['end_spread_us']:.1f} | "
                      f"{b['mean_block_us']:.1f} | {w0['grid_wait_us']:.2f} | {w0['prologue_us']:.2f} |")
+    late = []
+    for r in results:
+        if r["late_blocks"] is not None:
+            late += late_lines(f"h{r['h_q']} s{r['s_q']} b{r['batch']} {r['len']}", r["impl"],
+                               r["late_blocks"])
+    if late:
+        lines += ["", "Which blocks end last, and what goes with it:", "", "```", *late, "```"]
     text = ("Cycles per step (a page; a pair of pages for page_pairs) per warpgroup, mean over the "
             "blocks (SM clock, cudaDevAttrClockRate for µs). Waits: kv = a page's TMA boxes not "
             "landed, q = the request's Q, peer = the other warpgroup at a named barrier, mma = "
