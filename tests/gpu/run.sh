@@ -129,7 +129,8 @@ if [[ "${1:-}" == prepare ]]; then
     # The device tool refuses a call whose tracked files and carried paths pass 64 MiB in all.
     tree=$(git ls-files -z | du -cb --files0-from=- | tail -1 | cut -f1)
     packed=$(stat -c %s "$root/.gpu-packed/gpu.tar.xz")
-    vllm=$(cat "$root"/.gpu-vllm/vllm-*.tar.xz 2>/dev/null | wc -c)
+    vllm=0
+    for f in "$root"/.gpu-vllm/vllm-*.tar.xz; do [[ -f "$f" ]] && vllm=$(stat -c %s "$f"); done
     carry_note() {  # label, bytes
       echo "carry $1: $(($2 / 1048576)) MiB with the tree" \
         "$( (($2 > 64 * 1048576)) && echo '(over the 64 MiB a call carries)')"
