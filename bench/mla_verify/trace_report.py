@@ -80,27 +80,28 @@ def warpgroup_summary(rows):
     return out
 
 
-def block_span(data):
-    """µs from the first block's start to the last block's end (globaltimer), and the spread of
-    the blocks' starts and ends, from warpgroup 0's records."""
-    used = [b for b in range(data.shape[0]) if int(data[b, 0, 0, 0]) > FIRST_EVENT]
-    if not used:
-        return None
-    t0 = [int(data[b, 0, 1, 0]) for b in used]
-    t1 = [int(data[b, 0, 1, 1]) for b in used]
-    base = t0[0]
-    rel0 = [((x - base + (1 << 31)) % (1 << 32)) - (1 << 31) for x in t0]
-    rel1 = [((x - base + (1 << 31)) % (1 << 32)) - (1 << 31) for x in t1]
-    return {"span_us": (max(rel1) - min(rel0)) / 1e3,
-            "start_spread_us": (max(rel0) - min(rel0)) / 1e3,
-            "end_spread_us": (max(rel1) - min(rel1)) / 1e3,
-            "mean_block_us": float(np.mean([b - a for a, b in zip(rel0, rel1)])) / 1e3}
+def own_cycles(s):
+    """A warpgroup summary's cycles outside the waits it recorded (its own work)."""
+    return s["total"] - (sum(s[k] for k in WAITS.values()) - s["nested"])
 
 
-def block_rows(meta, data):
-    """One row per block that recorded: its SM, its row tile and range (blockIdx.x, .y), its start
-    and end (µs from the first start, globaltimer) and, per warpgroup, the cycles it waited for
-    page boxes and its own work, per step."""
+def block_summaries(data):
+    """warpgroup_summary of each block's two warpgroups (None where one recorded nothing)."""
+    out = []
+    for b in range(data.shape[0]):
+        per_wg = []
+        for w in range(2):
+            count = int(data[b, w, 0, 0])
+            per_wg.append(warpgroup_summary(data[b, w, FIRST_EVENT:count])
+                          if count > FIRST_EVENT else None)
+        out.append(per_wg)
+    return out
+
+
+def block_rows(meta, data, summaries):
+    """One row per block that recorded (warpgroup 0): its SM, its row tile and range (blockIdx.x,
+    .y), its start and end (µs from the first start, globaltimer) and, per warpgroup, the cycles it
+    waited for page boxes and its own work, per step."""
     row_tiles = (meta["h_q"] * meta["s_q"] + 63) // 64
     rows, base = [], None
     for b in range(data.shape[0]):
@@ -112,15 +113,12 @@ def block_rows(meta, data):
         end = ((t1 - base + (1 << 31)) % (1 << 32)) - (1 << 31)
         row = {"block": b, "sm": int(data[b, 0, 0, 1]), "tile": b % row_tiles,
                "range": b // row_tiles, "start_us": start / 1e3, "end_us": end / 1e3}
-        for w in range(2):
-            count = int(data[b, w, 0, 0])
-            s = warpgroup_summary(data[b, w, FIRST_EVENT:count]) if count > FIRST_EVENT else None
+        for w, s in enumerate(summaries[b]):
             if s is None:
                 continue
             steps = max(s["steps"], 1)
-            waits = sum(s[k] for k in WAITS.values()) - s["nested"]
             row[f"wg{w}_kv_per_step"] = s["kv"] / steps
-            row[f"wg{w}_own_per_step"] = (s["total"] - waits) / steps
+            row[f"wg{w}_own_per_step"] = own_cycles(s) / steps
             row["steps"] = s["steps"]
         rows.append(row)
     if rows:
@@ -129,6 +127,18 @@ def block_rows(meta, data):
             r["start_us"] -= first
             r["end_us"] -= first
     return rows
+
+
+def block_span(rows):
+    """µs from the first block's start to the last block's end (globaltimer), and the spread of
+    the blocks' starts and ends (block_rows: times from the first start)."""
+    if not rows:
+        return None
+    start = [r["start_us"] for r in rows]
+    end = [r["end_us"] for r in rows]
+    return {"span_us": max(end) - min(start), "start_spread_us": max(start) - min(start),
+            "end_spread_us": max(end) - min(end),
+            "mean_block_us": float(np.mean([b - a for a, b in zip(start, end)]))}
 
 
 def late_blocks(rows, show=6):
@@ -198,15 +208,12 @@ def timeline(data, khz, limit=120):
     return lines
 
 
-def summarise(meta, data):
+def summarise(meta, summaries):
     per_wg = []
     for w in range(2):
         acc, n = {}, 0
-        for blk in range(data.shape[0]):
-            count = int(data[blk, w, 0, 0])
-            if count <= FIRST_EVENT:
-                continue
-            s = warpgroup_summary(data[blk, w, FIRST_EVENT:count])
+        for per_block in summaries:
+            s = per_block[w]
             if s is None:
                 continue
             n += 1
@@ -217,12 +224,11 @@ def summarise(meta, data):
             continue
         mean = {k: v / n for k, v in acc.items()}
         steps = max(mean["steps"], 1e-9)
-        waits = sum(mean[k] for k in WAITS.values()) - mean["nested"]
         row = {"blocks": n, "steps": mean["steps"], "cycles_per_step": mean["total"] / steps,
                "median_step": mean["step_median"], "us_total": mean["total"] / meta["khz"] * 1e3}
         for k in WAITS.values():
             row[k + "_per_step"] = mean[k] / steps
-        row["own_work_per_step"] = (mean["total"] - waits) / steps
+        row["own_work_per_step"] = own_cycles(mean) / steps
         row["grid_wait_us"] = mean["grid_wait"] / meta["khz"] * 1e3
         row["prologue_us"] = mean["prologue"] / meta["khz"] * 1e3
         per_wg.append(row)
@@ -243,9 +249,11 @@ def main():
             continue
         meta, data = read(path)
         meta["impl"] = m.group(5)
-        meta["warpgroups"] = summarise(meta, data)
-        meta["blocks"] = block_span(data)
-        meta["late_blocks"] = late_blocks(block_rows(meta, data))
+        summaries = block_summaries(data)
+        rows = block_rows(meta, data, summaries)
+        meta["warpgroups"] = summarise(meta, summaries)
+        meta["blocks"] = block_span(rows)
+        meta["late_blocks"] = late_blocks(rows)
         results.append(meta)
         timelines += [f"{os.path.basename(path)}:"] + timeline(data, meta["khz"])
     lines = ["| point | impl | wg | steps/block | cycles/step (median) | kv wait | q wait | peer wait "

@@ -52,7 +52,7 @@ def test_the_late_blocks_are_named_and_their_waits_go_with_their_end(tmp_path):
     blocks = [(sm, 5 * sm, 800 if sm in (6, 7) else 4 * sm) for sm in range(16)]
     write_trace(tmp_path / "trace_h128_s1_b64_l16384_split_kv_sm90a.bin", blocks)
     meta, data = tr.read(tmp_path / "trace_h128_s1_b64_l16384_split_kv_sm90a.bin")
-    rows = tr.block_rows(meta, data)
+    rows = tr.block_rows(meta, data, tr.block_summaries(data))
     assert [r["sm"] for r in rows] == list(range(16))
     assert [(r["range"], r["tile"]) for r in rows[:4]] == [(0, 0), (0, 1), (1, 0), (1, 1)]
     assert rows[0]["start_us"] == 0 and abs(rows[3]["start_us"] - 0.015) < 1e-9
