@@ -71,17 +71,18 @@ def _as_user(s: Sidecar, uid: int, gid: int, groups: list[int], *command: str) -
 
     # user/group/extra_groups, not a preexec_fn: Python code run between fork and exec in a
     # process with gRPC's threads can deadlock, and then Popen waits for the exec forever.
-    for attempt in range(3):
+    # The client aborts before it sends anything when the kernel has no task to give its gRPC
+    # threads (pthread_create: EAGAIN; seen once under ASan in a clean-clone test run, with fewer
+    # than 200 threads on the machine: the kernel's tasks are shared with other containers). That
+    # says nothing of the server's access checks: run it again until it gets its threads, for at
+    # most a minute (a safety net far past one run).
+    deadline = time.monotonic() + 60
+    while True:
         result = subprocess.run([str(CLIENT_BIN), f"--target=unix:{s.socket}", *command],
                                 capture_output=True, text=True, timeout=60, user=uid, group=gid,
                                 extra_groups=groups, cwd="/")
-        # The client aborts before it sends anything when the kernel has no task to give its
-        # gRPC threads (pthread_create: EAGAIN; seen once under ASan in a clean-clone test run,
-        # with fewer than 200 threads on the machine: the kernel's tasks are shared with other
-        # containers). That says nothing of the server's access checks: run it again.
-        if "pthread_create failed" not in result.stderr or attempt == 2:
+        if "pthread_create failed" not in result.stderr or time.monotonic() > deadline:
             break
-        time.sleep(1)
     if result.returncode == 0:
         return "OK", result.stderr
     found = re.search(r"probe-client: ([A-Z_]+):", result.stderr)
