@@ -1,9 +1,10 @@
 #!/usr/bin/env python3
-"""The report of ab.sh: two builds of mla-verify-bench, several passes each, on one GPU.
+"""The report of ab.sh: builds of mla-verify-bench (a, b, c, ...), several passes each, on one GPU.
 
-Per point: B's graph-replay time over A's, the median over passes (each pass's B against the
-same pass's A), and A's own spread (its slowest pass over its fastest). Summaries: the geometric
-mean over points, by h_q and batch, and the points where B is more than 2% faster or slower.
+Per point and build after the first: its graph-replay time over A's, the median over passes (each
+pass's time against the same pass's A), and A's own spread (its slowest pass over its fastest).
+Summaries per build: the geometric mean over points, by h_q and batch, and the points where it is
+more than 2% faster or slower than A.
 
     ab_report.py OUT_DIR [--out ab.md] [--json ab.json]
 """
@@ -68,23 +69,24 @@ def compare(a: dict[int, dict[Key, float]], b: dict[int, dict[Key, float]]) -> l
     return rows
 
 
-def render(rows: list[dict], ha: dict, hb: dict, passes: int) -> str:
+def render(rows: list[dict], ha: dict, hb: dict, passes: int, side: str = "b") -> str:
     ratios = [r["ratio"] for r in rows]
     faster = [r for r in rows if r["ratio"] < 0.98]
     slower = [r for r in rows if r["ratio"] > 1.02]
+    B = side.upper()
     out = [
-        "# MLA verify: build B against build A (ab.sh)",
+        f"# MLA verify: build {B} against build A (ab.sh)",
         "",
-        f"- A: `{ha.get('git')}`; B: `{hb.get('git')}`; {ha.get('device')}, {ha.get('date')}",
-        f"- {passes} passes, A and B alternating first; {len(rows)} points; time = graph-replay "
-        "p50 of the dispatched sm_90a path; ratio = median over passes of B / A in the same pass",
-        f"- **geomean B / A {geomean(ratios):.3f}** (range {min(ratios):.3f}-{max(ratios):.3f}); "
-        f"B > 2% faster at {len(faster)}, > 2% slower at {len(slower)}",
+        f"- A: `{ha.get('git')}`; {B}: `{hb.get('git')}`; {ha.get('device')}, {ha.get('date')}",
+        f"- {passes} passes, the builds' order rotated; {len(rows)} points; time = graph-replay "
+        f"p50 of the dispatched sm_90a path; ratio = median over passes of {B} / A in the same pass",
+        f"- **geomean {B} / A {geomean(ratios):.3f}** (range {min(ratios):.3f}-{max(ratios):.3f}); "
+        f"{B} > 2% faster at {len(faster)}, > 2% slower at {len(slower)}",
         f"- A's own spread (slowest / fastest pass): median "
         f"{statistics.median(r['a_spread'] for r in rows):.3f}, worst "
         f"{max(r['a_spread'] for r in rows):.3f}",
         "",
-        "| group | points | geomean B / A | range |",
+        f"| group | points | geomean {B} / A | range |",
         "|---|---|---|---|",
     ]
     groups: dict[str, list[float]] = defaultdict(list)
@@ -93,7 +95,7 @@ def render(rows: list[dict], ha: dict, hb: dict, passes: int) -> str:
     for g in sorted(groups, key=lambda g: [int(x) for x in re.findall(r"\d+", g)]):
         v = groups[g]
         out.append(f"| {g} | {len(v)} | {geomean(v):.3f} | {min(v):.3f}-{max(v):.3f} |")
-    out += ["", "| h_q | s_q | batch | keys | A µs | B µs | B / A | passes' B / A | A spread |",
+    out += ["", f"| h_q | s_q | batch | keys | A µs | {B} µs | {B} / A | passes' {B} / A | A spread |",
             "|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         out.append(
@@ -110,12 +112,23 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", help="the per-point rows as JSON")
     args = ap.parse_args(argv)
     a, ha = load_side(args.out_dir, "a")
-    b, hb = load_side(args.out_dir, "b")
-    rows = compare(a, b)
-    if not rows:
-        print(f"ab_report: no common points in {args.out_dir}", file=sys.stderr)
+    texts, doc = [], {"a": ha, "builds": {}}
+    for side in "bcdef":
+        b, hb = load_side(args.out_dir, side)
+        if not b:
+            continue
+        rows = compare(a, b)
+        if not rows:
+            print(f"ab_report: no points common to a and {side} in {args.out_dir}",
+                  file=sys.stderr)
+            return 1
+        texts.append(render(rows, ha, hb, len(a), side))
+        doc["builds"][side] = {"header": hb, "rows": rows}
+        print(texts[-1].split("\n")[4])
+    if not texts:
+        print(f"ab_report: no build to compare with a in {args.out_dir}", file=sys.stderr)
         return 1
-    text = render(rows, ha, hb, len(a))
+    text = "\n".join(texts)
     if args.out:
         with open(args.out, "w") as f:
             f.write(text)
@@ -123,8 +136,7 @@ def main(argv: list[str] | None = None) -> int:
         sys.stdout.write(text)
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"a": ha, "b": hb, "rows": rows}, f, indent=1)
-    print(text.split("\n")[4])
+            json.dump(doc, f, indent=1)
     return 0
 
 

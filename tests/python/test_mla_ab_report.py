@@ -34,7 +34,8 @@ def test_ratio_is_the_median_of_same_pass_ratios(tmp_path):
     out = tmp_path / "ab.md"
     js = tmp_path / "ab.json"
     assert ab_report.main([str(tmp_path), "--out", str(out), "--json", str(js)]) == 0
-    rows = {(r["h_q"], r["s_q"], r["batch"], r["seqlen"]): r for r in json.loads(js.read_text())["rows"]}
+    doc = json.loads(js.read_text())
+    rows = {(r["h_q"], r["s_q"], r["batch"], r["seqlen"]): r for r in doc["builds"]["b"]["rows"]}
     assert rows[p1]["ratio"] == pytest.approx(0.90)  # median of 0.90, 0.90, 0.95
     assert rows[p1]["ratio_max"] == pytest.approx(0.95)
     assert rows[p1]["a_spread"] == pytest.approx(1.10)
@@ -50,8 +51,22 @@ def test_points_on_one_side_only_are_left_out(tmp_path):
     write_pass(tmp_path, "b", 1, {(16, 1, 8, 4096): 22.0})
     js = tmp_path / "ab.json"
     assert ab_report.main([str(tmp_path), "--out", str(tmp_path / "ab.md"), "--json", str(js)]) == 0
-    rows = json.loads(js.read_text())["rows"]
+    rows = json.loads(js.read_text())["builds"]["b"]["rows"]
     assert [(r["s_q"], r["ratio"]) for r in rows] == [(1, pytest.approx(1.1))]
+
+
+def test_each_build_against_the_first(tmp_path):
+    p = (128, 2, 64, 16384)
+    write_pass(tmp_path, "a", 1, {p: 100.0})
+    write_pass(tmp_path, "b", 1, {p: 97.0})
+    write_pass(tmp_path, "c", 1, {p: 104.0})
+    js = tmp_path / "ab.json"
+    assert ab_report.main([str(tmp_path), "--out", str(tmp_path / "ab.md"), "--json", str(js)]) == 0
+    builds = json.loads(js.read_text())["builds"]
+    assert builds["b"]["rows"][0]["ratio"] == pytest.approx(0.97)
+    assert builds["c"]["rows"][0]["ratio"] == pytest.approx(1.04)
+    text = (tmp_path / "ab.md").read_text()
+    assert "build B against build A" in text and "build C against build A" in text
 
 
 def test_no_common_points_is_an_error(tmp_path):
