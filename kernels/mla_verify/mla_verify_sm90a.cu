@@ -28,6 +28,20 @@ cudaError_t EncodeKvMap(const MlaVerifyParams& p, CUtensorMap* map) {
                                             dims, strides, box);
 }
 
+// The same bytes as a 4-D tensor [pages, 9 slabs, 64 rows, 64 columns] (a slab's columns are 128
+// bytes further than the previous slab's); a box is 4 slabs of one page, which land in shared
+// memory slab after slab as four 64 x 64 boxes would.
+cudaError_t EncodeKvSlabMap(const MlaVerifyParams& p, CUtensorMap* map) {
+  const cuuint64_t dims[4] = {
+      64, kMlaPageSize, static_cast<cuuint64_t>(kMlaHeadDimQk / 64),
+      p.num_pages > 0 ? static_cast<cuuint64_t>(p.num_pages) : (cuuint64_t{1} << 31)};
+  const cuuint64_t strides[3] = {static_cast<cuuint64_t>(p.kv_row_stride) * 2, 128,
+                                 static_cast<cuuint64_t>(p.kv_page_stride) * 2};
+  const cuuint32_t box[4] = {64, kMlaPageSize, 4, 1};
+  return blocks::EncodeSwizzled128TensorMap(map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 4, p.kv_cache,
+                                            dims, strides, box);
+}
+
 // q as a 4-D tensor [b, s_q, h_q, 576]; a box is one `tile_rows`-row tile of a request: 64
 // columns x min(h_q, tile_rows) heads x tile_rows / min(h_q, tile_rows) tokens, so its rows land
 // token-major (row = j * h_q + h) and the rows past s_q * h_q (tokens past s_q) come in as zeros.
@@ -144,6 +158,7 @@ cudaError_t LaunchTileSm90a(const KernelArgs& args, dim3 grid, MlaVerifySm90aSch
   targs.args = args;
   targs.trace = g_trace;
   cudaError_t err = EncodeKvMap(args.p, &targs.kv_map);
+  if (err == cudaSuccess) err = EncodeKvSlabMap(args.p, &targs.kv_slab_map);
   if (err == cudaSuccess) err = EncodeQMap(args.p, sm90a::kM, &targs.q_map);
   if (err == cudaErrorNotSupported) return cudaErrorInvalidDeviceFunction;  // no encoder
   if (err != cudaSuccess) return err;

@@ -63,6 +63,11 @@ inline constexpr uint64_t kEvictFirst =  // cache pages: read once (or by siblin
     static_cast<uint64_t>(cute::TMA::CacheHintSm90::EVICT_FIRST);
 inline constexpr uint64_t kEvictLast =  // a Q tile: read by every block of its request
     static_cast<uint64_t>(cute::TMA::CacheHintSm90::EVICT_LAST);
+// A page's boxes travel in three groups, each one TMA completing on the barrier of its first
+// slab: slabs 0..3 and 4..7 (32 KB each, kv_slab_map), and the rope slab 8 (kv_map). Issuing a
+// TMA costs the issuing thread ~100 cycles, which its warpgroup waits for at its next wgmma: 3 a
+// page instead of 9. Loads and waits name whole groups ([begin, end) on 0, 4, 8, 9).
+__host__ __device__ constexpr int SlabGroupBar(int slab) { return slab < kPSlab ? slab & ~3 : slab; }
 
 struct SharedStorage {
   uint8_t q[kTileBytes];       // 1024-byte aligned (the swizzle's period)
@@ -78,8 +83,9 @@ inline constexpr int kSmemBytes = static_cast<int>(sizeof(SharedStorage)) + 1024
 
 // Launch arguments plus the tensor maps (__grid_constant__, as TMA needs).
 struct Sm90aArgs {
-  CUtensorMap kv_map;  // [pages, 64, 576] bf16, box 64 x 64, 128-byte swizzle
-  CUtensorMap q_map;   // [b, s_q, h_q, 576] bf16, box 64 rows (heads x tokens) x 64 columns
+  CUtensorMap kv_map;       // [pages, 64, 576] bf16, box 64 x 64, 128-byte swizzle
+  CUtensorMap kv_slab_map;  // the same as [pages, 9 slabs, 64, 64]: box 4 slabs (32 KB)
+  CUtensorMap q_map;  // [b, s_q, h_q, 576] bf16, box 64 rows (heads x tokens) x 64 columns
   KernelArgs args;
   TraceArgs trace;  // where the timestamp trace goes (nowhere unless compiled in and set)
 };
@@ -90,6 +96,10 @@ template <typename Args>
 __device__ __forceinline__ void PrefetchTensorMaps(const Args& targs) {
   cute::prefetch_tma_descriptor(reinterpret_cast<const cute::TmaDescriptor*>(&targs.kv_map));
   cute::prefetch_tma_descriptor(reinterpret_cast<const cute::TmaDescriptor*>(&targs.q_map));
+}
+__device__ __forceinline__ void PrefetchTensorMaps(const Sm90aArgs& targs) {
+  PrefetchTensorMaps<Sm90aArgs>(targs);
+  cute::prefetch_tma_descriptor(reinterpret_cast<const cute::TmaDescriptor*>(&targs.kv_slab_map));
 }
 
 // A block's own plan (PlanInBlock), in its static shared memory.
@@ -177,9 +187,10 @@ __device__ __forceinline__ uint64_t DescV(uint32_t base, uint32_t off = 0) {
 template <int kBegin, int kEnd, bool kZeroFirst>
 __device__ __forceinline__ void ScoreSlabs(uint32_t sq, uint32_t sk, uint64_t* bars, int phase,
                                            float (&s)[32], TraceRecorder& rec, int32_t step) {
+  static_assert(SlabGroupBar(kBegin) == kBegin, "scores start on a group of boxes");
 #pragma unroll
   for (int slab = kBegin; slab < kEnd; ++slab) {
-    WaitBox(&bars[slab], phase, rec, step);
+    if (SlabGroupBar(slab) == slab) WaitBox(&bars[slab], phase, rec, step);
     cute::warpgroup_arrive();
 #pragma unroll
     for (int ks = 0; ks < 4; ++ks) {
@@ -212,14 +223,27 @@ __device__ __forceinline__ void PvFromShared(uint32_t p_page, uint32_t v_page, i
   }
 }
 
-// One thread: boxes [begin, end) of cache page `page` into a page buffer, each completing on its
-// own barrier.
-__device__ __forceinline__ void LoadPageBoxes(const CUtensorMap* map, uint8_t* dst, uint64_t* bars,
+// One thread: the groups of slabs [begin, end) of cache page `page` into a page buffer.
+__device__ __forceinline__ void LoadPageBoxes(const Sm90aArgs& targs, uint8_t* dst, uint64_t* bars,
                                               int32_t page, int begin, int end) {
+  for (int slab = begin; slab < end;) {
+    if (slab < kPSlab) {
+      cutlass::arch::ClusterTransactionBarrier::arrive_and_expect_tx(&bars[slab], 4 * kSlabBytes);
+      cute::SM90_TMA_LOAD_4D::copy(&targs.kv_slab_map, &bars[slab], kEvictFirst,
+                                   dst + slab * kSlabBytes, 0, 0, slab, page);
+      slab += 4;
+    } else {
+      cutlass::arch::ClusterTransactionBarrier::arrive_and_expect_tx(&bars[slab], kSlabBytes);
+      cute::SM90_TMA_LOAD_3D::copy(&targs.kv_map, &bars[slab], kEvictFirst,
+                                   dst + slab * kSlabBytes, slab * 64, 0, page);
+      ++slab;
+    }
+  }
+}
+// The same groups' barrier phases completed without data (a page slot that holds no page).
+__device__ __forceinline__ void SkipPageBoxes(uint64_t* bars, int begin, int end) {
   for (int slab = begin; slab < end; ++slab) {
-    cutlass::arch::ClusterTransactionBarrier::arrive_and_expect_tx(&bars[slab], kSlabBytes);
-    cute::SM90_TMA_LOAD_3D::copy(map, &bars[slab], kEvictFirst, dst + slab * kSlabBytes, slab * 64,
-                                 0, page);
+    if (SlabGroupBar(slab) == slab) cutlass::arch::ClusterTransactionBarrier::arrive(&bars[slab]);
   }
 }
 
@@ -395,10 +419,9 @@ __global__ void __launch_bounds__(kThreads, 1)
   auto load_or_skip = [&](const PairCursor& c, int which, int begin, int end) {
     const bool has = which == 0 ? c.Has0() : c.Has1();
     if (has) {
-      LoadPageBoxes(&targs.kv_map, sm.k[which], sm.bar_k[which], c.page[which], begin, end);
+      LoadPageBoxes(targs, sm.k[which], sm.bar_k[which], c.page[which], begin, end);
     } else {
-      for (int slab = begin; slab < end; ++slab)
-        cutlass::arch::ClusterTransactionBarrier::arrive(&sm.bar_k[which][slab]);
+      SkipPageBoxes(sm.bar_k[which], begin, end);
     }
   };
   // Prologue: the first pair's Q and pages, and its scores. A buffer the first pair leaves

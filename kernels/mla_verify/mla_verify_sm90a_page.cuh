@@ -37,10 +37,9 @@ namespace probesidecar::kernels::mla::sm90a {
 __device__ __forceinline__ void LoadOrSkip(const Sm90aArgs& targs, bool has, int32_t page,
                                            uint8_t* dst, uint64_t* bars, int begin, int end) {
   if (has) {
-    LoadPageBoxes(&targs.kv_map, dst, bars, page, begin, end);
+    LoadPageBoxes(targs, dst, bars, page, begin, end);
   } else {
-    for (int slab = begin; slab < end; ++slab)
-      cutlass::arch::ClusterTransactionBarrier::arrive(&bars[slab]);
+    SkipPageBoxes(bars, begin, end);
   }
 }
 
