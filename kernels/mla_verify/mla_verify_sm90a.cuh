@@ -8,30 +8,25 @@
 //
 // Page-pair kernel. Grid: (64-row query tiles, ranges of the flattened batch); one block per SM.
 // Block: 2 warpgroups (256 threads) on one 64-row tile (the wgmma M; rows past s_q * h_q are zeros
-// that TMA fills in, and their results are dropped). Dynamic shared memory kSmemBytes: the Q tile,
-// two cache pages of 64 x 576 bf16 and one 64 x 64 slab of probabilities (227 KB in all, the most
-// a block may have).
+// that TMA fills in, and their results are dropped). Dynamic shared memory kSmemBytes: the Q tile
+// and two cache pages of 64 x 576 bf16.
 //
 // Schedule (after FlashMLA's dense decode kernel, "seesaw"): keys come one cache page (64 keys)
 // at a time, in pairs; warpgroup 0 owns the even page of a pair (buffer K0), warpgroup 1 the odd
 // one (K1). Each warpgroup computes its page's scores S = Q K^T (64 x 64: 36 wgmma m64n64k16,
 // both operands in shared memory). O (64 x 512 float32) is split by columns: warpgroup 0 holds
 // O_L = O[:, 0:256], warpgroup 1 O_R = O[:, 256:512] (128 registers per thread). Per pair:
-//   wg0: softmax of S0 against the running max m -> m0, scale0; m0 published
-//                                                    O_L = O_L scale0 + P0 V0_L  (P0 in registers)
-//   wg1: softmax of S1 against m0 -> m1, scale1; P1 into shared memory, m1 published
-//                                      O_R = O_R scale0 scale1 + P1 V1_R  (P1 in registers)
-//   wg0: P0 scale1 (relative to m1) into shared memory     O_L = O_L scale1 + P1 V1_L
-//   wg1:                                                   O_R = O_R + P0 V0_R
+//   wg0: softmax of S0 against the running max m -> m0, scale0; P0 (relative to m0) into
+//        shared memory; m0, scale0 published         O_L = O_L scale0 + P0 V0_L  (P0 in registers)
+//   wg1: O_R = O_R scale0 + P0 V0_R, and under it the softmax of S1 against m0 -> m1, scale1;
+//        P1, m1, scale1 published                   O_R = O_R scale1 + P1 V1_R  (P1 in registers)
+//   wg0: O_L = O_L scale1 + P1 V1_L
 //   each: the scores of its page of the next pair
-// so one warpgroup's softmax runs while the other's wgmma keep the tensor cores busy (FlashMLA's
-// order). A page arrives as nine 64 x 64 TMA boxes with an mbarrier each; each box is reloaded
-// with the next pair's page as soon as its last reader is done, and the score wgmma of a page start
-// on the boxes reloaded first while the last are still arriving: K0's boxes 0..3 once P0 V0_L is
-// done, 4..8 once P0 V0_R is; K1's boxes 4..8 once P1 V1_R is done (wg1's first P·V, so about
-// half a pair before its next scores), 0..3 once P1 V1_L is. P0 is kept in K0's rope box (columns
-// 512..575, dead once the page's scores are done), P1 in a slab of its own (in K1's rope box it
-// would hold that box until P1 V1_L is done).
+// so one warpgroup's softmax runs while the other's wgmma keep the tensor cores busy. A page
+// arrives as nine 64 x 64 TMA boxes with an mbarrier each; each box is reloaded with the next
+// pair's page as soon as its last reader is done (the even page's first), and the score wgmma of
+// a page start on its first boxes while the last are still arriving. P0 and P1 are kept in the
+// rope box (columns 512..575) of their own page, which is dead once that page's scores are done.
 // The next request's Q tile is loaded as soon as the current request's last scores are done, so a
 // block streams its whole range without draining at request boundaries.
 //
@@ -77,17 +72,12 @@ __host__ __device__ constexpr int SlabGroupBar(int slab) { return slab < kPSlab 
 struct SharedStorage {
   uint8_t q[kTileBytes];       // 1024-byte aligned (the swizzle's period)
   uint8_t k[2][kTileBytes];    // K0 (even pages), K1 (odd pages)
-  uint8_t p1[kSlabBytes];      // P1 (wg1's probabilities) for wg0's P1 V1_L
-  // Running maxima after each half of a pair; the reader derives the scale from its own max
-  // before (NextOnlineSoftmaxStep: the same arithmetic, so the same value).
-  float max0[kM];  // written by warpgroup 0, read by warpgroup 1
-  float max1[kM];  // written by warpgroup 1, read by warpgroup 0
+  float max0[kM], scale0[kM];  // written by warpgroup 0, read by warpgroup 1
+  float max1[kM], scale1[kM];  // written by warpgroup 1, read by warpgroup 0
   float row_sum[2][kM];        // per warpgroup, at the end of a request
   uint64_t bar_k[2][kSlabs];   // one per box of each page buffer
   uint64_t bar_q;
 };
-static_assert(offsetof(SharedStorage, p1) == offsetof(SharedStorage, k) + 2 * kTileBytes,
-              "the kernel finds p1 from K1's address");
 // + 1024: the dynamic base is aligned to 1024 bytes by hand.
 inline constexpr int kSmemBytes = static_cast<int>(sizeof(SharedStorage)) + 1024;
 
@@ -116,8 +106,6 @@ __device__ __forceinline__ void PrefetchTensorMaps(const Sm90aArgs& targs) {
 struct BlockPlan {
   int32_t ints[PlanInts(kBlockPlanMaxBatch)];
 };
-// The page-pair kernel's dynamic and static shared memory within sm_90's 227 KB a block.
-static_assert(kSmemBytes + sizeof(BlockPlan) <= 227 * 1024, "the page-pair kernel's shared memory");
 
 // Every thread, after the __syncthreads that follows the barriers' initialisation: waits for what
 // this kernel programmatically depends on (the plan kernel, or, where the block plans itself,
@@ -160,9 +148,8 @@ __device__ __forceinline__ void WaitBox(uint64_t* bar, int phase, TraceRecorder&
 // Named barriers (ids after CUTLASS's reserved ones). The 256-thread ones pair an arrive of one
 // warpgroup with a wait of the other.
 enum NamedBarrierId : uint32_t {
-  kScale0Ready = 0,  // wg0 -> wg1: max0 of this pair
-  kScale1Ready,      // wg1 -> wg0: max1, P1 in p1
-  kP0Ready,          // wg0 -> wg1: P0 relative to max1 in K0's slab 8
+  kScale0Ready = 0,  // wg0 -> wg1: max0 / scale0 of this pair, P0 in K0's slab 8
+  kScale1Ready,      // wg1 -> wg0: max1 / scale1, P1 in K1's slab 8
   kRowSums,          // both: row sums exchanged at the end of a request
   kWarpgroup0,       // 128 threads of one warpgroup (after zeroing V rows)
   kWarpgroup1,
@@ -226,20 +213,14 @@ __device__ __forceinline__ void PvFromRegisters(const uint32_t (&pk)[8][2], uint
                              DescV(page, half * 4 * kSlabBytes + ks * 16 * 128), o);
   }
 }
-// O_half += P V[:, 256 half ..] with P from a K-major slab in shared memory (the other
-// warpgroup put it there).
-__device__ __forceinline__ void PvFromSlab(uint32_t p_slab, uint32_t v_page, int half,
-                                           float (&o)[128]) {
-#pragma unroll
-  for (int ks = 0; ks < 4; ++ks) {
-    blocks::WgmmaSS<MmaPvSs>(DescK(p_slab, ks * 32),
-                             DescV(v_page, half * 4 * kSlabBytes + ks * 16 * 128), o);
-  }
-}
-// The same with P in the page's slab 8.
+// O_half += P V[:, 256 half ..] with P from the page's slab 8 (the other warpgroup put it there).
 __device__ __forceinline__ void PvFromShared(uint32_t p_page, uint32_t v_page, int half,
                                              float (&o)[128]) {
-  PvFromSlab(p_page + kPSlab * kSlabBytes, v_page, half, o);
+#pragma unroll
+  for (int ks = 0; ks < 4; ++ks) {
+    blocks::WgmmaSS<MmaPvSs>(DescK(p_page, kPSlab * kSlabBytes + ks * 32),
+                             DescV(v_page, half * 4 * kSlabBytes + ks * 16 * 128), o);
+  }
 }
 
 // One thread: the groups of slabs [begin, end) of cache page `page` into a page buffer.
@@ -489,7 +470,6 @@ __global__ void __launch_bounds__(kThreads, 1)
     // would not fit in the registers next to O).
     uint32_t q_addr = sq, k_addr[2] = {sk[0], sk[1]};
     asm volatile("" : "+r"(q_addr), "+r"(k_addr[0]), "+r"(k_addr[1]));
-    const uint32_t p1_addr = k_addr[1] + kTileBytes;  // sm.p1 follows K1
     const int32_t len = cur.len;
     // This warpgroup's page of the pair: first key, and whether its scores need the mask.
     const int32_t k_page = cur.Key0() + wg * kMlaPageSize;
@@ -526,9 +506,10 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
 
     uint32_t pk[8][2];  // this warpgroup's P as bf16 pairs (the RS operand, and P in smem)
-    // P (bf16 pairs) into a K-major swizzled slab for the other warpgroup's SS wgmma: P0 into
-    // K0's slab 8 (its rope keys are dead once the page's scores are done), P1 into p1.
-    auto store_p = [&](uint8_t* dst) {
+    // P (bf16 pairs) into the page's slab 8 (K-major, swizzled) for the other warpgroup's SS
+    // wgmma; the slab's rope keys are dead once the page's scores are done.
+    auto store_p = [&](uint8_t* page_buf) {
+      uint8_t* dst = page_buf + kPSlab * kSlabBytes;
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
         const int r = row0 + 8 * h;
@@ -552,7 +533,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     };
     if (wg == 0) {
       // ---- Warpgroup 0: m0 = max(m, rowmax S0), scale0 = 2^(m - m0), P0 relative to m0
-      // (m0 and scale0 published for wg1 before anything waits on the tensor cores).
+      // (published with m0 and scale0 for wg1, before anything waits on the tensor cores).
       float sc0[2];
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
@@ -561,8 +542,12 @@ __global__ void __launch_bounds__(kThreads, 1)
         const float sum = ExponentiateRow(s, h, args.scale_log2, step.offset, pk);
         l_run[h] = l_run[h] * sc0[h] + sum;
         m_run[h] = step.max;
-        if (quad == 0) sm.max0[row0 + 8 * h] = step.max;
+        if (quad == 0) {
+          sm.max0[row0 + 8 * h] = step.max;
+          sm.scale0[row0 + 8 * h] = sc0[h];
+        }
       }
+      store_p(sm.k[0]);
       Arrive(kScale0Ready);
       // ---- O_L = O_L scale0 + P0 V0_L.
       rescale_o(sc0);
@@ -582,41 +567,27 @@ __global__ void __launch_bounds__(kThreads, 1)
         load_or_skip(nxt, 0, 0, 4);
         rec.Add(MlaTraceEvent::kIssueLoad, step);
       }
-      // ---- wg1's m1, scale1 and P1: P0 relative to m1 for wg1 (K0's slab 8), then
-      // O_L = O_L scale1 + P1 V1_L. wg1's scores of this pair are done, so Q is dead: the next
-      // request's Q.
+      // ---- wg1's m1, scale1 (and P1 in K1's slab 8): O_L = O_L scale1 + P1 V1_L. wg1's scores
+      // of this pair are done, so Q is dead: the next request's Q.
       rec.Add(MlaTraceEvent::kWaitPeerBegin, step);
       Wait(kScale1Ready);
       rec.Add(MlaTraceEvent::kWaitPeerEnd, step);
       float sc1[2];
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
-        const blocks::OnlineSoftmaxStep step =
-            blocks::NextOnlineSoftmaxStep(m_run[h], sm.max1[row0 + 8 * h]);
-        sc1[h] = step.rescale;
-        m_run[h] = step.max;
+        sc1[h] = sm.scale1[row0 + 8 * h];
+        m_run[h] = sm.max1[row0 + 8 * h];
         l_run[h] *= sc1[h];
       }
       if (tid == 0 && nxt_valid && nxt.First()) load_q(nxt.r);
-      if (__any_sync(0xffffffffu, sc1[0] != 1.0f || sc1[1] != 1.0f)) {
-#pragma unroll
-        for (int n = 0; n < 8; ++n) {
-#pragma unroll
-          for (int h = 0; h < 2; ++h) {
-            pk[n][h] = PackBf16(s[n * 4 + h * 2] * sc1[h], s[n * 4 + h * 2 + 1] * sc1[h]);
-          }
-        }
-      }
-      store_p(sm.k[0] + kPSlab * kSlabBytes);
-      Arrive(kP0Ready);
       rescale_o(sc1);
       if (has1 && valid1 < kMlaPageSize) ZeroRowsPastEnd(sm.k[1], 0, valid1, t, 0);
       blocks::FenceOperands(o);
       cute::warpgroup_arrive();
-      PvFromSlab(p1_addr, k_addr[1], 0, o);
+      PvFromShared(k_addr[1], k_addr[1], 0, o);
       cute::warpgroup_commit_batch();
       // ---- The next even page's scores: boxes 0..3 (loaded above), then, once P1 V1_L is done
-      // (K1's boxes 0..3 are dead: the next odd page's), boxes 4..8 (loaded by wg1).
+      // (K1's boxes 0..3 and 8 are dead: the next odd page's), boxes 4..8 (loaded by wg1 early).
       if (nxt_valid) {
         rec.Add(MlaTraceEvent::kStep, step + 1);
         if (nxt.First()) {
@@ -632,6 +603,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         blocks::FenceOperands(o);
         if (tid == 0) {
           load_or_skip(nxt, 1, 0, 4);
+          load_or_skip(nxt, 1, kPSlab, kSlabs);
           rec.Add(MlaTraceEvent::kIssueLoad, step);
         }
         ScoreSlabs<4, kSlabs, false>(q_addr, k_addr[0], sm.bar_k[0], phase, s, rec, step + 1);
@@ -647,51 +619,39 @@ __global__ void __launch_bounds__(kThreads, 1)
         blocks::FenceOperands(o);
       }
     } else {
-      // ---- Warpgroup 1: the softmax of S1 against m0: m1 = max(m0, rowmax S1),
-      // scale1 = 2^(m0 - m1); P1 into p1 for wg0.
+      // ---- Warpgroup 1: O_R = O_R scale0 + P0 V0_R first (its operands are all there), with
+      // the softmax of S1 under it: m1 = max(m0, rowmax S1), scale1 = 2^(m0 - m1).
       rec.Add(MlaTraceEvent::kWaitPeerBegin, step);
       Wait(kScale0Ready);
       rec.Add(MlaTraceEvent::kWaitPeerEnd, step);
-      float sc[2];  // scale0 scale1: O_R's rescale
+      float m0[2], sc0[2];
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
-        const blocks::OnlineSoftmaxStep step0 =
-            blocks::NextOnlineSoftmaxStep(m_run[h], sm.max0[row0 + 8 * h]);
-        const blocks::OnlineSoftmaxStep step = blocks::NextOnlineSoftmaxStep(step0.max, mx[h]);
-        sc[h] = step0.rescale * step.rescale;
-        const float sum = ExponentiateRow(s, h, args.scale_log2, step.offset, pk);
-        l_run[h] = l_run[h] * sc[h] + sum;
-        m_run[h] = step.max;
-        if (quad == 0) sm.max1[row0 + 8 * h] = step.max;
+        m0[h] = sm.max0[row0 + 8 * h];
+        sc0[h] = sm.scale0[row0 + 8 * h];
       }
-      store_p(sm.p1);
-      Arrive(kScale1Ready);
-      // ---- O_R = O_R scale0 scale1 + P1 V1_R first (P1 in registers), then + P0 V0_R once
-      // wg0 has P0 relative to m1 in K0's slab 8.
-      rescale_o(sc);
-      if (has1 && valid1 < kMlaPageSize) ZeroRowsPastEnd(sm.k[1], 1, valid1, t, 1);
-      blocks::FenceOperands(o);
-      blocks::FenceOperands(pk);
-      cute::warpgroup_arrive();
-      PvFromRegisters(pk, k_addr[1], 1, o);
-      cute::warpgroup_commit_batch();
-      rec.Add(MlaTraceEvent::kWaitPeerBegin, step);
-      Wait(kP0Ready);
-      rec.Add(MlaTraceEvent::kWaitPeerEnd, step);
+      rescale_o(sc0);
       if (has0 && valid0 < kMlaPageSize) ZeroRowsPastEnd(sm.k[0], 1, valid0, t, 1);
+      blocks::FenceOperands(o);
       cute::warpgroup_arrive();
-      PvFromSlab(k_addr[0] + kPSlab * kSlabBytes, k_addr[0], 1, o);
+      PvFromShared(k_addr[0], k_addr[0], 1, o);
       cute::warpgroup_commit_batch();
-      // Once P1 V1_R is done, K1's boxes 4..8 are dead (its rope keys since its scores); once
-      // P0 V0_R is, K0's: the next pages' last boxes.
-      rec.Add(MlaTraceEvent::kWaitMmaBegin, step);
-      cute::warpgroup_wait<1>();
-      rec.Add(MlaTraceEvent::kWaitMmaEnd, step);
-      blocks::FenceOperands(pk);
-      if (t == 0 && nxt_valid) {
-        load_or_skip(nxt, 1, 4, kSlabs);
-        rec.Add(MlaTraceEvent::kIssueLoad, step);
+      float sc1[2];
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const blocks::OnlineSoftmaxStep step = blocks::NextOnlineSoftmaxStep(m0[h], mx[h]);
+        sc1[h] = step.rescale;
+        const float sum = ExponentiateRow(s, h, args.scale_log2, step.offset, pk);
+        l_run[h] = l_run[h] * (sc0[h] * sc1[h]) + sum;
+        m_run[h] = step.max;
+        if (quad == 0) {
+          sm.max1[row0 + 8 * h] = step.max;
+          sm.scale1[row0 + 8 * h] = sc1[h];
+        }
       }
+      store_p(sm.k[1]);
+      Arrive(kScale1Ready);
+      // Once P0 V0_R is done, K0's boxes 4..8 are dead: the next even page's last boxes.
       rec.Add(MlaTraceEvent::kWaitMmaBegin, step);
       cute::warpgroup_wait<0>();
       rec.Add(MlaTraceEvent::kWaitMmaEnd, step);
@@ -700,7 +660,25 @@ __global__ void __launch_bounds__(kThreads, 1)
         load_or_skip(nxt, 0, 4, kSlabs);
         rec.Add(MlaTraceEvent::kIssueLoad, step);
       }
-      // ---- The next odd page's scores: boxes 4..8 (loaded above), then 0..3 (loaded by wg0).
+      // ---- O_R = O_R scale1 + P1 V1_R.
+      rescale_o(sc1);
+      if (has1 && valid1 < kMlaPageSize) ZeroRowsPastEnd(sm.k[1], 1, valid1, t, 1);
+      blocks::FenceOperands(o);
+      blocks::FenceOperands(pk);
+      cute::warpgroup_arrive();
+      PvFromRegisters(pk, k_addr[1], 1, o);
+      cute::warpgroup_commit_batch();
+      rec.Add(MlaTraceEvent::kWaitMmaBegin, step);
+      cute::warpgroup_wait<0>();
+      rec.Add(MlaTraceEvent::kWaitMmaEnd, step);
+      blocks::FenceOperands(o);
+      blocks::FenceOperands(pk);
+      // K1's boxes 4..7 (V1_R) are dead: the next odd page's.
+      if (t == 0 && nxt_valid) {
+        load_or_skip(nxt, 1, 4, kPSlab);
+        rec.Add(MlaTraceEvent::kIssueLoad, step);
+      }
+      // ---- The next odd page's scores: boxes 0..3 and 8 (loaded by wg0), then 4..7.
       if (nxt_valid) {
         rec.Add(MlaTraceEvent::kStep, step + 1);
         if (nxt.First()) {
@@ -709,8 +687,9 @@ __global__ void __launch_bounds__(kThreads, 1)
           rec.Add(MlaTraceEvent::kWaitQEnd, step + 1);
         }
         blocks::FenceOperands(s);
-        ScoreSlabs<4, kSlabs, true>(q_addr, k_addr[1], sm.bar_k[1], phase, s, rec, step + 1);
-        ScoreSlabs<0, 4, false>(q_addr, k_addr[1], sm.bar_k[1], phase, s, rec, step + 1);
+        ScoreSlabs<0, 4, true>(q_addr, k_addr[1], sm.bar_k[1], phase, s, rec, step + 1);
+        ScoreSlabs<kPSlab, kSlabs, false>(q_addr, k_addr[1], sm.bar_k[1], phase, s, rec, step + 1);
+        ScoreSlabs<4, kPSlab, false>(q_addr, k_addr[1], sm.bar_k[1], phase, s, rec, step + 1);
         rec.Add(MlaTraceEvent::kWaitMmaBegin, step + 1);
         cute::warpgroup_wait<0>();
         rec.Add(MlaTraceEvent::kWaitMmaEnd, step + 1);
