@@ -22,10 +22,11 @@
 //        P1, m1, scale1 published                   O_R = O_R scale1 + P1 V1_R  (P1 in registers)
 //   wg0: O_L = O_L scale1 + P1 V1_L
 //   each: the scores of its page of the next pair
-// so one warpgroup's softmax runs while the other's wgmma keep the tensor cores busy. A page
-// arrives as nine 64 x 64 TMA boxes with an mbarrier each; each box is reloaded with the next
-// pair's page as soon as its last reader is done (the even page's first), and the score wgmma of
-// a page start on its first boxes while the last are still arriving. P0 and P1 are kept in the
+// so one warpgroup's softmax runs while the other's wgmma keep the tensor cores busy. A page is
+// nine 64 x 64 boxes and arrives in three TMAs (boxes 0..3, 4..7 and 8, SlabGroupBar), each on
+// the barrier of its first box; each group is reloaded with the next pair's page as soon as its
+// last reader is done (the even page's first), and the score wgmma of a page start on its first
+// group while the others are still arriving. P0 and P1 are kept in the
 // rope box (columns 512..575) of their own page, which is dead once that page's scores are done.
 // The next request's Q tile is loaded as soon as the current request's last scores are done, so a
 // block streams its whole range without draining at request boundaries.
