@@ -26,8 +26,8 @@
 // nine 64 x 64 boxes and arrives in three TMAs (boxes 0..3, 4..7 and 8, SlabGroupBar), each on
 // the barrier of its first box; each group is reloaded with the next pair's page as soon as its
 // last reader is done (the even page's first), and the score wgmma of a page start on its first
-// group while the others are still arriving. P0 and P1 are kept in the
-// rope box (columns 512..575) of their own page, which is dead once that page's scores are done.
+// group while the others are still arriving. P0 and P1 are kept in the rope box (columns
+// 512..575) of their own page, which is dead once that page's scores are done.
 // The next request's Q tile is loaded as soon as the current request's last scores are done, so a
 // block streams its whole range without draining at request boundaries.
 //
@@ -68,7 +68,9 @@ inline constexpr uint64_t kEvictLast =  // a Q tile: read by every block of its 
 // slab: slabs 0..3 and 4..7 (32 KB each, kv_slab_map), and the rope slab 8 (kv_map). Issuing a
 // TMA costs the issuing thread ~100 cycles, which its warpgroup waits for at its next wgmma: 3 a
 // page instead of 9. Loads and waits name whole groups ([begin, end) on 0, 4, 8, 9).
-__host__ __device__ constexpr int SlabGroupBar(int slab) { return slab < kPSlab ? slab & ~3 : slab; }
+__host__ __device__ constexpr int SlabGroupBar(int slab) {
+  return slab < kPSlab ? slab & ~3 : slab;
+}
 
 struct SharedStorage {
   uint8_t q[kTileBytes];       // 1024-byte aligned (the swizzle's period)
@@ -86,7 +88,7 @@ inline constexpr int kSmemBytes = static_cast<int>(sizeof(SharedStorage)) + 1024
 struct Sm90aArgs {
   CUtensorMap kv_map;       // [pages, 64, 576] bf16, box 64 x 64, 128-byte swizzle
   CUtensorMap kv_slab_map;  // the same as [pages, 9 slabs, 64, 64]: box 4 slabs (32 KB)
-  CUtensorMap q_map;  // [b, s_q, h_q, 576] bf16, box 64 rows (heads x tokens) x 64 columns
+  CUtensorMap q_map;        // [b, s_q, h_q, 576] bf16, box 64 rows (heads x tokens) x 64 columns
   KernelArgs args;
   TraceArgs trace;  // where the timestamp trace goes (nowhere unless compiled in and set)
 };
@@ -235,8 +237,8 @@ __device__ __forceinline__ void LoadPageBoxes(const Sm90aArgs& targs, uint8_t* d
       slab += 4;
     } else {
       cutlass::arch::ClusterTransactionBarrier::arrive_and_expect_tx(&bars[slab], kSlabBytes);
-      cute::SM90_TMA_LOAD_3D::copy(&targs.kv_map, &bars[slab], kEvictFirst,
-                                   dst + slab * kSlabBytes, slab * 64, 0, page);
+      cute::SM90_TMA_LOAD_3D::copy(&targs.kv_map, &bars[slab], kEvictFirst, dst + slab * kSlabBytes,
+                                   slab * 64, 0, page);
       ++slab;
     }
   }
