@@ -49,6 +49,12 @@
 #            committed figure, or a benchmark measured nothing. Needs only those two binaries
 #            (BINARIES="probe-score-bench mla-verify-bench").
 #   kernels  the probe-scoring benchmark with its torch and Triton peers (bench/run_probe_score.sh)
+#   mla      the MLA verify kernels' full sweep with their peers (bench/mla_verify/run.sh: its GPU
+#            tests, FlashInfer fa3, FlashMLA, the 69222c8 kernel, compute-sanitizer memcheck;
+#            MLA_SWEEP, default full), into mla_verify/. The peers
+#            come carried in .mla-peers (bench/mla_verify/prepare_peers.sh makes it, ~27 MB: carry
+#            ".mla-peers" with ".gpu-packed"); a peer missing there is left out. Not in the
+#            default steps.
 #   metrics  the metrics-recording micro-benchmark on this host's CPUs (raw Google Benchmark JSON)
 #   rpc      the end-to-end RPC benchmark (probe-bench against probe-sidecar and a bare gRPC
 #            echo, over a Unix socket and loopback TCP; closed and open loop; before/after)
@@ -221,6 +227,25 @@ if [[ " $steps " == *" kernels "* ]]; then
   SKIP_TESTS=1 SWEEP="${SWEEP:-full}" timeout 300 bash bench/run_probe_score.sh "$gpu/bundle" \
     "$out" >>"$log" 2>&1
   note "probe-score bench" $? " (probe_score.md)"
+fi
+
+if [[ " $steps " == *" mla "* ]]; then
+  echo "== mla: the MLA verify sweep with its peers"
+  peers="${MLA_PEERS:-$root/.mla-peers}"
+  mla_peers=""
+  ls "$peers"/wheels/flashinfer_python-*.whl >/dev/null 2>&1 && mla_peers="flashinfer_fa3"
+  [[ -f "$peers/flashmla/libflashmla_peer.so" ]] && mla_peers="${mla_peers:+$mla_peers,}flashmla"
+  mla_env=(SWEEP="${MLA_SWEEP:-full}" IMPLS=split_kv_sm90a DEADLINE_S=300 SANITIZE=1
+    SANITIZE_TOOLS=memcheck FLASHMLA_PEER_LIB="$peers/flashmla/libflashmla_peer.so"
+    RUN_COMMAND="STEPS=mla tests/gpu/run.sh (bench/mla_verify/run.sh with the .mla-peers peers)")
+  if [[ -n "$mla_peers" ]]; then mla_env+=(PEER_IMPLS="$mla_peers"); else mla_env+=(SKIP_PEERS=1); fi
+  [[ -x "$peers/prev/mla-verify-bench" ]] &&
+    mla_env+=(PREV_BIN="$peers/prev/mla-verify-bench" PREV_GIT="$(cat "$peers/prev/git")")
+  wheel_dir=()
+  [[ "$mla_peers" == *flashinfer_fa3* ]] && wheel_dir=("$peers/wheels")
+  env "${mla_env[@]}" timeout 500 bash bench/mla_verify/run.sh "$bin" "$out/mla_verify" \
+    "${wheel_dir[@]}" >>"$log" 2>&1
+  note "mla verify sweep" $? " (mla_verify/mla_verify.md; peers: ${mla_peers:-none})"
 fi
 
 if [[ " $steps " == *" metrics "* ]]; then

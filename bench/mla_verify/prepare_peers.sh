@@ -1,0 +1,53 @@
+#!/usr/bin/env bash
+# The MLA verify benchmark's peers, made on the build machine for the GPU machine (Python 3.12,
+# CUDA 13, no network): what bench/mla_verify/run.sh and the `mla` step of tests/gpu/run.sh take.
+#
+#   bench/mla_verify/prepare_peers.sh OUT_DIR FLASHMLA_DIR [PREV_COMMIT]
+#
+# OUT_DIR (tests/gpu/run.sh reads .mla-peers) gets:
+#   wheels/    FlashInfer 0.7.4 cut to its MLA decode (slim_flashinfer.py) and the apache-tvm-ffi
+#              wheel it needs, for CPython 3.12 (downloaded from PyPI here)
+#   flashmla/  libflashmla_peer.so from the FlashMLA checkout FLASHMLA_DIR (flashmla/build.sh)
+#   prev/      mla-verify-bench built from PREV_COMMIT of this repository (default 69222c8, the
+#              kernel the issue-38 targets name), kernels only, sm_90, stripped; prev/git its commit
+# ~27 MB in all. A part already there is kept (delete it to make it again). About 5 minutes on two
+# cores the first time.
+set -euo pipefail
+out=${1:?usage: prepare_peers.sh OUT_DIR FLASHMLA_DIR [PREV_COMMIT]}
+flashmla=${2:?usage: prepare_peers.sh OUT_DIR FLASHMLA_DIR [PREV_COMMIT]}
+here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+root=$(cd "$here/../.." && pwd)
+py="$root/.venv/bin/python"
+cutlass=$(sed -n 's/^PROBESIDECAR_CUTLASS_INCLUDE:PATH=//p' "$root/build/CMakeCache.txt")
+prev=$(git -C "$root" rev-parse "${3:-69222c8}")
+flashinfer=${FLASHINFER_VERSION:-0.7.4}
+mkdir -p "$out"
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"; git -C "$root" worktree remove --force "$tmp/prev" 2>/dev/null || true' EXIT
+
+if ! ls "$out"/wheels/flashinfer_python-"$flashinfer"-*.whl >/dev/null 2>&1; then
+  "$py" -m pip download -q --no-deps "flashinfer-python==$flashinfer" -d "$tmp/fi"
+  wheel=$(ls "$tmp"/fi/flashinfer_python-*.whl)
+  # The apache-tvm-ffi release pip would pick for FlashInfer's requirement, for the GPU's Python.
+  need=$(unzip -p "$wheel" "*.dist-info/METADATA" |
+    sed -n 's/^Requires-Dist: apache-tvm-ffi\([^;]*\)$/\1/p' | head -1 | tr -d ' ')
+  mkdir -p "$out/wheels"
+  "$py" -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 \
+    --platform manylinux_2_28_x86_64 "apache-tvm-ffi$need" -d "$out/wheels"
+  "$py" "$here/slim_flashinfer.py" "$wheel" "$out/wheels"
+fi
+if [[ ! -f "$out/flashmla/libflashmla_peer.so" ]]; then
+  bash "$here/flashmla/build.sh" "$flashmla" "$out/flashmla" "$cutlass"
+fi
+if [[ ! -x "$out/prev/mla-verify-bench" || "$(cat "$out/prev/git" 2>/dev/null)" != "$prev" ]]; then
+  git -C "$root" worktree add -q --detach "$tmp/prev" "$prev"
+  cmake -S "$tmp/prev" -B "$tmp/prev/build" -G Ninja -DCMAKE_BUILD_TYPE=Release \
+    -DCMAKE_CUDA_ARCHITECTURES=90-real -DPROBESIDECAR_KERNELS_ONLY=ON \
+    -DPROBESIDECAR_CUTLASS_INCLUDE="$cutlass" >/dev/null
+  cmake --build "$tmp/prev/build" --target mla-verify-bench -j "$(nproc)" >/dev/null
+  mkdir -p "$out/prev"
+  cp "$tmp/prev/build/bin/mla-verify-bench" "$out/prev/"
+  strip "$out/prev/mla-verify-bench"
+  echo "$prev" >"$out/prev/git"
+fi
+du -sh "$out"/wheels "$out"/flashmla "$out"/prev
