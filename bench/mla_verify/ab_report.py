@@ -13,12 +13,13 @@ from __future__ import annotations
 import argparse
 import glob
 import json
-import math
 import os
 import re
 import statistics
 import sys
 from collections import defaultdict
+
+from report import geomean, key
 
 Key = tuple[int, int, int, int]  # h_q, s_q, batch, seqlen
 
@@ -40,14 +41,9 @@ def load_side(out_dir: str, side: str) -> tuple[dict[int, dict[Key, float]], dic
         for r in doc.get("records", []):
             if r.get("bench") != "mla_verify" or not r.get("graph_us_p50"):
                 continue
-            s = r["shape"]
-            times[(s["h_q"], s["s_q"], s["batch"], s["seqlen"])] = float(r["graph_us_p50"])
+            times[key(r)] = float(r["graph_us_p50"])
         passes[int(m.group(1))] = times
     return passes, header
-
-
-def geomean(xs: list[float]) -> float:
-    return math.exp(sum(math.log(x) for x in xs) / len(xs)) if xs else float("nan")
 
 
 def compare(a: dict[int, dict[Key, float]], b: dict[int, dict[Key, float]]) -> list[dict]:
