@@ -8,16 +8,23 @@ A change that moves kernel code without meaning to change its speed should leave
 
   python3 bench/kernels_quick.py --bin-dir BIN_DIR --out-dir DIR [--passes 2] [--threshold 1.03]
       [--git HASH[+dirty]] [--allow-dirty] [--mla-impls a,b,...] [--report FILE]
+      [--committed probe=FILE] [--committed mla=FILE]
 
 BIN_DIR holds probe-score-bench and mla-verify-bench (tests/gpu/run.sh's `quick` step runs it from
 the bundle). Each pass's JSON is kept in DIR (kernels_quick_{probe,mla}_passN.json); the report is
 printed and written to --report (default DIR/kernels_quick.txt). The MLA benchmark runs the
 implementations the committed file holds (--mla-impls overrides; it ignores names it does not
 measure itself, such as the peers and the previous build). A measured point whose implementation
-and shape have no committed figure is listed as such.
+and shape have no committed figure is listed as such. --committed names another committed file
+for one benchmark (e.g. mla=bench/results/mla_verify_8774902_h100.json on an H100).
 
-Exit status: 3 when a benchmark measured nothing (it failed, or wrote no points), else 1 when a
-point's ratio is over --threshold, else 2 when a measured point has no committed figure, else 0.
+The ratios say whether the code got slower only where the committed figures were measured on the
+same GPU model: a pass whose "device" differs from the committed file's is compared all the same,
+and the report says that the ratios set two GPUs against each other, not two commits.
+
+Exit status: 3 when a benchmark measured nothing (it failed, or wrote no points), else 4 when a
+pass ran on another GPU model than its committed figures, else 1 when a point's ratio is over
+--threshold, else 2 when a measured point has no committed figure, else 0.
 
 The comparison (compare, render, exit_status) is plain functions over the parsed JSON, tested
 without a GPU by tests/python/test_kernels_quick.py. Plain Python 3: runs here and on the GPU
@@ -40,7 +47,7 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "bench" / "results"
 TOP = 8  # the highest ratios, listed again under each table
 
-OK, REGRESSION, NO_FIGURE, NO_MEASUREMENT = 0, 1, 2, 3
+OK, REGRESSION, NO_FIGURE, NO_MEASUREMENT, OTHER_DEVICE = 0, 1, 2, 3, 4
 
 
 @dataclasses.dataclass(frozen=True)
@@ -100,6 +107,12 @@ class Comparison:
     points: list[Point]
     threshold: float
     notes: list[str] = dataclasses.field(default_factory=list)  # failed passes and such
+    passes_headers: list[dict] = dataclasses.field(default_factory=list)  # device, git, ...
+    committed_file: str = ""  # where the committed figures came from (default bench.committed)
+
+    @property
+    def source(self) -> str:
+        return self.committed_file or self.bench.committed
 
     @property
     def compared(self) -> list[Point]:
@@ -117,6 +130,15 @@ class Comparison:
     def worst(self) -> float | None:
         return max((p.ratio for p in self.compared), default=None)
 
+    @property
+    def devices_now(self) -> list[str]:
+        return sorted({str(c.get("device")) for c in self.passes_headers})
+
+    @property
+    def other_device(self) -> bool:
+        """A pass ran on another GPU model than the committed figures."""
+        return any(d != str(self.committed.get("device")) for d in self.devices_now)
+
 
 def _time(r: dict) -> float | None:
     t = r.get("graph_us_p50")
@@ -124,7 +146,7 @@ def _time(r: dict) -> float | None:
 
 
 def compare(bench: Bench, committed: dict, passes: list[dict], threshold: float,
-            notes: list[str] | None = None) -> Comparison:
+            notes: list[str] | None = None, committed_file: str = "") -> Comparison:
     """Each point measured in any pass (its fastest pass) against the committed record of the same
     implementation and shape. Committed points the passes did not measure are not listed: the
     committed file is a full sweep, the passes a quick one."""
@@ -139,14 +161,17 @@ def compare(bench: Bench, committed: dict, passes: list[dict], threshold: float,
             if t is not None and (bench.key(r) not in best or t < best[bench.key(r)][0]):
                 best[bench.key(r)] = (t, r)
     points = [Point(bench.label(r), t, then.get(key)) for key, (t, r) in sorted(best.items())]
-    header = {k: v for k, v in committed.items() if k != "records"}
-    return Comparison(bench, header, [doc.get("ceilings") for doc in passes], points, threshold,
-                      list(notes or []))
+    def header(doc: dict) -> dict:
+        return {k: v for k, v in doc.items() if k != "records"}
+    return Comparison(bench, header(committed), [doc.get("ceilings") for doc in passes], points,
+                      threshold, list(notes or []), [header(doc) for doc in passes], committed_file)
 
 
 def exit_status(comparisons: list[Comparison]) -> int:
     if any(not c.points for c in comparisons):
         return NO_MEASUREMENT
+    if any(c.other_device for c in comparisons):
+        return OTHER_DEVICE
     if any(c.over for c in comparisons):
         return REGRESSION
     if any(c.without_figure for c in comparisons):
@@ -157,7 +182,7 @@ def exit_status(comparisons: list[Comparison]) -> int:
 def render(comparisons: list[Comparison], git: str, passes: int) -> str:
     threshold = comparisons[0].threshold if comparisons else 0.0
     over_label = f"over {threshold:g}x"
-    sources = ", ".join(f"{c.bench.committed} at {str(c.committed.get('git'))[:12]}"
+    sources = ", ".join(f"{c.source} at {str(c.committed.get('git'))[:12]}"
                         for c in comparisons)
     lines = [
         f"# Quick kernel sweeps at {git} against the committed full-sweep figures ({sources})",
@@ -166,9 +191,13 @@ def render(comparisons: list[Comparison], git: str, passes: int) -> str:
     ]
     for c in comparisons:
         h = c.committed
-        lines += ["", f"== {c.bench.name}: committed {c.bench.committed} at "
+        lines += ["", f"== {c.bench.name}: committed {c.source} at "
                       f"{str(h.get('git'))[:12]} ({h.get('date')}, {h.get('device')}), "
                       f"ceilings then {h.get('ceilings')}; measured now {c.ceilings_now}"]
+        if c.other_device:
+            lines.append(f"note: measured on {', '.join(c.devices_now)}, the committed figures on "
+                         f"{h.get('device')}: the ratios set two GPUs against each other, not two "
+                         "commits")
         lines += [f"note: {n}" for n in c.notes]
         lines.append(f"{'point':<64} {'now us':>9} {'then us':>9} {'ratio':>7}")
         for p in c.points:
@@ -187,7 +216,8 @@ def render(comparisons: list[Comparison], git: str, passes: int) -> str:
     status = exit_status(comparisons)
     verdict = {OK: "ok", REGRESSION: f"a point {over_label}", NO_FIGURE:
                "a measured point without a committed figure", NO_MEASUREMENT:
-               "a benchmark measured nothing"}[status]
+               "a benchmark measured nothing", OTHER_DEVICE:
+               "measured on another GPU model than the committed figures"}[status]
     lines += ["", f"== exit {status}: {verdict}"]
     return "\n".join(lines) + "\n"
 
@@ -232,6 +262,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="a ratio over this is a regression (default 1.03)")
     parser.add_argument("--committed-dir", type=pathlib.Path, default=RESULTS,
                         help="where probe_score_cuda.json and mla_verify.json are read")
+    parser.add_argument("--committed", action="append", default=[], metavar="NAME=FILE",
+                        help="the committed figures of one benchmark (probe or mla) from FILE "
+                        "instead of --committed-dir")
     parser.add_argument("--mla-impls", help="mla-verify-bench --impls (default: the "
                         "implementations of the committed mla_verify.json)")
     parser.add_argument("--git",
@@ -242,15 +275,23 @@ def main(argv: list[str] | None = None) -> int:
     git = receipt.check(receipt.identify(args.git), args.allow_dirty)
     receipt_args = ["--git", git] + (["--allow-dirty"] if args.allow_dirty else [])
     args.out_dir.mkdir(parents=True, exist_ok=True)
-    committed = {b.name: json.loads((args.committed_dir / b.committed).read_text())
-                 for b in BENCHES}
+    files = {b.name: args.committed_dir / b.committed for b in BENCHES}
+    for item in args.committed:
+        name, _, path = item.partition("=")
+        if name not in files or not path:
+            parser.error(f"--committed {item}: expected NAME=FILE, NAME one of {', '.join(files)}")
+        files[name] = pathlib.Path(path)
+    committed = {name: json.loads(path.read_text()) for name, path in files.items()}
     extra = {PROBE.name: [],
              MLA.name: ["--impls", args.mla_impls or mla_impls(committed[MLA.name])]}
     comparisons = []
     for bench in BENCHES:
         docs, notes = run_passes(bench, args.bin_dir, args.out_dir, args.passes, receipt_args,
                                  extra[bench.name])
-        comparisons.append(compare(bench, committed[bench.name], docs, args.threshold, notes))
+        source = "" if files[bench.name] == args.committed_dir / bench.committed else \
+            str(files[bench.name])
+        comparisons.append(compare(bench, committed[bench.name], docs, args.threshold, notes,
+                                   source))
     report = render(comparisons, git, args.passes)
     report_path = args.report or args.out_dir / "kernels_quick.txt"
     report_path.write_text(report)

@@ -46,8 +46,11 @@
 #            QUICK_PASSES times (default 2), each point's fastest pass over the committed time of
 #            the same implementation and shape, in kernels_quick.txt (and each pass's JSON). Fails
 #            where a ratio is over QUICK_THRESHOLD (default 1.03), a measured point has no
-#            committed figure, or a benchmark measured nothing. Needs only those two binaries
-#            (BINARIES="probe-score-bench mla-verify-bench").
+#            committed figure, a benchmark measured nothing, or the GPU is another model than the
+#            committed figures' (exit 4: the ratios then compare GPUs, not commits).
+#            QUICK_COMMITTED="mla=FILE probe=FILE": another committed file for a benchmark (e.g.
+#            mla=bench/results/mla_verify_8774902_h100.json on an H100). Needs only those two
+#            binaries (BINARIES="probe-score-bench mla-verify-bench").
 #   kernels  the probe-scoring benchmark with its torch and Triton peers (bench/run_probe_score.sh)
 #   mla      the MLA verify kernels' full sweep with their peers (bench/mla_verify/run.sh: its GPU
 #            tests, FlashInfer fa3, FlashMLA, the 69222c8 kernel, compute-sanitizer memcheck;
@@ -212,11 +215,13 @@ fi
 
 if [[ " $steps " == *" quick "* ]]; then
   echo "== quick: quick kernel sweeps against the committed figures"
+  quick_committed=()
+  for c in ${QUICK_COMMITTED:-}; do quick_committed+=(--committed "$c"); done
   # The benchmarks link cuBLAS (not carried in the bundle).
   LD_LIBRARY_PATH=/usr/local/cuda/lib64${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH} \
     timeout "${QUICK_TIMEOUT:-400}" python3 bench/kernels_quick.py --bin-dir "$bin" \
     --out-dir "$out" --passes "${QUICK_PASSES:-2}" --threshold "${QUICK_THRESHOLD:-1.03}" \
-    ${ALLOW_DIRTY:+--allow-dirty} >"$out/kernels_quick_run.log" 2>&1
+    ${ALLOW_DIRTY:+--allow-dirty} "${quick_committed[@]}" >"$out/kernels_quick_run.log" 2>&1
   rc=$?
   note "quick kernel sweeps" $rc \
     " (kernels_quick.txt: $(grep -h '^== exit' "$out/kernels_quick.txt" 2>/dev/null))"

@@ -32,8 +32,9 @@ def mla_record(impl, h_q, s_q, batch, seqlen, us):
             "shape": {"batch": batch, "s_q": s_q, "h_q": h_q, "seqlen": seqlen, "page_size": 64}}
 
 
-def results(records, git="f49a9bb80456e7054de8188ea3add9a3b9e06db9", copy_gbps=4259.0):
-    return {"device": "NVIDIA H200", "git": git, "date": "2026-12-02T01:32:27Z",
+def results(records, git="f49a9bb80456e7054de8188ea3add9a3b9e06db9", copy_gbps=4259.0,
+            device="NVIDIA H200"):
+    return {"device": device, "git": git, "date": "2026-12-02T01:32:27Z",
             "command": "bench --sweep full", "ceilings": {"copy_gbps": copy_gbps,
                                                            "bf16_tflops": 793.5},
             "records": records}
@@ -58,14 +59,14 @@ MLA_COMMITTED = results([
 ])
 
 
-def probe_pass(scale=1.0, slow=None):
+def probe_pass(scale=1.0, slow=None, device="NVIDIA H200"):
     """The quick sweep's points of PROBE_COMMITTED, each `scale` times its committed time (`slow`:
     {(impl, R, P): factor} instead)."""
     slow = slow or {}
     points = [("fused_tc", 1, 16, 10.0, "fast"), ("fused_tc", 64, 16, 20.0, "fast"),
               ("dispatch", 1, 16, 10.0, "fast"), ("gather_gemm+exact", 8192, 1024, 300.0, "exact")]
     return results([probe_record(impl, R, P, us * slow.get((impl, R, P), scale), precision=prec)
-                    for impl, R, P, us, prec in points], git=GIT)
+                    for impl, R, P, us, prec in points], git=GIT, device=device)
 
 
 def probe(passes, threshold=1.03):
@@ -137,6 +138,25 @@ def test_a_benchmark_that_measured_nothing():
     assert not c.points and c.worst is None
     assert kq.exit_status([c, probe([probe_pass(2.0)])]) == kq.NO_MEASUREMENT
     assert "== probe: 0 points, worst ratio —" in kq.render([c], GIT, 2)
+
+
+def test_a_pass_on_another_gpu_is_not_a_regression_test():
+    # An H100 runs every point 1.4x the H200's time: the ratios are the GPUs', not the code's.
+    c = probe([probe_pass(1.0), probe_pass(1.4, device="NVIDIA H100 80GB HBM3")])
+    assert c.other_device and c.devices_now == ["NVIDIA H100 80GB HBM3", "NVIDIA H200"]
+    assert kq.exit_status([c]) == kq.OTHER_DEVICE
+    # It outranks a regression (the ratio says nothing then) but not a benchmark that measured
+    # nothing.
+    h100 = probe([probe_pass(1.4, device="NVIDIA H100 80GB HBM3")])
+    assert h100.over and kq.exit_status([h100]) == kq.OTHER_DEVICE
+    assert kq.exit_status([h100, probe([])]) == kq.NO_MEASUREMENT
+    report = kq.render([h100], GIT, 1)
+    assert ("note: measured on NVIDIA H100 80GB HBM3, the committed figures on NVIDIA H200: the "
+            "ratios set two GPUs against each other, not two commits") in report
+    assert report.rstrip().endswith(
+        "== exit 4: measured on another GPU model than the committed figures")
+    # The same GPU model: no note.
+    assert "note: measured on" not in kq.render([probe([probe_pass(1.0)])], GIT, 1)
 
 
 def test_the_mla_benchmark_runs_the_committed_implementations():
@@ -226,6 +246,24 @@ def test_the_script_exits_1_on_a_regression(tmp_path):
     assert textwrap.dedent("""\
         == probe: 4 points, worst ratio 1.040, 4 over 1.03x, 0 without a committed figure
         """) in done.stdout
+
+
+def test_the_script_takes_one_benchmarks_figures_from_another_file(tmp_path):
+    # The MLA figures of this GPU in a file of their own, 1.1x the default file's: the quick pass
+    # (at the default file's times) is then 0.909 of them.
+    other = tmp_path / "mla_h100.json"
+    doc = json.loads(json.dumps(MLA_COMMITTED))
+    for r in doc["records"]:
+        r["graph_us_p50"] *= 1.1
+    other.write_text(json.dumps(doc))
+    done, _ = run_script(tmp_path, "1.0,1.0,1.0,1.0", "--committed", f"mla={other}")
+    assert done.returncode == kq.OK, done.stdout + done.stderr
+    assert f"== mla: committed {other} at f49a9bb80456" in done.stdout
+    assert "== probe: committed probe_score_cuda.json at f49a9bb80456" in done.stdout
+    assert "== mla: 2 points, worst ratio 0.909, 0 over 1.03x" in done.stdout
+    (tmp_path / "bad").mkdir()
+    done, _ = run_script(tmp_path / "bad", "1.0,1.0,1.0,1.0", "--committed", "attention=x.json")
+    assert done.returncode == 2 and "expected NAME=FILE, NAME one of probe, mla" in done.stderr
 
 
 def test_the_script_says_when_a_benchmark_cannot_run(tmp_path):
