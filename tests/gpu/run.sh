@@ -55,9 +55,10 @@
 #   mla      the MLA verify kernels' full sweep with their peers (bench/mla_verify/run.sh: its GPU
 #            tests, FlashInfer fa3, FlashMLA, the 69222c8 kernel, compute-sanitizer memcheck;
 #            MLA_SWEEP, default full), into mla_verify/. The peers
-#            come carried in .mla-peers (bench/mla_verify/prepare_peers.sh makes it, ~27 MB: carry
-#            ".mla-peers" with ".gpu-packed"); a peer missing there is left out. Not in the
-#            default steps.
+#            come carried in .mla-peers (bench/mla_verify/prepare_peers.sh makes it, ~32 MB: carry
+#            ".mla-peers" with ".gpu-packed"); a peer missing there is left out. Its trace build
+#            (.mla-peers/trace), where it is of the bundle's commit, traces MLA_TRACE_POINTS
+#            (default h128 s1/s4 b64 x 16k and h16 s1 b64 x 4k). Not in the default steps.
 #   metrics  the metrics-recording micro-benchmark on this host's CPUs (raw Google Benchmark JSON)
 #   rpc      the end-to-end RPC benchmark (probe-bench against probe-sidecar and a bare gRPC
 #            echo, over a Unix socket and loopback TCP; closed and open loop; before/after)
@@ -246,6 +247,9 @@ if [[ " $steps " == *" mla "* ]]; then
   if [[ -n "$mla_peers" ]]; then mla_env+=(PEER_IMPLS="$mla_peers"); else mla_env+=(SKIP_PEERS=1); fi
   [[ -x "$peers/prev/mla-verify-bench" ]] &&
     mla_env+=(PREV_BIN="$peers/prev/mla-verify-bench" PREV_GIT="$(cat "$peers/prev/git")")
+  [[ -x "$peers/trace/mla-verify-bench" && "$(cat "$peers/trace/git")" == "${git_hash%+dirty}" ]] &&
+    mla_env+=(TRACE_BIN="$peers/trace/mla-verify-bench"
+      TRACE_POINTS="${MLA_TRACE_POINTS:-128:1:64:16384,128:4:64:16384,16:1:64:4096}")
   wheel_dir=()
   [[ "$mla_peers" == *flashinfer_fa3* ]] && wheel_dir=("$peers/wheels")
   env "${mla_env[@]}" timeout 500 bash bench/mla_verify/run.sh "$bin" "$out/mla_verify" \
