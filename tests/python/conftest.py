@@ -30,11 +30,22 @@ SERVICE_NAME = "probesidecar.v1.ProbeSidecar"
 START_SAFETY_S = 600.0
 
 
+# How much of a server's log a failed test's report shows (its last lines).
+REPORT_LOG_LINES = 200
+
+
 class Sidecar:
     """One probe-sidecar process. ``args`` are extra flags; listeners are chosen here (a
     ``--listen`` in ``args`` adds one, and the last TCP one becomes ``tcp_target``). ``umask``
     is the server process's umask; ``binary`` another server binary than ``BIN``; ``env``
-    variables set in the server's environment over this process's."""
+    variables set in the server's environment over this process's.
+
+    A test that fails shows the log of every server that was running or stopped during it
+    (pytest_runtest_makereport below): a failure that is no assertion of the server's state (a
+    client error, a timeout) says in its report what the server logged."""
+
+    running: set["Sidecar"] = set()  # started and not yet closed
+    closed_in_test: list["Sidecar"] = []  # closed during the current test (cleared before each)
 
     def __init__(self, args: list[str] | None = None, *, workdir: pathlib.Path | None = None,
                  probes_dir: pathlib.Path | None = None, metrics: bool = True,
@@ -72,6 +83,8 @@ class Sidecar:
         self.process = subprocess.Popen(self.argv, stdout=self._log, stderr=subprocess.STDOUT,
                                         env=self.env,
                                         umask=-1 if self.umask is None else self.umask)
+        Sidecar.running.add(self)
+        self.final_log: str | None = None
         deadline = time.monotonic() + timeout
         with Client(self.uds_target, timeout=10.0) as probe:
             while time.monotonic() < deadline:
@@ -94,6 +107,8 @@ class Sidecar:
         raise RuntimeError(f"probe-sidecar did not start in {timeout} s:\n{self.log()}")
 
     def log(self) -> str:
+        if getattr(self, "final_log", None) is not None:
+            return self.final_log  # the log file went with the closed server's directory
         try:
             return self.log_path.read_text(errors="replace")
         except FileNotFoundError:
@@ -130,6 +145,10 @@ class Sidecar:
 
     def close(self) -> None:
         self.stop()
+        if self in Sidecar.running:
+            self.final_log = self.log()
+            Sidecar.running.discard(self)
+            Sidecar.closed_in_test.append(self)
         self._tmp.cleanup()
 
     def __enter__(self) -> "Sidecar":
@@ -164,6 +183,24 @@ def client(sidecar):
 
 def pytest_report_header(config):
     return f"probe-sidecar binary: {BIN}"
+
+
+def pytest_runtest_setup(item):
+    Sidecar.closed_in_test.clear()
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    """A failed test's report gets the last REPORT_LOG_LINES lines of each server's log."""
+    outcome = yield
+    report = outcome.get_result()
+    if not report.failed:
+        return
+    for s in [*Sidecar.closed_in_test, *Sidecar.running]:
+        lines = s.log().splitlines()[-REPORT_LOG_LINES:]
+        state = "running" if s in Sidecar.running else f"exit {s.process.returncode}"
+        report.sections.append((f"probe-sidecar log ({state}; {' '.join(s.argv[1:])})",
+                                "\n".join(lines)))
 
 
 @pytest.fixture(params=["triton", "torch"])
