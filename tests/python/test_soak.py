@@ -1,12 +1,14 @@
 """An overload soak against the real server (CPU backend, ~40 s): the time one scoring thread takes
-per request is measured first (closed loop), then two open-loop probe-bench clients offer 2.5x
+per request is measured first (closed loop), then two open-loop probe-bench clients offer 4x
 what that thread serves, one with patient deadlines (2 s, or ten requests' time on a slower
 machine), one with impatient ones (two requests' time: less than a full queue's wait). Every
 request gets exactly one answer, the clients' counts by status code are the server's (but for the
 rare calls that cross their deadline in transit, counted and bounded), the queue bound refuses
 (RESOURCE_EXHAUSTED) and waiting past a deadline is not run (DEADLINE_EXCEEDED), the server's
 memory stays flat, and it serves normally afterwards. The load is set from the measured time so
-that it overloads the server on any machine (a fixed rate did not on a faster one). Figures go to
+that it overloads the server on any machine (a fixed rate did not on a faster one), with room for
+the machine to run twice as fast during the soak as while it was measured (a loaded CI machine
+did: 2.5x offered was then served at 0.84 of it). Figures go to
 <build>/reliability/soak.json."""
 
 from __future__ import annotations
@@ -38,7 +40,7 @@ REQUEST_SECONDS = 0.08
 WORKLOAD = ["--modes=score_inline", "--quiet"]
 SHAPES = {"patient": ["--rows=64", "--probes=1024", "--seed=1"],
           "impatient": ["--rows=256", "--probes=256", "--seed=2"]}
-OVERLOAD = 2.5  # offered / served by one scoring thread, split 2:1 between the two clients
+OVERLOAD = 4.0  # offered / served by one scoring thread, split 2:1 between the two clients
 QUEUE = 4  # --max-queued-requests
 MiB = 1 << 20
 # Under AddressSanitizer (the CI's asan stage runs this test against the sanitized server) freed
