@@ -44,8 +44,8 @@ class Sidecar:
     (pytest_runtest_makereport below): a failure that is no assertion of the server's state (a
     client error, a timeout) says in its report what the server logged."""
 
-    running: set["Sidecar"] = set()  # started and not yet closed
-    closed_in_test: list["Sidecar"] = []  # closed during the current test (cleared before each)
+    running: set["Sidecar"] = set()  # started and not yet stopped
+    stopped_in_test: list["Sidecar"] = []  # stopped during the current test (cleared before each)
 
     def __init__(self, args: list[str] | None = None, *, workdir: pathlib.Path | None = None,
                  probes_dir: pathlib.Path | None = None, metrics: bool = True,
@@ -67,6 +67,7 @@ class Sidecar:
         self.umask = umask
         self.env = None if env is None else {**os.environ, **env}
         self.process: subprocess.Popen | None = None
+        self.final_log: str | None = None  # the log as it was when the server was stopped
         self.tcp_target = ""
         self.metrics_address = ""
 
@@ -84,11 +85,12 @@ class Sidecar:
                                         env=self.env,
                                         umask=-1 if self.umask is None else self.umask)
         Sidecar.running.add(self)
-        self.final_log: str | None = None
+        self.final_log = None
         deadline = time.monotonic() + timeout
         with Client(self.uds_target, timeout=10.0) as probe:
             while time.monotonic() < deadline:
                 if self.process.poll() is not None:
+                    self.stop()
                     raise RuntimeError(f"probe-sidecar exited with {self.process.returncode}:\n"
                                        f"{self.log()}")
                 try:
@@ -107,8 +109,8 @@ class Sidecar:
         raise RuntimeError(f"probe-sidecar did not start in {timeout} s:\n{self.log()}")
 
     def log(self) -> str:
-        if getattr(self, "final_log", None) is not None:
-            return self.final_log  # the log file went with the closed server's directory
+        if self.final_log is not None:
+            return self.final_log  # the log file goes with the server's directory on close()
         try:
             return self.log_path.read_text(errors="replace")
         except FileNotFoundError:
@@ -141,14 +143,14 @@ class Sidecar:
                 self.process.kill()
                 self.process.wait()
         self._log.close()
+        if self in Sidecar.running:  # once, also for a server whose start() failed
+            self.final_log = self.log()
+            Sidecar.running.discard(self)
+            Sidecar.stopped_in_test.append(self)
         return self.process.returncode
 
     def close(self) -> None:
         self.stop()
-        if self in Sidecar.running:
-            self.final_log = self.log()
-            Sidecar.running.discard(self)
-            Sidecar.closed_in_test.append(self)
         self._tmp.cleanup()
 
     def __enter__(self) -> "Sidecar":
@@ -186,7 +188,7 @@ def pytest_report_header(config):
 
 
 def pytest_runtest_setup(item):
-    Sidecar.closed_in_test.clear()
+    Sidecar.stopped_in_test.clear()
 
 
 @pytest.hookimpl(hookwrapper=True)
@@ -196,9 +198,9 @@ def pytest_runtest_makereport(item, call):
     report = outcome.get_result()
     if not report.failed:
         return
-    for s in [*Sidecar.closed_in_test, *Sidecar.running]:
+    for s in [*Sidecar.stopped_in_test, *Sidecar.running]:
         lines = s.log().splitlines()[-REPORT_LOG_LINES:]
-        state = "running" if s in Sidecar.running else f"exit {s.process.returncode}"
+        state = "running" if s.process.poll() is None else f"exit {s.process.returncode}"
         report.sections.append((f"probe-sidecar log ({state}; {' '.join(s.argv[1:])})",
                                 "\n".join(lines)))
 

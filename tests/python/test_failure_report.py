@@ -1,4 +1,4 @@
-"""A failed test's report carries the log of every server it had running or closed
+"""A failed test's report carries the log of every server it had running or stopped
 (conftest.pytest_runtest_makereport): run pytest on small tests that start the real server and
 fail in ways that are no assertion of its state."""
 
@@ -15,6 +15,9 @@ import conftest
 TESTS = textwrap.dedent("""\
     import pytest
     from conftest import Sidecar
+
+    def test_fails_to_start_a_server():
+        Sidecar(["--backend=cpu", "--no-such-flag"]).start()
 
     @pytest.fixture(scope="module")
     def shared():
@@ -50,18 +53,22 @@ def run_pytest(tmp_path: pathlib.Path) -> str:
 
 def test_a_failed_test_shows_each_servers_log(tmp_path):
     out = run_pytest(tmp_path)
-    assert "2 failed, 1 passed" in out, out
+    assert "3 failed, 1 passed" in out, out
     # A section per server of each failed test (none for the test that passed), the server's
-    # state and flags in its title, its log below: the module's running server in both, the
-    # server the second test closed in the second.
+    # state and flags in its title, its log below: the server that did not start in the first
+    # (and in no later one), the module's running server in the next two, the server the third
+    # test closed in the third.
     lines = out.splitlines()
     at = [i for i, line in enumerate(lines) if "probe-sidecar log (" in line]
     sections = [lines[i] for i in at]
-    assert len(sections) == 3, out
-    assert "(running; " in sections[0] and "--log-level=info" in sections[0]
-    assert "(exit 0; " in sections[1] and "--log-level=info" not in sections[1]
-    assert "(running; " in sections[2] and "--log-level=info" in sections[2]
+    assert len(sections) == 4, out
+    assert "(exit " in sections[0] and "(exit 0; " not in sections[0]
+    assert "--no-such-flag" in sections[0]
+    assert "(running; " in sections[1] and "--log-level=info" in sections[1]
+    assert "(exit 0; " in sections[2] and "--log-level=info" not in sections[2]
+    assert "(running; " in sections[3] and "--log-level=info" in sections[3]
+    assert sum("--no-such-flag" in line for line in sections) == 1, sections
     # What the servers wrote: each start line; the closed one's drain on SIGTERM.
     assert out.count("serving on unix:") == 3, out
-    closed = "\n".join(lines[at[1]:at[2]])
+    closed = "\n".join(lines[at[2]:at[3]])
     assert "draining in-flight requests" in closed, closed
