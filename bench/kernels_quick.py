@@ -103,11 +103,10 @@ class Comparison:
     """One benchmark's measured points against its committed figures."""
     bench: Bench
     committed: dict  # the committed file's header (device, git, date, ceilings)
-    ceilings_now: list  # each pass's ceilings
     points: list[Point]
     threshold: float
     notes: list[str] = dataclasses.field(default_factory=list)  # failed passes and such
-    passes_headers: list[dict] = dataclasses.field(default_factory=list)  # device, git, ...
+    passes_headers: list[dict] = dataclasses.field(default_factory=list)  # device, ceilings...
     committed_file: str = ""  # where the committed figures came from (default bench.committed)
 
     @property
@@ -129,6 +128,10 @@ class Comparison:
     @property
     def worst(self) -> float | None:
         return max((p.ratio for p in self.compared), default=None)
+
+    @property
+    def ceilings_now(self) -> list:
+        return [h.get("ceilings") for h in self.passes_headers]
 
     @property
     def devices_now(self) -> list[str]:
@@ -163,8 +166,8 @@ def compare(bench: Bench, committed: dict, passes: list[dict], threshold: float,
     points = [Point(bench.label(r), t, then.get(key)) for key, (t, r) in sorted(best.items())]
     def header(doc: dict) -> dict:
         return {k: v for k, v in doc.items() if k != "records"}
-    return Comparison(bench, header(committed), [doc.get("ceilings") for doc in passes], points,
-                      threshold, list(notes or []), [header(doc) for doc in passes], committed_file)
+    return Comparison(bench, header(committed), points, threshold, list(notes or []),
+                      [header(doc) for doc in passes], committed_file)
 
 
 def exit_status(comparisons: list[Comparison]) -> int:
@@ -276,11 +279,13 @@ def main(argv: list[str] | None = None) -> int:
     receipt_args = ["--git", git] + (["--allow-dirty"] if args.allow_dirty else [])
     args.out_dir.mkdir(parents=True, exist_ok=True)
     files = {b.name: args.committed_dir / b.committed for b in BENCHES}
+    named = {}  # the --committed files, as named
     for item in args.committed:
         name, _, path = item.partition("=")
         if name not in files or not path:
             parser.error(f"--committed {item}: expected NAME=FILE, NAME one of {', '.join(files)}")
         files[name] = pathlib.Path(path)
+        named[name] = path
     committed = {name: json.loads(path.read_text()) for name, path in files.items()}
     extra = {PROBE.name: [],
              MLA.name: ["--impls", args.mla_impls or mla_impls(committed[MLA.name])]}
@@ -288,10 +293,8 @@ def main(argv: list[str] | None = None) -> int:
     for bench in BENCHES:
         docs, notes = run_passes(bench, args.bin_dir, args.out_dir, args.passes, receipt_args,
                                  extra[bench.name])
-        source = "" if files[bench.name] == args.committed_dir / bench.committed else \
-            str(files[bench.name])
         comparisons.append(compare(bench, committed[bench.name], docs, args.threshold, notes,
-                                   source))
+                                   named.get(bench.name, "")))
     report = render(comparisons, git, args.passes)
     report_path = args.report or args.out_dir / "kernels_quick.txt"
     report_path.write_text(report)
