@@ -29,6 +29,8 @@ def test_a_json_object_or_a_file_holding_one(tmp_path):
                              "b@final": ("b", "final")}
     single = parse({"probe_sets": "a"})
     assert single.taps() == {"a": ("a", "final")} and single.target.startswith("unix://")
+    assert single.when_behind == "lose"  # the engine never waits unless told to
+    assert parse({"probe_sets": "a", "when_behind": "wait"}).when_behind == "wait"
 
 
 @pytest.mark.parametrize("data, message", [
@@ -42,6 +44,7 @@ def test_a_json_object_or_a_file_holding_one(tmp_path):
     ({"probe_sets": ["a"], "max_window_s": -1}, "max_window_s"),
     ({"probe_sets": ["a"], "callback": "no_colon"}, "module:function"),
     ({"probe_sets": ["a"], "jsonl": 3}, "jsonl must be a string"),
+    ({"probe_sets": ["a"], "when_behind": "block"}, 'when_behind must be "lose" or "wait"'),
     ([1, 2], "expected a JSON object"),
 ])
 def test_refused_with_a_message(data, message):

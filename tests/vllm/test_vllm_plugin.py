@@ -89,13 +89,21 @@ def save_tokenizer(folder) -> None:
     fast.save_pretrained(folder)
 
 
+# Every row is scored whatever the machine's speed: with the plugin's default ("lose") a window the
+# sidecar is not ready for is given up, which a loaded 2-core CI machine (the sanitizer builds
+# compile beside these tests) makes happen now and then; a summary then says complete: false.
+# That behaviour has tests of its own, without vLLM (tests/python/test_engine_tap.py).
+EVERY_ROW = {"when_behind": "wait"}
+
+
 def run_engine(setup, name: str, scenario: str, **plugin) -> dict:
     """One engine start (a process of its own); its outputs, records, JSONL events and log."""
     run = setup["root"] / name
     run.mkdir()
     config = {"target": setup["sidecar"].uds_target, "probe_sets": ["tiny", "tiny_sigmoid"],
               "window": 4, "max_window_s": 0.5, "callback": "record_sink:record",
-              "jsonl": str(run / "events.jsonl"), "session_labels": {"model": name}, **plugin}
+              "jsonl": str(run / "events.jsonl"), "session_labels": {"model": name},
+              **EVERY_ROW, **plugin}
     env = {**os.environ, "PROBE_SIDECAR_VLLM": json.dumps(config),
            "RECORDS_PATH": str(run / "records.jsonl"), "VLLM_CACHE_ROOT": str(setup["cache"]),
            "PYTHONPATH": os.pathsep.join([str(HERE), os.environ.get("PYTHONPATH", "")]),
@@ -487,7 +495,7 @@ def served(setup):
     run = setup["root"] / "serve"
     run.mkdir()
     config = {"target": setup["sidecar"].uds_target, "probe_sets": ["tiny"], "window": 4,
-              "max_window_s": 0.5, "callback": "record_sink:record"}
+              "max_window_s": 0.5, "callback": "record_sink:record", **EVERY_ROW}
     env = {**os.environ, "RECORDS_PATH": str(run / "records.jsonl"), "VLLM_PLUGINS": "probe_sidecar",
            "VLLM_CACHE_ROOT": str(setup["cache"]), "VLLM_CPU_KVCACHE_SPACE": "1",
            "TOKENIZERS_PARALLELISM": "false",
@@ -518,7 +526,8 @@ def test_vllm_serve_scores_every_request_and_hands_out_summaries_by_response_id(
     requests = {}
     for name, response in scored.items():
         fetched = response["summaries"]
-        assert fetched["id"] == response["id"] and fetched["complete"], (name, fetched)
+        assert fetched["id"] == response["id"] and fetched["complete"], (
+            name, fetched, [x for x in served["log"].splitlines() if "probe-sidecar" in x][-20:])
         parts = {(p["prompt_index"], p["completion_index"]): p for p in fetched["requests"]}
         generated = {(p, c): tokens for p, c, tokens in response["generated"]}
         assert set(parts) == set(generated), (name, sorted(parts), sorted(generated))

@@ -27,6 +27,11 @@ Keys (only `probe_sets` is required):
   max_finished    summaries of finished requests kept until collected (default 10000)
   max_finished_s  and for at most this many seconds (default 600; null: no time bound)
   timeout_s       gRPC deadline for the sidecar's set-up calls (default 30)
+  when_behind     "lose" (default): the engine never waits for the sidecar; a window whose half of
+                  the ring the sidecar has not finished with is lost (counted; its requests'
+                  summaries say complete: false). "wait": the engine's step waits on the host for
+                  it, up to timeout_s, so that every row is scored (past that the taps fail for
+                  good, loudly): for offline evaluation, where every row counts more than tokens/s
   summary_wait_s  how long LLM.generate() and chat() wait, once generation is over, for the last
                   windows of their requests (default 10): a request whose windows are not scored
                   by then (the sidecar stopped or gone) gets probe_summary None, and its summary
@@ -72,6 +77,7 @@ class PluginConfig:
     max_finished: int = 10000
     max_finished_s: float | None = 600.0
     timeout_s: float = 30.0
+    when_behind: str = "lose"  # or "wait"
     score_requests: str = "all"
     summary_wait_s: float = 10.0
 
@@ -166,6 +172,9 @@ def parse(data: object) -> PluginConfig:
                                                for k, v in labels.items()):
         raise ConfigError(f"{ENV}: session_labels must be an object of strings, got {labels!r}")
     values["session_labels"] = tuple(sorted(labels.items()))
+    if values.get("when_behind", "lose") not in ("lose", "wait"):
+        raise ConfigError(f"{ENV}: when_behind must be \"lose\" or \"wait\", got "
+                          f"{values['when_behind']!r}")
     if values.get("score_requests", "all") not in ("all", "opted_in"):
         raise ConfigError(f"{ENV}: score_requests must be \"all\" or \"opted_in\", got "
                           f"{values['score_requests']!r}")

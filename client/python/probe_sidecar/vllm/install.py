@@ -575,8 +575,12 @@ def _make_engine_tap(config: PluginConfig, *, device: torch.device, dtype: torch
 
     def make_tap(name: str, on_window: Callable[[TapWindow], None]) -> Tap:
         probe_set = taps[name][0]
+        # "lose" (the default): the engine never waits for the sidecar; "wait": every row is
+        # scored, the step waiting on the host for the sidecar up to timeout_s.
         options: TapOptions = dict(on_window=on_window, raise_errors=False,
-                                   when_behind="lose")  # the engine never waits for the sidecar
+                                   when_behind=config.when_behind)
+        if config.when_behind == "wait":
+            options["reuse_timeout_s"] = config.timeout_s
         if torch_client is not None:
             return torch_client.tap(probe_set, max_batch=max_batch, window=config.window,
                                     dtype=dtype, hidden_size=hidden_size, device=device,
