@@ -36,6 +36,7 @@
 #include "server/probes/probe_registry.h"
 #include "server/rpc/metrics_sources.h"
 #include "server/rpc/server_start.h"
+#include "server/rpc/shutdown_signal.h"
 #include "server/rpc/service.h"
 
 namespace probesidecar::server {
@@ -97,15 +98,6 @@ void StartExitWatchdog(absl::Time at, int exit_code) {
     std::fflush(nullptr);
     std::_Exit(exit_code);
   }).detach();
-}
-
-// The signals that start a shutdown; RunServer blocks them in every thread, Serve waits for them.
-sigset_t ShutdownSignals() {
-  sigset_t signals;
-  sigemptyset(&signals);
-  sigaddset(&signals, SIGINT);
-  sigaddset(&signals, SIGTERM);
-  return signals;
 }
 
 // Loads the probe sets and captures every set's graphs before serving (on the executor's
@@ -235,13 +227,14 @@ struct Running {
 // After the signal (or a lost CUDA context): NOT_SERVING, the drain of the work in progress up to
 // the grace period, gRPC's shutdown, then the control worker, the metrics endpoint and the
 // executor, in that order. Returns the exit code.
-int DrainAndStop(Running r, int signal_number, bool* device_abandoned) {
+int DrainAndStop(Running r, const ShutdownSignal& signal, bool* device_abandoned) {
   int exit_code = 0;
   if (const absl::Status lost = r.fatal->Why(); !lost.ok()) {
     exit_code = kExitDeviceLost;
     LogError("stopping (exit status %d): %s", exit_code, lost.message());
   } else {
-    LogInfo("%s: draining in-flight requests (up to %.1f s)", strsignal(signal_number),
+    LogInfo("%s: draining in-flight requests (up to %.1f s)",
+            DescribeShutdownSignal(signal, ::getpid(), ProcessName(signal.pid)),
             r.config.shutdown_grace_seconds);
   }
   SetServing(r.health, false);
@@ -368,12 +361,11 @@ int Serve(const Config& config, ExecutorDecorator decorate, bool* device_abandon
           endpoint->listening.empty() ? "off" : endpoint->listening, executor->info().backend,
           executor->info().device_name);
 
-  int signal_number = 0;
-  sigwait(&signals, &signal_number);
+  const ShutdownSignal signal = WaitForShutdownSignal(signals);
   std::move(stop_executor).Cancel();  // from here on, the drain stops it
   return DrainAndStop(
-      {config, service, *server, *listeners, *endpoint, executor, ipc, health, fatal},
-      signal_number, device_abandoned);
+      {config, service, *server, *listeners, *endpoint, executor, ipc, health, fatal}, signal,
+      device_abandoned);
 }
 
 // How long the process waits for gRPC's own library shutdown once the service has stopped.

@@ -242,6 +242,8 @@ def test_signal_during_traffic_ends_cleanly(sig):
         assert code == 0, s.log()
         assert not unexpected, unexpected
         assert "draining in-flight requests" in s.log() and "stopped" in s.log()
+        # The log says who sent the signal: this process (pytest's), by pid and uid.
+        assert f"(from pid {os.getpid()} " in s.log() and f", uid {os.getuid()}):" in s.log()
         assert not s.socket.exists()  # the Unix socket file is removed
     finally:
         s.close()
