@@ -163,6 +163,13 @@ def parse(data: object) -> PluginConfig:
     number("max_finished_s", (int, float), 0.001, allow_none=True)
     number("timeout_s", (int, float), 0.001)
     number("summary_wait_s", (int, float), 0)
+
+    def choice(name: str, options: tuple[str, ...]) -> None:
+        value = values.get(name, fields[name].default)
+        if value not in options:
+            named = " or ".join(f'"{o}"' for o in options)
+            raise ConfigError(f"{ENV}: {name} must be {named}, got {value!r}")
+
     for name in ("target", "jsonl", "callback", "request_callback"):
         value = values.get(name)
         if value is not None and not isinstance(value, str):
@@ -172,12 +179,8 @@ def parse(data: object) -> PluginConfig:
                                                for k, v in labels.items()):
         raise ConfigError(f"{ENV}: session_labels must be an object of strings, got {labels!r}")
     values["session_labels"] = tuple(sorted(labels.items()))
-    if values.get("when_behind", "lose") not in ("lose", "wait"):
-        raise ConfigError(f"{ENV}: when_behind must be \"lose\" or \"wait\", got "
-                          f"{values['when_behind']!r}")
-    if values.get("score_requests", "all") not in ("all", "opted_in"):
-        raise ConfigError(f"{ENV}: score_requests must be \"all\" or \"opted_in\", got "
-                          f"{values['score_requests']!r}")
+    choice("when_behind", ("lose", "wait"))
+    choice("score_requests", ("all", "opted_in"))
     for name in ("callback", "request_callback"):
         if values.get(name) is not None and ":" not in values[name]:
             raise ConfigError(f"{ENV}: {name} must be \"module:function\", got {values[name]!r}")
