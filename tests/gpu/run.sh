@@ -49,7 +49,7 @@
 #            committed figure, a benchmark measured nothing, or the GPU is another model than the
 #            committed figures' (exit 4: the ratios then compare GPUs, not commits).
 #            QUICK_COMMITTED="mla=FILE probe=FILE": another committed file for a benchmark (e.g.
-#            mla=bench/results/mla_verify_8774902_h100.json on an H100). Needs only those two
+#            mla=bench/results/mla_verify_26b25f9_h100.json on an H100). Needs only those two
 #            binaries (BINARIES="probe-score-bench mla-verify-bench").
 #   kernels  the probe-scoring benchmark with its torch and Triton peers (bench/run_probe_score.sh)
 #   mla      the MLA verify kernels' full sweep with their peers (bench/mla_verify/run.sh: its GPU
