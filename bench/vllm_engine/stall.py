@@ -92,7 +92,7 @@ def main() -> int:
                 before = counters()
                 timer = None
                 if phase == "stopped":
-                    servers[-1].signal(signal.SIGSTOP)
+                    servers[-1].pause()
                 elif phase == "restarted":
                     servers[-1].signal(signal.SIGKILL)
                     servers[-1].wait()
@@ -112,7 +112,7 @@ def main() -> int:
                                   if o.finished)
                 wall = time.perf_counter() - started
                 if phase == "stopped":
-                    servers[-1].signal(signal.SIGCONT)
+                    servers[-1].resume()
                 if timer is not None:
                     timer.join()
                 plugin.collect(llm, timeout=60)  # every window of the run delivered

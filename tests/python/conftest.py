@@ -128,6 +128,29 @@ class Sidecar:
         assert self.process is not None
         self.process.send_signal(sig)
 
+    def pause(self, timeout: float = 30.0) -> None:
+        """SIGSTOP, returning once every thread of the server has stopped. kill() only starts a
+        stop: the kernel wakes one thread to take it, and the others run on until that thread
+        has been scheduled and stopped them, which on a loaded machine can be long enough for
+        the server to answer what the test sends next."""
+        assert self.process is not None
+        self.process.send_signal(signal.SIGSTOP)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            # WNOWAIT: the state is looked at, not taken (Popen still reaps the exit itself);
+            # WSTOPPED reports only a stop of the whole thread group, not a thread's.
+            state = os.waitid(os.P_PID, self.process.pid,
+                              os.WSTOPPED | os.WEXITED | os.WNOHANG | os.WNOWAIT)
+            if state is not None:
+                if state.si_code != os.CLD_STOPPED:
+                    raise RuntimeError(f"probe-sidecar exited while being paused:\n{self.log()}")
+                return
+            time.sleep(0.001)
+        raise RuntimeError(f"probe-sidecar did not stop within {timeout} s of SIGSTOP")
+
+    def resume(self) -> None:
+        self.signal(signal.SIGCONT)
+
     def wait(self, timeout: float = 30.0) -> int:
         assert self.process is not None
         return self.process.wait(timeout=timeout)

@@ -352,11 +352,11 @@ def test_a_paused_sidecar_costs_windows_not_steps(own_sidecar):
     servers, _, _ = own_sidecar
     e = begin(own_sidecar)
     try:
-        servers[0].signal(signal.SIGSTOP)
+        servers[0].pause()
         try:
             in_a_thread(lambda: drive(e, range(4, 40)))
         finally:
-            servers[0].signal(signal.SIGCONT)
+            servers[0].resume()
         e.wait_delivered(DEADLINE)
         drive(e, range(40, 44))
         summary, state = end(e)
@@ -378,7 +378,7 @@ def test_a_summary_waits_for_its_rows_still_being_scored_while_later_windows_are
     servers, _, _ = own_sidecar
     e = begin(own_sidecar)  # request r: steps 0-3 scored (windows 0 and 1)
     try:
-        servers[0].signal(signal.SIGSTOP)
+        servers[0].pause()
         try:
             in_a_thread(lambda: drive(e, range(4, 6)))  # window 2, r's last rows: not answered
             with e.lock:
@@ -389,7 +389,7 @@ def test_a_summary_waits_for_its_rows_still_being_scored_while_later_windows_are
             made = e.take(lambda request_id: True)
             assert not made, "a summary was made before its rows were scored"
         finally:
-            servers[0].signal(signal.SIGCONT)
+            servers[0].resume()
         e.wait_delivered(DEADLINE)
         summary = e.collect(["r"], timeout=DEADLINE)["r-00000001"]["engine"]
         with e.lock:
