@@ -19,8 +19,11 @@ and shape have no committed figure is listed as such. --committed names another 
 for one benchmark (e.g. mla=bench/results/mla_verify_8774902_h100.json on an H100).
 
 The ratios say whether the code got slower only where the committed figures were measured on the
-same GPU model: a pass whose "device" differs from the committed file's is compared all the same,
-and the report says that the ratios set two GPUs against each other, not two commits.
+same GPU model. Where every pass ran on another model than the default file's and no --committed
+names the benchmark's file, the newest committed full sweep of that benchmark measured on the
+pass's model (bench/results/<name>_*.json, by its date) is taken instead, and the report says so.
+Where there is none, the passes are compared all the same, and the report says that the ratios set
+two GPUs against each other, not two commits.
 
 Exit status: 3 when a benchmark measured nothing (it failed, or wrote no points), else 4 when a
 pass ran on another GPU model than its committed figures, else 1 when a point's ratio is over
@@ -230,6 +233,24 @@ def mla_impls(committed: dict) -> str:
     return ",".join(dict.fromkeys(r["impl"] for r in committed["records"]))
 
 
+def same_model_record(directory: pathlib.Path, committed: str, device: str
+                      ) -> tuple[pathlib.Path, dict] | None:
+    """The newest committed full sweep of a benchmark (`committed`'s stem, then _<anything>.json,
+    e.g. mla_verify_26b25f9_h100.json) measured on `device`, or None."""
+    found = []
+    for path in sorted(directory.glob(f"{pathlib.Path(committed).stem}_*.json")):
+        try:
+            doc = json.loads(path.read_text())
+        except (OSError, ValueError):
+            continue
+        if isinstance(doc, dict) and doc.get("device") == device and doc.get("records"):
+            found.append((str(doc.get("date", "")), path.name, path, doc))
+    if not found:
+        return None
+    _, _, path, doc = max(found, key=lambda f: f[:2])
+    return path, doc
+
+
 def run_passes(bench: Bench, bin_dir: pathlib.Path, out_dir: pathlib.Path, passes: int,
                receipt_args: list[str], extra: list[str]) -> tuple[list[dict], list[str]]:
     """Runs the quick sweep `passes` times: the JSON of each pass that wrote one, and a note for
@@ -293,8 +314,21 @@ def main(argv: list[str] | None = None) -> int:
     for bench in BENCHES:
         docs, notes = run_passes(bench, args.bin_dir, args.out_dir, args.passes, receipt_args,
                                  extra[bench.name])
-        comparisons.append(compare(bench, committed[bench.name], docs, args.threshold, notes,
-                                   named.get(bench.name, "")))
+        figures, source = committed[bench.name], named.get(bench.name, "")
+        devices = {str(d.get("device")) for d in docs}
+        if not source and len(devices) == 1 and devices != {str(figures.get("device"))}:
+            # The default file is another GPU model's: the newest full sweep committed on this
+            # one, where there is one, says more about the code than a comparison of two GPUs.
+            same = same_model_record(files[bench.name].parent, bench.committed, *devices)
+            if same is not None:
+                source = str(same[0].relative_to(ROOT) if same[0].is_relative_to(ROOT)
+                             else same[0])
+                figures = same[1]
+                default_device = committed[bench.name].get("device")
+                notes.append(f"{bench.committed} was measured on {default_device}; the figures "
+                             f"are {source}'s, the newest committed full sweep on "
+                             f"{next(iter(devices))}")
+        comparisons.append(compare(bench, figures, docs, args.threshold, notes, source))
     report = render(comparisons, git, args.passes)
     report_path = args.report or args.out_dir / "kernels_quick.txt"
     report_path.write_text(report)

@@ -3,12 +3,17 @@ and renders mla_verify.md (table, targets, who wins each point) and mla_verify.p
 length per h_q).
 
   python3 report.py OURS.json [PEERS.json] --out-dir DIR --command "..." [--previous PREV.json]
-                   [--trace TRACE.md]
+                   [--trace TRACE.md] [--reference COMMITTED.json]
+  python3 report.py MERGED.json --out-dir DIR [--trace TRACE.md] [--reference COMMITTED.json]
 
 Both inputs must name the same commit. Peers' fractions are computed against the ceilings the
 CUDA benchmark measured in the same run. PREV.json: the same benchmark built from an earlier
 commit and run in the same call (its dispatched records become impl "previous", the kernel the
 "never slower than" target compares with). TRACE.md: trace_report.py's table, appended.
+COMMITTED.json: an earlier record (a merged mla_verify.json), whose dispatched figures the
+"no point slower than the committed figures" target compares with, where it was measured on the
+same GPU model. MERGED.json: a record this script wrote, rendered again (e.g. with newer targets);
+its command, notes and previous kernel are kept.
 """
 from __future__ import annotations
 
@@ -16,7 +21,11 @@ import argparse
 import json
 import math
 import os
+import sys
 from collections import defaultdict
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+import receipt  # noqa: E402
 
 ORDER = ("split_kv", "split_kv_sm90a", "split_kv_sm90a_pairs", "split_kv_sm90a_one_page",
          "split_kv_sm90a_swap_ab",
@@ -26,25 +35,44 @@ PREVIOUS = "previous"
 # record the benchmark marks "dispatched").
 OURS = "ours"
 
+# The targets (issue 38; H200, bf16, page 64, graph replay).
+TARGETS = "issue 38"
+H16_MIN_FRAC = 0.88  # h_q=16, s_q 1/2/4, KV >= 300 MB: fraction of copy
+H16_MIN_KV_BYTES = 300e6
+H128_MIN_TFLOPS = 640.0  # h_q=128, batch 64 x 16k, s_q 1/2/4/8
+LONG_MIN_FRAC = 0.55  # batch 1 x 64k, h_q=16, s_q 1..8: fraction of copy
+FI_EXCUSE_FRAC, FI_EXCUSE_RATIO = 0.90, 1.03  # slower than FlashInfer only within this
+FLASHMLA_MAX_GEOMEAN = 1.00  # ours / FlashMLA time
+PREVIOUS_MAX_RATIO = 1.02  # ours / the previous kernel's time, in the same run
+COMMITTED_MAX_RATIO = 1.03  # ours / the committed figure (same GPU model)
+
 
 def key(r):
     s = r["shape"]
     return (s["h_q"], s["s_q"], s["batch"], s["seqlen"])
 
 
-def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("ours")
-    ap.add_argument("peers", nargs="?")
-    ap.add_argument("--out-dir", required=True)
-    ap.add_argument("--command", required=True)
-    ap.add_argument("--previous")
-    ap.add_argument("--trace")
-    args = ap.parse_args()
-    ours = json.load(open(args.ours))
+def points(records):
+    """{point: {impl: record}}, with OURS the dispatched record (split_kv in files without the
+    mark)."""
+    by_point = defaultdict(dict)
+    for r in records:
+        by_point[key(r)][r["impl"]] = r
+        if r.get("dispatched"):
+            by_point[key(r)][OURS] = r
+    for d in by_point.values():
+        if OURS not in d and "split_kv" in d:
+            d[OURS] = d["split_kv"]
+    return by_point
+
+
+def merge(args, ours):
+    """The merged record of a run: ours, the peers' and the previous kernel's records."""
     peers = json.load(open(args.peers)) if args.peers and os.path.exists(args.peers) else None
     if peers and peers["git"] != ours["git"]:
         raise SystemExit(f"report: ours {ours['git']} and peers {peers['git']} name different commits")
+    if args.command is None:
+        raise SystemExit("report: --command is needed for a benchmark's output")
     ceil = ours["ceilings"]
     records = list(ours["records"])
     for r in (peers["records"] if peers else []):
@@ -69,23 +97,44 @@ def main():
                           "pair, s_q*len - s_q*(s_q-1)/2 pairs per request (causal)"}
     if previous_git:
         merged["previous_git"] = previous_git
+    return merged
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser()
+    ap.add_argument("ours")
+    ap.add_argument("peers", nargs="?")
+    ap.add_argument("--out-dir", required=True)
+    ap.add_argument("--command")
+    ap.add_argument("--previous")
+    ap.add_argument("--trace")
+    ap.add_argument("--reference")
+    args = ap.parse_args(argv)
+    ours = json.load(open(args.ours))
+    rendered_again = "counting" in ours  # a merged record
+    if rendered_again:
+        if args.peers or args.previous:
+            raise SystemExit("report: a merged record already holds its peers and previous kernel")
+        merged = ours
+    else:
+        merged = merge(args, ours)
+    reference = None
+    if args.reference and os.path.exists(args.reference):
+        reference = json.load(open(args.reference))
+        if reference["git"] == merged["git"]:
+            reference = None  # a record is not compared with itself
+    ceil, records = merged["ceilings"], merged["records"]
+    previous_git = merged.get("previous_git")
     os.makedirs(args.out_dir, exist_ok=True)
     with open(os.path.join(args.out_dir, "mla_verify.json"), "w") as f:
         json.dump(merged, f, indent=1)
 
-    by_point = defaultdict(dict)
-    for r in records:
-        by_point[key(r)][r["impl"]] = r
-        if r.get("dispatched"):
-            by_point[key(r)][OURS] = r
+    by_point = points(records)
     impls = [i for i in ORDER if any(i in v for v in by_point.values())]
-    for d in by_point.values():  # "ours" falls back to split_kv in files without the mark
-        if OURS not in d and "split_kv" in d:
-            d[OURS] = d["split_kv"]
 
     lines = [f"# MLA verify on {merged['device']}", "",
              f"- commit `{merged['git']}`, {merged['date']}",
-             f"- command: `{args.command}`",
+             f"- command: `{merged['command']}`",
              f"- ceilings measured in the same run: copy {ceil['copy_gbps']:.0f} GB/s "
              f"(cudaMemcpy D2D, read + write), cuBLAS bf16 GEMM {ceil['bf16_tflops']:.0f} TFLOP/s",
              f"- counting: {merged['counting']}",
@@ -94,8 +143,15 @@ def main():
     if previous_git:
         lines.append(f"- previous: the same benchmark built from `{previous_git}`, its dispatched "
                      "path, in the same run")
+    if rendered_again:
+        lines.append(f"- rendered again from this record's JSON by report.py at "
+                     f"`{receipt.from_checkout() or 'an unknown commit'}`: the figures are the "
+                     "run's, the targets' table the script's")
+    if reference is not None:
+        lines.append(f"- committed figures compared with: `{reference['git']}` "
+                     f"({reference.get('date')}, {reference.get('device')})")
     lines.append("")
-    lines += targets(by_point, ceil)
+    lines += targets(by_point, ceil, merged["device"], reference)
     lines += ["", "## All points", "",
               "µs per impl; then ours (the dispatched split path, named) GB/s (fraction of copy) "
               "and TFLOP/s (fraction of GEMM); winner = fastest of all, with its margin over the "
@@ -125,7 +181,7 @@ def main():
     with open(os.path.join(args.out_dir, "mla_verify.md"), "w") as f:
         f.write("\n".join(lines) + "\n")
     plot(by_point, impls, os.path.join(args.out_dir, "mla_verify.png"), merged)
-    print("\n".join(targets(by_point, ceil)))
+    print("\n".join(targets(by_point, ceil, merged["device"], reference)))
 
 
 def time_ratios(by_point, other):
@@ -139,9 +195,17 @@ def geomean(values):
     return math.prod(values) ** (1.0 / len(values)) if values else float("nan")
 
 
-def targets(by_point, ceil):
-    """The targets of issue 28, each with our value, FlashInfer's and whether it is met."""
-    out = ["## Targets (issue 28)", "",
+def _pt(k):
+    return f"h{k[0]} s{k[1]} b{k[2]} {k[3]}"
+
+
+def _yes(ok):
+    return "yes" if ok else "no"
+
+
+def targets(by_point, ceil, device="", reference=None):
+    """The targets (TARGETS), each with our value, FlashInfer's and whether it is met."""
+    out = [f"## Targets ({TARGETS})", "",
            "| target | ours | flashinfer_fa3 | met |", "|---|---|---|---|"]
 
     def frac(r):
@@ -151,88 +215,106 @@ def targets(by_point, ceil):
         fi = by_point[k].get("flashinfer_fa3")
         return fmt % fn(fi) if fi else "–"
 
-    # 1. h_q=16, s_q 1/2/4, KV >= 300 MB: >= 0.88 of copy at the worst such point.
-    pts = [k for k in by_point if k[0] == 16 and k[1] <= 4 and k[2] * k[3] * 1152 >= 300e6]
+    # h_q=16, s_q 1/2/4, enough KV: a fraction of copy at the worst such point.
+    pts = [k for k in by_point
+           if k[0] == 16 and k[1] <= 4 and k[2] * k[3] * 1152 >= H16_MIN_KV_BYTES]
     for s in (1, 2, 4):
         ks = [k for k in pts if k[1] == s and OURS in by_point[k]]
         if not ks:
             continue
         worst = min(ks, key=lambda k: frac(by_point[k][OURS]))
         sp = frac(by_point[worst][OURS])
-        out.append(f"| h_q=16 s_q={s}, KV >= 300 MB (worst of {len(ks)} points: batch {worst[2]} x "
-                   f"{worst[3]}): >= 0.88 of copy | {sp:.2f} | {fi_cell(worst, frac, '%.2f')} | "
-                   f"{'yes' if sp >= 0.88 else 'no'} |")
-    # 2. h_q=128, batch 64 x 16k, s_q 1/2/4/8: >= 620 TFLOP/s.
+        out.append(f"| h_q=16 s_q={s}, KV >= {H16_MIN_KV_BYTES / 1e6:.0f} MB (worst of {len(ks)} "
+                   f"points: batch {worst[2]} x {worst[3]}): >= {H16_MIN_FRAC:.2f} of copy | "
+                   f"{sp:.2f} | {fi_cell(worst, frac, '%.2f')} | {_yes(sp >= H16_MIN_FRAC)} |")
+    # h_q=128, batch 64 x 16k, s_q 1/2/4/8: TFLOP/s.
     for s in (1, 2, 4, 8):
         k = (128, s, 64, 16384)
         if k in by_point and OURS in by_point[k]:
             sp = by_point[k][OURS]["tflops"]
-            out.append(f"| h_q=128 s_q={s}, batch 64 x 16k: >= 620 TFLOP/s | {sp:.0f} | "
-                       f"{fi_cell(k, lambda r: r['tflops'], '%.0f')} | {'yes' if sp >= 620 else 'no'} |")
-    # 3. batch 1 x 64k, h_q=16, s_q 1..8: >= 0.55 of copy.
+            out.append(f"| h_q=128 s_q={s}, batch 64 x 16k: >= {H128_MIN_TFLOPS:.0f} TFLOP/s | "
+                       f"{sp:.0f} | {fi_cell(k, lambda r: r['tflops'], '%.0f')} | "
+                       f"{_yes(sp >= H128_MIN_TFLOPS)} |")
+    # batch 1 x 64k, h_q=16, s_q 1..8: a fraction of copy.
     for s in (1, 2, 4, 8):
         k = (16, s, 1, 65536)
         if k in by_point and OURS in by_point[k]:
             sp = frac(by_point[k][OURS])
-            out.append(f"| batch 1 x 64k h_q=16 s_q={s}: >= 0.55 of copy | {sp:.2f} | "
-                       f"{fi_cell(k, frac, '%.2f')} | {'yes' if sp >= 0.55 else 'no'} |")
-    # 4. Never slower than the baseline, nor than the previous kernel (where it was run).
-    both = [k for k in by_point if OURS in by_point[k] and "baseline" in by_point[k]]
-    slower = [k for k in both if by_point[k][OURS]["graph_us_p50"] >
-              by_point[k]["baseline"]["graph_us_p50"]]
-    if both:
-        out.append(f"| never slower than baseline | slower at {len(slower)} of {len(both)} points | – "
-                   f"| {'yes' if not slower else 'no'} |")
-    else:
-        out.append("| never slower than baseline | not run in this sweep | – | – |")
-    ratios = time_ratios(by_point, PREVIOUS)
-    prev = list(ratios)
-    if prev:
-        worse = sorted(k for k in prev if ratios[k] > 1.0)
-        beyond = sorted(k for k in prev if ratios[k] > 1.02)
-        worst = max(prev, key=lambda k: ratios[k])
-        gm = geomean(ratios.values())
-        out.append(f"| never slower than the previous kernel (`{by_point[worst][PREVIOUS].get('previous_git', '')[:7]}`) | "
-                   f"slower at {len(worse)} of {len(prev)} points, {len(beyond)} of them by more "
-                   f"than 2% (worst {ratios[worst]:.3f}x its time at h{worst[0]} s{worst[1]} "
-                   f"b{worst[2]} {worst[3]}; geomean {gm:.3f}) | – | "
-                   f"{'yes' if not worse else 'no'} |")
-        if beyond:
-            out_beyond = ", ".join(f"h{k[0]} s{k[1]} b{k[2]} {k[3]}: {ratios[k]:.3f}" for k in beyond)
-            out.append(f"| (points more than 2% slower than the previous kernel: {out_beyond}) | | | |")
-    # 5. Faster than FlashInfer at every point, or within 3% where both are >= 0.90 of copy.
+            out.append(f"| batch 1 x 64k h_q=16 s_q={s}: >= {LONG_MIN_FRAC:.2f} of copy | "
+                       f"{sp:.2f} | {fi_cell(k, frac, '%.2f')} | {_yes(sp >= LONG_MIN_FRAC)} |")
+    # Faster than FlashInfer at every point, or within 3% where both are >= 0.90 of copy.
     vs_fi = time_ratios(by_point, "flashinfer_fa3")
-    vs = list(vs_fi)
 
     def excused(k):
         o, f = by_point[k][OURS], by_point[k]["flashinfer_fa3"]
-        return (frac(o) >= 0.90 and frac(f) >= 0.90 and
-                o["graph_us_p50"] <= 1.03 * f["graph_us_p50"])
-    lose = [k for k in vs if vs_fi[k] > 1.0]
+        return (frac(o) >= FI_EXCUSE_FRAC and frac(f) >= FI_EXCUSE_FRAC and
+                o["graph_us_p50"] <= FI_EXCUSE_RATIO * f["graph_us_p50"])
+    lose = [k for k in vs_fi if vs_fi[k] > 1.0]
     lose_unexcused = [k for k in lose if not excused(k)]
-    gm = geomean(vs_fi.values())
-    out.append(f"| faster than FlashInfer at every point (or within 3% where both >= 0.90 of copy) | "
-               f"slower at {len(lose)} of {len(vs)} points, {len(lose) - len(lose_unexcused)} of them "
-               f"within the 3% (geomean ours / FlashInfer time {gm:.3f}) | – | "
-               f"{'yes' if vs and not lose_unexcused else 'no'} |")
-    # FlashMLA, where it ran: not a target of its own, its standing beside ours.
+    if vs_fi:
+        out.append(f"| faster than FlashInfer at every point (or within "
+                   f"{(FI_EXCUSE_RATIO - 1) * 100:.0f}% where both >= {FI_EXCUSE_FRAC:.2f} of copy)"
+                   f" | slower at {len(lose)} of {len(vs_fi)} points, "
+                   f"{len(lose) - len(lose_unexcused)} of them excused (geomean ours / FlashInfer "
+                   f"time {geomean(vs_fi.values()):.3f}) | – | {_yes(not lose_unexcused)} |")
+    else:
+        out.append("| faster than FlashInfer at every point | FlashInfer not run | – | – |")
     vs_mla = time_ratios(by_point, "flashmla")
     if vs_mla:
-        out.append(f"| (beside FlashMLA's sm90 dense decode) | slower at "
-                   f"{sum(r > 1 for r in vs_mla.values())} of {len(vs_mla)} points (geomean ours / "
-                   f"FlashMLA time {geomean(vs_mla.values()):.3f}) | – | – |")
-    if slower:
-        out += ["", "Points where ours is slower than the baseline (ours / baseline time): " +
-                ", ".join(f"h{k[0]} s{k[1]} b{k[2]} {k[3]}: "
-                          f"{by_point[k][OURS]['graph_us_p50'] / by_point[k]['baseline']['graph_us_p50']:.2f}"
-                          for k in sorted(slower))]
+        gm = geomean(vs_mla.values())
+        out.append(f"| geomean ours / FlashMLA time <= {FLASHMLA_MAX_GEOMEAN:.2f} | {gm:.3f} "
+                   f"(slower at {sum(r > 1 for r in vs_mla.values())} of {len(vs_mla)} points) | "
+                   f"– | {_yes(gm <= FLASHMLA_MAX_GEOMEAN)} |")
+    else:
+        out.append("| geomean ours / FlashMLA time | FlashMLA not run | – | – |")
+    # No point slower than the previous kernel (same run) by more than PREVIOUS_MAX_RATIO.
+    ratios = time_ratios(by_point, PREVIOUS)
+    if ratios:
+        beyond = sorted(k for k in ratios if ratios[k] > PREVIOUS_MAX_RATIO)
+        worst = max(ratios, key=lambda k: ratios[k])
+        out.append(f"| no point slower than the previous kernel "
+                   f"(`{by_point[worst][PREVIOUS].get('previous_git', '')[:7]}`, same run) by more "
+                   f"than {(PREVIOUS_MAX_RATIO - 1) * 100:.0f}% | {len(beyond)} of {len(ratios)} "
+                   f"points (slower at {sum(r > 1 for r in ratios.values())}; worst "
+                   f"{ratios[worst]:.3f}x at {_pt(worst)}; geomean {geomean(ratios.values()):.3f})"
+                   f" | – | {_yes(not beyond)} |")
+        if beyond:
+            out.append("| (points beyond it: " +
+                       ", ".join(f"{_pt(k)}: {ratios[k]:.3f}" for k in beyond) + ") | | | |")
+    # No point slower than the committed figures (same GPU model) by more than COMMITTED_MAX_RATIO.
+    out += committed_target(by_point, device, reference)
     if lose:
-        out += ["", "Points where FlashInfer is faster (ours / FlashInfer time; * = within 3% with both "
-                ">= 0.90 of copy): " +
-                ", ".join(f"h{k[0]} s{k[1]} b{k[2]} {k[3]}: "
-                          f"{by_point[k][OURS]['graph_us_p50'] / by_point[k]['flashinfer_fa3']['graph_us_p50']:.2f}"
-                          f"{'*' if excused(k) else ''}"
+        out += ["", "Points where FlashInfer is faster (ours / FlashInfer time; * = excused): " +
+                ", ".join(f"{_pt(k)}: {vs_fi[k]:.2f}{'*' if excused(k) else ''}"
                           for k in sorted(lose))]
+    return out
+
+
+def committed_target(by_point, device, reference):
+    """The target row against a committed record's dispatched figures."""
+    name = f"by more than {(COMMITTED_MAX_RATIO - 1) * 100:.0f}%"
+    if reference is None:
+        return [f"| no point slower than the committed figures {name} | no committed record "
+                f"given | – | – |"]
+    label = f"`{reference['git'][:7]}`"
+    if reference.get("device") != device:
+        return [f"| no point slower than the committed figures ({label}) {name} | not "
+                f"comparable: they were measured on {reference.get('device')}, this run on "
+                f"{device} | – | – |"]
+    then = points(reference["records"])
+    ratios = {k: d[OURS]["graph_us_p50"] / then[k][OURS]["graph_us_p50"]
+              for k, d in by_point.items() if OURS in d and OURS in then.get(k, {})}
+    if not ratios:
+        return [f"| no point slower than the committed figures ({label}) {name} | no point in "
+                f"common | – | – |"]
+    beyond = sorted(k for k in ratios if ratios[k] > COMMITTED_MAX_RATIO)
+    worst = max(ratios, key=lambda k: ratios[k])
+    out = [f"| no point slower than the committed figures ({label}) {name} | {len(beyond)} of "
+           f"{len(ratios)} points (worst {ratios[worst]:.3f}x at {_pt(worst)}; geomean "
+           f"{geomean(ratios.values()):.3f}) | – | {_yes(not beyond)} |"]
+    if beyond:
+        out.append("| (points beyond it: " +
+                   ", ".join(f"{_pt(k)}: {ratios[k]:.3f}" for k in beyond) + ") | | | |")
     return out
 
 

@@ -20,7 +20,9 @@
 # TRACE_IMPLS (its in-kernel trace at those points, summarised by trace_report.py), SANITIZE=1
 # (compute-sanitizer over a few GPU tests after the benchmarks: SANITIZE_TOOLS, default memcheck
 # and racecheck; SANITIZE_FILTER, a gtest filter),
-# RUN_COMMAND (the command line the report names, default the script's own).
+# REFERENCE (a committed record the report's "no point slower than the committed figures" target
+# compares with where it was measured on the same GPU model; default bench/results/mla_verify.json;
+# empty: none), RUN_COMMAND (the command line the report names, default the script's own).
 set -uo pipefail
 BIN=${1:?usage: run.sh BIN_DIR OUT_DIR [WHEEL_DIR]}
 OUT_DIR=${2:?usage: run.sh BIN_DIR OUT_DIR [WHEEL_DIR]}
@@ -149,8 +151,11 @@ fi
 echo "== report" | tee -a "$LOG"
 PEERS=()
 [[ -f "$OUT_DIR/mla_verify_peers.json" ]] && PEERS=("$OUT_DIR/mla_verify_peers.json")
+REFERENCE=${REFERENCE-$HERE/../results/mla_verify.json}
+REF_ARGS=()
+[[ -n "$REFERENCE" ]] && REF_ARGS=(--reference "$REFERENCE")
 python3 "$HERE/report.py" "$OUT_DIR/mla_verify_ours.json" "${PEERS[@]}" --out-dir "$OUT_DIR" \
-  "${PREV_ARGS[@]}" "${TRACE_ARGS[@]}" \
+  "${PREV_ARGS[@]}" "${TRACE_ARGS[@]}" "${REF_ARGS[@]}" \
   --command "${RUN_COMMAND:-SWEEP=$SWEEP bench/mla_verify/run.sh $BIN $OUT_DIR $WHEELS}" >>"$LOG" 2>&1 || status=1
 echo "== done in $(( $(date +%s) - START )) s, status $status" | tee -a "$LOG"
 sed -n '/^## Targets/,/^## All points/p' "$OUT_DIR/mla_verify.md" 2>/dev/null | head -30

@@ -47,10 +47,11 @@
 #            the same implementation and shape, in kernels_quick.txt (and each pass's JSON). Fails
 #            where a ratio is over QUICK_THRESHOLD (default 1.03), a measured point has no
 #            committed figure, a benchmark measured nothing, or the GPU is another model than the
-#            committed figures' (exit 4: the ratios then compare GPUs, not commits).
-#            QUICK_COMMITTED="mla=FILE probe=FILE": another committed file for a benchmark (e.g.
-#            mla=bench/results/mla_verify_26b25f9_h100.json on an H100). Needs only those two
-#            binaries (BINARIES="probe-score-bench mla-verify-bench").
+#            committed figures' (exit 4: the ratios then compare GPUs, not commits). On another
+#            model than the default files' (an H200's), the newest record committed on that model
+#            is taken where there is one (on an H100: mla_verify_26b25f9_h100.json).
+#            QUICK_COMMITTED="mla=FILE probe=FILE": name a benchmark's committed file outright.
+#            Needs only those two binaries (BINARIES="probe-score-bench mla-verify-bench").
 #   kernels  the probe-scoring benchmark with its torch and Triton peers (bench/run_probe_score.sh)
 #   mla      the MLA verify kernels' full sweep with their peers (bench/mla_verify/run.sh: its GPU
 #            tests, FlashInfer fa3, FlashMLA, the 69222c8 kernel, compute-sanitizer memcheck;

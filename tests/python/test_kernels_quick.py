@@ -186,7 +186,9 @@ pathlib.Path(args[args.index("--out") + 1]).write_text(json.dumps(doc))
 """
 
 
-def run_script(tmp_path, scales, *flags):
+def run_script(tmp_path, scales, *flags, device="NVIDIA H200", more_committed=None):
+    """kernels_quick.py over the stand-in benchmarks, their passes on `device`; more_committed:
+    {file name: document} beside the default committed files."""
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     for name in ("probe-score-bench", "mla-verify-bench"):
@@ -196,10 +198,13 @@ def run_script(tmp_path, scales, *flags):
     committed.mkdir()
     (committed / "probe_score_cuda.json").write_text(json.dumps(PROBE_COMMITTED))
     (committed / "mla_verify.json").write_text(json.dumps(MLA_COMMITTED))
+    for name, doc in (more_committed or {}).items():
+        (committed / name).write_text(json.dumps(doc))
     quick_mla = results([mla_record("split_kv_sm90a", 16, 1, 1, 4096, 16.0),
-                         mla_record("split_kv_sm90a_one_page", 16, 1, 1, 4096, 16.2)], git=GIT)
+                         mla_record("split_kv_sm90a_one_page", 16, 1, 1, 4096, 16.2)], git=GIT,
+                        device=device)
     (tmp_path / "records.json").write_text(json.dumps(
-        {"probe-score-bench": probe_pass(), "mla-verify-bench": quick_mla}))
+        {"probe-score-bench": probe_pass(device=device), "mla-verify-bench": quick_mla}))
     env = dict(os.environ, FAKE_LOG=str(tmp_path / "calls.jsonl"), FAKE_SCALES=scales,
                FAKE_RECORDS=str(tmp_path / "records.json"))
     env.pop("PROBE_SIDECAR_GIT", None)
@@ -270,3 +275,43 @@ def test_the_script_says_when_a_benchmark_cannot_run(tmp_path):
     done, _ = run_script(tmp_path, "1.0,1.0,1.0,1.0", "--bin-dir", str(tmp_path / "nowhere"))
     assert done.returncode == kq.NO_MEASUREMENT, done.stdout + done.stderr
     assert "note: pass 2: cannot run " in done.stdout
+
+
+def test_on_another_gpu_the_newest_record_of_that_model_is_taken(tmp_path):
+    """The passes ran on an H100; the default files are an H200's. For MLA the newest committed
+    full sweep of the H100 is taken (not an older one, not another model's, not a file that is no
+    record); probe scoring, with no H100 record, is compared with the H200's and exits 4."""
+    h100 = "NVIDIA H100 80GB HBM3"
+
+    def scaled(factor, date, device=h100):
+        doc = json.loads(json.dumps(MLA_COMMITTED))
+        doc.update(device=device, date=date)
+        for r in doc["records"]:
+            r["graph_us_p50"] *= factor
+        return doc
+    more = {"mla_verify_old_h100.json": scaled(2.0, "2026-12-01T00:00:00Z"),
+            "mla_verify_new_h100.json": scaled(1.25, "2026-12-07T00:00:00Z"),
+            "mla_verify_zz_h200.json": scaled(4.0, "2026-12-08T00:00:00Z", "NVIDIA H200"),
+            "mla_verify_zz_trace.json": [{"not": "a record"}]}
+    done, _ = run_script(tmp_path, "1.0,1.0,1.0,1.0", device=h100, more_committed=more)
+    assert done.returncode == kq.OTHER_DEVICE, done.stdout + done.stderr
+    assert "== mla: 2 points, worst ratio 0.800, 0 over 1.03x" in done.stdout
+    assert ("note: mla_verify.json was measured on NVIDIA H200; the figures are "
+            f"{tmp_path}/committed/mla_verify_new_h100.json's") in done.stdout
+    mla = done.stdout.split("== mla: committed", 1)[1].split("\n== ", 1)[0]
+    assert "set two GPUs against each other" not in mla
+    probe = done.stdout.split("== probe: committed", 1)[1].split("\n== mla", 1)[0]
+    assert "the ratios set two GPUs against each other" in probe
+
+    # With an H100 record of probe scoring too, nothing is compared across models: exit 0.
+    more["probe_score_cuda_x_h100.json"] = dict(PROBE_COMMITTED, device=h100)
+    (tmp_path / "again").mkdir()
+    done, _ = run_script(tmp_path / "again", "1.0,1.0,1.0,1.0", device=h100, more_committed=more)
+    assert done.returncode == kq.OK, done.stdout + done.stderr
+
+    # A file named with --committed is taken as named, whatever its model.
+    (tmp_path / "named").mkdir()
+    done, _ = run_script(tmp_path / "named", "1.0,1.0,1.0,1.0", "--committed",
+                         f"mla={tmp_path / 'committed' / 'mla_verify_zz_h200.json'}",
+                         device=h100, more_committed=more)
+    assert "== mla: 2 points, worst ratio 0.250" in done.stdout
