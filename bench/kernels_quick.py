@@ -319,15 +319,15 @@ def main(argv: list[str] | None = None) -> int:
         if not source and len(devices) == 1 and devices != {str(figures.get("device"))}:
             # The default file is another GPU model's: the newest full sweep committed on this
             # one, where there is one, says more about the code than a comparison of two GPUs.
-            same = same_model_record(files[bench.name].parent, bench.committed, *devices)
+            (device,) = devices
+            same = same_model_record(files[bench.name].parent, bench.committed, device)
             if same is not None:
-                source = str(same[0].relative_to(ROOT) if same[0].is_relative_to(ROOT)
-                             else same[0])
-                figures = same[1]
-                default_device = committed[bench.name].get("device")
-                notes.append(f"{bench.committed} was measured on {default_device}; the figures "
-                             f"are {source}'s, the newest committed full sweep on "
-                             f"{next(iter(devices))}")
+                path, doc = same
+                source = str(path.relative_to(ROOT) if path.is_relative_to(ROOT) else path)
+                notes.append(f"{bench.committed} was measured on {figures.get('device')}; the "
+                             f"figures are {source}'s, the newest committed full sweep on "
+                             f"{device}")
+                figures = doc
         comparisons.append(compare(bench, figures, docs, args.threshold, notes, source))
     report = render(comparisons, git, args.passes)
     report_path = args.report or args.out_dir / "kernels_quick.txt"

@@ -8,6 +8,7 @@ import pathlib
 import signal
 import subprocess
 import tempfile
+import threading
 import time
 import urllib.request
 
@@ -135,18 +136,24 @@ class Sidecar:
         the server to answer what the test sends next."""
         assert self.process is not None
         self.process.send_signal(signal.SIGSTOP)
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            # WNOWAIT: the state is looked at, not taken (Popen still reaps the exit itself);
-            # WSTOPPED reports only a stop of the whole thread group, not a thread's.
-            state = os.waitid(os.P_PID, self.process.pid,
-                              os.WSTOPPED | os.WEXITED | os.WNOHANG | os.WNOWAIT)
-            if state is not None:
-                if state.si_code != os.CLD_STOPPED:
-                    raise RuntimeError(f"probe-sidecar exited while being paused:\n{self.log()}")
-                return
-            time.sleep(0.001)
-        raise RuntimeError(f"probe-sidecar did not stop within {timeout} s of SIGSTOP")
+        pid, reported = self.process.pid, []
+
+        def wait_for_the_stop() -> None:
+            # Blocks until the whole thread group has stopped (WSTOPPED reports a group stop, not
+            # a thread's) or the server has exited; WNOWAIT looks at the state without taking it,
+            # so Popen still reaps the exit itself.
+            try:
+                reported.append(os.waitid(os.P_PID, pid, os.WSTOPPED | os.WEXITED | os.WNOWAIT))
+            except ChildProcessError as error:  # reaped already
+                reported.append(error)
+
+        waiter = threading.Thread(target=wait_for_the_stop, daemon=True)
+        waiter.start()
+        waiter.join(timeout)
+        if not reported:
+            raise RuntimeError(f"probe-sidecar did not stop within {timeout} s of SIGSTOP")
+        if getattr(reported[0], "si_code", None) != os.CLD_STOPPED:
+            raise RuntimeError(f"probe-sidecar exited while being paused:\n{self.log()}")
 
     def resume(self) -> None:
         self.signal(signal.SIGCONT)
